@@ -1,0 +1,442 @@
+"""Interchangeable implementations of document-masked attention (the rule in masks.py).
+
+Shape legend: B batch, Hq query heads, Hkv key/value heads (grouped-query when fewer), Sq
+queries, Sk keys, D head dim, N tokens of a varlen (flattened, regrouped) layout.
+
+    dense    SDPA with the reference mask: obviously correct, O(Sk^2) memory and work.
+    blocked  one causal SDPA call per document, cross-document work skipped: the CPU training
+             path (FlexAttention has no CPU backward), work sum(d_i^2) instead of S^2.
+    flex     FlexAttention with a mask_mod; compiled on CUDA (training), eager elsewhere.
+    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's
+             K/V prepended to each document (imported only when used; needs CUDA).
+
+All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D], doc_ids [B, Sk] or None, and return
+[B, Hq, Sq, D]. With Sq < Sk the queries are the last Sq keys (decoding with a KV cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from evalkit.attention.masks import document_mask
+from evalkit.attention.packing import ANCHOR_DOC_ID
+
+IMPLEMENTATIONS = ("dense", "blocked", "flex", "flash")
+
+
+# ----------------------------------------------------------------------------- segments
+
+
+@dataclass
+class Segment:
+    """One independent causal attention problem: these queries over these keys, aligned bottom-right.
+
+    Indices are token positions within one batch row; k_index is sorted and ends with the
+    positions of q_index (shifted by Sk - Sq), so bottom-right causality is the document rule.
+    """
+
+    q_index: torch.Tensor  # long [Lq], query rows 0..Sq-1
+    k_index: torch.Tensor  # long [Lk], key columns 0..Sk-1, Lk >= Lq
+    num_prefix: int  # leading keys shared from the anchor (0 when none)
+
+
+def _anchor_positions(doc_row: torch.Tensor) -> torch.Tensor:
+    anchor = (doc_row == ANCHOR_DOC_ID).nonzero().flatten()
+    if anchor.numel() and not torch.equal(anchor, torch.arange(anchor.numel(), device=anchor.device)):
+        raise ValueError("anchor tokens (doc id 0) must come first in the sequence")
+    return anchor
+
+
+def document_segments(doc_row: torch.Tensor | None, kv_len: int, q_len: int) -> list[Segment]:
+    """Split one row's attention into per-document causal problems (the anchor prepended to each)."""
+    offset = kv_len - q_len
+    if doc_row is None:
+        return [Segment(torch.arange(q_len), torch.arange(kv_len), 0)]
+    doc_row = doc_row.cpu()
+    anchor = _anchor_positions(doc_row)
+    sorted_ids, order = torch.sort(doc_row, stable=True)
+    _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    segments = []
+    for keys in torch.split(order, counts.tolist()):
+        is_anchor = bool(doc_row[keys[0]] == ANCHOR_DOC_ID)
+        queries = keys[keys >= offset] - offset
+        if queries.numel() == 0:
+            continue  # a document entirely in the cache: no query of this step is in it
+        if is_anchor or anchor.numel() == 0:
+            segments.append(Segment(queries, keys, 0))
+        else:
+            segments.append(Segment(queries, torch.cat([anchor, keys]), int(anchor.numel())))
+    segments.sort(key=lambda seg: int(seg.k_index[seg.num_prefix]))  # order of appearance
+    return segments
+
+
+def _rows(doc_ids: torch.Tensor | None, batch: int) -> list[torch.Tensor | None]:
+    if doc_ids is None:
+        return [None] * batch
+    if doc_ids.dim() == 1:
+        doc_ids = doc_ids.unsqueeze(0).expand(batch, -1)
+    if doc_ids.shape[0] != batch:
+        raise ValueError(f"doc_ids has batch {doc_ids.shape[0]}, attention has batch {batch}")
+    return list(doc_ids)
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None) -> None:
+    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"expected q [B,Hq,Sq,D], k/v [B,Hkv,Sk,D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]})")
+    if doc_ids is not None and doc_ids.shape[-1] != k.shape[2]:
+        raise ValueError(f"doc_ids covers {doc_ids.shape[-1]} tokens, the keys {k.shape[2]}")
+
+
+# ----------------------------------------------------------------------------- dense
+
+
+def dense_attention(q, k, v, doc_ids=None, *, scale=None):
+    """SDPA with the materialised reference mask."""
+    sq, sk = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if doc_ids is None and sq == sk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if doc_ids is not None and doc_ids.dim() == 1:
+        doc_ids = doc_ids.unsqueeze(0)
+    mask = document_mask(doc_ids, sk, sq)
+    if mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # [B, 1, Sq, Sk], broadcast over heads
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
+
+
+# ----------------------------------------------------------------------------- blocked
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return inverse
+
+
+def _own_keys(seg: Segment) -> torch.Tensor:
+    return seg.k_index[seg.num_prefix :]
+
+
+def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
+    """True when the documents tile the sequence in order (every paradigm but the interleaved)."""
+    bounds = [(int(_own_keys(seg)[0]), int(_own_keys(seg)[-1]), _own_keys(seg).numel()) for seg in segments]
+    return all(last - first + 1 == n for first, last, n in bounds) and sum(n for *_, n in bounds) == length
+
+
+def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gqa: bool):
+    """Sq == Sk: one causal SDPA per document, anchor rows in front.
+
+    Every key has its query here, so each document runs as [anchor rows, document rows] on
+    SDPA's causal fast path and the duplicated anchor rows of the output are dropped. The
+    data movement around the kernels is shaped by autograd: the backward of a slice or gather
+    of a full-size tensor writes a full-size zero tensor, so full-size tensors are only ever
+    split (backward: one concatenation) or gathered once.
+    """
+    length = q_row.shape[1]
+    if _documents_are_contiguous(segments, length):
+        sizes = [_own_keys(seg).numel() for seg in segments]
+        pieces = [t.split(sizes, dim=1) for t in (q_row, k_row, v_row)]  # views, no copy
+        n_anchor = max(seg.num_prefix for seg in segments)
+        anchors = [t[0] if segments[0].num_prefix == 0 and n_anchor else None for t in pieces]
+        outputs = []
+        for i, seg in enumerate(segments):
+            q, k, v = (p[i] for p in pieces)
+            if seg.num_prefix:
+                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, scale=scale, enable_gqa=gqa
+            )
+            outputs.append(out[0, :, seg.num_prefix :])
+        return torch.cat(outputs, dim=1)
+
+    # Interleaved documents: gather once, with the anchor repeated in front of each document.
+    device = q_row.device
+    gather = torch.cat([seg.k_index for seg in segments]).to(device)
+    lengths = [seg.k_index.numel() for seg in segments]
+    q_seg, k_seg, v_seg = (t.index_select(1, gather).unsqueeze(0).split(lengths, dim=2) for t in (q_row, k_row, v_row))
+    outputs = [
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        for q, k, v in zip(q_seg, k_seg, v_seg)
+    ]
+    row_of_position = torch.empty(length, dtype=torch.long)  # each position's own (non-duplicate) row
+    start = 0
+    for seg in segments:
+        row_of_position[_own_keys(seg)] = torch.arange(start + seg.num_prefix, start + seg.k_index.numel())
+        start += seg.k_index.numel()
+    return torch.cat(outputs, dim=2)[0].index_select(1, row_of_position.to(device))
+
+
+def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: int, scale, gqa: bool):
+    """Sq < Sk (a KV cache): few queries, so an explicit bottom-right mask per document is cheap."""
+    parts = []
+    for seg in segments:
+        k_idx = seg.k_index.to(k_row.device)
+        q_seg = q_row.index_select(1, seg.q_index.to(q_row.device)).unsqueeze(0)
+        k_seg = k_row.index_select(1, k_idx).unsqueeze(0)
+        v_seg = v_row.index_select(1, k_idx).unsqueeze(0)
+        mask = (seg.k_index[None, :] <= (seg.q_index + offset)[:, None]).to(q_row.device)
+        parts.append(F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale, enable_gqa=gqa)[0])
+    q_order = torch.cat([seg.q_index for seg in segments])
+    return torch.cat(parts, dim=1).index_select(1, _inverse(q_order).to(q_row.device))
+
+
+def blocked_attention(q, k, v, doc_ids=None, *, scale=None):
+    """Per-document causal SDPA, skipping every cross-document block: the CPU training path."""
+    batch, _, sq, _ = q.shape
+    sk = k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if doc_ids is None:
+        return dense_attention(q, k, v, None, scale=scale)
+    if batch == 1:  # views, not unbind/stack: each of those costs a full-size copy in backward
+        q_rows, k_rows, v_rows = ([t.squeeze(0)] for t in (q, k, v))
+    else:
+        q_rows, k_rows, v_rows = q.unbind(0), k.unbind(0), v.unbind(0)
+    outputs = []
+    for doc_row, q_row, k_row, v_row in zip(_rows(doc_ids, batch), q_rows, k_rows, v_rows):
+        segments = document_segments(doc_row, sk, sq)
+        if sq == sk:
+            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, scale, gqa))
+        else:
+            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, scale, gqa))
+    return outputs[0].unsqueeze(0) if batch == 1 else torch.stack(outputs)
+
+
+# ----------------------------------------------------------------------------- flash (varlen)
+
+
+@dataclass
+class VarlenLayout:
+    """flash_attn_varlen_func's inputs for a batch: which flat tokens form each sequence."""
+
+    q_index: torch.Tensor  # long [Nq] into the flattened [B*Sq] queries
+    k_index: torch.Tensor  # long [Nk] into the flattened [B*Sk] keys; anchor keys repeat per document
+    cu_seqlens_q: torch.Tensor  # int32 [num_seqs + 1]
+    cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    def inverse_q(self) -> torch.Tensor:
+        """Positions in the varlen output of flat query 0..Nq-1 (every query appears once)."""
+        return _inverse(self.q_index)
+
+
+def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
+    """One varlen sequence per (row, document): the anchor's K/V prepended to each document."""
+    q_parts, k_parts, len_q, len_k = [], [], [], []
+    for b, doc_row in enumerate(_rows(doc_ids, batch)):
+        for seg in document_segments(doc_row, kv_len, q_len):
+            q_parts.append(seg.q_index + b * q_len)
+            k_parts.append(seg.k_index + b * kv_len)
+            len_q.append(seg.q_index.numel())
+            len_k.append(seg.k_index.numel())
+
+    def cumulative(lengths):
+        return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
+
+    return VarlenLayout(
+        q_index=torch.cat(q_parts),
+        k_index=torch.cat(k_parts),
+        cu_seqlens_q=cumulative(len_q),
+        cu_seqlens_k=cumulative(len_k),
+        max_seqlen_q=max(len_q),
+        max_seqlen_k=max(len_k),
+    )
+
+
+def _flash_varlen_func() -> Callable:
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as err:
+        raise RuntimeError(
+            "the flash implementation needs flash-attn on a CUDA machine: pip install 'evalkit[gpu]'"
+        ) from err
+    return flash_attn_varlen_func
+
+
+def flash_attention(q, k, v, doc_ids=None, *, scale=None, varlen_func: Callable | None = None):
+    """Regroup tokens by document, run a varlen causal kernel, scatter back.
+
+    varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
+    documented semantics (varlen_reference) to check the layout without CUDA.
+    """
+    varlen_func = varlen_func or _flash_varlen_func()
+    batch, hq, sq, dim = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    layout = varlen_layout(doc_ids, batch, sk, sq)
+    device = q.device
+    q_flat = q.transpose(1, 2).reshape(batch * sq, hq, dim)
+    k_flat = k.transpose(1, 2).reshape(batch * sk, hkv, dim)
+    v_flat = v.transpose(1, 2).reshape(batch * sk, hkv, dim)
+    k_index = layout.k_index.to(device)
+    out = varlen_func(
+        q_flat.index_select(0, layout.q_index.to(device)),
+        k_flat.index_select(0, k_index),
+        v_flat.index_select(0, k_index),
+        cu_seqlens_q=layout.cu_seqlens_q.to(device),
+        cu_seqlens_k=layout.cu_seqlens_k.to(device),
+        max_seqlen_q=layout.max_seqlen_q,
+        max_seqlen_k=layout.max_seqlen_k,
+        softmax_scale=scale,
+        causal=True,
+    )
+    out = out.index_select(0, layout.inverse_q().to(device))
+    return out.reshape(batch, sq, hq, dim).transpose(1, 2)
+
+
+def varlen_reference(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, causal=False
+):
+    """Pure-torch emulation of flash_attn_varlen_func's documented semantics.
+
+    q [Nq, Hq, D], k/v [Nk, Hkv, D]; sequence i is q[cu_q[i]:cu_q[i+1]] over k[cu_k[i]:cu_k[i+1]];
+    grouped-query heads map query head h to kv head h // (Hq / Hkv); with causal=True and more
+    keys than queries the mask is aligned to the bottom-right corner.
+    """
+    outputs = []
+    group = q.shape[1] // k.shape[1]
+    for i in range(len(cu_seqlens_q) - 1):
+        qs = q[int(cu_seqlens_q[i]) : int(cu_seqlens_q[i + 1])].transpose(0, 1)
+        ks = k[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
+        vs = v[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
+        lq, lk = qs.shape[1], ks.shape[1]
+        mask = None
+        if causal:
+            mask = torch.arange(lk)[None, :] <= torch.arange(lk - lq, lk)[:, None]
+            mask = mask.to(q.device)
+        outputs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
+    return torch.cat(outputs)
+
+
+# ----------------------------------------------------------------------------- flex
+
+
+class _BlockMaskCache:
+    """Reuses the BlockMask while doc_ids do not change (every layer of one forward shares it).
+
+    Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._doc_ids: torch.Tensor | None = None
+        self._mask = None
+
+    def get(self, doc_ids, batch: int, q_len: int, kv_len: int, device):
+        key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape))
+        same_ids = (doc_ids is None and self._doc_ids is None) or (
+            doc_ids is not None and self._doc_ids is not None and torch.equal(doc_ids, self._doc_ids)
+        )
+        if key != self._key or not same_ids:
+            self._mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device)
+            self._key, self._doc_ids = key, None if doc_ids is None else doc_ids.clone()
+        return self._mask
+
+
+def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = kv_len - q_len
+    if doc_ids is None:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_idx + offset >= kv_idx
+
+        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
+
+    doc = doc_ids.to(device)
+    if doc.dim() == 1:
+        doc = doc.unsqueeze(0).expand(batch, -1).contiguous()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same_doc = doc[b, q_idx + offset] == doc[b, kv_idx]
+        return (q_idx + offset >= kv_idx) & (same_doc | (doc[b, kv_idx] == ANCHOR_DOC_ID))
+
+    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+
+
+_block_masks = _BlockMaskCache()
+_compiled_flex: Callable | None = None
+
+
+def _flex_function(device: torch.device) -> Callable:
+    """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def flex_attention(q, k, v, doc_ids=None, *, scale=None):
+    """FlexAttention with the document rule as mask_mod (backward needs CUDA)."""
+    import warnings
+
+    if q.device.type == "cpu":
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
+        q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
+    block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device)
+    gqa = q.shape[1] != k.shape[1]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return _flex_function(q.device)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+_FUNCTIONS: dict[str, Callable] = {
+    "dense": dense_attention,
+    "blocked": blocked_attention,
+    "flex": flex_attention,
+    "flash": flash_attention,
+}
+
+
+def default_implementation(device: torch.device) -> str:
+    """flex on CUDA (fused kernels, forward and backward); blocked on CPU."""
+    return "flex" if device.type == "cuda" else "blocked"
+
+
+def available_implementations(device: torch.device | str = "cpu") -> list[str]:
+    """Implementations that can run (forward and backward) on `device` in this environment."""
+    device = torch.device(device)
+    names = ["dense", "blocked"]
+    if device.type == "cuda":
+        names.append("flex")
+        try:
+            _flash_varlen_func()
+            names.append("flash")
+        except RuntimeError:
+            pass
+    return names
+
+
+def document_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    doc_ids: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Attention under the document rule (masks.py) with the chosen implementation.
+
+    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D].
+    """
+    _check_shapes(q, k, v, doc_ids)
+    name = default_implementation(q.device) if impl == "auto" else impl
+    if name not in _FUNCTIONS:
+        raise ValueError(f"unknown attention implementation {impl!r}; choose auto or one of: {', '.join(IMPLEMENTATIONS)}")
+    return _FUNCTIONS[name](q, k, v, doc_ids, scale=scale)

@@ -1,0 +1,1 @@
+"""Benchmarks users can run (`evalkit bench ...`); their reports go to results/."""
