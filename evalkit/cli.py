@@ -102,7 +102,13 @@ def bench_attention(
             f"B=1, H={heads}, Hkv={kv_heads or heads}, D={head_dim}, {dtype}, device {device}; document lengths "
             f"exponential with mean {mean_doc} (seed {seed}); median of {repeats} timed runs after one warm-up."
         )
-        write_report(out, "Attention: forward+backward time vs full causal", command, conditions, table)
+        skipped = [impl for impl in ("dense", "blocked", "flex", "flash") if impl not in runnable]
+        notes = "Not timed on this device (no forward+backward here): " + ", ".join(skipped) + "." if skipped else ""
+        if "flex" in skipped:
+            notes += " FlexAttention has no CPU backward; its CPU forward is tested for correctness only."
+        if "flash" in skipped:
+            notes += " flash-attn needs CUDA; its varlen layout is tested on CPU against an emulation."
+        write_report(out, "Attention: forward+backward time vs full causal", command, conditions, table, notes)
         console.print(f"wrote {out}")
 
 
