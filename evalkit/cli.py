@@ -24,7 +24,6 @@ bench_app = typer.Typer(help="Benchmarks users can run; reports go to results/."
 app.add_typer(bench_app, name="bench")
 
 _PENDING = {
-    "train": ("Train a model under one attention paradigm and save checkpoints.", 3),
     "ruler": ("Run RULER on checkpoints across context lengths (--avg: mean over a run's checkpoints).", 4),
     "probe": ("Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", 5),
     "general": ("Run lm-evaluation-harness tasks (mmlu, hellaswag, ...) on checkpoints.", 6),
@@ -97,7 +96,7 @@ def bench_attention(
     if out is not None:
         from evalkit.bench.report import write_report
 
-        command = "evalkit bench attention " + " ".join(sys.argv[3:]) if len(sys.argv) > 3 else "evalkit bench attention"
+        command = "evalkit " + " ".join(sys.argv[1:])
         conditions = (
             f"B=1, H={heads}, Hkv={kv_heads or heads}, D={head_dim}, {dtype}, device {device}; document lengths "
             f"exponential with mean {mean_doc} (seed {seed}); median of {repeats} timed runs after one warm-up."
@@ -110,6 +109,61 @@ def bench_attention(
             notes += " flash-attn needs CUDA; its varlen layout is tested on CPU against an emulation."
         write_report(out, "Attention: forward+backward time vs full causal", command, conditions, table, notes)
         console.print(f"wrote {out}")
+
+
+@bench_app.command("train")
+def bench_train(
+    seq: str = typer.Option("4096,16384", help="Window lengths, comma-separated (16k = 16384)."),
+    paradigms: str = typer.Option("", help="Paradigms to time besides full (default: all)."),
+    config: str = typer.Option("tiny-cpu", "--config", help="The recipe whose model is timed."),
+    sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set dtype=bf16."),
+    steps: int = typer.Option(3, help="Timed optimizer steps per cell (median reported), after one warm-up."),
+    out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
+) -> None:
+    """Optimizer-step time and tokens/s of a recipe's model under each paradigm vs full."""
+    from evalkit.attention import Paradigm
+    from evalkit.bench import train as bench
+
+    try:
+        chosen = [Paradigm.parse(p.strip()) for p in paradigms.split(",") if p.strip()] or list(Paradigm)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    rows = bench.run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps,
+                     progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+    table = bench.to_markdown(rows)
+    typer.echo(table)
+    if out is not None:
+        from evalkit.bench.report import write_report
+
+        conditions = (
+            f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
+            f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
+        )
+        write_report(out, "Training: optimizer-step time per paradigm vs full", "evalkit " + " ".join(sys.argv[1:]), conditions, table)
+        console.print(f"wrote {out}")
+
+
+@app.command("train")
+def train_command(
+    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: configs/NAME.yaml or a YAML path."),
+    model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
+    paradigm: str = typer.Option(None, "--paradigm", help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved."),
+    seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
+    sets: list[str] = typer.Option(None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 (repeatable)."),
+    out: str = typer.Option(None, "--out", help="Run directory (default runs/<config>-<paradigm>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run directory."),
+) -> None:
+    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
+    from evalkit.train import load_config, train
+
+    overrides = {"model.path": model, "paradigm": paradigm, "seq_len": seq_len, "max_steps": max_steps, "out": out}
+    cfg = load_config(config, overrides, sets)
+    run_dir = train(cfg, resume=resume)
+    typer.echo(f"checkpoints in {run_dir}")
 
 
 def main() -> None:

@@ -90,3 +90,21 @@ def test_bench_ideal_ratio_is_sum_of_squared_document_lengths():
         assert sum(lengths) == 128 - (1 if packed.paradigm.has_anchor else 0)  # documents fill the window
         assert row.ideal_ratio == pytest.approx(sum(n * n for n in lengths) / 128**2)
         assert row.ratio_to_full == pytest.approx(row.seconds / rows[0].seconds)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config", "tiny-gpu"], "no config 'tiny-gpu'"),
+        (["--set", "optim.lrr=1"], "unknown config key 'optim.lrr'"),
+        (["--paradigm", "anchr"], "unknown paradigm 'anchr'"),
+        (["--model", "./no/such/model", "--max-steps", "1"], "model path ./no/such/model does not exist"),
+        (["--set", "data.source=/no/such.jsonl"], "data file /no/such.jsonl does not exist"),
+    ],
+)
+def test_bad_train_input_is_one_line_error(args, message, tmp_path):
+    result = run_cli("train", "--out", str(tmp_path / "run"), *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing written before the error

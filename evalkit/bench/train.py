@@ -1,0 +1,83 @@
+"""`evalkit bench train`: optimizer-step time of a recipe's model under each paradigm vs full.
+
+One window per step (B=1), the same document stream for every paradigm, one untimed warm-up
+step, then the median of the timed steps. Window building is not timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from evalkit.attention import Paradigm
+
+
+@dataclass
+class TrainBenchRow:
+    seq_len: int
+    paradigm: str
+    step_seconds: float
+    tokens_per_s: float
+    ratio_to_full: float
+    docs_per_window: float
+    ideal_ratio: float  # sum(d_i^2) / S^2 of the attention work, averaged over the timed windows
+
+
+def run(
+    seq_lens: list[int],
+    paradigms: list[Paradigm],
+    *,
+    recipe: str = "tiny-cpu",
+    sets: list[str] | None = None,
+    steps: int = 3,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> list[TrainBenchRow]:
+    from evalkit.train import load_config
+    from evalkit.train.distributed import DistContext
+    from evalkit.train.loop import autocast_context, build_stream, build_training, optimizer_step
+    from evalkit.train.model import load_tokenizer
+
+    ctx = DistContext()
+    rows: list[TrainBenchRow] = []
+    for seq_len in seq_lens:
+        full_time = None
+        for paradigm in [Paradigm.FULL, *[p for p in paradigms if p is not Paradigm.FULL]]:
+            progress(f"S={seq_len}: {paradigm}")
+            overrides = {"paradigm": paradigm.value, "seq_len": seq_len, "max_steps": steps + 1}
+            config = load_config(recipe, overrides, ["windows_per_step=1", "micro_batch=1",
+                                                    f"model.max_position_embeddings={seq_len}", *(sets or [])])  # fmt: skip
+            tokenizer = load_tokenizer(config)
+            _, stream = build_stream(config, tokenizer)
+            model, optimizer, _ = build_training(config, tokenizer, ctx)
+            windows = [[stream.next_window()] for _ in range(steps + 1)]
+            autocast = autocast_context(config, ctx.device)
+            times = []
+            for i, batch in enumerate(windows):
+                start = time.perf_counter()
+                optimizer_step(model, optimizer, batch, config, ctx, autocast)
+                if i:  # the first step warms up allocators and kernels
+                    times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
+            full_time = full_time or seconds
+            timed = [w[0] for w in windows[1:]]
+            rows.append(TrainBenchRow(
+                seq_len, paradigm.value, seconds, seq_len / seconds, seconds / full_time,
+                statistics.mean(len(w.doc_lengths) for w in timed),
+                statistics.mean(sum(n * n for n in w.doc_lengths) / seq_len**2 for w in timed) if paradigm.masks_documents else 1.0,
+            ))  # fmt: skip
+    return rows
+
+
+def to_markdown(rows: list[TrainBenchRow]) -> str:
+    lines = [
+        "| S | paradigm | step s | tokens/s | / full | docs per window | ideal Σd²/S² |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.seq_len} | {r.paradigm} | {r.step_seconds:.2f} | {r.tokens_per_s:,.0f} | {r.ratio_to_full:.3f} "
+            f"| {r.docs_per_window:.1f} | {r.ideal_ratio:.3f} |"
+        )
+    return "\n".join(lines)

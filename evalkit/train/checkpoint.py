@@ -1,0 +1,117 @@
+"""Checkpoints: plain HF directories `runs/<run>/step-<N>/`, written atomically.
+
+A checkpoint holds model.safetensors, config.json, generation_config.json, the tokenizer,
+meta.json (what made it) and, in the newest one only, trainer_state.pt (optimizer, scheduler,
+data position, RNG) for resuming. It is assembled in a hidden temporary directory and renamed
+into place, and meta.json is written last: a directory named step-N with a meta.json is
+complete, whatever moment a run was killed at.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from evalkit.errors import UserError
+from evalkit.results_io import atomic_write_json
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TRAINER_STATE = "trainer_state.pt"
+META = "meta.json"
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"step-{step}"
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint of a run, oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for child in run_dir.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and child.is_dir() and (child / META).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def newest_resumable(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint that holds a trainer state."""
+    for _step, path in reversed(complete_checkpoints(run_dir)):
+        if (path / TRAINER_STATE).is_file():
+            return path
+    return None
+
+
+def remove_partial(run_dir: Path) -> None:
+    """Temporary directories left by a run killed while saving."""
+    for child in Path(run_dir).glob(".step-*.tmp"):
+        shutil.rmtree(child, ignore_errors=True)
+
+
+def _output_embedding_key(model: torch.nn.Module) -> str | None:
+    head = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        if module is head:
+            return f"{name}.weight"
+    return None
+
+
+def write_checkpoint(run_dir: Path, step: int, model, tokenizer, model_state: dict[str, torch.Tensor],
+                     trainer_state: dict, meta: dict) -> Path:  # fmt: skip
+    """Write step-<step> atomically (rank 0 only); returns its path."""
+    from safetensors.torch import save_file
+
+    final = checkpoint_dir(run_dir, step)
+    tmp = Path(run_dir) / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = dict(model_state)
+    if getattr(model.config, "tie_word_embeddings", False):
+        weights.pop(_output_embedding_key(model), None)  # stored once, as the input embedding
+    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    config_path = tmp / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("_attn_implementation_autoset", None)
+    config.pop("attn_implementation", None)  # readers choose their own; evalkit's needs registering
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    atomic_write_json(tmp / META, meta)  # last: its presence marks the checkpoint complete
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def load_trainer_state(path: Path) -> dict:
+    try:
+        return torch.load(Path(path) / TRAINER_STATE, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UserError(f"cannot read the trainer state in {path}: {str(err).splitlines()[0]}") from None
+
+
+def load_model_state(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
+    """After a save: only the newest checkpoint keeps its trainer state; resume-only checkpoints
+    outside the evaluation window go unless asked to keep them."""
+    checkpoints = complete_checkpoints(run_dir)
+    for step, path in checkpoints[:-1]:
+        if step not in keep_steps and not keep_periodic:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            (path / TRAINER_STATE).unlink(missing_ok=True)

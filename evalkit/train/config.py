@@ -1,0 +1,277 @@
+"""Typed training configuration: dataclasses, named YAML recipes with `base:` inheritance, overrides.
+
+A recipe is a YAML file whose keys mirror `TrainConfig` (nested sections model/data/optim/
+checkpoint). `base: NAME` starts from another recipe. Command-line flags and `--set a.b=value`
+override single fields. Every key and type is checked before any work starts: a typo is a
+one-line error, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evalkit.attention import Paradigm
+from evalkit.errors import UserError
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # a local HF checkpoint (or hub name) to continue pretraining; None: build from scratch
+    arch: str = "llama"  # from scratch: llama | qwen2 | mistral
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 688
+    max_position_embeddings: int | None = None  # from scratch; default 4 x seq_len, so RULER can go beyond training length
+    rope_theta: float | None = None  # overrides the checkpoint's base: the paper's only RoPE change
+    tie_embeddings: bool = True
+    attention: str = "auto"  # evalkit implementation: auto (blocked on CPU, flex on CUDA) | blocked | flex | flash | dense
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin"  # builtin | a .jsonl file | a saved HF datasets directory | a hub dataset name
+    split: str = "train"
+    text_field: str = "text"
+    domain_field: str = "domain"  # optional in the data; the domain tags of anchor_tag come from it
+    tokenizer: str | None = None  # default: the checkpoint's own, or the built-in BPE for a model built from scratch
+    vocab_size: int = 2048  # built-in BPE only
+    retrieval_fraction: float = 0.5  # built-in corpus: share of synthetic retrieval documents
+    num_retrieval_docs: int = 4000  # built-in corpus: how many synthetic retrieval documents to draw
+    max_documents: int | None = None  # use only the first N documents of the source
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine (to min_lr_ratio x lr)
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 100  # a checkpoint to resume from every N steps
+    final_count: int = 5  # the evaluation window: the last K checkpoints ...
+    final_spacing: int = 10  # ... M steps apart, ending at max_steps
+    keep_periodic: bool = False  # keep resume checkpoints outside the evaluation window
+
+
+@dataclass
+class TrainConfig:
+    name: str = "run"
+    paradigm: Paradigm = Paradigm.ANCHOR
+    seq_len: int = 1024
+    max_steps: int = 200
+    windows_per_step: int = 8  # the global batch, in windows
+    micro_batch: int = 1  # windows per forward pass on each process (gradient accumulation covers the rest)
+    dtype: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
+    grad_checkpointing: bool = False
+    seed: int = 0
+    out: str | None = None  # default runs/<name>-<paradigm>
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def run_dir(self) -> Path:
+        return Path(self.out) if self.out else Path("runs") / f"{self.name}-{self.paradigm.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["paradigm"] = self.paradigm.value
+        return data
+
+    def checkpoint_steps(self) -> set[int]:
+        """Steps of the evaluation window (the last K checkpoints, M steps apart)."""
+        c = self.checkpoint
+        return {self.max_steps - i * c.final_spacing for i in range(c.final_count) if self.max_steps - i * c.final_spacing > 0}
+
+    def validate(self) -> None:
+        checks = [
+            (self.seq_len >= 16, f"seq_len must be at least 16, got {self.seq_len}"),
+            (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
+            (self.windows_per_step >= 1 and self.micro_batch >= 1, "windows_per_step and micro_batch must be at least 1"),
+            (self.dtype in ("fp32", "bf16"), f"dtype must be fp32 or bf16, got {self.dtype!r}"),
+            (self.model.arch in ("llama", "qwen2", "mistral"), f"model.arch must be llama, qwen2 or mistral, got {self.model.arch!r}"),
+            (self.model.attention in ("auto", "blocked", "flex", "flash", "dense"), f"unknown model.attention {self.model.attention!r}"),
+            (self.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {self.optim.schedule!r}"),
+            (0.0 <= self.data.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
+            (self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
+             "checkpoint.every, final_count and final_spacing must be at least 1"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.endswith((".jsonl", ".json"))
+
+
+def check_inputs(config: TrainConfig) -> None:
+    """Files the run reads exist (hub names are left to the hub): fail before any work starts."""
+    for what, name in (("model path", config.model.path), ("tokenizer path", config.data.tokenizer)):
+        if name and _looks_local(name) and not Path(name).expanduser().exists():
+            raise UserError(f"{what} {name} does not exist")
+    source = config.data.source
+    if source != "builtin" and _looks_local(source) and not Path(source).expanduser().exists():
+        kind = "data file" if source.endswith(".jsonl") else "data source"
+        raise UserError(f"{kind} {source} does not exist (a .jsonl file, a datasets directory or a hub name)")
+
+
+# ----------------------------------------------------------------------------- building from dicts
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """`value` as type `tp`, or a UserError naming the key and the expected type."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except UserError:
+                continue
+        raise UserError(f"{key}: expected {' or '.join(_type_name(o) for o in options)}, got {value!r}")
+    if tp is Paradigm:
+        try:
+            return Paradigm.parse(value)
+        except ValueError as err:
+            raise UserError(f"{key}: {err}") from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads "2e-5" as a string
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise UserError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise UserError(f"unknown config key {full!r}; valid keys here: {', '.join(sorted(names))}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise UserError(f"{full}: expected a section of keys, got {value!r}")
+            _apply(current, value, prefix=f"{full}.")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], full))
+
+
+def resolve_recipe(name_or_path: str) -> Path:
+    """A recipe path as given, or configs/NAME.yaml of this repository."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))) if CONFIG_DIR.is_dir() else "none"
+    raise UserError(f"no config {name_or_path!r}: give a YAML path or one of the recipes: {available}")
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if path.resolve() in seen:
+        raise UserError(f"config {path} inherits from itself through 'base:'")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise UserError(f"config {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config {path} must be a mapping of keys to values")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    base_path = path.parent / f"{base}.yaml" if not str(base).endswith(".yaml") else path.parent / base
+    if not base_path.is_file():
+        base_path = resolve_recipe(str(base))
+    return _merge(_read_recipe(base_path, (*seen, path.resolve())), data)
+
+
+def _parse_set(assignment: str) -> tuple[list[str], Any]:
+    if "=" not in assignment:
+        raise UserError(f"--set {assignment!r}: expected key=value, e.g. --set optim.lr=1e-4")
+    key, raw = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load_config(recipe: str | None, overrides: dict[str, Any] | None = None, sets: list[str] | None = None) -> TrainConfig:
+    """The config of a recipe, then flag overrides (dotted keys), then --set assignments, validated."""
+    config = TrainConfig()
+    if recipe:
+        path = resolve_recipe(recipe)
+        values = _read_recipe(path)
+        values.setdefault("name", path.stem)
+        _apply(config, values)
+    nested: dict[str, Any] = {}
+    items = [(key.split("."), value) for key, value in (overrides or {}).items() if value is not None]
+    items += [_parse_set(s) for s in sets or []]
+    for parts, value in items:
+        target = nested
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    _apply(config, nested)
+    config.validate()
+    return config

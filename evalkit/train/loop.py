@@ -1,0 +1,278 @@
+"""The training loop: packed windows in, checkpoints and a metrics log out, resumable at any step.
+
+Per step, every process builds the same global batch of windows (the data order is a pure
+function of the seed and the stream state), takes its share, and normalises its loss by the
+global count of target tokens, so 1 process and N processes take the same optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
+
+import evalkit
+from evalkit.attention import PackedSequence
+from evalkit.corpus import tokenizer_fingerprint
+from evalkit.errors import UserError
+from evalkit.provenance import git_hash
+from evalkit.results_io import atomic_write_text
+from evalkit.train import checkpoint as ckpt
+from evalkit.train import distributed
+from evalkit.train.config import TrainConfig, check_inputs
+from evalkit.train.data import WindowStream, domain_tag_ids, open_source
+from evalkit.train.model import build_model, load_tokenizer
+
+LOSS_CHUNK = 4096  # target tokens per chunk of the output projection (bounds logits memory)
+METRICS = "metrics.jsonl"
+
+
+def _chunk_loss(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(hidden, head_weight).float()
+    return F.cross_entropy(logits, targets, reduction="sum")
+
+
+class MaskedLMLoss(torch.nn.Module):
+    """The HF model plus its training loss, as one module.
+
+    forward returns the sum of next-token cross-entropy over the targets loss_mask marks. The
+    vocabulary projection runs in recomputed chunks, so a 64K window with a 128K vocabulary
+    never holds all its logits at once. Wrapping matters for FSDP2: the loss reads the
+    embedding/head weights, which the root unit gathers only inside the root's forward.
+    """
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
+        decoder = getattr(self.lm, self.lm.base_model_prefix)
+        hidden = decoder(input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids).last_hidden_state
+        targets_mask = loss_mask[:, 1:]
+        hidden = hidden[:, :-1][targets_mask]
+        targets = input_ids[:, 1:][targets_mask]
+        head = self.lm.get_output_embeddings().weight
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, targets.numel(), LOSS_CHUNK):
+            h, t = hidden[start : start + LOSS_CHUNK], targets[start : start + LOSS_CHUNK]
+            total = total + activation_checkpoint(_chunk_loss, h, head, t, use_reentrant=False)
+        return total
+
+
+def collate(windows: list[PackedSequence], device: torch.device) -> dict[str, torch.Tensor]:
+    doc_ids = None
+    if windows[0].paradigm.masks_documents:
+        doc_ids = torch.stack([w.doc_ids for w in windows]).to(device)
+    return {
+        "input_ids": torch.stack([w.input_ids for w in windows]).to(device),
+        "position_ids": torch.stack([w.position_ids for w in windows]).to(device),
+        "doc_ids": doc_ids,
+        "loss_mask": torch.stack([w.loss_mask for w in windows]).to(device),
+    }
+
+
+def lr_lambda(config: TrainConfig):
+    o = config.optim
+
+    def factor(step: int) -> float:
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - o.warmup_steps) / max(1, config.max_steps - o.warmup_steps))
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _check_resume_config(saved: dict, config: TrainConfig) -> None:
+    """A resumed run must be the same run: only the step budget and schedule may change."""
+    current = config.to_dict()
+    ignore = {"max_steps", "checkpoint", "out"}
+    differing = [k for k in current if k not in ignore and saved.get(k) != current[k]]
+    if differing:
+        raise UserError(f"--resume with a different config ({', '.join(differing)}); use the original settings or a new --out")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop log lines of steps after the checkpoint we resume from (they will be redone)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+class _Progress:
+    """A rich progress bar on the main process; silent elsewhere."""
+
+    def __init__(self, enabled: bool, total: int, start: int, description: str):
+        self._bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn(),
+            )  # fmt: skip
+            self._task = self._bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
+            self._bar.start()
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, loss=loss, tps=tokens_per_s)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def optimizer_step(model, optimizer, windows: list[PackedSequence], config: TrainConfig, ctx, autocast) -> float:
+    """One optimizer step on the global batch `windows`; returns its mean loss per target token.
+
+    Each process takes its share of the windows; every loss is divided by the global number of
+    targets, so gradient accumulation and any number of processes give the same step.
+    """
+    mine = windows[ctx.rank :: ctx.world_size]
+    num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
+    loss_sum = torch.zeros((), device=ctx.device)
+    for i in range(0, len(mine), config.micro_batch):
+        batch = collate(mine[i : i + config.micro_batch], ctx.device)
+        with autocast:
+            micro_loss = model(**batch)
+        # FSDP averages gradients over processes; scaling by world size makes it a sum.
+        (micro_loss * ctx.world_size / num_targets).backward()
+        loss_sum += micro_loss.detach()
+    if config.optim.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
+
+
+def autocast_context(config: TrainConfig, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if config.dtype == "bf16" else nullcontext()
+
+
+def train(config: TrainConfig, *, resume: bool = False, show_progress: bool = True) -> Path:
+    """Run (or continue) training; returns the run directory."""
+    ctx = distributed.init_distributed()
+    try:
+        return _train(config, ctx, resume=resume, show_progress=show_progress)
+    finally:
+        distributed.shutdown(ctx)
+
+
+def build_stream(config: TrainConfig, tokenizer) -> tuple:
+    """The run's document source and its window stream (domain tags resolved for anchor_tag)."""
+    source = open_source(config.data, config.seed, config.seq_len)
+    tags = None
+    if config.paradigm.uses_tags:
+        domains = source.domains()
+        if not domains:
+            raise UserError("anchor_tag needs documents with a domain field (data.domain_field)")
+        tags = domain_tag_ids(tokenizer, domains)
+    return source, WindowStream(source, tokenizer, config.paradigm, config.seq_len, config.seed, tags)
+
+
+def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext) -> tuple:
+    """(loss module, optimizer, scheduler): the model sharded when distributed, in training mode."""
+    lm = build_model(config, tokenizer, ctx.device)
+    if config.grad_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = distributed.shard(MaskedLMLoss(lm), ctx)
+    model.train()
+    o = config.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
+    return model, optimizer, scheduler
+
+
+def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool) -> Path:
+    check_inputs(config)
+    run_dir = config.run_dir()
+    per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
+    if remainder or per_process % config.micro_batch:
+        raise UserError(f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes x micro_batch={config.micro_batch}")
+    existing = ckpt.complete_checkpoints(run_dir)
+    resume_from = ckpt.newest_resumable(run_dir) if resume else None
+    if existing and not resume:
+        raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
+    if resume_from is not None:
+        _check_resume_config(json.loads((resume_from / ckpt.META).read_text())["config"], config)
+
+    tokenizer = load_tokenizer(config)
+    source, stream = build_stream(config, tokenizer)
+    model, optimizer, scheduler = build_training(config, tokenizer, ctx)
+
+    step, tokens_seen = 0, 0
+    if resume_from is not None:
+        state = ckpt.load_trainer_state(resume_from)
+        weights = {f"lm.{k}": v for k, v in ckpt.load_model_state(resume_from).items()}
+        distributed.load_full_state(model, optimizer, weights, state["optimizer"], ctx)
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+        torch.set_rng_state(state["rng"])
+        step, tokens_seen = state["step"], state["tokens_seen"]
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_partial(run_dir)
+        _truncate_metrics(run_dir / METRICS, step)
+    distributed.barrier(ctx)
+
+    meta_base = {
+        "paradigm": config.paradigm.value,
+        "config": config.to_dict(),
+        "data_fingerprint": source.fingerprint,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "evalkit_version": evalkit.__version__,
+        "git_hash": git_hash(),
+        "world_size": ctx.world_size,
+    }
+    save_steps = config.checkpoint_steps()
+    autocast = autocast_context(config, ctx.device)
+    progress = _Progress(show_progress and ctx.is_main, config.max_steps, step, f"{run_dir.name}")
+    try:
+        while step < config.max_steps:
+            started = time.perf_counter()
+            windows = [stream.next_window() for _ in range(config.windows_per_step)]
+            loss = optimizer_step(model, optimizer, windows, config, ctx, autocast)
+            scheduler.step()
+            step += 1
+            tokens_seen += config.windows_per_step * config.seq_len
+            elapsed = time.perf_counter() - started
+            tokens_per_s = config.windows_per_step * config.seq_len / elapsed
+            if ctx.is_main:
+                record = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s,
+                          "tokens_seen": tokens_seen}  # fmt: skip
+                with (run_dir / METRICS).open("a") as log:
+                    log.write(json.dumps(record) + "\n")
+            progress.update(step, loss, tokens_per_s)
+            if step in save_steps or step % config.checkpoint.every == 0:
+                _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx)
+    finally:
+        progress.close()
+    return run_dir
+
+
+def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx) -> None:
+    model_state = {k.removeprefix("lm."): v for k, v in distributed.full_model_state(model, ctx).items()}
+    optimizer_state = distributed.full_optimizer_state(model, optimizer, ctx)
+    if ctx.is_main:
+        trainer_state = {
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "optimizer": optimizer_state,
+            "scheduler": scheduler.state_dict(),
+            "stream": stream.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        meta = {"step": step, "tokens_seen": tokens_seen, **meta_base}
+        ckpt.write_checkpoint(run_dir, step, model.lm, tokenizer, model_state, trainer_state, meta)
+        ckpt.prune(run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)
+    distributed.barrier(ctx)

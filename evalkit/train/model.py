@@ -1,0 +1,96 @@
+"""The model and tokenizer a run trains: a local HF checkpoint, or a small architecture from scratch."""
+
+from __future__ import annotations
+
+import torch
+
+from evalkit.attention import register_hf_attention
+from evalkit.errors import UserError
+from evalkit.train.config import TrainConfig
+
+
+def attention_name(config: TrainConfig, device: torch.device) -> str:
+    """The transformers attn_implementation for evalkit's attention (auto: blocked on CPU, flex on CUDA)."""
+    impl = config.model.attention
+    if impl == "auto":
+        impl = "flex" if device.type == "cuda" else "blocked"
+    if impl == "flex" and device.type != "cuda":
+        raise UserError("model.attention=flex cannot train on CPU (FlexAttention has no CPU backward); use blocked")
+    return f"evalkit_{impl}"
+
+
+def load_tokenizer(config: TrainConfig):
+    """The tokenizer named in data.tokenizer, else the checkpoint's own, else the built-in BPE."""
+    name = config.data.tokenizer or config.model.path
+    if name is None:
+        from evalkit.corpus import builtin_tokenizer
+
+        return builtin_tokenizer(config.data.vocab_size)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"could not load a tokenizer from {name!r}: {str(err).splitlines()[0]}") from None
+
+
+def _scratch_config(config: TrainConfig, tokenizer):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    m = config.model
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        max_position_embeddings=m.max_position_embeddings or 4 * config.seq_len,
+        tie_word_embeddings=m.tie_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attention_dropout=0.0,
+    )
+    if m.rope_theta is not None:
+        common["rope_parameters"] = {"rope_type": "default", "rope_theta": m.rope_theta}
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[m.arch]
+    hf_config = cls(**common)
+    if m.arch == "mistral":
+        hf_config.sliding_window = None  # the paradigms define attention; no sliding window on top
+    return hf_config
+
+
+def _set_rope_theta(hf_config, theta: float) -> None:
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    params.setdefault("rope_type", "default")
+    params["rope_theta"] = theta
+    hf_config.rope_parameters = params
+
+
+def build_model(config: TrainConfig, tokenizer, device: torch.device):
+    """The model in fp32 (master weights) on `device`, with evalkit attention selected."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    register_hf_attention()
+    attn = attention_name(config, device)
+    m = config.model
+    if m.path is None:
+        torch.manual_seed(config.seed)  # the initialisation is part of the run's identity
+        model = AutoModelForCausalLM.from_config(_scratch_config(config, tokenizer), attn_implementation=attn)
+    else:
+        try:
+            hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+            if m.rope_theta is not None:
+                _set_rope_theta(hf_config, m.rope_theta)
+            if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
+                hf_config.max_position_embeddings = config.seq_len
+            model = AutoModelForCausalLM.from_pretrained(
+                m.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
+                trust_remote_code=m.trust_remote_code,
+            )  # fmt: skip
+        except OSError as err:
+            raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
+    if getattr(model.config, "sliding_window", None):
+        model.config.sliding_window = None
+    return model.to(device)

@@ -1,0 +1,16 @@
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Tests never read or write the user's ~/.cache/evalkit."""
+    import os
+
+    cache = tmp_path_factory.mktemp("evalkit-cache")
+    old = os.environ.get("EVALKIT_CACHE")
+    os.environ["EVALKIT_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("EVALKIT_CACHE", None)
+    else:
+        os.environ["EVALKIT_CACHE"] = old

@@ -1,0 +1,68 @@
+"""Recipes, overrides and validation: every mistake is one line before any work starts."""
+
+import pytest
+
+from evalkit.attention import Paradigm
+from evalkit.errors import UserError
+from evalkit.train.config import CONFIG_DIR, load_config
+
+
+def test_tiny_cpu_recipe_and_overrides():
+    config = load_config("tiny-cpu", {"paradigm": "intra_doc", "seq_len": 512}, ["optim.lr=2e-5", "model.num_layers=2"])
+    assert config.name == "tiny-cpu"
+    assert config.paradigm is Paradigm.INTRA_DOC
+    assert config.seq_len == 512
+    assert config.optim.lr == 2e-5  # YAML reads 2e-5 as a string; the field's type decides
+    assert config.model.num_layers == 2
+    assert str(config.run_dir()) == "runs/tiny-cpu-intra_doc"
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+def test_every_shipped_recipe_loads(recipe):
+    config = load_config(recipe)
+    assert config.max_steps >= 1
+
+
+def test_paper_recipes_match_the_paper():
+    for recipe, theta in [("llama2-7b-64k", 5e6), ("llama3-8b-64k", 5e6), ("mistral-7b-v0.3-64k", 5e6), ("qwen1.5-1.8b-64k", 5e6)]:
+        config = load_config(recipe)
+        assert config.seq_len == 65536 and config.model.rope_theta == theta
+        assert config.max_steps == 2000 and config.windows_per_step == 8
+        o = config.optim
+        assert (o.lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.schedule) == (2e-5, 0.1, 0.9, 0.95, 1e-8, "constant")
+        assert config.dtype == "bf16" and config.grad_checkpointing
+        assert config.checkpoint_steps() == {1960, 1970, 1980, 1990, 2000}
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["optim.lrr=1"], "unknown config key 'optim.lrr'"),
+        (["seq_len=long"], "seq_len: expected int, got 'long'"),
+        (["grad_checkpointing=maybe"], "grad_checkpointing: expected bool"),
+        (["paradigm=causal"], "unknown paradigm 'causal'"),
+        (["model=3"], "model: expected a section"),
+        (["dtype=fp16"], "dtype must be fp32 or bf16"),
+        (["noequals"], "expected key=value"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(sets, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config("tiny-cpu", sets=sets)
+
+
+def test_unknown_recipe_lists_the_available_ones():
+    with pytest.raises(UserError, match="tiny-cpu"):
+        load_config("tiny-gpu")
+
+
+def test_base_inheritance(tmp_path):
+    (tmp_path / "parent.yaml").write_text("seq_len: 256\noptim:\n  lr: 0.5\n  weight_decay: 0.0\n")
+    (tmp_path / "child.yaml").write_text("base: parent\noptim:\n  lr: 0.25\n")
+    config = load_config(str(tmp_path / "child.yaml"))
+    assert (config.seq_len, config.optim.lr, config.optim.weight_decay, config.name) == (256, 0.25, 0.0, "child")
+
+
+def test_checkpoint_window():
+    config = load_config("tiny-cpu", {"max_steps": 100}, ["checkpoint.final_count=3", "checkpoint.final_spacing=20"])
+    assert config.checkpoint_steps() == {60, 80, 100}

@@ -1,0 +1,126 @@
+"""Training end to end on a micro model: loss falls, checkpoints load, resume is exact, FSDP agrees."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from evalkit.attention import Paradigm
+from evalkit.errors import UserError
+from evalkit.train import checkpoint as ckpt
+from evalkit.train.loop import train
+from tests.train.helpers import losses, micro_args, micro_config
+
+EVALKIT = [sys.executable, "-m", "evalkit.cli"]
+
+
+def test_loss_falls_and_checkpoints_load_and_generate(tmp_path):
+    run = train(micro_config(tmp_path / "run", max_steps=30, paradigm="anchor"), show_progress=False)
+    values = losses(run)
+    assert len(values) == 30
+    assert sum(values[-5:]) / 5 < sum(values[:5]) / 5 - 0.5
+    # The evaluation window (last 2, 2 apart) is kept; resume-only checkpoints are pruned.
+    assert [step for step, _ in ckpt.complete_checkpoints(run)] == [28, 30]
+    assert not (run / "step-28" / ckpt.TRAINER_STATE).exists() and (run / "step-30" / ckpt.TRAINER_STATE).exists()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(run / "step-30")
+    tok = AutoTokenizer.from_pretrained(run / "step-30")
+    ids = tok("Note that the number for", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 5
+    meta = json.loads((run / "step-30" / "meta.json").read_text())
+    assert meta["step"] == 30 and meta["paradigm"] == "anchor" and meta["tokens_seen"] == 30 * 4 * 128
+    assert meta["config"]["seq_len"] == 128 and len(meta["data_fingerprint"]) == 16 and "git_hash" in meta
+
+
+@pytest.mark.parametrize("paradigm", [p.value for p in Paradigm])
+def test_every_paradigm_trains(paradigm, tmp_path):
+    run = train(micro_config(tmp_path / paradigm, paradigm=paradigm, max_steps=3), show_progress=False)
+    values = losses(run)
+    assert len(values) == 3 and all(v == v and 0 < v < 20 for v in values)
+    assert json.loads((run / "step-3" / "meta.json").read_text())["paradigm"] == paradigm
+
+
+def test_existing_run_needs_resume(tmp_path):
+    config = micro_config(tmp_path / "run", max_steps=2)
+    train(config, show_progress=False)
+    with pytest.raises(UserError, match="--resume"):
+        train(config, show_progress=False)
+    changed = micro_config(tmp_path / "run", "optim.lr=1e-2", max_steps=4)
+    with pytest.raises(UserError, match="different config \\(optim\\)"):
+        train(changed, resume=True, show_progress=False)
+
+
+def test_killed_run_resumes_to_identical_losses(tmp_path):
+    """SIGKILL a training process mid-run, resume it, and compare every step's loss."""
+    steps = 12
+    reference = train(micro_config(tmp_path / "straight", "checkpoint.every=3", max_steps=steps), show_progress=False)
+    run_dir = tmp_path / "killed"
+    args = micro_args(run_dir, "checkpoint.every=3", max_steps=steps)
+    proc = subprocess.Popen([*EVALKIT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if len(losses(run_dir) if (run_dir / "metrics.jsonl").exists() else []) >= 7:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = losses(run_dir)
+    assert 7 <= len(partial) < steps
+    train(micro_config(run_dir, "checkpoint.every=3", max_steps=steps), resume=True, show_progress=False)
+    assert losses(run_dir) == losses(reference)  # exactly equal, step by step
+    assert [s for s, _ in ckpt.complete_checkpoints(run_dir)] == [10, 12]
+
+
+def test_kill_during_save_leaves_no_complete_looking_checkpoint(tmp_path, monkeypatch):
+    config = micro_config(tmp_path / "run", "checkpoint.every=2", max_steps=4)
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def dying_save(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint dies half-written
+            Path(path).write_bytes(b"partial")
+            raise KeyboardInterrupt
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, show_progress=False)
+    monkeypatch.setattr(torch, "save", real_save)
+    run = Path(config.out)
+    assert [s for s, _ in ckpt.complete_checkpoints(run)] == [2]
+    assert (run / ".step-4.tmp").exists() and not (run / "step-4").exists()
+    train(config, resume=True, show_progress=False)
+    assert not (run / ".step-4.tmp").exists()
+    assert [s for s, _ in ckpt.complete_checkpoints(run)] == [2, 4]
+
+
+def test_two_process_fsdp_matches_one_process(tmp_path):
+    """torchrun, 2 CPU processes, gloo, FSDP2: the same losses as 1 process on the same global batch."""
+    steps = 3
+    single = train(micro_config(tmp_path / "one", max_steps=steps), show_progress=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", "-m",
+           "evalkit.cli", *micro_args(tmp_path / "two", max_steps=steps)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(tmp_path / "two") == pytest.approx(losses(single), rel=1e-5)
+    two_meta = json.loads((tmp_path / "two" / f"step-{steps}" / "meta.json").read_text())
+    assert two_meta["world_size"] == 2
+    from safetensors.torch import load_file
+
+    a = load_file(str(single / f"step-{steps}" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / f"step-{steps}" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
