@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -184,7 +185,11 @@ def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext)
     """(loss module, optimizer, scheduler): the model sharded when distributed, in training mode."""
     lm = build_model(config, tokenizer, ctx.device)
     if config.grad_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(lm, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model = distributed.shard(MaskedLMLoss(lm), ctx)
     model.train()
     o = config.optim
@@ -205,6 +210,8 @@ def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, s
         raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
     if resume_from is not None:
         _check_resume_config(json.loads((resume_from / ckpt.META).read_text())["config"], config)
+    elif resume and ctx.is_main:
+        print(f"no checkpoint to resume in {run_dir}; starting from step 0", file=sys.stderr)
 
     tokenizer = load_tokenizer(config)
     source, stream = build_stream(config, tokenizer)

@@ -124,3 +124,18 @@ def test_two_process_fsdp_matches_one_process(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_checkpointing_changes_nothing_and_bf16_trains(tmp_path):
+    plain = train(micro_config(tmp_path / "plain", max_steps=2), show_progress=False)
+    recomputed = train(micro_config(tmp_path / "gc", "grad_checkpointing=true", max_steps=2), show_progress=False)
+    assert losses(recomputed) == pytest.approx(losses(plain), rel=1e-6)
+    bf16 = train(micro_config(tmp_path / "bf16", "dtype=bf16", max_steps=2), show_progress=False)
+    assert losses(bf16) == pytest.approx(losses(plain), rel=0.05)  # same model, bf16 compute
+    assert losses(bf16) != losses(plain)
+
+
+def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
+    run = train(micro_config(tmp_path / "run", max_steps=2), resume=True, show_progress=False)
+    assert len(losses(run)) == 2
+    assert "starting from step 0" in capsys.readouterr().err
