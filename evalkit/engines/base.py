@@ -1,0 +1,210 @@
+"""The interface every inference engine offers, and the policy all of them share.
+
+RULER and the lm-eval adapter only talk to this interface. What must never differ between
+engines lives here, implemented once: how prompts become tokens (BOS included when the
+tokenizer adds one), how a (context, continuation) pair is split, how long texts are cut into
+windows for perplexity, and what happens when a request does not fit the model's window (an
+error naming the lengths, or a skip the caller asked for; never a silent truncation).
+
+An engine subclass implements only the token-level work: greedy generation from token ids
+(`_generate_tokens`), scoring of continuation tokens (`_score_tokens`) and `engine_info`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from evalkit.engines import tokens as tok
+from evalkit.errors import UserError
+
+DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the names used everywhere in evalkit (CLI, configs, results)
+OVERFLOW_POLICIES = ("error", "skip")
+
+Prompt = str | Sequence[int]
+OverflowPolicy = Literal["error", "skip"]
+
+
+def check_dtype(name: str) -> str:
+    """`name` if it is one of DTYPE_NAMES, else a UserError listing them."""
+    if name not in DTYPE_NAMES:
+        raise UserError(f"unknown dtype {name!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+    return name
+
+
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+
+
+def _check_overflow_policy(on_overflow: str) -> None:
+    if on_overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
+
+
+@dataclass
+class PackedRequest:
+    """Several documents behind one shared anchor, then a question (the anchor paradigm at inference).
+
+    Documents and question are text (tokenized without special tokens) or token ids. The layout
+    is [anchor] d1 [EOS] d2 [EOS] ... question: during the prefill every document attends to
+    itself and the anchor only; the question and all generated tokens attend to everything.
+    """
+
+    documents: list[Prompt]
+    question: Prompt
+
+
+class Engine(ABC):
+    """Greedy generation and log-likelihoods over one model; see the module docstring."""
+
+    name: ClassVar[str]
+    tokenizer: Any  # a transformers tokenizer: the one whose ids the engine feeds
+    max_length: int  # the window: prompt + generated tokens (or fed scoring tokens) must fit in it
+
+    # ------------------------------------------------------------------ what engines implement
+
+    @abstractmethod
+    def engine_info(self) -> dict[str, Any]:
+        """Facts a result must record: engine, dtype, batch size, max length, attention, device,
+        model path, tokenizer fingerprint."""
+
+    @abstractmethod
+    def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
+        """Greedy continuations of prompts already checked to fit, cut at EOS or the first stop string."""
+
+    @abstractmethod
+    def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum of log p(continuation | context), every continuation token is the argmax) per
+        (context ids, continuation ids); context + continuation minus its last token fits."""
+
+    # ------------------------------------------------------------------ shared behaviour
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The token ids the engine feeds for `prompt`: text gets the tokenizer's specials (BOS), ids are kept."""
+        return tok.encode_prompt(self.tokenizer, prompt)
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        """len(encode(prompt)): what RULER sizes its samples with."""
+        return len(self.encode(prompt))
+
+    def fits(self, prompt: Prompt, max_new_tokens: int) -> bool:
+        """Whether `prompt` plus `max_new_tokens` generated tokens fits the window."""
+        return self.count_tokens(prompt) + max_new_tokens <= self.max_length
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        max_new_tokens: int,
+        stop: list[str] | None = None,
+        *,
+        on_overflow: OverflowPolicy = "error",
+    ) -> list[str | None]:
+        """Greedy continuation of each prompt, ended by EOS, a stop string (cut off) or max_new_tokens.
+
+        A prompt whose length + max_new_tokens exceeds max_length raises a UserError naming the
+        lengths; with on_overflow="skip" its entry is None instead (the caller counts those).
+        """
+        _check_overflow_policy(on_overflow)
+        check_max_new_tokens(max_new_tokens)
+        encoded = [self._checked_prompt(self.encode(p), max_new_tokens, on_overflow) for p in prompts]
+        runnable = [i for i, ids in enumerate(encoded) if ids is not None]
+        texts = self._generate_tokens([encoded[i] for i in runnable], max_new_tokens, list(stop or []))
+        outputs: list[str | None] = [None] * len(encoded)
+        for i, text in zip(runnable, texts):
+            outputs[i] = text
+        return outputs
+
+    def loglikelihood(
+        self, pairs: Sequence[tuple[str, str]], *, on_overflow: OverflowPolicy = "error"
+    ) -> list[tuple[float, bool] | None]:
+        """(log p(continuation | context), is_greedy) per pair, as lm-eval defines them.
+
+        The pair is split into tokens by tokens.encode_pair (the context as a prompt, BOS
+        included where the tokenizer adds one); the rest is loglikelihood_tokens.
+        """
+        requests = [tok.encode_pair(self.tokenizer, context, continuation) for context, continuation in pairs]
+        return self.loglikelihood_tokens(requests, on_overflow=on_overflow)
+
+    def loglikelihood_tokens(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy = "error"
+    ) -> list[tuple[float, bool] | None]:
+        """(sum of log p(continuation ids | context ids), every continuation token is the argmax).
+
+        A request that needs more than max_length tokens of input raises a UserError naming the
+        lengths (lm-eval would silently drop the start of the context); with on_overflow="skip"
+        its entry is None. An empty continuation scores (0.0, True): log p(nothing) = 0.
+        """
+        _check_overflow_policy(on_overflow)
+        requests = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        to_score = []
+        for i, (context, continuation) in enumerate(requests):
+            if not context:
+                raise ValueError("a loglikelihood request needs at least one context token to condition on")
+            if not continuation:
+                results[i] = (0.0, True)
+            elif self._pair_fits(context, continuation, on_overflow):
+                to_score.append(i)
+        for i, result in zip(to_score, self._score_tokens([requests[i] for i in to_score])):
+            results[i] = result
+        return results
+
+    def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
+        """Total log-likelihood of each text, every token scored once, in windows of max_length.
+
+        Nothing is truncated: a long text is cut into consecutive windows (tokens.rolling_windows).
+        """
+        prefix = tok.prefix_token_id(self.tokenizer)
+        windows_per_text = [
+            tok.rolling_windows(tok.encode_content(self.tokenizer, text), prefix, self.max_length) for text in texts
+        ]
+        flat = [window for windows in windows_per_text for window in windows]
+        scores = iter(self._score_tokens(flat))
+        return [sum(next(scores)[0] for _ in windows) for windows in windows_per_text]
+
+    # ------------------------------------------------------------------ length checks
+
+    def _checked_prompt(self, ids: list[int], max_new_tokens: int, on_overflow: str) -> list[int] | None:
+        if not ids:
+            raise UserError("empty prompt: no token to condition on (text gets a BOS only where the tokenizer adds one)")
+        if len(ids) + max_new_tokens <= self.max_length:
+            return ids
+        if on_overflow == "skip":
+            return None
+        raise UserError(
+            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens = {len(ids) + max_new_tokens} exceeds "
+            f"the model window of {self.max_length} tokens; shorten the prompt or set max_length "
+            "(evalkit never truncates silently)"
+        )
+
+    def _pair_fits(self, context: list[int], continuation: list[int], on_overflow: str) -> bool:
+        fed = len(context) + len(continuation) - 1  # the last continuation token is predicted, never fed
+        if fed <= self.max_length:
+            return True
+        if on_overflow == "skip":
+            return False
+        raise UserError(
+            f"context of {len(context)} tokens + continuation of {len(continuation)} tokens needs {fed} tokens "
+            f"of input, more than the model window of {self.max_length}; shorten it or set max_length "
+            "(evalkit never truncates silently)"
+        )
+
+
+class PackedEngine(Engine):
+    """An engine that can also run the anchor paradigm's packed multi-document requests."""
+
+    @abstractmethod
+    def generate_packed(
+        self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
+    ) -> list[str]:
+        """Greedy answers to packed requests (PackedRequest describes the attention pattern).
+
+        A request whose tokens + max_new_tokens exceed max_length raises a UserError naming the lengths.
+        """
+
+    @abstractmethod
+    def logits_packed(self, requests: Sequence[PackedRequest]) -> Any:
+        """Float32 logits [N, vocab] (a torch tensor on the CPU) after each request's last question token."""

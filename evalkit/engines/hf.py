@@ -1,0 +1,421 @@
+"""The transformers engine: a local checkpoint, batched greedy decoding with a KV cache.
+
+Shape legend: B rows in a batch, S tokens fed in one forward, C cache slots (every token fed so
+far, padding included), V vocabulary.
+
+Plain prompts are batched by length (longest first, so a batch that does not fit in memory
+fails at once) and LEFT-padded: every row's last prompt token sits in the last column, so one
+`logits_to_keep=1` forward yields every row's next-token logits and each decoding step appends
+one column for all rows. An attention mask hides the padding and position ids count only real
+tokens, so a padded row computes what it would alone. Rows that finish are dropped from the
+batch and the cache, so no compute is spent on them.
+
+Packed requests (the anchor paradigm, see base.PackedRequest) run in two forwards before
+decoding: the anchor and documents under evalkit's document attention with doc_ids (each
+document sees itself and the anchor), filling the KV cache; then the question under plain
+causal attention over that cache, which is exactly "the question attends to everything". Rows
+are right-padded in the first forward (padding gets its own document id, which no real token
+attends to) and left-padded in the second, so the cache has holes that the attention mask of
+every later step hides.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
+from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines import tokens as tok
+from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens
+from evalkit.errors import UserError
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
+
+
+@dataclass
+class _DecodeState:
+    """A batch ready for its next greedy token."""
+
+    cache: Any  # transformers Cache holding the K/V of every slot fed so far
+    attention_mask: torch.Tensor  # long [B, C]: 1 where a cache slot holds a real token
+    next_positions: torch.Tensor  # long [B]: position id the next token of each row will have
+    logits: torch.Tensor  # [B, V]: the distribution of each row's next token
+
+    def select(self, rows: list[int]) -> _DecodeState:
+        index = torch.tensor(rows, device=self.attention_mask.device)
+        self.cache.batch_select_indices(index)  # in place: the rows we drop are freed
+        return _DecodeState(self.cache, self.attention_mask[index], self.next_positions[index], self.logits[index])
+
+
+class _StopWatcher:
+    """Notices, at each new token, whether a row's text now contains a stop string.
+
+    Only the last few tokens are decoded per step (work independent of the text's length): a
+    stop string of n bytes that just completed lies within the last n tokens, since every
+    non-special token decodes to at least one byte. Decoding a tail can mangle its first
+    characters (half a UTF-8 character, a SentencePiece leading space), so a tail hit is
+    confirmed on the full text. A stop the tail misses (special tokens interleaved) only costs
+    extra tokens: outputs are always cut at the earliest stop of the full text.
+    """
+
+    def __init__(self, decode, stop: Sequence[str]):
+        self.decode = decode
+        self.stop = [s for s in stop if s]
+        self.tail = max((len(s.encode()) for s in self.stop), default=0) + 4
+
+    def hit(self, generated: list[int]) -> bool:
+        if not self.stop:
+            return False
+        tail_text = self.decode(generated[-self.tail :])
+        if not any(s in tail_text for s in self.stop):
+            return False
+        full_text = self.decode(generated)
+        return any(s in full_text for s in self.stop)
+
+
+class HFEngine(PackedEngine):
+    """A transformers causal LM loaded from a local checkpoint directory (safetensors weights).
+
+    Settings: dtype bf16|fp16|fp32 (default bf16 on CUDA, fp32 on CPU); device auto|cpu|cuda|cuda:N;
+    batch_size (rows per forward); max_length (default config.max_position_embeddings; may be
+    set above it to test length extrapolation); attention (transformers implementation for plain
+    prompts, default sdpa); packed_attention (evalkit implementation for packed prefills);
+    trust_remote_code (off unless asked).
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str | None = None,
+        device: str = "auto",
+        batch_size: int = 8,
+        max_length: int | None = None,
+        attention: str = "sdpa",
+        packed_attention: str = "evalkit",
+        trust_remote_code: bool = False,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_path = _checkpoint_directory(model_path)
+        self.device = _resolve_device(device)
+        self.dtype = check_dtype(dtype or ("bf16" if self.device.type == "cuda" else "fp32"))
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
+        register_hf_attention()
+        if attention in HF_NAMES:
+            raise UserError(
+                f"attention={attention!r} cannot run plain prompts: they are left-padded and evalkit's "
+                "implementations take no padding mask; use sdpa (or eager, flash_attention_2) for attention "
+                "and choose the evalkit implementation of packed requests with packed_attention"
+            )
+        if packed_attention not in HF_NAMES:
+            raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
+        self.attention = attention
+        self.packed_attention = packed_attention
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
+        self.max_length = _window(self.model.config, max_length)
+        self._eos_ids = _eos_token_ids(self.tokenizer, self.model)
+        self._pad_id = _pad_token_id(self.tokenizer)
+        # transformers renamed the model's `past_key_values` argument to `cache` during 5.x.
+        forward_parameters = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
+        self._fingerprint = tokenizer_fingerprint(self.tokenizer)
+
+    def engine_info(self) -> dict[str, Any]:
+        import transformers
+
+        return {
+            "engine": self.name,
+            "model_path": str(self.model_path),
+            "dtype": self.dtype,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "attention": self.attention,
+            "packed_attention": self.packed_attention,
+            "device": str(self.device),
+            "tokenizer_fingerprint": self._fingerprint,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        }
+
+    # ------------------------------------------------------------------ plain prompts
+
+    @torch.inference_mode()
+    def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
+        outputs: list[str] = [""] * len(prompts)
+        for batch in self._length_sorted_batches([len(p) for p in prompts]):
+            state = self._prefill([prompts[i] for i in batch])
+            for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, stop)):
+                outputs[i] = text
+        return outputs
+
+    @torch.inference_mode()
+    def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        fed = [context + continuation[:-1] for context, continuation in requests]
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
+        for batch in self._length_sorted_batches([len(f) for f in fed]):
+            input_ids, attention_mask, position_ids = self._left_padded([fed[i] for i in batch])
+            # Left padding ends every row in the last column: the continuation's predictions are
+            # the last len(continuation) logits of each row, so only those are computed.
+            keep = max(len(requests[i][1]) for i in batch)
+            logits_BKV = self._forward(input_ids, attention_mask, position_ids, logits_to_keep=keep)
+            for row, i in enumerate(batch):
+                continuation = requests[i][1]
+                results[i] = _continuation_score(logits_BKV[row, keep - len(continuation) :], continuation)
+        return results
+
+    def _prefill(self, prompts: list[list[int]]) -> _DecodeState:
+        input_ids, attention_mask, position_ids = self._left_padded(prompts)
+        cache = self._new_cache()
+        logits = self._forward(input_ids, attention_mask, position_ids, cache=cache)[:, -1]
+        return _DecodeState(cache, attention_mask, position_ids[:, -1] + 1, logits)
+
+    # ------------------------------------------------------------------ packed requests
+
+    @torch.inference_mode()
+    def generate_packed(
+        self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
+    ) -> list[str]:
+        check_max_new_tokens(max_new_tokens)
+        layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
+        outputs: list[str] = [""] * len(layouts)
+        for batch in self._length_sorted_batches([len(layout.input_ids) for layout in layouts]):
+            state = self._prefill_packed([layouts[i] for i in batch])
+            for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, list(stop or []))):
+                outputs[i] = text
+        return outputs
+
+    @torch.inference_mode()
+    def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
+        layouts = [self._checked_layout(request, 0) for request in requests]
+        logits: list[torch.Tensor] = [torch.empty(0)] * len(layouts)
+        for batch in self._length_sorted_batches([len(layout.input_ids) for layout in layouts]):
+            state = self._prefill_packed([layouts[i] for i in batch])
+            for row, i in enumerate(batch):
+                logits[i] = state.logits[row].float().cpu()
+        return torch.stack(logits)
+
+    def _checked_layout(self, request: PackedRequest, max_new_tokens: int) -> tok.PackedLayout:
+        layout = tok.packed_layout(self.tokenizer, request.documents, request.question)
+        total = len(layout.input_ids) + max_new_tokens
+        if total > self.max_length:
+            raise UserError(
+                f"packed request of {len(layout.input_ids)} tokens ({layout.num_document_tokens} for the anchor and "
+                f"{len(request.documents)} documents, {len(layout.question_ids)} for the question) + {max_new_tokens} "
+                f"new tokens = {total} exceeds the model window of {self.max_length} tokens"
+            )
+        return layout
+
+    def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:
+        """Documents under document attention, then the question under causal attention over all of them."""
+        cache = self._new_cache()
+        self._prefill_documents(layouts, cache)
+        document_lengths = torch.tensor([layout.num_document_tokens for layout in layouts])
+        width = int(document_lengths.max())
+        document_slots = (torch.arange(width)[None, :] < document_lengths[:, None]).long().to(self.device)
+        question_ids, question_mask, question_positions = self._left_padded([layout.question_ids for layout in layouts])
+        attention_mask = torch.cat([document_slots, question_mask], dim=1)  # the documents' padding is a hole
+        position_ids = question_positions + document_lengths[:, None].to(self.device)  # continuing the documents'
+        logits = self._forward(question_ids, attention_mask, position_ids, cache=cache)[:, -1]
+        return _DecodeState(cache, attention_mask, position_ids[:, -1] + 1, logits)
+
+    def _prefill_documents(self, layouts: list[tok.PackedLayout], cache) -> None:
+        """Anchor and documents into the cache under document attention, rows right-padded.
+
+        Padding sits after every real token and carries PAD_DOC_ID, a document of its own, so no
+        real token attends to it (and evalkit's attention, which refuses padding masks, needs no mask).
+        """
+        width = max(layout.num_document_tokens for layout in layouts)
+        input_ids = torch.full((len(layouts), width), self._pad_id, dtype=torch.long)
+        doc_ids = torch.full((len(layouts), width), PAD_DOC_ID, dtype=torch.long)
+        for row, layout in enumerate(layouts):
+            n = layout.num_document_tokens
+            input_ids[row, :n] = torch.tensor(layout.input_ids[:n])
+            doc_ids[row, :n] = torch.tensor(layout.doc_ids)
+        position_ids = torch.arange(width).expand(len(layouts), -1)  # continuous, the anchor at 0
+        with self._attention_implementation(self.packed_attention):
+            device = self.device
+            self._forward(input_ids.to(device), None, position_ids.to(device), cache=cache, doc_ids=doc_ids.to(device))
+
+    @contextmanager
+    def _attention_implementation(self, name: str) -> Iterator[None]:
+        previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation(name)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(previous)
+
+    # ------------------------------------------------------------------ shared machinery
+
+    def _greedy_decode(self, state: _DecodeState, max_new_tokens: int, stop: list[str]) -> list[str]:
+        """Greedy tokens until EOS, a stop string or max_new_tokens; texts cut at the earliest stop."""
+        generated: list[list[int]] = [[] for _ in range(state.logits.shape[0])]
+        active = list(range(len(generated)))  # the original row of each row still in the batch
+        watcher = _StopWatcher(self._decode, stop)
+        for step in range(max_new_tokens):
+            next_tokens = state.logits.argmax(dim=-1)
+            continuing = []
+            for row, token in enumerate(next_tokens.tolist()):
+                if token in self._eos_ids:
+                    continue
+                generated[active[row]].append(token)
+                if not watcher.hit(generated[active[row]]):
+                    continuing.append(row)
+            if not continuing or step == max_new_tokens - 1:
+                break
+            if len(continuing) < len(active):
+                state = state.select(continuing)
+                next_tokens = next_tokens[continuing]
+                active = [active[row] for row in continuing]
+            state = self._decode_step(state, next_tokens)
+        return [tok.cut_at_stop(self._decode(tokens), stop) for tokens in generated]
+
+    def _decode_step(self, state: _DecodeState, next_tokens: torch.Tensor) -> _DecodeState:
+        ones = torch.ones_like(state.attention_mask[:, :1])
+        attention_mask = torch.cat([state.attention_mask, ones], dim=1)
+        positions = state.next_positions
+        logits = self._forward(next_tokens[:, None], attention_mask, positions[:, None], cache=state.cache)[:, -1]
+        return _DecodeState(state.cache, attention_mask, positions + 1, logits)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        *,
+        cache=None,
+        logits_to_keep: int = 1,
+        **attention_kwargs,
+    ) -> torch.Tensor:
+        """Logits [B, logits_to_keep, V] of one forward; with `cache`, its K/V are appended to it."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=cache is not None,
+            logits_to_keep=logits_to_keep,
+            **{self._cache_argument: cache},
+            **attention_kwargs,
+        )
+        return out.logits
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def _left_padded(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input_ids, attention_mask and position_ids [B, S] on the device, rows left-padded."""
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(sequences), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            input_ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+            attention_mask[row, width - len(sequence) :] = 1
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens count from 0
+        return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
+
+    def _length_sorted_batches(self, lengths: list[int]) -> list[list[int]]:
+        """Indices in batches of similar lengths, longest first (padding waste is small, OOM shows early)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        return [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _checkpoint_directory(model_path: str | Path) -> Path:
+    path = Path(model_path).expanduser().resolve()
+    if not path.is_dir():
+        raise UserError(f"no checkpoint directory at {path}: the hf engine loads local checkpoints only")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} has no config.json: not a transformers checkpoint")
+    return path
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise UserError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return resolved
+
+
+def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=TORCH_DTYPES[dtype],
+        attn_implementation=attention,
+        use_safetensors=True,
+        local_files_only=True,
+        trust_remote_code=trust_remote_code,
+        device_map=str(device),  # weights go straight to the device, not through CPU memory first
+    )
+    return model.eval()
+
+
+def _window(config, max_length: int | None) -> int:
+    """The max_length setting, else the model's max_position_embeddings."""
+    if max_length is not None:
+        if max_length < 2:
+            raise UserError(f"max_length must be at least 2, got {max_length}")
+        return max_length
+    trained = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if trained is None:
+        raise UserError("the model config has no max_position_embeddings: set max_length")
+    return int(trained)
+
+
+def _eos_token_ids(tokenizer, model) -> set[int]:
+    """Every id that ends a generation: the tokenizer's EOS and those of the generation/model config."""
+    ids: set[int] = set()
+    configs = [model.config, getattr(model, "generation_config", None)]
+    for value in [tokenizer.eos_token_id, *(getattr(c, "eos_token_id", None) for c in configs if c is not None)]:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _pad_token_id(tokenizer) -> int:
+    """Any valid id will do: padded slots are masked out, never attended to."""
+    return int(next(value for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if value is not None))
+
+
+def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
+    """(sum of log-probs of `continuation`, all of it greedy) from the logits that predict it."""
+    targets = torch.tensor(continuation, device=logits_KV.device)
+    total = torch.zeros((), dtype=torch.float64, device=logits_KV.device)
+    greedy = True
+    for start in range(0, len(continuation), LOGPROB_CHUNK):
+        logprobs = logits_KV[start : start + LOGPROB_CHUNK].float().log_softmax(dim=-1)
+        chunk_targets = targets[start : start + LOGPROB_CHUNK]
+        total += logprobs.gather(-1, chunk_targets[:, None]).double().sum()
+        greedy = greedy and bool((logprobs.argmax(dim=-1) == chunk_targets).all())
+    return float(total), greedy

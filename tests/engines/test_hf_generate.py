@@ -1,0 +1,112 @@
+"""Greedy generation: equal to the slow no-cache loop, independent of batching, EOS and stops, no truncation."""
+
+import pytest
+
+from evalkit.engines import get_engine
+from evalkit.errors import UserError
+
+from .conftest import copy_with_config, decode, greedy_without_cache
+
+PROMPTS = [
+    "The grass is green.",
+    "One",
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it.",
+    "What are all the special magic numbers for",
+    "Here we go. There and back again.",
+    "A",
+    "The sun is yellow. The sky is blue.",
+]
+
+
+def engine_for(checkpoint, **settings):
+    path, _ = checkpoint
+    return get_engine("hf", path, dtype="fp32", device="cpu", **settings)
+
+
+def test_generate_equals_greedy_loop_without_kv_cache(checkpoint, tokenizer):
+    _, model = checkpoint
+    engine = engine_for(checkpoint, batch_size=4)  # padded batches of different lengths
+    outputs = engine.generate(PROMPTS, max_new_tokens=12)
+    for prompt, output in zip(PROMPTS, outputs):
+        expected = greedy_without_cache(model, tokenizer(prompt)["input_ids"], 12, {tokenizer.eos_token_id})
+        assert output == decode(tokenizer, expected)
+
+
+def test_batched_generation_equals_one_at_a_time(checkpoint):
+    one = engine_for(checkpoint, batch_size=1).generate(PROMPTS, max_new_tokens=16)
+    batched = engine_for(checkpoint, batch_size=3).generate(PROMPTS, max_new_tokens=16)
+    everything = engine_for(checkpoint, batch_size=len(PROMPTS)).generate(PROMPTS, max_new_tokens=16)
+    assert one == batched == everything
+
+
+def test_token_id_prompts_are_fed_as_given(checkpoint, tokenizer):
+    engine = engine_for(checkpoint)
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
+    assert engine.generate(ids, max_new_tokens=6) == engine.generate(PROMPTS[:3], max_new_tokens=6)
+
+
+def test_stop_strings_cut_the_output(checkpoint):
+    engine = engine_for(checkpoint, batch_size=4)
+    full = engine.generate(PROMPTS, max_new_tokens=20)
+    stops = [text[len(text) // 2 : len(text) // 2 + 2] for text in full]  # a piece from the middle of each
+    for prompt, text, stop in zip(PROMPTS, full, stops):
+        assert stop, "the tiny model should produce some text"
+        (cut,) = engine.generate([prompt], max_new_tokens=20, stop=[stop])
+        assert cut == text[: text.index(stop)]
+    assert engine.generate(PROMPTS[:2], max_new_tokens=20, stop=["\x00never"]) == full[:2]
+
+
+def test_generation_stops_at_an_eos_token(checkpoint, tokenizer, tmp_path):
+    path, model = checkpoint
+    prompt_ids = tokenizer(PROMPTS[0])["input_ids"]
+    free = greedy_without_cache(model, prompt_ids, 12, set())
+    stop_at = next(i for i, token in enumerate(free) if i >= 2 and token not in free[:i])
+    # Declare the token the model emits at step `stop_at` an EOS of the model (as Llama-3 lists several).
+    eos_path = copy_with_config(path, tmp_path / "eos", eos_token_id=[tokenizer.eos_token_id, free[stop_at]])
+    engine = get_engine("hf", eos_path, dtype="fp32", device="cpu")
+    assert engine.generate([PROMPTS[0]], max_new_tokens=12) == [decode(tokenizer, free[:stop_at])]
+
+
+def test_over_long_prompt_is_an_error_naming_the_lengths(checkpoint, tokenizer):
+    engine = engine_for(checkpoint, max_length=40)
+    long_prompt = [tokenizer.bos_token_id] + [300] * 29  # 30 tokens
+    with pytest.raises(UserError, match=r"prompt of 30 tokens \+ 16 new tokens = 46 exceeds the model window of 40"):
+        engine.generate(["short", long_prompt], max_new_tokens=16)
+    assert len(engine.generate([long_prompt], max_new_tokens=10)[0]) > 0  # exactly 40: fits
+
+
+def test_over_long_prompt_is_skipped_when_asked(checkpoint, tokenizer):
+    engine = engine_for(checkpoint, max_length=40)
+    long_prompt = [tokenizer.bos_token_id] + [300] * 29
+    outputs = engine.generate(["short", long_prompt, "short"], max_new_tokens=16, on_overflow="skip")
+    assert outputs[1] is None
+    assert outputs[0] == outputs[2] == engine.generate(["short"], max_new_tokens=16)[0]
+    assert engine.fits("short", 16) and not engine.fits(long_prompt, 16)
+
+
+def test_bf16_engine_generates(checkpoint):
+    path, _ = checkpoint
+    engine = get_engine("hf", path, dtype="bf16", device="cpu", batch_size=2)
+    outputs = engine.generate(PROMPTS[:3], max_new_tokens=4)
+    assert len(outputs) == 3 and all(isinstance(o, str) for o in outputs)
+
+
+def test_left_padded_rows_get_the_positions_they_would_have_alone(checkpoint, monkeypatch):
+    """RoPE makes a shifted row almost equal in fp32, which hides wrong positions; in bf16 they matter."""
+    engine = engine_for(checkpoint, batch_size=len(PROMPTS))
+    calls = []
+    original = engine.model.forward
+
+    def recording_forward(*args, **kwargs):
+        calls.append({k: kwargs[k] for k in ("position_ids", "attention_mask")})
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", recording_forward)
+    engine.generate(PROMPTS, max_new_tokens=3)
+    prefill, first_step = calls[0], calls[1]
+    lengths = sorted((engine.count_tokens(p) for p in PROMPTS), reverse=True)  # rows are sorted longest first
+    for row, length in enumerate(lengths):
+        real = prefill["attention_mask"][row].bool()
+        assert int(real.sum()) == length and bool(real[-length:].all())  # padding on the left only
+        assert prefill["position_ids"][row][real].tolist() == list(range(length))
+        assert first_step["position_ids"][row].tolist() == [length]

@@ -1,0 +1,101 @@
+"""Choosing engines by name: lazy imports, one-line errors, validated settings, recorded facts."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines import DTYPE_NAMES, ENGINE_NAMES, check_dtype, get_engine
+from evalkit.errors import UserError
+
+from .conftest import MAX_POSITIONS
+
+
+def test_vllm_without_vllm_installed_says_how_to_install(monkeypatch, tmp_path):
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):  # vllm absent even where it is installed
+        return None if name == "vllm" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(UserError) as err:
+        get_engine("vllm", tmp_path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "pip install 'evalkit[vllm]'" in message
+
+
+def test_unknown_engine_lists_the_choices(tmp_path):
+    with pytest.raises(UserError, match="unknown engine 'tgi'; choose one of: hf, vllm"):
+        get_engine("tgi", tmp_path)
+    assert ENGINE_NAMES == ("hf", "vllm")
+
+
+def test_unknown_setting_is_a_user_error(checkpoint):
+    path, _ = checkpoint
+    with pytest.raises(UserError, match="unknown setting.*batchsize.*known: dtype"):
+        get_engine("hf", path, batchsize=4)
+
+
+def test_missing_checkpoint_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no checkpoint directory"):
+        get_engine("hf", tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float32", "fp8", "auto"])
+def test_dtype_names_are_validated(checkpoint, name):
+    path, _ = checkpoint
+    with pytest.raises(UserError, match=f"unknown dtype '{name}'; choose one of: bf16, fp16, fp32"):
+        check_dtype(name)
+    with pytest.raises(UserError, match="unknown dtype"):
+        get_engine("hf", path, dtype=name)
+
+
+TORCH_DTYPES = [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+
+
+@pytest.mark.parametrize("name, torch_dtype", TORCH_DTYPES)
+def test_every_dtype_name_loads_that_dtype(checkpoint, name, torch_dtype):
+    path, _ = checkpoint
+    engine = get_engine("hf", path, dtype=name, device="cpu")
+    assert name in DTYPE_NAMES
+    assert engine.engine_info()["dtype"] == name
+    assert next(engine.model.parameters()).dtype == torch_dtype
+
+
+def test_engine_info_records_what_a_result_needs(checkpoint, tokenizer):
+    path, _ = checkpoint
+    engine = get_engine("hf", path, dtype="fp32", device="cpu", batch_size=3)
+    info = engine.engine_info()
+    assert info["engine"] == "hf"
+    assert info["model_path"] == str(path.resolve())
+    assert (info["dtype"], info["batch_size"], info["device"]) == ("fp32", 3, "cpu")
+    assert info["max_length"] == MAX_POSITIONS == engine.max_length
+    assert (info["attention"], info["packed_attention"]) == ("sdpa", "evalkit")
+    assert info["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
+
+
+def test_max_length_setting_overrides_the_config(checkpoint):
+    path, _ = checkpoint
+    assert get_engine("hf", path, max_length=32).max_length == 32
+    assert get_engine("hf", path, max_length=4 * MAX_POSITIONS).max_length == 4 * MAX_POSITIONS  # extrapolation
+
+
+def test_token_counts_include_the_bos_the_tokenizer_adds(checkpoint, tokenizer):
+    path, _ = checkpoint
+    engine = get_engine("hf", path)
+    text = "The grass is green."
+    content = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert engine.encode(text) == [tokenizer.bos_token_id, *content]
+    assert engine.count_tokens(text) == len(content) + 1
+    assert engine.encode(content) == content  # token ids are fed as given
+    assert engine.encode("<s>" + text) == engine.encode(text)  # a template's own BOS is not doubled
+
+
+def test_plain_attention_must_take_padding_masks(checkpoint):
+    path, _ = checkpoint
+    with pytest.raises(UserError, match="left-padded"):
+        get_engine("hf", path, attention="evalkit")
+    with pytest.raises(UserError, match="packed_attention must be one of"):
+        get_engine("hf", path, packed_attention="sdpa")
