@@ -22,10 +22,13 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks users can run; reports go to results/.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+probe_app = typer.Typer(
+    help="Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", no_args_is_help=True
+)
+app.add_typer(probe_app, name="probe")
 
 _PENDING = {
     "ruler": ("Run RULER on checkpoints across context lengths (--avg: mean over a run's checkpoints).", 4),
-    "probe": ("Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", 5),
     "general": ("Run lm-evaluation-harness tasks (mmlu, hellaswag, ...) on checkpoints.", 6),
     "leaderboard": ("Write leaderboards and plots from stored results, never re-running.", 7),
     "quickstart": ("The whole study end to end on a CPU: train tiny models, evaluate, leaderboard.", 7),
@@ -144,6 +147,75 @@ def bench_train(
         )
         write_report(out, "Training: optimizer-step time per paradigm vs full", "evalkit " + " ".join(sys.argv[1:]), conditions, table)
         console.print(f"wrote {out}")
+
+
+def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
+    from rich.console import Console
+
+    from evalkit.probe import run_probe
+
+    console = Console(stderr=True)
+    out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name
+    given = {key: value for key, value in options.items() if value is not None}
+    result = run_probe(kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"), **given)
+    typer.echo(Path(result["files"]["markdown"]).read_text())
+    console.print("wrote " + ", ".join(result["files"].values()))
+
+
+_CKPT = typer.Option(..., "--ckpt", help="A Hugging Face checkpoint directory (Llama, Qwen2, Mistral).")
+_TEXTS = typer.Option(None, "--texts", help="Plain text or JSONL with a text field (default: built-in prose).")
+_N = typer.Option(None, "--n", help="Texts averaged (default 50).")
+_DELTA2 = typer.Option(None, "--delta2", help="Reference shift (default 16).")
+_DTYPES = typer.Option(None, "--dtypes", help="Weights' dtypes, comma-separated (default bf16,fp32).")
+_ROPE = typer.Option(None, "--rope", help="RoPE precision: cast (as HF/vLLM), fp32 (rotate in FP32), or both.")
+_SEED = typer.Option(None, "--seed", help="Seed of the random initialisation.")
+_DEVICE = typer.Option(None, "--device", help="auto, cpu or cuda.")
+_OUT = typer.Option(None, "--out", help="Output directory (default results/probe/<checkpoint name>).")
+
+
+@probe_app.command("shift")
+def probe_shift(
+    ckpt: str = _CKPT, texts: str = _TEXTS,
+    seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
+    n: int = _N, delta2: int = _DELTA2,
+    delta1: str = typer.Option(None, "--delta1", help="Shifts Δ1, comma-separated (default the paper's list)."),
+    dtypes: str = _DTYPES, rope: str = _ROPE,
+    random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
+    seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
+) -> None:  # fmt: skip
+    """D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left)."""
+    _probe("shift", ckpt, out, dict(texts=texts, seq_len=seq, n_texts=n, delta2=delta2, delta1=delta1, dtypes=dtypes,
+                                    rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+
+
+@probe_app.command("tokens")
+def probe_tokens(
+    ckpt: str = _CKPT, texts: str = _TEXTS,
+    seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
+    n: int = _N, delta2: int = _DELTA2,
+    delta1: str = typer.Option(None, "--delta1", help="Shifts Δ1 (default 0)."),
+    dtypes: str = _DTYPES, rope: str = _ROPE,
+    random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
+    seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
+) -> None:  # fmt: skip
+    """The difference per key column and the first token's share of it (Fig. 1 middle)."""
+    _probe("tokens", ckpt, out, dict(texts=texts, seq_len=seq, n_texts=n, delta2=delta2, delta1=delta1, dtypes=dtypes,
+                                     rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+
+
+@probe_app.command("length")
+def probe_length(
+    ckpt: str = _CKPT, texts: str = _TEXTS,
+    lengths: str = typer.Option(None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."),
+    n: int = _N, delta2: int = _DELTA2,
+    delta1: str = typer.Option(None, "--delta1", help="Shift Δ1 (default 0)."),
+    dtypes: str = _DTYPES, rope: str = _ROPE,
+    random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
+    seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
+) -> None:  # fmt: skip
+    """D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right)."""
+    _probe("length", ckpt, out, dict(texts=texts, lengths=lengths, n_texts=n, delta2=delta2, delta1=delta1,
+                                     dtypes=dtypes, rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
 
 
 @app.command("train")

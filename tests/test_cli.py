@@ -108,3 +108,17 @@ def test_bad_train_input_is_one_line_error(args, message, tmp_path):
     assert message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()  # nothing written before the error
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["shift", "--ckpt", "/no/such/ckpt"], "checkpoint /no/such/ckpt not found"),
+        (["tokens", "--ckpt", "."], "has no config.json"),
+    ],
+)
+def test_bad_probe_input_is_one_line_error(args, message):
+    result = run_cli("probe", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,321 @@
+"""From probe rows to the key ratios, the paper's three observations, a markdown summary and plots.
+
+Everything here reads only the long-form rows, so a summary can be rebuilt from a stored JSON.
+The observations are decided by explicit thresholds on the measured numbers:
+- BF16 breaks RoPE: D in BF16 at least PRECISION_FACTOR times D in FP32 (same weights, Δ1, RoPE variant);
+- the first token dominates: its column is the largest and at least DOMINANCE_FACTOR times the
+  mean of the other columns;
+- the error grows with length: D_logit at the longest length at least GROWTH_FACTOR times that
+  at the shortest.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from evalkit.results_io import atomic_write_bytes, atomic_write_text
+
+PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
+DOMINANCE_FACTOR = 10.0  # the first column against the average column
+GROWTH_FACTOR = 1.5  # longest against shortest length: well beyond text-to-text noise
+LOW_PRECISION_ORDER = ("bf16", "fp16", "fp32")  # which dtype speaks for "the checkpoint in low precision"
+DTYPE_LABELS = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
+
+Row = dict
+
+
+def _select(rows: Iterable[Row], **match) -> list[Row]:
+    return [row for row in rows if all(row.get(key) == value for key, value in match.items())]
+
+
+def _prefer(values: Iterable, order: Sequence) -> object | None:
+    present = set(values)
+    for choice in order:
+        if choice in present:
+            return choice
+    return min(present) if present else None
+
+
+def _reference_series(rows: list[Row], metric: str, dtypes: Sequence[str] = LOW_PRECISION_ORDER) -> dict | None:
+    """The series the summary speaks about: pretrained, lowest precision, rope=cast, Δ1=0 where measured."""
+    candidates = _select(rows, metric=metric, condition="pretrained")
+    dtype = _prefer((row["dtype"] for row in candidates), dtypes)
+    candidates = _select(candidates, dtype=dtype)
+    rope = _prefer((row["rope"] for row in candidates), ("cast", "fp32"))
+    shifted = [row for row in _select(candidates, rope=rope) if row["delta1"] != row["delta2"]]
+    delta1 = _prefer((row["delta1"] for row in shifted), (0,))
+    if delta1 is None:
+        return None
+    return {"dtype": dtype, "rope": rope, "delta1": delta1, "rows": _select(shifted, delta1=delta1)}
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def precision_ratio(rows: list[Row]) -> dict | None:
+    """D of the checkpoint in BF16 (else FP16) over D in FP32, at the reference Δ1 and RoPE variant."""
+    series = _reference_series(rows, "attn_diff", dtypes=("bf16", "fp16"))
+    if series is None or series["dtype"] == "fp32":
+        return None
+    length = max(row["length"] for row in series["rows"])
+    match = dict(metric="attn_diff", condition="pretrained", rope=series["rope"], delta1=series["delta1"],
+                 length=length)  # fmt: skip
+    low, high = _select(rows, dtype=series["dtype"], **match), _select(rows, dtype="fp32", **match)
+    if not low or not high:
+        return None
+    low_value, fp32_value = low[0]["value"], high[0]["value"]
+    return {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"], "delta2": low[0]["delta2"],
+            "length": length, "low_precision": low_value, "fp32": fp32_value, "ratio": _ratio(low_value, fp32_value),
+            "holds": low_value > 0 and low_value >= PRECISION_FACTOR * fp32_value}  # fmt: skip
+
+
+def first_token_dominance(rows: list[Row]) -> dict | None:
+    """The first key column's share of D and how far it stands above the other columns."""
+    series = _reference_series(rows, "attn_diff_column")
+    if series is None:
+        return None
+    columns = sorted(series["rows"], key=lambda row: row["column"])
+    values = [row["value"] for row in columns]
+    first, others = values[0], values[1:]
+    mean_other = sum(others) / len(others) if others else 0.0
+    is_largest = first >= max(others, default=0.0)
+    return {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"],
+            "delta2": columns[0]["delta2"], "length": columns[0]["length"], "share": _ratio(first, sum(values)),
+            "over_mean_other": _ratio(first, mean_other), "is_largest": is_largest,
+            "holds": first > 0 and is_largest and first >= DOMINANCE_FACTOR * mean_other}  # fmt: skip
+
+
+def logit_growth(rows: list[Row]) -> dict | None:
+    """D_logit at the longest length over D_logit at the shortest."""
+    series = _reference_series(rows, "logit_diff_first")
+    if series is None or len(series["rows"]) < 2:
+        return None
+    by_length = sorted(series["rows"], key=lambda row: row["length"])
+    short, long = by_length[0], by_length[-1]
+    return {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"], "delta2": short["delta2"],
+            "shortest": short["length"], "longest": long["length"], "at_shortest": short["value"],
+            "at_longest": long["value"], "ratio": _ratio(long["value"], short["value"]),
+            "holds": long["value"] > 0 and long["value"] >= GROWTH_FACTOR * short["value"]}  # fmt: skip
+
+
+def pretraining_amplification(rows: list[Row]) -> dict | None:
+    """D of the checkpoint over D of the same architecture freshly initialised (both BF16), where measured."""
+    for metric in ("attn_diff", "logit_diff_first"):
+        random_rows = _select(rows, metric=metric, condition="random_init")
+        if not random_rows:
+            continue
+        dtype, rope = random_rows[0]["dtype"], _prefer((row["rope"] for row in random_rows), ("cast", "fp32"))
+        series = [r for r in _select(random_rows, rope=rope) if r["delta1"] != r["delta2"]]
+        delta1 = _prefer((row["delta1"] for row in series), (0,))
+        if delta1 is None:
+            continue
+        length = max(row["length"] for row in _select(series, delta1=delta1))
+        match = dict(metric=metric, dtype=dtype, rope=rope, delta1=delta1, length=length)
+        trained, fresh = _select(rows, condition="pretrained", **match), _select(rows, condition="random_init", **match)
+        if trained and fresh:
+            return {"metric": metric, "dtype": dtype, "rope": rope, "delta1": delta1, "length": length,
+                    "pretrained": trained[0]["value"], "random_init": fresh[0]["value"],
+                    "ratio": _ratio(trained[0]["value"], fresh[0]["value"])}  # fmt: skip
+    return None
+
+
+def summarise(rows: list[Row]) -> dict:
+    """The key numbers and the three observations, each None where the rows do not measure it."""
+    return {
+        "precision_ratio": precision_ratio(rows),
+        "first_token": first_token_dominance(rows),
+        "logit_growth": logit_growth(rows),
+        "pretraining_amplification": pretraining_amplification(rows),
+        "thresholds": {"precision_factor": PRECISION_FACTOR, "dominance_factor": DOMINANCE_FACTOR,
+                       "growth_factor": GROWTH_FACTOR},  # fmt: skip
+    }
+
+
+# ---- markdown ------------------------------------------------------------------------------------
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def _verdict(holds: bool) -> str:
+    return "**holds**" if holds else "**does not hold**"
+
+
+def _precision_lines(found: dict | None) -> tuple[list[str], str]:
+    claim = "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)"
+    if found is None:
+        return [], f"- {claim}: not measured here (`evalkit probe shift` with `--dtypes bf16,fp32`)."
+    low = DTYPE_LABELS[found["dtype"]]
+    where = f"Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}, rope={found['rope']}"
+    ratio = _num(found["ratio"]) if found["ratio"] is not None else "∞ (FP32 D is exactly 0)"
+    row = f"| {low} / FP32 D ({where}) | {ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])}) |"
+    line = f"- {claim}: {_verdict(found['holds'])}: the ratio is {ratio}, threshold {PRECISION_FACTOR:g}."
+    return [row], line
+
+
+def _first_token_lines(found: dict | None) -> tuple[list[str], str]:
+    claim = "The first token carries most of the difference"
+    if found is None:
+        return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
+    where = f"{DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
+    rows = [f"| first-token share of D ({where}) | {_num(found['share'])} |",
+            f"| first column / mean other column | {_num(found['over_mean_other'])} |"]  # fmt: skip
+    largest = "is" if found["is_largest"] else "is not"
+    line = (f"- {claim}: {_verdict(found['holds'])}: its column {largest} the largest and stands "
+            f"{_num(found['over_mean_other'])}× the mean other column (threshold {DOMINANCE_FACTOR:g}×).")  # fmt: skip
+    return rows, line
+
+
+def _growth_lines(found: dict | None) -> tuple[list[str], str]:
+    claim = "The first-token logit difference grows with length"
+    if found is None:
+        return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
+    span = f"{found['shortest']} → {found['longest']} tokens"
+    row = (f"| D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]}) | {_num(found['ratio'])} "
+           f"({_num(found['at_shortest'])} → {_num(found['at_longest'])}) |")  # fmt: skip
+    line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
+    return [row], line
+
+
+def _amplification_lines(found: dict | None) -> list[str]:
+    if found is None:
+        return []
+    name = "D" if found["metric"] == "attn_diff" else "D_logit"
+    return [f"| pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}) | "
+            f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])}) |"]  # fmt: skip
+
+
+def _series_label(row: Row, with_delta1: bool = False) -> str:
+    label = f"{row['condition']} {DTYPE_LABELS[row['dtype']]} rope={row['rope']}"
+    return label + (f" Δ1={row['delta1']}" if with_delta1 else "")
+
+
+def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
+    """Rows of `metric` as a markdown table: one line per value of `axis`, one column per series."""
+    chosen = _select(rows, metric=metric)
+    if not chosen:
+        return []
+    many_delta1 = len({row["delta1"] for row in chosen}) > 1 and axis != "delta1"
+    labels = list(dict.fromkeys(_series_label(row, many_delta1) for row in chosen))
+    cells = {(row[axis], _series_label(row, many_delta1)): row["value"] for row in chosen}
+    header = {"delta1": "Δ1", "length": "length"}[axis]
+    lines = [f"| {header} | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for key in sorted({row[axis] for row in chosen}):
+        lines.append(f"| {key} | " + " | ".join(_num(cells.get((key, label))) for label in labels) + " |")
+    return lines
+
+
+def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
+    """The human-readable summary: what was measured, the key ratios, the observations, the values."""
+    metric_name = {"shift": "attention difference D (Eq. 4)", "tokens": "per-token attention difference",
+                   "length": "first-token logit difference D_logit (Eq. 5)"}[kind]  # fmt: skip
+    key_rows, lines = [], []
+    for part, build in (("precision_ratio", _precision_lines), ("first_token", _first_token_lines),
+                        ("logit_growth", _growth_lines)):  # fmt: skip
+        table_rows, line = build(summary[part])
+        key_rows += table_rows
+        lines.append(line)
+    key_rows += _amplification_lines(summary["pretraining_amplification"])
+    out = [f"# BF16 RoPE probe: {kind}", "",
+           f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
+           f"{context['device']}. First token: {context['first_token']}.", ""]  # fmt: skip
+    notes = [f"Note: {note}." for note in context.get("notes", [])]
+    out += [*notes, ""] if notes else []
+    out += ["## Key numbers", "", "| quantity | value |", "|---|---|", *key_rows, ""] if key_rows else []
+    out += ["## The paper's observations, from these numbers", "", *lines, ""]
+    table = {"shift": ("attn_diff", "delta1"), "tokens": ("attn_diff", "delta1"),
+             "length": ("logit_diff_first", "length")}[kind]  # fmt: skip
+    values = _value_table(rows, *table)
+    if values:
+        out += ["## Values (mean over texts)", "", *values, ""]
+    return "\n".join(out)
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+
+
+def _figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)  # the Agg backend, without touching pyplot's global state
+    return figure, figure.add_subplot()
+
+
+def _style(row: Row, rows: list[Row]) -> dict:
+    """One colour per (condition, dtype), one line style per RoPE variant: overlapping series stay visible."""
+    pairs = list(dict.fromkeys((r["condition"], r["dtype"]) for r in rows))
+    colour = f"C{pairs.index((row['condition'], row['dtype'])) % 10}"
+    return {"color": colour, "linestyle": "-" if row["rope"] == "cast" else "--"}
+
+
+def _series(rows: list[Row], with_delta1: bool) -> dict[str, list[Row]]:
+    grouped: dict[str, list[Row]] = {}
+    for row in rows:
+        grouped.setdefault(_series_label(row, with_delta1), []).append(row)
+    return grouped
+
+
+def _plot_shift(axes, rows: list[Row]) -> None:
+    chosen = _select(rows, metric="attn_diff")
+    for label, series in _series(chosen, with_delta1=False).items():
+        points = sorted((row["delta1"], row["value"]) for row in series if row["value"] > 0)  # log axis: no zeros
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label,
+                  **_style(series[0], chosen))  # fmt: skip
+    if chosen:
+        axes.axvline(chosen[0]["delta2"], color="grey", linestyle=":", linewidth=1, label=f"Δ2 = {chosen[0]['delta2']}")
+    axes.set_xscale("symlog", linthresh=1)  # Δ1 runs from 0 to thousands
+    axes.set_xlim(left=0)
+    axes.set(yscale="log", xlabel="Δ1 (position shift)", ylabel="attention difference D",
+             title="Attention difference D(X, Δ1, Δ2) (Eq. 4)")  # fmt: skip
+
+
+def _plot_tokens(axes, rows: list[Row]) -> None:
+    chosen = _select(rows, metric="attn_diff_column")
+    # One Δ1 keeps the panel readable: the first that differs from Δ2 (D(Δ2, Δ2) is all zeros).
+    delta1s = sorted({row["delta1"] for row in chosen if row["delta1"] != row["delta2"]}) or [None]
+    first_delta1 = delta1s[0]
+    for label, series in _series(_select(chosen, delta1=first_delta1), with_delta1=False).items():
+        points = sorted((row["column"], row["value"]) for row in series if row["value"] > 0)
+        line = axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.8, label=label,
+                         **_style(series[0], chosen))[0]  # fmt: skip
+        first = [p for p in points if p[0] == 1]
+        if first:  # the attention sink: highlighted with its own marker
+            axes.plot(*first[0], marker="*", markersize=14, color=line.get_color(), markeredgecolor="black")
+    axes.set(xscale="log", yscale="log", xlabel="key position j (1 = first token)",
+             ylabel="n_j Σ |ΔATTN| over layers, heads, queries",
+             title=f"Per-token attention difference (Δ1={first_delta1}; ★ first token)")  # fmt: skip
+
+
+def _plot_length(axes, rows: list[Row]) -> None:
+    chosen = _select(rows, metric="logit_diff_first")
+    with_delta1 = len({row["delta1"] for row in chosen}) > 1
+    for label, series in _series(chosen, with_delta1).items():
+        points = sorted((row["length"], row["value"]) for row in series if row["value"] > 0)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, label=label,
+                  **_style(series[0], chosen))  # fmt: skip
+    axes.set_xscale("log", base=2)  # the lengths double
+    axes.set(yscale="log", xlabel="sequence length T", ylabel="D_logit",
+             title="First-token logit difference D_logit vs length (Eq. 5)")  # fmt: skip
+
+
+def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:
+    """The kind's panel of the paper's Figure 1 as `stem`.png and `stem`.svg; returns their paths."""
+    figure, axes = _figure()
+    {"shift": _plot_shift, "tokens": _plot_tokens, "length": _plot_length}[kind](axes, rows)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize=7, handlelength=3)  # long enough to show the dashes of rope=fp32
+    axes.grid(True, which="both", alpha=0.3)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, svg = io.BytesIO(), io.StringIO()
+    figure.savefig(png, format="png", dpi=150)
+    figure.savefig(svg, format="svg")
+    png_path, svg_path = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    atomic_write_bytes(png_path, png.getvalue())
+    atomic_write_text(svg_path, svg.getvalue())
+    return [png_path, svg_path]

@@ -1,0 +1,71 @@
+"""Where RoPE's rounding happens: the two precision variants the probe measures.
+
+- `cast`: cos/sin are computed in FP32 and cast to the activation dtype, then q and k are
+  rotated in that dtype. This is what transformers and vLLM do (and the paper's code), so it
+  needs no change to the model.
+- `fp32`: q and k are rotated in FP32 with FP32 cos/sin and rounded to the activation dtype
+  once, afterwards (the paper's text).
+
+In transformers' Llama, Qwen2 and Mistral the model's rotary-embedding module computes cos/sin
+once per forward pass and every layer's `apply_rotary_pos_emb` computes `q * cos +
+rotate_half(q) * sin`. The module casts its tables to the dtype of its first argument, so
+handing it an FP32 tensor makes the tables FP32; a BF16 q times an FP32 table is promoted to
+FP32, so every layer's rotation then runs in FP32 on the exact (upcast) q and k. The probe
+attention casts them back to the activation dtype, the one rounding. A forward pre-hook is
+all it takes: no model file or module function is replaced, and the hook is removed on exit.
+The probe attention checks, layer by layer, that q and k really arrived in FP32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from evalkit.errors import UserError
+from evalkit.probe.options import ROPE_VARIANTS
+
+
+def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that compute RoPE's cos/sin tables (one per model in Llama, Qwen2, Mistral)."""
+    return [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
+
+
+def _tables_in_fp32(_module, args: tuple, kwargs: dict):
+    """Forward pre-hook: the rotary module's dtype argument becomes FP32, so its tables stay FP32."""
+    if args:
+        return (args[0].float(), *args[1:]), kwargs
+    return args, {**kwargs, "x": kwargs["x"].float()}
+
+
+def _require_fp32_tables(module, _args, _kwargs, output) -> None:
+    if any(table.dtype != torch.float32 for table in output):
+        raise RuntimeError(f"{type(module).__name__} ignored the FP32 request; the fp32 RoPE variant cannot apply")
+
+
+@contextmanager
+def rope_precision(model: torch.nn.Module, variant: str) -> Iterator[None]:
+    """Within the block, every forward pass of `model` applies RoPE in the given variant."""
+    if variant not in ROPE_VARIANTS:
+        raise UserError(f"unknown RoPE variant {variant!r}: use one of {', '.join(ROPE_VARIANTS)}")
+    if variant == "cast":
+        yield
+        return
+    modules = rotary_modules(model)
+    if not modules:
+        raise UserError(f"{type(model).__name__} has no rotary-embedding module: the fp32 RoPE variant needs one")
+    handles = []
+    try:
+        for module in modules:
+            handles.append(module.register_forward_pre_hook(_tables_in_fp32, with_kwargs=True))
+            handles.append(module.register_forward_hook(_require_fp32_tables, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def expected_qk_dtype(activation_dtype: torch.dtype, variant: str) -> torch.dtype:
+    """The dtype q and k reach attention in: FP32 under the fp32 variant, else the activation dtype."""
+    return torch.float32 if variant == "fp32" else activation_dtype

@@ -1,0 +1,266 @@
+"""`run_probe`: load the checkpoint per condition, measure, write JSON rows, plots and a summary."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from evalkit.errors import UserError
+from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
+from evalkit.probe.measure import ShiftMeasurement, measure_shifts
+from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
+from evalkit.probe.report import summarise, summary_markdown, write_plots
+from evalkit.probe.texts import TextSource, TokenWindows
+from evalkit.results_io import atomic_write_json, atomic_write_text
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+MEASUREMENT = {
+    "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
+    "attn_diff_column": "the same, kept per 1-based key column j (`column`); the columns sum to attn_diff",
+    "first_token_share": "attn_diff_column at j = 1 over attn_diff",
+    "logit_diff_first": "D_logit = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| (Eq. 5), A = q·k/sqrt(d) in the "
+    "activation dtype: the 1/sqrt(d) scale is included, as the softmax sees it",
+    "attention": "post-softmax probabilities of every layer and head as transformers' eager attention computes them "
+    "(logits in the activation dtype, softmax in FP32, cast back); value = mean over texts, std = their spread",
+}
+
+
+def resolve_checkpoint(ckpt: str | Path) -> Path:
+    path = Path(ckpt).expanduser()
+    if not path.is_dir():
+        raise UserError(f"checkpoint {ckpt} not found: give a Hugging Face checkpoint directory")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{ckpt} has no config.json: not a Hugging Face checkpoint directory")
+    return path.resolve()
+
+
+def attention_window(config) -> int:
+    """The longest sequence the model attends over in full: its context, or a shorter sliding window."""
+    window = getattr(config, "max_position_embeddings", None)
+    if not window:
+        raise UserError(f"the checkpoint's config ({config.model_type}) states no max_position_embeddings")
+    sliding = getattr(config, "sliding_window", None)  # set for Mistral; Qwen2 sets it only when it slides
+    return min(window, sliding) if sliding else window
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device: unknown device {name!r}; use auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available here")
+    return device
+
+
+def _load_config(checkpoint: Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(checkpoint)
+    except (OSError, ValueError, KeyError) as error:
+        raise UserError(f"cannot read {checkpoint}/config.json: {str(error).splitlines()[0]}") from None
+
+
+def _load_tokenizer(checkpoint: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(checkpoint)
+    except (OSError, ValueError, TypeError) as error:
+        raise UserError(f"cannot load the tokenizer of {checkpoint}: {str(error).splitlines()[0]}") from None
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No loading report or progress bars from transformers: the report would list the LM head the
+    probe leaves out on purpose (missing weights are checked by `load_model` instead), and
+    run_probe reports its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars_on = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars_on:
+            hf_logging.enable_progress_bar()
+
+
+def load_model(checkpoint: Path, config, condition: str, dtype: str, device: torch.device, seed: int = 0):
+    """The checkpoint's base model (no LM head: the probe needs attention only) with the probe attention.
+
+    The model is built in its dtype rather than cast afterwards: `.to(bf16)` would also round
+    RoPE's inverse frequencies, which transformers keeps in FP32 when it loads a model.
+    """
+    from transformers import AutoModel
+
+    register_probe_attention()
+    common = {"dtype": TORCH_DTYPES[dtype], "attn_implementation": PROBE_ATTENTION}
+    if condition == "random_init":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return AutoModel.from_config(config, **common).to(device).eval()
+    with _quiet_transformers():
+        model, info = AutoModel.from_pretrained(checkpoint, output_loading_info=True, **common)
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise UserError(f"{checkpoint} lacks {len(missing)} weights of its architecture (e.g. {missing[0]})")
+    return model.to(device).eval()
+
+
+def _std(values: torch.Tensor) -> float:
+    return float(values.std()) if values.numel() > 1 else 0.0
+
+
+def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
+    """Long-form rows for one (condition, dtype, rope, Δ1, length); `column` is set only per-column."""
+    base = {"kind": kind, "condition": condition, "dtype": dtype, "rope": rope, "delta1": found.delta1,
+            "delta2": found.delta2, "length": found.seq_len, "n_texts": found.n_texts}  # fmt: skip
+
+    def row(metric: str, value: float, std: float | None = None, column: int | None = None) -> dict:
+        return {"metric": metric, **base, "column": column, "value": value, "std": std}
+
+    if kind == "length":
+        return [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first))]
+    rows = [row("attn_diff", found.total, _std(found.per_text_total))]
+    if kind == "tokens":
+        rows += [row("attn_diff_column", float(v), column=j) for j, v in enumerate(found.columns.tolist(), start=1)]
+        rows.append(row("first_token_share", found.first_token_share))
+    return rows
+
+
+def _require_finite(found: ShiftMeasurement, label: str) -> None:
+    values = torch.cat([found.per_text_total, found.per_text_logit_first])
+    if not bool(torch.isfinite(values).all()):
+        raise UserError(f"{label}: the attention produced non-finite values (an overflow in this dtype?)")
+
+
+def _measure_all(plan: ProbePlan, options: ProbeOptions, checkpoint: Path, config, windows: dict[int, TokenWindows],
+                 device: torch.device, progress: Callable[[str], None] | None) -> list[dict]:  # fmt: skip
+    rows: list[dict] = []
+    for condition, dtype in plan.conditions:
+        if progress is not None:
+            progress(f"loading the {'checkpoint' if condition == 'pretrained' else 'random-init model'} in {dtype}")
+        model = load_model(checkpoint, config, condition, dtype, device, options.seed)
+        for rope in options.rope:
+            for length in plan.lengths:
+                label = f"{condition} {dtype} rope={rope} T={length}"
+                say = (lambda message, label=label: progress(f"{label}: {message}")) if progress else None
+                found = measure_shifts(model, windows[length].ids_NT, plan.delta1, plan.delta2, rope=rope,
+                                       shifts_per_batch=options.shifts_per_batch, progress=say)  # fmt: skip
+                for measurement in found:
+                    _require_finite(measurement, label)
+                    rows += measurement_rows(plan.kind, measurement, condition, dtype, rope)
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
+    counts = {window.count for window in windows.values()}
+    lengths = sorted(windows)
+    size = f"{lengths[0]} tokens" if len(lengths) == 1 else f"each of {', '.join(map(str, lengths))} tokens"
+    text = f"{counts.pop()} texts × {size}" if len(counts) == 1 else f"up to {requested} texts at {size}"
+    skipped = max(window.skipped_short for window in windows.values())
+    return text + (f" ({skipped} texts too short were skipped)" if skipped else "")
+
+
+def _notes(plan: ProbePlan, windows: dict[int, TokenWindows], requested: int, source: TextSource) -> list[str]:
+    notes = list(plan.notes)
+    for length, window in sorted(windows.items()):
+        if window.count < requested:
+            notes.append(f"only {window.count} of the {requested} texts asked for have {length} tokens")
+    if not source.first_token_is_bos():
+        notes.append("the tokenizer adds no BOS, so the first token is the text's own first token")
+    furthest = max(plan.lengths) - 1 + max(*plan.delta1, plan.delta2)
+    if furthest >= plan.window:
+        notes.append(f"position ids reach {furthest}, beyond the model's {plan.window}-token window (as the paper's "
+                     "Δ1 = 2000 at T = 4096 does for LLaMA-2)")  # fmt: skip
+    return notes
+
+
+def _provenance(checkpoint: Path, config, tokenizer, source: TextSource, windows: dict[int, TokenWindows],
+                plan: ProbePlan, options: ProbeOptions, device: torch.device) -> dict:  # fmt: skip
+    import transformers
+
+    from evalkit.corpus import tokenizer_fingerprint
+    from evalkit.provenance import stamp
+
+    digest = hashlib.sha256()
+    for length in sorted(windows):
+        digest.update(windows[length].ids_NT.numpy().tobytes())
+    try:
+        fingerprint = tokenizer_fingerprint(tokenizer)
+    except (AttributeError, ValueError):  # a slow tokenizer has no backend JSON to hash
+        fingerprint = None
+    return {
+        **stamp(), "transformers": transformers.__version__, "checkpoint": str(checkpoint),
+        "model_type": config.model_type, "device": str(device), "texts": source.describe(),
+        "n_texts_requested": options.n_texts, "n_texts": {str(n): w.count for n, w in sorted(windows.items())},
+        "texts_skipped_short": {str(n): w.skipped_short for n, w in sorted(windows.items())},
+        "seq_len": max(plan.lengths) if plan.kind != "length" else None, "lengths": list(plan.lengths),
+        "first_token_is_bos": source.first_token_is_bos(), "tokenizer_fingerprint": fingerprint,
+        "token_windows_sha256": digest.hexdigest()[:16], "model_window": plan.window,
+    }  # fmt: skip
+
+
+def _options_record(plan: ProbePlan, options: ProbeOptions) -> dict:
+    return {"delta1": list(plan.delta1), "delta2": plan.delta2, "lengths": list(plan.lengths),
+            "dtypes": list(options.dtypes), "rope": list(options.rope), "random_init": options.random_init,
+            "seed": options.seed, "n_texts": options.n_texts, "shifts_per_batch": options.shifts_per_batch,
+            "conditions": [list(pair) for pair in plan.conditions]}  # fmt: skip
+
+
+def output_paths(kind: str, out_dir: Path) -> dict[str, Path]:
+    stem = Path(out_dir) / f"probe-{kind}"
+    return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), "png": stem.with_suffix(".png"),
+            "svg": stem.with_suffix(".svg")}  # fmt: skip
+
+
+def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Callable[[str], None] | None = None,
+              **options) -> dict:  # fmt: skip
+    """Run one probe kind ("shift", "tokens", "length") on a checkpoint and write its outputs.
+
+    `options` are `ProbeOptions` fields (texts, seq_len, n_texts, delta2, delta1, dtypes, rope,
+    random_init, lengths, seed, device, shifts_per_batch); list options also take the comma-
+    separated strings users type. Everything is checked before a model is loaded. Writes
+    probe-<kind>.json (rows, summary, provenance), .png, .svg and .md into `out_dir` and returns
+    the JSON's content plus "files": {json, markdown, png, svg} paths.
+    """
+    kind = check_kind(kind)
+    probe_options = ProbeOptions(**options)
+    checkpoint = resolve_checkpoint(ckpt)
+    config = _load_config(checkpoint)
+    plan = probe_options.plan(kind, attention_window(config))
+    tokenizer = _load_tokenizer(checkpoint)
+    source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))
+    windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
+    device = resolve_device(probe_options.device)
+
+    rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress)
+    summary = summarise(rows)
+    provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
+    notes = _notes(plan, windows, probe_options.n_texts, source)
+    payload = {"kind": kind, "provenance": provenance, "options": _options_record(plan, probe_options),
+               "measurement": MEASUREMENT, "notes": notes, "summary": summary, "rows": rows}  # fmt: skip
+
+    paths = output_paths(kind, Path(out_dir))
+    write_plots(kind, rows, paths["json"].with_suffix(""))
+    first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
+    context = {"checkpoint": checkpoint, "texts": source.describe(), "device": device, "notes": notes,
+               "texts_used": _texts_used(windows, probe_options.n_texts), "first_token": first_token}  # fmt: skip
+    atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
+    atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
+    return {**payload, "files": {name: str(path) for name, path in paths.items()}}

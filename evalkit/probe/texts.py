@@ -1,0 +1,147 @@
+"""The probe's input texts as token windows, each starting as the tokenizer starts a text.
+
+Three sources:
+- the built-in English prose (default): its documents are tokenised, concatenated and cut
+  into consecutive windows;
+- a plain-text file (any name not ending in .jsonl): the same, over the file's paragraphs;
+- a JSONL file with a "text" field per line: each text is tokenised on its own and cut to the
+  window length; texts shorter than that are skipped and counted.
+
+Every window begins with the tokens the tokenizer puts before a text (Llama's BOS `<s>`,
+nothing for Qwen2): the first token is the attention sink the paper studies, and the probe
+records whether it is the BOS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalkit.errors import UserError
+
+TEXT_FIELD = "text"
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """N windows of `length` token ids, and how many texts were too short to give one."""
+
+    ids_NT: torch.Tensor
+    length: int
+    skipped_short: int
+
+    @property
+    def count(self) -> int:
+        return int(self.ids_NT.shape[0])
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The ids the tokenizer adds before a text's own tokens (e.g. [BOS]); may be empty."""
+    probe_text = "The probe"
+    plain = tokenizer(probe_text, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe_text, add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return list(full[:start])
+    return []
+
+
+def _paragraphs(text: str) -> Iterator[str]:
+    for paragraph in text.split("\n\n"):
+        if paragraph.strip():
+            yield paragraph
+
+
+def _read_jsonl_texts(path: Path) -> list[str]:
+    texts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UserError(f"{path}:{number} is not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
+            raise UserError(f"{path}:{number} has no string field {TEXT_FIELD!r}")
+        texts.append(record[TEXT_FIELD])
+    return texts
+
+
+class TextSource:
+    """Token windows of any length from one source; tokenises only as much as it is asked for."""
+
+    def __init__(self, tokenizer, path: Path | None = None, max_length: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.prefix = special_prefix(tokenizer)
+        self.path = Path(path) if path is not None else None
+        self.max_length = max_length
+        self._stream: list[int] = []
+        self._pieces: Iterator[str] | None = None
+        self._texts: list[list[int]] | None = None
+        if self.path is None:
+            from evalkit.corpus import prose_documents
+
+            self._pieces = iter(prose_documents())
+        elif not self.path.is_file():
+            raise UserError(f"texts file {self.path} not found")
+        elif self.path.suffix == ".jsonl":
+            self._texts = self._tokenise_each(_read_jsonl_texts(self.path))
+        else:
+            self._pieces = _paragraphs(self.path.read_text(encoding="utf-8"))
+
+    def describe(self) -> str:
+        return "built-in prose (evalkit.corpus)" if self.path is None else str(self.path)
+
+    def first_token_is_bos(self) -> bool:
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return bos is not None and self.prefix[:1] == [bos]
+
+    def windows(self, length: int, count: int) -> TokenWindows:
+        """Up to `count` windows of `length` tokens; a UserError when the source has none."""
+        if self._texts is not None:
+            return self._windows_from_texts(length, count)
+        return self._windows_from_stream(length, count)
+
+    def _tokenise_each(self, texts: list[str]) -> list[list[int]]:
+        encode = dict(add_special_tokens=True, truncation=self.max_length is not None, max_length=self.max_length)
+        return [self.tokenizer(text, **encode)["input_ids"] for text in texts]
+
+    def _windows_from_texts(self, length: int, count: int) -> TokenWindows:
+        assert self._texts is not None
+        long_enough = [ids[:length] for ids in self._texts if len(ids) >= length]
+        if not long_enough:
+            longest = max((len(ids) for ids in self._texts), default=0)
+            raise UserError(
+                f"no text in {self.path} has {length} tokens (the longest has {longest}): use a smaller length"
+            )
+        chosen = long_enough[:count]
+        return TokenWindows(torch.tensor(chosen, dtype=torch.long), length, len(self._texts) - len(long_enough))
+
+    def _extend_stream(self, tokens_needed: int) -> None:
+        separator = self.tokenizer("\n\n", add_special_tokens=False)["input_ids"]
+        while len(self._stream) < tokens_needed and self._pieces is not None:
+            piece = next(self._pieces, None)
+            if piece is None:
+                self._pieces = None
+                break
+            if self._stream:
+                self._stream.extend(separator)
+            self._stream.extend(self.tokenizer(piece, add_special_tokens=False)["input_ids"])
+
+    def _windows_from_stream(self, length: int, count: int) -> TokenWindows:
+        body = length - len(self.prefix)
+        if body < 1:
+            raise UserError(f"length {length} leaves no room for text after the tokenizer's special tokens")
+        self._extend_stream(body * count)
+        available = min(count, len(self._stream) // body)
+        if available == 0:
+            raise UserError(
+                f"{self.describe()} has {len(self._stream)} tokens, fewer than one window of {length}: "
+                "use a smaller length or a longer texts file"
+            )
+        windows = [self.prefix + self._stream[i * body : (i + 1) * body] for i in range(available)]
+        return TokenWindows(torch.tensor(windows, dtype=torch.long), length, 0)

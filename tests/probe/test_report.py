@@ -1,0 +1,81 @@
+"""Summaries decide the paper's observations from the numbers, whichever way the numbers go."""
+
+import pytest
+
+from evalkit.probe import summarise, summary_markdown, write_plots
+
+
+def row(metric, value, dtype="bf16", condition="pretrained", rope="cast", delta1=0, length=64, column=None):
+    return {"metric": metric, "kind": "test", "condition": condition, "dtype": dtype, "rope": rope, "delta1": delta1,
+            "delta2": 16, "length": length, "n_texts": 3, "column": column, "value": value, "std": 0.0}  # fmt: skip
+
+
+def shift_rows(bf16: float, fp32: float) -> list[dict]:
+    return [row("attn_diff", bf16), row("attn_diff", fp32, dtype="fp32"), row("attn_diff", 0.0, delta1=16),
+            row("attn_diff", 0.0, dtype="fp32", delta1=16)]  # fmt: skip
+
+
+def column_rows(values: list[float]) -> list[dict]:
+    return [row("attn_diff_column", v, column=j, length=len(values)) for j, v in enumerate(values, start=1)]
+
+
+def length_rows(values: dict[int, float]) -> list[dict]:
+    return [row("logit_diff_first", v, length=n) for n, v in values.items()]
+
+
+CONTEXT = {"checkpoint": "ckpt", "texts": "prose", "texts_used": "3 texts", "device": "cpu", "first_token": "BOS"}
+
+
+@pytest.mark.parametrize("bf16, fp32, holds", [(0.5, 1e-6, True), (1.1e-6, 1e-6, False), (0.5, 0.0, True)])
+def test_precision_observation_follows_the_numbers(bf16, fp32, holds):
+    found = summarise(shift_rows(bf16, fp32))["precision_ratio"]
+    assert found["holds"] is holds
+    assert found["delta1"] == 0  # Δ1 = 0, not the Δ1 = Δ2 row
+    text = summary_markdown("shift", summarise(shift_rows(bf16, fp32)), shift_rows(bf16, fp32), CONTEXT)
+    statement = next(line for line in text.splitlines() if line.startswith("- BF16 breaks"))
+    assert ("**holds**" in statement) is holds and ("**does not hold**" in statement) is not holds
+    if fp32 > 0:
+        assert f"{bf16 / fp32:.3g}" in text
+
+
+@pytest.mark.parametrize("values, holds", [
+    ([5.0] + [0.1] * 31, True),  # the sink stands far above the rest
+    ([0.1] * 32, False),  # flat
+    ([0.5, 1.0] + [0.01] * 30, False),  # large, but another column is larger
+])  # fmt: skip
+def test_first_token_observation_follows_the_numbers(values, holds):
+    found = summarise(column_rows(values))["first_token"]
+    assert found["holds"] is holds
+    assert found["share"] == pytest.approx(values[0] / sum(values))
+    text = summary_markdown("tokens", summarise(column_rows(values)), column_rows(values), CONTEXT)
+    statement = next(line for line in text.splitlines() if line.startswith("- The first token"))
+    assert ("**holds**" in statement) is holds
+
+
+@pytest.mark.parametrize("values, holds", [
+    ({64: 0.1, 128: 0.2, 256: 0.4}, True),
+    ({64: 0.1, 128: 0.1, 256: 0.11}, False),
+])  # fmt: skip
+def test_growth_observation_follows_the_numbers(values, holds):
+    found = summarise(length_rows(values))["logit_growth"]
+    assert found["holds"] is holds
+    assert found["ratio"] == pytest.approx(values[256] / values[64])
+
+
+def test_unmeasured_observations_say_so():
+    summary = summarise(shift_rows(0.5, 1e-6))
+    assert summary["first_token"] is None and summary["logit_growth"] is None
+    text = summary_markdown("shift", summary, shift_rows(0.5, 1e-6), CONTEXT)
+    assert text.count("not measured here") == 2
+
+
+def test_bf16_only_rows_leave_the_precision_ratio_unmeasured():
+    assert summarise([row("attn_diff", 0.5)])["precision_ratio"] is None
+
+
+@pytest.mark.parametrize("kind, rows", [("shift", shift_rows(0.5, 1e-6)), ("tokens", column_rows([5.0] + [0.1] * 31)),
+                                        ("length", length_rows({64: 0.1, 128: 0.2}))])  # fmt: skip
+def test_plots_are_written_as_png_and_svg(tmp_path, kind, rows):
+    png, svg = write_plots(kind, rows, tmp_path / f"probe-{kind}")
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 1000
+    assert "<svg" in svg.read_text()
