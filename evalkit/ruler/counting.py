@@ -1,0 +1,161 @@
+"""Token counts of prompts assembled from pieces, without re-tokenising whole prompts.
+
+A prompt is built from pieces (template parts, haystack lines or words, needles, list entries,
+documents). Tokenisation is local: how a piece tokenises depends on itself and on the few
+characters before it. So the tokens a piece adds are counted once in the context of the text
+that precedes it (the last LEFT_CONTEXT_CHARS characters) and memoised; a prompt's length is
+the sum over its pieces plus the special tokens. Repeated pieces (noise lines, essay words,
+word-list entries, documents) are counted once per process, so sizing a sample costs table
+look-ups instead of tokenisations. `generate` checks this against full tokenisations of some
+samples of every batch and falls back to exact tokenisation of every sample if they disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+LEFT_CONTEXT_CHARS = 16
+# Pieces that start with a space are counted after this letter: a space followed by a
+# non-space starts a new pre-token in byte-level BPE, tiktoken-style and SentencePiece
+# tokenizers, so what came before does not matter there (checked by generate's verification).
+SPACED_LEFT = "x"
+
+
+class TokenCounter:
+    """Counts tokens of `tokenizer` exactly as the engine feeds them (BOS included when added)."""
+
+    def __init__(self, tokenizer, add_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._after: dict[tuple[str, str], int] = {}
+        self._chunked: dict[str, tuple[str, int]] = {}
+        self.tables: dict = {}  # per-tokenizer tables built by the generators (essay counts, word counts)
+        self.specials = self._lengths([""], add_special_tokens)[0]
+
+    def _lengths(self, texts: Sequence[str], special: bool) -> list[int]:
+        if self._backend is not None:
+            encode = getattr(self._backend, "encode_batch_fast", None) or self._backend.encode_batch
+            return [len(encoding.ids) for encoding in encode(list(texts), add_special_tokens=special)]
+        ids = self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]
+        return [len(row) for row in ids]
+
+    def exact(self, texts: Sequence[str]) -> list[int]:
+        """Full tokenisation of whole prompts: the ground truth the composed counts must equal."""
+        return self._lengths(texts, self.add_special_tokens)
+
+    def after_many(self, pairs: Iterable[tuple[str, str]]) -> list[int]:
+        """Tokens each piece adds after its left text (an empty left means: at the start of the prompt)."""
+        keys = [(left[-LEFT_CONTEXT_CHARS:], piece) for left, piece in pairs]
+        memo = self._after
+        missing = list(dict.fromkeys(key for key in keys if key not in memo))
+        if missing:
+            lefts = list(dict.fromkeys(left for left, _ in missing))
+            lengths = self._lengths([left + piece for left, piece in missing] + lefts, False)
+            left_length = dict(zip(lefts, lengths[len(missing) :]))
+            for (left, piece), n in zip(missing, lengths):
+                memo[(left, piece)] = n - left_length[left]
+        return [memo[key] for key in keys]
+
+    def after(self, left: str, piece: str) -> int:
+        key = (left[-LEFT_CONTEXT_CHARS:], piece)
+        found = self._after.get(key)
+        return found if found is not None else self.after_many([(left, piece)])[0]
+
+    def chunked(self, text: str) -> tuple[str, int]:
+        """(text's first space chunk, tokens of all its other chunks): see `space_chunks`."""
+        found = self._chunked.get(text)
+        if found is None:
+            chunks = space_chunks(text)
+            found = self._chunked[text] = (chunks[0], sum(self.spaced(chunks[1:])))
+        return found
+
+    def spaced(self, pieces: Sequence[str]) -> list[int]:
+        """Tokens of pieces that start with a space, whatever non-space text precedes them."""
+        return self.after_many((SPACED_LEFT, piece) for piece in pieces)
+
+    def stream_counts(self, pieces: Sequence[str], left: str = "") -> list[int]:
+        """Tokens each piece adds when the pieces follow `left` and each other (one tokenisation).
+
+        Tokens are attributed to the piece their first character lies in, so the counts add up to
+        the whole text's tokens past `left`; used for long runs such as an essay's words.
+        """
+        if self._backend is None:
+            lefts = [left] + [piece for piece in pieces[:-1]]
+            return self.after_many(zip(lefts, pieces))
+        import numpy as np
+
+        encoding = self._backend.encode(left + "".join(pieces), add_special_tokens=False)
+        starts = np.fromiter((start for start, _ in encoding.offsets), dtype=np.int64, count=len(encoding.ids))
+        bounds = np.cumsum([len(left)] + [len(piece) for piece in pieces])
+        starts = starts[starts >= len(left)]
+        owner = np.searchsorted(bounds, starts, side="right") - 1
+        return np.bincount(owner, minlength=len(pieces))[: len(pieces)].tolist()
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of pieces counted in advance: `first` depends on what precedes the block, `rest` does not."""
+
+    first: str
+    rest: int
+    tail: str  # the block's last characters: the left context of whatever follows
+    render: Callable[[], str]  # the block's text, built only when the sample is written out
+
+
+Item = str | Block
+
+_WORD_START = re.compile(r"(?<=\S)(?= \S)")
+
+
+@lru_cache(maxsize=1 << 16)
+def space_chunks(text: str) -> tuple[str, ...]:
+    """`text` cut before each single space between two non-spaces: "a b. c" -> ("a", " b.", " c").
+
+    Every chunk after the first starts with a space, so it is counted after SPACED_LEFT and its
+    count is shared wherever the word recurs; only the first chunk depends on what precedes.
+    """
+    return tuple(_WORD_START.split(text))
+
+
+def block_of(pieces: Sequence[str], counts: Sequence[int]) -> Block:
+    """Pieces (counted in their own sequence) as one Block; counts[0] is replaced in context."""
+    return Block(pieces[0], int(sum(counts[1:])), last_chars(pieces), lambda: "".join(pieces))
+
+
+def last_chars(pieces: Sequence[str]) -> str:
+    """The last LEFT_CONTEXT_CHARS characters of the pieces joined, without joining them all."""
+    tail, j = "", len(pieces) - 1
+    while len(tail) < LEFT_CONTEXT_CHARS and j >= 0:
+        tail = pieces[j] + tail
+        j -= 1
+    return tail[-LEFT_CONTEXT_CHARS:]
+
+
+def compose_count(counter: TokenCounter, items: Sequence[Item], special: bool = True, rough: bool = False) -> int:
+    """Tokens of the text "".join(items) (plus specials): each item's start counted after the one before.
+
+    `rough` counts each item's start as if it began the text: no new junction to tokenise, so a
+    search can probe many sizes for the price of look-ups; it may be off by a token per junction.
+    """
+    pairs: list[tuple[str, str]] = []
+    rest = 0
+    left = ""
+    for item in items:
+        if isinstance(item, Block):
+            pairs.append(("" if rough else left, item.first))
+            rest += item.rest
+            left = item.tail if len(item.tail) >= LEFT_CONTEXT_CHARS else (left + item.tail)[-LEFT_CONTEXT_CHARS:]
+        elif item:
+            opening, chunk_tokens = counter.chunked(item)
+            pairs.append(("" if rough else left, opening))
+            rest += chunk_tokens
+            left = (left + item)[-LEFT_CONTEXT_CHARS:] if len(item) < LEFT_CONTEXT_CHARS else item[-LEFT_CONTEXT_CHARS:]
+    return (counter.specials if special else 0) + sum(counter.after_many(pairs)) + rest
+
+
+def compose_text(items: Sequence[Item]) -> str:
+    return "".join(item.render() if isinstance(item, Block) else item for item in items)

@@ -1,0 +1,129 @@
+"""Choosing a sample's haystack size: the largest size whose prompt fits the token budget.
+
+A plan maps a size (noise lines, essay words, distinct words, documents ...) to the prompt's
+pieces. `estimate` is a cheap, nearly monotone count used to search; `measure` is the count
+the sample is held to (composed from memoised piece counts, or a full tokenisation in exact
+mode). The search brackets the answer from a guess, bisects on the estimate, then steps down
+until the measured prompt fits: a few table look-ups per step, no whole-text tokenisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from evalkit.ruler.counting import Item
+
+
+class Plan(Protocol):
+    """One sample's fixed random choices; the haystack size is still open."""
+
+    min_size: int
+    max_size: int | None
+    prefix: str  # the answer prefix (what ends the prompt, after the format's `between`)
+    outputs: list[str]
+
+    def guess(self, budget: int) -> int: ...
+
+    def items(self, size: int) -> list[Item]: ...
+
+    def estimate(self, size: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class TooLong(Exception):
+    """Even the plan's smallest size needs `tokens` prompt tokens."""
+
+    tokens: int
+
+
+def derive_seed(*parts: object) -> int:
+    """A 64-bit seed from the parts' text: the same in every process (no hash randomisation)."""
+    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, high: int | None) -> int | None:
+    """The largest size in [low, high] with estimate(size) <= budget, or None if low does not fit.
+
+    The estimate is close to linear in the size, so two secant steps from the guess land within
+    a few units of the answer; doubling steps then bracket it and bisection finishes.
+    """
+    seen: dict[int, int] = {}
+
+    def fits(size: int) -> bool:
+        if size not in seen:
+            seen[size] = estimate(size)
+        return seen[size] <= budget
+
+    def clamp(size: int) -> int:
+        return max(low, size if high is None else min(size, high))
+
+    if not fits(low):
+        return None
+    x0, x1 = low, clamp(max(guess, low + 1))
+    fits(x1)
+    for _ in range(2):
+        if seen[x1] == seen[x0]:
+            break
+        x2 = clamp(x1 + int((budget - seen[x1]) * (x1 - x0) / (seen[x1] - seen[x0])))
+        if x2 == x1:
+            break
+        x0, x1 = x1, x2
+        fits(x1)
+    step = 1
+    if fits(x1):
+        good, bad = x1, None
+        while bad is None and (high is None or good < high):
+            probe = clamp(good + step)
+            if fits(probe):
+                good, step = probe, step * 2
+            else:
+                bad = probe
+        if bad is None:
+            return good
+    else:
+        bad, good = x1, None
+        while good is None:
+            probe = clamp(bad - step)
+            if fits(probe):
+                good = probe
+            else:
+                bad, step = probe, step * 2
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def fit(plan: Plan, budget: int, measure: Callable[[int], int]) -> tuple[int, int]:
+    """(size, measured tokens) for the largest size that fits; TooLong if none does."""
+    size = search(plan.estimate, budget, plan.min_size, plan.guess(budget), plan.max_size)
+    if size is None:
+        raise TooLong(measure(plan.min_size))
+    too_big = None
+    while True:
+        tokens = measure(size)
+        if tokens <= budget:
+            break
+        if size <= plan.min_size:
+            raise TooLong(tokens)
+        # The estimate was short by (tokens - estimate): search again with that much less room.
+        too_big = size
+        shortfall = tokens - plan.estimate(size)
+        smaller = search(plan.estimate, budget - shortfall, plan.min_size, size - 1, size - 1)
+        size = plan.min_size if smaller is None else min(size - 1, smaller)
+    if too_big is not None:  # the step down may have gone further than needed: bisect back up
+        while too_big - size > 1:
+            middle = (size + too_big) // 2
+            middle_tokens = measure(middle)
+            if middle_tokens <= budget:
+                size, tokens = middle, middle_tokens
+            else:
+                too_big = middle
+    return size, tokens

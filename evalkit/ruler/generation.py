@@ -1,0 +1,154 @@
+"""`generate`: samples for one task and length, sized with the evaluated tokenizer.
+
+Each sample's random choices come from its own seeded generator, its haystack size is fitted
+to the budget with composed token counts, and a few samples of every batch are checked against
+a full tokenisation of the prompt. If any disagrees (a tokenizer whose tokens cross the pieces'
+junctions), the batch is regenerated with every prompt tokenised in full: slower, still exact.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from pathlib import Path
+
+from evalkit.ruler.context import Context
+from evalkit.ruler.counting import TokenCounter, compose_count, compose_text
+from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit
+from evalkit.ruler.fitting import Plan, TooLong, fit
+from evalkit.ruler.prompt import BASE, PromptFormat
+from evalkit.ruler.sample import Sample
+from evalkit.ruler.spec import DEFAULT_SEED, task_spec
+
+_COUNTERS: weakref.WeakKeyDictionary[object, dict[bool, TokenCounter]] = weakref.WeakKeyDictionary()
+
+
+def counter_for(tokenizer, add_special_tokens: bool = True) -> TokenCounter:
+    """The process-wide counter of this tokenizer, so piece counts are shared across tasks and lengths."""
+    try:
+        per_tokenizer = _COUNTERS.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable: no sharing
+        return TokenCounter(tokenizer, add_special_tokens)
+    if add_special_tokens not in per_tokenizer:
+        per_tokenizer[add_special_tokens] = TokenCounter(tokenizer, add_special_tokens)
+    return per_tokenizer[add_special_tokens]
+
+
+def forget_counts(tokenizer) -> None:
+    """Drop this tokenizer's memoised piece counts (benchmarks measure from a cold start)."""
+    try:
+        _COUNTERS.pop(tokenizer, None)
+    except TypeError:
+        pass
+
+
+def _task_generator(ctx: Context):
+    from evalkit.ruler.essay import EssayError
+    from evalkit.ruler.words import WordListsMissing
+
+    kind = ctx.spec.kind
+    try:
+        if kind == "niah":
+            from evalkit.ruler.niah import NiahTask as Task
+        elif kind == "variable_tracking":
+            from evalkit.ruler.vt import VariableTrackingTask as Task
+        elif kind == "common_words_extraction":
+            from evalkit.ruler.cwe import CommonWordsTask as Task
+        elif kind == "freq_words_extraction":
+            from evalkit.ruler.fwe import FrequentWordsTask as Task
+        else:
+            from evalkit.ruler.qa import QaTask as Task
+        return Task(ctx)
+    except (EssayError, WordListsMissing) as error:
+        raise TaskDataMissing(ctx.spec.name, ctx.length, str(error)) from error
+
+
+def generate(
+    task: str,
+    tokenizer,
+    length: int,
+    num_samples: int,
+    seed: int = DEFAULT_SEED,
+    *,
+    essays: str | Path | None = None,
+    qa_dir: str | Path | None = None,
+    prompt_format: PromptFormat | None = None,
+    exact_lengths: bool = False,
+) -> list[Sample]:
+    """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens.
+
+    Raises TaskDataMissing when the task's data is not available and TaskDoesNotFit (with the
+    minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full.
+    """
+    spec = task_spec(task)
+    fmt = prompt_format or BASE
+    counter = counter_for(tokenizer, fmt.add_special_tokens)
+    data = {"essays": essays, "qa_dir": qa_dir}
+    try:
+        generator, plans = _plans(spec, counter, int(length), int(seed), fmt, num_samples, data)
+        if exact_lengths:
+            return [_fit_sample(generator.ctx, plan, index, exact=True) for index, plan in enumerate(plans)]
+        samples = [_fit_sample(generator.ctx, plan, index, exact=False) for index, plan in enumerate(plans)]
+        if _composed_counts_hold(generator.ctx, samples):
+            return samples
+        warnings.warn(
+            f"{task}: this tokenizer's counts do not add up piece by piece; tokenising every prompt in full (slower)",
+            stacklevel=2,
+        )
+        return [_fit_sample(generator.ctx, generator.plan(index), index, exact=True) for index in range(num_samples)]
+    except (TooLong, TaskDoesNotFit):
+        needed = _smallest_length(spec, counter, int(length), int(seed), fmt, num_samples, data)
+        raise TaskDoesNotFit(task, length, needed) from None
+
+
+def _plans(spec, counter, length, seed, fmt, num_samples, data):
+    ctx = Context(spec, counter, length, seed, fmt, data["essays"], data["qa_dir"])
+    if ctx.budget <= 0:
+        raise TaskDoesNotFit(spec.name, length, spec.max_new_tokens + 1, "the generation budget alone fills it")
+    generator = _task_generator(ctx)
+    return generator, [generator.plan(index) for index in range(num_samples)]
+
+
+def _smallest_length(spec, counter, length, seed, fmt, num_samples, data) -> int:
+    """The smallest length at which every sample's smallest haystack fits, found by iterating:
+    a task's setup can depend on the length (fwe's vocabulary, cwe's list shape, pool sizes)."""
+    candidate = length + 1
+    for _ in range(16):
+        try:
+            _, plans = _plans(spec, counter, candidate, seed, fmt, num_samples, data)
+        except TaskDoesNotFit as too_short:
+            candidate = max(candidate + 1, too_short.min_length)
+            continue
+        needed = max(compose_count(counter, plan.items(plan.min_size)) for plan in plans) + spec.max_new_tokens
+        if needed <= candidate:
+            return candidate
+        candidate = needed
+    return candidate
+
+
+def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool) -> Sample:
+    """The sample at its largest size that fits; TooLong when even its smallest does not."""
+    counter = ctx.counter
+    if exact:
+        measure = lambda size: counter.exact([compose_text(plan.items(size))])[0]  # noqa: E731
+    else:
+        measure = lambda size: compose_count(counter, plan.items(size))  # noqa: E731
+    size, tokens = fit(plan, ctx.budget, measure)  # TooLong when even the smallest size does not fit
+    check_fit = getattr(plan, "check_fit", None)
+    if check_fit is not None:
+        check_fit(size, tokens)
+    prompt = compose_text(plan.items(size))
+    end = len(prompt) - len(ctx.fmt.between) - len(plan.prefix)
+    assert prompt.startswith(ctx.fmt.before) and prompt[end:] == ctx.fmt.between + plan.prefix
+    if not plan.outputs or not all(plan.outputs):
+        raise AssertionError(f"{ctx.spec.name}: sample {index} has no answers")  # never written out
+    return Sample(index, prompt[len(ctx.fmt.before) : end], plan.prefix, list(plan.outputs), tokens)
+
+
+def _composed_counts_hold(ctx: Context, samples: list[Sample]) -> bool:
+    """Full tokenisation of the first, middle and last prompts equals their composed counts."""
+    if not samples:
+        return True
+    chosen = sorted({0, len(samples) // 2, len(samples) - 1})
+    prompts = [ctx.fmt.render(samples[i].input, samples[i].answer_prefix) for i in chosen]
+    return ctx.counter.exact(prompts) == [samples[i].length for i in chosen]

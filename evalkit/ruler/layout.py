@@ -1,0 +1,147 @@
+"""Haystacks as streams of units (lines or words) and prompts as streams with pieces inserted.
+
+A stream knows the text of each unit and the tokens each unit adds after the one before it
+("native" counts), as prefix sums, so the length of a haystack of any size is a subtraction.
+Inserting a needle between units i-1 and i changes only the counts at the two junctions;
+`stream_items` turns (stream, size, insertions) into composer items that account for that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item, TokenCounter
+
+
+class Stream(Protocol):
+    sep: str  # every unit's text starts with this separator
+
+    def piece(self, j: int) -> str: ...
+
+    def split(self, j: int) -> tuple[str, int]:
+        """Unit j as (its opening text, tokens of the rest): only the opening is counted after
+        whatever precedes the unit, so a unit after a needle costs a short look-up."""
+        ...
+
+    def native_sum(self, a: int, b: int) -> int: ...
+
+    def text(self, a: int, b: int) -> str: ...
+
+
+class RepeatedLine:
+    """The same line over and over (RULER's noise haystack)."""
+
+    def __init__(self, counter: TokenCounter, line: str, sep: str = "\n"):
+        self.sep = sep
+        self.unit = sep + line
+        self.per_unit = counter.after(self.unit, self.unit)
+        first_word = line.split(" ", 1)[0]
+        self.opening = sep + first_word
+        self.rest_tokens = counter.after(self.opening, line[len(first_word) :])
+
+    def piece(self, j: int) -> str:
+        return self.unit
+
+    def split(self, j: int) -> tuple[str, int]:
+        return self.opening, self.rest_tokens
+
+    def native_sum(self, a: int, b: int) -> int:
+        return (b - a) * self.per_unit
+
+    def text(self, a: int, b: int) -> str:
+        return self.unit * (b - a)
+
+
+class GrowingStream:
+    """Units appended block by block on demand, with prefix sums of their native counts."""
+
+    block_size = 256
+
+    def __init__(self, counter: TokenCounter, sep: str):
+        self.counter = counter
+        self.sep = sep
+        self._pieces: list[str] = []
+        self._prefix = np.zeros(1, dtype=np.int64)
+
+    def _next_block(self, start: int, size: int) -> list[str]:
+        raise NotImplementedError  # each stream draws or reads its own units
+
+    def _count_block(self, pieces: list[str], left: str) -> list[int]:
+        lefts = [left] + pieces[:-1]
+        return self.counter.after_many(zip(lefts, pieces))
+
+    def ensure(self, n: int) -> None:
+        while len(self._pieces) < n:
+            start = len(self._pieces)
+            pieces = self._next_block(start, max(self.block_size, n - start))
+            left = self._pieces[-1] if self._pieces else ""
+            counts = np.asarray(self._count_block(pieces, left), dtype=np.int64)
+            self._pieces.extend(pieces)
+            self._prefix = np.concatenate([self._prefix, self._prefix[-1] + np.cumsum(counts)])
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def piece(self, j: int) -> str:
+        self.ensure(j + 1)
+        return self._pieces[j]
+
+    def split(self, j: int) -> tuple[str, int]:
+        return self.piece(j), 0  # streams whose units are long override this
+
+    def native_sum(self, a: int, b: int) -> int:
+        self.ensure(b)
+        return int(self._prefix[b] - self._prefix[a])
+
+    def average(self, n: int) -> float:
+        """Mean tokens per unit over the first n units (a sizing guess)."""
+        self.ensure(n)
+        return float(self._prefix[n] - self._prefix[1]) / max(1, n - 1)
+
+    def largest_within(self, start: int, tokens: float) -> int:
+        """The largest n with native_sum(start, n) <= tokens, growing the stream as needed."""
+        while True:
+            target = self._prefix[start] + tokens
+            n = int(np.searchsorted(self._prefix, target, side="right")) - 1
+            if n < len(self._pieces):
+                return max(n, start)
+            self.ensure(len(self._pieces) + self.block_size)
+
+    def text(self, a: int, b: int) -> str:
+        self.ensure(b)
+        return "".join(self._pieces[a:b])
+
+
+def stream_items(stream: Stream, size: int, insertions: Sequence[tuple[int, str]], strip_first: bool) -> list[Item]:
+    """The context: units [0, size) with each (position, body) inserted before unit `position`.
+
+    Inserted pieces get the stream's separator; with `strip_first` the context's very first
+    piece loses its separator (the template already ends with one).
+    """
+    items: list[Item] = []
+    sep = stream.sep
+    done = 0
+    for position, body in sorted(insertions, key=lambda pair: pair[0]):
+        if position > done:
+            items.append(_span(stream, done, position, strip_first and not items))
+            done = position
+        items.append(body if strip_first and not items else sep + body)
+    if done < size:
+        items.append(_span(stream, done, size, strip_first and not items))
+    return items
+
+
+def _span(stream: Stream, a: int, b: int, strip: bool) -> Block:
+    first = stream.piece(a)
+    opening, rest = stream.split(a)
+    if strip:
+        first, opening = first[len(stream.sep) :], opening[len(stream.sep) :]
+    tail, j = "", b - 1
+    while len(tail) < LEFT_CONTEXT_CHARS and j >= a:
+        tail = (first if j == a else stream.piece(j)) + tail
+        j -= 1
+    render: Callable[[], str] = lambda: first + stream.text(a + 1, b)  # noqa: E731
+    return Block(opening, rest + stream.native_sum(a + 1, b), tail[-LEFT_CONTEXT_CHARS:], render)

@@ -1,0 +1,53 @@
+"""RULER's metrics (scripts/eval/synthetic/constants.py and scripts/eval/evaluate.py).
+
+A prediction is stripped and its control characters [\\x00-\\x1f] become newlines before matching;
+references match case-insensitively as substrings. string_match_all credits the share of
+references found, string_match_part credits 1 when any reference is found (QA).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from evalkit.ruler.spec import task_spec
+
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def postprocess(prediction: str) -> str:
+    return _CONTROL.sub("\n", prediction.strip()).strip()
+
+
+def match_all(prediction: str, references: Sequence[str]) -> float:
+    """Share (0..1) of the references found in the prediction."""
+    text = postprocess(prediction).lower()
+    return sum(1.0 for ref in references if ref.lower() in text) / len(references)
+
+
+def match_part(prediction: str, references: Sequence[str]) -> float:
+    """1.0 when any reference is found in the prediction, else 0.0."""
+    text = postprocess(prediction).lower()
+    return max(1.0 if ref.lower() in text else 0.0 for ref in references)
+
+
+def sample_score(task: str, prediction: str, references: Sequence[str]) -> float:
+    """One sample's score on 0..100 (unrounded), with the task's metric."""
+    if not references:
+        raise ValueError(f"{task}: a sample has no reference answers")
+    metric = match_part if task_spec(task).metric == "part" else match_all
+    return 100.0 * metric(prediction, references)
+
+
+def score(task: str, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """The task's score on 0..100, rounded to 2 decimals as NVIDIA rounds it."""
+    if len(predictions) != len(references):
+        raise ValueError(f"{task}: {len(predictions)} predictions for {len(references)} reference lists")
+    if not predictions:
+        raise ValueError(f"{task}: no predictions to score")
+    metric = match_part if task_spec(task).metric == "part" else match_all
+    for refs in references:
+        if not refs:
+            raise ValueError(f"{task}: a sample has no reference answers")
+    # Same order of operations as NVIDIA (sum / n * 100, then round) so ties round alike.
+    return round(sum(metric(p, r) for p, r in zip(predictions, references)) / len(predictions) * 100, 2)

@@ -1,0 +1,50 @@
+"""How a sample becomes the exact text the engine feeds: base (raw text) or a chat template.
+
+The sample's `input` is the task text alone. The prompt is `before + input + between + prefix`:
+base models get `input + prefix`; chat models get the input inside the user turn and the
+answer prefix at the start of the assistant turn (as NVIDIA's model templates do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+_SENTINEL = "\u2063EVALKIT_RULER_INPUT\u2063"
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    name: str = "base"
+    before: str = ""
+    between: str = ""
+    add_special_tokens: bool = True  # False when the wrapping text already holds the BOS
+
+    def render(self, input_text: str, answer_prefix: str) -> str:
+        return self.before + input_text + self.between + answer_prefix
+
+    def cache_token(self) -> str:
+        """What identifies the wrapping in a cache key."""
+        digest = hashlib.sha256(f"{self.before}\x00{self.between}\x00{self.add_special_tokens}".encode())
+        return f"{self.name}-{digest.hexdigest()[:12]}"
+
+    @classmethod
+    def from_chat_template(cls, tokenizer) -> PromptFormat:
+        """The tokenizer's chat template around one user turn, generation prompt open."""
+        from evalkit.errors import UserError
+
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError("this tokenizer has no chat template: use the base prompt format")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+        )
+        if text.count(_SENTINEL) != 1:
+            raise UserError("the chat template does not place the user message exactly once")
+        before, between = text.split(_SENTINEL)
+        bos = getattr(tokenizer, "bos_token", None)
+        # A template that writes the BOS itself must not get a second one from the tokenizer.
+        add_special = not (bos and before.startswith(bos))
+        return cls("chat", before, between, add_special)
+
+
+BASE = PromptFormat()

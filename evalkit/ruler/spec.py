@@ -1,0 +1,150 @@
+"""The RULER benchmark definition: the 13 tasks, their prompt templates, budgets and metrics.
+
+Everything here is reproduced from NVIDIA/RULER (scripts/synthetic.yaml,
+scripts/data/synthetic/constants.py, scripts/eval/synthetic/constants.py). The template
+strings are benchmark definitions and must stay byte-exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+# Bump whenever generated data changes for the same inputs: it is part of the cache key.
+GENERATOR_VERSION = 1
+
+# In NVIDIA's order (scripts/synthetic.yaml).
+TASKS: tuple[str, ...] = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+    "qa_1",
+    "qa_2",
+)
+
+NIAH_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
+    "What are all the special magic {type_needle_v} for {query} mentioned in the provided text?"
+)
+NIAH_PREFIX = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
+NIAH_NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+NOISE_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+    "Question: Find all variables that are assigned the value {query} in the text above."
+)
+VT_PREFIX = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+    "assigned the value {query}, they are: "
+)
+
+CWE_TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n{context}\n"
+    "Question: What are the 10 most common words in the above list?"
+)
+CWE_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
+
+FWE_TEMPLATE = (
+    "Read the following coded text and track the frequency of each coded word. "
+    "Find the three most frequently appeared coded words. {context}\n"
+    "Question: Do not provide any explanation. Please ignore the dots '....'. "
+    "What are the three most frequently appeared words in the above coded text?"
+)
+FWE_PREFIX = " Answer: According to the coded text above, the three most frequently appeared words are:"
+
+QA_TEMPLATE = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other "
+    "words.\n\nThe following are given documents.\n\n{context}\n\n"
+    "Answer the question based on the given documents. Only give me the answer and do not output any other "
+    "words.\n\nQuestion: {query}"
+)
+QA_PREFIX = " Answer:"
+QA_DOCUMENT = "Document {i}:\n{document}"
+
+# generator kind -> (template, answer prefix, max new tokens)
+TEMPLATES: Mapping[str, tuple[str, str, int]] = MappingProxyType(
+    {
+        "niah": (NIAH_TEMPLATE, NIAH_PREFIX, 128),
+        "variable_tracking": (VT_TEMPLATE, VT_PREFIX, 30),
+        "common_words_extraction": (CWE_TEMPLATE, CWE_PREFIX, 120),
+        "freq_words_extraction": (FWE_TEMPLATE, FWE_PREFIX, 50),
+        "qa": (QA_TEMPLATE, QA_PREFIX, 32),
+    }
+)
+
+DEFAULT_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_NUM_SAMPLES = 500
+DEFAULT_SEED = 42
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    kind: str  # the generator: niah, variable_tracking, common_words_extraction, freq_words_extraction, qa
+    metric: str  # "all" (string_match_all) or "part" (string_match_part)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def template(self) -> str:
+        return TEMPLATES[self.kind][0]
+
+    @property
+    def answer_prefix(self) -> str:
+        return TEMPLATES[self.kind][1]
+
+    @property
+    def max_new_tokens(self) -> int:
+        return TEMPLATES[self.kind][2]
+
+
+def _niah(name: str, haystack: str, key: str, value: str, keys: int = 1, values: int = 1, queries: int = 1):
+    params = {"haystack": haystack, "key_type": key, "value_type": value}
+    # niah.py: the number of keys is raised to the number of queries.
+    params.update(num_keys=max(keys, queries), num_values=values, num_queries=queries)
+    return TaskSpec(name, "niah", "all", MappingProxyType(params))
+
+
+SPECS: Mapping[str, TaskSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            _niah("niah_single_1", "noise", "words", "numbers"),
+            _niah("niah_single_2", "essay", "words", "numbers"),
+            _niah("niah_single_3", "essay", "words", "uuids"),
+            _niah("niah_multikey_1", "essay", "words", "numbers", keys=4),
+            _niah("niah_multikey_2", "needle", "words", "numbers"),
+            _niah("niah_multikey_3", "needle", "uuids", "uuids"),
+            _niah("niah_multivalue", "essay", "words", "numbers", values=4),
+            _niah("niah_multiquery", "essay", "words", "numbers", queries=4),
+            TaskSpec("vt", "variable_tracking", "all", MappingProxyType({"num_chains": 1, "num_hops": 4})),
+            TaskSpec(
+                "cwe", "common_words_extraction", "all", MappingProxyType({"freq_cw": 30, "freq_ucw": 3, "num_cw": 10})
+            ),
+            TaskSpec("fwe", "freq_words_extraction", "all", MappingProxyType({"alpha": 2.0, "coded_wordlen": 6})),
+            TaskSpec("qa_1", "qa", "part", MappingProxyType({"dataset": "squad"})),
+            TaskSpec("qa_2", "qa", "part", MappingProxyType({"dataset": "hotpotqa"})),
+        )
+    }
+)
+assert tuple(SPECS) == TASKS
+
+
+def task_spec(task: str) -> TaskSpec:
+    from evalkit.errors import UserError
+
+    if task not in SPECS:
+        raise UserError(f"unknown RULER task {task!r}: choose from {', '.join(TASKS)}")
+    return SPECS[task]

@@ -1,0 +1,76 @@
+"""Word lists and random values for the synthetic tasks, all drawn from caller-owned RNGs.
+
+Keys and cwe words come from wonderwords' noun, adjective and verb lists (the package's data
+files, read directly: its random API uses the global RNG). Values are 7-digit numbers and
+version-4 uuids built from the caller's seeded random.Random, never from uuid.uuid4().
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from functools import cache
+
+_WORD_FILES = {"nouns": "nounlist.txt", "adjectives": "adjectivelist.txt", "verbs": "verblist.txt"}
+
+
+class WordListsMissing(RuntimeError):
+    """wonderwords is not installed; generators turn this into TaskDataMissing."""
+
+
+@cache
+def wonderwords_list(kind: str) -> tuple[str, ...]:
+    """One of wonderwords' lists, sorted and without duplicates (fixed order for seeded draws)."""
+    try:
+        from importlib.resources import files
+
+        text = (files("wonderwords") / "assets" / _WORD_FILES[kind]).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError) as error:
+        raise WordListsMissing("the word lists come from the wonderwords package: pip install wonderwords") from error
+    return tuple(sorted({line.strip() for line in text.splitlines() if line.strip()}))
+
+
+def random_number(rng: random.Random, digits: int = 7) -> str:
+    return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+
+
+def random_uuid(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def random_key_word(rng: random.Random) -> str:
+    """An adjective-noun pair: uniform over NVIDIA's product list without building its 6.2M entries."""
+    return f"{rng.choice(wonderwords_list('adjectives'))}-{rng.choice(wonderwords_list('nouns'))}"
+
+
+def random_value(kind: str, rng: random.Random) -> str:
+    if kind == "numbers":
+        return random_number(rng)
+    if kind == "words":
+        return random_key_word(rng)
+    if kind == "uuids":
+        return random_uuid(rng)
+    raise ValueError(f"unknown needle type {kind!r}")
+
+
+@cache
+def common_words_pool() -> tuple[str, ...]:
+    """cwe's words: wonderwords' nouns, adjectives and verbs, deduplicated and sorted."""
+    return tuple(
+        sorted(set(wonderwords_list("nouns")) | set(wonderwords_list("adjectives")) | set(wonderwords_list("verbs")))
+    )
+
+
+@cache
+def extra_prose_words() -> tuple[str, ...]:
+    """More distinct English words, for cwe lengths that need more than wonderwords' ~8.7K.
+
+    NVIDIA switches to a bundled English word list there; evalkit takes the lower-case words of
+    its built-in prose that wonderwords lacks (no download, a fixed order).
+    """
+    from evalkit.corpus import prose_text
+
+    known = set(common_words_pool())
+    found = set(re.findall(r"(?<![\w.])[a-z]{3,}(?![\w.])", prose_text()))
+    return tuple(sorted(found - known))
