@@ -28,7 +28,6 @@ probe_app = typer.Typer(
 app.add_typer(probe_app, name="probe")
 
 _PENDING = {
-    "ruler": ("Run RULER on checkpoints across context lengths (--avg: mean over a run's checkpoints).", 4),
     "general": ("Run lm-evaluation-harness tasks (mmlu, hellaswag, ...) on checkpoints.", 6),
     "leaderboard": ("Write leaderboards and plots from stored results, never re-running.", 7),
     "quickstart": ("The whole study end to end on a CPU: train tiny models, evaluate, leaderboard.", 7),
@@ -111,6 +110,49 @@ def bench_attention(
         if "flash" in skipped:
             notes += " flash-attn needs CUDA; its varlen layout is tested on CPU against an emulation."
         write_report(out, "Attention: forward+backward time vs full causal", command, conditions, table, notes)
+        console.print(f"wrote {out}")
+
+
+@bench_app.command("ruler-data")
+def bench_ruler_data(
+    lengths: str = typer.Option("4k,16k", "--lengths", help="Lengths, comma-separated."),
+    tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
+    samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
+    tokenizer: str = typer.Option("builtin", "--tokenizer", help="A checkpoint/tokenizer directory, or builtin."),
+    vocab_size: int = typer.Option(2048, "--vocab-size", help="Vocabulary of the built-in BPE."),
+    qa_dir: str = typer.Option(None, "--qa-dir", help="Directory with the QA datasets (else qa_1/qa_2 are skipped)."),
+    out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
+) -> None:
+    """Samples/s of RULER data generation per task and length (cache off, setup included)."""
+    from rich.console import Console
+
+    from evalkit.bench import ruler_data as bench
+    from evalkit.ruler.runner import parse_tasks
+
+    console = Console(stderr=True)
+    if tokenizer == "builtin":
+        from evalkit.corpus import builtin_tokenizer
+
+        tok = builtin_tokenizer(vocab_size)
+        described = f"built-in BPE, vocab {vocab_size}"
+    else:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(tokenizer)
+        except (OSError, ValueError) as err:
+            raise UserError(f"could not load a tokenizer from {tokenizer!r}: {str(err).splitlines()[0]}") from None
+        described = tokenizer
+    rows = bench.run(parse_tasks(tasks), parse_lengths(lengths), samples, tok, qa_dir=qa_dir,
+                     progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+    table = bench.to_markdown(rows)
+    typer.echo(table)
+    if out is not None:
+        from evalkit.bench.report import write_report
+
+        conditions = (f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
+                      "piece counts reset per task and length, so setup and verification are included.")  # fmt: skip
+        write_report(out, "RULER data generation speed", "evalkit " + " ".join(sys.argv[1:]), conditions, table)
         console.print(f"wrote {out}")
 
 
@@ -216,6 +258,82 @@ def probe_length(
     """D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right)."""
     _probe("length", ckpt, out, dict(texts=texts, lengths=lengths, n_texts=n, delta2=delta2, delta1=delta1,
                                      dtypes=dtypes, rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+
+
+@app.command("ruler")
+def ruler_command(
+    paths: list[str] = typer.Argument(None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False),
+    ckpts: list[str] = typer.Option(None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."),
+    avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std of the per-length task average)."),
+    last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
+    lengths: str = typer.Option("4k", "--lengths", help="Context lengths, comma-separated (4k = 4096)."),
+    tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
+    samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
+    seed: int = typer.Option(42, "--seed", help="Data seed (RULER's default 42)."),
+    essays: str = typer.Option(None, "--essays", help="Essay haystack: a text or JSON file of essays (default: built-in prose)."),
+    qa_dir: str = typer.Option(None, "--qa-dir", help="Directory with SQuAD v2 dev and HotpotQA dev-distractor JSON (qa_1, qa_2)."),
+    engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
+    dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
+    max_length: int = typer.Option(None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."),
+    out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
+) -> None:
+    """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
+    from rich.console import Console
+
+    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.ruler.runner import RulerSettings, parse_tasks, run_ruler
+
+    console = Console(stderr=True)
+    settings = RulerSettings(tasks=parse_tasks(tasks), lengths=parse_lengths(lengths), num_samples=samples, seed=seed,
+                             essays=essays, qa_dir=qa_dir, engine=engine, dtype=dtype, batch_size=batch_size,
+                             max_length=max_length)  # fmt: skip
+    if samples < 1 or batch_size < 1:
+        raise UserError("--samples and --batch-size must be at least 1")
+    refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
+    summaries = _run_with_progress(console, refs, settings, out)
+    _report_ruler(console, summaries, out, avg)
+
+
+def _run_with_progress(console, refs, settings, out: Path) -> list[dict]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from evalkit.ruler.runner import run_ruler
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:  # fmt: skip
+        tasks: dict = {}
+
+        def on_checkpoint(ref) -> None:
+            tasks.clear()
+            console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})")
+
+        def progress(task: str, length: int, done: int, total: int) -> None:
+            key = (task, length)
+            if key not in tasks:
+                tasks[key] = bar.add_task(f"  {task} @ {length}", total=total)
+            bar.update(tasks[key], completed=done)
+
+        return run_ruler(refs, settings, out, progress=progress, on_checkpoint=on_checkpoint)
+
+
+def _report_ruler(console, summaries: list[dict], out: Path, avg: bool) -> None:
+    from evalkit.results.tables import average_table, checkpoint_table
+    from evalkit.results_io import atomic_write_text
+
+    rows = [row for summary in summaries for row in summary["rows"]]
+    for summary in summaries:
+        for skip in summary["skipped"]:
+            console.print(f"skipped {skip['task']} @ {skip['length']} ({summary['run']} step {summary['step']}): {skip['reason']}")
+    if not rows:
+        raise UserError("no task produced a score (all skipped); see the reasons above")
+    typer.echo(checkpoint_table(rows))
+    if avg:
+        table = average_table(rows)
+        typer.echo("\n" + table)
+        atomic_write_text(out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `evalkit {' '.join(sys.argv[1:])}`\n\n{table}\n")
+        console.print(f"wrote {out / 'ruler-avg.md'}")
+    console.print(f"results in {out}")
 
 
 @app.command("train")

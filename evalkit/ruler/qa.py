@@ -68,7 +68,7 @@ def load_dataset(ctx: Context) -> QaData:
     name, file_name = DATASET_NAMES[dataset], DATASET_FILES[dataset][0]
     path = dataset_path(dataset, ctx.qa_dir)
     if path is None:
-        raise _missing(ctx, f"needs the {name} file: pass qa_dir= a folder holding {file_name}")
+        raise _missing(ctx, f"needs the {name} file: pass --qa-dir (qa_dir=) a folder holding {file_name}")
     if not path.is_file():
         raise _missing(ctx, f"{name} file not found: put {file_name} in {path.parent}")
     stat = path.stat()

@@ -1,0 +1,101 @@
+"""From the paths a user types to the checkpoints they mean.
+
+A path may be one checkpoint (a directory with config.json) or a run directory holding
+`step-<N>` checkpoints; shell globs expand before we see them, quoted globs expand here.
+Every checkpoint gets a run name (its run directory's name) and a step, which is how results
+are stored and averaged.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalkit.errors import UserError
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointRef:
+    run: str
+    step: int
+    path: Path
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _step_of(path: Path) -> int:
+    match = STEP_DIR.match(path.name)
+    if match:
+        return int(match.group(1))
+    meta = path / "meta.json"
+    if meta.is_file():
+        try:
+            return int(json.loads(meta.read_text()).get("step", 0))
+        except (ValueError, json.JSONDecodeError):
+            return 0
+    return 0
+
+
+def _run_checkpoints(run_dir: Path) -> list[CheckpointRef]:
+    found = []
+    for child in sorted(run_dir.iterdir()):
+        match = STEP_DIR.match(child.name)
+        if match and _is_checkpoint(child):
+            found.append(CheckpointRef(run_dir.name, int(match.group(1)), child.resolve()))
+    return found
+
+
+def _expand(pattern: str) -> list[Path]:
+    if any(ch in pattern for ch in "*?["):
+        return [Path(p) for p in sorted(glob.glob(pattern))]
+    return [Path(pattern)]
+
+
+def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[CheckpointRef]:
+    """Checkpoints named by `paths`, sorted by run then step; `last` keeps each run's newest N.
+
+    A UserError when a path holds no checkpoint, or two different runs share a name.
+    """
+    if not paths:
+        raise UserError("no checkpoint given: pass --ckpts PATH (a checkpoint or a run directory of step-* checkpoints)")
+    refs: list[CheckpointRef] = []
+    for pattern in paths:
+        matches = _expand(pattern)
+        if not matches:
+            raise UserError(f"{pattern} matches nothing")
+        for path in matches:
+            if _is_checkpoint(path):
+                run = path.parent.name if STEP_DIR.match(path.name) else path.name
+                refs.append(CheckpointRef(run, _step_of(path), path.resolve()))
+            elif path.is_dir() and (found := _run_checkpoints(path)):
+                refs.extend(found)
+            else:
+                raise UserError(f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints")
+    unique = sorted(set(refs))
+    _check_run_names(unique)
+    if last is not None:
+        unique = [ref for ref in unique if ref in _newest_per_run(unique, last)]
+    return unique
+
+
+def _check_run_names(refs: list[CheckpointRef]) -> None:
+    parents: dict[str, set[Path]] = {}
+    for ref in refs:
+        parents.setdefault(ref.run, set()).add(ref.path.parent if STEP_DIR.match(ref.path.name) else ref.path)
+    clashes = [run for run, dirs in parents.items() if len(dirs) > 1]
+    if clashes:
+        raise UserError(f"two different runs are both named {clashes[0]!r}; rename one of the run directories")
+
+
+def _newest_per_run(refs: list[CheckpointRef], last: int) -> set[CheckpointRef]:
+    keep: set[CheckpointRef] = set()
+    for run in {ref.run for ref in refs}:
+        keep.update(sorted(ref for ref in refs if ref.run == run)[-last:])
+    return keep

@@ -1,0 +1,155 @@
+"""`evalkit ruler`: RULER on checkpoints across lengths, stored per sample, resumable, averaged.
+
+For each checkpoint: one engine; for each length and task, the cached samples for that
+engine's tokenizer (evalkit.ruler.load_or_generate), greedy answers to those not yet in the
+sample log, then the task score. A task whose data is missing or that cannot fit a length is
+recorded as skipped, with the reason, never dropped or scored 0. Summaries are long-form rows
+(run, step, task, length, score, n) with provenance; --avg reduces them per run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from evalkit.errors import UserError
+from evalkit.provenance import stamp
+from evalkit.results.checkpoints import CheckpointRef
+from evalkit.results.store import SampleLog, checkpoint_dir
+from evalkit.results_io import atomic_write_json
+from evalkit.ruler.cache import cache_key, load_or_generate
+from evalkit.ruler.errors import TaskDoesNotFit, TaskSkipped
+from evalkit.ruler.metrics import sample_score, score
+from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
+
+SUMMARY = "ruler-summary.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+CHUNK = 32  # samples generated between durable appends: a kill loses at most one chunk's work
+
+
+@dataclass
+class RulerSettings:
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    lengths: list[int] = field(default_factory=lambda: [4096])
+    num_samples: int = DEFAULT_NUM_SAMPLES
+    seed: int = DEFAULT_SEED
+    essays: str | None = None
+    qa_dir: str | None = None
+    engine: str = "hf"
+    dtype: str | None = None
+    batch_size: int = 8
+    max_length: int | None = None
+
+    def data_options(self) -> dict:
+        return {"essays": self.essays, "qa_dir": self.qa_dir}
+
+
+def parse_tasks(text: str) -> list[str]:
+    if text.strip().lower() == "all":
+        return list(TASKS)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in TASKS]
+    if unknown or not names:
+        raise UserError(f"unknown RULER task {unknown[0] if unknown else text!r}; use all or any of: {', '.join(TASKS)}")
+    return names
+
+
+def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
+    """Before any work: the checkpoint has a tokenizer and a window long enough for every length."""
+    if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint")
+    config = json.loads((ref.path / "config.json").read_text())
+    config = config.get("text_config", config)
+    window = settings.max_length or config.get("max_position_embeddings")
+    if window is None:
+        raise UserError(f"{ref.path}/config.json has no max_position_embeddings; pass --max-length")
+    too_long = [n for n in settings.lengths if n > window]
+    if too_long:
+        raise UserError(
+            f"length {too_long[0]} is beyond the window of {ref.path} ({window} tokens); "
+            "drop it or pass --max-length to evaluate beyond the trained window (never truncated)"
+        )
+
+
+def _prompt_hash(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings, out: Path, progress) -> dict:
+    """Score one (task, length) on one checkpoint, resuming from its sample log."""
+    samples = load_or_generate(task, engine.tokenizer, length, settings.num_samples, settings.seed, **settings.data_options())
+    _, data_key = cache_key(task, engine.tokenizer, length, settings.num_samples, settings.seed, **settings.data_options())
+    log = SampleLog(checkpoint_dir(out, ref) / "ruler" / task / f"{length}.jsonl", data_key)
+    spec = task_spec(task)
+    todo = [s for s in samples if s.index not in log.done()]
+    progress(task, length, len(samples) - len(todo), len(samples))
+    for start in range(0, len(todo), CHUNK):
+        chunk = todo[start : start + CHUNK]
+        prompts = [s.input + s.answer_prefix for s in chunk]
+        for sample, prompt in zip(chunk, prompts):
+            fed = engine.count_tokens(prompt)
+            if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
+                raise RuntimeError(f"{task} sample {sample.index}: {fed} + {spec.max_new_tokens} tokens exceed {length}")
+        predictions = engine.generate(prompts, spec.max_new_tokens)
+        log.append([
+            {"index": s.index, "length": s.length, "prediction": p, "references": s.outputs,
+             "score": sample_score(task, p, s.outputs), "prompt_sha": _prompt_hash(prompt)}
+            for s, p, prompt in zip(chunk, predictions, prompts)
+        ])  # fmt: skip
+        progress(task, length, len(samples) - len(todo) + start + len(chunk), len(samples))
+    records = log.ordered()
+    value = score(task, [r["prediction"] for r in records], [r["references"] for r in records])
+    return {"run": ref.run, "step": ref.step, "task": task, "length": length, "score": value, "n": len(records),
+            "data_key": data_key}  # fmt: skip
+
+
+def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
+                        progress: Callable[[str, int, int, int], None]) -> dict:  # fmt: skip
+    """Every (length, task) of one checkpoint; writes and returns its summary."""
+    from evalkit.engines import get_engine
+
+    engine_settings = {"batch_size": settings.batch_size, "max_length": settings.max_length}
+    if settings.dtype:
+        engine_settings["dtype"] = settings.dtype
+    engine = get_engine(settings.engine, ref.path, **engine_settings)
+    rows, skipped = [], []
+    for length in settings.lengths:
+        for task in settings.tasks:
+            try:
+                rows.append(_evaluate_task(engine, ref, task, length, settings, out, progress))
+            except TaskSkipped as why:
+                entry = {"task": task, "length": length, "reason": why.reason}
+                if isinstance(why, TaskDoesNotFit):
+                    entry["min_length"] = why.min_length
+                skipped.append(entry)
+    summary = {
+        "benchmark": "ruler",
+        "run": ref.run,
+        "step": ref.step,
+        "checkpoint": str(ref.path),
+        "rows": [{k: v for k, v in row.items() if k != "data_key"} for row in rows],
+        "skipped": skipped,
+        "provenance": {
+            **stamp(),
+            "engine": engine.engine_info(),
+            "settings": asdict(settings),
+            "data_keys": {f"{row['task']}@{row['length']}": row["data_key"] for row in rows},
+        },
+    }
+    atomic_write_json(checkpoint_dir(out, ref) / SUMMARY, summary)
+    return summary
+
+
+def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path,
+              progress: Callable[[str, int, int, int], None] = lambda *_: None,
+              on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None) -> list[dict]:  # fmt: skip
+    for ref in refs:
+        check_checkpoint(ref, settings)
+    summaries = []
+    for ref in refs:
+        on_checkpoint(ref)
+        summaries.append(evaluate_checkpoint(ref, settings, out, progress))
+    return summaries

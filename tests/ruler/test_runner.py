@@ -1,0 +1,128 @@
+"""`evalkit ruler` end to end on a tiny model trained by `evalkit train`: outputs, --avg, resume."""
+
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evalkit.train.loop import train
+from tests.train.helpers import micro_config
+
+EVALKIT = [sys.executable, "-m", "evalkit.cli"]
+TASKS = "niah_single_1,niah_multikey_2,fwe,cwe"  # cwe cannot fit 512/1024 with this tokenizer: skipped
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Two checkpoints (steps 2 and 4) of a micro model whose window is 1024 tokens."""
+    out = tmp_path_factory.mktemp("runs") / "micro-anchor"
+    config = micro_config(out, "model.max_position_embeddings=1024", max_steps=4)
+    return train(config, show_progress=False)
+
+
+def ruler(*args, **kwargs):
+    return subprocess.run([*EVALKIT, "ruler", *args], capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def summaries(out: Path) -> dict[int, dict]:
+    return {int(p.parent.name.split("-")[1]): json.loads(p.read_text()) for p in out.glob("*/step-*/ruler-summary.json")}
+
+
+def test_end_to_end_outputs_and_average(tiny_run, tmp_path):
+    out = tmp_path / "results"
+    result = ruler("--ckpts", str(tiny_run), "--lengths", "512,1024", "--tasks", TASKS, "--samples", "3", "--avg",
+                   "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = summaries(out)
+    assert sorted(found) == [2, 4]
+    for step, summary in found.items():
+        assert summary["run"] == "micro-anchor" and summary["step"] == step
+        assert {(r["task"], r["length"]) for r in summary["rows"]} == {
+            (t, n) for t in ("niah_single_1", "niah_multikey_2", "fwe") for n in (512, 1024)
+        }
+        assert all(r["n"] == 3 and 0 <= r["score"] <= 100 for r in summary["rows"])
+        assert {(s["task"], s["length"]) for s in summary["skipped"]} == {("cwe", 512), ("cwe", 1024)}
+        assert all(s["min_length"] > 1024 for s in summary["skipped"])
+        provenance = summary["provenance"]
+        assert provenance["engine"]["engine"] == "hf" and provenance["engine"]["dtype"] == "fp32"
+        assert provenance["git_hash"] and provenance["evalkit_version"]
+        assert set(provenance["data_keys"]) == {f"{r['task']}@{r['length']}" for r in summary["rows"]}
+        log = out / "micro-anchor" / f"step-{step}" / "ruler" / "niah_single_1" / "512.jsonl"
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [r["index"] for r in records] == [0, 1, 2]
+        assert all(r["length"] + 128 <= 512 and r["references"] for r in records)
+
+    # The --avg table against a computation from the summaries, done here by hand.
+    table = (out / "ruler-avg.md").read_text()
+    for length in (512, 1024):
+        per_checkpoint = [
+            statistics.fmean(r["score"] for r in found[step]["rows"] if r["length"] == length) for step in (2, 4)
+        ]
+        expected = f"{statistics.fmean(per_checkpoint):.2f} ± {statistics.pstdev(per_checkpoint):.2f}"
+        assert expected in table
+    assert "| micro-anchor | 2, 4 |" in table
+    assert "skipped cwe @ 512" in result.stderr
+
+
+def test_rerun_computes_nothing_and_kill_resume_equals_straight_run(tiny_run, tmp_path):
+    args = ["--ckpts", str(tiny_run / "step-4"), "--lengths", "1024", "--tasks", "niah_single_1,fwe", "--samples", "40",
+            "--batch-size", "4"]  # fmt: skip
+    straight = tmp_path / "straight"
+    assert ruler(*args, "--out", str(straight)).returncode == 0
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*EVALKIT, "ruler", *args, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = killed / "micro-anchor" / "step-4" / "ruler" / "niah_single_1" / "1024.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (log.exists() and log.read_text().count("\n") >= 32):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = log.read_text().count("\n") if log.exists() else 0
+    assert 0 < partial < 40  # killed mid-task, after the first durable chunk
+
+    resumed = ruler(*args, "--out", str(killed))
+    assert resumed.returncode == 0, resumed.stderr
+    lines = lambda root: (root / "micro-anchor/step-4/ruler/niah_single_1/1024.jsonl").read_text().splitlines()  # noqa: E731
+    by_index = lambda root: {json.loads(l)["index"]: json.loads(l) for l in lines(root)}  # noqa: E731,E741
+    assert by_index(killed) == by_index(straight)  # no sample lost, none different
+    assert summaries(killed)[4]["rows"] == summaries(straight)[4]["rows"]
+
+    before = log.stat().st_mtime_ns
+    again = ruler(*args, "--out", str(killed))
+    assert again.returncode == 0 and log.stat().st_mtime_ns == before  # nothing recomputed
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ckpts", "/no/such/run"], "no checkpoint at /no/such/run"),
+        (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
+        (["--lengths", "4q"], "could not read length '4q'"),
+        (["--lengths", "2048"], "length 2048 is beyond the window"),
+    ],
+)
+def test_bad_input_is_one_line_error(tiny_run, tmp_path, args, message):
+    if "--ckpts" not in args:
+        args = ["--ckpts", str(tiny_run), *args]
+    result = ruler(*args, "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_without_tokenizer_is_refused(tiny_run, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare" / "step-4"
+    shutil.copytree(tiny_run / "step-4", bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink()
+    result = ruler("--ckpts", str(bare), "--lengths", "512", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "has no tokenizer files" in result.stderr
