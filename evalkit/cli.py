@@ -215,34 +215,29 @@ _DEVICE = typer.Option(None, "--device", help="auto, cpu or cuda.")
 _OUT = typer.Option(None, "--out", help="Output directory (default results/probe/<checkpoint name>).")
 
 
-@probe_app.command("shift")
-def probe_shift(
-    ckpt: str = _CKPT, texts: str = _TEXTS,
-    seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
-    n: int = _N, delta2: int = _DELTA2,
-    delta1: str = typer.Option(None, "--delta1", help="Shifts Δ1, comma-separated (default the paper's list)."),
-    dtypes: str = _DTYPES, rope: str = _ROPE,
-    random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
-    seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
-) -> None:  # fmt: skip
-    """D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left)."""
-    _probe("shift", ckpt, out, dict(texts=texts, seq_len=seq, n_texts=n, delta2=delta2, delta1=delta1, dtypes=dtypes,
-                                    rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
+    """shift and tokens take the same options: one T, several Δ1."""
 
-
-@probe_app.command("tokens")
-def probe_tokens(
-    ckpt: str = _CKPT, texts: str = _TEXTS,
-    seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
-    n: int = _N, delta2: int = _DELTA2,
-    delta1: str = typer.Option(None, "--delta1", help="Shifts Δ1 (default 0)."),
-    dtypes: str = _DTYPES, rope: str = _ROPE,
-    random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
-    seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
-) -> None:  # fmt: skip
-    """The difference per key column and the first token's share of it (Fig. 1 middle)."""
-    _probe("tokens", ckpt, out, dict(texts=texts, seq_len=seq, n_texts=n, delta2=delta2, delta1=delta1, dtypes=dtypes,
+    def command(
+        ckpt: str = _CKPT, texts: str = _TEXTS,
+        seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
+        n: int = _N, delta2: int = _DELTA2,
+        delta1: str = typer.Option(None, "--delta1", help=delta1_help),
+        dtypes: str = _DTYPES, rope: str = _ROPE,
+        random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
+        seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
+    ) -> None:  # fmt: skip
+        _probe(kind, ckpt, out, dict(texts=texts, seq_len=seq, n_texts=n, delta2=delta2, delta1=delta1, dtypes=dtypes,
                                      rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+
+    command.__doc__ = summary
+    probe_app.command(kind)(command)
+
+
+_probe_over_texts("shift", "D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left).",
+                  "Shifts Δ1, comma-separated (default the paper's list).")
+_probe_over_texts("tokens", "The difference per key column and the first token's share of it (Fig. 1 middle).",
+                  "Shifts Δ1 (default 0).")
 
 
 @probe_app.command("length")
