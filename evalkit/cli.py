@@ -29,7 +29,6 @@ app.add_typer(probe_app, name="probe")
 
 _PENDING = {
     "general": ("Run lm-evaluation-harness tasks (mmlu, hellaswag, ...) on checkpoints.", 6),
-    "leaderboard": ("Write leaderboards and plots from stored results, never re-running.", 7),
     "quickstart": ("The whole study end to end on a CPU: train tiny models, evaluate, leaderboard.", 7),
 }
 
@@ -329,6 +328,42 @@ def _report_ruler(console, summaries: list[dict], out: Path, avg: bool) -> None:
         atomic_write_text(out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `evalkit {' '.join(sys.argv[1:])}`\n\n{table}\n")
         console.print(f"wrote {out / 'ruler-avg.md'}")
     console.print(f"results in {out}")
+
+
+@app.command("leaderboard")
+def leaderboard_command(
+    dirs: list[Path] = typer.Argument(None, help="Results directories (default: results/ruler and results/general).", show_default=False),
+    out: Path = typer.Option(Path("results/leaderboard.md"), "--out", help="The markdown file to write."),
+    plots: Path = typer.Option(None, "--plots", help="Directory for the PNG/SVG plots (default: plots/ beside --out)."),
+) -> None:
+    """Write leaderboards and plots from stored results, never re-running."""
+    import os
+
+    from evalkit.results import leaderboard, plots as plotting
+    from evalkit.results_io import atomic_write_text
+
+    chosen = dirs or [d for d in (Path("results/ruler"), Path("results/general")) if d.is_dir()]
+    if not chosen:
+        raise UserError("no results directory given and neither results/ruler nor results/general exists")
+    for directory in chosen:
+        if not directory.is_dir():
+            raise UserError(f"results directory {directory} does not exist")
+    markdown, ruler, general = leaderboard.build_markdown(chosen)
+    plots_dir = plots or out.parent / "plots"
+    written = []
+    if ruler:
+        rows = [row for summary in ruler for row in summary["rows"]]
+        written += plotting.ruler_vs_length(rows, plots_dir / "ruler-vs-length")
+        written += plotting.ruler_vs_step(rows, plots_dir / "ruler-vs-step")
+    if general:
+        written += plotting.general_bars(general, plots_dir / "general")
+    figures = [p for p in written if p.suffix == ".png"]
+    if figures:
+        markdown += "## Plots\n\n" + "\n".join(
+            f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"  # fmt: skip
+    atomic_write_text(out, markdown)
+    typer.echo(markdown)
+    typer.echo(f"wrote {out} and {len(written)} plot files in {plots_dir}", err=True)
 
 
 @app.command("train")

@@ -74,6 +74,19 @@ def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
         )
 
 
+def checkpoint_meta(path: Path) -> dict:
+    """What the trainer recorded about a checkpoint (paradigm, config, step, data); {} for others."""
+    meta = path / "meta.json"
+    if not meta.is_file():
+        return {}
+    try:
+        data = json.loads(meta.read_text())
+    except json.JSONDecodeError:
+        return {}
+    keep = ("step", "tokens_seen", "paradigm", "config", "data_fingerprint", "tokenizer_fingerprint", "git_hash")
+    return {key: data[key] for key in keep if key in data}
+
+
 def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
@@ -134,6 +147,7 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
         "skipped": skipped,
         "provenance": {
             **stamp(),
+            "checkpoint_meta": checkpoint_meta(ref.path),
             "engine": engine.engine_info(),
             "settings": asdict(settings),
             "data_keys": {f"{row['task']}@{row['length']}": row["data_key"] for row in rows},

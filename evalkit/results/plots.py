@@ -1,0 +1,105 @@
+"""Leaderboard plots (matplotlib, Agg; PNG and SVG): RULER vs length, RULER vs step, general bars."""
+
+from __future__ import annotations
+
+import io
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from evalkit.results.aggregate import per_checkpoint_length_means
+from evalkit.results.leaderboard import ruler_cells
+from evalkit.results_io import atomic_write_bytes, atomic_write_text
+
+
+def _save(figure, stem: Path) -> list[Path]:
+    png, svg = io.BytesIO(), io.StringIO()
+    figure.tight_layout()
+    figure.savefig(png, format="png", dpi=150)
+    figure.savefig(svg, format="svg")
+    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
+    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
+    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def ruler_vs_length(rows: list[dict], stem: Path) -> list[Path]:
+    """One line per run: the checkpoint mean at each length, the band one std either side."""
+    plt = _pyplot()
+    cells = ruler_cells(rows)
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for run in sorted({run for run, _ in cells}):
+        lengths = sorted(n for r, n in cells if r == run)
+        means = [cells[(run, n)].mean for n in lengths]
+        stds = [cells[(run, n)].std for n in lengths]
+        line, = axes.plot(lengths, means, marker="o", label=run)
+        axes.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                          color=line.get_color(), alpha=0.2)  # fmt: skip
+    axes.set_xscale("log", base=2)
+    all_lengths = sorted({n for _, n in cells})
+    axes.set_xticks(all_lengths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in all_lengths])
+    axes.minorticks_off()
+    axes.set(xlabel="context length (tokens)", ylabel="RULER score (task average)", ylim=(-2, 102),
+             title="RULER vs context length (band: spread over checkpoints)")  # fmt: skip
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    paths = _save(figure, stem)
+    plt.close(figure)
+    return paths
+
+
+def ruler_vs_step(rows: list[dict], stem: Path) -> list[Path]:
+    """The paper's Fig. 4 view: each checkpoint's RULER average (over lengths) against its step."""
+    plt = _pyplot()
+    per_step: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows).items():
+        per_step[run][step].append(mean)
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for run in sorted(per_step):
+        steps = sorted(per_step[run])
+        axes.plot(steps, [statistics.fmean(per_step[run][s]) for s in steps], marker="o", label=run)
+    axes.set(xlabel="training step", ylabel="RULER score (average over lengths)", ylim=(-2, 102),
+             title="RULER across a run's checkpoints")  # fmt: skip
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    paths = _save(figure, stem)
+    plt.close(figure)
+    return paths
+
+
+def general_bars(general: list[dict], stem: Path) -> list[Path]:
+    """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers."""
+    plt = _pyplot()
+    values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
+    for summary in general:
+        for row in summary.get("rows", []):
+            values[(row["run"], f"{row['task']}\n{row['metric']}")].append((float(row["value"]), row.get("stderr")))
+    columns = sorted({c for _, c in values})
+    runs = sorted({r for r, _ in values})
+    figure, axes = plt.subplots(figsize=(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2), 4.2))
+    width = 0.8 / max(1, len(runs))
+    for i, run in enumerate(runs):
+        xs, heights, errors = [], [], []
+        for j, column in enumerate(columns):
+            entries = values.get((run, column))
+            if not entries:
+                continue
+            xs.append(j + i * width)
+            heights.append(statistics.fmean(v for v, _ in entries))
+            errs = [e for _, e in entries if e is not None]
+            errors.append(statistics.fmean(errs) if errs else 0.0)
+        axes.bar(xs, heights, width=width, yerr=errors, capsize=3, label=run)
+    axes.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, fontsize=7)
+    axes.set(ylabel="score", title="General tasks (mean over checkpoints; whiskers: stderr)")
+    axes.legend(fontsize=8)
+    paths = _save(figure, stem)
+    plt.close(figure)
+    return paths
