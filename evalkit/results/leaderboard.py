@@ -185,13 +185,17 @@ def settings_notes(infos: dict[str, RunInfo]) -> str:
     return "\n".join(lines)
 
 
+def headline_rows(general: list[dict]) -> list[dict]:
+    """The rows of the tasks users asked for (mmlu itself, not its 57 subjects)."""
+    return [row for summary in general for row in summary.get("rows", []) if row.get("requested", row["task"]) == row["task"]]
+
+
 def general_table(general: list[dict]) -> str:
     """One row per run, one column per task/metric: mean over checkpoints ± stderr (mean of stderrs)."""
     values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
-    for summary in general:
-        for row in summary.get("rows", []):
-            column = f"{row['task']} {row['metric']}"
-            values[(row["run"], column)].append((float(row["value"]), row.get("stderr")))
+    for row in headline_rows(general):
+        column = f"{row['task']} {row['metric']}"
+        values[(row["run"], column)].append((float(row["value"]), row.get("stderr")))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     lines = ["| run | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from evalkit.results.aggregate import per_checkpoint_length_means
-from evalkit.results.leaderboard import ruler_cells
+from evalkit.results.leaderboard import headline_rows, ruler_cells
 from evalkit.results_io import atomic_write_bytes, atomic_write_text
 
 
@@ -79,9 +79,8 @@ def general_bars(general: list[dict], stem: Path) -> list[Path]:
     """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers."""
     plt = _pyplot()
     values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
-    for summary in general:
-        for row in summary.get("rows", []):
-            values[(row["run"], f"{row['task']}\n{row['metric']}")].append((float(row["value"]), row.get("stderr")))
+    for row in headline_rows(general):
+        values[(row["run"], f"{row['task']}\n{row['metric']}")].append((float(row["value"]), row.get("stderr")))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     figure, axes = plt.subplots(figsize=(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2), 4.2))

@@ -1,0 +1,35 @@
+"""General tasks (mmlu, hellaswag, any lm-evaluation-harness task or group) on evalkit's engines.
+
+    evalkit general --ckpts PATH... --tasks mmlu,hellaswag [--num-fewshot N] [--limit N]
+                    [--engine hf|vllm] [--dtype bf16|fp16|fp32] [--batch-size N] [--avg]
+                    [--include-path DIR] [--out DIR]
+
+lm-eval defines the tasks, prompts, few-shot sampling and metrics; evalkit answers its requests
+with the engine RULER uses (adapter.EngineLM), so a checkpoint is scored with one dtype, attention
+and tokenization everywhere. mmlu is 5-shot and hellaswag 0-shot unless --num-fewshot says
+otherwise (catalog.STANDARD_FEWSHOT); other tasks keep lm-eval's defaults. A request longer
+than the model window is never truncated: the task is skipped, with the count, and the other
+tasks run. The repository's tasks/ folder (offline fixtures with mmlu's and hellaswag's shapes)
+is always on the include path.
+
+    from evalkit.general import run_general, parse_tasks
+    run = run_general(refs, parse_tasks("mmlu,hellaswag"), out=Path("results/general"),
+                      engine_settings={"dtype": "bf16", "batch_size": 8}, avg=True)
+    run.rows, run.skipped, run.averages        # long-form rows; tables.checkpoint_table(run.rows)
+
+Nothing heavy is imported here: lm_eval and transformers load when a run starts.
+"""
+
+from evalkit.general.runner import DEFAULT_OUT, GeneralRun, GeneralSettings, parse_tasks, run_general
+from evalkit.general.tables import average_table, checkpoint_table, run_averages
+
+__all__ = [
+    "DEFAULT_OUT",
+    "GeneralRun",
+    "GeneralSettings",
+    "average_table",
+    "checkpoint_table",
+    "parse_tasks",
+    "run_averages",
+    "run_general",
+]

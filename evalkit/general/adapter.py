@@ -1,0 +1,140 @@
+"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine.
+
+lm-eval builds the prompts, few-shot contexts and metrics; this adapter only answers its three
+request types with the engine a checkpoint is scored by everywhere else in evalkit (same dtype,
+attention, tokenization, BOS handling):
+
+    loglikelihood          Instance.args = (context, continuation) -> (sum log p, is_greedy)
+    loglikelihood_rolling  Instance.args = (text,)                  -> total log p (windowed, never cut)
+    generate_until         Instance.args = (context, gen_kwargs)    -> greedy text up to a stop string
+
+Where lm-eval's own HF model would silently drop the start of a context that does not fit the
+window, the adapter checks every request of a call before computing anything and, if any does
+not fit, raises RequestsExceedWindow with how many and how long: the task is then reported as
+skipped with that count, never scored on truncated prompts. Sampling is refused the same way,
+since evalkit's engines decode greedily.
+
+This module imports lm_eval at the top (the class derives from its LM): import it lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lm_eval.api.model import LM
+
+from evalkit.engines import Engine
+from evalkit.engines import tokens as tok
+from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
+
+DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's HF model default, for tasks whose YAML sets no limit
+CHUNK = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
+
+Progress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
+
+
+class EngineLM(LM):
+    """An evalkit Engine as an lm-eval LM (single process, greedy, no truncation)."""
+
+    def __init__(self, engine: Engine, progress: Progress | None = None) -> None:
+        super().__init__()
+        self.engine = engine
+        self.progress: Progress = progress or (lambda _kind, _done, _total: None)
+
+    # lm-eval reads these to record tokenizer facts in its result JSON.
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_length(self) -> int:
+        return self.engine.max_length
+
+    @property
+    def eot_token_id(self) -> int | None:
+        return self.engine.tokenizer.eos_token_id
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Merged into the `config` of lm-eval's result JSON: what scored the task."""
+        return {"evalkit_engine": self.engine.engine_info()}
+
+    # ------------------------------------------------------------------ the three request types
+
+    def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
+        # Split once, with the same rule every evalkit engine uses (tokens.encode_pair), so the
+        # window check below sees exactly the tokens the engine will feed.
+        tokenizer = self.engine.tokenizer
+        encoded = [tok.encode_pair(tokenizer, context, continuation) for context, continuation in _args(requests)]
+        fed = [len(context) + len(continuation) - 1 for context, continuation in encoded]  # the last is only predicted
+        _refuse_overflow("loglikelihood", fed, self.engine.max_length)
+        order = sorted(range(len(encoded)), key=lambda i: -fed[i])  # similar lengths share engine batches
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(encoded)
+        for start in range(0, len(order), CHUNK):
+            chunk = order[start : start + CHUNK]
+            scores = self.engine.loglikelihood_tokens([encoded[i] for i in chunk])
+            for i, (logprob, greedy) in zip(chunk, scores):
+                results[i] = (float(logprob), bool(greedy))
+            self.progress("loglikelihood", start + len(chunk), len(order))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
+        # The engine cuts long texts into windows that score every token once: nothing to refuse.
+        texts = [args[0] for args in _args(requests)]
+        results: list[float] = []
+        for start in range(0, len(texts), CHUNK):
+            results.extend(float(x) for x in self.engine.loglikelihood_rolling(texts[start : start + CHUNK]))
+            self.progress("loglikelihood_rolling", len(results), len(texts))
+        return results
+
+    def generate_until(self, requests: list[Any]) -> list[str]:
+        arguments = _args(requests)
+        settings = [_greedy_settings(gen_kwargs) for _context, gen_kwargs in arguments]
+        prompts = [context for context, _gen_kwargs in arguments]
+        needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
+        _refuse_overflow("generate_until", needed, self.engine.max_length)
+        outputs: list[str | None] = [None] * len(prompts)
+        done = 0
+        for (stop, max_new_tokens), indices in _grouped(settings).items():
+            indices.sort(key=lambda i: -needed[i])
+            for start in range(0, len(indices), CHUNK):
+                chunk = indices[start : start + CHUNK]
+                texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
+                for i, text in zip(chunk, texts):
+                    outputs[i] = text  # never None: prompts that do not fit were refused above
+                done += len(chunk)
+                self.progress("generate_until", done, len(prompts))
+        return [text or "" for text in outputs]
+
+
+def _args(requests: Sequence[Any]) -> list[tuple]:
+    """Each request's arguments: lm-eval Instances expose them as .args."""
+    return [request.args for request in requests]
+
+
+def _refuse_overflow(request_type: str, needed: list[int], window: int) -> None:
+    too_long = [n for n in needed if n > window]
+    if too_long:
+        raise RequestsExceedWindow(request_type, len(too_long), len(needed), max(too_long), window)
+
+
+def _greedy_settings(gen_kwargs: dict) -> tuple[tuple[str, ...], int]:
+    """(stop strings, max new tokens) of one generate_until request; sampling is refused."""
+    from lm_eval.models.utils import normalize_gen_kwargs
+
+    # lm-eval's own normalisation: max_gen_toks and its aliases, do_sample implied by temperature.
+    kwargs = normalize_gen_kwargs(dict(gen_kwargs or {}), DEFAULT_MAX_GEN_TOKS)
+    if kwargs.get("do_sample"):
+        raise TaskCannotRun(
+            f"the task samples (generation settings {dict(gen_kwargs)}); evalkit's engines decode greedily only"
+        )
+    stop = tuple(s for s in kwargs["until"] if s)
+    return stop, int(kwargs["max_gen_toks"])
+
+
+def _grouped(settings: list[tuple[tuple[str, ...], int]]) -> dict[tuple[tuple[str, ...], int], list[int]]:
+    """Request indices per distinct generation setting: one engine call serves one setting."""
+    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
+    for i, setting in enumerate(settings):
+        groups.setdefault(setting, []).append(i)
+    return groups

@@ -1,0 +1,255 @@
+"""Which lm-eval tasks exist, how each is loaded, and with how many shots it is scored.
+
+    TaskCatalog(include_paths)    lm-eval's TaskManager over evalkit's tasks/ and the user's folders
+    catalog.check(names)          a UserError for a name lm-eval does not know (with a close match)
+    catalog.fewshot(name, given)  the shots to ask for: given, else evalkit's standard, else lm-eval's
+    catalog.load(name)            the Task/Group objects; a dataset that cannot be had is a DatasetUnavailable
+    catalog.loading(name)         the context to load and run a task in: offline for evalkit's own fixtures
+
+Standard settings (the paper's general tasks; written down because the paper does not state them):
+mmlu is 5-shot, as in the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0);
+hellaswag is 0-shot and reports acc and acc_norm (lm-eval's default). Every other task keeps
+lm-eval's default unless --num-fewshot is given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import UserError
+from evalkit.general.errors import DatasetUnavailable
+
+TASKS_DIR = (
+    Path(__file__).resolve().parents[2] / "tasks"
+)  # the repository's lm-eval task YAMLs, as configs/ for recipes
+OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+STANDARD_FEWSHOT = {"mmlu": 5, "hellaswag": 0}
+
+
+def default_include_paths(extra: list[str | Path] | None = None) -> list[Path]:
+    """evalkit's tasks/ folder (when this is a checkout that has it), then the user's folders.
+
+    lm-eval lets later folders override earlier ones, so a user's task of the same name wins.
+    """
+    paths = [TASKS_DIR] if TASKS_DIR.is_dir() else []
+    for path in extra or []:
+        path = Path(path).expanduser().resolve()
+        if not path.is_dir():
+            raise UserError(f"--include-path {path} is not a directory of lm-eval task YAMLs")
+        if path not in paths:
+            paths.append(path)
+    return paths
+
+
+class TaskCatalog:
+    """lm-eval's task index over the include paths, built only as large as the requested names need."""
+
+    def __init__(self, include_paths: list[Path], names: list[str]) -> None:
+        from lm_eval.tasks import TaskManager
+
+        self.include_paths = include_paths
+        self.unavailable: dict[str, str] = {}  # name -> reason: tried once per run, not once per checkpoint
+        # lm-eval's own index parses ~15k YAML files (10-20 s); skip it when every requested name is
+        # defined in the include paths (evalkit's fixtures, a user's folder of tasks).
+        manager = TaskManager(include_path=include_paths, include_defaults=False) if include_paths else None
+        self.complete = manager is None or not set(names) <= set(manager.all_tasks)
+        self.manager = TaskManager(include_path=include_paths or None) if self.complete else manager
+
+    def check(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.manager.task_index:
+                close = difflib.get_close_matches(name, self.manager.all_tasks, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise UserError(
+                    f"unknown lm-eval task or group {name!r}{hint}; list them with `lm-eval ls tasks`, "
+                    "or add a folder of task YAMLs with --include-path"
+                )
+
+    def fewshot(self, name: str, given: int | None) -> tuple[int | None, str]:
+        """(shots to ask lm-eval for, where that number comes from); None keeps the task's default."""
+        if given is not None:
+            return given, "given"
+        standard = self._standard_name(name)
+        if standard is not None:
+            return STANDARD_FEWSHOT[standard], f"evalkit standard for {standard}"
+        return None, "lm-eval default"
+
+    def is_fixture(self, name: str) -> bool:
+        """Whether `name` is defined by evalkit's own tasks/ folder (local data, no download)."""
+        entry = self.manager.task_index.get(name)
+        return entry is not None and _is_under(entry.yaml_path, TASKS_DIR)
+
+    @contextmanager
+    def loading(self, name: str) -> Iterator[None]:
+        """Where to load and run `name`: offline and quiet for evalkit's fixtures, as is for the rest."""
+        if not self.is_fixture(name):
+            yield
+            return
+        # lm-eval tells CLI users of custom_dataset tasks about --metadata; the fixtures take none.
+        with hub_offline(), quiet_logger("lm_eval.api.task", ("Custom kwargs can be passed",)):
+            yield
+
+    def load(self, name: str) -> list[Any]:
+        """The top-level Task/Group objects of `name`, data loaded; DatasetUnavailable if it cannot be.
+
+        A failure is remembered: without network each try costs the hub client's retries (~25 s),
+        and the next checkpoints would only fail the same way.
+        """
+        if name in self.unavailable:
+            raise DatasetUnavailable(self.unavailable[name])
+        try:
+            loaded = self.manager.load([name])
+        except Exception as err:  # datasets, hub and file errors differ by version and backend: all are data errors
+            if isinstance(err, KeyError) and not self.complete:
+                # A group in the include paths made of lm-eval's own tasks: those need the full index.
+                self._complete_index()
+                return self.load(name)
+            self.unavailable[name] = _unavailable_reason(name, err)
+            raise DatasetUnavailable(self.unavailable[name]) from err
+        if name in loaded.get("groups", {}):
+            return [loaded["groups"][name]]
+        if name in loaded["tasks"]:
+            return [loaded["tasks"][name]]
+        return list(loaded["tasks"].values())  # a tag: the tasks it names
+
+    def _complete_index(self) -> None:
+        from lm_eval.tasks import TaskManager
+
+        self.manager = TaskManager(include_path=self.include_paths or None)
+        self.complete = True
+
+    def _standard_name(self, name: str) -> str | None:
+        """'mmlu' for lm-eval's mmlu group and its parts, 'hellaswag' for hellaswag, else None."""
+        entry = self.manager.task_index.get(name)
+        if entry is None or entry.yaml_path is None:
+            return None
+        if name == "hellaswag" and _is_under(entry.yaml_path, _lm_eval_tasks_dir() / "hellaswag"):
+            return "hellaswag"
+        if _is_under(entry.yaml_path, _lm_eval_tasks_dir() / "mmlu" / "default"):
+            return "mmlu"
+        return None
+
+
+def _lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+def _is_under(path: Path | None, folder: Path) -> bool:
+    return path is not None and Path(path).resolve().is_relative_to(folder.resolve())
+
+
+# ---------------------------------------------------------------------- data that cannot be had
+
+
+def _unavailable_reason(name: str, err: BaseException) -> str:
+    """One line: the dataset that failed, the library's own first line, and what to do about it."""
+    dataset, loads_through_hub = _failing_dataset(err)
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    where = f"dataset {dataset}" if dataset else f"{name} or its dataset"
+    reason = f"{where} could not be loaded ({type(err).__name__}: {first_line})"
+    if loads_through_hub:
+        call = f"datasets.load_dataset({_dataset_call_arguments(err)})"
+        reason += (
+            "; it is neither in the Hugging Face cache nor reachable: run once where the hub is reachable to fill "
+            f'the cache (or pre-download it: python -c "import datasets; {call}"), then HF_DATASETS_OFFLINE=1 '
+            "HF_HUB_OFFLINE=1 make runs read the cache without network"
+        )
+    return reason
+
+
+def _failing_task(err: BaseException) -> Any | None:
+    """The lm-eval Task whose data loading raised `err`: the innermost frame of a Task method."""
+    found = None
+    traceback = err.__traceback__
+    while traceback is not None:
+        candidate = traceback.tb_frame.f_locals.get("self")
+        if candidate is not None and hasattr(candidate, "DATASET_PATH") and hasattr(candidate, "config"):
+            found = candidate
+        traceback = traceback.tb_next
+    return found
+
+
+def _failing_dataset(err: BaseException) -> tuple[str | None, bool]:
+    """(a name for the dataset that failed, whether it loads through datasets/the hub)."""
+    task = _failing_task(err)
+    if task is None:
+        return None, False
+    kwargs = getattr(task.config, "dataset_kwargs", None) or {}
+    if getattr(task.config, "custom_dataset", None) is not None:  # a local loader: name what it reads
+        files = [str(v) for k, v in kwargs.items() if "file" in k]
+        return (", ".join(files) or task.config.task), False
+    path, config_name = task.DATASET_PATH, getattr(task, "DATASET_NAME", None)
+    if kwargs.get("data_files"):
+        return f"{path} ({kwargs['data_files']})", False
+    return (f"{path} ({config_name})" if config_name else str(path)), True
+
+
+def _dataset_call_arguments(err: BaseException) -> str:
+    task = _failing_task(err)
+    if task is None:
+        return "..."
+    config_name = getattr(task, "DATASET_NAME", None)
+    return repr(task.DATASET_PATH) + (f", {config_name!r}" if config_name else "")
+
+
+# ---------------------------------------------------------------------- offline fixtures
+
+
+@contextmanager
+def hub_offline() -> Iterator[None]:
+    """huggingface_hub and datasets in offline mode for the duration, then as they were.
+
+    Both libraries read the switches from the environment once, at import, into module constants:
+    setting the environment alone would not reach them, and leaving it set would make the next
+    (real) task offline too. So the environment and the constants are set, then restored.
+    """
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved_environment = {name: os.environ.get(name) for name in OFFLINE_VARIABLES}
+    constants = [(huggingface_hub.constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE"),
+                 (datasets.config, "HF_DATASETS_OFFLINE")]  # fmt: skip
+    saved_constants = [getattr(module, attribute, None) for module, attribute in constants]
+    os.environ.update({name: "1" for name in OFFLINE_VARIABLES})
+    for module, attribute in constants:
+        setattr(module, attribute, True)
+    try:
+        yield
+    finally:
+        for name, value in saved_environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for (module, attribute), value in zip(constants, saved_constants):
+            setattr(module, attribute, value)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, fragments: tuple[str, ...]) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
+@contextmanager
+def quiet_logger(name: str, fragments: tuple[str, ...]) -> Iterator[None]:
+    """Drop the messages of logger `name` that contain any of `fragments`, for the duration."""
+    logger = logging.getLogger(name)
+    quiet = _DropMessages(fragments)
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

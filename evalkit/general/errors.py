@@ -1,0 +1,34 @@
+"""Why a task is skipped: raised while loading or running it, recorded with its one-line reason."""
+
+from __future__ import annotations
+
+
+class TaskCannotRun(Exception):
+    """A task evalkit cannot run as asked; `reason` is one line for the user and the skip record."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class DatasetUnavailable(TaskCannotRun):
+    """A task whose data could not be loaded (not cached and no network, no such file)."""
+
+
+class RequestsExceedWindow(TaskCannotRun):
+    """Some requests need more tokens than the model window; nothing of the task was computed."""
+
+    def __init__(self, request_type: str, too_long: int, total: int, longest: int, window: int):
+        self.request_type, self.too_long, self.total, self.longest, self.window = (
+            request_type, too_long, total, longest, window
+        )  # fmt: skip
+        super().__init__(
+            f"{too_long} of {total} {request_type} requests need more than the model window of {window} tokens "
+            f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "
+            "longer window, or the engine's max_length setting"
+        )
+
+    def counts(self) -> dict[str, int]:
+        """What a skip record keeps, so that reports can count the requests that did not fit."""
+        return {"requests_over_window": self.too_long, "requests": self.total, "longest": self.longest,
+                "window": self.window}  # fmt: skip

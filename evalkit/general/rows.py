@@ -1,0 +1,83 @@
+"""lm-eval's result JSON as evalkit's long-form rows, and its per-sample log in compact form.
+
+lm-eval keys a metric as "<metric>,<filter>" and its error as "<metric>_stderr,<filter>"; a row
+gives each dimension its own field instead:
+
+    {"run", "step", "requested", "task", "metric", "filter", "value", "stderr", "n", "num_fewshot"}
+
+`requested` is the name the user asked for (mmlu), `task` the lm-eval task or group the number
+belongs to (mmlu, mmlu_stem, mmlu_anatomy, ...): a group's row is lm-eval's own aggregate of its
+members (for mmlu, the mean over all questions: its groups set weight_by_size), never recomputed here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+STDERR_MARK = "_stderr"
+
+
+def result_rows(results: dict[str, Any], requested: str, run: str, step: int) -> list[dict[str, Any]]:
+    """One row per (task or group, metric, filter) of an lm-eval result, groups and members alike."""
+    rows = []
+    for task, entry in results["results"].items():
+        for key, value in entry.items():
+            metric_filter = _split_metric_key(key)
+            if metric_filter is None or not _is_number(value):  # lists, strings: not a score
+                continue
+            metric, filter_name = metric_filter
+            rows.append({
+                "run": run, "step": step, "requested": requested, "task": task, "metric": metric,
+                "filter": filter_name, "value": _finite_or_none(value),
+                "stderr": _finite_or_none(entry.get(f"{metric}{STDERR_MARK},{filter_name}")),
+                "n": _sample_count(results, task), "num_fewshot": results.get("n-shot", {}).get(task),
+            })  # fmt: skip
+    # The number the user asked for first, then its members in lm-eval's order.
+    return sorted(rows, key=lambda row: row["task"] != requested)
+
+
+def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """lm-eval's logged samples without the prompts (mmlu's 5-shot prompts would be ~100 MB):
+    the document, its target, the model's responses, the per-sample metrics and lm-eval's hashes."""
+    kept = []
+    for task, task_samples in samples.items():
+        for sample in task_samples:
+            metrics = {name: sample[name] for name in sample.get("metrics", []) if name in sample}
+            kept.append({
+                "task": task, "doc_id": sample["doc_id"], "filter": sample.get("filter"),
+                "target": sample.get("target"), "responses": sample.get("filtered_resps"), "metrics": metrics,
+                "doc": sample.get("doc"), "doc_hash": sample.get("doc_hash"),
+                "prompt_hash": sample.get("prompt_hash"), "target_hash": sample.get("target_hash"),
+            })  # fmt: skip
+    return kept
+
+
+def _split_metric_key(key: str) -> tuple[str, str] | None:
+    """("acc", "none") from "acc,none"; None for stderr keys and plain fields (alias, sample_len)."""
+    if "," not in key:
+        return None
+    metric, filter_name = key.split(",", 1)
+    if metric.endswith(STDERR_MARK):
+        return None
+    return metric, filter_name
+
+
+def _sample_count(results: dict[str, Any], task: str) -> int | None:
+    """Documents scored: lm-eval's effective count for a task, the sum over members for a group."""
+    counted = results.get("n-samples", {}).get(task)
+    if counted is not None:
+        return int(counted["effective"])
+    sample_len = results["results"].get(task, {}).get("sample_len")
+    return int(sample_len) if sample_len is not None else None
+
+
+def _is_number(value: Any) -> bool:
+    """Python and numpy numbers alike (lm-eval's aggregates are either); not True/False."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    """A float, or None where JSON could not hold it (NaN) or lm-eval has none ("N/A" stderr)."""
+    return float(value) if _is_number(value) and math.isfinite(value) else None

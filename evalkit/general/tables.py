@@ -1,0 +1,74 @@
+"""Averages over a run's checkpoints and markdown tables, from long-form general-task rows.
+
+The paper's advice for RULER holds for any score that swings between nearby checkpoints: report
+a run as the mean (and spread) over its last checkpoints. Tables show what the user asked for
+(mmlu, not its 57 subjects); the rows and averages on disk keep every member.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot")
+
+
+def run_averages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run and (requested, task, metric, filter, shots): mean and population std over checkpoints.
+
+    Each average names the steps it covers: a checkpoint where a task was skipped is absent from
+    that task's average, and says so, rather than counted as zero.
+    """
+    values: dict[tuple, dict[int, float]] = {}
+    for row in sorted(rows, key=lambda r: (r["run"], r["step"])):
+        if row["value"] is not None:
+            values.setdefault(tuple(row[k] for k in AVERAGE_KEY), {})[row["step"]] = row["value"]
+    averages = []
+    for key, by_step in values.items():
+        scores = [by_step[step] for step in sorted(by_step)]
+        averages.append({
+            **dict(zip(AVERAGE_KEY, key)), "mean": statistics.fmean(scores), "std": statistics.pstdev(scores),
+            "steps": sorted(by_step), "num_checkpoints": len(scores),
+        })  # fmt: skip
+    return averages
+
+
+def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows (or averages) of the names the user asked for; a tag has no row of its own: all its tasks."""
+    own = {row["requested"] for row in rows if row["task"] == row["requested"]}
+    return [row for row in rows if row["task"] == row["requested"] or row["requested"] not in own]
+
+
+def checkpoint_table(rows: list[dict[str, Any]]) -> str:
+    """One line per checkpoint, task and metric: value ± stderr, documents scored, shots."""
+    lines = ["| run | step | task | metric | value | stderr | n | shots |", "|---|---|---|---|---|---|---|---|"]
+    for row in headline(rows):
+        lines.append(
+            f"| {row['run']} | {row['step']} | {row['task']} | {_metric_label(row)} | {_number(row['value'])} | "
+            f"{_number(row['stderr'])} | {row['n'] if row['n'] is not None else '–'} | {_shots(row)} |"
+        )
+    return "\n".join(lines)
+
+
+def average_table(averages: list[dict[str, Any]]) -> str:
+    """One line per run, task and metric: mean ± std over the checkpoints listed."""
+    lines = ["| run | checkpoints | task | metric | mean ± std | shots |", "|---|---|---|---|---|---|"]
+    for avg in headline(averages):
+        steps = ", ".join(str(step) for step in avg["steps"])
+        lines.append(
+            f"| {avg['run']} | {steps} | {avg['task']} | {_metric_label(avg)} | "
+            f"{avg['mean']:.4f} ± {avg['std']:.4f} | {_shots(avg)} |"
+        )
+    return "\n".join(lines)
+
+
+def _metric_label(row: dict[str, Any]) -> str:
+    return row["metric"] if row["filter"] == "none" else f"{row['metric']} ({row['filter']})"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
+def _shots(row: dict[str, Any]) -> str:
+    return "–" if row["num_fewshot"] is None else str(row["num_fewshot"])
