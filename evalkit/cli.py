@@ -27,23 +27,6 @@ probe_app = typer.Typer(
 )
 app.add_typer(probe_app, name="probe")
 
-_PENDING = {
-    "quickstart": ("The whole study end to end on a CPU: train tiny models, evaluate, leaderboard.", 7),
-}
-
-
-def _pending_command(name: str, summary: str, issue: int) -> None:
-    def command(ctx: typer.Context) -> None:
-        raise UserError(f"`evalkit {name}` is not built yet (issue #{issue})")
-
-    command.__doc__ = f"{summary} [not built yet]"
-    app.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(command)
-
-
-for _name, (_summary, _issue) in _PENDING.items():
-    _pending_command(_name, _summary, _issue)
-
-
 @bench_app.command("attention")
 def bench_attention(
     seq: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated (16k = 16384)."),
@@ -376,10 +359,7 @@ def leaderboard_command(
     plots: Path = typer.Option(None, "--plots", help="Directory for the PNG/SVG plots (default: plots/ beside --out)."),
 ) -> None:
     """Write leaderboards and plots from stored results, never re-running."""
-    import os
-
-    from evalkit.results import leaderboard, plots as plotting
-    from evalkit.results_io import atomic_write_text
+    from evalkit.quickstart import write_leaderboard
 
     chosen = dirs or [d for d in (Path("results/ruler"), Path("results/general")) if d.is_dir()]
     if not chosen:
@@ -387,22 +367,35 @@ def leaderboard_command(
     for directory in chosen:
         if not directory.is_dir():
             raise UserError(f"results directory {directory} does not exist")
-    markdown, ruler, general = leaderboard.build_markdown(chosen)
-    plots_dir = plots or out.parent / "plots"
-    written = []
-    if ruler:
-        rows = [row for summary in ruler for row in summary["rows"]]
-        written += plotting.ruler_vs_length(rows, plots_dir / "ruler-vs-length")
-        written += plotting.ruler_vs_step(rows, plots_dir / "ruler-vs-step")
-    if general:
-        written += plotting.general_bars(general, plots_dir / "general")
-    figures = [p for p in written if p.suffix == ".png"]
-    if figures:
-        markdown += "## Plots\n\n" + "\n".join(
-            f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"  # fmt: skip
-    atomic_write_text(out, markdown)
-    typer.echo(markdown)
-    typer.echo(f"wrote {out} and {len(written)} plot files in {plots_dir}", err=True)
+    board = write_leaderboard(chosen, out, plots)
+    typer.echo(board.read_text())
+    typer.echo(f"wrote {board} and its plots in {plots or board.parent / 'plots'}", err=True)
+
+
+@app.command("quickstart")
+def quickstart_command(
+    out: Path = typer.Option(Path("results/quickstart"), "--out", help="Where results, leaderboard and plots go."),
+    runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
+    paradigms: str = typer.Option(",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Training steps per run (default: the recipe's)."),
+    sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
+    samples: int = typer.Option(20, "--samples", help="RULER samples per task and length."),
+    lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
+    last: int = typer.Option(2, "--last", help="Checkpoints per run evaluated and averaged."),
+    general_limit: int = typer.Option(None, "--general-limit", help="Questions per fixture task (default: all)."),
+) -> None:
+    """The whole study end to end on a CPU: train tiny models, evaluate, leaderboard."""
+    from evalkit.attention import Paradigm
+    from evalkit.quickstart import QuickstartPlan, run_quickstart
+
+    try:
+        chosen = tuple(Paradigm.parse(p.strip()).value for p in paradigms.split(",") if p.strip())
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    plan = QuickstartPlan(paradigms=chosen, max_steps=max_steps, sets=list(sets or []), last=last, samples=samples,
+                          lengths=parse_lengths(lengths) if lengths else None, general_limit=general_limit,
+                          runs_dir=runs, out=out)  # fmt: skip
+    run_quickstart(plan)
 
 
 @app.command("train")

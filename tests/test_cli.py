@@ -31,18 +31,6 @@ def test_help_lists_every_command_without_importing_heavy_optionals():
     assert "HEAVY []" in out.stdout
 
 
-@pytest.mark.parametrize("command", ["train", "ruler", "general", "probe", "leaderboard", "quickstart"])
-def test_unbuilt_commands_say_so_in_one_line(command):
-    # Commands land issue by issue; this list shrinks as they do.
-    from evalkit.cli import _PENDING
-
-    if command not in _PENDING:
-        pytest.skip(f"{command} is built")
-    result = run_cli(command, "--anything", "x")
-    assert result.returncode == 2
-    assert result.stderr.strip() == f"error: `evalkit {command}` is not built yet (issue #{_PENDING[command][1]})"
-
-
 @pytest.mark.parametrize(
     "args, message",
     [

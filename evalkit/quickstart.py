@@ -1,0 +1,146 @@
+"""`evalkit quickstart`: the whole study end to end on a CPU, offline.
+
+    1. train    the tiny-cpu recipe under each paradigm (resumed, or reused when finished)
+    2. ruler    the last checkpoints of each run at the training length and twice it, on the
+                tasks whose data is built in (qa_1/qa_2 need downloads and are left out)
+    3. general  the offline fixture tasks of tasks/
+    4. board    leaderboard.md and plots from the stored results
+
+Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from evalkit.errors import UserError
+
+QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
+FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
+BUILTIN_RULER_TASKS = (
+    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+    "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe",
+)  # fmt: skip
+
+
+@dataclass
+class QuickstartPlan:
+    recipe: str = "tiny-cpu"
+    paradigms: tuple[str, ...] = QUICK_PARADIGMS
+    max_steps: int | None = None  # None: the recipe's
+    sets: list[str] = field(default_factory=list)  # recipe overrides
+    last: int = 2  # checkpoints per run evaluated and averaged
+    samples: int = 20  # RULER samples per task and length
+    lengths: list[int] | None = None  # None: the training length and twice it
+    general_limit: int | None = None  # None: every fixture question
+    runs_dir: Path = Path("runs/quickstart")
+    out: Path = Path("results/quickstart")
+
+
+def _stage(console: Console, number: int, title: str) -> float:
+    console.rule(f"[bold]{number}. {title}")
+    return time.perf_counter()
+
+
+def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
+    """Each paradigm's run, trained to the end (resumed if interrupted, skipped if finished)."""
+    from evalkit.train import load_config, train
+    from evalkit.train.checkpoint import complete_checkpoints
+
+    runs = []
+    for paradigm in plan.paradigms:
+        run_dir = plan.runs_dir / f"{plan.recipe}-{paradigm}"
+        overrides = {"paradigm": paradigm, "max_steps": plan.max_steps, "out": str(run_dir)}
+        config = load_config(plan.recipe, overrides, plan.sets)
+        done = [step for step, _ in complete_checkpoints(config.run_dir())]
+        if done and done[-1] >= config.max_steps:
+            console.print(f"{paradigm}: finished earlier ({config.run_dir()}, step {done[-1]}), reused")
+        else:
+            console.print(f"{paradigm}: training {config.max_steps} steps of {config.windows_per_step} x {config.seq_len} tokens")
+            train(config, resume=True)
+        runs.append(config.run_dir())
+    return runs
+
+
+def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path:
+    """All four stages; returns the leaderboard's path."""
+    from evalkit.train import load_config
+
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+    seq_len = load_config(plan.recipe, {"max_steps": plan.max_steps}, plan.sets).seq_len
+    lengths = plan.lengths or [seq_len, 2 * seq_len]
+
+    t = _stage(console, 1, f"train {plan.recipe} under {', '.join(plan.paradigms)}")
+    runs = train_runs(plan, console)
+    console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")
+
+    from evalkit.results.checkpoints import resolve_checkpoints
+
+    refs = resolve_checkpoints([str(run) for run in runs], last=plan.last)
+    t = _stage(console, 2, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
+    _ruler(refs, lengths, plan, console)
+    console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")
+
+    t = _stage(console, 3, "general tasks (offline fixtures)")
+    _general(refs, plan, console)
+    console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")
+
+    t = _stage(console, 4, "leaderboard")
+    board = write_leaderboard([plan.out / "ruler", plan.out / "general"], plan.out / "leaderboard.md")
+    print(board.read_text(), flush=True)  # plain stdout: markdown, not rich markup
+    console.print(f"done in {time.perf_counter() - started:.0f} s: {board} and plots in {board.parent / 'plots'}")
+    return board
+
+
+def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
+    from evalkit.ruler.runner import RulerSettings, run_ruler
+
+    settings = RulerSettings(tasks=list(BUILTIN_RULER_TASKS), lengths=lengths, num_samples=plan.samples)
+    last_shown = {}
+
+    def progress(task: str, length: int, done: int, total: int) -> None:
+        if done == total and last_shown.get((task, length)) != total:
+            console.print(f"[dim]  {task} @ {length}: {total} samples[/dim]")
+        last_shown[(task, length)] = done
+
+    summaries = run_ruler(refs, settings, plan.out / "ruler", progress=progress,
+                          on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"))  # fmt: skip
+    for skip in {(s["task"], s["length"], s["reason"]) for summary in summaries for s in summary["skipped"]}:
+        console.print(f"[yellow]skipped[/yellow] {skip[0]} @ {skip[1]}: {skip[2]}")
+
+
+def _general(refs, plan: QuickstartPlan, console: Console) -> None:
+    from evalkit.general import run_general
+
+    run = run_general(refs, list(FIXTURE_TASKS), out=plan.out / "general", limit=plan.general_limit,
+                      on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"), log=console.print)  # fmt: skip
+    if not run.rows:
+        raise UserError("the general-task fixtures produced no score; see the messages above")
+
+
+def write_leaderboard(dirs: list[Path], out: Path, plots_dir: Path | None = None) -> Path:
+    """The leaderboard markdown at `out`, its plots in plots_dir (default: plots/ beside it)."""
+    import os
+
+    from evalkit.results import leaderboard, plots
+    from evalkit.results_io import atomic_write_text
+
+    markdown, ruler, general = leaderboard.build_markdown([d for d in dirs if d.is_dir()])
+    plots_dir = plots_dir or out.parent / "plots"
+    written = []
+    if ruler:
+        rows = [row for summary in ruler for row in summary["rows"]]
+        written += plots.ruler_vs_length(rows, plots_dir / "ruler-vs-length")
+        written += plots.ruler_vs_step(rows, plots_dir / "ruler-vs-step")
+    if general:
+        written += plots.general_bars(general, plots_dir / "general")
+    figures = [p for p in written if p.suffix == ".png"]
+    if figures:
+        markdown += "## Plots\n\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"
+    atomic_write_text(out, markdown)
+    return out

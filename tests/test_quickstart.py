@@ -1,0 +1,36 @@
+"""A shortened quickstart (a few steps, one length) end to end, then again reusing everything."""
+
+import subprocess
+import sys
+import time
+
+from tests.train.helpers import MICRO
+
+
+def quickstart(tmp_path):
+    sets = [arg for s in [*MICRO, "model.max_position_embeddings=512"] for arg in ("--set", s)]
+    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--out", str(tmp_path / "results"), "--runs",
+           str(tmp_path / "runs"), "--max-steps", "4", "--samples", "2", "--lengths", "256", "--general-limit", "3", *sets]  # fmt: skip
+    started = time.perf_counter()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    return result, time.perf_counter() - started
+
+
+def test_quickstart_end_to_end_and_rerun(tmp_path):
+    first, _ = quickstart(tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    board = (tmp_path / "results" / "leaderboard.md").read_text()
+    for paradigm in ("full", "intra_doc", "anchor"):
+        assert f"| tiny-cpu-{paradigm} | {paradigm} | llama 2x64 | builtin | 2, 4 |" in board
+        assert (tmp_path / "runs" / f"tiny-cpu-{paradigm}" / "step-4" / "model.safetensors").is_file()
+    assert "## General tasks" in board and "evalkit_fixture_mmlu_style acc" in board
+    assert "skipped: does not fit" in board  # vt cannot fit 256 tokens: listed, not hidden
+    assert "![ruler-vs-length](plots/ruler-vs-length.png)" in board
+    assert board in first.stdout  # the leaderboard is printed, as markdown
+    for stage in ("1. train", "2. RULER", "3. general", "4. leaderboard"):
+        assert stage in first.stderr
+
+    second, _ = quickstart(tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "finished earlier" in second.stderr and "training" not in second.stderr.split("2. RULER")[0].split("1. train")[1]
+    assert (tmp_path / "results" / "leaderboard.md").read_text() == board
