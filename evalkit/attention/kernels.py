@@ -349,7 +349,7 @@ def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device):
         def mask_mod(b, h, q_idx, kv_idx):
             return q_idx + offset >= kv_idx
 
-        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
+        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
 
     doc = doc_ids.to(device)
     if doc.dim() == 1:
@@ -359,7 +359,13 @@ def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device):
         same_doc = doc[b, q_idx + offset] == doc[b, kv_idx]
         return (q_idx + offset >= kv_idx) & (same_doc | (doc[b, kv_idx] == ANCHOR_DOC_ID))
 
-    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
+
+
+def _compile_masks(device) -> bool:
+    """On CUDA the block mask is built by a compiled kernel: the eager build of a 64K mask is
+    minutes of work and S^2 memory. Elsewhere eager is fine (CPU flex serves tests only)."""
+    return torch.device(device).type == "cuda"
 
 
 _block_masks = _BlockMaskCache()
