@@ -27,6 +27,26 @@ probe_app = typer.Typer(
 )
 app.add_typer(probe_app, name="probe")
 
+@app.command("train")
+def train_command(
+    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: configs/NAME.yaml or a YAML path."),
+    model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
+    paradigm: str = typer.Option(None, "--paradigm", help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved."),
+    seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
+    sets: list[str] = typer.Option(None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 (repeatable)."),
+    out: str = typer.Option(None, "--out", help="Run directory (default runs/<config>-<paradigm>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run directory."),
+) -> None:
+    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
+    from evalkit.train import load_config, train
+
+    overrides = {"model.path": model, "paradigm": paradigm, "seq_len": seq_len, "max_steps": max_steps, "out": out}
+    cfg = load_config(config, overrides, sets)
+    run_dir = train(cfg, resume=resume)
+    typer.echo(f"checkpoints in {run_dir}")
+
+
 @bench_app.command("attention")
 def bench_attention(
     seq: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated (16k = 16384)."),
@@ -396,26 +416,6 @@ def quickstart_command(
                           lengths=parse_lengths(lengths) if lengths else None, general_limit=general_limit,
                           runs_dir=runs, out=out)  # fmt: skip
     run_quickstart(plan)
-
-
-@app.command("train")
-def train_command(
-    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: configs/NAME.yaml or a YAML path."),
-    model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
-    paradigm: str = typer.Option(None, "--paradigm", help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved."),
-    seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
-    max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
-    sets: list[str] = typer.Option(None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 (repeatable)."),
-    out: str = typer.Option(None, "--out", help="Run directory (default runs/<config>-<paradigm>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run directory."),
-) -> None:
-    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
-    from evalkit.train import load_config, train
-
-    overrides = {"model.path": model, "paradigm": paradigm, "seq_len": seq_len, "max_steps": max_steps, "out": out}
-    cfg = load_config(config, overrides, sets)
-    run_dir = train(cfg, resume=resume)
-    typer.echo(f"checkpoints in {run_dir}")
 
 
 def main() -> None:
