@@ -397,7 +397,7 @@ def quickstart_command(
     out: Path = typer.Option(Path("results/quickstart"), "--out", help="Where results, leaderboard and plots go."),
     runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
     paradigms: str = typer.Option(",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."),
-    max_steps: int = typer.Option(None, "--max-steps", help="Training steps per run (default: the recipe's)."),
+    max_steps: int = typer.Option(60, "--max-steps", help="Training steps per paradigm (the recipe has 300)."),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
     samples: int = typer.Option(20, "--samples", help="RULER samples per task and length."),
     lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),

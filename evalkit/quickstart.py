@@ -31,7 +31,7 @@ BUILTIN_RULER_TASKS = (
 class QuickstartPlan:
     recipe: str = "tiny-cpu"
     paradigms: tuple[str, ...] = QUICK_PARADIGMS
-    max_steps: int | None = None  # None: the recipe's
+    max_steps: int | None = 60  # a short run per paradigm: the harness end to end in minutes
     sets: list[str] = field(default_factory=list)  # recipe overrides
     last: int = 2  # checkpoints per run evaluated and averaged
     samples: int = 20  # RULER samples per task and length

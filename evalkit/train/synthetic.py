@@ -15,19 +15,28 @@ from functools import cache
 
 from evalkit.corpus.prose import prose_documents
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 3
 CHARS_PER_TOKEN = 3.6  # the built-in BPE on this prose; only sizes documents roughly
 
+# Facts name the key and then give the value after "is:", the shape a look-up can learn to
+# copy from; the wording around it varies so the model cannot rely on one template.
 FACT_TEMPLATES = (
-    "Note that the number for {key} is {value}.",
-    "Remember: {key} has the code {value}.",
-    "The value attached to {key} is {value}.",
-    "Record {key}: {value}.",
+    "The number for {key} is: {value}.",
+    "The code for {key} is: {value}.",
+    "Remember that the value for {key} is: {value}.",
 )
 QUESTION_TEMPLATES = (
-    "Question: what is the number for {key}? Answer: {value}.",
-    "Which code does {key} have? It is {value}.",
-    "Recall the value of {key}: {value}.",
+    "What is the number for {key}? The number for {key} is: {value}.",
+    "Question: which code belongs to {key}? Answer: the code for {key} is: {value}.",
+    "Recall the value for {key}. The value for {key} is: {value}.",
+)
+FILLER_LINE_SHARE = 1 / 3  # of documents whose filler is plain repeated lines instead of prose
+# Plain repeated filler (besides prose) so a document can be mostly distance with little content.
+FILLER_LINES = (
+    "The river is wide and the road is long.",
+    "The hills are quiet and the stones are grey.",
+    "Here the story goes on as before.",
+    "Nothing new happens for a while.",
 )
 
 
@@ -44,6 +53,10 @@ def _words() -> tuple[str, ...]:
 
 
 def _filler(rng: random.Random, chars: int) -> list[str]:
+    """Prose sentences from a random place, or (a third of the time) plain repeated lines."""
+    if rng.random() < FILLER_LINE_SHARE:
+        line = rng.choice(FILLER_LINES)
+        return [line] * max(1, chars // (len(line) + 1))
     sentences = _sentences()
     start = rng.randrange(len(sentences))
     out, size = [], 0
@@ -55,17 +68,20 @@ def _filler(rng: random.Random, chars: int) -> list[str]:
 
 
 def retrieval_document(index: int, seed: int, max_tokens: int) -> str:
-    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens)."""
+    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens).
+
+    Up to 12 key -> 7-digit facts at random depths of the filler, then questions about some of
+    them, each answered: the answer digits are predictable only by looking back.
+    """
     rng = random.Random(f"retrieval-{GENERATOR_VERSION}-{seed}-{index}")
     # Log-uniform length: many short documents and some that span a whole window.
     tokens = int(round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9)))))
     filler = _filler(rng, int(tokens * CHARS_PER_TOKEN))
     words = _words()
-    num_facts = rng.randint(1, 4)
+    num_facts = rng.randint(1, 12)
     facts = [(f"{rng.choice(words)}-{rng.choice(words)}", str(rng.randrange(10**6, 10**7))) for _ in range(num_facts)]
     for key, value in facts:
-        sentence = rng.choice(FACT_TEMPLATES).format(key=key, value=value)
-        filler.insert(rng.randint(0, len(filler)), sentence)
-    asked = rng.sample(facts, rng.randint(1, num_facts))
+        filler.insert(rng.randint(0, len(filler)), rng.choice(FACT_TEMPLATES).format(key=key, value=value))
+    asked = rng.sample(facts, rng.randint(max(1, num_facts // 2), num_facts))
     questions = [rng.choice(QUESTION_TEMPLATES).format(key=key, value=value) for key, value in asked]
     return " ".join(filler) + "\n" + "\n".join(questions)
