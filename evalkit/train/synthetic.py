@@ -3,7 +3,8 @@
 A tiny model learns long-context retrieval only from a dense signal: each document hides a
 few key -> number facts at random depths inside English filler and ends by asking for some of
 them, so the answer tokens are predictable only by looking back across the document. The
-phrasings are this project's own (not RULER's templates): the benchmark is not trained on.
+phrasings are this project's own, not RULER's templates; they share the generic shape
+"... for KEY is: VALUE" with most key-value retrieval tasks, RULER's needles included.
 """
 
 from __future__ import annotations
