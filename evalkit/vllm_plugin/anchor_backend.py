@@ -1,0 +1,177 @@
+"""Anchor-mode attention inside a stock vLLM backend, added by subclassing, never by patching.
+
+The stock backend runs every token of every step exactly as it would without the plugin
+(plain requests are stock vLLM, bit for bit). For packed requests, only the document queries
+of a prefill step differ from causal attention; afterwards the impl recomputes just those
+rows with evalkit's anchor kernels, reading keys and values back from the paged cache (which
+the stock writer has already filled, this step's tokens included), and overwrites them.
+Question tokens and generated tokens keep the stock result: they attend to everything.
+
+    builder.build()   -> the stock metadata + `evalkit_document_queries`: one plan per packed
+                         row with document queries in this step (rows from tracker.packed_rows)
+    impl.forward()    -> the stock forward, then anchor attention for the planned rows
+
+Chunked prefill and preemption need nothing special: a document query's keys are positions
+0..L-1 of its own request, all in the cache, and its document ids come from its layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from evalkit.vllm_plugin.cache_layout import LearnedLayout, learn_layout
+from evalkit.vllm_plugin.kernels import anchor_attention, anchor_block_mask, anchor_prefill_paged
+from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
+
+METADATA_FIELD = "evalkit_document_queries"
+
+
+@dataclass
+class DocumentQueries:
+    """One packed request's document queries in this step: its positions L-Q .. L-1."""
+
+    query_start: int  # first row of them in the step's flattened query tensor
+    num_queries: int  # Q
+    doc_ids: torch.Tensor  # long [L] on the device: documents of key positions 0..L-1
+    block_table_row: torch.Tensor  # the request's blocks
+    block_mask: Any = None  # FlexAttention BlockMask, built once per step for every layer
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.query_start, self.query_start + self.num_queries)
+
+
+def _seq_lens_on_host(common) -> list[int]:
+    """Per-row context lengths; the host copy is exact for prefill rows, the only ones planned."""
+    host = getattr(common, "seq_lens_cpu_upper_bound", None)
+    return (host if host is not None else common.seq_lens.cpu()).tolist()
+
+
+def plan_document_queries(common, rows: Mapping[int, PackedRow], impl: str) -> list[DocumentQueries]:
+    """Plans for the packed rows of a step described by vLLM's CommonAttentionMetadata."""
+    query_start = common.query_start_loc_cpu.tolist()
+    seq_lens = _seq_lens_on_host(common)
+    device = common.block_table_tensor.device
+    plans = []
+    for row, packed in rows.items():
+        if row >= common.num_reqs:
+            continue
+        computed = seq_lens[row] - (query_start[row + 1] - query_start[row])
+        # Anchor queries attend to the anchor only: causal attention already gives them that.
+        first = max(computed, packed.segments.anchor_length)
+        stop = min(seq_lens[row], packed.document_end)
+        if first >= stop:
+            continue  # no document query in this step: decoding, or the question's chunk
+        doc_ids = packed.doc_ids_on(device)[:stop]
+        plans.append(
+            DocumentQueries(
+                query_start=query_start[row] + first - computed,
+                num_queries=stop - first,
+                doc_ids=doc_ids,
+                block_table_row=common.block_table_tensor[row],
+                block_mask=anchor_block_mask(doc_ids, stop - first) if impl == "flex" else None,
+            )
+        )
+    return plans
+
+
+class AnchorMetadataBuilderMixin:
+    """Put before a stock AttentionMetadataBuilder in the bases: attaches the step's plans."""
+
+    anchor_impl: ClassVar[str] = "blocked"  # evalkit.vllm_plugin.kernels implementation
+    # Each KV-cache group gets its own plans (its own block tables): no metadata copying.
+    supports_update_block_table: bool = False
+
+    def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        rows = packed_rows()
+        plans = plan_document_queries(common_attn_metadata, rows, self.anchor_impl) if rows else []
+        setattr(metadata, METADATA_FIELD, plans)
+        return metadata
+
+
+class AnchorAttentionImplMixin:
+    """Put before a stock AttentionImpl in the bases: stock forward, then the document rows."""
+
+    anchor_impl: ClassVar[str] = "blocked"
+    _evalkit_layout: LearnedLayout | None = None
+    _evalkit_views: tuple | None = None  # (the cache tensor's identity, its views)
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        plans = getattr(attn_metadata, METADATA_FIELD, None)
+        if plans:
+            self._attend_documents(layer, query, kv_cache, plans, output)
+        return output
+
+    def _attend_documents(self, layer, query, kv_cache, plans: list[DocumentQueries], output) -> None:
+        self._check_packed_supported(max(plan.doc_ids.numel() for plan in plans))
+        layout = self._layout(layer, kv_cache)
+        views = self._views(layout, kv_cache)
+        for plan in plans:
+            q = query[plan.rows]
+            options = {"scale": self.scale, "impl": self.anchor_impl, "block_mask": plan.block_mask}
+            if views is not None:
+                out = anchor_prefill_paged(q, views[0], views[1], plan.block_table_row, plan.doc_ids, **options)
+            else:
+                key, value = layout.gather(kv_cache, plan.block_table_row, plan.doc_ids.numel())
+                out = anchor_attention(q, key, value, plan.doc_ids, **options)
+            output[plan.rows] = out.to(output.dtype)
+
+    def _views(self, layout: LearnedLayout, kv_cache: torch.Tensor):
+        """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers).
+
+        A layer keeps its cache tensor for the engine's life: the views are made once per tensor.
+        """
+        key = (kv_cache.data_ptr(), tuple(kv_cache.shape), kv_cache.stride())
+        if self._evalkit_views is None or self._evalkit_views[0] != key:
+            self._evalkit_views = (key, layout.views(kv_cache))
+        return self._evalkit_views[1]
+
+    def _layout(self, layer, kv_cache: torch.Tensor) -> LearnedLayout:
+        """Learned once per layer, through this backend's own cache writer (see cache_layout)."""
+        if self._evalkit_layout is None:
+            elements_per_block = math.prod(kv_cache.shape[1:])
+            block_size, remainder = divmod(elements_per_block, 2 * self.num_kv_heads * self.head_size)
+            if remainder:
+                raise RuntimeError(f"cannot read {type(self).__name__}'s KV cache of shape {tuple(kv_cache.shape)}")
+
+            def write(key, value, cache, slots):
+                self.do_kv_cache_update(layer, key, value, cache, slots)
+
+            self._evalkit_layout = learn_layout(
+                write, tuple(kv_cache.shape[1:]), kv_cache.dtype, kv_cache.device,
+                block_size, self.num_kv_heads, self.head_size,
+            )  # fmt: skip
+        return self._evalkit_layout
+
+    def _sliding_window(self) -> int | None:
+        """Keys a query may see under the layer's sliding window (None: no window), from either
+        backend's encoding: the CPU impl keeps the window size or -1, FlashAttention (left, right) or (-1, -1)."""
+        window = getattr(self, "sliding_window", None)
+        left = window[0] if isinstance(window, tuple) else window
+        if left is None or left < 0:
+            return None
+        return left + 1 if isinstance(window, tuple) else left
+
+    def _check_packed_supported(self, num_keys: int) -> None:
+        """Packed requests implement plain softmax attention only; say so instead of computing something else."""
+        quantized = getattr(self, "kv_cache_dtype", "auto") not in ("auto", "bfloat16", "float16", "float32")
+        window = self._sliding_window()
+        unsupported = {
+            # A window wider than every context is no window.
+            "sliding-window attention": window is not None and window < num_keys,
+            "ALiBi": getattr(self, "alibi_slopes", None) is not None,
+            "logit soft-capping": bool(getattr(self, "logits_soft_cap", None)),
+            "attention sinks": getattr(self, "sinks", None) is not None,
+            "a quantized KV cache": quantized,
+            "decode context parallelism": getattr(self, "dcp_world_size", 1) > 1,
+        }
+        found = [name for name, present in unsupported.items() if present]
+        if found:
+            raise NotImplementedError(f"evalkit packed requests do not support {', '.join(found)}")

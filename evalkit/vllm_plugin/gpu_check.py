@@ -1,0 +1,220 @@
+"""The vLLM plugin's GPU check, as one short script for a CUDA machine without vLLM.
+
+    PYTHONPATH=. python -m evalkit.vllm_plugin.gpu_check [--seq 32768] [--check-seq 8192] [--out FILE]
+
+The plugin's CUDA path is vLLM's FlashAttention backend plus evalkit's kernels for the document
+queries of packed requests; the kernels need no vLLM, so this checks them where vLLM is absent:
+
+1. Correctness over a paged KV cache (shuffled blocks of 16, grouped-query heads) against the
+   dense reference (evalkit.attention.document_mask + SDPA in FP32): a whole packed prefill,
+   the last chunk of a chunked one, and a single query; FlexAttention (compiled) in BF16 and
+   FP32, and the blocked implementation.
+2. The cache-layout learner (cache_layout.py) on a cache laid out as vLLM's FlashAttention
+   backend lays it out ([NB, Hkv, BS, 2D], keys and values read through a transposed split),
+   read back through the learned strided views.
+3. Timing of a `--seq` packed prefill (BF16, Hq=32, Hkv=8, D=128, documents of exponential
+   length, mean 2K) in anchor mode vs plain causal: the same gather + FlexAttention path with a
+   single document (causal), and SDPA's causal flash kernel on contiguous K/V (what a stock
+   backend does); with the ideal work ratio sum(d_i^2)/S^2.
+
+Prints a small markdown report (and writes it with --out); exits 1 if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from evalkit.attention import document_mask
+from evalkit.vllm_plugin.cache_layout import learn_layout
+from evalkit.vllm_plugin.kernels import anchor_block_mask, anchor_document_ids, anchor_prefill_paged, gather_paged
+
+BLOCK = 16  # vLLM's default block size on CUDA
+HEADS, KV_HEADS, DIM = 32, 8, 128
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 2e-3}  # max abs error vs the FP32 reference
+
+
+def document_lengths(total: int, mean: int, seed: int) -> list[int]:
+    """Exponential lengths (at least 16) filling `total` tokens after the anchor."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths, room = [], total - 1
+    while room > 0:
+        n = max(16, int(torch.empty(1).exponential_(1 / mean, generator=generator)))
+        lengths.append(min(n, room))
+        room -= lengths[-1]
+    return lengths
+
+
+def paged_request(length: int, dtype, seed: int, device: str):
+    """Contiguous K/V [L, Hkv, D] and the same tokens in a [NB, BS, Hkv, D] cache of shuffled blocks."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    key, value = (torch.randn(length, KV_HEADS, DIM, device=device, generator=generator).to(dtype) for _ in range(2))
+    num_blocks = -(-length // BLOCK)
+    block_table = torch.randperm(num_blocks + 7, device=device, generator=generator)[:num_blocks].int()
+    caches = []
+    for tokens in (key, value):
+        cache = torch.zeros(num_blocks + 7, BLOCK, KV_HEADS, DIM, device=device, dtype=dtype)
+        padded = torch.zeros(num_blocks * BLOCK, KV_HEADS, DIM, device=device, dtype=dtype)
+        padded[:length] = tokens
+        cache[block_table.long()] = padded.view(num_blocks, BLOCK, KV_HEADS, DIM)
+        caches.append(cache)
+    return key, value, caches[0], caches[1], block_table
+
+
+def reference(query, key, value, doc_ids) -> torch.Tensor:
+    """FP32 SDPA with the dense reference mask, queries being the last Q positions: [Q, Hq, D]."""
+    mask = document_mask(doc_ids, key.shape[0], query.shape[0])
+    q, k, v = (t.float().transpose(0, 1)[None] for t in (query, key, value))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
+
+
+def check_correctness(length: int, device: str = "cuda") -> list[tuple[str, float, bool]]:
+    doc_ids = anchor_document_ids(1, document_lengths(length, 1024, seed=0)).to(device)
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        key, value, key_cache, value_cache, block_table = paged_request(length, dtype, seed=1, device=device)
+        for num_queries in (length, length // 3 + 5, 1):
+            query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
+            expected = reference(query, key, value, doc_ids)
+            for impl in ("flex", "blocked"):
+                out = anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids,
+                                           scale=DIM**-0.5, impl=impl)  # fmt: skip
+                error = float((out.float() - expected).abs().max())
+                name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
+                rows.append((name, error, error <= TOLERANCE[dtype]))
+    return rows
+
+
+def check_flash_layout(length: int = 1000, device: str = "cuda") -> tuple[str, float, bool]:
+    """The learner on vLLM's FlashAttention cache layout, through the kernels' paged entry point."""
+    num_blocks = -(-length // BLOCK) + 3
+
+    def write(key, value, cache, slots):  # vLLM's FA writer addresses kv_cache.transpose(1, 2).split(D, -1)
+        key_cache, value_cache = cache.transpose(1, 2).split(DIM, dim=-1)
+        key_cache[slots // BLOCK, slots % BLOCK] = key
+        value_cache[slots // BLOCK, slots % BLOCK] = value
+
+    layout = learn_layout(write, (KV_HEADS, BLOCK, 2 * DIM), torch.bfloat16, device, BLOCK, KV_HEADS, DIM)
+    kv_cache = torch.zeros(num_blocks, KV_HEADS, BLOCK, 2 * DIM, device=device, dtype=torch.bfloat16)
+    key, value = (torch.randn(length, KV_HEADS, DIM, device=device).bfloat16() for _ in range(2))
+    block_table = torch.randperm(num_blocks, device=device)[: -(-length // BLOCK)].int()
+    positions = torch.arange(length, device=device)
+    write(key, value, kv_cache, block_table[positions // BLOCK].long() * BLOCK + positions % BLOCK)
+    views = layout.views(kv_cache)
+    if views is None:
+        return ("FA cache layout: no strided view", float("inf"), False)
+    doc_ids = anchor_document_ids(1, document_lengths(length, 200, seed=2)).to(device)
+    query = torch.randn(length, HEADS, DIM, device=device).bfloat16()
+    out = anchor_prefill_paged(query, views[0], views[1], block_table, doc_ids, scale=DIM**-0.5, impl="flex")
+    error = float((out.float() - reference(query, key, value, doc_ids)).abs().max())
+    return (f"flex over learned FA-layout views, L={length}", error, error <= TOLERANCE[torch.bfloat16])
+
+
+def median_ms(function: Callable[[], object], repeats: int, device: str) -> float:
+    """Median milliseconds of `function` over `repeats` runs after two warm-ups (compilation)."""
+    for _ in range(2):
+        function()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            function()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start_s = time.perf_counter()
+            function()
+            times.append((time.perf_counter() - start_s) * 1e3)
+    return statistics.median(times)
+
+
+def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[tuple[str, float]], float, int]:
+    lengths = document_lengths(length, 2048, seed=3)
+    doc_ids = anchor_document_ids(1, lengths).to(device)
+    causal_ids = anchor_document_ids(1, [length - 1]).to(device)  # one document: the rule is plain causal
+    key, value, key_cache, value_cache, block_table = paged_request(length, torch.bfloat16, seed=4, device=device)
+    query = torch.randn(length, HEADS, DIM, device=device).bfloat16()
+    anchor_mask, causal_mask = anchor_block_mask(doc_ids, length), anchor_block_mask(causal_ids, length)
+    scale = DIM**-0.5
+
+    def anchor():
+        return anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=scale,
+                                    impl="flex", block_mask=anchor_mask)  # fmt: skip
+
+    def causal():
+        return anchor_prefill_paged(query, key_cache, value_cache, block_table, causal_ids, scale=scale,
+                                    impl="flex", block_mask=causal_mask)  # fmt: skip
+
+    def sdpa_causal():
+        q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def gather():
+        return gather_paged(key_cache, block_table, length), gather_paged(value_cache, block_table, length)
+
+    timings = [
+        ("BlockMask build (anchor, per step)", median_ms(lambda: anchor_block_mask(doc_ids, length), repeats, device)),
+        ("gather K and V from the paged cache", median_ms(gather, repeats, device)),
+        ("anchor mode: gather + FlexAttention", median_ms(anchor, repeats, device)),
+        ("plain causal: gather + FlexAttention", median_ms(causal, repeats, device)),
+        ("plain causal: SDPA (flash on CUDA), contiguous K/V", median_ms(sdpa_causal, repeats, device)),
+    ]
+    ideal = (sum(n * n for n in lengths) + length) / length**2  # documents' squares plus the anchor column
+    return timings, ideal, len(lengths)
+
+
+def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str) -> str:
+    lines = [
+        "# evalkit vLLM plugin: GPU check of the anchor-mode prefill kernels",
+        "",
+        f"{device_name}, torch {torch.__version__}; paged cache in blocks of {BLOCK}, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}.",
+        "",
+        "| check | max abs error | pass |",
+        "|---|---|---|",
+        *(f"| {name} | {error:.2e} | {'yes' if ok else 'NO'} |" for name, error, ok in [*correct, layout_row]),
+        "",
+        f"Prefill of {args.seq} tokens, BF16, {num_docs} documents (exponential, mean 2048), median of {args.repeats}:",
+        "",
+        "| step | ms |",
+        "|---|---|",
+        *(f"| {name} | {ms:.2f} |" for name, ms in timings),
+        "",
+        (
+            f"anchor / causal (same FlexAttention path): {timings[2][1] / timings[3][1]:.3f}; "
+            f"ideal sum(d_i^2)/S^2: {ideal:.3f}."
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, default=32768, help="tokens of the timed packed prefill")
+    parser.add_argument("--check-seq", type=int, default=8192, help="tokens of the correctness checks")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=None, help="also write the report to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: this check needs one", file=sys.stderr)
+        return 2
+    correct = check_correctness(args.check_seq)
+    layout_row = check_flash_layout()
+    timings, ideal, num_docs = time_prefill(args.seq, args.repeats)
+    text = report(correct, layout_row, timings, ideal, num_docs, args, torch.cuda.get_device_name())
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return 0 if all(ok for *_, ok in [*correct, layout_row]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Anchor-mode prefill attention over a paged KV cache: the vLLM backend's kernel work, without vLLM.
+
+Shape legend: Q queries of one request in this step, L keys (the request's context so far,
+the queries are its last Q positions), Hq query heads, Hkv key/value heads, D head dim, NB
+blocks of the paged cache, BS tokens per block, nQb/nKb query/key blocks of a BlockMask.
+
+A paged cache here is a pair of tensors [NB, BS, Hkv, D] (views are fine: only blocks named by
+the block table are read) and a request's block-table row lists the blocks holding its
+positions 0, BS, 2*BS, ... in order, as vLLM's block tables do.
+
+The rule is evalkit.attention's (masks.py): query position i attends key position j iff j <= i
+and (doc[i] == doc[j] or doc[j] == ANCHOR_DOC_ID). Only document queries come here: the question
+and generated tokens attend to everything, which is plain causal attention.
+
+    flex     FlexAttention with a BlockMask built from document boundaries at block level
+             (no Q x L mask exists anywhere); compiled on CUDA, eager elsewhere (the CPU tests)
+    blocked  one SDPA call per document (evalkit.attention's blocked kernel): the CPU path
+    dense    SDPA with the materialised reference mask: the reference, O(Q x L) memory
+
+Everything here runs without vLLM, so a GPU machine without vLLM can check it
+(evalkit/vllm_plugin/gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
+
+IMPLEMENTATIONS = ("flex", "blocked", "dense")
+FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
+
+
+def default_implementation(device: torch.device) -> str:
+    """FlexAttention on CUDA (fused, block-sparse); per-document SDPA elsewhere."""
+    return "flex" if device.type == "cuda" else "blocked"
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def anchor_document_ids(anchor_length: int, document_lengths: Sequence[int]) -> torch.Tensor:
+    """Document ids [anchor_length + sum(document_lengths)]: ANCHOR_DOC_ID for the anchor, 1.. per document."""
+    if anchor_length < 1 or not document_lengths or min(document_lengths) < 1:
+        raise ValueError("a packed layout needs an anchor and at least one non-empty document")
+    lengths = torch.tensor([anchor_length, *document_lengths])
+    return torch.repeat_interleave(torch.arange(len(lengths)), lengths) + ANCHOR_DOC_ID
+
+
+def paged_slots(block_table_row: torch.Tensor, length: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block, offset) [L] of positions 0..length-1 of one request."""
+    positions = torch.arange(length, device=block_table_row.device)
+    return block_table_row[positions // block_size].long(), positions % block_size
+
+
+def gather_paged(cache_NBHD: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one request from a paged cache: [L, Hkv, D] (a copy)."""
+    blocks, offsets = paged_slots(block_table_row.to(cache_NBHD.device), length, cache_NBHD.shape[1])
+    return cache_NBHD[blocks, offsets]
+
+
+# ----------------------------------------------------------------------------- flex
+
+
+def _check_document_order(doc_ids_L: torch.Tensor) -> None:
+    """Block-level reasoning below needs documents as contiguous runs in order, the anchor first."""
+    if doc_ids_L.numel() and (bool((doc_ids_L.diff() < 0).any()) or int(doc_ids_L.min()) < ANCHOR_DOC_ID):
+        raise ValueError("anchor-mode prefill needs the anchor first and each document contiguous, in order")
+
+
+def _block_ranges(doc_ids_L: torch.Tensor, start: int, stop: int, block_size: int):
+    """Per block of positions [start, stop): first and last position, smallest and largest doc id."""
+    first = torch.arange(start, stop, block_size, device=doc_ids_L.device)
+    last = torch.clamp(first + block_size - 1, max=stop - 1)
+    return first, last, doc_ids_L[first], doc_ids_L[last]  # doc ids are non-decreasing in position
+
+
+def _kv_block_lists(blocks_QK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BlockMask's (kv_num_blocks [1,1,nQb], kv_indices [1,1,nQb,nKb]) of a block-level bool matrix."""
+    counts = blocks_QK.sum(dim=1, dtype=torch.int32)
+    # A stable sort puts each row's chosen key blocks first, in increasing order.
+    indices = torch.argsort(blocks_QK.to(torch.int8), dim=1, descending=True, stable=True).to(torch.int32)
+    return counts[None, None], indices[None, None]
+
+
+def anchor_mask_mod(doc_ids_L: torch.Tensor, num_queries: int) -> Callable:
+    """The document rule as FlexAttention's mask_mod for the last `num_queries` of L positions."""
+    length = doc_ids_L.numel()
+    offset = length - num_queries
+    # Padded tiles evaluate indices past the ends: a PAD tail keeps every lookup in range, and
+    # PAD keys match no document (nor the anchor).
+    doc = torch.cat([doc_ids_L, doc_ids_L.new_full((FLEX_BLOCK_SIZE + 1,), PAD_DOC_ID)])
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_pos = q_idx + offset
+        return (kv_idx <= q_pos) & ((doc[kv_idx] == doc[q_pos]) | (doc[kv_idx] == ANCHOR_DOC_ID))
+
+    return mask_mod
+
+
+def anchor_block_mask(doc_ids_L: torch.Tensor, num_queries: int, block_size: int = FLEX_BLOCK_SIZE):
+    """BlockMask for the last `num_queries` of L positions under the document rule, built per block.
+
+    Work and memory are O(nQb x nKb): a block pair is skipped when causality or the documents
+    rule out every entry, full when they allow every entry (mask_mod not evaluated), partial
+    otherwise. Partial is the safe side: mask_mod decides exactly within it.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    _check_document_order(doc_ids_L)
+    length = doc_ids_L.numel()
+    offset = length - num_queries
+    q_first, q_last, q_doc_min, q_doc_max = _block_ranges(doc_ids_L, offset, length, block_size)
+    k_first, k_last, k_doc_min, k_doc_max = _block_ranges(doc_ids_L, 0, length, block_size)
+    causal_any = k_first[None, :] <= q_last[:, None]
+    causal_all = k_last[None, :] <= q_first[:, None]
+    has_anchor = (k_doc_min == ANCHOR_DOC_ID)[None, :]
+    docs_overlap = (k_doc_min[None, :] <= q_doc_max[:, None]) & (q_doc_min[:, None] <= k_doc_max[None, :])
+    one_doc = (k_doc_min[None, :] == k_doc_max[None, :]) & (q_doc_min[:, None] == q_doc_max[:, None])
+    same_single_doc = one_doc & (k_doc_min[None, :] == q_doc_min[:, None])
+    all_anchor = (k_doc_max == ANCHOR_DOC_ID)[None, :]
+    any_allowed = causal_any & (has_anchor | docs_overlap)
+    all_allowed = causal_all & (all_anchor | same_single_doc)
+    partial_count, partial_index = _kv_block_lists(any_allowed & ~all_allowed)
+    full_count, full_index = _kv_block_lists(all_allowed)
+    return BlockMask.from_kv_blocks(
+        partial_count,
+        partial_index,
+        full_count,
+        full_index,
+        BLOCK_SIZE=block_size,
+        mask_mod=anchor_mask_mod(doc_ids_L, num_queries),
+        seq_lengths=(num_queries, length),
+    )
+
+
+_compiled_flex: Callable | None = None
+
+
+def _flex_function(device: torch.device) -> Callable:
+    """Compiled FlexAttention on CUDA, with dynamic shapes: prefill lengths change every step."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=True)
+    return _compiled_flex
+
+
+def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask):
+    block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, q_1HQD.shape[2])
+    gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return _flex_function(q_1HQD.device)(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def anchor_attention(
+    query_QHD: torch.Tensor,
+    key_LHD: torch.Tensor,
+    value_LHD: torch.Tensor,
+    doc_ids_L: torch.Tensor,
+    *,
+    scale: float,
+    impl: str = "auto",
+    block_mask=None,
+) -> torch.Tensor:
+    """Attention of the last Q of L positions under the document rule: [Q, Hq, D].
+
+    doc_ids_L gives every key position's document (anchor first, documents contiguous);
+    block_mask (flex only) may be prebuilt with anchor_block_mask and reused across layers.
+    """
+    num_queries, length = query_QHD.shape[0], key_LHD.shape[0]
+    if num_queries > length or doc_ids_L.numel() != length:
+        raise ValueError(f"{num_queries} queries, {length} keys and {doc_ids_L.numel()} doc ids do not line up")
+    name = default_implementation(query_QHD.device) if impl == "auto" else impl
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {impl!r}; choose auto or one of: {', '.join(IMPLEMENTATIONS)}")
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query_QHD, key_LHD, value_LHD))  # [1, H, S, D]
+    doc_ids_L = doc_ids_L.to(query_QHD.device)
+    if name == "flex":
+        out = _flex_anchor_attention(q, k, v, doc_ids_L, scale, block_mask)
+    else:
+        out = document_attention(q, k, v, doc_ids_L, scale=scale, impl=name)
+    return out[0].transpose(0, 1)
+
+
+def anchor_prefill_paged(
+    query_QHD: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table_row: torch.Tensor,
+    doc_ids_L: torch.Tensor,
+    *,
+    scale: float,
+    impl: str = "auto",
+    block_mask=None,
+) -> torch.Tensor:
+    """Anchor-mode attention of one request's document queries, keys read from a paged cache.
+
+    query_QHD: the request's queries of this step (its positions L-Q .. L-1), already rotated;
+    key_cache/value_cache [NB, BS, Hkv, D] with every position 0..L-1 written; block_table_row:
+    the request's blocks; doc_ids_L: the documents of positions 0..L-1. Returns [Q, Hq, D].
+    """
+    length = doc_ids_L.numel()
+    key = gather_paged(key_cache, block_table_row, length)
+    value = gather_paged(value_cache, block_table_row, length)
+    return anchor_attention(query_QHD, key, value, doc_ids_L, scale=scale, impl=impl, block_mask=block_mask)

@@ -1,0 +1,37 @@
+"""vLLM model classes for evalkit's checkpoints: vLLM's Llama, Qwen2 and Mistral plus serving options.
+
+Each class is vLLM's own model (weights, kernels, parallelism unchanged) whose rotary
+embeddings honour evalkit's RoPE options (rope.py) after construction. With the default
+options and a window within the checkpoint's, nothing is replaced: the model is stock vLLM.
+Registered by `evalkit.vllm_plugin.register` under the names in ARCHITECTURES; evalkit's
+engine selects one with hf_overrides={"architectures": [name]}.
+"""
+
+from __future__ import annotations
+
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+from evalkit.vllm_plugin.rope import install_rope_options, rope_options_from_config
+
+
+class _ServingOptions:
+    """Mixin: build the stock model, then apply the RoPE options the config carries."""
+
+    def __init__(self, *, vllm_config, prefix: str = "", **kwargs) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        model_config = vllm_config.model_config
+        install_rope_options(self, rope_options_from_config(model_config.hf_config), model_config.max_model_len)
+
+
+class EvalkitLlamaForCausalLM(_ServingOptions, LlamaForCausalLM):
+    """vLLM's LlamaForCausalLM with evalkit's serving options."""
+
+
+class EvalkitQwen2ForCausalLM(_ServingOptions, Qwen2ForCausalLM):
+    """vLLM's Qwen2ForCausalLM with evalkit's serving options."""
+
+
+class EvalkitMistralForCausalLM(_ServingOptions, MistralForCausalLM):
+    """vLLM's MistralForCausalLM with evalkit's serving options."""

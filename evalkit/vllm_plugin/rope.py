@@ -1,0 +1,129 @@
+"""RoPE at serving time: FP32 rotation with one rounding, a constant position shift, long windows.
+
+The two precision variants are evalkit.probe.rope's (the BF16 probe, now runnable in vLLM):
+
+- `cast`: vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k
+  rotated in it), as transformers does.
+- `fp32`: q and k rotated in FP32 with FP32 cos/sin, rounded to the model dtype once.
+
+`position_shift` adds a constant to every position id before the rotation (positions stay
+continuous; the anchor moves to the shift), which is what the probe's Δ measures. Windows
+beyond the checkpoint's max_position_embeddings (evalkit allows them to test extrapolation, as
+its hf engine does) need longer cos/sin tables than vLLM builds; the table grows with them.
+
+Options reach the model through the HF config (the engine passes them as hf_overrides):
+`evalkit_rope` and `evalkit_position_shift`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from evalkit.probe.options import ROPE_VARIANTS
+
+CONFIG_ROPE = "evalkit_rope"
+CONFIG_POSITION_SHIFT = "evalkit_position_shift"
+# Rotary classes whose tables are a plain function of the position: their tables can be
+# extended and shifted. (Dynamic NTK, YaRN and multi-factor linear scaling are not.)
+EXTENDABLE_ROTARY_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
+
+
+@dataclass(frozen=True)
+class RopeOptions:
+    variant: str = "cast"
+    position_shift: int = 0
+
+    def __post_init__(self) -> None:
+        if self.variant not in ROPE_VARIANTS:
+            raise ValueError(f"unknown RoPE variant {self.variant!r}; choose one of: {', '.join(ROPE_VARIANTS)}")
+        if self.position_shift < 0:
+            raise ValueError(f"position_shift must be non-negative, got {self.position_shift}")
+
+    @property
+    def is_stock(self) -> bool:
+        return self.variant == "cast" and self.position_shift == 0
+
+    def hf_overrides(self) -> dict[str, object]:
+        return {CONFIG_ROPE: self.variant, CONFIG_POSITION_SHIFT: self.position_shift}
+
+
+def rope_options_from_config(hf_config) -> RopeOptions:
+    return RopeOptions(
+        variant=getattr(hf_config, CONFIG_ROPE, "cast"),
+        position_shift=int(getattr(hf_config, CONFIG_POSITION_SHIFT, 0)),
+    )
+
+
+def fp32_cos_sin_table(rotary: nn.Module, num_positions: int) -> torch.Tensor:
+    """[num_positions, rotary_dim] FP32 cos|sin table computed by the rotary module's own formula."""
+    sized = copy.copy(rotary)  # a shallow copy: the module itself keeps its size
+    sized.max_position_embeddings = num_positions
+    return sized._compute_cos_sin_cache().float()
+
+
+class ServingRotaryEmbedding(nn.Module):
+    """Stands in for a vLLM rotary embedding: same call, (positions, query, key) -> (query, key)."""
+
+    def __init__(self, original: nn.Module, options: RopeOptions, num_positions: int) -> None:
+        super().__init__()
+        if type(original).__name__ not in EXTENDABLE_ROTARY_CLASSES:
+            raise NotImplementedError(
+                f"RoPE options and windows beyond the checkpoint's need one of {', '.join(EXTENDABLE_ROTARY_CLASSES)}, "
+                f"and this model uses {type(original).__name__}"
+            )
+        self.variant = options.variant
+        self.position_shift = options.position_shift
+        self.head_size = original.head_size
+        self.rotary_dim = original.rotary_dim
+        self.is_neox_style = original.is_neox_style
+        table = fp32_cos_sin_table(original, num_positions + options.position_shift)
+        if self.variant == "cast":
+            # vLLM's own kernels, on a table long enough for the shifted positions.
+            original.cos_sin_cache = table.to(original.cos_sin_cache.dtype)
+            original.max_position_embeddings = table.shape[0]
+            self.original = original
+        else:
+            self.register_buffer("cos_sin_fp32", table, persistent=False)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
+        positions = positions + self.position_shift
+        if self.variant == "cast":
+            return self.original(positions, query, key)
+        return self._rotate_fp32(positions, query), None if key is None else self._rotate_fp32(positions, key)
+
+    def _rotate_fp32(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads * head_size] rotated in FP32 and rounded to its dtype once."""
+        shape = x.shape
+        x = x.view(positions.numel(), -1, self.head_size)
+        cos, sin = self.cos_sin_fp32.index_select(0, positions.flatten()).unsqueeze(1).chunk(2, dim=-1)
+        rotated = x[..., : self.rotary_dim].float()
+        if self.is_neox_style:  # halves: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+            x1, x2 = rotated.chunk(2, dim=-1)
+            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:  # interleaved pairs, GPT-J style
+            x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+            rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((rotated.to(x.dtype), x[..., self.rotary_dim :]), dim=-1).reshape(shape)
+
+
+def install_rope_options(model: nn.Module, options: RopeOptions, max_model_len: int) -> int:
+    """Replace the model's rotary embeddings where the options or the window need it; returns how many.
+
+    Layers sharing one rotary module (vLLM caches them) keep sharing one replacement.
+    """
+    owners = [module for module in model.modules() if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+    replacements: dict[int, ServingRotaryEmbedding] = {}
+    for owner in owners:
+        rotary = owner.rotary_emb
+        if isinstance(rotary, ServingRotaryEmbedding):
+            continue
+        if id(rotary) not in replacements:  # (a replacement resizes the shared original's table)
+            if options.is_stock and max_model_len <= rotary.max_position_embeddings:
+                continue
+            replacements[id(rotary)] = ServingRotaryEmbedding(rotary, options, max_model_len)
+        owner.rotary_emb = replacements[id(rotary)]
+    return len(replacements)

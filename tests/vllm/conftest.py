@@ -1,0 +1,81 @@
+"""Tiny checkpoints for the vLLM tests, built from a config (never downloaded), and shared engines.
+
+vLLM engines take ~30 s to start on a CPU, so each test module shares one (module-scoped
+fixtures). The engine tests need vLLM (the separate environment, see the module docstrings);
+without it they are skipped and only the vLLM-free tests (kernels, layouts, packing) run.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from evalkit.corpus import builtin_tokenizer
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment")
+MAX_POSITIONS = 1024  # RULER lengths 512 and 1024 fit; head_dim 32 is the CPU backend's smallest
+ARCHITECTURES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}  # evalkit's trainer builds these
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The hf reference runs in this process while vLLM's engine processes hold the other core: with
+    two OpenMP threads waiting on a busy core, the same greedy decoding took 12.5 s instead of 0.4 s."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return builtin_tokenizer()
+
+
+def build_checkpoint(directory: Path, tokenizer, architecture: str = "llama", seed: int = 0) -> Path:
+    """A 2-layer model (hidden 128, 4 query and 2 key/value heads of 32) saved with its tokenizer."""
+    import transformers
+
+    config_class, model_class = (getattr(transformers, f"{ARCHITECTURES[architecture]}{kind}")
+                                 for kind in ("Config", "ForCausalLM"))  # fmt: skip
+    torch.manual_seed(seed)
+    config = config_class(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.2,  # spread-out logits: greedy choices are clear, not near-ties
+        attention_dropout=0.0, tie_word_embeddings=False, sliding_window=None,  # as evalkit's trainer saves them
+    )  # fmt: skip
+    model_class(config).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory, tokenizer) -> Path:
+    return build_checkpoint(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+
+
+@pytest.fixture(scope="session")
+def hf_engine(checkpoint):
+    """The reference: the hf engine on the same checkpoint, in FP32 on the CPU."""
+    from evalkit.engines import get_engine
+
+    return get_engine("hf", checkpoint, dtype="fp32", device="cpu", batch_size=4)
+
+
+def start_vllm_engine(path: Path, **settings):
+    from evalkit.engines import get_engine
+
+    return get_engine("vllm", path, dtype="fp32", **settings)
+
+
+def stop_vllm_engine(engine) -> None:
+    engine.close()
+    del engine
+    gc.collect()
