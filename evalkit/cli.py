@@ -163,7 +163,7 @@ def bench_train(
     paradigms: str = typer.Option("", help="Paradigms to time besides full (default: all)."),
     config: str = typer.Option("tiny-cpu", "--config", help="The recipe whose model is timed."),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set dtype=bf16."),
-    steps: int = typer.Option(3, help="Timed optimizer steps per cell (median reported), after one warm-up."),
+    steps: int = typer.Option(5, help="Timed optimizer steps per cell (median reported), after one warm-up."),
     out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
 ) -> None:
     """Optimizer-step time and tokens/s of a recipe's model under each paradigm vs full."""
