@@ -369,19 +369,22 @@ def _compile_masks(device) -> bool:
 
 
 _block_masks = _BlockMaskCache()
-_compiled_flex: Callable | None = None
+_compiled_flex: dict[bool, Callable] = {}
 
 
-def _flex_function(device: torch.device) -> Callable:
-    """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores)."""
-    global _compiled_flex
+def flex_attention_function(device: torch.device, dynamic: bool = False) -> Callable:
+    """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores).
+
+    Training windows have one shape (static compile); serving prefills change length every step
+    (`dynamic=True`). Each kind is compiled once per process.
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
     if device.type != "cuda":
         return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+    if dynamic not in _compiled_flex:
+        _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return _compiled_flex[dynamic]
 
 
 def flex_attention(q, k, v, doc_ids=None, *, scale=None):
@@ -396,7 +399,7 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None):
     gqa = q.shape[1] != k.shape[1]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return _flex_function(q.device)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return flex_attention_function(q.device)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -34,6 +34,18 @@ def check_dtype(name: str) -> str:
     return name
 
 
+def context_window(config, max_length: int | None) -> int:
+    """The engine's window: the max_length setting, else the model's max_position_embeddings."""
+    if max_length is not None:
+        if max_length < 2:
+            raise UserError(f"max_length must be at least 2, got {max_length}")
+        return max_length
+    trained = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if trained is None:
+        raise UserError("the model config has no max_position_embeddings: set max_length")
+    return int(trained)
+
+
 def check_max_new_tokens(max_new_tokens: int) -> None:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -169,7 +181,9 @@ class Engine(ABC):
 
     def _checked_prompt(self, ids: list[int], max_new_tokens: int, on_overflow: str) -> list[int] | None:
         if not ids:
-            raise UserError("empty prompt: no token to condition on (text gets a BOS only where the tokenizer adds one)")
+            raise UserError(
+                "empty prompt: no token to condition on (text gets a BOS only where the tokenizer adds one)"
+            )
         if len(ids) + max_new_tokens <= self.max_length:
             return ids
         if on_overflow == "skip":

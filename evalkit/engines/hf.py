@@ -33,7 +33,7 @@ import torch
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens
+from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens, context_window
 from evalkit.errors import UserError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -128,7 +128,7 @@ class HFEngine(PackedEngine):
             self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
         )
         self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
-        self.max_length = _window(self.model.config, max_length)
+        self.max_length = context_window(self.model.config, max_length)
         self._eos_ids = _eos_token_ids(self.tokenizer, self.model)
         self._pad_id = _pad_token_id(self.tokenizer)
         # transformers renamed the model's `past_key_values` argument to `cache` during 5.x.
@@ -366,18 +366,6 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
         device_map=str(device),  # weights go straight to the device, not through CPU memory first
     )
     return model.eval()
-
-
-def _window(config, max_length: int | None) -> int:
-    """The max_length setting, else the model's max_position_embeddings."""
-    if max_length is not None:
-        if max_length < 2:
-            raise UserError(f"max_length must be at least 2, got {max_length}")
-        return max_length
-    trained = getattr(config.get_text_config(), "max_position_embeddings", None)
-    if trained is None:
-        raise UserError("the model config has no max_position_embeddings: set max_length")
-    return int(trained)
 
 
 def _eos_token_ids(tokenizer, model) -> set[int]:

@@ -42,7 +42,7 @@ import torch
 
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens
+from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens, context_window
 from evalkit.errors import UserError
 from evalkit.probe.options import ROPE_VARIANTS
 
@@ -258,7 +258,7 @@ class VLLMEngine(PackedEngine):
             self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
         )
         config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust_remote_code)
-        self.max_length = _window(config, max_length)
+        self.max_length = context_window(config, max_length)
         self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
         self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
@@ -517,18 +517,6 @@ def _checkpoint_directory(model_path: str | Path) -> Path:
     if not (path / "config.json").is_file():
         raise UserError(f"no transformers checkpoint (config.json) at {path}: the vllm engine loads local checkpoints")
     return path
-
-
-def _window(config, max_length: int | None) -> int:
-    """The max_length setting, else the model's max_position_embeddings (the hf engine's rule)."""
-    if max_length is not None:
-        if max_length < 2:
-            raise UserError(f"max_length must be at least 2, got {max_length}")
-        return max_length
-    trained = getattr(config.get_text_config(), "max_position_embeddings", None)
-    if trained is None:
-        raise UserError("the model config has no max_position_embeddings: set max_length")
-    return int(trained)
 
 
 def _serving_architecture(config, rope: str, position_shift: int, max_length: int) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
+from evalkit.attention.kernels import flex_attention_function
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -137,27 +138,12 @@ def anchor_block_mask(doc_ids_L: torch.Tensor, num_queries: int, block_size: int
     )
 
 
-_compiled_flex: Callable | None = None
-
-
-def _flex_function(device: torch.device) -> Callable:
-    """Compiled FlexAttention on CUDA, with dynamic shapes: prefill lengths change every step."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if device.type != "cuda":
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=True)
-    return _compiled_flex
-
-
 def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask):
     block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, q_1HQD.shape[2])
     gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return _flex_function(q_1HQD.device)(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return flex_attention_function(q_1HQD.device, dynamic=True)(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- entry points
