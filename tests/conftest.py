@@ -14,3 +14,11 @@ def _isolated_cache(tmp_path_factory):
         os.environ.pop("EVALKIT_CACHE", None)
     else:
         os.environ["EVALKIT_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The built-in byte-level BPE (vocab 2048, adds a BOS), trained locally once per session."""
+    from evalkit.corpus import builtin_tokenizer
+
+    return builtin_tokenizer()

@@ -12,24 +12,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from evalkit.corpus import builtin_tokenizer
+from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 MAX_POSITIONS = 128
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from threads, and on a shared machine OpenMP threads that wait
-    for a busy core spin: the same tests took 2 s on one thread and over 60 s on two under load."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return builtin_tokenizer()
 
 
 def build_checkpoint(directory: Path, tokenizer, seed: int = 0) -> LlamaForCausalLM:

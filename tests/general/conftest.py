@@ -10,25 +10,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from evalkit.corpus import builtin_tokenizer
 from evalkit.engines import get_engine
+from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 WINDOW = 1024  # room for the mmlu-style fixture's 5-shot prompts (about 200 tokens)
 RUN = "tiny-run"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from threads, and OpenMP threads spin on a shared, busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return builtin_tokenizer()
 
 
 def build_checkpoint(directory: Path, tokenizer, seed: int) -> LlamaForCausalLM:

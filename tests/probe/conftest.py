@@ -6,18 +6,10 @@ from transformers import AutoModel, LlamaConfig
 
 from evalkit.corpus import builtin_tokenizer
 from evalkit.probe import PROBE_ATTENTION, register_probe_attention
+from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 VOCAB = 256
 MAX_POSITIONS = 256
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from threads, and OpenMP threads spin on a shared, busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def tiny_llama_config(**changes) -> LlamaConfig:

@@ -4,14 +4,8 @@ import json
 
 import pytest
 
-from evalkit.corpus import builtin_tokenizer
 from evalkit.errors import UserError
 from evalkit.probe.texts import TextSource, special_prefix
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return builtin_tokenizer()
 
 
 def test_builtin_prose_windows_start_with_bos(tokenizer):

@@ -7,12 +7,6 @@ from evalkit.corpus import builtin_tokenizer, prose_documents
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    """The built-in byte-level BPE (vocab 2048, adds a BOS)."""
-    return builtin_tokenizer()
-
-
-@pytest.fixture(scope="session")
 def small_tokenizer():
     """A vocab-512 tokenizer: the small-vocabulary kind tiny models use."""
     return builtin_tokenizer(512)

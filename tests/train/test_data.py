@@ -5,15 +5,9 @@ import json
 import pytest
 
 from evalkit.attention import Paradigm
-from evalkit.corpus import builtin_tokenizer
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
 from evalkit.train.data import BuiltinSource, JsonlSource, WindowStream, domain_tag_ids, open_source
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return builtin_tokenizer()
 
 
 def write_jsonl(path, docs):
@@ -30,7 +24,10 @@ def test_windows_are_exact_and_deterministic(tokenizer):
         assert wa.input_ids.shape == (256,)
         assert wa.input_ids.tolist() == wb.input_ids.tolist()
     c = WindowStream(source, tokenizer, Paradigm.ANCHOR, 256, seed=4)
-    assert c.next_window().input_ids.tolist() != WindowStream(source, tokenizer, Paradigm.ANCHOR, 256, seed=3).next_window().input_ids.tolist()
+    assert (
+        c.next_window().input_ids.tolist()
+        != WindowStream(source, tokenizer, Paradigm.ANCHOR, 256, seed=3).next_window().input_ids.tolist()
+    )
 
 
 @pytest.mark.parametrize("paradigm", list(Paradigm))

@@ -14,27 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from evalkit.corpus import builtin_tokenizer
+from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment")
 MAX_POSITIONS = 1024  # RULER lengths 512 and 1024 fit; head_dim 32 is the CPU backend's smallest
 ARCHITECTURES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}  # evalkit's trainer builds these
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The hf reference runs in this process while vLLM's engine processes hold the other core: with
-    two OpenMP threads waiting on a busy core, the same greedy decoding took 12.5 s instead of 0.4 s."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return builtin_tokenizer()
 
 
 def build_checkpoint(directory: Path, tokenizer, architecture: str = "llama", seed: int = 0) -> Path:
