@@ -13,6 +13,7 @@ import typer
 
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
+from evalkit.provenance import command_line
 
 app = typer.Typer(
     help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",
@@ -99,7 +100,7 @@ def bench_attention(
     if out is not None:
         from evalkit.bench.report import write_report
 
-        command = "evalkit " + " ".join(sys.argv[1:])
+        command = command_line()
         conditions = (
             f"B=1, H={heads}, Hkv={kv_heads or heads}, D={head_dim}, {dtype}, device {device}; document lengths "
             f"exponential with mean {mean_doc} (seed {seed}); median of {repeats} timed runs after one warm-up."
@@ -153,7 +154,7 @@ def bench_ruler_data(
 
         conditions = (f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
                       "piece counts reset per task and length, so setup and verification are included.")  # fmt: skip
-        write_report(out, "RULER data generation speed", "evalkit " + " ".join(sys.argv[1:]), conditions, table)
+        write_report(out, "RULER data generation speed", command_line(), conditions, table)
         console.print(f"wrote {out}")
 
 
@@ -188,7 +189,7 @@ def bench_train(
             f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
             f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
         )
-        write_report(out, "Training: optimizer-step time per paradigm vs full", "evalkit " + " ".join(sys.argv[1:]), conditions, table)
+        write_report(out, "Training: optimizer-step time per paradigm vs full", command_line(), conditions, table)
         console.print(f"wrote {out}")
 
 
@@ -200,7 +201,8 @@ def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
     console = Console(stderr=True)
     out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name
     given = {key: value for key, value in options.items() if value is not None}
-    result = run_probe(kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"), **given)
+    result = run_probe(kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+                       command=command_line(), **given)
     typer.echo(Path(result["files"]["markdown"]).read_text())
     console.print("wrote " + ", ".join(result["files"].values()))
 
@@ -278,7 +280,7 @@ def ruler_command(
     from rich.console import Console
 
     from evalkit.results.checkpoints import resolve_checkpoints
-    from evalkit.ruler.runner import RulerSettings, parse_tasks, run_ruler
+    from evalkit.ruler.runner import RulerSettings, parse_tasks
 
     console = Console(stderr=True)
     settings = RulerSettings(tasks=parse_tasks(tasks), lengths=parse_lengths(lengths), num_samples=samples, seed=seed,
@@ -327,7 +329,7 @@ def _report_ruler(console, summaries: list[dict], out: Path, avg: bool) -> None:
     if avg:
         table = average_table(rows)
         typer.echo("\n" + table)
-        atomic_write_text(out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `evalkit {' '.join(sys.argv[1:])}`\n\n{table}\n")
+        atomic_write_text(out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{table}\n")
         console.print(f"wrote {out / 'ruler-avg.md'}")
     console.print(f"results in {out}")
 

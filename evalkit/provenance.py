@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from datetime import datetime, timezone
 from functools import cache
 from pathlib import Path
@@ -59,3 +61,15 @@ def stamp() -> dict[str, object]:
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
     }
+
+
+def command_line() -> str:
+    """The evalkit command this process runs, as the user could retype it."""
+    return "evalkit " + shlex.join(sys.argv[1:])
+
+
+def provenance_lines(info: dict[str, object] | None = None) -> list[str]:
+    """Markdown lines naming the machine and the evalkit commit behind a report."""
+    info = info or stamp()
+    machine_line = ", ".join(f"{k} {v}" for k, v in info["machine"].items())
+    return [f"Machine: {machine_line}", "", f"evalkit {info['evalkit_version']} ({info['git_hash']}), {info['created']}"]

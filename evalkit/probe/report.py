@@ -15,6 +15,7 @@ import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from evalkit.provenance import provenance_lines
 from evalkit.results_io import atomic_write_bytes, atomic_write_text
 
 PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
@@ -209,6 +210,16 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
     return lines
 
 
+def _provenance_lines(provenance: dict | None) -> list[str]:
+    """The command, the time it took, the machine and the evalkit commit, when known."""
+    if not provenance:
+        return []
+    lines = [f"Command: `{provenance['command']}`", ""] if provenance.get("command") else []
+    if provenance.get("seconds") is not None:
+        lines += [f"Took {provenance['seconds']:.0f} s.", ""]
+    return [*lines, *provenance_lines(provenance), ""]
+
+
 def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
     """The human-readable summary: what was measured, the key ratios, the observations, the values."""
     metric_name = {"shift": "attention difference D (Eq. 4)", "tokens": "per-token attention difference",
@@ -223,6 +234,7 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
     out = [f"# BF16 RoPE probe: {kind}", "",
            f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
            f"{context['device']}. First token: {context['first_token']}.", ""]  # fmt: skip
+    out += _provenance_lines(context.get("provenance"))
     notes = [f"Note: {note}." for note in context.get("notes", [])]
     out += [*notes, ""] if notes else []
     out += ["## Key numbers", "", "| quantity | value |", "|---|---|", *key_rows, ""] if key_rows else []

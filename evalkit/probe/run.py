@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -230,15 +231,17 @@ def output_paths(kind: str, out_dir: Path) -> dict[str, Path]:
 
 
 def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Callable[[str], None] | None = None,
-              **options) -> dict:  # fmt: skip
+              command: str | None = None, **options) -> dict:  # fmt: skip
     """Run one probe kind ("shift", "tokens", "length") on a checkpoint and write its outputs.
 
     `options` are `ProbeOptions` fields (texts, seq_len, n_texts, delta2, delta1, dtypes, rope,
     random_init, lengths, seed, device, shifts_per_batch); list options also take the comma-
     separated strings users type. Everything is checked before a model is loaded. Writes
     probe-<kind>.json (rows, summary, provenance), .png, .svg and .md into `out_dir` and returns
-    the JSON's content plus "files": {json, markdown, png, svg} paths.
+    the JSON's content plus "files": {json, markdown, png, svg} paths. `command`, the command line
+    that asked for the run, is recorded with the outputs.
     """
+    started = time.monotonic()
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
     checkpoint = resolve_checkpoint(ckpt)
@@ -252,6 +255,7 @@ def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Cal
     rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress)
     summary = summarise(rows)
     provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
+    provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
     notes = _notes(plan, windows, probe_options.n_texts, source)
     payload = {"kind": kind, "provenance": provenance, "options": _options_record(plan, probe_options),
                "measurement": MEASUREMENT, "notes": notes, "summary": summary, "rows": rows}  # fmt: skip
@@ -260,7 +264,8 @@ def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Cal
     write_plots(kind, rows, paths["json"].with_suffix(""))
     first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
     context = {"checkpoint": checkpoint, "texts": source.describe(), "device": device, "notes": notes,
-               "texts_used": _texts_used(windows, probe_options.n_texts), "first_token": first_token}  # fmt: skip
+               "texts_used": _texts_used(windows, probe_options.n_texts), "first_token": first_token,
+               "provenance": provenance}  # fmt: skip
     atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
     atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
     return {**payload, "files": {name: str(path) for name, path in paths.items()}}

@@ -117,3 +117,19 @@ def test_a_checkpoint_missing_weights_is_refused(checkpoint, tmp_path):
     (broken / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="lacks .* weights"):
         run_probe("shift", broken, tmp_path / "out", seq_len=16, n_texts=1, delta1="0", dtypes="bf16")
+
+
+def test_the_cli_summary_names_its_command_and_machine(checkpoint, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    args = ["probe", "length", "--ckpt", str(checkpoint), "--lengths", "8,16", "--n", "1", "--dtypes", "bf16",
+            "--out", str(out)]  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "evalkit.cli", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = (out / "probe-length.md").read_text()
+    assert f"Command: `evalkit probe length --ckpt {checkpoint} --lengths 8,16" in summary
+    assert "Machine: cpu " in summary and "Took " in summary
+    stored = json.loads((out / "probe-length.json").read_text())
+    assert stored["provenance"]["command"].startswith("evalkit probe length")
