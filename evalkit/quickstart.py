@@ -31,10 +31,10 @@ BUILTIN_RULER_TASKS = (
 class QuickstartPlan:
     recipe: str = "tiny-cpu"
     paradigms: tuple[str, ...] = QUICK_PARADIGMS
-    max_steps: int | None = 60  # a short run per paradigm: the harness end to end in minutes
+    max_steps: int | None = 40  # a short run per paradigm: the harness end to end in minutes
     sets: list[str] = field(default_factory=list)  # recipe overrides
     last: int = 2  # checkpoints per run evaluated and averaged
-    samples: int = 20  # RULER samples per task and length
+    samples: int = 10  # RULER samples per task and length
     lengths: list[int] | None = None  # None: the training length and twice it
     general_limit: int | None = None  # None: every fixture question
     runs_dir: Path = Path("runs/quickstart")
