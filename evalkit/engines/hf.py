@@ -355,16 +355,25 @@ def _resolve_device(device: str) -> torch.device:
 
 def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=TORCH_DTYPES[dtype],
-        attn_implementation=attention,
-        use_safetensors=True,
-        local_files_only=True,
-        trust_remote_code=trust_remote_code,
-        device_map=str(device),  # weights go straight to the device, not through CPU memory first
-    )
+    # Evaluations load one checkpoint after another under evalkit's own progress display;
+    # transformers' per-load "Loading weights" bar would interleave with it. Restored after.
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=TORCH_DTYPES[dtype],
+            attn_implementation=attention,
+            use_safetensors=True,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            device_map=str(device),  # weights go straight to the device, not through CPU memory first
+        )
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     return model.eval()
 
 
