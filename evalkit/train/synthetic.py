@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from dataclasses import dataclass
 from functools import cache
 
 from evalkit.corpus.prose import prose_documents
@@ -68,8 +69,27 @@ def _filler(rng: random.Random, chars: int) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class RetrievalExample:
+    """A synthetic document and where its asked values stand, as character spans of `text`.
+
+    `facts[k]` is where the value answered by `answers[k]` is first stated (unpredictable: a
+    random number), `answers[k]` where the closing questions repeat it (predictable only by
+    looking back): the pair a retrieval check compares.
+    """
+
+    text: str
+    facts: tuple[tuple[int, int], ...]
+    answers: tuple[tuple[int, int], ...]
+
+
 def retrieval_document(index: int, seed: int, max_tokens: int) -> str:
-    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens).
+    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens)."""
+    return retrieval_example(index, seed, max_tokens).text
+
+
+def retrieval_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
+    """Document `index` with its value spans.
 
     Up to 12 key -> 7-digit facts at random depths of the filler, then questions about some of
     them, each answered: the answer digits are predictable only by looking back.
@@ -81,8 +101,30 @@ def retrieval_document(index: int, seed: int, max_tokens: int) -> str:
     words = _words()
     num_facts = rng.randint(1, 12)
     facts = [(f"{rng.choice(words)}-{rng.choice(words)}", str(rng.randrange(10**6, 10**7))) for _ in range(num_facts)]
+    stated = {}
     for key, value in facts:
-        filler.insert(rng.randint(0, len(filler)), rng.choice(FACT_TEMPLATES).format(key=key, value=value))
+        position = rng.randint(0, len(filler))  # drawn before the template: the stream's order
+        stated[value] = rng.choice(FACT_TEMPLATES).format(key=key, value=value)
+        filler.insert(position, stated[value])
     asked = rng.sample(facts, rng.randint(max(1, num_facts // 2), num_facts))
     questions = [rng.choice(QUESTION_TEMPLATES).format(key=key, value=value) for key, value in asked]
-    return " ".join(filler) + "\n" + "\n".join(questions)
+    body = " ".join(filler)
+    text = body + "\n" + "\n".join(questions)
+    fact_spans, answer_spans, start = [], [], len(body) + 1
+    for (_, value), question in zip(asked, questions):
+        answer = start + question.rindex(value)  # every question template ends with its value
+        fact = _sentence_start(filler, stated[value]) + stated[value].index(value)
+        fact_spans.append((fact, fact + len(value)))
+        answer_spans.append((answer, answer + len(value)))
+        start += len(question) + 1
+    return RetrievalExample(text, tuple(fact_spans), tuple(answer_spans))
+
+
+def _sentence_start(pieces: list[str], sentence: str) -> int:
+    """Character offset of `sentence` (compared by identity) in " ".join(pieces)."""
+    offset = 0
+    for piece in pieces:
+        if piece is sentence:
+            return offset
+        offset += len(piece) + 1
+    raise ValueError("sentence not among the pieces")

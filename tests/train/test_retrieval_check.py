@@ -1,0 +1,86 @@
+"""The retrieval check's spans and token alignment, against oracle and blind stand-in models."""
+
+import math
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from evalkit.train.retrieval_check import HELD_OUT_FROM, answer_accuracy, main, span_tokens
+from evalkit.train.synthetic import retrieval_document, retrieval_example
+
+
+@pytest.mark.parametrize("index", range(0, 400, 7))
+def test_spans_name_each_asked_value_stated_before_it_is_asked(index):
+    example = retrieval_example(index, seed=3, max_tokens=1024)
+    assert example.text == retrieval_document(index, 3, 1024)
+    assert example.answers and len(example.facts) == len(example.answers)
+    questions_start = example.text.rindex("\n", 0, example.answers[0][0]) + 1
+    for (a, b), (c, d) in zip(example.facts, example.answers):
+        assert re.fullmatch(r"\d{7}", example.text[a:b])
+        assert example.text[a:b] == example.text[c:d]
+        assert b <= questions_start <= c  # stated in the body, repeated in the closing questions
+
+
+def test_span_tokens_keep_only_tokens_inside_the_span():
+    offsets = [(0, 0), (0, 3), (3, 4), (4, 8), (8, 10), (10, 10)]
+    assert span_tokens(offsets, (3, 10)) == [2, 3, 4]  # not the empty special token at the end
+    assert span_tokens(offsets, (2, 9)) == [2, 3]  # a token crossing either edge is left out
+
+
+class Oracle:
+    """Knows the document: puts its whole mass on each true next token."""
+
+    def __call__(self, input_ids):
+        ids = input_ids[0]
+        logits = torch.zeros(1, len(ids), 4096)
+        logits[0, torch.arange(len(ids) - 1), ids[1:]] = 20.0
+        return SimpleNamespace(logits=logits)
+
+
+class Blind:
+    """Uniform over the vocabulary: every token has NLL ln(V)."""
+
+    def __call__(self, input_ids):
+        return SimpleNamespace(logits=torch.zeros(1, input_ids.shape[1], 4096))
+
+
+def test_an_oracle_scores_one_and_a_blind_model_chance(tokenizer):
+    oracle = answer_accuracy(Oracle(), tokenizer, max_tokens=512, documents=12)
+    assert oracle["documents"] > 0 and oracle["answer_tokens"] > 0 and oracle["fact_tokens"] > 0
+    assert oracle["answer_accuracy"] == 1.0 and oracle["fact_accuracy"] == 1.0
+    assert oracle["answer_nll"] < 1e-3
+    blind = answer_accuracy(Blind(), tokenizer, max_tokens=512, documents=12)
+    assert blind["answer_nll"] == pytest.approx(math.log(4096), rel=1e-5)
+    assert blind["answer_tokens"] == oracle["answer_tokens"]
+
+
+def test_a_model_right_on_answers_only_beats_the_control(tokenizer):
+    """Right where the document repeats a value (it looks it up), blind where it is first stated."""
+    documents = 8
+    knows = {}  # per document's token ids: the rows whose next token the model predicts
+    for index in range(HELD_OUT_FROM, HELD_OUT_FROM + documents):
+        example = retrieval_example(index, 12_345, 512)
+        encoded = tokenizer(example.text, return_offsets_mapping=True)
+        rows = torch.zeros(len(encoded["input_ids"]), dtype=torch.bool)
+        for span in example.answers:
+            for t in span_tokens(encoded["offset_mapping"], span):
+                rows[t - 1] = True
+        knows[tuple(encoded["input_ids"])] = rows
+
+    class AnswersOnly(Oracle):
+        def __call__(self, input_ids):
+            out = super().__call__(input_ids)
+            out.logits[0, ~knows[tuple(input_ids[0].tolist())]] = 0.0
+            return out
+
+    result = answer_accuracy(AnswersOnly(), tokenizer, max_tokens=512, documents=documents)
+    assert result["documents"] > 0
+    assert result["answer_accuracy"] == 1.0
+    assert result["fact_nll"] == pytest.approx(math.log(4096), rel=1e-5)
+
+
+def test_the_command_refuses_a_path_without_a_checkpoint(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "not a checkpoint" in capsys.readouterr().err
