@@ -115,3 +115,36 @@ def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             (path / TRAINER_STATE).unlink(missing_ok=True)
+
+
+def export_checkpoint(source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state.
+
+    config.json, the tokenizer, generation_config.json and meta.json are copied as they are (the
+    config's dtype is updated), so evaluators read the copy exactly like the original. Written
+    to a temporary directory and renamed: the destination is never half-written.
+    """
+    from safetensors.torch import save_file
+
+    source, destination = Path(source), Path(destination)
+    if not (source / META).is_file():
+        raise UserError(f"{source} is not a complete checkpoint (no {META})")
+    tmp = destination.with_name(f".{destination.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.name in ("model.safetensors", TRAINER_STATE, META) or item.is_dir():
+            continue
+        shutil.copy2(item, tmp / item.name)
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_model_state(source).items()}
+    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp / "config.json").read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config.pop("torch_dtype", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copy2(source / META, tmp / META)  # last, as when it was written
+    if destination.exists():
+        shutil.rmtree(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(destination)
+    return destination

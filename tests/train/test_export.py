@@ -1,0 +1,85 @@
+"""Exported checkpoints (bf16, no trainer state) and the prepared GPU study script, run on a CPU."""
+
+import json
+import subprocess
+import tarfile
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evalkit.errors import UserError
+from evalkit.train import train
+from evalkit.train.checkpoint import TRAINER_STATE, complete_checkpoints, export_checkpoint, load_model_state
+from tests.train.helpers import MICRO, micro_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_export_casts_weights_drops_trainer_state_and_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run = train(micro_config(tmp_path / "run", max_steps=4), show_progress=False)
+    source = complete_checkpoints(run)[-1][1]
+    assert (source / TRAINER_STATE).is_file()
+    target = export_checkpoint(source, tmp_path / "shipped" / "step-4")
+
+    assert not (target / TRAINER_STATE).exists()
+    assert json.loads((target / "meta.json").read_text()) == json.loads((source / "meta.json").read_text())
+    assert json.loads((target / "config.json").read_text())["dtype"] == "bfloat16"
+    original, exported = load_model_state(source), load_model_state(target)
+    assert original.keys() == exported.keys()
+    for name, tensor in original.items():
+        assert exported[name].dtype == torch.bfloat16
+        assert torch.equal(exported[name], tensor.to(torch.bfloat16)), name
+    assert complete_checkpoints(tmp_path / "shipped") == [(4, target)]
+
+    ids = torch.tensor([[1, 40, 41, 42, 43, 44]])
+    reference = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    shipped = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        gap = (reference(ids).logits - shipped(ids).logits).abs().max()
+    assert 0 < gap < 0.1  # rounded to bf16: close, not identical
+
+
+def test_export_refuses_an_incomplete_checkpoint(tmp_path):
+    (tmp_path / "step-1").mkdir()
+    with pytest.raises(UserError, match="not a complete checkpoint"):
+        export_checkpoint(tmp_path / "step-1", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _study(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The script with OUT = tmp_path/out and the runs in tmp_path/runs."""
+    out, extra = tmp_path / "out", ("--runs-dir", str(tmp_path / "runs"), *extra)
+    sets = [item for s in [*MICRO, "model.attention=blocked"] for item in ("--set", s)]
+    command = [sys.executable, str(ROOT / "scripts" / "gpu_study.py"), "--out", str(out), "--recipe", "tiny-cpu", *sets, *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_gpu_study_trains_each_paradigm_checks_and_exports(tmp_path):
+    result = _study(tmp_path, "--paradigms", "full,anchor", "--documents", "4", "--set", "max_steps=4",
+                    "--set", "seq_len=512", "--set", "checkpoint.every=2")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "tiny-cpu-anchor.tar", "tiny-cpu-full.tar"]
+    report = (out / "README.md").read_text()
+    for paradigm in ("full", "anchor"):
+        row = next(line for line in report.splitlines() if line.startswith(f"| {paradigm} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "finished" and cells[2] == "4" and cells[-1] == "2, 4"
+        assert 0 <= float(cells[6]) <= 1 and 0 <= float(cells[7]) <= 1  # the retrieval check ran
+        with tarfile.open(out / f"tiny-cpu-{paradigm}.tar") as archive:
+            archive.extractall(tmp_path / "shipped", filter="data")
+        shipped = complete_checkpoints(tmp_path / "shipped" / f"tiny-cpu-{paradigm}")
+        assert [step for step, _ in shipped] == [2, 4]
+        assert not any((path / TRAINER_STATE).exists() for _, path in shipped)
+        meta = json.loads((shipped[-1][1] / "meta.json").read_text())
+        assert meta["paradigm"] == paradigm
+
+
+def test_gpu_study_stops_runs_at_the_time_limit(tmp_path):
+    result = _study(tmp_path, "--paradigms", "anchor", "--minutes", "0.05", "--set", "max_steps=100000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| anchor | stopped at the 0.05-minute limit |" in (tmp_path / "out" / "README.md").read_text()
