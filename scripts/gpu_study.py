@@ -1,0 +1,179 @@
+"""The tiny study on a lent GPU, as one prepared command: train, check, export checkpoints to ship.
+
+    PYTHONPATH=. python scripts/gpu_study.py --out $OUT/study [--minutes 7] [--set KEY=VALUE ...]
+
+1. Trains the recipe (default tiny-gpu) under each paradigm (default full, intra_doc, anchor),
+   all at once, one process each on the same GPU: the models are tiny, so the GPU is shared
+   and each process feeds its own windows from its own CPU core. Every run stops at its
+   max_steps or when --minutes is up, whichever comes first (killed, so the periodic
+   checkpoints of the recipe are what remains; a later `evalkit train --resume` continues it).
+2. Measures each run's last checkpoint with evalkit.train.retrieval_check (answer digits vs the
+   first-statement control): whether the study can be meaningful before RULER is spent on it.
+3. Exports the last --keep checkpoints of each run as bf16 safetensors without trainer state,
+   one archive per run, OUT/<run>.tar holding <run>/step-N/ (unpack into checkpoints/ of the
+   repository to ship them: the tiny-gpu recipe keeps two checkpoints of three paradigms under
+   20 MB), and writes OUT/README.md: the command, the last losses, the retrieval check and the
+   sizes. OUT holds only these few files (a lent machine returns at most 8, 16 MiB each); the
+   runs themselves, trainer states included, go to --runs-dir.
+
+Needs torch with CUDA, transformers, tokenizers, safetensors, pyyaml, rich (all on the lent
+machine's image); no evalkit install. On a CPU it runs too (for tests: --set model.attention=blocked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from evalkit.provenance import provenance_lines  # noqa: E402
+from evalkit.results_io import atomic_write_text  # noqa: E402
+from evalkit.train import checkpoint as ckpt  # noqa: E402
+from evalkit.train import load_config  # noqa: E402
+
+
+def _child(args: argparse.Namespace) -> int:
+    """One paradigm's run, in this process (the parent starts one per paradigm)."""
+    from evalkit.train import train
+
+    config = load_config(args.recipe, {"paradigm": args.one, "out": args.run_dir}, args.set)
+    train(config, resume=True, show_progress=False)
+    return 0
+
+
+def train_all(args: argparse.Namespace, runs_dir: Path) -> dict[str, dict]:
+    """Start every paradigm's run, wait until each ends or the deadline; {paradigm: outcome}."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.setdefault("OMP_NUM_THREADS", "1")  # one core each: the data stream is the CPU's share
+    processes = {}
+    for paradigm in args.paradigms:
+        run_dir = runs_dir / f"{args.recipe}-{paradigm}"
+        command = [sys.executable, __file__, "--one", paradigm, "--run-dir", str(run_dir), "--recipe", args.recipe]
+        command += [item for pair in (("--set", s) for s in args.set) for item in pair]
+        log = (runs_dir / f"{paradigm}.log").open("w")
+        processes[paradigm] = (subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), run_dir, log)
+    deadline = time.monotonic() + args.minutes * 60
+    outcome = {}
+    for paradigm, (process, run_dir, log) in processes.items():
+        try:
+            code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            state = "finished" if code == 0 else f"failed (exit {code}, see {paradigm}.log)"
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            state = f"stopped at the {args.minutes:g}-minute limit"
+        log.close()
+        outcome[paradigm] = {"run_dir": run_dir, "state": state}
+    return outcome
+
+
+def last_metrics(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if not lines:
+        return {}
+    tail = lines[-20:]
+    return {"step": lines[-1]["step"], "loss": sum(r["loss"] for r in tail) / len(tail),
+            "tokens_per_s": sum(r["tokens_per_s"] for r in tail) / len(tail), "tokens_seen": lines[-1]["tokens_seen"]}  # fmt: skip
+
+
+def export_archive(run_dir: Path, checkpoints: list[tuple[int, Path]], export_dir: Path, out: Path) -> int:
+    """The checkpoints in bf16 without trainer state, archived as OUT/<run>.tar; returns their bytes."""
+    import tarfile
+
+    exported = [ckpt.export_checkpoint(path, export_dir / run_dir.name / path.name) for _, path in checkpoints]
+    archive = out / f"{run_dir.name}.tar"
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w") as tar:
+        for path in exported:
+            tar.add(path, arcname=f"{run_dir.name}/{path.name}")
+    partial.replace(archive)
+    return sum(f.stat().st_size for path in exported for f in path.iterdir())
+
+
+def retrieval(path: Path, max_tokens: int, documents: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evalkit.train.retrieval_check import answer_accuracy
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+
+    def forward(ids):
+        return model(ids.to(device))
+
+    return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="where README.md and one checkpoint archive per run go")
+    parser.add_argument("--runs-dir", type=Path, help="where the training runs go (default OUT/runs)")
+    parser.add_argument("--recipe", default="tiny-gpu")
+    parser.add_argument("--paradigms", default="full,intra_doc,anchor")
+    parser.add_argument("--minutes", type=float, default=7.0, help="wall-clock limit of the training stage")
+    parser.add_argument("--keep", type=int, default=2, help="checkpoints per run to export")
+    parser.add_argument("--documents", type=int, default=200, help="held-out documents of the retrieval check")
+    parser.add_argument("--set", action="append", default=[], help="recipe override KEY=VALUE (repeatable)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        return _child(args)
+    if args.out is None:
+        parser.error("--out is required")
+    args.paradigms = [p.strip() for p in args.paradigms.split(",") if p.strip()]
+    config = load_config(args.recipe, {}, args.set)  # a bad recipe or --set fails here, before any work
+    runs_dir = args.runs_dir or args.out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    outcome = train_all(args, runs_dir)
+    trained_s = time.perf_counter() - started
+
+    rows, total_bytes = [], 0
+    for paradigm, result in outcome.items():
+        checkpoints = ckpt.complete_checkpoints(result["run_dir"])
+        metrics = last_metrics(result["run_dir"])
+        check = retrieval(checkpoints[-1][1], config.seq_len, args.documents) if checkpoints else {}
+        exported = [step for step, _ in checkpoints[-args.keep :]]
+        if exported:
+            total_bytes += export_archive(result["run_dir"], checkpoints[-args.keep :], runs_dir / "export", args.out)
+        rows.append((paradigm, result["state"], metrics, check, exported))
+        print(paradigm, result["state"], metrics, check, exported, flush=True)
+
+    lines = [
+        f"# {args.recipe} under {', '.join(args.paradigms)}",
+        "",
+        f"Command: `python {' '.join(['scripts/gpu_study.py', *(argv if argv is not None else sys.argv[1:])])}`",
+        f"Training stage: {trained_s:.0f} s (limit {args.minutes:g} min), runs at once on one device.",
+        "",
+        "| paradigm | training | last step | tokens | loss (last 20 steps) | tokens/s | answer acc | control acc | answer NLL | exported steps |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for paradigm, state, metrics, check, exported in rows:
+        lines.append(
+            f"| {paradigm} | {state} | {metrics.get('step', '-')} | {metrics.get('tokens_seen', 0) / 1e6:.1f}M | "
+            f"{metrics.get('loss', float('nan')):.3f} | {metrics.get('tokens_per_s', 0):,.0f} | "
+            f"{check.get('answer_accuracy', float('nan')):.3f} | {check.get('fact_accuracy', float('nan')):.3f} | "
+            f"{check.get('answer_nll', float('nan')):.3f} | {', '.join(map(str, exported)) or '-'} |"
+        )  # fmt: skip
+    lines += ["", f"Exported: {total_bytes / 2**20:.1f} MiB of bf16 checkpoints in {len([r for r in rows if r[4]])} archives "
+              "(`tar -xf RUN.tar -C checkpoints/`).", "", *provenance_lines()]
+    atomic_write_text(args.out / "README.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    failed = [p for p, state, *_ in rows if state.startswith("failed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
