@@ -134,12 +134,24 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
             text.append(f"**{value}**" if run in best[n] else value)
         avg = f"{averages[run]:.2f}" if run in averages else "–"
         avg = f"**{avg}**" if run in best_avg else avg
-        counts = {(c.checkpoints, c.tasks) for (r, _), c in cells.items() if r == run}
-        behind = "; ".join(f"{k} ckpt × {t} tasks" for k, t in sorted(counts)) + f" × {info.settings.get('samples')} samples"
+        behind = _behind(cells, run, lengths, info.settings.get("samples"))
         mark = " †" if run in differs else ""
         lines.append(f"| {run}{mark} | {info.paradigm} | {info.model} | {info.data} | {', '.join(map(str, info.steps))} | "
                      + " | ".join(text) + f" | {avg} | {behind} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
+    """Checkpoints, tasks and samples behind a run's values; the lengths named when counts differ."""
+    by_count: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for n in lengths:
+        if (run, n) in cells:
+            by_count[(cells[(run, n)].checkpoints, cells[(run, n)].tasks)].append(n)
+    if len(by_count) == 1:
+        (k, t), = by_count
+        return f"{k} ckpt × {t} tasks × {samples} samples"
+    parts = [f"{k} ckpt × {t} tasks at {', '.join(_label(n) for n in ns)}" for (k, t), ns in sorted(by_count.items(), key=lambda kv: kv[1])]
+    return "; ".join(parts) + f"; {samples} samples each"
 
 
 def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:

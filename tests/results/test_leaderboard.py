@@ -82,6 +82,17 @@ def test_tables_match_hand_arithmetic(results):
         assert f"(plots/{name}.png)" in text
 
 
+def test_counts_that_differ_by_length_name_their_lengths(tmp_path):
+    root = tmp_path / "ruler"
+    for step in (10, 20):  # vt scored at 1024 only (as cwe, which does not fit the shorter length)
+        write(root, ruler_summary("tiny-anchor", step, {("niah_single_1", 512): 50, ("niah_single_1", 1024): 40,
+                                                        ("vt", 1024): 20}))  # fmt: skip
+    out = tmp_path / "board.md"
+    result = leaderboard(str(root), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "| 2 ckpt × 1 tasks at 512; 2 ckpt × 2 tasks at 1K; 10 samples each |" in out.read_text()
+
+
 def test_runs_with_different_settings_are_marked(results):
     other = dict(SETTINGS, num_samples=50)
     write(results / "ruler", ruler_summary("tiny-intra", 20, {("niah_single_1", 512): 10}, settings=other))
