@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalkit.provenance import provenance_lines  # noqa: E402
-from evalkit.results_io import atomic_write_text  # noqa: E402
-from evalkit.train import checkpoint as ckpt  # noqa: E402
-from evalkit.train import load_config  # noqa: E402
+from evalkit.provenance import provenance_lines
+from evalkit.results_io import atomic_write_text
+from evalkit.train import checkpoint as ckpt
+from evalkit.train import load_config
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -167,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{check.get('answer_accuracy', float('nan')):.3f} | {check.get('fact_accuracy', float('nan')):.3f} | "
             f"{check.get('answer_nll', float('nan')):.3f} | {', '.join(map(str, exported)) or '-'} |"
         )  # fmt: skip
-    lines += ["", f"Exported: {total_bytes / 2**20:.1f} MiB of bf16 checkpoints in {len([r for r in rows if r[4]])} archives "
-              "(`tar -xf RUN.tar -C checkpoints/`).", "", *provenance_lines()]
+    archives = sum(1 for row in rows if row[4])
+    exported_line = f"Exported: {total_bytes / 2**20:.1f} MiB of bf16 checkpoints in {archives} archives (`tar -xf RUN.tar -C checkpoints/`)."
+    lines += ["", exported_line, "", *provenance_lines()]
     atomic_write_text(args.out / "README.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     failed = [p for p, state, *_ in rows if state.startswith("failed")]
