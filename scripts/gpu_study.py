@@ -48,6 +48,28 @@ def _child(args: argparse.Namespace) -> int:
     return 0
 
 
+def choose_attention(args: argparse.Namespace, runs_dir: Path) -> str:
+    """The attention the runs use: the recipe's, unless FlexAttention fails a 2-step training smoke
+    test on this GPU (it has never trained here before), then the blocked implementation."""
+    import torch
+
+    from evalkit.train import train
+
+    config = load_config(args.recipe, {}, args.set)
+    if not torch.cuda.is_available() or config.model.attention not in ("auto", "flex"):
+        return config.model.attention
+    smoke = ["max_steps=2", "windows_per_step=2", "micro_batch=2", "checkpoint.every=1000", "checkpoint.final_count=1"]
+    config = load_config(args.recipe, {"paradigm": "anchor", "out": str(runs_dir / "smoke-flex")}, [*args.set, *smoke])
+    try:
+        train(config, show_progress=False)
+        return config.model.attention
+    except Exception as err:  # noqa: BLE001 -- any failure of the untried path: the study still runs, on the other one
+        print(f"FlexAttention failed the smoke test ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+              "training with model.attention=blocked", flush=True)
+        args.set.append("model.attention=blocked")
+        return "blocked (flex failed its smoke test)"
+
+
 def train_all(args: argparse.Namespace, runs_dir: Path) -> dict[str, dict]:
     """Start every paradigm's run, wait until each ends or the deadline; {paradigm: outcome}."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -137,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    attention = choose_attention(args, runs_dir)
     outcome = train_all(args, runs_dir)
     trained_s = time.perf_counter() - started
 
@@ -155,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# {args.recipe} under {', '.join(args.paradigms)}",
         "",
         f"Command: `python {' '.join(['scripts/gpu_study.py', *(argv if argv is not None else sys.argv[1:])])}`",
-        f"Training stage: {trained_s:.0f} s (limit {args.minutes:g} min), runs at once on one device.",
+        f"Training stage: {trained_s:.0f} s (limit {args.minutes:g} min), runs at once on one device; attention {attention}.",
         "",
         "| paradigm | training | last step | tokens | loss (last 20 steps) | tokens/s | answer acc | control acc | answer NLL | exported steps |",
         "|---|---|---|---|---|---|---|---|---|---|",

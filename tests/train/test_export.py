@@ -83,3 +83,37 @@ def test_gpu_study_stops_runs_at_the_time_limit(tmp_path):
     result = _study(tmp_path, "--paradigms", "anchor", "--minutes", "0.05", "--set", "max_steps=100000")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| anchor | stopped at the 0.05-minute limit |" in (tmp_path / "out" / "README.md").read_text()
+
+
+def _load_study_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_study", ROOT / "scripts" / "gpu_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flex_works", [True, False])
+def test_gpu_study_falls_back_to_blocked_when_flex_fails_its_smoke_test(flex_works, tmp_path, monkeypatch):
+    import argparse
+
+    import evalkit.train
+
+    study = _load_study_module()
+    trained = []
+
+    def fake_train(config, **_kwargs):
+        trained.append(config)
+        if not flex_works:
+            raise RuntimeError("no backward for this mask\nmore")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(evalkit.train, "train", fake_train)
+    args = argparse.Namespace(recipe="tiny-gpu", set=[])
+    chosen = study.choose_attention(args, tmp_path)
+    assert len(trained) == 1 and trained[0].max_steps == 2  # one short smoke run, before the study
+    if flex_works:
+        assert chosen == "auto" and args.set == []
+    else:
+        assert chosen.startswith("blocked") and args.set == ["model.attention=blocked"]
