@@ -83,7 +83,7 @@ def test_bench_ideal_ratio_is_sum_of_squared_document_lengths():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--config", "tiny-gpu"], "no config 'tiny-gpu'"),
+        (["--config", "no-such-recipe"], "no config 'no-such-recipe'"),
         (["--set", "optim.lrr=1"], "unknown config key 'optim.lrr'"),
         (["--paradigm", "anchr"], "unknown paradigm 'anchr'"),
         (["--model", "./no/such/model", "--max-steps", "1"], "model path ./no/such/model does not exist"),
