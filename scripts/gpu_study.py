@@ -25,10 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,6 +40,7 @@ from evalkit.provenance import provenance_lines
 from evalkit.results_io import atomic_write_text
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import load_config
+from evalkit.train.retrieval_check import check_checkpoint
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -51,15 +55,15 @@ def _child(args: argparse.Namespace) -> int:
 def choose_attention(args: argparse.Namespace, runs_dir: Path) -> str:
     """The attention the runs use: the recipe's, unless FlexAttention fails a 2-step training smoke
     test on this GPU (it has never trained here before), then the blocked implementation."""
-    import torch
-
     from evalkit.train import train
 
     config = load_config(args.recipe, {}, args.set)
     if not torch.cuda.is_available() or config.model.attention not in ("auto", "flex"):
         return config.model.attention
     smoke = ["max_steps=2", "windows_per_step=2", "micro_batch=2", "checkpoint.every=1000", "checkpoint.final_count=1"]
-    config = load_config(args.recipe, {"paradigm": "anchor", "out": str(runs_dir / "smoke-flex")}, [*args.set, *smoke])
+    smoke_dir = runs_dir / "smoke-flex"
+    shutil.rmtree(smoke_dir, ignore_errors=True)  # a rerun's old smoke checkpoints would refuse to train
+    config = load_config(args.recipe, {"paradigm": "anchor", "out": str(smoke_dir)}, [*args.set, *smoke])
     try:
         train(config, show_progress=False)
         return config.model.attention
@@ -120,22 +124,6 @@ def export_archive(run_dir: Path, checkpoints: list[tuple[int, Path]], export_di
     return sum(f.stat().st_size for path in exported for f in path.iterdir())
 
 
-def retrieval(path: Path, max_tokens: int, documents: int) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from evalkit.train.retrieval_check import answer_accuracy
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
-
-    def forward(ids):
-        return model(ids.to(device))
-
-    return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="where README.md and one checkpoint archive per run go")
@@ -163,11 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     outcome = train_all(args, runs_dir)
     trained_s = time.perf_counter() - started
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, total_bytes = [], 0
     for paradigm, result in outcome.items():
         checkpoints = ckpt.complete_checkpoints(result["run_dir"])
         metrics = last_metrics(result["run_dir"])
-        check = retrieval(checkpoints[-1][1], config.seq_len, args.documents) if checkpoints else {}
+        check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device) if checkpoints else {}
         exported = [step for step, _ in checkpoints[-args.keep :]]
         if exported:
             total_bytes += export_archive(result["run_dir"], checkpoints[-args.keep :], runs_dir / "export", args.out)

@@ -64,12 +64,17 @@ def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, s
     return result
 
 
-def _check_checkpoint(path: Path, max_tokens: int, documents: int) -> dict:
+def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = "cpu") -> dict:
+    """answer_accuracy of a checkpoint directory, run in FP32 on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
-    return answer_accuracy(model, tokenizer, max_tokens=max_tokens, documents=documents)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+
+    def forward(input_ids: torch.Tensor):
+        return model(input_ids.to(device))
+
+    return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |")
     print("|---|---|---|---|---|---|")
     for path in args.checkpoints:
-        r = _check_checkpoint(path, args.max_tokens, args.documents)
+        r = check_checkpoint(path, args.max_tokens, args.documents)
         print(f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
               f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |")  # fmt: skip
     return 0

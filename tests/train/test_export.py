@@ -104,12 +104,16 @@ def test_gpu_study_falls_back_to_blocked_when_flex_fails_its_smoke_test(flex_wor
     trained = []
 
     def fake_train(config, **_kwargs):
+        assert not Path(config.out).exists()  # a rerun's smoke checkpoints are gone, or train() would refuse
         trained.append(config)
         if not flex_works:
             raise RuntimeError("no backward for this mask\nmore")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(evalkit.train, "train", fake_train)
+    stale = tmp_path / "smoke-flex" / "step-2"
+    stale.mkdir(parents=True)
+    (stale / "meta.json").write_text("{}")
     args = argparse.Namespace(recipe="tiny-gpu", set=[])
     chosen = study.choose_attention(args, tmp_path)
     assert len(trained) == 1 and trained[0].max_steps == 2  # one short smoke run, before the study
