@@ -116,7 +116,7 @@ def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings,
     records = log.ordered()
     value = score(task, [r["prediction"] for r in records], [r["references"] for r in records])
     return {"run": ref.run, "step": ref.step, "task": task, "length": length, "score": value, "n": len(records),
-            "data_key": data_key}  # fmt: skip
+            "data_key": data_key, "generated": len(todo)}  # fmt: skip
 
 
 def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
@@ -143,10 +143,10 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
         "run": ref.run,
         "step": ref.step,
         "checkpoint": str(ref.path),
-        "rows": [{k: v for k, v in row.items() if k != "data_key"} for row in rows],
+        "rows": [{k: v for k, v in row.items() if k not in ("data_key", "generated")} for row in rows],
         "skipped": skipped,
         "provenance": {
-            **stamp(),
+            **_stamp_of_the_scores(checkpoint_dir(out, ref) / SUMMARY, any(row["generated"] for row in rows)),
             "checkpoint_meta": checkpoint_meta(ref.path),
             "engine": engine.engine_info(),
             "settings": asdict(settings),
@@ -155,6 +155,18 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
     }
     atomic_write_json(checkpoint_dir(out, ref) / SUMMARY, summary)
     return summary
+
+
+def _stamp_of_the_scores(summary_path: Path, generated_any: bool) -> dict:
+    """Version, commit, time and machine of the run that produced the samples: a rerun that only
+    reads them back keeps the earlier summary's stamp instead of claiming them as its own."""
+    if not generated_any and summary_path.is_file():
+        try:
+            earlier = json.loads(summary_path.read_text())["provenance"]
+            return {key: earlier[key] for key in stamp()}
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # unreadable: this run's stamp
+    return stamp()
 
 
 def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path,

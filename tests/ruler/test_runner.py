@@ -93,9 +93,10 @@ def test_rerun_computes_nothing_and_kill_resume_equals_straight_run(tiny_run, tm
     assert by_index(killed) == by_index(straight)  # no sample lost, none different
     assert summaries(killed)[4]["rows"] == summaries(straight)[4]["rows"]
 
-    before = log.stat().st_mtime_ns
+    before, stamped = log.stat().st_mtime_ns, summaries(killed)[4]["provenance"]["created"]
     again = ruler(*args, "--out", str(killed))
     assert again.returncode == 0 and log.stat().st_mtime_ns == before  # nothing recomputed
+    assert summaries(killed)[4]["provenance"]["created"] == stamped  # nor claimed by the rerun
 
 
 @pytest.mark.parametrize(
