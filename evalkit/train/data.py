@@ -20,7 +20,7 @@ from evalkit.attention import Document, Paradigm, PackedSequence, pack
 from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
-from evalkit.train.synthetic import GENERATOR_VERSION, retrieval_document
+from evalkit.train.synthetic import GENERATOR_VERSION, copy_document, retrieval_document
 
 
 class DocumentSource(Protocol):
@@ -36,34 +36,52 @@ class DocumentSource(Protocol):
 
 
 class BuiltinSource:
-    """Built-in prose documents mixed with synthetic retrieval documents (no download)."""
+    """Built-in prose documents mixed with synthetic retrieval and copy documents (no download).
+
+    `retrieval_fraction` and `copy_fraction` are shares of the documents; prose, repeated as
+    needed, makes up the rest. There are `num_retrieval_docs` retrieval documents and as many
+    copy documents as keep the shares (`num_retrieval_docs` of them when there is no retrieval).
+    """
 
     def __init__(self, config: DataConfig, seed: int, seq_len: int):
         prose = prose_documents()
-        fraction = config.retrieval_fraction
+        fraction, copy_fraction = config.retrieval_fraction, config.copy_fraction
         num_retrieval = config.num_retrieval_docs if fraction > 0 else 0
-        if fraction >= 1:
+        if copy_fraction <= 0:
+            num_copy = 0
+        elif num_retrieval:
+            num_copy = max(1, round(num_retrieval * copy_fraction / fraction))
+        else:
+            num_copy = config.num_retrieval_docs
+        num_synthetic, synthetic_share = num_retrieval + num_copy, fraction + copy_fraction
+        if synthetic_share >= 1:
             repeats = 0
-        elif num_retrieval == 0:
+        elif num_synthetic == 0:
             repeats = 1
-        else:  # repeat the prose so that it makes up (1 - fraction) of the documents
-            repeats = max(1, round(num_retrieval * (1 - fraction) / fraction / len(prose)))
+        else:  # repeat the prose so that it makes up (1 - synthetic share) of the documents
+            repeats = max(1, round(num_synthetic * (1 - synthetic_share) / synthetic_share / len(prose)))
         self._prose, self._repeats = prose, repeats
-        self._num_retrieval, self._seed, self._seq_len = num_retrieval, seed, seq_len
+        self._num_retrieval, self._num_copy, self._seed, self._seq_len = num_retrieval, num_copy, seed, seq_len
         key = f"builtin-{GENERATOR_VERSION}-{len(prose)}x{repeats}-{num_retrieval}-{seed}-{seq_len}"
+        if num_copy:  # runs without copy documents keep their fingerprint
+            key += f"-copy{num_copy}"
         self.fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def domains(self) -> list[str]:
-        return [name for name, count in (("prose", self._repeats), ("retrieval", self._num_retrieval)) if count]
+        counts = (("copy", self._num_copy), ("prose", self._repeats), ("retrieval", self._num_retrieval))
+        return [name for name, count in counts if count]
 
     def __len__(self) -> int:
-        return len(self._prose) * self._repeats + self._num_retrieval
+        return len(self._prose) * self._repeats + self._num_retrieval + self._num_copy
 
     def __getitem__(self, index: int) -> tuple[str, str | None]:
         num_prose = len(self._prose) * self._repeats
         if index < num_prose:
             return self._prose[index % len(self._prose)], "prose"
-        return retrieval_document(index - num_prose, self._seed, self._seq_len), "retrieval"
+        index -= num_prose
+        if index < self._num_retrieval:
+            return retrieval_document(index, self._seed, self._seq_len), "retrieval"
+        return copy_document(index - self._num_retrieval, self._seed, self._seq_len), "copy"
 
 
 class JsonlSource:

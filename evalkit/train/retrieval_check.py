@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from evalkit.train.synthetic import retrieval_example
+from evalkit.train.synthetic import copy_example, retrieval_example
+
+EXAMPLES = {"retrieval": retrieval_example, "copy": copy_example}
 
 HELD_OUT_FROM = 10_000_000  # document indices the training stream (num_retrieval_docs) never reaches
 HELD_OUT_SEED = 12_345
@@ -33,16 +35,21 @@ def span_tokens(offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> li
     return [t for t, (a, b) in enumerate(offsets) if t > 0 and b > a and a >= start and b <= end]
 
 
-def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, seed: int = HELD_OUT_SEED) -> dict:
+def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, seed: int = HELD_OUT_SEED,
+                    kind: str = "retrieval") -> dict:
     """Teacher-forced accuracy and mean NLL on answer tokens and on first-statement tokens.
+
+    kind "retrieval": the synthetic retrieval documents; "copy": the copy documents, whose
+    answers are the repeated segments and whose control is their first occurrence.
 
     `model(input_ids)` must return an object with `.logits` [1, T, V]; `tokenizer` must give
     offset mappings (a fast tokenizer). Documents longer than `max_tokens` are skipped.
     """
+    make_example = EXAMPLES[kind]
     tally = {"answer": [0, 0, 0.0], "fact": [0, 0, 0.0]}  # correct, tokens, summed NLL
     used = 0
     for index in range(HELD_OUT_FROM, HELD_OUT_FROM + documents):
-        example = retrieval_example(index, seed, max_tokens)
+        example = make_example(index, seed, max_tokens)
         encoded = tokenizer(example.text, return_offsets_mapping=True)
         ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
         if len(ids) > max_tokens:
@@ -50,21 +57,21 @@ def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, s
         used += 1
         with torch.no_grad():
             log_probs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-        for kind, spans in (("answer", example.answers), ("fact", example.facts)):
+        for role, spans in (("answer", example.answers), ("fact", example.facts)):
             for span in spans:
                 for t in span_tokens(offsets, span):
-                    tally[kind][0] += int(log_probs[t - 1].argmax()) == ids[t]
-                    tally[kind][1] += 1
-                    tally[kind][2] -= float(log_probs[t - 1, ids[t]])
+                    tally[role][0] += int(log_probs[t - 1].argmax()) == ids[t]
+                    tally[role][1] += 1
+                    tally[role][2] -= float(log_probs[t - 1, ids[t]])
     result: dict[str, float | int] = {"documents": used}
-    for kind, (correct, tokens, nll) in tally.items():
-        result[f"{kind}_tokens"] = tokens
-        result[f"{kind}_accuracy"] = correct / tokens if tokens else math.nan
-        result[f"{kind}_nll"] = nll / tokens if tokens else math.nan
+    for role, (correct, tokens, nll) in tally.items():
+        result[f"{role}_tokens"] = tokens
+        result[f"{role}_accuracy"] = correct / tokens if tokens else math.nan
+        result[f"{role}_nll"] = nll / tokens if tokens else math.nan
     return result
 
 
-def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = "cpu") -> dict:
+def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = "cpu", kind: str = "retrieval") -> dict:
     """answer_accuracy of a checkpoint directory, run in FP32 on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,7 +81,7 @@ def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = 
     def forward(input_ids: torch.Tensor):
         return model(input_ids.to(device))
 
-    return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents)
+    return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents, kind=kind)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("checkpoints", nargs="+", type=Path)
     parser.add_argument("--max-tokens", type=int, default=1024, help="document size (the training window)")
     parser.add_argument("--documents", type=int, default=64)
+    parser.add_argument("--kind", choices=sorted(EXAMPLES), default="retrieval",
+                        help="retrieval documents, or copy documents (the induction skill alone)")
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.checkpoints if not (p / "config.json").is_file()]
     if missing:
@@ -90,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |")
     print("|---|---|---|---|---|---|")
     for path in args.checkpoints:
-        r = check_checkpoint(path, args.max_tokens, args.documents)
+        r = check_checkpoint(path, args.max_tokens, args.documents, kind=args.kind)
         print(f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
               f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |")  # fmt: skip
     return 0

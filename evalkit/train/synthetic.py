@@ -128,3 +128,52 @@ def _sentence_start(pieces: list[str], sentence: str) -> int:
             return offset
         offset += len(piece) + 1
     raise ValueError("sentence not among the pieces")
+
+
+# Copy documents: the induction skill alone, densely. A model copies by content only after a
+# long plateau (results/tiny-recipe: ~18M tokens for a 2-layer model on random tokens); retrieval
+# documents carry that signal on a few answer digits each, copy documents on a third of their tokens.
+COPY_SEGMENT_ITEMS = (3, 10)
+COPY_GAP_ITEMS = (0, 24)
+TOKENS_PER_COPY_ITEM = 3  # words of 4-9 letters and numbers of 1-7 digits, on the built-in BPE
+
+
+def _copy_item(rng: random.Random) -> str:
+    """A random word, or a number of 1-7 digits (the built-in BPE splits digits one by one)."""
+    if rng.random() < 0.5:
+        return rng.choice(_words())
+    digits = rng.randint(1, 7)
+    return str(rng.randrange(10 ** (digits - 1), 10**digits))
+
+
+def copy_document(index: int, seed: int, max_tokens: int) -> str:
+    """Copy document `index`: deterministic in (index, seed, max_tokens)."""
+    return copy_example(index, seed, max_tokens).text
+
+
+def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
+    """Copy document `index`: segments of random items, each repeated after a random gap.
+
+    The repeat can be predicted only by finding the segment's earlier occurrence by its content
+    (its distance varies). `answers` span each repeat from its second item on (the first cannot
+    be foreseen), `facts` the same items where they first occur (the control).
+    """
+    rng = random.Random(f"copy-{GENERATOR_VERSION}-{seed}-{index}")
+    tokens = int(round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9)))))
+    items: list[str] = []
+    first, repeat = [], []  # item ranges [start, end) of each segment's two occurrences
+    while len(items) * TOKENS_PER_COPY_ITEM < tokens:
+        segment = [_copy_item(rng) for _ in range(rng.randint(*COPY_SEGMENT_ITEMS))]
+        gap = [_copy_item(rng) for _ in range(rng.randint(*COPY_GAP_ITEMS))]
+        first.append((len(items) + 1, len(items) + len(segment)))
+        repeat.append((len(items) + len(segment) + len(gap) + 1, len(items) + 2 * len(segment) + len(gap)))
+        items += segment + gap + segment
+    starts = [0]
+    for item in items:
+        starts.append(starts[-1] + len(item) + 1)
+
+    def span(item_range: tuple[int, int]) -> tuple[int, int]:  # characters of items [a, b)
+        a, b = item_range
+        return starts[a], starts[b] - 1
+
+    return RetrievalExample(" ".join(items), tuple(map(span, first)), tuple(map(span, repeat)))

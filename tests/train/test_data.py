@@ -7,6 +7,8 @@ import pytest
 from evalkit.attention import Paradigm
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
+from evalkit.corpus.prose import prose_documents
+from evalkit.train.synthetic import GENERATOR_VERSION, copy_document
 from evalkit.train.data import BuiltinSource, JsonlSource, WindowStream, domain_tag_ids, open_source
 
 
@@ -68,6 +70,28 @@ def test_builtin_source_mixes_prose_and_retrieval():
     assert 0.4 < domains.count("retrieval") / len(domains) < 0.6
     text = source[len(source) - 1][0]
     assert any(ch.isdigit() for ch in text)
+
+
+def test_builtin_source_mixes_copy_documents_in_their_share():
+    source = BuiltinSource(DataConfig(retrieval_fraction=0.4, copy_fraction=0.4, num_retrieval_docs=400), 0, 256)
+    domains = [source[i][1] for i in range(len(source))]
+    assert domains.count("retrieval") == 400 and domains.count("copy") == 400
+    assert 0.1 < domains.count("prose") / len(domains) < 0.3
+    assert source.domains() == ["copy", "prose", "retrieval"]
+    copy_text = next(source[i][0] for i in range(len(source)) if source[i][1] == "copy")
+    assert copy_text == copy_document(0, 0, 256)
+
+
+def test_a_corpus_without_copy_documents_keeps_its_fingerprint():
+    """Runs started before copy documents existed must resume: their data key is unchanged."""
+    import hashlib
+
+    source = BuiltinSource(DataConfig(retrieval_fraction=0.5, num_retrieval_docs=500), seed=0, seq_len=1024)
+    repeats = len(source) - 500  # one prose document per index
+    key = f"builtin-{GENERATOR_VERSION}-{len(prose_documents())}x{repeats // len(prose_documents())}-500-0-1024"
+    assert source.fingerprint == hashlib.sha256(key.encode()).hexdigest()[:16]
+    with_copy = BuiltinSource(DataConfig(retrieval_fraction=0.5, copy_fraction=0.1, num_retrieval_docs=500), 0, 1024)
+    assert with_copy.fingerprint != source.fingerprint
 
 
 def test_domain_tags_from_builtin_tokenizer(tokenizer):

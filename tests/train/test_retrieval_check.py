@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from evalkit.train.retrieval_check import HELD_OUT_FROM, answer_accuracy, main, span_tokens
-from evalkit.train.synthetic import retrieval_document, retrieval_example
+from evalkit.train.synthetic import copy_document, copy_example, retrieval_document, retrieval_example
 
 
 @pytest.mark.parametrize("index", range(0, 400, 7))
@@ -79,6 +79,23 @@ def test_a_model_right_on_answers_only_beats_the_control(tokenizer):
     assert result["documents"] > 0
     assert result["answer_accuracy"] == 1.0
     assert result["fact_nll"] == pytest.approx(math.log(4096), rel=1e-5)
+
+
+def test_copy_spans_are_exact_repeats_of_their_first_occurrence():
+    for index in range(20):
+        example = copy_example(index, 0, 512)
+        assert example.text == copy_document(index, 0, 512)
+        assert len(example.facts) == len(example.answers) >= 1
+        for (a, b), (c, d) in zip(example.facts, example.answers):
+            assert b <= c and example.text[a:b] == example.text[c:d] and example.text[a:b].strip()
+            assert example.text[c - 1] == " "  # the repeat starts at an item boundary
+
+
+def test_the_copy_check_scores_an_oracle_one_and_a_blind_model_chance(tokenizer):
+    oracle = answer_accuracy(Oracle(), tokenizer, max_tokens=512, documents=8, kind="copy")
+    assert oracle["answer_tokens"] > 50 and oracle["answer_accuracy"] == 1.0
+    blind = answer_accuracy(Blind(), tokenizer, max_tokens=512, documents=8, kind="copy")
+    assert blind["answer_nll"] == pytest.approx(math.log(4096), rel=1e-5)
 
 
 def test_the_command_refuses_a_path_without_a_checkpoint(tmp_path, capsys):
