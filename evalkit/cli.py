@@ -48,6 +48,25 @@ def train_command(
     typer.echo(f"checkpoints in {run_dir}")
 
 
+@app.command("export")
+def export_command(
+    ckpt: Path = typer.Argument(..., help="A checkpoint directory written by `evalkit train` (runs/<run>/step-<N>)."),
+    dest: Path = typer.Argument(..., help="Where the copy goes (replaced if it exists)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp32."),
+) -> None:
+    """Copy a checkpoint to ship or share: weights in bf16 safetensors, no optimizer state."""
+    import torch
+
+    from evalkit.train.checkpoint import export_checkpoint
+
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        raise UserError(f"--dtype {dtype!r}: use bf16 or fp32")
+    written = export_checkpoint(ckpt, dest, dtypes[dtype])
+    size = sum(f.stat().st_size for f in written.iterdir())
+    typer.echo(f"{written}: {size / 2**20:.1f} MiB")
+
+
 @bench_app.command("attention")
 def bench_attention(
     seq: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated (16k = 16384)."),

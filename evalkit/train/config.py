@@ -239,6 +239,7 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise UserError(f"config {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise UserError(f"config {path} must be a mapping of keys to values")
+    _resolve_relative_paths(data, path.parent)
     base = data.pop("base", None)
     if base is None:
         return data
@@ -246,6 +247,20 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not base_path.is_file():
         base_path = resolve_recipe(str(base))
     return _merge(_read_recipe(base_path, (*seen, path.resolve())), data)
+
+
+RECIPE_RELATIVE_PATHS = (("model", "path"), ("data", "tokenizer"), ("data", "source"))
+
+
+def _resolve_relative_paths(data: dict[str, Any], recipe_dir: Path) -> None:
+    """Paths a recipe writes as ./x or ../x are relative to the recipe file, not to where evalkit runs.
+
+    So a recipe can name files shipped beside it (a base checkpoint) and work from any directory.
+    """
+    for section, key in RECIPE_RELATIVE_PATHS:
+        value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and value.startswith(("./", "../")):
+            data[section][key] = str((recipe_dir / value).resolve())
 
 
 def _parse_set(assignment: str) -> tuple[list[str], Any]:

@@ -64,6 +64,19 @@ def test_base_inheritance(tmp_path):
     assert (config.seq_len, config.optim.lr, config.optim.weight_decay, config.name) == (256, 0.25, 0.0, "child")
 
 
+def test_dot_paths_in_a_recipe_are_relative_to_the_recipe_file(tmp_path, monkeypatch):
+    """A recipe can name a checkpoint shipped beside it and be used from any directory."""
+    (tmp_path / "recipes" / "deeper").mkdir(parents=True)
+    (tmp_path / "recipes" / "base.yaml").write_text("model:\n  path: ../ckpt/base\ndata:\n  source: data/x.jsonl\n")
+    (tmp_path / "recipes" / "deeper" / "child.yaml").write_text("base: ../base.yaml\ndata:\n  tokenizer: ./tok\n")
+    monkeypatch.chdir(tmp_path / "recipes" / "deeper")
+    config = load_config(str(tmp_path / "recipes" / "deeper" / "child.yaml"))
+    assert config.model.path == str((tmp_path / "ckpt" / "base").resolve())
+    assert config.data.tokenizer == str((tmp_path / "recipes" / "deeper" / "tok").resolve())
+    assert config.data.source == "data/x.jsonl"  # no ./: a hub name or a path from where evalkit runs
+    assert load_config(str(tmp_path / "recipes" / "base.yaml"), sets=["model.path=./mine"]).model.path == "./mine"
+
+
 def test_checkpoint_window():
     config = load_config("tiny-cpu", {"max_steps": 100}, ["checkpoint.final_count=3", "checkpoint.final_spacing=20"])
     assert config.checkpoint_steps() == {60, 80, 100}

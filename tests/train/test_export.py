@@ -17,6 +17,20 @@ from tests.train.helpers import MICRO, micro_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def test_the_export_command_writes_a_bf16_copy_and_refuses_bad_input(tmp_path):
+    run = train(micro_config(tmp_path / "run", max_steps=2), show_progress=False)
+    source = complete_checkpoints(run)[-1][1]
+    cli = [sys.executable, "-m", "evalkit.cli", "export"]
+    done = subprocess.run([*cli, str(source), str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "MiB" in done.stdout and json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+    for args, message in (([str(source), str(tmp_path / "x"), "--dtype", "fp8"], "use bf16 or fp32"),
+                          ([str(tmp_path), str(tmp_path / "y")], "not a complete checkpoint")):  # fmt: skip
+        bad = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
+        assert not Path(args[1]).exists()
+
+
 def test_export_casts_weights_drops_trainer_state_and_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
