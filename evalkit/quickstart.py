@@ -19,6 +19,7 @@ from rich.console import Console
 
 from evalkit.errors import UserError
 
+QUICK_RECIPE = "tiny-long"
 QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
 FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
 BUILTIN_RULER_TASKS = (
@@ -29,9 +30,9 @@ BUILTIN_RULER_TASKS = (
 
 @dataclass
 class QuickstartPlan:
-    recipe: str = "tiny-cpu"
+    recipe: str = QUICK_RECIPE
     paradigms: tuple[str, ...] = QUICK_PARADIGMS
-    max_steps: int | None = 40  # a short run per paradigm: the harness end to end in minutes
+    max_steps: int | None = None  # None: the recipe's own
     sets: list[str] = field(default_factory=list)  # recipe overrides
     last: int = 2  # checkpoints per run evaluated and averaged
     samples: int = 10  # RULER samples per task and length

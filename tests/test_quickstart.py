@@ -9,7 +9,7 @@ from tests.train.helpers import MICRO
 
 def quickstart(tmp_path):
     sets = [arg for s in [*MICRO, "model.max_position_embeddings=512"] for arg in ("--set", s)]
-    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--out", str(tmp_path / "results"), "--runs",
+    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--recipe", "tiny-cpu", "--out", str(tmp_path / "results"), "--runs",
            str(tmp_path / "runs"), "--max-steps", "4", "--samples", "2", "--lengths", "256", "--general-limit", "3", *sets]  # fmt: skip
     started = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -84,24 +84,49 @@ def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = 
     return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents, kind=kind)
 
 
+def _expand(paths: Sequence[Path]) -> list[Path]:
+    """Checkpoints as given; a run directory stands for its complete checkpoints, oldest first."""
+    from evalkit.train.checkpoint import complete_checkpoints
+
+    out = []
+    for path in paths:
+        steps = [] if (path / "config.json").is_file() else complete_checkpoints(path) if path.is_dir() else []
+        out += [ckpt for _, ckpt in steps] or [path]
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoints", nargs="+", type=Path)
+    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints, or run directories (all their checkpoints)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="document size (the training window)")
     parser.add_argument("--documents", type=int, default=64)
     parser.add_argument("--kind", choices=sorted(EXAMPLES), default="retrieval",
                         help="retrieval documents, or copy documents (the induction skill alone)")
+    parser.add_argument("--out", type=Path, help="also write the table, with the command and machine, to this markdown file")
     args = parser.parse_args(argv)
-    missing = [str(p) for p in args.checkpoints if not (p / "config.json").is_file()]
+    checkpoints = _expand(args.checkpoints)
+    missing = [str(p) for p in checkpoints if not (p / "config.json").is_file()]
     if missing:
         print(f"error: not a checkpoint (no config.json): {', '.join(missing)}", file=sys.stderr)
         return 2
-    print("| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |")
-    print("|---|---|---|---|---|---|")
-    for path in args.checkpoints:
+    lines = ["| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |", "|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for path in checkpoints:
         r = check_checkpoint(path, args.max_tokens, args.documents, kind=args.kind)
-        print(f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
-              f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |")  # fmt: skip
+        lines.append(f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
+                     f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |")  # fmt: skip
+        print(lines[-1], flush=True)
+    if args.out:
+        import shlex
+
+        from evalkit.provenance import provenance_lines
+        from evalkit.results_io import atomic_write_text
+
+        command = "python -m evalkit.train.retrieval_check " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+        title = f"# {args.kind} check: answer-token accuracy against the control, {args.documents} held-out documents of up to {args.max_tokens} tokens"
+        report = [title, "", f"Command: `{command}`", "", *lines, "", *provenance_lines()]
+        atomic_write_text(args.out, "\n".join(report) + "\n")
     return 0
 
 

@@ -101,3 +101,15 @@ def test_the_copy_check_scores_an_oracle_one_and_a_blind_model_chance(tokenizer)
 def test_the_command_refuses_a_path_without_a_checkpoint(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "not a checkpoint" in capsys.readouterr().err
+
+
+def test_a_run_directory_stands_for_its_checkpoints_and_the_report_names_the_command(tmp_path, capsys):
+    from evalkit.train import train
+    from tests.train.helpers import micro_config
+
+    run = train(micro_config(tmp_path / "run", max_steps=4), show_progress=False)  # checkpoints at 2 and 4
+    out = tmp_path / "check.md"
+    assert main([str(run), "--max-tokens", "128", "--documents", "4", "--kind", "copy", "--out", str(out)]) == 0
+    report = out.read_text()
+    assert "step-2 |" in report and "step-4 |" in report
+    assert f"python -m evalkit.train.retrieval_check {run} --max-tokens 128" in report and "Machine:" in report

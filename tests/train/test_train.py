@@ -14,6 +14,8 @@ import torch
 from evalkit.attention import Paradigm
 from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
+from evalkit.train import load_config
+from evalkit.train.checkpoint import complete_checkpoints, load_model_state
 from evalkit.train.loop import train
 from tests.train.helpers import losses, micro_args, micro_config
 
@@ -139,3 +141,17 @@ def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
     run = train(micro_config(tmp_path / "run", max_steps=2), resume=True, show_progress=False)
     assert len(losses(run)) == 2
     assert "starting from step 0" in capsys.readouterr().err
+
+
+def test_continued_pretraining_starts_from_the_given_checkpoint(tmp_path):
+    """model.path: the run starts from those weights (lr 0 keeps them) with that checkpoint's tokenizer."""
+    base = complete_checkpoints(train(micro_config(tmp_path / "base", max_steps=2), show_progress=False))[-1][1]
+    sets = [f"model.path={base}", "seq_len=128", "windows_per_step=2", "micro_batch=2", "optim.lr=0",
+            "optim.warmup_steps=0", "checkpoint.every=1", "data.num_retrieval_docs=50"]  # fmt: skip
+    config = load_config("tiny-long", {"out": str(tmp_path / "long"), "max_steps": 1, "paradigm": "intra_doc"}, sets)
+    continued = complete_checkpoints(train(config, show_progress=False))[-1][1]
+    before, after = load_model_state(base), load_model_state(continued)
+    assert before.keys() == after.keys()
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name
+    assert (continued / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
