@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from evalkit.attention import Document, Paradigm, PackedSequence, pack
+from evalkit.attention import Document, PackedSequence, Paradigm, pack
 from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig

@@ -159,7 +159,7 @@ def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
     be foreseen), `facts` the same items where they first occur (the control).
     """
     rng = random.Random(f"copy-{GENERATOR_VERSION}-{seed}-{index}")
-    tokens = int(round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9)))))
+    tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     items: list[str] = []
     first, repeat = [], []  # item ranges [start, end) of each segment's two occurrences
     while len(items) * TOKENS_PER_COPY_ITEM < tokens:

@@ -5,11 +5,11 @@ import json
 import pytest
 
 from evalkit.attention import Paradigm
+from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
-from evalkit.corpus.prose import prose_documents
-from evalkit.train.synthetic import GENERATOR_VERSION, copy_document
 from evalkit.train.data import BuiltinSource, JsonlSource, WindowStream, domain_tag_ids, open_source
+from evalkit.train.synthetic import GENERATOR_VERSION, copy_document
 
 
 def write_jsonl(path, docs):
