@@ -50,6 +50,7 @@ class DataConfig:
     retrieval_fraction: float = 0.5  # built-in corpus: share of synthetic retrieval documents
     num_retrieval_docs: int = 4000  # built-in corpus: how many synthetic retrieval documents to draw
     copy_fraction: float = 0.0  # built-in corpus: share of synthetic copy documents (the induction skill alone)
+    retrieval_phrasing: str = "plain"  # built-in corpus: plain (three fixed templates) or varied (many phrasings)
     max_documents: int | None = None  # use only the first N documents of the source
 
 
@@ -116,6 +117,8 @@ class TrainConfig:
             (0.0 <= self.data.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
             (0.0 <= self.data.copy_fraction and self.data.retrieval_fraction + self.data.copy_fraction <= 1.0,
              "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1"),
+            (self.data.retrieval_phrasing in ("plain", "varied"),
+             f"data.retrieval_phrasing must be plain or varied, got {self.data.retrieval_phrasing!r}"),
             (self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
              "checkpoint.every, final_count and final_spacing must be at least 1"),
         ]  # fmt: skip

@@ -62,9 +62,12 @@ class BuiltinSource:
             repeats = max(1, round(num_synthetic * (1 - synthetic_share) / synthetic_share / len(prose)))
         self._prose, self._repeats = prose, repeats
         self._num_retrieval, self._num_copy, self._seed, self._seq_len = num_retrieval, num_copy, seed, seq_len
+        self._phrasing = config.retrieval_phrasing
         key = f"builtin-{GENERATOR_VERSION}-{len(prose)}x{repeats}-{num_retrieval}-{seed}-{seq_len}"
         if num_copy:  # runs without copy documents keep their fingerprint
             key += f"-copy{num_copy}"
+        if self._phrasing != "plain":
+            key += f"-{self._phrasing}"
         self.fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def domains(self) -> list[str]:
@@ -80,7 +83,7 @@ class BuiltinSource:
             return self._prose[index % len(self._prose)], "prose"
         index -= num_prose
         if index < self._num_retrieval:
-            return retrieval_document(index, self._seed, self._seq_len), "retrieval"
+            return retrieval_document(index, self._seed, self._seq_len, self._phrasing), "retrieval"
         return copy_document(index - self._num_retrieval, self._seed, self._seq_len), "copy"
 
 

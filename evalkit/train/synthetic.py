@@ -32,6 +32,20 @@ QUESTION_TEMPLATES = (
     "Question: which code belongs to {key}? Answer: the code for {key} is: {value}.",
     "Recall the value for {key}. The value for {key} is: {value}.",
 )
+# Phrasing "varied": the same look-up said in more ways, so that a model learns to find the key
+# wherever the question puts it, not one template: single-word or hyphenated keys, several
+# nouns, words between the key and the value, the value after "is" or "is:".
+VARIED_NOUNS = ("number", "code", "value", "id number", "secret number")
+VARIED_FACTS = (
+    "The {noun} for {key} is: {value}.",
+    "The {noun} assigned to {key} is {value}.",
+    "Note that {key} has the {noun} {value}.",
+    "Remember: the {noun} of {key} is: {value}.",
+)
+VARIED_QUESTIONS = ("What is the {noun} for {key}{clause}?", "Which {noun} belongs to {key}?", "Recall the {noun} of {key}.")
+VARIED_ANSWERS = ("The {noun} for {key}{clause} is{colon} {value}.", "Answer: the {noun} of {key}{clause} is{colon} {value}.")
+VARIED_CLAUSES = ("", "", " given above", " in this text", " that was stated earlier", " from the document above")
+PHRASINGS = ("plain", "varied")
 FILLER_LINE_SHARE = 1 / 3  # of documents whose filler is plain repeated lines instead of prose
 # Plain repeated filler (besides prose) so a document can be mostly distance with little content.
 FILLER_LINES = (
@@ -83,31 +97,35 @@ class RetrievalExample:
     answers: tuple[tuple[int, int], ...]
 
 
-def retrieval_document(index: int, seed: int, max_tokens: int) -> str:
-    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens)."""
-    return retrieval_example(index, seed, max_tokens).text
+def retrieval_document(index: int, seed: int, max_tokens: int, phrasing: str = "plain") -> str:
+    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens, phrasing)."""
+    return retrieval_example(index, seed, max_tokens, phrasing).text
 
 
-def retrieval_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
+def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "plain") -> RetrievalExample:
     """Document `index` with its value spans.
 
     Up to 12 key -> 7-digit facts at random depths of the filler, then questions about some of
-    them, each answered: the answer digits are predictable only by looking back.
+    them, each answered: the answer digits are predictable only by looking back. `phrasing`
+    "plain" uses the three fixed templates; "varied" the wider set above.
     """
-    rng = random.Random(f"retrieval-{GENERATOR_VERSION}-{seed}-{index}")
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"unknown phrasing {phrasing!r}")
+    varied = phrasing == "varied"
+    rng = random.Random(f"retrieval-{GENERATOR_VERSION}-{seed}-{index}" + ("-varied" if varied else ""))
     # Log-uniform length: many short documents and some that span a whole window.
-    tokens = int(round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9)))))
+    tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     filler = _filler(rng, int(tokens * CHARS_PER_TOKEN))
-    words = _words()
     num_facts = rng.randint(1, 12)
-    facts = [(f"{rng.choice(words)}-{rng.choice(words)}", str(rng.randrange(10**6, 10**7))) for _ in range(num_facts)]
+    facts = [(_key(rng, varied), str(rng.randrange(10**6, 10**7))) for _ in range(num_facts)]
     stated = {}
     for key, value in facts:
         position = rng.randint(0, len(filler))  # drawn before the template: the stream's order
-        stated[value] = rng.choice(FACT_TEMPLATES).format(key=key, value=value)
+        stated[value] = _varied_fact(rng, key, value) if varied else rng.choice(FACT_TEMPLATES).format(key=key, value=value)
         filler.insert(position, stated[value])
     asked = rng.sample(facts, rng.randint(max(1, num_facts // 2), num_facts))
-    questions = [rng.choice(QUESTION_TEMPLATES).format(key=key, value=value) for key, value in asked]
+    ask = _varied_question if varied else lambda r, k, v: r.choice(QUESTION_TEMPLATES).format(key=k, value=v)
+    questions = [ask(rng, key, value) for key, value in asked]
     body = " ".join(filler)
     text = body + "\n" + "\n".join(questions)
     fact_spans, answer_spans, start = [], [], len(body) + 1
@@ -118,6 +136,25 @@ def retrieval_example(index: int, seed: int, max_tokens: int) -> RetrievalExampl
         answer_spans.append((answer, answer + len(value)))
         start += len(question) + 1
     return RetrievalExample(text, tuple(fact_spans), tuple(answer_spans))
+
+
+def _key(rng: random.Random, varied: bool) -> str:
+    words = _words()
+    if varied and rng.random() < 0.5:
+        return rng.choice(words)
+    return f"{rng.choice(words)}-{rng.choice(words)}"
+
+
+def _varied_fact(rng: random.Random, key: str, value: str) -> str:
+    return rng.choice(VARIED_FACTS).format(noun=rng.choice(VARIED_NOUNS), key=key, value=value)
+
+
+def _varied_question(rng: random.Random, key: str, value: str) -> str:
+    """A question and its answer sentence, which ends with the value."""
+    noun, clause = rng.choice(VARIED_NOUNS), rng.choice(VARIED_CLAUSES)
+    question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)
+    colon = rng.choice((":", ""))
+    return question + " " + rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
 
 
 def _sentence_start(pieces: list[str], sentence: str) -> int:

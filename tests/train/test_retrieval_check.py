@@ -81,6 +81,18 @@ def test_a_model_right_on_answers_only_beats_the_control(tokenizer):
     assert result["fact_nll"] == pytest.approx(math.log(4096), rel=1e-5)
 
 
+@pytest.mark.parametrize("index", range(0, 200, 9))
+def test_varied_phrasing_keeps_every_asked_value_stated_before_and_answered_last(index):
+    example = retrieval_example(index, 0, 512, "varied")
+    assert example.text != retrieval_example(index, 0, 512).text
+    lines = example.text.split("\n")
+    assert len(lines) - 1 == len(example.answers)
+    for (a, b), (c, d), line in zip(example.facts, example.answers, lines[1:]):
+        value = example.text[c:d]
+        assert re.fullmatch(r"\d{7}", value) and example.text[a:b] == value and b <= len(lines[0]) < c
+        assert line.endswith(value + ".")
+
+
 def test_copy_spans_are_exact_repeats_of_their_first_occurrence():
     for index in range(20):
         example = copy_example(index, 0, 512)
