@@ -92,9 +92,22 @@ def lr_lambda(config: TrainConfig):
     return factor
 
 
+def _with_defaults(defaults: dict, saved: dict) -> dict:
+    merged = dict(defaults)
+    for key, value in saved.items():
+        both_sections = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+        merged[key] = _with_defaults(defaults[key], value) if both_sections else value
+    return merged
+
+
 def _check_resume_config(saved: dict, config: TrainConfig) -> None:
-    """A resumed run must be the same run: only the step budget and schedule may change."""
+    """A resumed run must be the same run: only the step budget and schedule may change.
+
+    A setting added to evalkit after the run started is missing from its saved config: it takes
+    the default, which is what the run used (new settings default to the old behaviour).
+    """
     current = config.to_dict()
+    saved = _with_defaults(TrainConfig().to_dict(), saved)
     ignore = {"max_steps", "checkpoint", "out"}
     differing = [k for k in current if k not in ignore and saved.get(k) != current[k]]
     if differing:

@@ -61,6 +61,19 @@ def test_existing_run_needs_resume(tmp_path):
         train(changed, resume=True, show_progress=False)
 
 
+def test_a_run_saved_before_a_setting_existed_still_resumes(tmp_path):
+    """Checkpoints written before evalkit gained a setting lack it; it takes its default."""
+    run = train(micro_config(tmp_path / "run", max_steps=2), show_progress=False)
+    for _, path in ckpt.complete_checkpoints(run):
+        meta = json.loads((path / ckpt.META).read_text())
+        del meta["config"]["data"]["retrieval_phrasing"]  # as written by an older evalkit
+        (path / ckpt.META).write_text(json.dumps(meta))
+    train(micro_config(run, max_steps=4), resume=True, show_progress=False)
+    assert [s for s, _ in ckpt.complete_checkpoints(run)][-1] == 4
+    with pytest.raises(UserError, match="different config \\(data\\)"):  # a changed value still refuses
+        train(micro_config(run, "data.retrieval_phrasing=varied", max_steps=6), resume=True, show_progress=False)
+
+
 def test_killed_run_resumes_to_identical_losses(tmp_path):
     """SIGKILL a training process mid-run, resume it, and compare every step's loss."""
     steps = 12
