@@ -12,7 +12,7 @@
 3. Exports the last --keep checkpoints of each run as bf16 safetensors without trainer state,
    one archive per run, OUT/<run>.tar holding <run>/step-N/ (unpack into checkpoints/ of the
    repository to ship them: the tiny-gpu recipe keeps two checkpoints of three paradigms under
-   20 MB), and writes OUT/README.md: the command, the last losses, the retrieval check and the
+   20 MB), and writes OUT/README.md: the command, the last losses, the retrieval and copy checks and the
    sizes. OUT holds only these few files (a lent machine returns at most 8, 16 MiB each); the
    runs themselves, trainer states included, go to --runs-dir.
 
@@ -156,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     for paradigm, result in outcome.items():
         checkpoints = ckpt.complete_checkpoints(result["run_dir"])
         metrics = last_metrics(result["run_dir"])
-        check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device) if checkpoints else {}
+        check, copy = {}, {}
+        if checkpoints:
+            check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device)
+            copy = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind="copy")
+        check.update({f"copy_{key}": value for key, value in copy.items()})
         exported = [step for step, _ in checkpoints[-args.keep :]]
         if exported:
             total_bytes += export_archive(result["run_dir"], checkpoints[-args.keep :], runs_dir / "export", args.out)
@@ -169,15 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python {' '.join(['scripts/gpu_study.py', *(argv if argv is not None else sys.argv[1:])])}`",
         f"Training stage: {trained_s:.0f} s (limit {args.minutes:g} min), runs at once on one device; attention {attention}.",
         "",
-        "| paradigm | training | last step | tokens | loss (last 20 steps) | tokens/s | answer acc | control acc | answer NLL | exported steps |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| paradigm | training | last step | tokens | loss (last 20 steps) | tokens/s | answer acc | control acc | answer NLL | copy acc | copy control | exported steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for paradigm, state, metrics, check, exported in rows:
         lines.append(
             f"| {paradigm} | {state} | {metrics.get('step', '-')} | {metrics.get('tokens_seen', 0) / 1e6:.1f}M | "
             f"{metrics.get('loss', float('nan')):.3f} | {metrics.get('tokens_per_s', 0):,.0f} | "
             f"{check.get('answer_accuracy', float('nan')):.3f} | {check.get('fact_accuracy', float('nan')):.3f} | "
-            f"{check.get('answer_nll', float('nan')):.3f} | {', '.join(map(str, exported)) or '-'} |"
+            f"{check.get('answer_nll', float('nan')):.3f} | {check.get('copy_answer_accuracy', float('nan')):.3f} | "
+            f"{check.get('copy_fact_accuracy', float('nan')):.3f} | {', '.join(map(str, exported)) or '-'} |"
         )  # fmt: skip
     archives = sum(1 for row in rows if row[4])
     exported_line = f"Exported: {total_bytes / 2**20:.1f} MiB of bf16 checkpoints in {archives} archives (`tar -xf RUN.tar -C checkpoints/`)."

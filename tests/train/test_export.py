@@ -84,6 +84,7 @@ def test_gpu_study_trains_each_paradigm_checks_and_exports(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == "finished" and cells[2] == "4" and cells[-1] == "2, 4"
         assert 0 <= float(cells[6]) <= 1 and 0 <= float(cells[7]) <= 1  # the retrieval check ran
+        assert 0 <= float(cells[9]) <= 1 and 0 <= float(cells[10]) <= 1  # and the copy check
         with tarfile.open(out / f"tiny-cpu-{paradigm}.tar") as archive:
             archive.extractall(tmp_path / "shipped", filter="data")
         shipped = complete_checkpoints(tmp_path / "shipped" / f"tiny-cpu-{paradigm}")
