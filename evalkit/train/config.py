@@ -19,6 +19,7 @@ import yaml
 
 from evalkit.attention import Paradigm
 from evalkit.errors import UserError
+from evalkit.train.synthetic import PHRASINGS
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -117,8 +118,8 @@ class TrainConfig:
             (0.0 <= self.data.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
             (0.0 <= self.data.copy_fraction and self.data.retrieval_fraction + self.data.copy_fraction <= 1.0,
              "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1"),
-            (self.data.retrieval_phrasing in ("plain", "varied"),
-             f"data.retrieval_phrasing must be plain or varied, got {self.data.retrieval_phrasing!r}"),
+            (self.data.retrieval_phrasing in PHRASINGS,
+             f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}"),
             (self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
              "checkpoint.every, final_count and final_spacing must be at least 1"),
         ]  # fmt: skip

@@ -44,8 +44,8 @@ def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, s
     """Teacher-forced accuracy and mean NLL on answer tokens and on first-statement tokens.
 
     kind "retrieval" / "retrieval-varied": the synthetic retrieval documents in plain or varied
-    phrasing; "copy": the copy documents, whose
-    answers are the repeated segments and whose control is their first occurrence.
+    phrasing; "copy": the copy documents, whose answers are the repeated segments and whose
+    control is their first occurrence.
 
     `model(input_ids)` must return an object with `.logits` [1, T, V]; `tokenizer` must give
     offset mappings (a fast tokenizer). Documents longer than `max_tokens` are skipped.
