@@ -51,7 +51,7 @@ class DataConfig:
     retrieval_fraction: float = 0.5  # built-in corpus: share of synthetic retrieval documents
     num_retrieval_docs: int = 4000  # built-in corpus: how many synthetic retrieval documents to draw
     copy_fraction: float = 0.0  # built-in corpus: share of synthetic copy documents (the induction skill alone)
-    retrieval_phrasing: str = "plain"  # built-in corpus: plain (three fixed templates) or varied (many phrasings)
+    retrieval_phrasing: str = "plain"  # built-in corpus: plain (three fixed templates), varied (many phrasings) or broad (more, RULER's among them)
     max_documents: int | None = None  # use only the first N documents of the source
 
 

@@ -26,6 +26,7 @@ from evalkit.train.synthetic import copy_example, retrieval_example
 EXAMPLES = {
     "retrieval": retrieval_example,
     "retrieval-varied": lambda index, seed, max_tokens: retrieval_example(index, seed, max_tokens, "varied"),
+    "retrieval-broad": lambda index, seed, max_tokens: retrieval_example(index, seed, max_tokens, "broad"),
     "copy": copy_example,
 }
 
@@ -43,8 +44,8 @@ def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, s
                     kind: str = "retrieval") -> dict:
     """Teacher-forced accuracy and mean NLL on answer tokens and on first-statement tokens.
 
-    kind "retrieval" / "retrieval-varied": the synthetic retrieval documents in plain or varied
-    phrasing; "copy": the copy documents, whose answers are the repeated segments and whose
+    kind "retrieval" / "retrieval-varied" / "retrieval-broad": the synthetic retrieval documents
+    in plain, varied or broad phrasing; "copy": the copy documents, whose answers are the repeated segments and whose
     control is their first occurrence.
 
     `model(input_ids)` must return an object with `.logits` [1, T, V]; `tokenizer` must give
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=1024, help="document size (the training window)")
     parser.add_argument("--documents", type=int, default=64)
     parser.add_argument("--kind", choices=sorted(EXAMPLES), default="retrieval",
-                        help="retrieval documents (plain or varied phrasing), or copy documents (the induction skill alone)")
+                        help="retrieval documents (plain, varied or broad phrasing), or copy documents (the induction skill alone)")
     parser.add_argument("--out", type=Path, help="also write the table, with the command and machine, to this markdown file")
     args = parser.parse_args(argv)
     checkpoints = _expand(args.checkpoints)

@@ -45,7 +45,16 @@ VARIED_FACTS = (
 VARIED_QUESTIONS = ("What is the {noun} for {key}{clause}?", "Which {noun} belongs to {key}?", "Recall the {noun} of {key}.")
 VARIED_ANSWERS = ("The {noun} for {key}{clause} is{colon} {value}.", "Answer: the {noun} of {key}{clause} is{colon} {value}.")
 VARIED_CLAUSES = ("", "", " given above", " in this text", " that was stated earlier", " from the document above")
-PHRASINGS = ("plain", "varied")
+# Phrasing "broad": varied's forms and more: more nouns (among them RULER's "special magic
+# number"), facts stated as "one of the ...s for", more clauses. A 1.3M model trained on varied
+# did not carry the look-up over to a noun and clause it never saw (RULER's niah at 1K: the same
+# digits whatever the needle), so this corpus names them; README says so beside the scores.
+BROAD_NOUNS = VARIED_NOUNS + (
+    "special number", "magic number", "special magic number", "lucky number", "pass code", "key number", "hidden value",
+)  # fmt: skip
+BROAD_FACTS = VARIED_FACTS + ("One of the {noun}s for {key} is: {value}.", "The {noun} for {key} is {value}.")
+BROAD_CLAUSES = VARIED_CLAUSES + (" mentioned in the provided text", " mentioned above", " in the provided text")
+PHRASINGS = ("plain", "varied", "broad")
 FILLER_LINE_SHARE = 1 / 3  # of documents whose filler is plain repeated lines instead of prose
 # Plain repeated filler (besides prose) so a document can be mostly distance with little content.
 FILLER_LINES = (
@@ -111,8 +120,8 @@ def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "p
     """
     if phrasing not in PHRASINGS:
         raise ValueError(f"unknown phrasing {phrasing!r}")
-    varied = phrasing == "varied"
-    rng = random.Random(f"retrieval-{GENERATOR_VERSION}-{seed}-{index}" + ("-varied" if varied else ""))
+    varied = phrasing != "plain"
+    rng = random.Random(f"retrieval-{GENERATOR_VERSION}-{seed}-{index}" + ("" if phrasing == "plain" else f"-{phrasing}"))
     # Log-uniform length: many short documents and some that span a whole window.
     tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     filler = _filler(rng, int(tokens * CHARS_PER_TOKEN))
@@ -121,10 +130,10 @@ def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "p
     stated = {}
     for key, value in facts:
         position = rng.randint(0, len(filler))  # drawn before the template: the stream's order
-        stated[value] = _varied_fact(rng, key, value) if varied else rng.choice(FACT_TEMPLATES).format(key=key, value=value)
+        stated[value] = _varied_fact(rng, key, value, phrasing) if varied else rng.choice(FACT_TEMPLATES).format(key=key, value=value)
         filler.insert(position, stated[value])
     asked = rng.sample(facts, rng.randint(max(1, num_facts // 2), num_facts))
-    ask = _varied_question if varied else lambda r, k, v: r.choice(QUESTION_TEMPLATES).format(key=k, value=v)
+    ask = (lambda r, k, v: _varied_question(r, k, v, phrasing)) if varied else lambda r, k, v: r.choice(QUESTION_TEMPLATES).format(key=k, value=v)
     questions = [ask(rng, key, value) for key, value in asked]
     body = " ".join(filler)
     text = body + "\n" + "\n".join(questions)
@@ -145,13 +154,15 @@ def _key(rng: random.Random, varied: bool) -> str:
     return f"{rng.choice(words)}-{rng.choice(words)}"
 
 
-def _varied_fact(rng: random.Random, key: str, value: str) -> str:
-    return rng.choice(VARIED_FACTS).format(noun=rng.choice(VARIED_NOUNS), key=key, value=value)
+def _varied_fact(rng: random.Random, key: str, value: str, phrasing: str) -> str:
+    facts, nouns = (BROAD_FACTS, BROAD_NOUNS) if phrasing == "broad" else (VARIED_FACTS, VARIED_NOUNS)
+    return rng.choice(facts).format(noun=rng.choice(nouns), key=key, value=value)
 
 
-def _varied_question(rng: random.Random, key: str, value: str) -> str:
+def _varied_question(rng: random.Random, key: str, value: str, phrasing: str) -> str:
     """A question and its answer sentence, which ends with the value."""
-    noun, clause = rng.choice(VARIED_NOUNS), rng.choice(VARIED_CLAUSES)
+    nouns, clauses = (BROAD_NOUNS, BROAD_CLAUSES) if phrasing == "broad" else (VARIED_NOUNS, VARIED_CLAUSES)
+    noun, clause = rng.choice(nouns), rng.choice(clauses)
     question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)
     colon = rng.choice((":", ""))
     return question + " " + rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)

@@ -44,7 +44,7 @@ def test_paper_recipes_match_the_paper():
         (["model=3"], "model: expected a section"),
         (["dtype=fp16"], "dtype must be fp32 or bf16"),
         (["noequals"], "expected key=value"),
-        (["data.retrieval_phrasing=fancy"], "data.retrieval_phrasing must be one of plain, varied"),
+        (["data.retrieval_phrasing=fancy"], "data.retrieval_phrasing must be one of plain, varied, broad"),
         (["data.retrieval_fraction=0.7", "data.copy_fraction=0.4"], "data.copy_fraction must be at least 0, and retrieval_fraction"),
     ],
 )

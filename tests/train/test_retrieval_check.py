@@ -81,9 +81,10 @@ def test_a_model_right_on_answers_only_beats_the_control(tokenizer):
     assert result["fact_nll"] == pytest.approx(math.log(4096), rel=1e-5)
 
 
+@pytest.mark.parametrize("phrasing", ["varied", "broad"])
 @pytest.mark.parametrize("index", range(0, 200, 9))
-def test_varied_phrasing_keeps_every_asked_value_stated_before_and_answered_last(index):
-    example = retrieval_example(index, 0, 512, "varied")
+def test_varied_phrasing_keeps_every_asked_value_stated_before_and_answered_last(index, phrasing):
+    example = retrieval_example(index, 0, 512, phrasing)
     assert example.text != retrieval_example(index, 0, 512).text
     lines = example.text.split("\n")
     assert len(lines) - 1 == len(example.answers)
@@ -91,6 +92,15 @@ def test_varied_phrasing_keeps_every_asked_value_stated_before_and_answered_last
         value = example.text[c:d]
         assert re.fullmatch(r"\d{7}", value) and example.text[a:b] == value and b <= len(lines[0]) < c
         assert line.endswith(value + ".")
+
+
+def test_broad_phrasing_is_its_own_stream_with_the_wider_wording():
+    varied = [retrieval_example(i, 0, 512, "varied").text for i in range(300)]
+    broad = [retrieval_example(i, 0, 512, "broad").text for i in range(300)]
+    assert not set(varied) & set(broad)
+    joined = "\n".join(broad)
+    for wording in ("special magic number", "One of the ", " mentioned in the provided text"):
+        assert wording in joined and wording not in "\n".join(varied)
 
 
 def test_copy_spans_are_exact_repeats_of_their_first_occurrence():
