@@ -32,3 +32,39 @@ def test_the_shipped_base_retrieves_and_copies_well_above_the_control():
     assert retrieval["answer_accuracy"] > 0.8 and retrieval["fact_accuracy"] < 0.3
     copy = check_checkpoint(BASE, max_tokens=256, documents=12, kind="copy")
     assert copy["answer_accuracy"] > 0.8 and copy["fact_accuracy"] < 0.4
+
+
+LONG = ROOT / "checkpoints" / "tiny-long"
+PARADIGMS = ("full", "intra_doc", "anchor")
+
+
+def test_everything_shipped_fits_the_20_mb_budget():
+    assert sum(f.stat().st_size for f in (ROOT / "checkpoints").rglob("*") if f.is_file()) <= 20_000_000
+
+
+def test_the_shipped_tiny_long_runs_are_the_recipe_trained_to_the_end_under_each_paradigm():
+    from evalkit.quickstart import shipped_runs
+
+    runs = shipped_runs("tiny-long")
+    assert sorted(run.name for run in runs) == sorted(f"tiny-long-{p}-shipped" for p in PARADIGMS)
+    readme = (LONG / "README.md").read_text()
+    recipe = load_config("tiny-long")
+    for paradigm in PARADIGMS:
+        run = LONG / f"tiny-long-{paradigm}-shipped"
+        assert sorted(p.name for p in run.iterdir()) == ["step-550", "step-600"]
+        for step in (550, 600):
+            meta = json.loads((run / f"step-{step}" / "meta.json").read_text())
+            assert meta["step"] == step and meta["paradigm"] == paradigm
+            assert meta["config"]["name"] == "tiny-long" and meta["config"]["max_steps"] == recipe.max_steps
+            assert meta["config"]["data"]["retrieval_phrasing"] == recipe.data.retrieval_phrasing
+            assert {str(t.dtype) for t in load_model_state(run / f"step-{step}").values()} == {"torch.bfloat16"}
+        assert f"evalkit train --config tiny-long --paradigm {paradigm}" in readme
+
+
+def test_the_shipped_tiny_long_runs_retrieve_across_1k_tokens():
+    """Held-out 1K documents (as in checkpoints/tiny-long/README.md, fewer): well above the control."""
+    for paradigm in PARADIGMS:
+        result = check_checkpoint(LONG / f"tiny-long-{paradigm}-shipped" / "step-600", max_tokens=1024, documents=12,
+                                  kind="retrieval-broad")  # fmt: skip
+        assert result["answer_tokens"] >= 30
+        assert result["answer_accuracy"] > 0.7 and result["fact_accuracy"] < 0.3, (paradigm, result)
