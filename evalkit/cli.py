@@ -14,7 +14,7 @@ import typer
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
 from evalkit.provenance import command_line
-from evalkit.quickstart import QUICK_RECIPE
+from evalkit.quickstart import QUICK_RECIPE, QUICK_STEPS
 
 app = typer.Typer(
     help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",
@@ -420,7 +420,8 @@ def quickstart_command(
     runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
     recipe: str = typer.Option(QUICK_RECIPE, "--recipe", help="The recipe trained under each paradigm."),
     paradigms: str = typer.Option(",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."),
-    max_steps: int = typer.Option(40, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."),
+    max_steps: int = typer.Option(QUICK_STEPS, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."),
+    shipped: bool = typer.Option(True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (checkpoints/<recipe>/)."),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
     samples: int = typer.Option(10, "--samples", help="RULER samples per task and length."),
     lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
@@ -435,7 +436,7 @@ def quickstart_command(
         chosen = tuple(Paradigm.parse(p.strip()).value for p in paradigms.split(",") if p.strip())
     except ValueError as err:
         raise UserError(str(err)) from None
-    plan = QuickstartPlan(recipe=recipe, paradigms=chosen, max_steps=max_steps or None, sets=list(sets or []), last=last, samples=samples,
+    plan = QuickstartPlan(recipe=recipe, paradigms=chosen, max_steps=max_steps or None, shipped=shipped, sets=list(sets or []), last=last, samples=samples,
                           lengths=parse_lengths(lengths) if lengths else None, general_limit=general_limit,
                           runs_dir=runs, out=out)  # fmt: skip
     run_quickstart(plan)

@@ -1,9 +1,11 @@
 """`evalkit quickstart`: the whole study end to end on a CPU, offline.
 
-    1. train    the recipe (--recipe, default tiny-cpu) under each paradigm (resumed, or reused
-                when finished)
+    1. train    the recipe (--recipe, default tiny-long) under each paradigm, a short run each
+                (resumed, or reused when finished)
     2. ruler    the last checkpoints of each run at the training length and twice it, on the
-                tasks whose data is built in (qa_1/qa_2 need downloads and are left out)
+                tasks whose data is built in (qa_1/qa_2 need downloads and are left out); beside
+                them the recipe's shipped runs (checkpoints/<recipe>/), trained to the end by
+                `evalkit train` on this kind of CPU, which the quickstart's budget cannot do
     3. general  the offline fixture tasks of tasks/
     4. board    leaderboard.md and plots from the stored results
 
@@ -20,7 +22,8 @@ from rich.console import Console
 
 from evalkit.errors import UserError
 
-QUICK_RECIPE = "tiny-cpu"  # tiny-long (the shipped base continued) once its RULER scores rise above 0
+QUICK_RECIPE = "tiny-long"
+QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
 QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
 FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
 BUILTIN_RULER_TASKS = (
@@ -33,7 +36,8 @@ BUILTIN_RULER_TASKS = (
 class QuickstartPlan:
     recipe: str = QUICK_RECIPE
     paradigms: tuple[str, ...] = QUICK_PARADIGMS
-    max_steps: int | None = 40  # a short run per paradigm: the harness end to end in minutes; None: the recipe's
+    max_steps: int | None = QUICK_STEPS  # a short run per paradigm; None: the recipe's own
+    shipped: bool = True  # also evaluate the recipe's shipped runs, when it has some
     sets: list[str] = field(default_factory=list)  # recipe overrides
     last: int = 2  # checkpoints per run evaluated and averaged
     samples: int = 10  # RULER samples per task and length
@@ -52,11 +56,12 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
     """Each paradigm's run, trained to the end (resumed if interrupted, skipped if finished)."""
     from evalkit.train import load_config, train
     from evalkit.train.checkpoint import complete_checkpoints
+    from evalkit.train.config import resolve_recipe
 
     runs = []
     for paradigm in plan.paradigms:
-        run_dir = plan.runs_dir / f"{plan.recipe}-{paradigm}"
-        overrides = {"paradigm": paradigm, "max_steps": plan.max_steps, "out": str(run_dir)}
+        run_dir = plan.runs_dir / f"{resolve_recipe(plan.recipe).stem}-{paradigm}"  # a recipe given as a path: its name
+        overrides = {"paradigm": paradigm, "max_steps": plan.max_steps, "out": str(run_dir), **_short_run_spacing(plan)}
         config = load_config(plan.recipe, overrides, plan.sets)
         done = [step for step, _ in complete_checkpoints(config.run_dir())]
         if done and done[-1] >= config.max_steps:
@@ -66,6 +71,33 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
             train(config, resume=True)
         runs.append(config.run_dir())
     return runs
+
+
+def _short_run_spacing(plan: QuickstartPlan) -> dict[str, int]:
+    """A shortened run still ends with `last` checkpoints to average: their spacing shrinks to fit."""
+    from evalkit.train import load_config
+
+    if plan.max_steps is None:
+        return {}
+    checkpoint = load_config(plan.recipe, {}, plan.sets).checkpoint
+    fitting = max(1, plan.max_steps // (2 * checkpoint.final_count))
+    return {"checkpoint.final_spacing": fitting} if fitting < checkpoint.final_spacing else {}
+
+
+def shipped_runs(recipe: str) -> list[Path]:
+    """Runs shipped for a recipe: checkpoints/<name>/<run>/step-N beside the recipe's configs/ folder.
+
+    For this repository's recipes that is checkpoints/<recipe>/ at its root; a recipe of one's own
+    at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
+    """
+    from evalkit.results.checkpoints import STEP_DIR
+    from evalkit.train.config import resolve_recipe
+
+    path = resolve_recipe(recipe)
+    folder = path.resolve().parent.parent / "checkpoints" / path.stem
+    if not folder.is_dir():
+        return []
+    return sorted(run for run in folder.iterdir() if run.is_dir() and any(STEP_DIR.match(p.name) for p in run.iterdir()))
 
 
 def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path:
@@ -83,7 +115,10 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
 
     from evalkit.results.checkpoints import resolve_checkpoints
 
-    refs = resolve_checkpoints([str(run) for run in runs], last=plan.last)
+    shipped = shipped_runs(plan.recipe) if plan.shipped else []
+    if shipped:
+        console.print(f"also evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
+    refs = resolve_checkpoints([str(run) for run in runs + shipped], last=plan.last)
     t = _stage(console, 2, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
     _ruler(refs, lengths, plan, console)
     console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")

@@ -1,15 +1,17 @@
 """A shortened quickstart (a few steps, one length) end to end, then again reusing everything."""
 
+import shutil
 import subprocess
 import sys
 import time
 
+from evalkit.train.config import CONFIG_DIR
 from tests.train.helpers import MICRO
 
 
-def quickstart(tmp_path):
+def quickstart(tmp_path, recipe="tiny-cpu"):
     sets = [arg for s in [*MICRO, "model.max_position_embeddings=512"] for arg in ("--set", s)]
-    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--recipe", "tiny-cpu", "--out", str(tmp_path / "results"), "--runs",
+    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--recipe", recipe, "--out", str(tmp_path / "results"), "--runs",
            str(tmp_path / "runs"), "--max-steps", "4", "--samples", "2", "--lengths", "256", "--general-limit", "3", *sets]  # fmt: skip
     started = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -34,3 +36,27 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "finished earlier" in second.stderr and "training" not in second.stderr.split("2. RULER")[0].split("1. train")[1]
     assert (tmp_path / "results" / "leaderboard.md").read_text() == board
+
+    # A recipe at project/configs/NAME.yaml finds runs shipped at project/checkpoints/NAME/ and
+    # evaluates them beside its own (same name as above, so those runs and scores are reused).
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny-cpu.yaml").write_text(f"base: {CONFIG_DIR / 'tiny-cpu.yaml'}\n")
+    shutil.copytree(tmp_path / "runs" / "tiny-cpu-anchor", tmp_path / "checkpoints" / "tiny-cpu" / "shipped-anchor")
+    third, _ = quickstart(tmp_path, recipe=str(tmp_path / "configs" / "tiny-cpu.yaml"))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "also evaluated: the shipped runs shipped-anchor" in third.stderr
+    assert "finished earlier" in third.stderr
+    board = (tmp_path / "results" / "leaderboard.md").read_text()
+    assert "| shipped-anchor | anchor | llama 2x64 | builtin | 2, 4 |" in board
+    assert "| tiny-cpu-full | full | llama 2x64 | builtin | 2, 4 |" in board
+
+
+def test_a_shortened_run_still_ends_with_the_checkpoints_to_average():
+    from evalkit.quickstart import QuickstartPlan, _short_run_spacing
+    from evalkit.train import load_config
+
+    recipe = load_config("tiny-long").checkpoint
+    assert (recipe.final_count, recipe.final_spacing) == (2, 50)
+    assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=30)) == {"checkpoint.final_spacing": 7}  # steps 23, 30
+    assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=None)) == {}
+    assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=400)) == {}
