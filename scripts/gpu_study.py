@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics = last_metrics(result["run_dir"])
         check, copy = {}, {}
         if checkpoints:
-            check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device)
+            phrasing = config.data.retrieval_phrasing  # checked in the wording the run trained on
+            kind = "retrieval" if phrasing == "plain" else f"retrieval-{phrasing}"
+            check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind=kind)
             copy = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind="copy")
         check.update({f"copy_{key}": value for key, value in copy.items()})
         exported = [step for step, _ in checkpoints[-args.keep :]]
