@@ -74,7 +74,7 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
 
 
 def _short_run_spacing(plan: QuickstartPlan) -> dict[str, int]:
-    """A shortened run still ends with `last` checkpoints to average: their spacing shrinks to fit."""
+    """A shortened run still ends with the recipe's final_count checkpoints: their spacing shrinks to fit."""
     from evalkit.train import load_config
 
     if plan.max_steps is None:
