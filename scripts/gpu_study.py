@@ -40,7 +40,7 @@ from evalkit.provenance import provenance_lines
 from evalkit.results_io import atomic_write_text
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import load_config
-from evalkit.train.retrieval_check import check_checkpoint
+from evalkit.train.retrieval_check import check_checkpoint, retrieval_kind
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics = last_metrics(result["run_dir"])
         check, copy = {}, {}
         if checkpoints:
-            phrasing = config.data.retrieval_phrasing  # checked in the wording the run trained on
-            kind = "retrieval" if phrasing == "plain" else f"retrieval-{phrasing}"
+            kind = retrieval_kind(config.data.retrieval_phrasing)  # checked in the wording the run trained on
             check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind=kind)
             copy = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind="copy")
         check.update({f"copy_{key}": value for key, value in copy.items()})

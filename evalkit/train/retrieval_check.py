@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import argparse
 import math
+from functools import partial
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from evalkit.train.synthetic import copy_example, retrieval_example
+from evalkit.train.synthetic import PHRASINGS, copy_example, retrieval_example
+
+def retrieval_kind(phrasing: str) -> str:
+    """The check's kind for documents in `phrasing`: retrieval (plain), retrieval-varied, ..."""
+    return "retrieval" if phrasing == "plain" else f"retrieval-{phrasing}"
+
 
 EXAMPLES = {
-    "retrieval": retrieval_example,
-    "retrieval-varied": lambda index, seed, max_tokens: retrieval_example(index, seed, max_tokens, "varied"),
-    "retrieval-broad": lambda index, seed, max_tokens: retrieval_example(index, seed, max_tokens, "broad"),
+    **{retrieval_kind(phrasing): partial(retrieval_example, phrasing=phrasing) for phrasing in PHRASINGS},
     "copy": copy_example,
 }
 

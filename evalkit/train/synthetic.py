@@ -54,7 +54,9 @@ BROAD_NOUNS = VARIED_NOUNS + (
 )  # fmt: skip
 BROAD_FACTS = VARIED_FACTS + ("One of the {noun}s for {key} is: {value}.", "The {noun} for {key} is {value}.")
 BROAD_CLAUSES = VARIED_CLAUSES + (" mentioned in the provided text", " mentioned above", " in the provided text")
-PHRASINGS = ("plain", "varied", "broad")
+# Each phrasing beyond plain: (nouns, ways to state a fact, clauses between key and value).
+WORDINGS = {"varied": (VARIED_NOUNS, VARIED_FACTS, VARIED_CLAUSES), "broad": (BROAD_NOUNS, BROAD_FACTS, BROAD_CLAUSES)}
+PHRASINGS = ("plain", *WORDINGS)
 FILLER_LINE_SHARE = 1 / 3  # of documents whose filler is plain repeated lines instead of prose
 # Plain repeated filler (besides prose) so a document can be mostly distance with little content.
 FILLER_LINES = (
@@ -155,13 +157,13 @@ def _key(rng: random.Random, varied: bool) -> str:
 
 
 def _varied_fact(rng: random.Random, key: str, value: str, phrasing: str) -> str:
-    facts, nouns = (BROAD_FACTS, BROAD_NOUNS) if phrasing == "broad" else (VARIED_FACTS, VARIED_NOUNS)
+    nouns, facts, _ = WORDINGS[phrasing]
     return rng.choice(facts).format(noun=rng.choice(nouns), key=key, value=value)
 
 
 def _varied_question(rng: random.Random, key: str, value: str, phrasing: str) -> str:
     """A question and its answer sentence, which ends with the value."""
-    nouns, clauses = (BROAD_NOUNS, BROAD_CLAUSES) if phrasing == "broad" else (VARIED_NOUNS, VARIED_CLAUSES)
+    nouns, _, clauses = WORDINGS[phrasing]
     noun, clause = rng.choice(nouns), rng.choice(clauses)
     question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)
     colon = rng.choice((":", ""))
