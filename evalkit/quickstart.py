@@ -59,9 +59,11 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
     from evalkit.train.config import resolve_recipe
 
     runs = []
+    name = resolve_recipe(plan.recipe).stem  # a recipe given as a path: its file's name
+    spacing = _short_run_spacing(plan)
     for paradigm in plan.paradigms:
-        run_dir = plan.runs_dir / f"{resolve_recipe(plan.recipe).stem}-{paradigm}"  # a recipe given as a path: its name
-        overrides = {"paradigm": paradigm, "max_steps": plan.max_steps, "out": str(run_dir), **_short_run_spacing(plan)}
+        run_dir = plan.runs_dir / f"{name}-{paradigm}"
+        overrides = {"paradigm": paradigm, "max_steps": plan.max_steps, "out": str(run_dir), **spacing}
         config = load_config(plan.recipe, overrides, plan.sets)
         done = [step for step, _ in complete_checkpoints(config.run_dir())]
         if done and done[-1] >= config.max_steps:
