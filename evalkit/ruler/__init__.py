@@ -7,6 +7,7 @@ score("niah_single_1", predictions, [s.outputs for s in samples])
 
 from evalkit.ruler.cache import cache_path, load_or_generate
 from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit, TaskSkipped
+from evalkit.ruler.fitting import SIZINGS
 from evalkit.ruler.generation import generate
 from evalkit.ruler.metrics import match_all, match_part, postprocess, sample_score, score
 from evalkit.ruler.prompt import BASE, PromptFormat
@@ -19,6 +20,7 @@ __all__ = [
     "DEFAULT_NUM_SAMPLES",
     "DEFAULT_SEED",
     "GENERATOR_VERSION",
+    "SIZINGS",
     "SPECS",
     "TASKS",
     "PromptFormat",

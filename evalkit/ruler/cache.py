@@ -1,8 +1,9 @@
 """Generated samples on disk, reused across runs: zero generation work on a rerun.
 
 The file name carries a hash of everything that decides the data: generator version,
-tokenizer fingerprint, task and its templates, length, number of samples, seed, prompt format
-and the data files the task reads. The same key always gives byte-identical files.
+tokenizer fingerprint, task and its templates, length, number of samples, seed, prompt format,
+the data files the task reads and the sizing. The same key always gives byte-identical files.
+The default sizing ("exact") adds nothing to the key, so keys made before sizings existed hold.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample, dumps_jsonl, loads_jsonl
 from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT, task_spec
@@ -53,6 +55,7 @@ def cache_key(
     qa_dir=None,
     prompt_format: PromptFormat | None = None,
     exact_lengths: bool = False,
+    sizing: str = DEFAULT_SIZING,
 ) -> tuple[str, str]:
     """(tokenizer fingerprint, hash of everything else that decides the data)."""
     from evalkit.corpus import tokenizer_fingerprint
@@ -72,6 +75,8 @@ def cache_key(
         "data": _data_identity(task, essays, qa_dir),
         "exact": bool(exact_lengths),
     }
+    if check_sizing(sizing) != DEFAULT_SIZING:  # only other sizings key in: exact keys stay as they were
+        fields["sizing"] = sizing
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return tokenizer_fingerprint(tokenizer), digest
 
@@ -97,7 +102,7 @@ def load_or_generate(
 ) -> list[Sample]:
     """The cached samples when present, else generated, written atomically, and returned.
 
-    `data` takes generate's keywords: essays=, qa_dir=, prompt_format=, exact_lengths=.
+    `data` takes generate's keywords: essays=, qa_dir=, prompt_format=, exact_lengths=, sizing=.
     """
     from evalkit.results_io import atomic_write_text
     from evalkit.ruler.generation import generate

@@ -15,6 +15,7 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item, TokenCounter, compose_count
 from evalkit.ruler.errors import TaskDataMissing
+from evalkit.ruler.fitting import Coarse
 from evalkit.ruler.spec import CWE_PREFIX, CWE_TEMPLATE
 from evalkit.ruler.words import common_words_pool, extra_prose_words
 
@@ -103,6 +104,10 @@ class CommonWordsTask:
         self.tail = tail
         self.tables = _tables(ctx.counter)
         self.counter = ctx.counter
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's step (common_words_extraction.py): 10 distinct words."""
+        return Coarse(10)
 
     def plan(self, index: int) -> CommonWordsPlan:
         return CommonWordsPlan(self, index)

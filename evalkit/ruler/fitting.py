@@ -5,6 +5,16 @@ pieces. `estimate` is a cheap, nearly monotone count used to search; `measure` i
 the sample is held to (composed from memoised piece counts, or a full tokenisation in exact
 mode). The search brackets the answer from a guess, bisects on the estimate, then steps down
 until the measured prompt fits: a few table look-ups per step, no whole-text tokenisation.
+
+Two sizings (SIZINGS). `exact` (the default) fits every sample on its own: the largest size whose
+prompt fits. `nvidia` sizes as NVIDIA's generators do: one size per task and length, searched on
+one representative sample (`shared_size`), then every sample starts from it and drops by the
+task's coarse step while it overflows (`step_down`), so prompts may land well below the target.
+Only the haystack size follows NVIDIA: every sample keeps its own random choices (qa document
+order, cwe/fwe list order, vt demonstration), where NVIDIA shuffles every qa sample with one
+fixed permutation (its gold document at the same position in all samples of a length) and
+repeats one cwe/fwe layout and one vt demonstration. Those are not sizing, and mimicking them
+would make a score hinge on one random position.
 """
 
 from __future__ import annotations
@@ -15,6 +25,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from evalkit.ruler.counting import Item
+
+SIZINGS = ("exact", "nvidia")
+DEFAULT_SIZING = "exact"
 
 
 class Plan(Protocol):
@@ -101,9 +114,13 @@ def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, hi
     return good
 
 
-def fit(plan: Plan, budget: int, measure: Callable[[int], int]) -> tuple[int, int]:
-    """(size, measured tokens) for the largest size that fits; TooLong if none does."""
-    size = search(plan.estimate, budget, plan.min_size, plan.guess(budget), plan.max_size)
+def fit(plan: Plan, budget: int, measure: Callable[[int], int], high: int | None = None) -> tuple[int, int]:
+    """(size, measured tokens) for the largest size (at most `high`, if given) that fits; TooLong if none does."""
+    if high is not None and plan.max_size is not None:
+        high = min(high, plan.max_size)
+    elif high is None:
+        high = plan.max_size
+    size = search(plan.estimate, budget, plan.min_size, plan.guess(budget), high)
     if size is None:
         raise TooLong(measure(plan.min_size))
     too_big = None
@@ -126,4 +143,61 @@ def fit(plan: Plan, budget: int, measure: Callable[[int], int]) -> tuple[int, in
                 size, tokens = middle, middle_tokens
             else:
                 too_big = middle
+    return size, tokens
+
+
+@dataclass(frozen=True)
+class Coarse:
+    """NVIDIA's sizing of one task at one length: its coarse step, in the task's size unit.
+
+    `origin` (fwe only): NVIDIA's freq_words_extraction.py does not bisect; it climbs from
+    `origin` in steps and keeps the last step that fits, so its size lies on that grid.
+    """
+
+    step: int
+    origin: int | None = None
+
+
+def check_sizing(sizing: str) -> str:
+    from evalkit.errors import UserError
+
+    if sizing not in SIZINGS:
+        raise UserError(f"unknown RULER sizing {sizing!r}: choose from {', '.join(SIZINGS)}")
+    return sizing
+
+
+def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
+    """The one size of a task and length under NVIDIA's sizing, searched on one sample's plan.
+
+    NVIDIA bisects the size on one sample (its qa.py on the first question; niah.py and
+    variable_tracking.py draw a fresh sample at every probe): here the largest size at which
+    this (the first) sample fits. For fwe the size is snapped to NVIDIA's climbing grid: the
+    last grid point that fits when the origin fits, else one step below the origin (which the
+    samples then step down from). TooLong when even the smallest size does not fit.
+    """
+    size, _ = fit(plan, budget, measure)
+    if coarse.origin is not None:
+        origin, step = coarse.origin, max(1, coarse.step)
+        size = origin + (size - origin) // step * step if size >= origin else origin - step
+    return size
+
+
+def step_down(plan: Plan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
+    """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by
+    `step` while the prompt overflows.
+
+    Where the next step would go below the plan's smallest size (NVIDIA's loop never ends
+    there: it keeps retrying the same size), the sample takes the largest smaller size that
+    fits instead. Never above the budget; TooLong when even the smallest size does not fit.
+    """
+    size = max(start, plan.min_size)
+    if plan.max_size is not None:
+        size = min(size, plan.max_size)
+    step = max(1, step)
+    tokens = measure(size)
+    while tokens > budget:
+        if size - step < plan.min_size:
+            return fit(plan, budget, measure, high=size - 1)
+        size -= step
+        tokens = measure(size)
     return size, tokens

@@ -15,6 +15,7 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item, compose_count
 from evalkit.ruler.errors import TaskDoesNotFit
+from evalkit.ruler.fitting import Coarse
 from evalkit.ruler.spec import FWE_PREFIX, FWE_TEMPLATE
 
 NOISE_WORD = "..."
@@ -58,6 +59,11 @@ class FrequentWordsTask:
         head, tail = FWE_TEMPLATE.split(" {context}")
         self.head, self.tail = head, tail  # every coded word carries its leading space
         self.min_size = smallest_valid_size(self.weights)
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's sizing (freq_words_extraction.py): words drawn, climbed from budget // word length
+        in steps of budget // 32 (its budget: the length less the generation budget)."""
+        return Coarse(max(1, self.ctx.budget // 32), origin=self.ctx.budget // self.word_length)
 
     def plan(self, index: int) -> FrequentWordsPlan:
         return FrequentWordsPlan(self, index)

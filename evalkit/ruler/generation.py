@@ -4,6 +4,11 @@ Each sample's random choices come from its own seeded generator, its haystack si
 to the budget with composed token counts, and a few samples of every batch are checked against
 a full tokenisation of the prompt. If any disagrees (a tokenizer whose tokens cross the pieces'
 junctions), the batch is regenerated with every prompt tokenised in full: slower, still exact.
+
+`sizing="nvidia"` sizes like NVIDIA's generators instead (see evalkit.ruler.fitting): one size
+per task and length, searched on the first sample, and each sample stepped down from it by the
+task's coarse step only if it overflows. The samples' random choices are the same in both
+sizings; only their haystack sizes differ.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import TokenCounter, compose_count, compose_text
 from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit
-from evalkit.ruler.fitting import Plan, TooLong, fit
+from evalkit.ruler.fitting import DEFAULT_SIZING, Plan, TooLong, check_sizing, fit, shared_size, step_down
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import DEFAULT_SEED, task_spec
@@ -74,12 +79,15 @@ def generate(
     qa_dir: str | Path | None = None,
     prompt_format: PromptFormat | None = None,
     exact_lengths: bool = False,
+    sizing: str = DEFAULT_SIZING,
 ) -> list[Sample]:
     """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens.
 
     Raises TaskDataMissing when the task's data is not available and TaskDoesNotFit (with the
     minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full.
+    `sizing`: "exact" (each sample as large as fits) or "nvidia" (NVIDIA's once-per-length size).
     """
+    check_sizing(sizing)
     spec = task_spec(task)
     fmt = prompt_format or BASE
     counter = counter_for(tokenizer, fmt.add_special_tokens)
@@ -87,15 +95,16 @@ def generate(
     try:
         generator, plans = _plans(spec, counter, int(length), int(seed), fmt, num_samples, data)
         if exact_lengths:
-            return [_fit_sample(generator.ctx, plan, index, exact=True) for index, plan in enumerate(plans)]
-        samples = [_fit_sample(generator.ctx, plan, index, exact=False) for index, plan in enumerate(plans)]
+            return _fit_samples(generator, plans, exact=True, sizing=sizing)
+        samples = _fit_samples(generator, plans, exact=False, sizing=sizing)
         if _composed_counts_hold(generator.ctx, samples):
             return samples
         warnings.warn(
             f"{task}: this tokenizer's counts do not add up piece by piece; tokenising every prompt in full (slower)",
             stacklevel=2,
         )
-        return [_fit_sample(generator.ctx, generator.plan(index), index, exact=True) for index in range(num_samples)]
+        fresh = [generator.plan(index) for index in range(num_samples)]
+        return _fit_samples(generator, fresh, exact=True, sizing=sizing)
     except (TooLong, TaskDoesNotFit):
         needed = _smallest_length(spec, counter, int(length), int(seed), fmt, num_samples, data)
         raise TaskDoesNotFit(task, length, needed) from None
@@ -126,14 +135,31 @@ def _smallest_length(spec, counter, length, seed, fmt, num_samples, data) -> int
     return candidate
 
 
-def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool) -> Sample:
-    """The sample at its largest size that fits; TooLong when even its smallest does not."""
+def _measure(ctx: Context, plan: Plan, exact: bool):
     counter = ctx.counter
     if exact:
-        measure = lambda size: counter.exact([compose_text(plan.items(size))])[0]  # noqa: E731
+        return lambda size: counter.exact([compose_text(plan.items(size))])[0]
+    return lambda size: compose_count(counter, plan.items(size))
+
+
+def _fit_samples(generator, plans: list[Plan], exact: bool, sizing: str) -> list[Sample]:
+    """Every plan sized and written out: each on its own (exact), or from one shared size (nvidia)."""
+    ctx = generator.ctx
+    if sizing != "nvidia" or not plans:
+        return [_fit_sample(ctx, plan, index, exact) for index, plan in enumerate(plans)]
+    coarse = generator.coarse()
+    start = shared_size(plans[0], ctx.budget, _measure(ctx, plans[0], exact), coarse)
+    return [_fit_sample(ctx, plan, index, exact, start, coarse.step) for index, plan in enumerate(plans)]
+
+
+def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool, start: int | None = None, step: int = 1) -> Sample:
+    """The sample at its largest size that fits, or (with `start`) at `start` less as many `step`s
+    as it needs to fit; TooLong when even its smallest size does not fit."""
+    measure = _measure(ctx, plan, exact)
+    if start is None:
+        size, tokens = fit(plan, ctx.budget, measure)
     else:
-        measure = lambda size: compose_count(counter, plan.items(size))  # noqa: E731
-    size, tokens = fit(plan, ctx.budget, measure)  # TooLong when even the smallest size does not fit
+        size, tokens = step_down(plan, ctx.budget, measure, start, step)
     check_fit = getattr(plan, "check_fit", None)
     if check_fit is not None:
         check_fit(size, tokens)

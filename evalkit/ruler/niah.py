@@ -15,6 +15,7 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import SPACED_LEFT, Item, TokenCounter, compose_count
 from evalkit.ruler.essay import essay_stream, load_essay_text
+from evalkit.ruler.fitting import Coarse
 from evalkit.ruler.layout import GrowingStream, RepeatedLine, stream_items
 from evalkit.ruler.spec import NIAH_NEEDLE, NOISE_LINE
 from evalkit.ruler.words import random_value, wonderwords_list
@@ -176,6 +177,12 @@ class NiahTask:
         if params["key_type"] != "words":
             pools["keys"] = ValuePool(ctx.counter, params["key_type"], most_lines, rng, " is:")
         return pools
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's step (niah.py): 500 essay words, or 25 lines of noise or needles (5 below 4096)."""
+        if self.kind == "essay":
+            return Coarse(500)
+        return Coarse(25 if self.ctx.length >= 4096 else 5)
 
     def plan(self, index: int) -> NiahPlan:
         return NiahPlan(self, index)

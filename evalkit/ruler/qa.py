@@ -4,7 +4,9 @@ From qa.py: documents are the datasets' paragraphs (deduplicated, sorted); sampl
 i-th answerable question; its gold paragraph(s) go among distractors (for SQuAD, first the
 other paragraphs of the same article, then random ones), shuffled, as `Document {i}:\\n{text}`
 joined by blank lines. The number of documents is the size fitted to the length. The data is
-read from local files only; a missing file makes the task TaskDataMissing.
+read from local files only; a missing file makes the task TaskDataMissing. Under nvidia sizing
+only the number of documents changes; each sample keeps its own document order (NVIDIA's single
+fixed permutation is not mimicked: see evalkit.ruler.fitting).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item
 from evalkit.ruler.errors import TaskDataMissing
+from evalkit.ruler.fitting import Coarse
 from evalkit.ruler.spec import QA_PREFIX, QA_TEMPLATE
 
 # Accepted file names per dataset: the official release name first, then NVIDIA's download name.
@@ -150,6 +153,10 @@ class QaTask:
             counts = self.ctx.counter.after_many((":", "\n" + self.data.documents[i]) for i in missing)
             self.body_tokens.update(zip(missing, counts))
         return [self.body_tokens[i] for i in ids]
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's step (qa.py): 10 documents."""
+        return Coarse(10)
 
     def plan(self, index: int) -> QaPlan:
         return QaPlan(self, index)

@@ -13,7 +13,7 @@ import string
 
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import Item, compose_count
-from evalkit.ruler.fitting import search
+from evalkit.ruler.fitting import Coarse, search
 from evalkit.ruler.layout import RepeatedLine, stream_items
 from evalkit.ruler.spec import NOISE_LINE, VT_PREFIX, VT_TEMPLATE
 
@@ -75,6 +75,10 @@ class VariableTrackingTask:
 
         guess = max(MIN_NOISE_LINES, DEMO_TOKENS // max(1, self.noise.per_unit))
         return search(tokens, DEMO_TOKENS, MIN_NOISE_LINES, guess, None) or MIN_NOISE_LINES
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's step (variable_tracking.py, noise haystack): 10 noise lines (5 below 4096)."""
+        return Coarse(10 if self.ctx.length >= 4096 else 5)
 
     def plan(self, index: int) -> VariableTrackingPlan:
         return VariableTrackingPlan(self, index)
