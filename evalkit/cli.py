@@ -15,6 +15,7 @@ from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
 from evalkit.provenance import command_line
 from evalkit.quickstart import QUICK_RECIPE, QUICK_STEPS
+from evalkit.results_io import output_lock
 
 app = typer.Typer(
     help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",
@@ -52,8 +53,9 @@ def train_command(
 @app.command("export")
 def export_command(
     ckpt: Path = typer.Argument(..., help="A checkpoint directory written by `evalkit train` (runs/<run>/step-<N>)."),
-    dest: Path = typer.Argument(..., help="Where the copy goes (replaced if it exists)."),
+    dest: Path = typer.Argument(..., help="The directory to write: new or empty (or an earlier export, with --overwrite)."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp32."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace DEST if it holds an evalkit checkpoint."),
 ) -> None:
     """Copy a checkpoint to ship or share: weights in bf16 safetensors, no optimizer state."""
     import torch
@@ -63,7 +65,22 @@ def export_command(
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         raise UserError(f"--dtype {dtype!r}: use bf16 or fp32")
-    written = export_checkpoint(ckpt, dest, dtypes[dtype])
+    written = export_checkpoint(ckpt, dest, dtypes[dtype], overwrite=overwrite)
+    size = sum(f.stat().st_size for f in written.iterdir())
+    typer.echo(f"{written}: {size / 2**20:.1f} MiB")
+
+
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., help="A GGUF model file (llama.cpp's format), e.g. SmolLM2-135M-Instruct.Q4_1.gguf."),
+    dest: Path = typer.Argument(..., help="The checkpoint directory to write (must not exist, or hold an earlier import)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp32 (fp32 keeps the dequantized weights exactly)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace DEST if it holds an earlier `evalkit import`."),
+) -> None:
+    """Import a GGUF model as a plain HF checkpoint (dequantized safetensors, tokenizer, meta.json)."""
+    from evalkit.gguf_import import import_gguf
+
+    written = import_gguf(source, dest, dtype, overwrite=overwrite)
     size = sum(f.stat().st_size for f in written.iterdir())
     typer.echo(f"{written}: {size / 2**20:.1f} MiB")
 
@@ -294,23 +311,27 @@ def ruler_command(
     dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
     max_length: int = typer.Option(None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."),
+    sizing: str = typer.Option("exact", "--sizing", help="exact: every sample as long as fits; nvidia: NVIDIA's one size per task and length, stepped down per sample on overflow."),
     out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
 
     from evalkit.results.checkpoints import resolve_checkpoints
-    from evalkit.ruler.runner import RulerSettings, parse_tasks
+    from evalkit.ruler.runner import RulerSettings, check_checkpoint, parse_tasks
 
     console = Console(stderr=True)
     settings = RulerSettings(tasks=parse_tasks(tasks), lengths=parse_lengths(lengths), num_samples=samples, seed=seed,
                              essays=essays, qa_dir=qa_dir, engine=engine, dtype=dtype, batch_size=batch_size,
-                             max_length=max_length)  # fmt: skip
+                             max_length=max_length, sizing=sizing)  # fmt: skip
     if samples < 1 or batch_size < 1:
         raise UserError("--samples and --batch-size must be at least 1")
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
-    summaries = _run_with_progress(console, refs, settings, out)
-    _report_ruler(console, summaries, out, avg)
+    for ref in refs:  # a refused checkpoint leaves no trace in --out (run_ruler checks again, cheaply)
+        check_checkpoint(ref, settings)
+    with output_lock(out):
+        summaries = _run_with_progress(console, refs, settings, out)
+        _report_ruler(console, summaries, out, avg)
 
 
 def _run_with_progress(console, refs, settings, out: Path) -> list[dict]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from evalkit.errors import UserError
+from evalkit.results_io import output_lock
 
 QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
@@ -110,7 +111,14 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
     started = time.perf_counter()
     seq_len = load_config(plan.recipe, {"max_steps": plan.max_steps}, plan.sets).seq_len
     lengths = plan.lengths or [seq_len, 2 * seq_len]
+    # One quickstart per --out: a second would train the same runs and write the same results at once.
+    # out/ruler is held here too since run_ruler takes no lock itself (`evalkit ruler` does, in the
+    # CLI); out/general is held by run_general.
+    with output_lock(plan.out), output_lock(plan.out / "ruler"):
+        return _run_stages(plan, console, lengths, started)
 
+
+def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], started: float) -> Path:
     t = _stage(console, 1, f"train {plan.recipe} under {', '.join(plan.paradigms)}")
     runs = train_runs(plan, console)
     console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")

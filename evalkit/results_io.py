@@ -1,15 +1,20 @@
-"""Atomic file writes: a reader (or a resumed run) never sees a half-written file."""
+"""Atomic file writes: a reader (or a resumed run) never sees a half-written file; and the lock
+that keeps one writer per results directory."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from evalkit.errors import UserError
 
 
-def _umask() -> int:
+def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -25,7 +30,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -38,3 +43,102 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def check_replaceable(destination: Path, is_ours: bool, what: str, overwrite: bool) -> None:
+    """Refuse, before any work, a destination whose loss the user did not ask for: a file, a
+    symbolic link, a non-empty directory evalkit did not write (`is_ours` False: never replaced),
+    or one it did without `overwrite`. `what` names evalkit's own output in the message."""
+    destination = Path(destination)
+    if destination.is_symlink():
+        raise UserError(f"{destination} is a symbolic link; give the directory it points to, or a new path")
+    if destination.exists() and not destination.is_dir():
+        raise UserError(f"{destination} is a file; give a directory path (a new or empty one)")
+    if not destination.exists() or not any(destination.iterdir()):
+        return
+    if not is_ours:
+        raise UserError(f"{destination} exists and is not {what}; evalkit replaces only its own outputs: "
+                        "give a new or empty directory")  # fmt: skip
+    if not overwrite:
+        raise UserError(f"{destination} already holds {what}; pass --overwrite to replace it")
+
+
+def new_directory_beside(destination: Path) -> Path:
+    """A fresh hidden directory next to `destination` (same filesystem, so a rename moves it in),
+    with the permissions mkdir would give (mkdtemp makes 0700)."""
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
+    os.chmod(tmp, 0o777 & ~umask())
+    return tmp
+
+
+def move_into_place(tmp: Path, destination: Path) -> None:
+    """Rename the finished directory `tmp` to `destination`; an earlier one there is set aside
+    first and deleted only once the new one is in place, so a kill in between loses neither."""
+    import shutil
+
+    if destination.exists() and any(destination.iterdir()):
+        old = tmp.with_suffix(".old")
+        destination.rename(old)
+        try:
+            tmp.rename(destination)
+        except BaseException:
+            old.rename(destination)  # the earlier directory back where it was
+            raise
+        shutil.rmtree(old)
+    else:
+        tmp.replace(destination)  # an absent or empty directory
+
+
+LOCK_NAME = ".evalkit.lock"
+
+
+@contextmanager
+def output_lock(directory: Path) -> Iterator[Path]:
+    """Hold `directory` as this process's results directory until the block ends; yields the lock file.
+
+    Two evalkit processes writing the same results (the same per-sample logs, the same
+    summaries) would duplicate lines and overwrite each other: a second one is refused with a
+    one-line error instead of waiting. The lock is an flock on a file inside the directory, so
+    the kernel releases it when the holder exits in any way, kill -9 included: a stale lock
+    file never blocks anyone. The file is left in place: unlinking it could let a third process
+    lock a new file while a second still holds the old one.
+    """
+    directory = Path(directory)
+    handle = _open_lock_file(directory)
+    try:
+        _take(handle, directory)
+        yield directory / LOCK_NAME
+    finally:
+        handle.close()  # closing the last descriptor releases the flock
+
+
+def _open_lock_file(directory: Path) -> TextIO:
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"{directory} is a file, not a results directory: choose another --out")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # "a+": create if absent, never truncate (the holder's pid is in there).
+        return (directory / LOCK_NAME).open("a+", encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot write in {directory} ({err.strerror}): choose a writable --out") from None
+
+
+def _take(handle: TextIO, directory: Path) -> None:
+    import fcntl  # POSIX only, like the rest of evalkit's process handling
+
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise UserError(
+            f"another evalkit process{who} is writing to {directory}; wait for it to finish, "
+            "or give this run another --out"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")  # for the message a second process prints
+    handle.flush()

@@ -114,7 +114,9 @@ def export_archive(run_dir: Path, checkpoints: list[tuple[int, Path]], export_di
     """The checkpoints in bf16 without trainer state, archived as OUT/<run>.tar; returns their bytes."""
     import tarfile
 
-    exported = [ckpt.export_checkpoint(path, export_dir / run_dir.name / path.name) for _, path in checkpoints]
+    # export_dir is the study's own scratch: a rerun replaces the exports of the run before.
+    exported = [ckpt.export_checkpoint(path, export_dir / run_dir.name / path.name, overwrite=True)
+                for _, path in checkpoints]  # fmt: skip
     archive = out / f"{run_dir.name}.tar"
     partial = archive.with_name(archive.name + ".partial")
     with tarfile.open(partial, "w") as tar:

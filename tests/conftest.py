@@ -22,3 +22,22 @@ def tokenizer():
     from evalkit.corpus import builtin_tokenizer
 
     return builtin_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2_file():
+    """The real model's GGUF file (tests/real_model.py); the test is skipped, with the reason, without it."""
+    from tests.real_model import smollm2_gguf
+
+    path, why = smollm2_gguf()
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file):
+    """SmolLM2-135M-Instruct as a plain fp32 checkpoint directory, imported once per file hash."""
+    from tests.real_model import imported_smollm2
+
+    return imported_smollm2(smollm2_file, "fp32")

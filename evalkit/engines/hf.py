@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
+from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens, context_window
@@ -108,6 +109,8 @@ class HFEngine(PackedEngine):
         from transformers import AutoTokenizer
 
         self.model_path = _checkpoint_directory(model_path)
+        # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
+        check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _resolve_device(device)
         self.dtype = check_dtype(dtype or ("bf16" if self.device.type == "cuda" else "fp32"))
         if batch_size < 1:
@@ -354,6 +357,7 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
+    """The model, refused with one line if any weight is missing, unexpected or mis-shaped (load_pretrained)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -362,11 +366,11 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = load_pretrained(
+            AutoModelForCausalLM,
             path,
             dtype=TORCH_DTYPES[dtype],
             attn_implementation=attention,
-            use_safetensors=True,
             local_files_only=True,
             trust_remote_code=trust_remote_code,
             device_map=str(device),  # weights go straight to the device, not through CPU memory first

@@ -30,7 +30,7 @@ from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import checkpoint_dir
-from evalkit.results_io import atomic_write_json, atomic_write_text
+from evalkit.results_io import atomic_write_json, atomic_write_text, output_lock
 
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
@@ -113,15 +113,17 @@ def run_general(
     catalog.check(settings.tasks)
     plans = [_plan(catalog, name, settings) for name in settings.tasks]
     summaries = []
-    with _quiet_lm_eval():
-        for ref in refs:
-            on_checkpoint(ref)
-            summaries.append(_evaluate_checkpoint(ref, plans, catalog, settings, Path(out), progress, log))
-    rows = [row for summary in summaries for row in summary["rows"]]
-    skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
-    result = GeneralRun(summaries, rows, skipped)
-    if avg:
-        result.averages, result.files = _write_averages(rows, settings, Path(out))
+    # Taken after the checks above (a refused request leaves no trace in `out`), before any result is written.
+    with output_lock(Path(out)):
+        with _quiet_lm_eval():
+            for ref in refs:
+                on_checkpoint(ref)
+                summaries.append(_evaluate_checkpoint(ref, plans, catalog, settings, Path(out), progress, log))
+        rows = [row for summary in summaries for row in summary["rows"]]
+        skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
+        result = GeneralRun(summaries, rows, skipped)
+        if avg:
+            result.averages, result.files = _write_averages(rows, settings, Path(out))
     return result
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
@@ -82,7 +83,7 @@ def _load_tokenizer(checkpoint: Path):
 @contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """No loading report or progress bars from transformers: the report would list the LM head the
-    probe leaves out on purpose (missing weights are checked by `load_model` instead), and
+    probe leaves out on purpose (weights are checked by `load_pretrained` instead), and
     run_probe reports its own progress."""
     from transformers.utils import logging as hf_logging
 
@@ -112,10 +113,8 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
             torch.manual_seed(seed)
             return AutoModel.from_config(config, **common).to(device).eval()
     with _quiet_transformers():
-        model, info = AutoModel.from_pretrained(checkpoint, output_loading_info=True, **common)
-    if info.get("missing_keys"):
-        missing = sorted(info["missing_keys"])
-        raise UserError(f"{checkpoint} lacks {len(missing)} weights of its architecture (e.g. {missing[0]})")
+        # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
+        model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), **common)
     return model.to(device).eval()
 
 
@@ -245,6 +244,7 @@ def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Cal
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
     checkpoint = resolve_checkpoint(ckpt)
+    check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)
     plan = probe_options.plan(kind, attention_window(config))
     tokenizer = _load_tokenizer(checkpoint)

@@ -49,6 +49,8 @@ def find_summaries(dirs: list[Path], name: str) -> list[dict]:
 def _describe_checkpoint(summary: dict) -> tuple[str, str, str]:
     """(paradigm, model, data) from the checkpoint's meta.json as recorded in the summary."""
     meta = summary.get("provenance", {}).get("checkpoint_meta") or {}
+    if isinstance(meta.get("source"), dict):  # an `evalkit import`: a pretrained model, not trained here
+        return "pretrained", str(meta.get("model", "?")), f"{meta['source'].get('file_type') or 'GGUF'} import"
     config = meta.get("config") or {}
     model = config.get("model") or {}
     if model.get("path"):
@@ -69,7 +71,7 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
         info.paradigm, info.model, info.data = _describe_checkpoint(summary)
         settings = summary.get("provenance", {}).get("settings", {})
         key = {"tasks": tuple(sorted(settings.get("tasks", []))), "samples": settings.get("num_samples"),
-               "seed": settings.get("seed")}  # fmt: skip
+               "seed": settings.get("seed"), "sizing": settings.get("sizing", "exact")}  # fmt: skip
         if info.settings and info.settings != key:
             raise UserError(f"run {info.run}: its checkpoints were evaluated with different settings; re-run them alike")
         info.settings = key
@@ -193,7 +195,8 @@ def settings_notes(infos: dict[str, RunInfo]) -> str:
     lines = ["† evaluated with different settings than the other runs (not directly comparable):"]
     for run in sorted(differs):
         s = infos[run].settings
-        lines.append(f"- {run}: tasks {', '.join(s.get('tasks', []))}; {s.get('samples')} samples; seed {s.get('seed')}")
+        lines.append(f"- {run}: tasks {', '.join(s.get('tasks', []))}; {s.get('samples')} samples; seed {s.get('seed')}; "
+                     f"sizing {s.get('sizing', 'exact')}")
     return "\n".join(lines)
 
 

@@ -41,6 +41,11 @@ class SampleLog:
             if record.get("data_key") != self.data_key:  # made from other data: recompute
                 dropped = True
                 continue
+            if int(record["index"]) in self.records:
+                # Two writers once appended the same sample (before output_lock existed): the
+                # first line stands, so the log again holds each sample once.
+                dropped = True
+                continue
             self.records[int(record["index"])] = record
             kept.append(line)
         if dropped:  # rewrite without the lines we will not use, so appends stay clean

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from evalkit.checkpoint_check import read_config
 from evalkit.errors import UserError
 from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
@@ -22,6 +23,7 @@ from evalkit.results.store import SampleLog, checkpoint_dir
 from evalkit.results_io import atomic_write_json
 from evalkit.ruler.cache import cache_key, load_or_generate
 from evalkit.ruler.errors import TaskDoesNotFit, TaskSkipped
+from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
 
@@ -42,9 +44,13 @@ class RulerSettings:
     dtype: str | None = None
     batch_size: int = 8
     max_length: int | None = None
+    sizing: str = DEFAULT_SIZING  # "exact" or "nvidia" (evalkit.ruler.fitting); keyed into data and sample logs
+
+    def __post_init__(self) -> None:
+        check_sizing(self.sizing)
 
     def data_options(self) -> dict:
-        return {"essays": self.essays, "qa_dir": self.qa_dir}
+        return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -61,7 +67,7 @@ def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
     """Before any work: the checkpoint has a tokenizer and a window long enough for every length."""
     if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint")
-    config = json.loads((ref.path / "config.json").read_text())
+    config = read_config(ref.path)
     config = config.get("text_config", config)
     window = settings.max_length or config.get("max_position_embeddings")
     if window is None:
@@ -75,7 +81,8 @@ def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
 
 
 def checkpoint_meta(path: Path) -> dict:
-    """What the trainer recorded about a checkpoint (paradigm, config, step, data); {} for others."""
+    """What made a checkpoint: the trainer's record (paradigm, config, step, data) or evalkit
+    import's (model name, source file and hash, dtype); {} for others."""
     meta = path / "meta.json"
     if not meta.is_file():
         return {}
@@ -83,7 +90,8 @@ def checkpoint_meta(path: Path) -> dict:
         data = json.loads(meta.read_text())
     except json.JSONDecodeError:
         return {}
-    keep = ("step", "tokens_seen", "paradigm", "config", "data_fingerprint", "tokenizer_fingerprint", "git_hash")
+    keep = ("step", "tokens_seen", "paradigm", "config", "data_fingerprint", "tokenizer_fingerprint", "git_hash",
+            "model", "source", "dtype")  # fmt: skip
     return {key: data[key] for key in keep if key in data}
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from evalkit.checkpoint_check import check_checkpoint
 from evalkit.errors import UserError
-from evalkit.results_io import atomic_write_json
+from evalkit.results_io import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TRAINER_STATE = "trainer_state.pt"
@@ -101,9 +102,14 @@ def load_trainer_state(path: Path) -> dict:
 
 
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    return load_file(str(Path(path) / "model.safetensors"))
+    file = Path(path) / "model.safetensors"
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"cannot read {file} ({err}): it is missing, truncated or corrupt; copy it again") from None
 
 
 def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
@@ -117,34 +123,50 @@ def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
             (path / TRAINER_STATE).unlink(missing_ok=True)
 
 
-def export_checkpoint(source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+def export_checkpoint(source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *,
+                      overwrite: bool = False) -> Path:  # fmt: skip
     """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state.
 
     config.json, the tokenizer, generation_config.json and meta.json are copied as they are (the
     config's dtype is updated), so evaluators read the copy exactly like the original. Written
-    to a temporary directory and renamed: the destination is never half-written.
+    to a temporary directory beside the destination and renamed: the destination is never
+    half-written, and a failed export leaves nothing behind. A destination is replaced only if
+    it is empty or, with `overwrite`, an earlier evalkit checkpoint: never a user's own files.
     """
-    from safetensors.torch import save_file
-
     source, destination = Path(source), Path(destination)
     if not (source / META).is_file():
         raise UserError(f"{source} is not a complete checkpoint (no {META})")
-    tmp = destination.with_name(f".{destination.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    _check_export_destination(source, destination, overwrite)
+    # The checks every loader makes (config.json, whole safetensors), before anything is written;
+    # trust_remote_code=True since an export runs no model code, custom or not.
+    config = check_checkpoint(source, trust_remote_code=True)
+    tmp = new_directory_beside(destination)  # a fresh name: nothing of the user's can be in it
+    try:
+        _write_export(source, tmp, config, dtype)
+        move_into_place(tmp, destination)
+    except BaseException:  # an error, a Ctrl-C: no hidden half-copy is left beside the destination
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return destination
+
+
+def _check_export_destination(source: Path, destination: Path, overwrite: bool) -> None:
+    """Before any work: refuse a destination whose loss the user did not ask for."""
+    if destination.is_dir() and destination.resolve() == source.resolve():
+        raise UserError(f"{destination} is the checkpoint being exported; give another directory")
+    check_replaceable(destination, (destination / META).is_file(), "an evalkit checkpoint", overwrite)
+
+
+def _write_export(source: Path, tmp: Path, config: dict, dtype: torch.dtype) -> None:
+    from safetensors.torch import save_file
+
     for item in source.iterdir():
         if item.name in ("model.safetensors", TRAINER_STATE, META) or item.is_dir():
             continue
         shutil.copy2(item, tmp / item.name)
     weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_model_state(source).items()}
     save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((tmp / "config.json").read_text())
     config["dtype"] = str(dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     shutil.copy2(source / META, tmp / META)  # last, as when it was written
-    if destination.exists():
-        shutil.rmtree(destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(destination)
-    return destination

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from evalkit.attention import register_hf_attention
+from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
 from evalkit.train.config import TrainConfig
 
@@ -79,14 +82,16 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device):
         torch.manual_seed(config.seed)  # the initialisation is part of the run's identity
         model = AutoModelForCausalLM.from_config(_scratch_config(config, tokenizer), attn_implementation=attn)
     else:
+        if Path(m.path).is_dir():  # before AutoConfig, which fails on a broken config.json with a traceback
+            check_checkpoint(m.path, trust_remote_code=m.trust_remote_code)
         try:
             hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
             if m.rope_theta is not None:
                 _set_rope_theta(hf_config, m.rope_theta)
             if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
                 hf_config.max_position_embeddings = config.seq_len
-            model = AutoModelForCausalLM.from_pretrained(
-                m.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
+            model = load_pretrained(
+                AutoModelForCausalLM, m.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
                 trust_remote_code=m.trust_remote_code,
             )  # fmt: skip
         except OSError as err:

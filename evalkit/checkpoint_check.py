@@ -1,0 +1,188 @@
+"""Checks that a checkpoint loads as it was written, or fails with one line saying why.
+
+transformers loads a checkpoint whose weights do not match its config.json (a layer missing, a
+stray tensor, a wrong shape) by initialising what is missing at random, with a warning in a log
+nobody reads; evalkit would then score noise. Other faults surface as tracebacks from deep
+inside transformers or safetensors. Every evalkit loader (the hf engine, the probe, `train
+--model`) therefore goes through `load_pretrained`:
+
+- before loading, `check_checkpoint`: config.json is valid JSON, no custom code is needed
+  unless trust_remote_code is on, the weights are safetensors (never pickle) and every
+  safetensors file is whole (its header readable and its data all there);
+- after loading, before the model is used: transformers' own loading report has no missing,
+  unexpected or mis-shaped weight. Its report, not a comparison of safetensors headers with the
+  model's state dict, because transformers renames and fuses weights on load for many
+  architectures (MoE experts, multimodal wrappers) and knows which weights are tied: an
+  independent comparison would refuse valid checkpoints of those.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import UserError
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+KEYS_SHOWN = 3  # weight names quoted in an error: enough to see the pattern, short enough for one line
+
+
+def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Refuse, before loading, what would load wrongly or fail with a traceback; returns config.json."""
+    path = Path(path)
+    config = read_config(path)
+    _check_custom_code(path, config, trust_remote_code)
+    for file in weight_files(path):
+        _check_safetensors(file)
+    return config
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json as a dict, or a UserError naming the file and the fault."""
+    file = Path(path) / "config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} has no config.json: not a transformers checkpoint") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read {file}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
+    if not isinstance(config, dict):
+        raise UserError(
+            f"{file} must hold a JSON object, not {type(config).__name__}; restore it from the checkpoint's source"
+        )
+    return config
+
+
+def _check_custom_code(path: Path, config: dict[str, Any], trust_remote_code: bool) -> None:
+    """An auto_map is custom Python shipped with the checkpoint; it is needed only when transformers
+    does not know the model_type itself (many checkpoints of built-in types carry one anyway)."""
+    from transformers import CONFIG_MAPPING
+
+    auto_map = config.get("auto_map")
+    if not auto_map or trust_remote_code or config.get("model_type") in CONFIG_MAPPING:
+        return
+    classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else str(auto_map)
+    raise UserError(
+        f"{path}/config.json needs custom model code shipped with the checkpoint (auto_map: {classes}) and "
+        "trust_remote_code is off: evalkit runs no checkpoint code unless asked; read that code, then turn "
+        "trust_remote_code on (train: --set model.trust_remote_code=true; engines: trust_remote_code=True)"
+    )
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint (one file, or the shards its index names)."""
+    path = Path(path)
+    if (path / SAFETENSORS).is_file():
+        return [path / SAFETENSORS]
+    if (path / SAFETENSORS_INDEX).is_file():
+        return _shards(path)
+    pickles = [name for name in PICKLE_WEIGHTS if (path / name).is_file()]
+    if pickles:
+        raise UserError(
+            f"{path} holds pickle weights only ({pickles[0]}): evalkit loads safetensors only (unpickling can run "
+            'code); convert once with python -c "from transformers import AutoModelForCausalLM as M; '
+            f"M.from_pretrained('{path}').save_pretrained('NEW_DIR')\", copy the tokenizer files beside it, use NEW_DIR"
+        )
+    raise UserError(f"{path} holds no weights ({SAFETENSORS} or {SAFETENSORS_INDEX}): give a complete checkpoint")
+
+
+def _shards(path: Path) -> list[Path]:
+    index = path / SAFETENSORS_INDEX
+    try:
+        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise UserError(
+            f"{index} is not a valid safetensors index ({err}); restore it from the checkpoint's source"
+        ) from None
+    absent = [name for name in names if not (path / name).is_file()]
+    if absent:
+        raise UserError(
+            f"{path} lacks {len(absent)} of the {len(names)} weight files its index names ({absent[0]}); copy them in"
+        )
+    return [path / name for name in names]
+
+
+def _check_safetensors(file: Path) -> None:
+    """Opening reads the header and checks that the data it describes is all in the file: a
+    truncated copy fails here, not half-way through loading."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"{file} is truncated or corrupt ({err}); copy it again from its source") from None
+
+
+def check_loading_info(path: str | Path, info: dict[str, Any], *, allowed_unexpected: Iterable[str] = ()) -> None:
+    """Refuse a loaded model whose weights did not all come from the checkpoint.
+
+    `info` is what from_pretrained(..., output_loading_info=True) returned: tied weights (an
+    absent lm_head with tie_word_embeddings) are not in its missing keys. `allowed_unexpected`
+    are name prefixes the caller leaves out on purpose (the probe loads no LM head).
+    """
+    allowed = tuple(allowed_unexpected)
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(key for key in info.get("unexpected_keys") or () if not key.startswith(allowed))
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    problems = []
+    if missing:
+        problems.append(f"lacks {_weights(missing)} its config.json needs ({_some(missing)})")
+    if unexpected:
+        problems.append(f"holds {_weights(unexpected)} its config.json has no place for ({_some(unexpected)})")
+    if mismatched:
+        shapes = [f"{key} stored {list(stored)}, config {list(wanted)}" for key, stored, wanted in mismatched]
+        problems.append(f"has {_weights(mismatched)} of another shape than its config.json gives ({_some(shapes)})")
+    if problems:
+        raise UserError(
+            f"{path} {'; '.join(problems)}: evalkit does not evaluate randomly initialised weights; give the "
+            "config.json the weights were trained with, or re-save the checkpoint from the trained model"
+        )
+
+
+def _weights(keys: list) -> str:
+    return f"{len(keys)} weight{'s' if len(keys) != 1 else ''}"
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(names[:KEYS_SHOWN])
+    return shown + (f", … {len(names) - KEYS_SHOWN} more" if len(names) > KEYS_SHOWN else "")
+
+
+def load_pretrained(auto_class, path: str | Path, *, trust_remote_code: bool = False,
+                    allowed_unexpected: Iterable[str] = (), **kwargs):  # fmt: skip
+    """`auto_class.from_pretrained(path, **kwargs)` with both checks; a local directory or a hub name.
+
+    Mis-shaped weights are let through transformers (ignore_mismatched_sizes) only so that
+    they reach check_loading_info and become one line instead of a RuntimeError.
+    """
+    if Path(path).is_dir():  # a hub name is checked by transformers as it downloads
+        check_checkpoint(path, trust_remote_code=trust_remote_code)
+    with _no_loading_report():
+        model, info = auto_class.from_pretrained(
+            path, output_loading_info=True, ignore_mismatched_sizes=True, use_safetensors=True,
+            trust_remote_code=trust_remote_code, **kwargs,
+        )  # fmt: skip
+    check_loading_info(path, info, allowed_unexpected=allowed_unexpected)
+    return model
+
+
+@contextmanager
+def _no_loading_report() -> Iterator[None]:
+    """transformers logs a table of missing and unexpected weights as a warning; check_loading_info
+    turns the same facts into evalkit's one-line error, so the table would only bury that line."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)

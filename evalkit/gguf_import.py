@@ -1,0 +1,187 @@
+"""`evalkit import`: a GGUF file (llama.cpp's format) as a plain Hugging Face checkpoint.
+
+transformers reads GGUF files with the `gguf` package and dequantizes every weight, but a
+model loaded that way refuses `save_pretrained`. We take its state dict, check it against the
+same architecture built from the config without its quantization settings (on the meta device,
+so nothing is allocated twice), and save it as safetensors with the tokenizer, config,
+generation config and a meta.json naming the source file and its hash. Every command that takes
+a checkpoint then reads the destination like any other.
+
+The destination is assembled in a hidden temporary directory beside it and renamed into place
+only when complete; a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import UserError
+from evalkit.results_io import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+
+GGUF_MAGIC = b"GGUF"
+META = "meta.json"
+IMPORT_KIND = "gguf-import"  # meta.json's "source.kind": marks a directory this command wrote
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_gguf_header(path: Path) -> int:
+    """The GGUF version of `path`, or a UserError saying why it is not a GGUF file."""
+    if not path.is_file():
+        raise UserError(f"{path} does not exist or is not a file; give the path of a .gguf model file")
+    with open(path, "rb") as handle:
+        head = handle.read(24)
+    if head[:4] != GGUF_MAGIC:
+        raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    if len(head) < 24:
+        raise UserError(f"{path} is truncated: {len(head)} bytes, shorter than a GGUF header")
+    (version,) = struct.unpack("<I", head[4:8])
+    if version not in (2, 3):
+        raise UserError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
+    return version
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _load_dequantized(path: Path):
+    """(model, tokenizer) from the GGUF file, weights dequantized to float32 on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                     local_files_only=True)  # fmt: skip
+    except Exception as err:  # the GGUF parser raises many kinds (struct, numpy, ValueError) on bad files
+        raise UserError(f"cannot import {path}: {_first_line(err)}") from None
+    return model, tokenizer
+
+
+def _plain_config(model):
+    """The model's config without the GGUF quantization settings: what the saved weights are."""
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def _weights_to_save(model, config, dtype) -> dict[str, Any]:
+    """The state dict, cast, tied output embedding dropped, checked key for key against a fresh
+    model of the same config (built on the meta device: no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(config)
+    expected = set(fresh.state_dict())
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        head = fresh.get_output_embeddings()
+        head_key = next((f"{n}.weight" for n, m in fresh.named_modules() if m is head), None)
+        state.pop(head_key, None)
+        expected.discard(head_key)
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise UserError(
+            f"the dequantized weights do not match a plain {config.model_type} model "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}); this architecture cannot be imported"
+        )
+    return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+
+def _gguf_file_type(path: Path) -> str | None:
+    """Reads the whole tensor index (a truncated or corrupt file fails here, before any
+    dequantizing) and returns the quantization the file declares, e.g. MOSTLY_Q4_1."""
+    try:
+        from gguf import GGUFReader, LlamaFileType
+    except ImportError:
+        raise UserError("reading GGUF needs the gguf package: pip install 'evalkit[gguf]'") from None
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as err:  # numpy/struct errors on a short or inconsistent file
+        raise UserError(f"{path} is truncated or corrupt: {_first_line(err)}; download it again") from None
+    field = reader.fields.get("general.file_type")
+    try:
+        return LlamaFileType(int(field.parts[field.data[0]][0])).name if field is not None else None
+    except ValueError:  # a code this gguf version does not name
+        return None
+
+
+def _is_import(destination: Path) -> bool:
+    try:
+        return json.loads((destination / META).read_text()).get("source", {}).get("kind") == IMPORT_KIND
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite: bool = False) -> Path:
+    """Write `destination` as a plain HF checkpoint of the GGUF model at `source`; returns it."""
+    import torch
+
+    from evalkit import __version__
+
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        raise UserError(f"--dtype {dtype!r}: use bf16 or fp32")
+    source, destination = Path(source), Path(destination)
+    version = check_gguf_header(source)
+    check_replaceable(destination, _is_import(destination), "a checkpoint written by evalkit import", overwrite)
+    file_type = _gguf_file_type(source)
+    model, tokenizer = _load_dequantized(source)
+    config = _plain_config(model)
+    weights = _weights_to_save(model, config, dtypes[dtype])
+    config.dtype = dtypes[dtype]
+
+    tmp = new_directory_beside(destination)
+    try:
+        _save(tmp, weights, config, model, tokenizer)
+        meta = {
+            "model": source.stem,
+            "source": {
+                "kind": IMPORT_KIND, "file": source.name, "path": str(source.resolve()),
+                "sha256": file_sha256(source), "bytes": source.stat().st_size, "gguf_version": version,
+                "file_type": file_type, "dequantized": True,
+            },
+            "dtype": dtype,
+            "parameters": sum(v.numel() for v in weights.values()),
+            "evalkit_version": __version__,
+        }  # fmt: skip
+        atomic_write_json(tmp / META, meta)  # last: its presence marks the import complete
+        move_into_place(tmp, destination)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
+    return destination
+
+
+def _save(folder: Path, weights: dict, config, model, tokenizer) -> None:
+    from safetensors.torch import save_file
+
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    # from_pretrained's loading options end up in tokenizer_config.json; they describe this
+    # import, not the tokenizer, and would bind every later reader to them.
+    config_path = folder / "tokenizer_config.json"
+    if config_path.is_file():
+        settings = json.loads(config_path.read_text())
+        for key in ("local_files_only", "is_local"):
+            settings.pop(key, None)
+        config_path.write_text(json.dumps(settings, indent=2) + "\n")

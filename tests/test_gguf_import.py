@@ -1,0 +1,93 @@
+"""`evalkit import` refuses what it cannot import with one line, and writes nothing then.
+
+The success path needs a real GGUF model: tests/real/test_real_import.py. These cases need only
+the gguf package (a dev dependency), which writes the small GGUF files used here.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install 'evalkit[gguf]')")
+
+
+def evalkit_import(*args):
+    return subprocess.run([sys.executable, "-m", "evalkit.cli", "import", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and all(f in lines[-1] for f in fragments), lines
+
+
+def write_gguf(path, architecture: str) -> None:
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_file_that_is_not_gguf(tmp_path):
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"PK\x03\x04 a zip archive, not a model")
+    assert_one_line_error(evalkit_import(source, tmp_path / "dest"), "is not a GGUF file")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_missing_file(tmp_path):
+    assert_one_line_error(evalkit_import(tmp_path / "none.gguf", tmp_path / "dest"), "does not exist")
+
+
+def test_a_truncated_file(tmp_path):
+    whole = tmp_path / "whole.gguf"
+    write_gguf(whole, "llama")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:-40])
+    assert_one_line_error(evalkit_import(cut, tmp_path / "dest"), "truncated or corrupt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf", "whole.gguf"]
+
+
+def test_an_architecture_transformers_cannot_dequantize(tmp_path):
+    source = tmp_path / "odd.gguf"
+    write_gguf(source, "mamba2000")
+    assert_one_line_error(evalkit_import(source, tmp_path / "dest"), "mamba2000", "not supported")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.gguf"]  # no DEST, no temporary directory
+
+
+def test_a_destination_that_is_not_an_import_is_never_replaced(tmp_path):
+    source = tmp_path / "odd.gguf"
+    write_gguf(source, "llama")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    assert_one_line_error(evalkit_import(source, dest), "not a checkpoint written by evalkit import")
+    assert_one_line_error(evalkit_import(source, dest, "--overwrite"), "not a checkpoint written by evalkit import")
+    assert (dest / "notes.txt").read_text() == "mine"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert_one_line_error(evalkit_import(source, afile), "is a file")
+
+
+def test_an_earlier_import_is_replaced_only_when_asked(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "meta.json").write_text('{"source": {"kind": "gguf-import"}}')
+    source = tmp_path / "not.gguf"
+    source.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(16))
+    assert_one_line_error(evalkit_import(source, dest), "--overwrite")
+
+
+def test_a_bad_dtype(tmp_path):
+    source = tmp_path / "odd.gguf"
+    write_gguf(source, "llama")
+    assert_one_line_error(evalkit_import(source, tmp_path / "dest", "--dtype", "int8"), "bf16 or fp32")
