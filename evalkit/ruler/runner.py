@@ -146,6 +146,7 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
                 if isinstance(why, TaskDoesNotFit):
                     entry["min_length"] = why.min_length
                 skipped.append(entry)
+    path = checkpoint_dir(out, ref) / SUMMARY
     summary = {
         "benchmark": "ruler",
         "run": ref.run,
@@ -154,14 +155,58 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
         "rows": [{k: v for k, v in row.items() if k not in ("data_key", "generated")} for row in rows],
         "skipped": skipped,
         "provenance": {
-            **_stamp_of_the_scores(checkpoint_dir(out, ref) / SUMMARY, any(row["generated"] for row in rows)),
+            **_stamp_of_the_scores(path, any(row["generated"] for row in rows)),
             "checkpoint_meta": checkpoint_meta(ref.path),
             "engine": engine.engine_info(),
             "settings": asdict(settings),
             "data_keys": {f"{row['task']}@{row['length']}": row["data_key"] for row in rows},
         },
     }
-    atomic_write_json(checkpoint_dir(out, ref) / SUMMARY, summary)
+    summary = _with_earlier_cells(summary, _read_summary(path))
+    atomic_write_json(path, summary)
+    return summary
+
+
+# What must match for an earlier summary's (task, length) cells to stand beside this run's:
+# everything that decides the data or the answers. Tasks and lengths are what may differ.
+_CELL_SETTINGS = ("num_samples", "seed", "essays", "qa_dir", "engine", "dtype", "batch_size", "max_length", "sizing")
+_CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
+
+
+def _read_summary(path: Path) -> dict | None:
+    try:
+        earlier = json.loads(path.read_text())
+        return earlier if isinstance(earlier, dict) and isinstance(earlier.get("rows"), list) else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
+    """The summary plus the earlier summary's cells (task, length) that this run did not touch,
+    when both were evaluated alike: `--lengths 1k` then `--lengths 2k` into one --out keeps both.
+    Cells evaluated otherwise are dropped (their samples stay in their logs)."""
+    if earlier is None:
+        return summary
+    now, then = summary["provenance"], earlier.get("provenance") or {}
+    alike = all(now["settings"].get(k) == (then.get("settings") or {}).get(k) for k in _CELL_SETTINGS) and all(
+        now["engine"].get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE
+    )
+    touched = {(row["task"], row["length"]) for row in summary["rows"]} | {
+        (skip["task"], skip["length"]) for skip in summary["skipped"]
+    }
+    kept_rows = [row for row in earlier["rows"] if (row["task"], row["length"]) not in touched]
+    kept_skips = [s for s in earlier.get("skipped", []) if (s["task"], s["length"]) not in touched]
+    if not alike or not (kept_rows or kept_skips):
+        return summary
+    order = {task: i for i, task in enumerate(TASKS)}
+    cell = lambda entry: (int(entry["length"]), order.get(entry["task"], len(order)))  # noqa: E731
+    settings = now["settings"]
+    settings["tasks"] = sorted({*settings["tasks"], *(then["settings"].get("tasks") or [])}, key=order.get)
+    settings["lengths"] = sorted({*settings["lengths"], *(then["settings"].get("lengths") or [])})
+    now["data_keys"] = {**then.get("data_keys", {}), **now["data_keys"]}
+    now["earlier_cells_stamp"] = {key: then.get(key) for key in stamp()}  # who scored the cells kept
+    summary["rows"] = sorted([*kept_rows, *summary["rows"]], key=cell)
+    summary["skipped"] = sorted([*kept_skips, *summary["skipped"]], key=cell)
     return summary
 
 

@@ -127,3 +127,23 @@ def test_checkpoint_without_tokenizer_is_refused(tiny_run, tmp_path):
         (bare / name).unlink()
     result = ruler("--ckpts", str(bare), "--lengths", "512", "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "has no tokenizer files" in result.stderr
+
+
+def test_lengths_run_in_pieces_add_up_in_one_summary(tiny_run, tmp_path):
+    """`--lengths 512` then `--lengths 1024` into one --out: the summary holds both (as one run of
+    512,1024 would); a piece evaluated otherwise (other sample count) replaces, never mixes."""
+    out, whole = tmp_path / "pieces", tmp_path / "whole"
+    common = ["--ckpts", str(tiny_run), "--last", "1", "--tasks", "niah_single_1,cwe", "--samples", "2"]
+    for lengths, target in (("512", out), ("1024", out), ("512,1024", whole)):
+        result = ruler(*common, "--lengths", lengths, "--out", str(target))
+        assert result.returncode == 0, result.stderr
+    (pieces,), (reference,) = summaries(out).values(), summaries(whole).values()
+    assert pieces["rows"] == reference["rows"] and pieces["skipped"] == reference["skipped"]
+    assert [(r["task"], r["length"]) for r in pieces["rows"]] == [("niah_single_1", 512), ("niah_single_1", 1024)]
+    assert pieces["provenance"]["settings"]["lengths"] == [512, 1024]
+    assert pieces["provenance"]["data_keys"] == reference["provenance"]["data_keys"]
+
+    result = ruler(*common[:-1], "3", "--lengths", "1024", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    (changed,) = summaries(out).values()
+    assert [(r["task"], r["length"], r["n"]) for r in changed["rows"]] == [("niah_single_1", 1024, 3)]
