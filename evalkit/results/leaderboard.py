@@ -5,13 +5,22 @@ one row per run, one column per length plus the average, each value the mean ove
 checkpoints of the per-length task average, with its spread, the best cell per column in
 bold, and the checkpoints, tasks and samples behind every value; a second table per task.
 Runs evaluated with different settings are marked, not silently compared.
+
+Every table is computed from the same rows: one score per (run, step, task, length). A
+checkpoint (run, step) may therefore come from one summary only: the same (run, step) in two
+summary files (two results directories given together, or a copy inside one) is refused with
+both files named, whether or not they agree in evalkit version, settings or engine, since
+merging them could only pick one file's scores or average the two, silently. Pass one of the
+directories (or move the other file away). Giving the same file twice (overlapping directories)
+is not a duplicate: each file is read once. A summary whose rows name another checkpoint, or
+hold one (task, length) twice, is refused the same way.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,14 +45,77 @@ class RunInfo:
 
 
 def find_summaries(dirs: list[Path], name: str) -> list[dict]:
-    found = []
+    """Every summary file `name` under `dirs`, each read once, at most one per (run, step)."""
+    found: dict[tuple[str, int], tuple[Path, dict]] = {}
+    for path in _summary_paths(dirs, name):
+        summary = _read_summary(path)
+        key = (summary["run"], summary["step"])
+        if key in found:
+            raise UserError(_duplicate_message(key, found[key], (path, summary)))
+        found[key] = (path, summary)
+    return [summary for _, summary in found.values()]
+
+
+def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
+    """The files in directory order, a file reached through two given directories only once."""
+    seen: set[Path] = set()
+    paths = []
     for directory in dirs:
         for path in sorted(Path(directory).rglob(name)):
-            try:
-                found.append(json.loads(path.read_text()))
-            except (OSError, json.JSONDecodeError) as err:
-                raise UserError(f"cannot read {path}: {err}") from None
-    return found
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                paths.append(path)
+    return paths
+
+
+def _read_summary(path: Path) -> dict:
+    """A summary with run, step and rows that all belong to that checkpoint, once per cell."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"cannot read {path}: {err}") from None
+    shaped = isinstance(summary, dict) and isinstance(summary.get("run"), str) and isinstance(summary.get("rows"), list)
+    if not shaped:
+        raise UserError(f"{path} is not an evalkit summary (no run or rows); remove it or rerun that checkpoint")
+    try:
+        summary["step"] = int(summary["step"])
+        cells = [_row_cell(row, summary) for row in summary["rows"]]
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{path} has a malformed step or row; remove it or rerun that checkpoint") from None
+    if None in cells:
+        raise UserError(f"{path} holds rows of another checkpoint than {summary['run']} step {summary['step']}; "
+                        "remove it or rerun that checkpoint")  # fmt: skip
+    twice = sorted((cell for cell, count in Counter(cells).items() if count > 1), key=str)
+    if twice:
+        raise UserError(f"{path} holds {' '.join(map(str, twice[0]))} twice; remove it or rerun that checkpoint")
+    return summary
+
+
+def _row_cell(row: dict, summary: dict) -> tuple | None:
+    """The cell a row scores, None when the row names another checkpoint than its file.
+
+    RULER rows are cells (task, length); general rows (requested, task, metric, filter), since a
+    group's member is scored once under each requested group that holds it."""
+    if row["run"] != summary["run"] or int(row["step"]) != summary["step"]:
+        return None
+    if "length" in row:
+        float(row["score"])  # a score that is not a number is malformed
+        return (row["task"], int(row["length"]))
+    return (row.get("requested"), row["task"], row["metric"], row.get("filter"))
+
+
+def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:
+    """One line naming both files, and the evalkit versions when they differ."""
+    (path_a, a), (path_b, b) = first, second
+    versions = {_version(a), _version(b)}
+    differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
+    return (f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
+            "pass only one of the directories, or move one file away")  # fmt: skip
+
+
+def _version(summary: dict) -> str:
+    provenance = summary.get("provenance") or {}
+    return f"{provenance.get('evalkit_version', '?')} ({provenance.get('git_hash', '?')})"
 
 
 def _describe_checkpoint(summary: dict) -> tuple[str, str, str]:
@@ -168,16 +240,26 @@ def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
 
 
 def per_task_table(rows: list[dict]) -> str:
-    """(run, task) rows, one column per length: the mean over the run's checkpoints."""
-    scores: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    """(run, task) rows, one column per length: the mean over the run's checkpoints, or, for a
+    run of one checkpoint, its score ± the standard error over its samples (when recorded).
+
+    Read from the same one-score-per-cell rows as ruler_table (find_summaries refuses a
+    checkpoint twice), so the mean over a length's tasks here is the main table's value."""
+    cells: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
     for row in rows:
-        scores[(row["run"], row["task"], int(row["length"]))].append(float(row["score"]))
-    lengths = sorted({n for _, _, n in scores})
+        cells[(row["run"], row["task"], int(row["length"]))].append(row)
+    lengths = sorted({n for _, _, n in cells})
     lines = ["| run | task | " + " | ".join(_label(n) for n in lengths) + " |", "|---|---|" + "---|" * len(lengths)]
-    for run, task in sorted({(r, t) for r, t, _ in scores}):
-        cells = [f"{statistics.fmean(scores[(run, task, n)]):.2f}" if (run, task, n) in scores else "–" for n in lengths]
-        lines.append(f"| {run} | {task} | " + " | ".join(cells) + " |")
+    for run, task in sorted({(r, t) for r, t, _ in cells}):
+        shown = [_task_cell(cells[(run, task, n)]) if (run, task, n) in cells else "–" for n in lengths]
+        lines.append(f"| {run} | {task} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
+
+
+def _task_cell(rows: list[dict]) -> str:
+    if len(rows) == 1 and rows[0].get("stderr") is not None:
+        return f"{float(rows[0]['score']):.2f} ± {float(rows[0]['stderr']):.2f}"
+    return f"{statistics.fmean(float(row['score']) for row in rows):.2f}"
 
 
 def skipped_notes(infos: dict[str, RunInfo]) -> str:
@@ -260,7 +342,7 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
             parts += [notes, ""]
         skipped = skipped_notes(infos)
         parts += ["Skipped tasks (not scored, not averaged):", "", skipped or "- none", ""]
-        parts += ["## RULER per task (mean over checkpoints)", "", per_task_table(rows), ""]
+        parts += ["## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)", "", per_task_table(rows), ""]
     if general:
         parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
     parts += ["## Provenance", "", provenance_notes(ruler + general), "", ""]

@@ -5,16 +5,25 @@
 
 A per-sample log is the unit of resumption: a rerun reads it, keeps the lines made from the
 same data (same data key) and computes only the samples that are missing.
+
+Each record carries `sha`, the sha256 of its own canonical JSON without that field: a record
+edited by hand (an answer or a score changed) no longer matches it, and loading the log refuses
+it with the file and line instead of scoring it. These are results, so nothing is recomputed or
+trusted behind the user's back: they delete the line (or the file) and rerun to recompute it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from evalkit.errors import UserError
 from evalkit.results.checkpoints import CheckpointRef
+
+CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
 
 
 def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
@@ -31,13 +40,14 @@ class SampleLog:
             self._load()
 
     def _load(self) -> None:
-        kept, dropped = [], False
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        kept, dropped, checked_before = [], False, False
+        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:  # the half-written last line of a killed run
                 dropped = True
                 continue
+            checked_before |= self._verify(record, number, checked_before)
             if record.get("data_key") != self.data_key:  # made from other data: recompute
                 dropped = True
                 continue
@@ -53,6 +63,29 @@ class SampleLog:
 
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
+    def _verify(self, record: Any, number: int, checked_before: bool) -> bool:
+        """Refuse a record that is not what evalkit wrote; True when it carries a checksum.
+
+        A record without one is accepted: logs written before checksums existed (the
+        repository's stored results among them) hold none, and refusing them would throw
+        away finished work. Such records only ever precede checked ones (a resumed run
+        appends checked records after them), so one without a checksum after a checked
+        one had its checksum removed, and is refused like an edited one.
+        """
+        where = f"{self.path}:{number}"
+        if not isinstance(record, dict) or not isinstance(record.get("index"), int):
+            raise UserError(f"{where} is not a sample record (edited by hand?); delete that line, "
+                            "or the file, and rerun to recompute it")  # fmt: skip
+        if CHECKSUM not in record:
+            if checked_before:
+                raise UserError(f"{where} has lost its checksum (edited by hand?); delete that line, "
+                                "or the file, and rerun to recompute it")  # fmt: skip
+            return False
+        if record[CHECKSUM] != record_checksum(record):
+            raise UserError(f"{where} does not match its checksum (edited or damaged); delete that line, "
+                            "or the file, and rerun to recompute it")  # fmt: skip
+        return True
+
     def done(self) -> set[int]:
         return set(self.records)
 
@@ -64,6 +97,7 @@ class SampleLog:
         with self.path.open("a", encoding="utf-8") as handle:
             for record in records:
                 record = {**record, "data_key": self.data_key}
+                record[CHECKSUM] = record_checksum(record)
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 self.records[int(record["index"])] = record
             handle.flush()
@@ -71,3 +105,11 @@ class SampleLog:
 
     def ordered(self) -> list[dict[str, Any]]:
         return [self.records[i] for i in sorted(self.records)]
+
+
+def record_checksum(record: dict[str, Any]) -> str:
+    """sha256 of the record's canonical JSON without its checksum field: key order and spacing
+    do not change it, any changed value does."""
+    content = {key: value for key, value in record.items() if key != CHECKSUM}
+    text = json.dumps(content, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

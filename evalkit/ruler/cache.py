@@ -4,12 +4,19 @@ The file name carries a hash of everything that decides the data: generator vers
 tokenizer fingerprint, task and its templates, length, number of samples, seed, prompt format,
 the data files the task reads and the sizing. The same key always gives byte-identical files.
 The default sizing ("exact") adds nothing to the key, so keys made before sizings existed hold.
+
+A cache file is a header line, {"format": "evalkit-ruler-cache", "samples": N, "sha256": ...},
+then one sample per line. The checksum covers the samples' canonical JSON (Sample.to_json), so
+an entry edited by hand (one answer changed, still valid JSON) or damaged is never served: it
+is regenerated, with one warning on stderr. Files written before checksums existed have no
+header; they are treated the same way (stale), which rewrites them once in the new format.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
@@ -91,6 +98,68 @@ def cache_path(
     return root / fingerprint / task / f"{length}-n{num_samples}-s{seed}-{digest}.jsonl"
 
 
+CACHE_FORMAT = "evalkit-ruler-cache"
+
+
+class StaleEntry(Exception):
+    """A cache file that must not be served. `kind` groups its warning: one per damaged file,
+    one per process for all files of the old format."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def samples_checksum(samples: list[Sample]) -> str:
+    return hashlib.sha256(dumps_jsonl(samples).encode("utf-8")).hexdigest()
+
+
+def dumps_entry(samples: list[Sample]) -> str:
+    """A cache file's text: the header with the samples' checksum, then the samples."""
+    header = {"format": CACHE_FORMAT, "samples": len(samples), "sha256": samples_checksum(samples)}
+    return json.dumps(header, sort_keys=True) + "\n" + dumps_jsonl(samples)
+
+
+def read_entry(path: Path, num_samples: int) -> list[Sample]:
+    """The samples of a cache file whose header and checksum hold; StaleEntry otherwise."""
+    damaged = StaleEntry(f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it",
+                         str(path))  # fmt: skip
+    try:
+        first, _, rest = path.read_text(encoding="utf-8").partition("\n")
+    except UnicodeDecodeError:
+        raise damaged from None
+    header = _header(first)
+    if header is None:
+        raise StaleEntry(f"RULER cache entries without a checksum (written by an older evalkit), such as {path}, "
+                         "are regenerated on first use", "old-format")  # fmt: skip
+    try:
+        samples = loads_jsonl(rest)
+    except (ValueError, KeyError, TypeError):  # not sample lines any more
+        raise damaged from None
+    if len(samples) != num_samples or header.get("sha256") != samples_checksum(samples):
+        raise damaged
+    return samples
+
+
+def _header(line: str) -> dict | None:
+    try:
+        header = json.loads(line)
+    except ValueError:
+        return None
+    return header if isinstance(header, dict) and header.get("format") == CACHE_FORMAT else None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(kind: str, message: str) -> None:
+    """One line on stderr per kind and process: a run touching hundreds of stale entries
+    (an upgraded cache) says so once."""
+    if kind not in _warned:
+        _warned.add(kind)
+        print(message, file=sys.stderr, flush=True)
+
+
 def load_or_generate(
     task: str,
     tokenizer,
@@ -110,11 +179,9 @@ def load_or_generate(
     path = cache_path(task, tokenizer, length, num_samples, seed, cache_dir, **data)
     if path.is_file():
         try:
-            samples = loads_jsonl(path.read_text(encoding="utf-8"))
-            if len(samples) == num_samples:
-                return samples
-        except (ValueError, KeyError):
-            pass  # a damaged file is regenerated below
+            return read_entry(path, num_samples)
+        except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
+            _warn_once(why.kind, f"warning: {why}")
     samples = generate(task, tokenizer, length, num_samples, seed, **data)
-    atomic_write_text(path, dumps_jsonl(samples))
+    atomic_write_text(path, dumps_entry(samples))
     return samples

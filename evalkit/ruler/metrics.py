@@ -51,3 +51,14 @@ def score(task: str, predictions: Sequence[str], references: Sequence[Sequence[s
             raise ValueError(f"{task}: a sample has no reference answers")
     # Same order of operations as NVIDIA (sum / n * 100, then round) so ties round alike.
     return round(sum(metric(p, r) for p, r in zip(predictions, references)) / len(predictions) * 100, 2)
+
+
+def standard_error(task: str, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """The standard error of the task's score (0..100): the sample standard deviation of the
+    per-sample scores over the square root of their number; 0 for a single sample."""
+    values = [sample_score(task, p, r) for p, r in zip(predictions, references)]
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return round((variance / len(values)) ** 0.5, 2)

@@ -127,3 +127,16 @@ def test_resolve_checkpoints(tmp_path):
     assert [(r.run, r.step) for r in single] == [("a", 5)]
     with pytest.raises(UserError, match="no checkpoint at"):
         resolve_checkpoints([str(tmp_path)])
+
+
+def test_per_task_cells_show_the_standard_error_of_a_single_checkpoint():
+    from evalkit.results.leaderboard import per_task_table
+
+    rows = [
+        {"run": "one", "step": 5, "task": "vt", "length": 1024, "score": 15.0, "stderr": 8.19, "n": 20},
+        {"run": "two", "step": 5, "task": "vt", "length": 1024, "score": 10.0, "stderr": 3.0, "n": 20},
+        {"run": "two", "step": 9, "task": "vt", "length": 1024, "score": 20.0, "stderr": 4.0, "n": 20},
+        {"run": "old", "step": 1, "task": "vt", "length": 1024, "score": 7.5, "n": 20},  # written before stderr
+    ]
+    lines = per_task_table(rows).splitlines()
+    assert lines[2:] == ["| old | vt | 7.50 |", "| one | vt | 15.00 ± 8.19 |", "| two | vt | 15.00 |"]

@@ -19,7 +19,8 @@ def test_sample_json_round_trip():
 def test_second_load_reads_the_file_and_generates_nothing(tokenizer, tmp_path, monkeypatch):
     first = load_or_generate("niah_single_1", tokenizer, 2048, 3, cache_dir=tmp_path)
     path = cache_path("niah_single_1", tokenizer, 2048, 3, cache_dir=tmp_path)
-    assert path.is_file() and loads_jsonl(path.read_text()) == first
+    _, samples = path.read_text().split("\n", 1)  # a checksum header, then the samples
+    assert path.is_file() and loads_jsonl(samples) == first and cache_module.read_entry(path, 3) == first
 
     def no_generation(*args, **kwargs):
         raise AssertionError("generated on a cache hit")

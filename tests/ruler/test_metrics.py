@@ -42,3 +42,15 @@ def test_bad_inputs_are_errors():
         score("cwe", [], [])
     with pytest.raises(ValueError):
         score("cwe", ["a"], [[]])
+
+
+def test_standard_error_by_hand():
+    from evalkit.ruler.metrics import standard_error
+
+    # niah_multivalue (match_all over 4 values): per-sample scores 100, 50, 0, 25 -> mean 43.75,
+    # sample variance (56.25^2 + 6.25^2 + 43.75^2 + 18.75^2) / 3 = 5468.75 / 3, se = sqrt(5468.75 / 3 / 4) = 21.35.
+    refs = [["1", "2", "3", "4"]] * 4
+    predictions = ["1 2 3 4", "1 2", "none", "3"]
+    assert standard_error("niah_multivalue", predictions, refs) == 21.35
+    assert standard_error("niah_single_1", ["7"], [["7"]]) == 0.0
+    assert standard_error("niah_single_1", ["7", "7"], [["7"], ["7"]]) == 0.0
