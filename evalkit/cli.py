@@ -15,7 +15,7 @@ from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
 from evalkit.provenance import command_line
 from evalkit.quickstart import QUICK_RECIPE, QUICK_STEPS
-from evalkit.results_io import output_lock
+from evalkit.results_io import check_output_dir, check_output_file, output_lock
 
 app = typer.Typer(
     help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",
@@ -85,6 +85,15 @@ def import_command(
     typer.echo(f"{written}: {size / 2**20:.1f} MiB")
 
 
+def _check_positive(values: dict[str, int], out: Path | None) -> None:
+    """A bench's counts and its report file, checked before the minutes of timing it runs."""
+    for option, value in values.items():
+        if value < 1:
+            raise UserError(f"{option} must be at least 1, got {value}")
+    if out is not None:
+        check_output_file(out)
+
+
 @bench_app.command("attention")
 def bench_attention(
     seq: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated (16k = 16384)."),
@@ -103,6 +112,10 @@ def bench_attention(
     """Forward+backward time of each paradigm's attention vs full causal, with the ideal ratio."""
     from evalkit.attention import Paradigm, available_implementations
     from evalkit.bench import attention as bench
+
+    _check_positive({"--heads": heads, "--head-dim": head_dim, "--mean-doc": mean_doc, "--repeats": repeats}, out)
+    if kv_heads < 0:
+        raise UserError(f"--kv-heads must be at least 1 (or 0: same as --heads), got {kv_heads}")
 
     if dtype not in bench.DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of: {', '.join(bench.DTYPES)}")
@@ -165,6 +178,8 @@ def bench_ruler_data(
     """Samples/s of RULER data generation per task and length (cache off, setup included)."""
     from rich.console import Console
 
+    _check_positive({"--samples": samples, "--vocab-size": vocab_size}, out)
+
     from evalkit.bench import ruler_data as bench
     from evalkit.ruler.runner import parse_tasks
 
@@ -207,6 +222,8 @@ def bench_train(
     """Optimizer-step time and tokens/s of a recipe's model under each paradigm vs full."""
     from evalkit.attention import Paradigm
     from evalkit.bench import train as bench
+
+    _check_positive({"--steps": steps}, out)
 
     try:
         chosen = [Paradigm.parse(p.strip()) for p in paradigms.split(",") if p.strip()] or list(Paradigm)
@@ -324,8 +341,7 @@ def ruler_command(
     settings = RulerSettings(tasks=parse_tasks(tasks), lengths=parse_lengths(lengths), num_samples=samples, seed=seed,
                              essays=essays, qa_dir=qa_dir, engine=engine, dtype=dtype, batch_size=batch_size,
                              max_length=max_length, sizing=sizing)  # fmt: skip
-    if samples < 1 or batch_size < 1:
-        raise UserError("--samples and --batch-size must be at least 1")
+    check_output_dir(out)
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     for ref in refs:  # a refused checkpoint leaves no trace in --out (run_ruler checks again, cheaply)
         check_checkpoint(ref, settings)
@@ -430,6 +446,8 @@ def leaderboard_command(
     for directory in chosen:
         if not directory.is_dir():
             raise UserError(f"results directory {directory} does not exist")
+    check_output_file(out)
+    check_output_dir(plots or out.parent / "plots", "--plots")
     board = write_leaderboard(chosen, out, plots)
     typer.echo(board.read_text())
     typer.echo(f"wrote {board} and its plots in {plots or board.parent / 'plots'}", err=True)
@@ -457,8 +475,10 @@ def quickstart_command(
         chosen = tuple(Paradigm.parse(p.strip()).value for p in paradigms.split(",") if p.strip())
     except ValueError as err:
         raise UserError(str(err)) from None
+    if max_steps < 0:
+        raise UserError(f"--max-steps must be at least 1 (or 0: the recipe's own steps), got {max_steps}")
     plan = QuickstartPlan(recipe=recipe, paradigms=chosen, max_steps=max_steps or None, shipped=shipped, sets=list(sets or []), last=last, samples=samples,
-                          lengths=parse_lengths(lengths) if lengths else None, general_limit=general_limit,
+                          lengths=parse_lengths(lengths) if lengths is not None else None, general_limit=general_limit,
                           runs_dir=runs, out=out)  # fmt: skip
     run_quickstart(plan)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from evalkit.errors import UserError
-from evalkit.results_io import output_lock
+from evalkit.results_io import check_output_dir, output_lock
 
 QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
@@ -46,6 +46,21 @@ class QuickstartPlan:
     general_limit: int | None = None  # None: every fixture question
     runs_dir: Path = Path("runs/quickstart")
     out: Path = Path("results/quickstart")
+
+
+def check_plan(plan: QuickstartPlan) -> None:
+    """What the later stages would refuse only after training has run, refused before it."""
+    from evalkit.results.checkpoints import check_last
+
+    check_last(plan.last)
+    counts = {"--samples": plan.samples, "--max-steps": plan.max_steps, "--general-limit": plan.general_limit}
+    for option, value in counts.items():
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be at least 1, got {value}")
+    if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
+        raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
+    check_output_dir(plan.out)
+    check_output_dir(plan.runs_dir, "--runs")
 
 
 def _stage(console: Console, number: int, title: str) -> float:
@@ -105,6 +120,7 @@ def shipped_runs(recipe: str) -> list[Path]:
 
 def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path:
     """All four stages; returns the leaderboard's path."""
+    check_plan(plan)
     from evalkit.train import load_config
 
     console = console or Console(stderr=True)

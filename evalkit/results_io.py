@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ def check_replaceable(destination: Path, is_ours: bool, what: str, overwrite: bo
     symbolic link, a non-empty directory evalkit did not write (`is_ours` False: never replaced),
     or one it did without `overwrite`. `what` names evalkit's own output in the message."""
     destination = Path(destination)
+    _check_creatable(destination, destination.parent, "destination")  # written beside it, then renamed into place
     if destination.is_symlink():
         raise UserError(f"{destination} is a symbolic link; give the directory it points to, or a new path")
     if destination.exists() and not destination.is_dir():
@@ -61,6 +63,48 @@ def check_replaceable(destination: Path, is_ours: bool, what: str, overwrite: bo
                         "give a new or empty directory")  # fmt: skip
     if not overwrite:
         raise UserError(f"{destination} already holds {what}; pass --overwrite to replace it")
+
+
+def check_output_dir(directory: Path, option: str = "--out") -> None:
+    """Refuse, before any work, an output directory evalkit could not write: a file, a path under
+    a file, or a place without write permission. Creates nothing, so a refusal leaves no trace."""
+    directory = Path(directory)
+    if _kind(directory, directory, option) == "file":
+        raise UserError(f"{option} {directory} is a file, not a directory: choose another {option}")
+    _check_creatable(directory, directory, option)
+
+
+def check_output_file(file: Path, option: str = "--out") -> None:
+    """The same for one output file: it may exist (it is replaced), but not as a directory, and its
+    directory must be writable (atomic writes put a temporary file beside it)."""
+    file = Path(file)
+    if _kind(file, file, option) == "dir":
+        raise UserError(f"{option} {file} is a directory; give the path of the file to write (in it, or elsewhere)")
+    _check_creatable(file, file.parent, option)
+
+
+def _check_creatable(target: Path, directory: Path, option: str) -> None:
+    """`directory` (where `target` goes) exists writable, or can be made: its nearest existing
+    ancestor is a writable directory."""
+    existing = directory
+    while _kind(existing, target, option) is None and existing != existing.parent:
+        existing = existing.parent
+    if _kind(existing, target, option) == "file":
+        raise UserError(f"{option} {target} lies under {existing}, which is a file: choose another {option}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {target}: {existing} is not writable (permission denied); "
+                        f"choose a writable {option}")  # fmt: skip
+
+
+def _kind(path: Path, target: Path, option: str) -> str | None:
+    """What `path` is: "dir", "file" or None (absent, or under a file). An unsearchable parent is a
+    UserError, where Path.exists() would raise PermissionError."""
+    try:
+        return "dir" if stat.S_ISDIR(os.stat(path).st_mode) else "file"
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise UserError(f"{option} {target}: cannot reach {path} ({err.strerror}); choose another {option}") from None
 
 
 def new_directory_beside(destination: Path) -> Path:
@@ -115,8 +159,7 @@ def output_lock(directory: Path) -> Iterator[Path]:
 
 
 def _open_lock_file(directory: Path) -> TextIO:
-    if directory.exists() and not directory.is_dir():
-        raise UserError(f"{directory} is a file, not a results directory: choose another --out")
+    check_output_dir(directory)  # a file, a path under a file, an unwritable place
     try:
         directory.mkdir(parents=True, exist_ok=True)
         # "a+": create if absent, never truncate (the holder's pid is in there).

@@ -317,3 +317,283 @@ def test_train_refuses_to_continue_a_checkpoint_missing_weights(broken, tmp_path
                               "--out", out))  # fmt: skip
     assert str(broken["missing-layer-0"]) in line and "lacks 9 weights" in line
     assert not list(out.glob("step-*"))
+
+
+# ---------------------------------------------------------------------- training input checked before training
+
+
+def write_lines(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def record(text: str = "a few words of a training document " * 4) -> bytes:
+    return json.dumps({"text": text, "domain": "web"}).encode()
+
+
+BAD_JSONL = {
+    # case: (the file's lines, the line the error names, what the error says)
+    "invalid-json-line-3-of-5": ([record(), record(), b'{"text": "cut here', record(), record()], 3, "is not valid JSON"),
+    "no-text-field-lines-2-5": ([record(), *[json.dumps({"body": "x"}).encode()] * 4], 2, "has no field 'text'"),
+    "not-utf8": ([record(), b'{"text": "caf\xe9"}', record()], 2, "byte 0xe9 at column 14 is not UTF-8"),
+    "text-not-a-string": ([record(), record(), json.dumps({"text": 7}).encode()], 3, "field 'text' holds a value of type int, not a string"),
+    "not-an-object": ([record(), b'["a list"]'], 2, "is a JSON list, not an object"),
+}
+
+
+@pytest.mark.parametrize("case, paradigm", [
+    *[(case, "anchor") for case in BAD_JSONL],
+    ("invalid-json-line-3-of-5", "anchor_tag"),  # reads every line for its domains: a traceback before
+])  # fmt: skip
+def test_a_bad_jsonl_line_is_refused_before_the_first_step(case, paradigm, tmp_path):
+    from tests.train.helpers import micro_args
+
+    lines, number, fragment = BAD_JSONL[case]
+    data = write_lines(tmp_path / "data.jsonl", lines)
+    out = tmp_path / "run"
+    line = error_line(evalkit(*micro_args(out, f"data.source={data}", paradigm=paradigm, max_steps=5)))
+    assert f"{data}, line {number}" in line and fragment in line
+    if "field" in fragment:
+        assert "data.text_field" in line  # how to point at another field
+    assert not out.exists()  # no metrics, no checkpoint
+
+
+def test_a_jsonl_with_blank_lines_and_a_bom_reads_every_record(tmp_path):
+    """The control for the refusals above: what is valid still loads, with its lines counted right."""
+    from evalkit.train.data import JsonlSource
+
+    path = write_lines(tmp_path / "d.jsonl", [b"\xef\xbb\xbf" + record("one"), b"", record("two"), b"  ", record("three")])
+    source = JsonlSource(path, "text", "domain")
+    assert [source[i] for i in range(len(source))] == [("one", "web"), ("two", "web"), ("three", "web")]
+    assert source.domains() == ["web"]
+    path.write_bytes(path.read_bytes().replace(b'"three"', b'"three'))  # changed after opening: still one line
+    with pytest.raises(UserError, match=r"d\.jsonl, line 5 is not valid JSON"):
+        source[2]
+
+
+MICRO_RUN_SETS = ("model.max_position_embeddings=64",)  # below seq_len=128: raised to it
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory) -> Path:
+    """A 4-step micro run (checkpoints at steps 2 and 4) whose model asked for fewer positions than it trains on."""
+    from tests.train.helpers import micro_args
+
+    out = tmp_path_factory.mktemp("micro") / "run"
+    result = evalkit(*micro_args(out, *MICRO_RUN_SETS, max_steps=4))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def resume_args(out: Path, max_steps: int = 6) -> list[str]:
+    from tests.train.helpers import micro_args
+
+    return [*micro_args(out, *MICRO_RUN_SETS, max_steps=max_steps), "--resume"]
+
+
+def test_a_scratch_model_states_at_least_the_length_it_trains_on(micro_run):
+    config = json.loads((micro_run / "step-4" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 128  # seq_len; the recipe asked for 64
+
+
+def logged_steps(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_drops_a_torn_last_metrics_line(micro_run, tmp_path):
+    run = shutil.copytree(micro_run, tmp_path / "run")
+    with (run / "metrics.jsonl").open("a") as log:
+        log.write('{"step": 5, "loss": 7.6')  # killed while logging step 5
+    result = evalkit(*resume_args(run))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert logged_steps(run) == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_refuses_a_torn_metrics_line_in_the_middle(micro_run, tmp_path):
+    run = shutil.copytree(micro_run, tmp_path / "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:12]
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    before = (run / "metrics.jsonl").read_bytes()
+    line = error_line(evalkit(*resume_args(run)))
+    assert f"{run / 'metrics.jsonl'}, line 2" in line and "corrupt" in line
+    assert (run / "metrics.jsonl").read_bytes() == before
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-2", "step-4"]
+
+
+def test_resume_refuses_a_truncated_checkpoint(micro_run, tmp_path):
+    run = shutil.copytree(micro_run, tmp_path / "run")
+    truncate_weights(run / "step-4")
+    before = (run / "metrics.jsonl").read_bytes()
+    line = error_line(evalkit(*resume_args(run)))
+    assert f"{run / 'step-4' / 'model.safetensors'} is truncated or corrupt" in line
+    assert (run / "metrics.jsonl").read_bytes() == before
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-2", "step-4"]
+
+
+# ---------------------------------------------------------------------- every argument checked before work starts
+
+
+@pytest.mark.parametrize("lengths, fragment", [
+    ("²", "could not read length '²'"),  # str.isdigit() says yes, int() says no
+    ("１２", "could not read length '１２'"),  # int() would read 12
+    ("0", "could not read length '0'"),
+    ("-1k", "could not read length '-1k'"),
+    ("4k,0", "could not read length '0'"),
+    ("", "no lengths given"),
+    (" , ", "no lengths given"),
+])  # fmt: skip
+def test_ruler_refuses_unreadable_lengths(checkpoint, lengths, fragment, tmp_path):
+    line = error_line(evalkit("ruler", "--ckpts", checkpoint, "--lengths", lengths, "--out", tmp_path / "out"))
+    assert fragment in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_quickstart_refuses_empty_lengths_instead_of_using_the_default(tmp_path):
+    line = error_line(evalkit("quickstart", "--lengths", "", "--out", tmp_path / "q", "--runs", tmp_path / "runs"))
+    assert "no lengths given" in line
+    assert not (tmp_path / "q").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--set", "max_steps=--5"], "max_steps: expected int, got '--5'"),
+    (["--set", "optim.lr=-1"], "optim.lr must be at least 0 (0 keeps the weights as they are), got -1.0"),
+    (["--set", "optim.lr=nan"], "optim.lr must be a finite number, got nan"),
+    (["--set", "optim.weight_decay=inf"], "optim.weight_decay must be a finite number, got inf"),
+    (["--set", "optim.beta2=1.5"], "optim.beta1 and optim.beta2 must be in [0, 1)"),
+    (["--set", "optim.grad_clip=-1"], "optim.grad_clip must be at least 0"),
+    (["--max-steps", "0"], "max_steps must be at least 1, got 0"),
+    (["--max-steps", "-3"], "max_steps must be at least 1, got -3"),
+    (["--seq-len", "0"], "seq_len must be at least 16, got 0"),
+    (["--set", "model.num_heads=3"], "model.hidden_size (256) must be a multiple of model.num_heads (3)"),
+])  # fmt: skip
+def test_train_refuses_bad_numbers_naming_the_field(args, fragment, tmp_path):
+    out = tmp_path / "run"
+    line = error_line(evalkit("train", "--config", "tiny-cpu", "--out", out, *args))
+    assert fragment in line
+    assert not out.exists()
+
+
+def test_a_learning_rate_as_digits_still_reads():
+    """The control: the stricter integer and float checks still take what users write."""
+    from evalkit.train import load_config
+
+    config = load_config("tiny-cpu", {"max_steps": 7}, ["optim.lr=2e-5", "seed=+3"])
+    assert (config.optim.lr, config.seed, config.max_steps) == (2e-5, 3, 7)
+
+
+@pytest.mark.parametrize("command", ["ruler", "general", "quickstart"])
+def test_last_below_one_is_refused(checkpoint, command, tmp_path):
+    out = tmp_path / "out"
+    args = {
+        "ruler": ["--ckpts", checkpoint, "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1"],
+        "general": ["--ckpts", checkpoint, "--tasks", "evalkit_fixture_hellaswag_style", "--limit", "1"],
+        "quickstart": ["--runs", tmp_path / "runs", "--recipe", "tiny-cpu", "--max-steps", "1", "--no-shipped"],
+    }[command]
+    line = error_line(evalkit(command, *args, "--last", "0", "--out", out))
+    assert "--last 0" in line and "at least 1" in line
+    assert not out.exists() and not (tmp_path / "runs").exists()  # the quickstart trained nothing
+
+
+@pytest.mark.parametrize("limit", ["inf", "nan", "-1", "0", "2.5"])
+def test_general_refuses_a_limit_that_is_no_count_or_fraction(checkpoint, limit, tmp_path):
+    out = tmp_path / "out"
+    line = error_line(evalkit("general", "--ckpts", checkpoint, "--tasks", "evalkit_fixture_hellaswag_style",
+                              "--limit", limit, "--out", out))  # fmt: skip
+    assert "--limit" in line
+    assert not out.exists()
+
+
+def out_commands(checkpoint: Path, tmp_path: Path) -> dict[str, list]:
+    """Each command that takes --out, with arguments it would otherwise run with."""
+    results = tmp_path / "results"
+    (results / "run" / "step-1").mkdir(parents=True)  # an (empty) results directory for the leaderboard
+    return {
+        "train": ["train", "--config", "tiny-cpu", "--max-steps", "1"],
+        "ruler": ["ruler", "--ckpts", checkpoint, "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1"],
+        "general": ["general", "--ckpts", checkpoint, "--tasks", "evalkit_fixture_hellaswag_style", "--limit", "1"],
+        "probe": ["probe", "shift", "--ckpt", checkpoint, "--seq", "16", "--n", "1", "--delta1", "0"],
+        "leaderboard": ["leaderboard", results],
+    }
+
+
+OUT_COMMANDS = ["train", "ruler", "general", "probe", "leaderboard"]
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+def test_out_under_a_file_is_refused_before_any_work(checkpoint, command, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    out = blocker / "out" / ("board.md" if command == "leaderboard" else "")
+    line = error_line(evalkit(*out_commands(checkpoint, tmp_path)[command], "--out", out))
+    assert f"lies under {blocker}, which is a file" in line
+    assert blocker.read_text() == "mine"
+    assert hidden_entries(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [c for c in OUT_COMMANDS if c != "leaderboard"])
+def test_out_that_is_a_file_is_refused_before_any_work(checkpoint, command, tmp_path):
+    out = tmp_path / "a-file"
+    out.write_text("mine")
+    line = error_line(evalkit(*out_commands(checkpoint, tmp_path)[command], "--out", out))
+    assert f"{out} is a file" in line
+    assert out.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "results"]
+
+
+def test_leaderboard_out_that_is_a_directory_is_refused(checkpoint, tmp_path):
+    args = out_commands(checkpoint, tmp_path)["leaderboard"]
+    line = error_line(evalkit(*args, "--out", tmp_path))
+    assert f"{tmp_path} is a directory" in line
+    assert not (tmp_path / "plots").exists()
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+def test_out_in_an_unwritable_directory_is_refused_before_any_work(checkpoint, command, tmp_path):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root (with CAP_DAC_OVERRIDE) writes anywhere
+            pytest.skip(f"a 0o500 directory stays writable for this user (euid {os.geteuid()}, e.g. root)")
+        out = locked / ("board.md" if command == "leaderboard" else "out")
+        line = error_line(evalkit(*out_commands(checkpoint, tmp_path)[command], "--out", out))
+        assert f"{locked} is not writable" in line
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o700)
+
+
+def test_an_unwritable_output_directory_is_refused_without_running_as_another_user(tmp_path, monkeypatch):
+    """The permission branch, for machines where the test above is skipped (root writes anywhere)."""
+    import os
+
+    from evalkit.results_io import check_output_dir, check_output_file
+
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(UserError, match=f"--out {tmp_path / 'new' / 'out'}: {tmp_path} is not writable"):
+        check_output_dir(tmp_path / "new" / "out")
+    with pytest.raises(UserError, match=f"--out {tmp_path / 'board.md'}: {tmp_path} is not writable"):
+        check_output_file(tmp_path / "board.md")
+    (tmp_path / "sub").mkdir()
+    check_output_dir(tmp_path / "sub" / "out")  # a writable place: accepted
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["ruler", "--lengths", "512", "--samples", "0"], "--samples and --batch-size must be at least 1"),
+    (["ruler", "--lengths", "512", "--batch-size", "0"], "--samples and --batch-size must be at least 1"),
+    (["ruler", "--lengths", "512", "--max-length", "0"], "--max-length must be a positive number"),
+    (["general", "--tasks", "evalkit_fixture_hellaswag_style", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["quickstart", "--samples", "0"], "--samples must be at least 1"),
+    (["probe", "shift", "--n", "0"], "--n: the number of texts must be a positive integer"),
+    (["probe", "shift", "--seq", "1"], "--seq: a length must be at least 2 tokens"),
+    (["probe", "length", "--lengths", "1"], "--lengths: a length must be at least 2 tokens"),
+])  # fmt: skip
+def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
+    out = tmp_path / "out"
+    where = ["--ckpt" if args[0] == "probe" else "--ckpts", checkpoint] if args[0] != "quickstart" else ["--runs", tmp_path / "runs"]
+    line = error_line(evalkit(*args, *where, "--out", out))
+    assert fragment in line
+    assert not out.exists() and not (tmp_path / "runs").exists()

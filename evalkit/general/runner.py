@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import checkpoint_dir
-from evalkit.results_io import atomic_write_json, atomic_write_text, output_lock
+from evalkit.results_io import atomic_write_json, atomic_write_text, check_output_dir, output_lock
 
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
@@ -104,7 +105,7 @@ def run_general(
     """Score every checkpoint on every task (see the module docstring); writes and returns the results."""
     from evalkit.general.catalog import TaskCatalog, default_include_paths
 
-    _check_request(refs, tasks, num_fewshot, limit, engine, engine_settings or {})
+    _check_request(refs, tasks, num_fewshot, limit, engine, engine_settings or {}, Path(out))
     limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
     include_paths = default_include_paths(include_path)
     settings = GeneralSettings(list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}),
@@ -131,7 +132,7 @@ def run_general(
 
 
 def _check_request(refs: list[CheckpointRef], tasks: list[str], num_fewshot: int | None, limit: float | None,
-                   engine: str, engine_settings: dict[str, Any]) -> None:  # fmt: skip
+                   engine: str, engine_settings: dict[str, Any], out: Path) -> None:  # fmt: skip
     """Everything a user can get wrong, before any model or dataset is loaded."""
     from evalkit.engines import ENGINE_NAMES, check_dtype
 
@@ -145,13 +146,28 @@ def _check_request(refs: list[CheckpointRef], tasks: list[str], num_fewshot: int
         check_dtype(engine_settings["dtype"])
     if num_fewshot is not None and num_fewshot < 0:
         raise UserError(f"--num-fewshot must be 0 or more, got {num_fewshot}")
-    if limit is not None and not limit > 0:
-        raise UserError(f"--limit must be a number of documents per task (or a fraction below 1), got {limit}")
+    _check_limit(limit)
+    for option, key in (("--batch-size", "batch_size"), ("--max-length", "max_length")):
+        value = engine_settings.get(key)
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be at least 1, got {value}")
+    check_output_dir(out)
     for ref in refs:
         if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
             raise UserError(
                 f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint"
             )
+
+
+def _check_limit(limit: float | None) -> None:
+    """--limit is N documents (a whole number) or a fraction in (0, 1); inf and nan are neither
+    (int(inf) would fail after the task catalog loads, and nan compares false with everything)."""
+    if limit is None:
+        return
+    if not (math.isfinite(limit) and limit > 0):
+        raise UserError(f"--limit must be a number of documents per task (or a fraction below 1), got {limit}")
+    if limit >= 1 and not float(limit).is_integer():
+        raise UserError(f"--limit {limit}: give a whole number of documents, or a fraction below 1")
 
 
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:

@@ -18,7 +18,7 @@ from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.results_io import atomic_write_json, atomic_write_text
+from evalkit.results_io import atomic_write_json, atomic_write_text, check_output_dir
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MEASUREMENT = {
@@ -243,6 +243,7 @@ def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Cal
     started = time.monotonic()
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
+    check_output_dir(Path(out_dir))  # before the measurement, not when its results are written
     checkpoint = resolve_checkpoint(ckpt)
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)

@@ -65,6 +65,7 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
     """
     if not paths:
         raise UserError("no checkpoint given: pass --ckpts PATH (a checkpoint or a run directory of step-* checkpoints)")
+    check_last(last)
     refs: list[CheckpointRef] = []
     for pattern in paths:
         matches = _expand(pattern)
@@ -83,6 +84,12 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
     if last is not None:
         unique = [ref for ref in unique if ref in _newest_per_run(unique, last)]
     return unique
+
+
+def check_last(last: int | None) -> None:
+    """--last N keeps each run's newest N checkpoints; N < 1 would slice as [-0:], i.e. keep them all."""
+    if last is not None and last < 1:
+        raise UserError(f"--last {last}: give how many of each run's newest checkpoints to use, at least 1")
 
 
 def _check_run_names(refs: list[CheckpointRef]) -> None:

@@ -24,7 +24,7 @@ from evalkit.results_io import atomic_write_json
 from evalkit.ruler.cache import cache_key, load_or_generate
 from evalkit.ruler.errors import TaskDoesNotFit, TaskSkipped
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
-from evalkit.ruler.metrics import sample_score, score
+from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
 
 SUMMARY = "ruler-summary.json"
@@ -48,6 +48,12 @@ class RulerSettings:
 
     def __post_init__(self) -> None:
         check_sizing(self.sizing)
+        if self.num_samples < 1 or self.batch_size < 1:
+            raise UserError(
+                f"--samples and --batch-size must be at least 1, got {self.num_samples} and {self.batch_size}"
+            )
+        if self.max_length is not None and self.max_length < 1:
+            raise UserError(f"--max-length must be a positive number of tokens, got {self.max_length}")
 
     def data_options(self) -> dict:
         return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
@@ -122,8 +128,9 @@ def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings,
         ])  # fmt: skip
         progress(task, length, len(samples) - len(todo) + start + len(chunk), len(samples))
     records = log.ordered()
-    value = score(task, [r["prediction"] for r in records], [r["references"] for r in records])
-    return {"run": ref.run, "step": ref.step, "task": task, "length": length, "score": value, "n": len(records),
+    predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
+    return {"run": ref.run, "step": ref.step, "task": task, "length": length, "score": score(task, predictions, references),
+            "stderr": standard_error(task, predictions, references), "n": len(records),
             "data_key": data_key, "generated": len(todo)}  # fmt: skip
 
 

@@ -9,6 +9,8 @@ one-line error, never a silently ignored setting.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -107,6 +109,8 @@ class TrainConfig:
         return {self.max_steps - i * c.final_spacing for i in range(c.final_count) if self.max_steps - i * c.final_spacing > 0}
 
     def validate(self) -> None:
+        _check_finite(self)
+        m, o = self.model, self.optim
         checks = [
             (self.seq_len >= 16, f"seq_len must be at least 16, got {self.seq_len}"),
             (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
@@ -122,10 +126,53 @@ class TrainConfig:
              f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}"),
             (self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
              "checkpoint.every, final_count and final_spacing must be at least 1"),
+            *_model_checks(m),
+            *_optim_checks(o),
+            (self.data.vocab_size >= 1 and self.data.num_retrieval_docs >= 0,
+             "data.vocab_size must be at least 1 and data.num_retrieval_docs at least 0"),
+            (self.data.max_documents is None or self.data.max_documents >= 1,
+             f"data.max_documents must be at least 1 (or null: every document), got {self.data.max_documents}"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+
+
+def _check_finite(section: Any, prefix: str = "") -> None:
+    """No float setting may be nan or inf (`--set optim.lr=nan` parses as a float): a run trained
+    with one would log nan losses from its first step on."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{prefix}{f.name} must be a finite number, got {value}")
+
+
+def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
+    sizes = (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size)
+    return [
+        (min(sizes) >= 1, "model.hidden_size, num_layers, num_heads, num_kv_heads and intermediate_size must be at least 1"),
+        (min(sizes) < 1 or (m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0),
+         (f"model.hidden_size ({m.hidden_size}) must be a multiple of model.num_heads ({m.num_heads}), "
+          f"and num_heads a multiple of model.num_kv_heads ({m.num_kv_heads})")),
+        (m.max_position_embeddings is None or m.max_position_embeddings >= 1,
+         f"model.max_position_embeddings must be at least 1 (or null: 4 x seq_len), got {m.max_position_embeddings}"),
+        (m.rope_theta is None or m.rope_theta > 0, f"model.rope_theta must be positive (or null), got {m.rope_theta}"),
+    ]  # fmt: skip
+
+
+def _optim_checks(o: OptimConfig) -> list[tuple[bool, str]]:
+    # torch's AdamW refuses some of these itself, but with a traceback once the model is built.
+    return [
+        (o.lr >= 0, f"optim.lr must be at least 0 (0 keeps the weights as they are), got {o.lr}"),
+        (o.weight_decay >= 0, f"optim.weight_decay must be at least 0, got {o.weight_decay}"),
+        (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}"),
+        (o.eps >= 0, f"optim.eps must be at least 0, got {o.eps}"),
+        (o.warmup_steps >= 0, f"optim.warmup_steps must be at least 0, got {o.warmup_steps}"),
+        (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be between 0 and 1, got {o.min_lr_ratio}"),
+        (o.grad_clip is None or o.grad_clip >= 0, f"optim.grad_clip must be at least 0 (0 or null: no clipping), got {o.grad_clip}"),
+    ]  # fmt: skip
 
 
 def _looks_local(name: str) -> bool:
@@ -148,6 +195,10 @@ def check_inputs(config: TrainConfig) -> None:
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+# One optional sign and ASCII digits: "--5" (what lstrip("-") let through to int()) and "²" are refused.
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -178,7 +229,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
             return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)

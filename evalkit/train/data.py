@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -88,52 +89,84 @@ class BuiltinSource:
 
 
 class JsonlSource:
-    """One JSON object per line with a text field (and optionally a domain field)."""
+    """One JSON object per line with a text field (and optionally a domain field).
+
+    The whole file is checked when the source opens, before any training: every non-blank line
+    must be UTF-8, parse as JSON, be an object and hold the text field as a string. A fault found
+    lazily at step N would stop a run that has already written metrics and checkpoints, and a
+    record without the field would train on an empty document unnoticed. It is one streaming
+    pass (a line at a time, memory flat whatever the size), the pass the source makes anyway
+    for its line offsets and content hash; parsing a line costs far less than tokenizing and
+    training on it, so even a file of many GB is checked in a small share of the run's time.
+    The same pass collects the domains (anchor_tag's tags).
+    """
 
     def __init__(self, path: Path, text_field: str, domain_field: str):
         self._path, self._text_field, self._domain_field = path, text_field, domain_field
-        self._offsets: list[int] = []
+        self._offsets, self._lines = array("q"), array("q")  # compact: a corpus may have 100M lines
+        found: set[str] = set()
         digest = hashlib.sha256()
-        with path.open("rb") as handle:  # one pass: line offsets for random access, and a content hash
+        with path.open("rb") as handle:
             offset = 0
-            for line in handle:
+            for number, line in enumerate(handle, start=1):
                 digest.update(line)
                 if line.strip():
+                    domain = self._parse(line, number).get(domain_field)
+                    if domain is not None:
+                        found.add(str(domain))
                     self._offsets.append(offset)
+                    self._lines.append(number)
                 offset += len(line)
         if not self._offsets:
             raise UserError(f"{path} has no documents")
         self.fingerprint = digest.hexdigest()[:16]
-        first = self._read(0)
-        if text_field not in first:
-            raise UserError(f"{path}: the first record has no field {text_field!r} (set data.text_field)")
+        self._domains = sorted(found)
+
+    def _parse(self, line: bytes, number: int) -> dict:
+        """The record on line `number`, or a UserError naming the file, the line and the fault."""
+        where = f"{self._path}, line {number}"
+        try:
+            text = line.decode("utf-8-sig")  # -sig: a BOM some editors write on line 1 is not JSON
+        except UnicodeDecodeError as err:
+            raise UserError(f"{where}: byte {line[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
+                            "save the file as UTF-8") from None  # fmt: skip
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            reason = err.msg.removesuffix(" at")  # json's "Invalid control character at" continues with the place
+            raise UserError(
+                f"{where} is not valid JSON ({reason}, column {err.colno}); fix or remove that line"
+            ) from None
+        if not isinstance(record, dict):
+            kind = type(record).__name__
+            raise UserError(f"{where} is a JSON {kind}, not an object with a {self._text_field!r} field")
+        if self._text_field not in record:
+            raise UserError(f"{where} has no field {self._text_field!r}; add it, or set data.text_field to the field "
+                            "that holds each document's text")  # fmt: skip
+        if not isinstance(record[self._text_field], str):
+            kind = type(record[self._text_field]).__name__
+            raise UserError(
+                f"{where}: field {self._text_field!r} holds a value of type {kind}, not a string (data.text_field "
+                "names the text field)"
+            )
+        return record
 
     def _read(self, index: int) -> dict:
         with self._path.open("rb") as handle:
             handle.seek(self._offsets[index])
             line = handle.readline()
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UserError(f"{self._path}: document {index} is not valid JSON ({err.msg})") from None
+        return self._parse(line, self._lines[index])  # checked again: the file may change during a run
 
     def __len__(self) -> int:
         return len(self._offsets)
 
     def domains(self) -> list[str]:
-        found = set()
-        with self._path.open("rb") as handle:
-            for line in handle:
-                if line.strip():
-                    domain = json.loads(line).get(self._domain_field)
-                    if domain is not None:
-                        found.add(str(domain))
-        return sorted(found)
+        return list(self._domains)
 
     def __getitem__(self, index: int) -> tuple[str, str | None]:
         record = self._read(index)
         domain = record.get(self._domain_field)
-        return str(record.get(self._text_field, "")), None if domain is None else str(domain)
+        return record[self._text_field], None if domain is None else str(domain)
 
 
 class HFDatasetSource:

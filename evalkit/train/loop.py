@@ -12,6 +12,7 @@ import math
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,14 +21,15 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 import evalkit
 from evalkit.attention import PackedSequence
+from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
-from evalkit.results_io import atomic_write_text
+from evalkit.results_io import atomic_write_text, check_output_dir
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed
 from evalkit.train.config import TrainConfig, check_inputs
-from evalkit.train.data import WindowStream, domain_tag_ids, open_source
+from evalkit.train.data import DocumentSource, WindowStream, domain_tag_ids, open_source
 from evalkit.train.model import build_model, load_tokenizer
 
 LOSS_CHUNK = 4096  # target tokens per chunk of the output projection (bounds logits memory)
@@ -114,12 +116,40 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
         raise UserError(f"--resume with a different config ({', '.join(differing)}); use the original settings or a new --out")
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop log lines of steps after the checkpoint we resume from (they will be redone)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    atomic_write_text(path, "".join(line + "\n" for line in kept))
+def _metrics_to_keep(path: Path, step: int) -> list[str]:
+    """The log lines of steps up to `step`, the step resumed from (later ones are redone), read
+    before any work so that a corrupt log stops the run before anything changes.
+
+    A run killed while appending leaves a torn last line: it is dropped, since its step is newer
+    than any checkpoint (a step is logged before it is saved) and is redone. A line that does not
+    parse anywhere else is corruption, not a kill: a one-line error. From step 0 nothing of the
+    log is kept, so nothing of it needs to parse.
+    """
+    if step == 0 or not path.is_file():
+        return []
+    numbered = enumerate(path.read_text(errors="replace").splitlines(), start=1)
+    lines = [(number, line) for number, line in numbered if line.strip()]
+    kept = []
+    for position, (number, line) in enumerate(lines):
+        logged = _logged_step(line)
+        if logged is None and position == len(lines) - 1:
+            break  # the torn last line
+        if logged is None:
+            raise UserError(f"{path}, line {number} is not a metrics record (the log is corrupt); delete that line, "
+                            "or the whole file to resume with a new log")  # fmt: skip
+        if logged <= step:
+            kept.append(line)
+    return kept
+
+
+def _logged_step(line: str) -> int | None:
+    """The step of one metrics line, or None when it is not a whole record."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 class _Progress:
@@ -182,9 +212,10 @@ def train(config: TrainConfig, *, resume: bool = False, show_progress: bool = Tr
         distributed.shutdown(ctx)
 
 
-def build_stream(config: TrainConfig, tokenizer) -> tuple:
-    """The run's document source and its window stream (domain tags resolved for anchor_tag)."""
-    source = open_source(config.data, config.seed, config.seq_len)
+def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None = None) -> tuple:
+    """The run's document source (opened here unless given) and its window stream (domain tags
+    resolved for anchor_tag)."""
+    source = source if source is not None else open_source(config.data, config.seed, config.seq_len)
     tags = None
     if config.paradigm.uses_tags:
         domains = source.domains()
@@ -211,29 +242,35 @@ def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext)
     return model, optimizer, scheduler
 
 
+@dataclass
+class _ResumePoint:
+    """What a resumed run continues from, all read (and checked) before any work starts."""
+
+    step: int
+    trainer_state: dict
+    weights: dict[str, torch.Tensor]
+
+
 def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool) -> Path:
     check_inputs(config)
     run_dir = config.run_dir()
+    check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
     per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
     if remainder or per_process % config.micro_batch:
         raise UserError(f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes x micro_batch={config.micro_batch}")
-    existing = ckpt.complete_checkpoints(run_dir)
-    resume_from = ckpt.newest_resumable(run_dir) if resume else None
-    if existing and not resume:
-        raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
-    if resume_from is not None:
-        _check_resume_config(json.loads((resume_from / ckpt.META).read_text())["config"], config)
-    elif resume and ctx.is_main:
-        print(f"no checkpoint to resume in {run_dir}; starting from step 0", file=sys.stderr)
-
+    point = _resume_point(run_dir, config, resume, ctx)
+    step = point.step if point else 0
+    metrics = _metrics_to_keep(run_dir / METRICS, step)
+    # The data is read whole (and checked) before the model is built: a bad file costs no model.
+    source = open_source(config.data, config.seed, config.seq_len)
     tokenizer = load_tokenizer(config)
-    source, stream = build_stream(config, tokenizer)
+    source, stream = build_stream(config, tokenizer, source)
     model, optimizer, scheduler = build_training(config, tokenizer, ctx)
 
-    step, tokens_seen = 0, 0
-    if resume_from is not None:
-        state = ckpt.load_trainer_state(resume_from)
-        weights = {f"lm.{k}": v for k, v in ckpt.load_model_state(resume_from).items()}
+    tokens_seen = 0
+    if point is not None:
+        state = point.trainer_state
+        weights = {f"lm.{k}": v for k, v in point.weights.items()}
         distributed.load_full_state(model, optimizer, weights, state["optimizer"], ctx)
         scheduler.load_state_dict(state["scheduler"])
         stream.load_state_dict(state["stream"])
@@ -242,7 +279,8 @@ def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, s
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.remove_partial(run_dir)
-        _truncate_metrics(run_dir / METRICS, step)
+        if (run_dir / METRICS).is_file():
+            atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
     distributed.barrier(ctx)
 
     meta_base = {
@@ -278,6 +316,37 @@ def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, s
     finally:
         progress.close()
     return run_dir
+
+
+def _resume_point(
+    run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext
+) -> _ResumePoint | None:
+    """The checkpoint --resume continues from, its config checked against this one and its files
+    (meta.json, config.json, the whole safetensors file, the trainer state) read; None to start at 0."""
+    existing = ckpt.complete_checkpoints(run_dir)
+    if existing and not resume:
+        raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
+    resume_from = ckpt.newest_resumable(run_dir) if resume else None
+    if resume_from is None:
+        if resume and ctx.is_main:
+            print(f"no checkpoint to resume in {run_dir}; starting from step 0", file=sys.stderr)
+        return None
+    meta = _read_meta(resume_from)
+    _check_resume_config(meta.get("config", {}), config)
+    check_checkpoint(resume_from, trust_remote_code=True)  # a truncated model.safetensors: one line, not a traceback
+    state = ckpt.load_trainer_state(resume_from)
+    return _ResumePoint(step=state["step"], trainer_state=state, weights=ckpt.load_model_state(resume_from))
+
+
+def _read_meta(checkpoint: Path) -> dict:
+    path = checkpoint / ckpt.META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"cannot read {path} ({err}); move {checkpoint} aside to resume from the checkpoint before it") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} is not a JSON object; move {checkpoint} aside to resume from the checkpoint before it")
+    return meta
 
 
 def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx) -> None:

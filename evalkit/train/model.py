@@ -37,6 +37,15 @@ def load_tokenizer(config: TrainConfig):
         raise UserError(f"could not load a tokenizer from {name!r}: {str(err).splitlines()[0]}") from None
 
 
+def scratch_max_positions(config: TrainConfig) -> int:
+    """A model built from scratch states the window it is trained at, at least: 4 x seq_len by
+    default (so RULER can go beyond the training length), and never below seq_len. A smaller
+    model.max_position_embeddings is raised to seq_len, as a checkpoint's is when continued
+    (build_model), so the saved config.json never claims less than the run trained on."""
+    asked = config.model.max_position_embeddings or 4 * config.seq_len
+    return max(asked, config.seq_len)
+
+
 def _scratch_config(config: TrainConfig, tokenizer):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
@@ -48,7 +57,7 @@ def _scratch_config(config: TrainConfig, tokenizer):
         num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_heads,
         num_key_value_heads=m.num_kv_heads,
-        max_position_embeddings=m.max_position_embeddings or 4 * config.seq_len,
+        max_position_embeddings=scratch_max_positions(config),
         tie_word_embeddings=m.tie_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
