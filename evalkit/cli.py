@@ -65,9 +65,7 @@ def export_command(
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         raise UserError(f"--dtype {dtype!r}: use bf16 or fp32")
-    written = export_checkpoint(ckpt, dest, dtypes[dtype], overwrite=overwrite)
-    size = sum(f.stat().st_size for f in written.iterdir())
-    typer.echo(f"{written}: {size / 2**20:.1f} MiB")
+    _echo_size(export_checkpoint(ckpt, dest, dtypes[dtype], overwrite=overwrite))
 
 
 @app.command("import")
@@ -80,9 +78,12 @@ def import_command(
     """Import a GGUF model as a plain HF checkpoint (dequantized safetensors, tokenizer, meta.json)."""
     from evalkit.gguf_import import import_gguf
 
-    written = import_gguf(source, dest, dtype, overwrite=overwrite)
-    size = sum(f.stat().st_size for f in written.iterdir())
-    typer.echo(f"{written}: {size / 2**20:.1f} MiB")
+    _echo_size(import_gguf(source, dest, dtype, overwrite=overwrite))
+
+
+def _echo_size(checkpoint: Path) -> None:
+    size = sum(f.stat().st_size for f in checkpoint.iterdir())
+    typer.echo(f"{checkpoint}: {size / 2**20:.1f} MiB")
 
 
 def _check_positive(values: dict[str, int], out: Path | None) -> None:
