@@ -193,6 +193,17 @@ def test_general_refuses_a_directory_another_process_writes(checkpoint, tmp_path
     assert [p.name for p in out.iterdir()] == [LOCK_NAME]  # nothing written
 
 
+def test_train_refuses_a_run_directory_another_process_trains(tmp_path):
+    from tests.train.helpers import micro_args
+
+    out = tmp_path / "run"
+    with output_lock(out):
+        line = error_line(evalkit(*micro_args(out, max_steps=2)))
+    assert "another evalkit process" in line and str(out) in line
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # no checkpoint, no metrics
+    assert evalkit(*micro_args(out, max_steps=2)).returncode == 0  # once the holder is gone
+
+
 def test_quickstart_refuses_a_directory_another_process_writes(tmp_path):
     out, runs = tmp_path / "quick", tmp_path / "runs"
     with output_lock(out):

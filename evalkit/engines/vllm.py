@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens, context_window
@@ -247,6 +248,10 @@ class VLLMEngine(PackedEngine):
         if position_shift < 0:
             raise UserError(f"position_shift must be non-negative, got {position_shift}")
         self.model_path = _checkpoint_directory(model_path)
+        # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
+        # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
+        # custom code unless asked. Missing weights are vLLM's own loader's to refuse.
+        check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
         self.dtype = check_dtype(dtype or ("bf16" if self.device == "cuda" else "fp32"))
         self.batch_size = batch_size

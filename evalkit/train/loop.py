@@ -11,7 +11,7 @@ import json
 import math
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
-from evalkit.results_io import atomic_write_text, check_output_dir
+from evalkit.results_io import atomic_write_text, check_output_dir, output_lock
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed
 from evalkit.train.config import TrainConfig, check_inputs
@@ -206,10 +206,11 @@ def autocast_context(config: TrainConfig, device: torch.device):
 def train(config: TrainConfig, *, resume: bool = False, show_progress: bool = True) -> Path:
     """Run (or continue) training; returns the run directory."""
     ctx = distributed.init_distributed()
-    try:
-        return _train(config, ctx, resume=resume, show_progress=show_progress)
-    finally:
-        distributed.shutdown(ctx)
+    with ExitStack() as held:  # the run directory's lock, released however training ends
+        try:
+            return _train(config, ctx, resume=resume, show_progress=show_progress, held=held)
+        finally:
+            distributed.shutdown(ctx)
 
 
 def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None = None) -> tuple:
@@ -251,7 +252,8 @@ class _ResumePoint:
     weights: dict[str, torch.Tensor]
 
 
-def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool) -> Path:
+def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool,
+           held: ExitStack) -> Path:  # fmt: skip
     check_inputs(config)
     run_dir = config.run_dir()
     check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
@@ -263,6 +265,8 @@ def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, s
     metrics = _metrics_to_keep(run_dir / METRICS, step)
     # The data is read whole (and checked) before the model is built: a bad file costs no model.
     source = open_source(config.data, config.seed, config.seq_len)
+    if ctx.is_main:  # one process trains a run directory at a time; taken once every input is checked
+        held.enter_context(output_lock(run_dir))
     tokenizer = load_tokenizer(config)
     source, stream = build_stream(config, tokenizer, source)
     model, optimizer, scheduler = build_training(config, tokenizer, ctx)

@@ -59,3 +59,17 @@ def test_general_command_with_the_vllm_engine(checkpoint, tmp_path):
     vllm_summary, vllm_scores = scores(vllm_out)
     assert vllm_summary["provenance"]["engine"]["engine"] == "vllm"
     assert vllm_scores == scores(hf_out)[1] and len(vllm_scores) >= 3
+
+
+def test_a_truncated_checkpoint_is_one_line_before_vllm_starts(checkpoint, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    result = run_ruler(broken, tmp_path / "out", "vllm")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "model.safetensors is truncated or corrupt" in line
+    assert not list((tmp_path / "out").rglob("*.jsonl"))
