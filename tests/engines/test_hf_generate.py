@@ -91,9 +91,9 @@ def test_bf16_engine_generates(checkpoint):
     assert len(outputs) == 3 and all(isinstance(o, str) for o in outputs)
 
 
-def test_left_padded_rows_get_the_positions_they_would_have_alone(checkpoint, monkeypatch):
+def test_padded_prefill_rows_get_the_positions_they_would_have_alone(checkpoint, monkeypatch):
     """RoPE makes a shifted row almost equal in fp32, which hides wrong positions; in bf16 they matter."""
-    engine = engine_for(checkpoint, batch_size=len(PROMPTS))
+    engine = engine_for(checkpoint, batch_size=len(PROMPTS), prefill="padded")
     calls = []
     original = engine.model.forward
 
