@@ -211,6 +211,45 @@ def bench_ruler_data(
         console.print(f"wrote {out}")
 
 
+@bench_app.command("eval")
+def bench_eval(
+    ckpt: str = typer.Option(..., "--ckpt", help="The checkpoint directory every engine evaluates."),
+    engines: str = typer.Option("hf,hf-padded", "--engines", help="Engine variants in order: hf, hf-padded, vllm, "
+                                "vllm-no-prefix-cache (the first is the baseline of the ratios)."),
+    lengths: str = typer.Option("4k", "--lengths", help="Lengths, comma-separated."),
+    tasks: str = typer.Option("niah_single_1,niah_multikey_2", "--tasks", help="RULER tasks, comma-separated, or all."),
+    samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch, every engine."),
+    dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: each engine's own)."),
+    out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
+) -> None:
+    """RULER samples/s of each engine on the same samples, with prefill/decode time and tokens computed."""
+    import torch
+    from rich.console import Console
+
+    from evalkit.bench import eval as bench
+    from evalkit.ruler.runner import parse_tasks
+
+    _check_positive({"--samples": samples, "--batch-size": batch_size}, out)
+    variants = bench.parse_engines(engines)
+    chosen_tasks, chosen_lengths = parse_tasks(tasks), parse_lengths(lengths)
+    console = Console(stderr=True)
+    rows = bench.run(ckpt, variants, chosen_tasks, chosen_lengths, samples, batch_size=batch_size, dtype=dtype,
+                     progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+    table = bench.to_markdown(rows)
+    typer.echo(table)
+    if out is not None:
+        from evalkit.bench.report import write_report
+
+        conditions = (
+            f"checkpoint {Path(ckpt).resolve()}; {samples} RULER samples per task and length (seed 42, cached, "
+            f"untimed), one generate call per task and length, batch size {batch_size}, dtype {dtype or 'engine default'}; "
+            f"engines run one after another in one process, torch threads {torch.get_num_threads()}; wall clock."
+        )
+        write_report(out, "RULER evaluation throughput per engine", command_line(), conditions, table)
+        console.print(f"wrote {out}")
+
+
 @bench_app.command("train")
 def bench_train(
     seq: str = typer.Option("4096,16384", help="Window lengths, comma-separated (16k = 16384)."),

@@ -92,6 +92,9 @@ class Engine(ABC):
         """(sum of log p(continuation | context), every continuation token is the argmax) per
         (context ids, continuation ids); context + continuation minus its last token fits."""
 
+    def close(self) -> None:  # a hook: most engines hold nothing that outlives them
+        """Release what outlives the object (processes, device memory); the engine is unusable after."""
+
     # ------------------------------------------------------------------ shared behaviour
 
     def encode(self, prompt: Prompt) -> list[int]:
