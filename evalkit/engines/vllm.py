@@ -395,9 +395,13 @@ class VLLMEngine(PackedEngine):
     # ------------------------------------------------------------------ running requests
 
     def _run(self, prompts: list[dict], params: list) -> list[_Answer]:
-        """Answers in request order; with several replicas, requests are dealt round-robin."""
+        """Answers in request order. Requests are submitted sorted by token ids, so those sharing a
+        prefix (RULER's samples of a task, lm-eval's choices of a question) are neighbours and
+        vLLM's prefix cache finds the blocks computed for the one before; with several replicas,
+        each gets a contiguous slice of that order."""
         count = len(self._replicas)
-        shares = [list(range(i, len(prompts), count)) for i in range(count)]
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i]["prompt_token_ids"])
+        shares = [order[len(order) * i // count : len(order) * (i + 1) // count] for i in range(count)]
         for replica, share in zip(self._replicas, shares):
             replica.submit([prompts[i] for i in share], [params[i] for i in share])
         answers: list[_Answer | None] = [None] * len(prompts)

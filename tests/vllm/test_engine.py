@@ -53,6 +53,13 @@ def test_ruler_greedy_answers_equal_the_hf_engine(engine, hf_engine, tokenizer, 
     assert engine.generate(prompts, max_new_tokens) == hf_engine.generate(prompts, max_new_tokens)
 
 
+def test_answers_come_back_in_request_order_though_submitted_sorted(engine, hf_engine, tokenizer):
+    """Requests go to vLLM sorted by token ids (prefix-cache neighbours); each answer must still be its own."""
+    prompts = ruler_prompts(tokenizer, "niah_single_2", 512, samples=4)
+    shuffled = [prompts[2], "Zebra", prompts[0], prompts[3], "A", prompts[1], prompts[2]]
+    assert engine.generate(shuffled, 16) == hf_engine.generate(shuffled, 16)
+
+
 def test_stop_strings_cut_like_the_hf_engine(engine, hf_engine, tokenizer):
     prompts = ruler_prompts(tokenizer, "niah_single_1", 512) + ["The grass is green.", "Hello"]
     for stop in (["\n"], ["e", "a"], ["The"]):
