@@ -19,7 +19,11 @@ path (1.7x the time of the same rows alone, SmolLM2-135M at 4K), and on CUDA whe
 average 1,024 tokens or more (one such row already fills the GPU); else "padded". Models whose
 cache is not plain full attention (sliding windows, linear attention) always take "padded".
 
-Either way the batch then decodes LEFT-padded: every row's last prompt token sits in the last
+Log-likelihood requests are scored the same two ways: under "shared", each request alone after
+the prefix it shares with the one before (the choices of a multiple-choice question share its
+context, so it is computed once per question); under "padded", in left-padded batches.
+
+Either way a generation batch then decodes LEFT-padded: every row's last prompt token sits in the last
 column, each step appends one column for all rows, an attention mask hides the padding and
 position ids count only real tokens, so a padded row computes what it would alone. Rows that
 finish are dropped from the batch and the cache, so no compute is spent on them.
@@ -79,6 +83,7 @@ class _PrefilledRow:
 
     ids: list[int] = field(default_factory=list)
     keys_values: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    reused: int = 0  # leading tokens whose K/V came from the row before it
 
 
 @dataclass
@@ -240,6 +245,8 @@ class HFEngine(PackedEngine):
     @torch.inference_mode()
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         fed = [context + continuation[:-1] for context, continuation in requests]
+        if self._prefills_shared(fed):
+            return self._score_rows(fed, [continuation for _, continuation in requests])
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
         for batch in self._length_sorted_batches([len(f) for f in fed]):
             input_ids, attention_mask, position_ids = self._left_padded([fed[i] for i in batch])
@@ -250,6 +257,19 @@ class HFEngine(PackedEngine):
             for row, i in enumerate(batch):
                 continuation = requests[i][1]
                 results[i] = _continuation_score(logits_BKV[row, keep - len(continuation) :], continuation)
+        return results
+
+    def _score_rows(self, fed: list[list[int]], continuations: list[list[int]]) -> list[tuple[float, bool]]:
+        """Each request alone, from the prefix it shares with the one before in sorted order (the
+        choices of one question share its context); the continuation's logits are always computed."""
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(fed)
+        last = _PrefilledRow()
+        computed = 0
+        for i in sorted(range(len(fed)), key=lambda i: fed[i]):
+            logits, last = self._forward_after_shared_prefix(fed[i], last, len(continuations[i]))
+            results[i] = _continuation_score(logits[0], continuations[i])
+            computed += len(fed[i]) - last.reused
+        self._count_prefill(fed, computed)
         return results
 
     def _prefill(self, prompts: list[list[int]]) -> _DecodeState:
@@ -265,15 +285,9 @@ class HFEngine(PackedEngine):
         padded_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer [B, kv heads, width, head dim]
         logits, computed = [], 0
         for row, ids in enumerate(prompts):
-            reused = min(_shared_prefix_length(last.ids, ids), len(ids) - 1)  # one token must be fed for logits
-            cache = self._new_cache()
-            for layer, (keys, values) in zip(cache.layers, last.keys_values if reused else []):
-                layer.update(keys[:, :, :reused], values[:, :, :reused])
-            new_ids = torch.tensor([ids[reused:]], device=self.device)
-            positions = torch.arange(reused, len(ids), device=self.device)[None]
-            logits.append(self._forward(new_ids, None, positions, cache=cache)[0, -1])
-            computed += len(ids) - reused
-            last = _PrefilledRow(ids, [(layer.keys, layer.values) for layer in cache.layers])
+            row_logits, last = self._forward_after_shared_prefix(ids, last, 1)
+            logits.append(row_logits[0, -1])
+            computed += len(ids) - last.reused
             if not padded_kv:
                 padded_kv = [(k.new_zeros(len(prompts), *k.shape[1:2], width, k.shape[3]), v.new_zeros(
                     len(prompts), *v.shape[1:2], width, v.shape[3])) for k, v in last.keys_values]  # fmt: skip
@@ -287,6 +301,19 @@ class HFEngine(PackedEngine):
         attention_mask = (torch.arange(width, device=self.device)[None, :] >= width - lengths[:, None]).long()
         self._count_prefill(prompts, computed)
         return _DecodeState(cache, attention_mask, lengths, torch.stack(logits)), last
+
+    def _forward_after_shared_prefix(self, ids: list[int], last: _PrefilledRow, logits_to_keep: int):
+        """Logits [1, logits_to_keep, V] of `ids` alone, unpadded, with the K/V of the prefix it shares
+        with `last` taken from it (the last `logits_to_keep` tokens are always fed); and `ids` as the
+        new last row."""
+        reused = min(_shared_prefix_length(last.ids, ids), len(ids) - logits_to_keep)
+        cache = self._new_cache()
+        for layer, (keys, values) in zip(cache.layers, last.keys_values if reused else []):
+            layer.update(keys[:, :, :reused], values[:, :, :reused])
+        new_ids = torch.tensor([ids[reused:]], device=self.device)
+        positions = torch.arange(reused, len(ids), device=self.device)[None]
+        logits = self._forward(new_ids, None, positions, cache=cache, logits_to_keep=logits_to_keep)
+        return logits, _PrefilledRow(ids, [(layer.keys, layer.values) for layer in cache.layers], reused)
 
     def _count_prefill(self, prompts: list[list[int]], computed: int) -> None:
         self.stats.prompts += len(prompts)

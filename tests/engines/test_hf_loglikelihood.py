@@ -28,9 +28,10 @@ def direct_logprob(model, context: list[int], continuation: list[int]) -> float:
     return sum(float(logprobs[len(context) - 1 + t, token]) for t, token in enumerate(continuation))
 
 
-def test_loglikelihood_equals_direct_token_logprobs(checkpoint, tokenizer):
+@pytest.mark.parametrize("prefill", ["shared", "padded"])
+def test_loglikelihood_equals_direct_token_logprobs(checkpoint, tokenizer, prefill):
     _, model = checkpoint
-    results = engine_for(checkpoint, batch_size=4).loglikelihood(PAIRS)
+    results = engine_for(checkpoint, batch_size=4, prefill=prefill).loglikelihood(PAIRS)
     for (context, continuation), (logprob, _) in zip(PAIRS, results):
         context_ids = tokenizer(context)["input_ids"]  # with the BOS, as a prompt
         whole_ids = tokenizer(context + continuation)["input_ids"]
@@ -39,9 +40,10 @@ def test_loglikelihood_equals_direct_token_logprobs(checkpoint, tokenizer):
         assert logprob == pytest.approx(expected, abs=1e-4)
 
 
-def test_is_greedy_on_the_models_own_continuation(checkpoint, tokenizer):
+@pytest.mark.parametrize("prefill", ["shared", "padded"])
+def test_is_greedy_on_the_models_own_continuation(checkpoint, tokenizer, prefill):
     _, model = checkpoint
-    engine = engine_for(checkpoint)
+    engine = engine_for(checkpoint, prefill=prefill)
     context = tokenizer("The sun is yellow.")["input_ids"]
     greedy = greedy_without_cache(model, context, 6, set())
     not_greedy = greedy[:-1] + [(greedy[-1] + 1) % len(tokenizer)]  # only the last token differs
@@ -51,9 +53,10 @@ def test_is_greedy_on_the_models_own_continuation(checkpoint, tokenizer):
     assert greedy_result[0] > other_result[0]
 
 
-def test_batched_loglikelihood_equals_one_at_a_time(checkpoint):
-    one = engine_for(checkpoint, batch_size=1).loglikelihood(PAIRS)
-    batched = engine_for(checkpoint, batch_size=4).loglikelihood(PAIRS)
+@pytest.mark.parametrize("prefill", ["shared", "padded"])
+def test_batched_loglikelihood_equals_one_at_a_time(checkpoint, prefill):
+    one = engine_for(checkpoint, batch_size=1, prefill="padded").loglikelihood(PAIRS)
+    batched = engine_for(checkpoint, batch_size=4, prefill=prefill).loglikelihood(PAIRS)
     for (a, greedy_a), (b, greedy_b) in zip(one, batched):
         assert a == pytest.approx(b, abs=1e-5)
         assert greedy_a == greedy_b
@@ -116,3 +119,21 @@ def test_scoring_computes_logits_only_for_the_continuation(checkpoint, monkeypat
     monkeypatch.setattr(engine.model, "forward", recording_forward)
     engine.loglikelihood_tokens([([1] + [300] * 50, [301, 302, 303])])
     assert kept == [3]
+
+
+def test_choices_sharing_a_context_compute_it_once(checkpoint, tokenizer):
+    """Multiple choice: four continuations of one context. The shared prefill feeds the context
+    once (all but its last token reused by the next choices) and scores every choice as alone."""
+    _, model = checkpoint
+    engine = engine_for(checkpoint, prefill="shared")
+    context = tokenizer("Some special magic numbers are hidden within the following text.")["input_ids"]
+    choices = [[300, 301], [302], [300, 305, 306], [310, 311, 312, 313]]
+    results = engine.loglikelihood_tokens([(context, choice) for choice in choices])
+    for choice, (logprob, _) in zip(choices, results):
+        assert logprob == pytest.approx(direct_logprob(model, context, choice), abs=1e-4)
+    c = len(context)
+    # What is fed is context + choice[:-1], sorted: ctx ([302]), ctx 300, ctx 300 305, ctx 310 311 312.
+    # The first computes its c tokens; every other reuses c - 1 (the context's last token is fed again:
+    # its logits predict the choice's first token), so computes 2, 3 and 4.
+    assert engine.stats.prompt_tokens == c + (c + 1) + (c + 2) + (c + 3)
+    assert engine.stats.prefill_tokens == c + 2 + 3 + 4
