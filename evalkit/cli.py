@@ -32,7 +32,7 @@ app.add_typer(probe_app, name="probe")
 
 @app.command("train")
 def train_command(
-    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: configs/NAME.yaml or a YAML path."),
+    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: evalkit/configs/NAME.yaml or a YAML path."),
     model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
     paradigm: str = typer.Option(None, "--paradigm", help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved."),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
@@ -444,7 +444,7 @@ def general_command(
     max_length: int = typer.Option(None, "--max-length", help="Allow requests beyond the model's max_position_embeddings."),
     last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
     avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std)."),
-    include_path: list[str] = typer.Option(None, "--include-path", help="More folders of lm-eval task YAMLs (tasks/ is always included)."),
+    include_path: list[str] = typer.Option(None, "--include-path", help="More folders of lm-eval task YAMLs (evalkit/tasks/ is always included)."),
     out: Path = typer.Option(Path("results/general"), "--out", help="Results directory."),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""

@@ -6,7 +6,7 @@
                 tasks whose data is built in (qa_1/qa_2 need downloads and are left out); beside
                 them the recipe's shipped runs (checkpoints/<recipe>/), trained to the end by
                 `evalkit train` on this kind of CPU, which the quickstart's budget cannot do
-    3. general  the offline fixture tasks of tasks/
+    3. general  the offline fixture tasks of evalkit/tasks/
     4. board    leaderboard.md and plots from the stored results
 
 Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
@@ -105,7 +105,7 @@ def _short_run_spacing(plan: QuickstartPlan) -> dict[str, int]:
 def shipped_runs(recipe: str) -> list[Path]:
     """Runs shipped for a recipe: checkpoints/<name>/<run>/step-N beside the recipe's configs/ folder.
 
-    For this repository's recipes that is checkpoints/<recipe>/ at its root; a recipe of one's own
+    For evalkit's own recipes that is evalkit/checkpoints/<recipe>/; a recipe of one's own
     at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
     """
     from evalkit.results.checkpoints import STEP_DIR

@@ -18,7 +18,7 @@ from evalkit.ruler import cache as cache_module
 from evalkit.ruler import cache_path, dumps_jsonl, generate, load_or_generate, loads_jsonl
 
 TASK, LENGTH, N = "niah_single_1", 1024, 3
-SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
+SHIPPED = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
 
 
 @pytest.fixture

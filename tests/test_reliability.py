@@ -25,7 +25,7 @@ from evalkit.results_io import LOCK_NAME, output_lock
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_BASE = ROOT / "checkpoints" / "tiny-base"
+TINY_BASE = ROOT / "evalkit" / "checkpoints" / "tiny-base"
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
 
 

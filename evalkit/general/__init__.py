@@ -9,7 +9,7 @@ with the engine RULER uses (adapter.EngineLM), so a checkpoint is scored with on
 and tokenization everywhere. mmlu is 5-shot and hellaswag 0-shot unless --num-fewshot says
 otherwise (catalog.STANDARD_FEWSHOT); other tasks keep lm-eval's defaults. A request longer
 than the model window is never truncated: the task is skipped, with the count, and the other
-tasks run. The repository's tasks/ folder (offline fixtures with mmlu's and hellaswag's shapes)
+tasks run. evalkit's tasks/ folder (offline fixtures with mmlu's and hellaswag's shapes)
 is always on the include path.
 
     from evalkit.general import run_general, parse_tasks

@@ -25,15 +25,13 @@ from typing import Any
 from evalkit.errors import UserError
 from evalkit.general.errors import DatasetUnavailable
 
-TASKS_DIR = (
-    Path(__file__).resolve().parents[2] / "tasks"
-)  # the repository's lm-eval task YAMLs, as configs/ for recipes
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"  # evalkit's lm-eval task YAMLs: package data
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 STANDARD_FEWSHOT = {"mmlu": 5, "hellaswag": 0}
 
 
 def default_include_paths(extra: list[str | Path] | None = None) -> list[Path]:
-    """evalkit's tasks/ folder (when this is a checkout that has it), then the user's folders.
+    """evalkit's tasks/ folder (package data), then the user's folders.
 
     lm-eval lets later folders override earlier ones, so a user's task of the same name wins.
     """

@@ -23,7 +23,7 @@ from evalkit.attention import Paradigm
 from evalkit.errors import UserError
 from evalkit.train.synthetic import PHRASINGS
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: installed with evalkit
 
 
 @dataclass
@@ -264,7 +264,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
 
 
 def resolve_recipe(name_or_path: str) -> Path:
-    """A recipe path as given, or configs/NAME.yaml of this repository."""
+    """A recipe path as given, or evalkit/configs/NAME.yaml (package data)."""
     path = Path(name_or_path)
     if path.is_file():
         return path

@@ -8,7 +8,7 @@ from evalkit.train.checkpoint import load_model_state
 from evalkit.train.retrieval_check import check_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ROOT / "checkpoints" / "tiny-base"
+BASE = ROOT / "evalkit" / "checkpoints" / "tiny-base"
 
 
 def test_tiny_long_continues_the_shipped_base_from_any_directory(tmp_path, monkeypatch):
@@ -34,12 +34,12 @@ def test_the_shipped_base_retrieves_and_copies_well_above_the_control():
     assert copy["answer_accuracy"] > 0.8 and copy["fact_accuracy"] < 0.4
 
 
-LONG = ROOT / "checkpoints" / "tiny-long"
+LONG = ROOT / "evalkit" / "checkpoints" / "tiny-long"
 PARADIGMS = ("full", "intra_doc", "anchor")
 
 
 def test_everything_shipped_fits_the_20_mb_budget():
-    assert sum(f.stat().st_size for f in (ROOT / "checkpoints").rglob("*") if f.is_file()) <= 20_000_000
+    assert sum(f.stat().st_size for f in (ROOT / "evalkit" / "checkpoints").rglob("*") if f.is_file()) <= 20_000_000
 
 
 def test_the_shipped_tiny_long_runs_are_the_recipe_trained_to_the_end_under_each_paradigm():
