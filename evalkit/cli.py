@@ -533,6 +533,31 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except Exception as err:
+        full = _disk_full(err)
+        if full is None:
+            raise
+        where = f" writing {full.filename}" if getattr(full, "filename", None) else ""
+        typer.echo(f"error: no space left on the device{where}: free some space (or choose another --out) and "
+                   "rerun the same command; what finished before is kept and resumes", err=True)  # fmt: skip
+        sys.exit(2)
+
+
+def _disk_full(err: BaseException) -> BaseException | None:
+    """The error in `err`'s chain that says the disk (or quota) is full: an OSError with ENOSPC or
+    EDQUOT, or a library's wrapper of one (safetensors reports "StorageFull" in its message)."""
+    import errno
+
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return current
+        if "StorageFull" in str(current) or "No space left on device" in str(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 if __name__ == "__main__":

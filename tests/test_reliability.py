@@ -8,6 +8,7 @@ checkpoints/tiny-base (an evalkit checkpoint with tied embeddings), broken on pu
 """
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -608,3 +609,48 @@ def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
     line = error_line(evalkit(*args, *where, "--out", out))
     assert fragment in line
     assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------- a full disk
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device", "/data/out/ruler-summary.json"),
+        RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: ... })"),
+        ValueError("could not save"),  # not a full disk: must stay a traceback, not be disguised
+    ],
+)
+def test_a_full_disk_is_one_line_and_other_errors_are_not_hidden(monkeypatch, capsys, error):
+    import evalkit.cli as cli
+
+    def failing_app():
+        raise error
+
+    monkeypatch.setattr(cli, "app", failing_app)
+    if isinstance(error, ValueError):
+        with pytest.raises(ValueError):
+            cli.main()
+        return
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1 and message.startswith("error: no space left on the device")
+    assert ("writing /data/out/ruler-summary.json" in message) == isinstance(error, OSError)
+
+
+def test_a_write_that_fails_midway_leaves_no_file_behind(tmp_path, monkeypatch):
+    """ENOSPC when the data reaches the disk (fsync): neither the target nor a temporary file remains."""
+    import errno
+
+    from evalkit import results_io
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results_io.os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        results_io.atomic_write_text(tmp_path / "summary.json", "x" * 10_000)
+    assert list(tmp_path.iterdir()) == []

@@ -21,7 +21,8 @@ stay below max_length. Requests that do not fit max_length are refused (or skipp
 base class, never truncated.
 
 data_parallel_size > 1 runs that many independent vLLM replicas in child processes, each on
-its own tensor_parallel_size devices; requests are dealt round-robin and answers returned in
+its own tensor_parallel_size devices; each gets a contiguous slice of the requests sorted by token
+ids (prefix-cache neighbours stay together) and answers are returned in request
 order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
 """
 
@@ -51,8 +52,9 @@ VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
-# The packed-request tracker is a V1-model-runner logits processor (see vllm_plugin.tracker).
-ENGINE_ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+# An engine started for packed requests: evalkit's CPU backend (vllm_plugin) and the V1 model
+# runner, since the packed-request tracker is a V1 logits processor (see vllm_plugin.tracker).
+PACKED_ENGINE_ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
 # ---------------------------------------------------------------------- what comes back from vLLM
@@ -107,10 +109,42 @@ class _LocalReplica:
             self.llm = None
 
 
-def _replica_main(connection, llm_options: dict[str, Any], environment: dict[str, str]) -> None:
+_ENVIRONMENT_BEFORE: dict[str, str | None] = {}  # what evalkit's engines set in os.environ, as it was before
+
+
+def _apply_environment(environment: dict[str, str], *, packed: bool) -> None:
+    """Set what this engine's vLLM processes must inherit, and put back what an earlier engine in
+    this process set and this one does not need (a plain engine after a packed one inherits
+    nothing of it). Left set after the start: vLLM reads some of it again in this process."""
+    from evalkit.vllm_plugin import PACKED_ENVIRONMENT
+
+    environment = {**environment, PACKED_ENVIRONMENT: "1" if packed else "0"}
+    for key in [key for key in _ENVIRONMENT_BEFORE if key not in environment]:
+        before = _ENVIRONMENT_BEFORE.pop(key)
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    for key, value in environment.items():
+        _ENVIRONMENT_BEFORE.setdefault(key, os.environ.get(key))
+        os.environ[key] = value
+    _select_cpu_backend(packed)
+
+
+def _select_cpu_backend(packed: bool) -> None:
+    """vLLM runs its plugins once per process: the CPU_ATTN slot is set again for every engine."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from evalkit.vllm_plugin import select_cpu_backend
+
+        select_cpu_backend(packed=packed)
+
+
+def _replica_main(connection, llm_options: dict[str, Any], environment: dict[str, str], packed: bool) -> None:
     """A data-parallel replica: one LLM on its own devices, answering batches until told to stop."""
-    os.environ.update(environment)
     try:
+        _apply_environment(environment, packed=packed)
         replica = _LocalReplica(llm_options)
         connection.send(("ready", _config_facts(replica.vllm_config())))
     except Exception as err:  # noqa: BLE001 - any failure goes to the parent, which raises it
@@ -134,11 +168,11 @@ class _ProcessReplica:
     `wait_ready` returns vLLM's resolved configuration facts once the replica's LLM exists.
     """
 
-    def __init__(self, llm_options: dict[str, Any], environment: dict[str, str]) -> None:
+    def __init__(self, llm_options: dict[str, Any], environment: dict[str, str], packed: bool) -> None:
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
         # Not a daemon: vLLM starts processes of its own, which daemons may not.
-        self.process = context.Process(target=_replica_main, args=(child, llm_options, environment))
+        self.process = context.Process(target=_replica_main, args=(child, llm_options, environment, packed))
         self.process.start()
         self.facts: dict[str, Any] | None = None
         # Python joins non-daemon children at exit: a replica never told to stop would hang it.
@@ -180,12 +214,27 @@ def _config_facts(vllm_config) -> dict[str, Any]:
     """The parts of vLLM's resolved configuration the engine checks and records."""
     return {
         "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
+        "attention_backend": _selected_attention_backend(vllm_config),
         "max_model_len": int(vllm_config.model_config.max_model_len),
         "architecture": vllm_config.model_config.architectures[0],
         "enforce_eager": bool(vllm_config.model_config.enforce_eager),
         "max_num_batched_tokens": int(vllm_config.scheduler_config.max_num_batched_tokens),
         "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
     }
+
+
+def _selected_attention_backend(vllm_config) -> str:
+    """The attention backend class vLLM resolves for this engine, read from vLLM's own registry.
+
+    On CPU the platform always takes the class in the CPU_ATTN slot; on CUDA the class named by
+    attention_backend, or the platform's own choice (made per layer in the workers) when none is."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if current_platform.is_cpu():
+        return AttentionBackendEnum.CPU_ATTN.get_path()
+    chosen = vllm_config.attention_config.backend
+    return chosen.get_path() if chosen is not None else "vLLM's default for the platform"
 
 
 # ---------------------------------------------------------------------- the engine
@@ -214,7 +263,10 @@ class VLLMEngine(PackedEngine):
     evalkit.vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays
     the start, False on CUDA); gpu_memory_utilization (CUDA); kv_cache_gib (CPU; default: what
     batch_size full windows need, at least 1 GiB); max_num_batched_tokens (prefill chunk
-    budget, vLLM's default when None); enable_prefix_caching; seed; trust_remote_code.
+    budget, vLLM's default when None); enable_prefix_caching; seed; trust_remote_code; packed
+    (default False: vLLM's own attention backend and model runner, nothing of evalkit's in the
+    attention path; True: evalkit's AnchorAttention backend, its request tracker and the V1
+    runner, needed by generate_packed and logits_packed).
     """
 
     name = "vllm"
@@ -237,6 +289,7 @@ class VLLMEngine(PackedEngine):
         enable_prefix_caching: bool = True,
         seed: int = 0,
         trust_remote_code: bool = False,
+        packed: bool = False,
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -259,12 +312,15 @@ class VLLMEngine(PackedEngine):
         self.data_parallel_size = data_parallel_size
         self.rope = rope
         self.position_shift = position_shift
+        self.packed = packed
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
         )
         config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust_remote_code)
         self.max_length = context_window(config, max_length)
         self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
+        if packed:
+            _check_packed_support(config, self.dtype, self.device, self.max_length)
         self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
@@ -301,14 +357,16 @@ class VLLMEngine(PackedEngine):
             "enforce_eager": settings.enforce_eager,
             "trust_remote_code": settings.trust_remote_code,
             "hf_overrides": hf_overrides,
-            "logits_processors": [TRACKER],
             "max_logprobs": self._vocab_size,  # logits_packed returns the whole distribution
             "enable_prefix_caching": settings.enable_prefix_caching,
         }
+        if self.packed:
+            options["logits_processors"] = [TRACKER]
         if settings.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = settings.max_num_batched_tokens
         if self.device == "cuda":
-            options["attention_backend"] = CUDA_BACKEND_NAME
+            if self.packed:
+                options["attention_backend"] = CUDA_BACKEND_NAME
             options["gpu_memory_utilization"] = settings.gpu_memory_utilization
         elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # vLLM's own setting wins where given
             gib = settings.kv_cache_gib
@@ -318,7 +376,7 @@ class VLLMEngine(PackedEngine):
         return options
 
     def _environment(self, config) -> dict[str, str]:
-        environment = dict(ENGINE_ENVIRONMENT)
+        environment = dict(PACKED_ENGINE_ENVIRONMENT) if self.packed else {}
         trained = getattr(config.get_text_config(), "max_position_embeddings", None)
         if trained is not None and self.max_length + 1 > trained:
             # vLLM refuses windows beyond the config's unless told; evalkit's model classes
@@ -328,7 +386,7 @@ class VLLMEngine(PackedEngine):
 
     def _start_replicas(self, environment: dict[str, str]) -> list:
         if self.data_parallel_size == 1:
-            os.environ.update(environment)
+            _apply_environment(environment, packed=self.packed)
             return [_LocalReplica(self._options)]
         device_groups = _device_groups(self.device, self.data_parallel_size, self.tensor_parallel_size)
         replicas = []
@@ -337,7 +395,7 @@ class VLLMEngine(PackedEngine):
                 replica_environment = dict(environment)
                 if devices is not None:
                     replica_environment["CUDA_VISIBLE_DEVICES"] = devices
-                replicas.append(_ProcessReplica(self._options, replica_environment))
+                replicas.append(_ProcessReplica(self._options, replica_environment, self.packed))
             for replica in replicas:
                 replica.wait_ready()
         except BaseException:
@@ -349,7 +407,7 @@ class VLLMEngine(PackedEngine):
     def _checked_facts(self) -> dict[str, Any]:
         replica = self._replicas[0]
         facts = replica.facts if isinstance(replica, _ProcessReplica) else _config_facts(replica.vllm_config())
-        if facts["use_v2_model_runner"]:
+        if self.packed and facts["use_v2_model_runner"]:
             raise UserError("vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
                             "unset VLLM_USE_V2_MODEL_RUNNER")  # fmt: skip
         return facts
@@ -373,8 +431,10 @@ class VLLMEngine(PackedEngine):
             "data_parallel_size": self.data_parallel_size,
             "device": self.device,
             "model_class": self.architecture,
-            "attention_backend": self._attention_backend(),
-            "packed_attention": "evalkit anchor (flex)" if self.device == "cuda" else "evalkit anchor (blocked)",
+            "attention_backend": self._facts["attention_backend"],
+            "model_runner": "V2" if self._facts["use_v2_model_runner"] else "V1",
+            "packed": self.packed,
+            "packed_attention": self._packed_attention(),
             "rope": self.rope,
             "position_shift": self.position_shift,
             "enforce_eager": self._facts["enforce_eager"],
@@ -387,10 +447,15 @@ class VLLMEngine(PackedEngine):
             "torch": torch.__version__,
         }
 
-    def _attention_backend(self) -> str:
-        from evalkit.vllm_plugin import CPU_BACKEND, CUDA_BACKEND, CUDA_BACKEND_NAME
+    def _packed_attention(self) -> str | None:
+        if not self.packed:
+            return None
+        return "evalkit anchor (flex)" if self.device == "cuda" else "evalkit anchor (blocked)"
 
-        return f"{CUDA_BACKEND_NAME}: {CUDA_BACKEND}" if self.device == "cuda" else f"CPU_ATTN: {CPU_BACKEND}"
+    def _check_packed(self) -> None:
+        if not self.packed:
+            raise UserError("this vllm engine was started for plain requests (vLLM's own attention backend); "
+                            "start it with packed=True for packed (anchor) requests")  # fmt: skip
 
     # ------------------------------------------------------------------ running requests
 
@@ -445,6 +510,7 @@ class VLLMEngine(PackedEngine):
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
+        self._check_packed()
         check_max_new_tokens(max_new_tokens)
         stop = list(stop or [])
         prompts, params = self._packed_inputs(requests, max_new_tokens, lambda extra: self._greedy(
@@ -458,6 +524,7 @@ class VLLMEngine(PackedEngine):
         logsumexp (a per-row constant), so argmax, softmax and differences between tokens are
         the logits'. Compare with `logits.log_softmax(-1)` of another engine.
         """
+        self._check_packed()
         prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(
             1, logprobs=-1, extra_args=extra))  # fmt: skip
         rows = []
@@ -542,6 +609,32 @@ def _serving_architecture(config, rope: str, position_shift: int, max_length: in
             f"{', '.join(ARCHITECTURES)}; this checkpoint is {architecture or 'of unknown architecture'}"
         )
     return architecture
+
+
+def packed_support_problems(config, dtype: str, device: str, max_length: int) -> list[str]:
+    """What in this model or dtype evalkit's packed-request backend cannot serve (empty: all of it).
+
+    The backend implements plain softmax attention (vllm_plugin.anchor_backend refuses the rest
+    inside vLLM's worker, which would kill every request in flight); on CUDA it is vLLM's
+    FlashAttention backend, which serves bf16 and fp16 only."""
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    windowed = bool(window) and getattr(text, "use_sliding_window", True) is not False and window < max_length
+    problems = {
+        f"sliding-window attention (a {window}-token window)": windowed,
+        "ALiBi": bool(getattr(text, "alibi", False)) or getattr(text, "position_embedding_type", "") == "alibi",
+        "logit soft-capping": bool(getattr(text, "attn_logit_softcapping", None)),
+        "attention sinks": getattr(text, "model_type", "") == "gpt_oss",
+        "fp32 on CUDA (FlashAttention serves bf16 and fp16)": device == "cuda" and dtype == "fp32",
+    }
+    return [name for name, present in problems.items() if present]
+
+
+def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:
+    problems = packed_support_problems(config, dtype, device, max_length)
+    if problems:
+        raise UserError(f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
+                        "plain requests can (packed=False)")  # fmt: skip
 
 
 def _eos_token_ids(tokenizer, config, path: Path) -> set[int]:

@@ -8,7 +8,8 @@ starts). It registers, by import path so that nothing heavy is imported until us
 - an attention backend that adds packed multi-document requests (anchor_backend.py): vLLM's
   FlashAttention backend as the CUSTOM backend on CUDA (select it with
   attention_backend="CUSTOM"), vLLM's CPU backend in the CPU_ATTN slot on CPU (the slot the CPU
-  platform always uses; plain requests still run the stock kernels, unchanged).
+  platform always uses), there only in processes started for packed requests
+  (EVALKIT_VLLM_PACKED=1, set by evalkit's engine): a plain engine runs vLLM's own backend.
 
 A packed request carries its document segments in SamplingParams.extra_args (packing.py);
 the TRACKER logits processor hands them to the backend (tracker.py), and must be passed to
@@ -21,12 +22,15 @@ check (gpu_check.py) runs them on a CUDA machine without vLLM.
 
 from __future__ import annotations
 
+import os
+
 from evalkit.vllm_plugin.packing import EXTRA_ARGS_KEY, PackedSegments, segments_from_doc_ids
 
 TRACKER = "evalkit.vllm_plugin.tracker:PackedRequestTracker"
 CUDA_BACKEND = "evalkit.vllm_plugin.backend_cuda.AnchorFlashAttentionBackend"
 CPU_BACKEND = "evalkit.vllm_plugin.backend_cpu.AnchorCPUAttentionBackend"
 CUDA_BACKEND_NAME = "CUSTOM"  # what to pass as attention_backend= on CUDA
+PACKED_ENVIRONMENT = "EVALKIT_VLLM_PACKED"  # "1" in the processes of an engine started for packed requests
 ARCHITECTURES = {  # the checkpoint's architecture -> evalkit's vLLM model class
     "LlamaForCausalLM": "EvalkitLlamaForCausalLM",
     "Qwen2ForCausalLM": "EvalkitQwen2ForCausalLM",
@@ -42,9 +46,20 @@ def register() -> None:
 
     for name in ARCHITECTURES.values():
         ModelRegistry.register_model(name, f"evalkit.vllm_plugin.models:{name}")
-    register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
+    register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)  # used only where selected by name
     if current_platform.is_cpu():
+        select_cpu_backend(packed=os.environ.get(PACKED_ENVIRONMENT) == "1")
+
+
+def select_cpu_backend(*, packed: bool) -> None:
+    """evalkit's backend in the CPU_ATTN slot for packed requests; otherwise vLLM's own (put back if
+    an earlier engine in this process had replaced it; another plugin's choice is left alone)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if packed:
         register_backend(AttentionBackendEnum.CPU_ATTN, CPU_BACKEND)
+    elif AttentionBackendEnum.CPU_ATTN.get_path() == CPU_BACKEND:
+        AttentionBackendEnum.CPU_ATTN.clear_override()
 
 
 __all__ = [
@@ -53,8 +68,10 @@ __all__ = [
     "CUDA_BACKEND",
     "CUDA_BACKEND_NAME",
     "EXTRA_ARGS_KEY",
+    "PACKED_ENVIRONMENT",
     "TRACKER",
     "PackedSegments",
     "register",
     "segments_from_doc_ids",
+    "select_cpu_backend",
 ]

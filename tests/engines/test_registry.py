@@ -99,3 +99,19 @@ def test_plain_attention_must_take_padding_masks(checkpoint):
         get_engine("hf", path, attention="evalkit")
     with pytest.raises(UserError, match="packed_attention must be one of"):
         get_engine("hf", path, packed_attention="sdpa")
+
+
+def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_starts():
+    """Checked from the HF config alone (no vLLM needed): the packed backend serves plain softmax attention."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig
+
+    from evalkit.engines.vllm import packed_support_problems
+
+    llama = LlamaConfig(max_position_embeddings=4096)
+    assert packed_support_problems(llama, "fp32", "cpu", 4096) == []
+    assert packed_support_problems(llama, "bf16", "cuda", 4096) == []
+    assert packed_support_problems(llama, "fp32", "cuda", 4096) == ["fp32 on CUDA (FlashAttention serves bf16 and fp16)"]
+    windowed = MistralConfig(sliding_window=1024)
+    assert packed_support_problems(windowed, "bf16", "cpu", 4096) == ["sliding-window attention (a 1024-token window)"]
+    assert packed_support_problems(windowed, "bf16", "cpu", 1024) == []  # a window as wide as every context is none
+    assert "logit soft-capping" in packed_support_problems(Gemma2Config(), "bf16", "cpu", 4096)

@@ -21,7 +21,7 @@ def mistral(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def engines(mistral):
-    engine = start_vllm_engine(mistral, batch_size=4)
+    engine = start_vllm_engine(mistral, batch_size=4, packed=True)
     yield engine, get_engine("hf", mistral, dtype="fp32", device="cpu", batch_size=4)
     stop_vllm_engine(engine)
 

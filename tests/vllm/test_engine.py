@@ -34,7 +34,7 @@ QUESTION = " What is the special magic number for alpha? The number is"
 
 @pytest.fixture(scope="module")
 def engine(checkpoint):
-    engine = start_vllm_engine(checkpoint, batch_size=4, max_num_batched_tokens=CHUNK)
+    engine = start_vllm_engine(checkpoint, batch_size=4, max_num_batched_tokens=CHUNK, packed=True)
     yield engine
     stop_vllm_engine(engine)
 

@@ -31,7 +31,7 @@ def two_cpu_workers(monkeypatch):
 
 @pytest.mark.parametrize("setting", ["data_parallel_size", "tensor_parallel_size"])
 def test_parallel_engines_answer_like_the_hf_engine(checkpoint, hf_engine, two_cpu_workers, setting):
-    engine = start_vllm_engine(checkpoint, batch_size=4, **{setting: 2})
+    engine = start_vllm_engine(checkpoint, batch_size=4, packed=True, **{setting: 2})
     try:
         assert engine.engine_info()[setting] == 2
         assert engine.generate(PROMPTS, 10) == hf_engine.generate(PROMPTS, 10)
