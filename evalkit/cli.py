@@ -525,6 +525,11 @@ def quickstart_command(
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit status 2."""
+    import signal
+
+    # SIGTERM (a scheduler's stop, `kill`) unwinds like an exception: engines close, so vLLM's
+    # engine-core processes do not outlive this one, and locks and temporary files are released.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app()
     except UserError as err:
@@ -541,6 +546,10 @@ def main() -> None:
         typer.echo(f"error: no space left on the device{where}: free some space (or choose another --out) and "
                    "rerun the same command; what finished before is kept and resumes", err=True)  # fmt: skip
         sys.exit(2)
+
+
+def _exit_on_sigterm(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _disk_full(err: BaseException) -> BaseException | None:

@@ -189,19 +189,23 @@ def _evaluate_checkpoint(ref: CheckpointRef, plans: list[TaskPlan], catalog, set
     directory = checkpoint_dir(out, ref) / RESULT_DIR
     engine = _LazyEngineLM(ref, settings, progress)
     records, skipped, resumed = [], [], []
-    for plan in plans:
-        record = _stored_record(directory, plan)
-        if record is not None:
-            log(f"{plan.name}: already scored with these settings, kept ({_record_path(directory, plan.name)})")
-            records.append(record)
-            resumed.append(plan.name)
-            continue
-        try:
-            records.append(_evaluate_task(engine, catalog, plan, settings, ref, directory))
-        except TaskCannotRun as why:
-            counts = why.counts() if isinstance(why, RequestsExceedWindow) else {}
-            skipped.append({"task": plan.name, "reason": why.reason, **counts})
-            log(f"skipped {plan.name} ({ref.run} step {ref.step}): {why.reason}")
+    try:  # closed before the next checkpoint's engine starts: two vLLM engines would not fit one GPU
+        for plan in plans:
+            record = _stored_record(directory, plan)
+            if record is not None:
+                log(f"{plan.name}: already scored with these settings, kept ({_record_path(directory, plan.name)})")
+                records.append(record)
+                resumed.append(plan.name)
+                continue
+            try:
+                records.append(_evaluate_task(engine, catalog, plan, settings, ref, directory))
+            except TaskCannotRun as why:
+                counts = why.counts() if isinstance(why, RequestsExceedWindow) else {}
+                skipped.append({"task": plan.name, "reason": why.reason, **counts})
+                log(f"skipped {plan.name} ({ref.run} step {ref.step}): {why.reason}")
+        engine_info = engine.info() or _stored_engine_info(records)
+    finally:
+        engine.close()
     summary = {
         "benchmark": "general",
         "run": ref.run,
@@ -212,7 +216,7 @@ def _evaluate_checkpoint(ref: CheckpointRef, plans: list[TaskPlan], catalog, set
         "tasks": {record["task"]: _task_entry(record, directory, resumed) for record in records},
         "provenance": {
             **stamp(),
-            "engine": engine.info() or _stored_engine_info(records),
+            "engine": engine_info,
             "settings": asdict(settings),
             "lm_eval_version": _lm_eval_version(),
         },
@@ -237,6 +241,10 @@ class _LazyEngineLM:
 
     def info(self) -> dict[str, Any] | None:
         return self.lm.engine.engine_info() if self.lm is not None else None
+
+    def close(self) -> None:
+        if self.lm is not None:
+            self.lm.engine.close()
 
 
 def _engine_lm(ref: CheckpointRef, settings: GeneralSettings):

@@ -143,16 +143,11 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
     if settings.dtype:
         engine_settings["dtype"] = settings.dtype
     engine = get_engine(settings.engine, ref.path, **engine_settings)
-    rows, skipped = [], []
-    for length in settings.lengths:
-        for task in settings.tasks:
-            try:
-                rows.append(_evaluate_task(engine, ref, task, length, settings, out, progress))
-            except TaskSkipped as why:
-                entry = {"task": task, "length": length, "reason": why.reason}
-                if isinstance(why, TaskDoesNotFit):
-                    entry["min_length"] = why.min_length
-                skipped.append(entry)
+    try:  # closed before the next checkpoint's engine starts: two vLLM engines would not fit one GPU
+        rows, skipped = _evaluate_tasks(engine, ref, settings, out, progress)
+        engine_info = engine.engine_info()
+    finally:
+        engine.close()
     path = checkpoint_dir(out, ref) / SUMMARY
     summary = {
         "benchmark": "ruler",
@@ -164,7 +159,7 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
         "provenance": {
             **_stamp_of_the_scores(path, any(row["generated"] for row in rows)),
             "checkpoint_meta": checkpoint_meta(ref.path),
-            "engine": engine.engine_info(),
+            "engine": engine_info,
             "settings": asdict(settings),
             "data_keys": {f"{row['task']}@{row['length']}": row["data_key"] for row in rows},
         },
@@ -172,6 +167,20 @@ def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
     summary = _with_earlier_cells(summary, _read_summary(path))
     atomic_write_json(path, summary)
     return summary
+
+
+def _evaluate_tasks(engine, ref: CheckpointRef, settings: RulerSettings, out: Path, progress) -> tuple[list, list]:
+    rows, skipped = [], []
+    for length in settings.lengths:
+        for task in settings.tasks:
+            try:
+                rows.append(_evaluate_task(engine, ref, task, length, settings, out, progress))
+            except TaskSkipped as why:
+                entry = {"task": task, "length": length, "reason": why.reason}
+                if isinstance(why, TaskDoesNotFit):
+                    entry["min_length"] = why.min_length
+                skipped.append(entry)
+    return rows, skipped
 
 
 # What must match for an earlier summary's (task, length) cells to stand beside this run's:

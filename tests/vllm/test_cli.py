@@ -73,3 +73,41 @@ def test_a_truncated_checkpoint_is_one_line_before_vllm_starts(checkpoint, tmp_p
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and "model.safetensors is truncated or corrupt" in line
     assert not list((tmp_path / "out").rglob("*.jsonl"))
+
+
+def engine_core_pids() -> set[int]:
+    """Processes vLLM names VLLM::EngineCore (its engine-core and worker processes set their titles)."""
+    from pathlib import Path
+
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(b"VLLM::"):
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_sigterm_stops_vllm_processes_with_the_command(checkpoint, tmp_path):
+    """`kill` (SIGTERM) mid-evaluation: the command exits 143 and leaves no vLLM process running."""
+    import signal
+    import time
+
+    before = engine_core_pids()
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", str(checkpoint), "--engine", "vllm",
+               "--lengths", "512,1024", "--tasks", "all", "--samples", "40", "--out", str(out)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (engine_core_pids() - before) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(1)
+    assert engine_core_pids() - before, "vLLM never started"
+    time.sleep(5)  # well into the engine's start-up or first requests
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=180) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while (engine_core_pids() - before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not (engine_core_pids() - before), "vLLM processes outlived the command"
