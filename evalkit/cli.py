@@ -500,7 +500,7 @@ def quickstart_command(
     recipe: str = typer.Option(QUICK_RECIPE, "--recipe", help="The recipe trained under each paradigm."),
     paradigms: str = typer.Option(",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."),
     max_steps: int = typer.Option(QUICK_STEPS, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."),
-    shipped: bool = typer.Option(True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (checkpoints/<recipe>/)."),
+    shipped: bool = typer.Option(True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (evalkit/checkpoints/<recipe>/)."),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
     samples: int = typer.Option(10, "--samples", help="RULER samples per task and length."),
     lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
