@@ -369,6 +369,7 @@ def ruler_command(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
     max_length: int = typer.Option(None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."),
     sizing: str = typer.Option("exact", "--sizing", help="exact: every sample as long as fits; nvidia: NVIDIA's one size per task and length, stepped down per sample on overflow."),
+    prompt_format: str = typer.Option("base", "--prompt-format", help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models)."),
     out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
@@ -380,7 +381,7 @@ def ruler_command(
     console = Console(stderr=True)
     settings = RulerSettings(tasks=parse_tasks(tasks), lengths=parse_lengths(lengths), num_samples=samples, seed=seed,
                              essays=essays, qa_dir=qa_dir, engine=engine, dtype=dtype, batch_size=batch_size,
-                             max_length=max_length, sizing=sizing)  # fmt: skip
+                             max_length=max_length, sizing=sizing, prompt_format=prompt_format)  # fmt: skip
     check_output_dir(out)
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     for ref in refs:  # a refused checkpoint leaves no trace in --out (run_ruler checks again, cheaply)

@@ -25,10 +25,12 @@ from evalkit.ruler.cache import cache_key, load_or_generate
 from evalkit.ruler.errors import TaskDoesNotFit, TaskSkipped
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
+from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
 
 SUMMARY = "ruler-summary.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+PROMPT_FORMATS = ("base", "chat")
 CHUNK = 32  # samples generated between durable appends: a kill loses at most one chunk's work
 
 
@@ -45,9 +47,12 @@ class RulerSettings:
     batch_size: int = 8
     max_length: int | None = None
     sizing: str = DEFAULT_SIZING  # "exact" or "nvidia" (evalkit.ruler.fitting); keyed into data and sample logs
+    prompt_format: str = "base"  # "base": the task text as is; "chat": inside the tokenizer's chat template
 
     def __post_init__(self) -> None:
         check_sizing(self.sizing)
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise UserError(f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {self.prompt_format!r}")
         if self.num_samples < 1 or self.batch_size < 1:
             raise UserError(
                 f"--samples and --batch-size must be at least 1, got {self.num_samples} and {self.batch_size}"
@@ -105,22 +110,39 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
+def prompt_format(tokenizer, name: str) -> PromptFormat:
+    """base: the sample's text as is; chat: inside the tokenizer's chat template (one line if it has none)."""
+    return PromptFormat.from_chat_template(tokenizer) if name == "chat" else BASE
+
+
+def _fed(engine, fmt: PromptFormat, sample) -> str | list[int]:
+    """What the engine is given: base prompts as text (the engine adds the tokenizer's specials);
+    chat prompts as token ids, since a template that writes the BOS itself must not get a second."""
+    text = fmt.render(sample.input, sample.answer_prefix)
+    if fmt is BASE:
+        return text
+    return engine.tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]
+
+
 def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings, out: Path, progress) -> dict:
     """Score one (task, length) on one checkpoint, resuming from its sample log."""
-    samples = load_or_generate(task, engine.tokenizer, length, settings.num_samples, settings.seed, **settings.data_options())
-    _, data_key = cache_key(task, engine.tokenizer, length, settings.num_samples, settings.seed, **settings.data_options())
+    fmt = prompt_format(engine.tokenizer, settings.prompt_format)
+    data = {**settings.data_options(), "prompt_format": fmt}
+    samples = load_or_generate(task, engine.tokenizer, length, settings.num_samples, settings.seed, **data)
+    _, data_key = cache_key(task, engine.tokenizer, length, settings.num_samples, settings.seed, **data)
     log = SampleLog(checkpoint_dir(out, ref) / "ruler" / task / f"{length}.jsonl", data_key)
     spec = task_spec(task)
     todo = [s for s in samples if s.index not in log.done()]
     progress(task, length, len(samples) - len(todo), len(samples))
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start : start + CHUNK]
-        prompts = [s.input + s.answer_prefix for s in chunk]
-        for sample, prompt in zip(chunk, prompts):
+        prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]
+        fed_prompts = [_fed(engine, fmt, s) for s in chunk]
+        for sample, prompt in zip(chunk, fed_prompts):
             fed = engine.count_tokens(prompt)
             if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
                 raise RuntimeError(f"{task} sample {sample.index}: {fed} + {spec.max_new_tokens} tokens exceed {length}")
-        predictions = engine.generate(prompts, spec.max_new_tokens)
+        predictions = engine.generate(fed_prompts, spec.max_new_tokens)
         log.append([
             {"index": s.index, "length": s.length, "prediction": p, "references": s.outputs,
              "score": sample_score(task, p, s.outputs), "prompt_sha": _prompt_hash(prompt)}
@@ -185,7 +207,9 @@ def _evaluate_tasks(engine, ref: CheckpointRef, settings: RulerSettings, out: Pa
 
 # What must match for an earlier summary's (task, length) cells to stand beside this run's:
 # everything that decides the data or the answers. Tasks and lengths are what may differ.
-_CELL_SETTINGS = ("num_samples", "seed", "essays", "qa_dir", "engine", "dtype", "batch_size", "max_length", "sizing")
+_CELL_SETTINGS = ("num_samples", "seed", "essays", "qa_dir", "engine", "dtype", "batch_size", "max_length", "sizing",
+                  "prompt_format")  # fmt: skip
+_CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries written before the setting meant
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
 
 
@@ -204,7 +228,10 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     if earlier is None:
         return summary
     now, then = summary["provenance"], earlier.get("provenance") or {}
-    alike = all(now["settings"].get(k) == (then.get("settings") or {}).get(k) for k in _CELL_SETTINGS) and all(
+    then_settings = then.get("settings") or {}
+    alike = all(
+        now["settings"].get(k, _CELL_DEFAULTS.get(k)) == then_settings.get(k, _CELL_DEFAULTS.get(k)) for k in _CELL_SETTINGS
+    ) and all(
         now["engine"].get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE
     )
     touched = {(row["task"], row["length"]) for row in summary["rows"]} | {

@@ -147,3 +147,62 @@ def test_lengths_run_in_pieces_add_up_in_one_summary(tiny_run, tmp_path):
     assert result.returncode == 0, result.stderr
     (changed,) = summaries(out).values()
     assert [(r["task"], r["length"], r["n"]) for r in changed["rows"]] == [("niah_single_1", 1024, 3)]
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}[USER] {{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %} [ASSISTANT]{% endif %}")  # fmt: skip
+
+
+def with_chat_template(checkpoint: Path, destination: Path) -> Path:
+    import shutil
+
+    shutil.copytree(checkpoint, destination)
+    config_path = destination / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    return destination
+
+
+def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_path, monkeypatch):
+    import evalkit.engines
+    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.ruler.runner import RulerSettings, run_ruler
+
+    chat_checkpoint = with_chat_template(sorted(tiny_run.glob("step-*"))[-1], tmp_path / "chat-run" / "step-4")
+    fed = []
+    real_get_engine = evalkit.engines.get_engine
+
+    def recording_engine(*args, **kwargs):
+        engine = real_get_engine(*args, **kwargs)
+        real_generate = engine.generate
+        engine.generate = lambda prompts, *a, **k: fed.extend(prompts) or real_generate(prompts, *a, **k)
+        return engine
+
+    monkeypatch.setattr(evalkit.engines, "get_engine", recording_engine)
+    (ref,) = resolve_checkpoints([str(chat_checkpoint)])
+    settings = RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=2, prompt_format="chat")
+    (summary,) = run_ruler([ref], settings, tmp_path / "out")
+    engine_tokenizer = real_get_engine("hf", chat_checkpoint, dtype="fp32").tokenizer
+    assert len(fed) == 2
+    for ids in fed:
+        assert isinstance(ids, list) and ids.count(engine_tokenizer.bos_token_id) == 1 and ids[0] == engine_tokenizer.bos_token_id
+        text = engine_tokenizer.decode(ids, skip_special_tokens=True)
+        assert text.startswith("[USER] ") and " [ASSISTANT]" in text
+        assert len(ids) + 128 <= 512  # sized with the template around it
+    assert summary["provenance"]["settings"]["prompt_format"] == "chat" and summary["rows"][0]["n"] == 2
+
+    # Base into the same --out afterwards: different prompts, so the chat cells are not mixed in.
+    base = RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=2)
+    (base_summary,) = run_ruler([ref], base, tmp_path / "out")
+    assert base_summary["provenance"]["settings"]["prompt_format"] == "base"
+    assert base_summary["provenance"]["data_keys"] != summary["provenance"]["data_keys"]
+
+
+def test_chat_prompt_format_without_a_template_is_one_line(tiny_run, tmp_path):
+    result = ruler("--ckpts", str(sorted(tiny_run.glob("step-*"))[-1]), "--lengths", "512", "--tasks", "niah_single_1",
+                   "--samples", "2", "--prompt-format", "chat", "--out", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "no chat template" in result.stderr
+    result = ruler("--ckpts", str(tiny_run), "--prompt-format", "instruct", "--out", str(tmp_path / "out2"))
+    assert result.returncode == 2 and "--prompt-format must be one of base, chat" in result.stderr
