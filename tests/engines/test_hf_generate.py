@@ -110,3 +110,25 @@ def test_padded_prefill_rows_get_the_positions_they_would_have_alone(checkpoint,
         assert int(real.sum()) == length and bool(real[-length:].all())  # padding on the left only
         assert prefill["position_ids"][row][real].tolist() == list(range(length))
         assert first_step["position_ids"][row].tolist() == [length]
+
+
+def test_growing_cache_layer_holds_what_concatenation_would():
+    """The decode cache writes new columns in place; past its room it grows; dropped rows go."""
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    from evalkit.engines.hf import _growing_layer_class
+
+    torch.manual_seed(0)
+    keys, values = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    growing, reference = _growing_layer_class()(keys, values, room=2), DynamicLayer()
+    reference.update(keys, values)
+    for step in range(4):  # the third step outgrows the room of 2
+        new_keys, new_values = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+        got, expected = growing.update(new_keys, new_values), reference.update(new_keys, new_values)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        assert growing.get_seq_length() == reference.get_seq_length() == 6 + step
+    rows = torch.tensor([2, 0])
+    growing.batch_select_indices(rows)
+    reference.batch_select_indices(rows)
+    assert torch.equal(growing.keys, reference.keys) and torch.equal(growing.values, reference.values)
