@@ -95,6 +95,16 @@ def _check_positive(values: dict[str, int], out: Path | None) -> None:
         check_output_file(out)
 
 
+def _publish(table: str, out: Path | None, title: str, conditions: str, console) -> None:
+    """A bench's table on stdout and, with --out, as a report with its conditions, command and machine."""
+    typer.echo(table)
+    if out is not None:
+        from evalkit.bench.report import write_report
+
+        write_report(out, title, command_line(), conditions, table)
+        console.print(f"wrote {out}")
+
+
 @bench_app.command("attention")
 def bench_attention(
     seq: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated (16k = 16384)."),
@@ -200,15 +210,9 @@ def bench_ruler_data(
         described = tokenizer
     rows = bench.run(parse_tasks(tasks), parse_lengths(lengths), samples, tok, qa_dir=qa_dir,
                      progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
-    table = bench.to_markdown(rows)
-    typer.echo(table)
-    if out is not None:
-        from evalkit.bench.report import write_report
-
-        conditions = (f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
-                      "piece counts reset per task and length, so setup and verification are included.")  # fmt: skip
-        write_report(out, "RULER data generation speed", command_line(), conditions, table)
-        console.print(f"wrote {out}")
+    conditions = (f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
+                  "piece counts reset per task and length, so setup and verification are included.")  # fmt: skip
+    _publish(bench.to_markdown(rows), out, "RULER data generation speed", conditions, console)
 
 
 @bench_app.command("eval")
@@ -236,18 +240,12 @@ def bench_eval(
     console = Console(stderr=True)
     rows = bench.run(ckpt, variants, chosen_tasks, chosen_lengths, samples, batch_size=batch_size, dtype=dtype,
                      progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
-    table = bench.to_markdown(rows)
-    typer.echo(table)
-    if out is not None:
-        from evalkit.bench.report import write_report
-
-        conditions = (
-            f"checkpoint {Path(ckpt).resolve()}; {samples} RULER samples per task and length (seed 42, cached, "
-            f"untimed), one generate call per task and length, batch size {batch_size}, dtype {dtype or 'engine default'}; "
-            f"engines run one after another in one process, torch threads {torch.get_num_threads()}; wall clock."
-        )
-        write_report(out, "RULER evaluation throughput per engine", command_line(), conditions, table)
-        console.print(f"wrote {out}")
+    conditions = (
+        f"checkpoint {Path(ckpt).resolve()}; {samples} RULER samples per task and length (seed 42, cached, "
+        f"untimed), one generate call per task and length, batch size {batch_size}, dtype {dtype or 'engine default'}; "
+        f"engines run one after another in one process, torch threads {torch.get_num_threads()}; wall clock."
+    )
+    _publish(bench.to_markdown(rows), out, "RULER evaluation throughput per engine", conditions, console)
 
 
 @bench_app.command("train")
@@ -274,17 +272,11 @@ def bench_train(
     console = Console(stderr=True)
     rows = bench.run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps,
                      progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
-    table = bench.to_markdown(rows)
-    typer.echo(table)
-    if out is not None:
-        from evalkit.bench.report import write_report
-
-        conditions = (
-            f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
-            f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
-        )
-        write_report(out, "Training: optimizer-step time per paradigm vs full", command_line(), conditions, table)
-        console.print(f"wrote {out}")
+    conditions = (
+        f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
+        f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
+    )
+    _publish(bench.to_markdown(rows), out, "Training: optimizer-step time per paradigm vs full", conditions, console)
 
 
 def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
