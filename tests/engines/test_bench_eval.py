@@ -58,7 +58,9 @@ def test_engines_answer_the_same_samples_and_sharing_is_counted(checkpoint_512, 
 
 
 def test_unknown_or_repeated_engine_variants_are_refused():
-    with pytest.raises(UserError, match="unknown engine variant.*fast.*choose from: hf, hf-padded, vllm"):
+    with pytest.raises(
+        UserError, match="unknown engine variant.*fast.*choose from: hf, hf-1thread, hf-padded, vllm.*lm-eval"
+    ):
         bench.parse_engines("hf,fast")
     with pytest.raises(UserError, match="lists a variant twice"):
         bench.parse_engines("hf,hf")
@@ -82,3 +84,18 @@ def test_the_command_writes_its_report_with_conditions(checkpoint_512, tmp_path)
     text = report.read_text()
     assert "Command: `evalkit bench eval" in text and "2 RULER samples per task and length" in text
     assert "| hf | niah_single_1 | 512 | 2 |" in text and "| hf-padded | niah_single_1 | 512 | 2 |" in text
+
+
+def test_lm_eval_runs_its_own_ruler_port_beside_the_engines(checkpoint_512):
+    """lm-eval's RULER port with its HF model: timed on its own samples, its score on the 0-100 scale;
+    a task whose data lm-eval downloads is a skipped row, not an error."""
+    rows = bench.run(checkpoint_512, ["hf", "lm-eval"], ["niah_single_1", "niah_single_2"], [512], 2, batch_size=2)
+    by_engine = {(r.engine, r.task): r for r in rows}
+    ours = by_engine["lm-eval", "niah_single_1"]
+    assert ours.samples == 2 and ours.seconds > 0 and 0.0 <= ours.score <= 100.0
+    assert ours.same_as_first is None and ours.prefill_seconds is None  # its samples, not ours
+    assert 0 < ours.prompt_tokens / ours.samples <= 512
+    assert by_engine["lm-eval", "niah_single_2"].skipped.startswith("lm-eval downloads")
+    table = bench.to_markdown(rows)
+    assert "| lm-eval | niah_single_1 | 512 | 2 |" in table and "own samples" in table
+    assert "Skipped: niah_single_2 at 512 (lm-eval downloads" in table

@@ -132,3 +132,22 @@ def test_growing_cache_layer_holds_what_concatenation_would():
     growing.batch_select_indices(rows)
     reference.batch_select_indices(rows)
     assert torch.equal(growing.keys, reference.keys) and torch.equal(growing.values, reference.values)
+
+
+def test_threads_setting_holds_while_the_engine_computes_and_is_restored(checkpoint, monkeypatch):
+    """Several engines share a process in `evalkit bench eval`: one's thread count must not leak."""
+    import torch
+
+    engine = engine_for(checkpoint, threads=2)
+    seen = []
+    forward = engine.model.forward
+    monkeypatch.setattr(
+        engine.model, "forward", lambda *a, **k: seen.append(torch.get_num_threads()) or forward(*a, **k)
+    )
+    before = torch.get_num_threads()
+    engine.generate(PROMPTS[:2], max_new_tokens=3)
+    engine.loglikelihood([("The grass", " is green.")])
+    assert seen and set(seen) == {2} and torch.get_num_threads() == before == 1
+    assert engine.engine_info()["threads"] == 2
+    with pytest.raises(UserError, match="threads must be at least 1, got 0"):
+        engine_for(checkpoint, threads=0)
