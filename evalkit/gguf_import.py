@@ -141,7 +141,7 @@ def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite:
         raise UserError(f"--dtype {dtype!r}: use bf16 or fp32")
     source, destination = Path(source), Path(destination)
     version = check_gguf_header(source)
-    check_replaceable(destination, _is_import(destination), "a checkpoint written by evalkit import", overwrite)
+    check_replaceable(destination, _is_import, "a checkpoint written by evalkit import", overwrite)
     file_type = _gguf_file_type(source)
     model, tokenizer = _load_dequantized(source)
     config = _plain_config(model)

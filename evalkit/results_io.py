@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -46,19 +47,22 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def check_replaceable(destination: Path, is_ours: bool, what: str, overwrite: bool) -> None:
+def check_replaceable(destination: Path, is_ours: Callable[[Path], bool], what: str, overwrite: bool) -> None:
     """Refuse, before any work, a destination whose loss the user did not ask for: a file, a
-    symbolic link, a non-empty directory evalkit did not write (`is_ours` False: never replaced),
-    or one it did without `overwrite`. `what` names evalkit's own output in the message."""
+    symbolic link, a non-empty directory evalkit did not write (`is_ours(destination)` False:
+    never replaced), or one it did without `overwrite`. `what` names evalkit's own output in the message."""
     destination = Path(destination)
     _check_creatable(destination, destination.parent, "destination")  # written beside it, then renamed into place
+    # What a killed earlier writer left goes first: a destination it had set aside is put back,
+    # then checked like any other (replaced only with `overwrite`).
+    _clean_after_dead_writers(destination)
     if destination.is_symlink():
         raise UserError(f"{destination} is a symbolic link; give the directory it points to, or a new path")
     if destination.exists() and not destination.is_dir():
         raise UserError(f"{destination} is a file; give a directory path (a new or empty one)")
     if not destination.exists() or not any(destination.iterdir()):
         return
-    if not is_ours:
+    if not is_ours(destination):
         raise UserError(f"{destination} exists and is not {what}; evalkit replaces only its own outputs: "
                         "give a new or empty directory")  # fmt: skip
     if not overwrite:
@@ -109,17 +113,55 @@ def _kind(path: Path, target: Path, option: str) -> str | None:
 
 def new_directory_beside(destination: Path) -> Path:
     """A fresh hidden directory next to `destination` (same filesystem, so a rename moves it in),
-    with the permissions mkdir would give (mkdtemp makes 0700)."""
+    with the permissions mkdir would give (mkdtemp makes 0700). Its name carries this process's
+    pid, so a later writer can tell a build left by a killed process (kill -9, a power cut) from
+    one in progress, and first cleans what such a process left (see _clean_after_dead_writers)."""
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
+    _clean_after_dead_writers(destination)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.{os.getpid()}.", suffix=".tmp", dir=destination.parent))
     os.chmod(tmp, 0o777 & ~umask())
     return tmp
 
 
+def _clean_after_dead_writers(destination: Path) -> None:
+    """Undo what a writer of `destination` that died mid-way left beside it: its half-built `.tmp`
+    directory is deleted; an earlier destination it had set aside (`.old`, see move_into_place) is
+    put back if nothing took its place, else deleted (the new one was in place). Only directories
+    whose writer's pid is no longer running are touched, so a live writer's build is left alone."""
+    import shutil
+
+    if not destination.parent.is_dir():
+        return
+    pattern = re.compile(rf"^\.{re.escape(destination.name)}\.(\d+)\.[A-Za-z0-9_]+\.(tmp|old)$")
+    for leftover in sorted(destination.parent.iterdir(), key=lambda p: p.name.endswith(".tmp")):  # .old first
+        match = pattern.match(leftover.name)
+        if not match or not leftover.is_dir() or _process_alive(int(match.group(1))):
+            continue
+        if match.group(2) == "old" and not (destination.exists() and any(destination.iterdir())):
+            if destination.exists():
+                destination.rmdir()  # an empty directory where the set-aside one belongs
+            leftover.rename(destination)
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
 def move_into_place(tmp: Path, destination: Path) -> None:
     """Rename the finished directory `tmp` to `destination`; an earlier one there is set aside
-    first and deleted only once the new one is in place, so a kill in between loses neither."""
+    first and deleted only once the new one is in place, so a kill in between loses neither
+    (and the next writer puts a set-aside directory back if the new one never arrived)."""
     import shutil
 
     if destination.exists() and any(destination.iterdir()):
@@ -139,7 +181,7 @@ LOCK_NAME = ".evalkit.lock"
 
 
 @contextmanager
-def output_lock(directory: Path) -> Iterator[Path]:
+def output_lock(directory: Path, *, leave_no_trace: bool = False) -> Iterator[Path]:
     """Hold `directory` as this process's results directory until the block ends; yields the lock file.
 
     Two evalkit processes writing the same results (the same per-sample logs, the same
@@ -147,15 +189,30 @@ def output_lock(directory: Path) -> Iterator[Path]:
     one-line error instead of waiting. The lock is an flock on a file inside the directory, so
     the kernel releases it when the holder exits in any way, kill -9 included: a stale lock
     file never blocks anyone. The file is left in place: unlinking it could let a third process
-    lock a new file while a second still holds the old one.
+    lock a new file while a second still holds the old one; the one exception is
+    `leave_no_trace`: a directory this call created, left holding nothing but the lock when the
+    block fails, is removed (a second process was refused, not waiting, so no one holds it).
     """
     directory = Path(directory)
+    created = not directory.exists()
     handle = _open_lock_file(directory)
     try:
         _take(handle, directory)
         yield directory / LOCK_NAME
+    except BaseException:
+        if leave_no_trace and created:
+            _remove_if_only_the_lock(directory)  # while still held: no one else can be writing there
+        raise
     finally:
         handle.close()  # closing the last descriptor releases the flock
+
+
+def _remove_if_only_the_lock(directory: Path) -> None:
+    """A directory this process created for its lock and then wrote nothing into: removed, so a
+    refused run (a broken checkpoint found after the lock was taken) leaves no trace."""
+    if [p.name for p in directory.iterdir()] == [LOCK_NAME]:
+        (directory / LOCK_NAME).unlink()
+        directory.rmdir()
 
 
 def _open_lock_file(directory: Path) -> TextIO:

@@ -141,6 +141,77 @@ def test_a_failed_export_leaves_nothing_behind(source, tmp_path, damage, fragmen
     assert hidden_entries(tmp_path) == []
 
 
+# An export killed with SIGKILL at a chosen moment: after writing part of its copy (in_copy), or
+# after setting the earlier destination aside and before moving the new one in (in_swap).
+KILLED_EXPORT = """
+import os, signal, sys, time
+from pathlib import Path
+from evalkit.train import checkpoint
+from evalkit import results_io
+moment, source, dest = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+write_export, rename = checkpoint._write_export, Path.rename
+def write_then_die(source, tmp, config, dtype):
+    write_export(source, tmp, config, dtype)
+    os.kill(os.getpid(), signal.SIGKILL)
+def rename_then_die(self, target):
+    moved = rename(self, target)
+    if str(target).endswith(".old"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return moved
+if moment == "in_copy":
+    checkpoint._write_export = write_then_die
+else:
+    Path.rename = rename_then_die
+checkpoint.export_checkpoint(source, dest, overwrite=True)
+"""
+
+
+def killed_export(moment: str, source: Path, dest: Path) -> None:
+    died = subprocess.run([sys.executable, "-c", KILLED_EXPORT, moment, str(source), str(dest)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+
+
+def test_the_next_export_cleans_what_an_export_killed_mid_copy_left(source, tmp_path):
+    dest = tmp_path / "out"
+    killed_export("in_copy", source, dest)
+    left = hidden_entries(tmp_path)
+    assert len(left) == 1 and left[0].startswith(".out.") and left[0].endswith(".tmp")  # what kill -9 leaves
+    assert not dest.exists()
+    done = evalkit("export", source, dest)
+    assert done.returncode == 0, done.stderr
+    assert hidden_entries(tmp_path) == [] and (dest / "meta.json").is_file()
+
+
+def test_an_export_killed_between_set_aside_and_move_in_loses_nothing(source, tmp_path):
+    dest = tmp_path / "out"
+    assert evalkit("export", source, dest).returncode == 0
+    (dest / "left-by-the-first-export.txt").write_text("x")
+    killed_export("in_swap", source, dest)
+    assert not dest.exists() and len(hidden_entries(tmp_path)) == 2  # the earlier one set aside, the new one built
+    # The next writer puts the earlier checkpoint back first, then treats it as any earlier one:
+    line = error_line(evalkit("export", source, dest))
+    assert "--overwrite" in line
+    assert (dest / "left-by-the-first-export.txt").exists() and hidden_entries(tmp_path) == []
+
+
+def test_a_live_writers_build_is_left_alone(source, tmp_path):
+    """Only a dead process's leftovers are cleaned: a build whose pid runs is someone's work in progress."""
+    from evalkit.results_io import new_directory_beside
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        in_progress = tmp_path / f".out.{sleeper.pid}.abcd1234.tmp"
+        in_progress.mkdir()
+        built = new_directory_beside(tmp_path / "out")
+        assert in_progress.is_dir() and built.name.startswith(f".out.{os.getpid()}.")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    new_directory_beside(tmp_path / "out")
+    assert not in_progress.exists()  # its writer is gone now
+
+
 # ---------------------------------------------------------------------- one writer per results directory
 
 HOLD_LOCK = """
@@ -220,6 +291,16 @@ def test_ruler_refuses_a_directory_another_process_writes(checkpoint, tmp_path):
         result = evalkit("ruler", "--ckpts", checkpoint, "--lengths", "512", "--tasks", "niah_single_1",
                          "--samples", "1", "--out", out)  # fmt: skip
     assert not list(out.rglob("*.jsonl"))  # no sample written beside the holder's
+    line = error_line(result)
+    assert "another evalkit process" in line and str(out) in line
+
+
+def test_probe_refuses_a_directory_another_process_writes(checkpoint, tmp_path):
+    out = tmp_path / "probe"
+    with output_lock(out):
+        result = evalkit("probe", "shift", "--ckpt", checkpoint, "--seq", "16", "--n", "1", "--delta1", "0",
+                         "--out", out)  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written beside the holder's
     line = error_line(result)
     assert "another evalkit process" in line and str(out) in line
 

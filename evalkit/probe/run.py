@@ -18,7 +18,7 @@ from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.results_io import atomic_write_json, atomic_write_text, check_output_dir
+from evalkit.results_io import atomic_write_json, atomic_write_text, check_output_dir, output_lock
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MEASUREMENT = {
@@ -253,20 +253,22 @@ def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Cal
     windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
     device = resolve_device(probe_options.device)
 
-    rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress)
-    summary = summarise(rows)
-    provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
-    provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
-    notes = _notes(plan, windows, probe_options.n_texts, source)
-    payload = {"kind": kind, "provenance": provenance, "options": _options_record(plan, probe_options),
-               "measurement": MEASUREMENT, "notes": notes, "summary": summary, "rows": rows}  # fmt: skip
+    # One writer per directory: two probes into one --out would mix one's markdown with the other's JSON.
+    with output_lock(Path(out_dir), leave_no_trace=True):
+        rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress)
+        summary = summarise(rows)
+        provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
+        provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
+        notes = _notes(plan, windows, probe_options.n_texts, source)
+        payload = {"kind": kind, "provenance": provenance, "options": _options_record(plan, probe_options),
+                   "measurement": MEASUREMENT, "notes": notes, "summary": summary, "rows": rows}  # fmt: skip
 
-    paths = output_paths(kind, Path(out_dir))
-    write_plots(kind, rows, paths["json"].with_suffix(""))
-    first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
-    context = {"checkpoint": checkpoint, "texts": source.describe(), "device": device, "notes": notes,
-               "texts_used": _texts_used(windows, probe_options.n_texts), "first_token": first_token,
-               "provenance": provenance}  # fmt: skip
-    atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
-    atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
+        paths = output_paths(kind, Path(out_dir))
+        write_plots(kind, rows, paths["json"].with_suffix(""))
+        first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
+        context = {"checkpoint": checkpoint, "texts": source.describe(), "device": device, "notes": notes,
+                   "texts_used": _texts_used(windows, probe_options.n_texts), "first_token": first_token,
+                   "provenance": provenance}  # fmt: skip
+        atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
+        atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
     return {**payload, "files": {name: str(path) for name, path in paths.items()}}

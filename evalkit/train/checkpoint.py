@@ -154,7 +154,7 @@ def _check_export_destination(source: Path, destination: Path, overwrite: bool) 
     """Before any work: refuse a destination whose loss the user did not ask for."""
     if destination.is_dir() and destination.resolve() == source.resolve():
         raise UserError(f"{destination} is the checkpoint being exported; give another directory")
-    check_replaceable(destination, (destination / META).is_file(), "an evalkit checkpoint", overwrite)
+    check_replaceable(destination, lambda path: (path / META).is_file(), "an evalkit checkpoint", overwrite)
 
 
 def _write_export(source: Path, tmp: Path, config: dict, dtype: torch.dtype) -> None:
