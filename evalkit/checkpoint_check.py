@@ -156,8 +156,9 @@ def _some(names: list[str]) -> str:
     return shown + (f", … {len(names) - KEYS_SHOWN} more" if len(names) > KEYS_SHOWN else "")
 
 
-def load_pretrained(auto_class, path: str | Path, *, trust_remote_code: bool = False,
-                    allowed_unexpected: Iterable[str] = (), **kwargs):  # fmt: skip
+def load_pretrained(
+    auto_class, path: str | Path, *, trust_remote_code: bool = False, allowed_unexpected: Iterable[str] = (), **kwargs
+):
     """`auto_class.from_pretrained(path, **kwargs)` with both checks; a local directory or a hub name.
 
     Mis-shaped weights are let through transformers (ignore_mismatched_sizes) only so that
@@ -167,9 +168,13 @@ def load_pretrained(auto_class, path: str | Path, *, trust_remote_code: bool = F
         check_checkpoint(path, trust_remote_code=trust_remote_code)
     with _no_loading_report():
         model, info = auto_class.from_pretrained(
-            path, output_loading_info=True, ignore_mismatched_sizes=True, use_safetensors=True,
-            trust_remote_code=trust_remote_code, **kwargs,
-        )  # fmt: skip
+            path,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            **kwargs,
+        )
     check_loading_info(path, info, allowed_unexpected=allowed_unexpected)
     return model
 

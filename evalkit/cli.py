@@ -30,16 +30,23 @@ probe_app = typer.Typer(
 )
 app.add_typer(probe_app, name="probe")
 
+
 @app.command("train")
 def train_command(
     config: str = typer.Option("tiny-cpu", "--config", help="A recipe: evalkit/configs/NAME.yaml or a YAML path."),
     model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
-    paradigm: str = typer.Option(None, "--paradigm", help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved."),
+    paradigm: str = typer.Option(
+        None,
+        "--paradigm",
+        help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved.",
+    ),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
     max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
     sets: list[str] = typer.Option(None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 (repeatable)."),
     out: str = typer.Option(None, "--out", help="Run directory (default runs/<config>-<paradigm>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run directory."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest complete checkpoint in the run directory."
+    ),
 ) -> None:
     """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
     from evalkit.train import load_config, train
@@ -53,7 +60,9 @@ def train_command(
 @app.command("export")
 def export_command(
     ckpt: Path = typer.Argument(..., help="A checkpoint directory written by `evalkit train` (runs/<run>/step-<N>)."),
-    dest: Path = typer.Argument(..., help="The directory to write: new or empty (or an earlier export, with --overwrite)."),
+    dest: Path = typer.Argument(
+        ..., help="The directory to write: new or empty (or an earlier export, with --overwrite)."
+    ),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp32."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DEST if it holds an evalkit checkpoint."),
 ) -> None:
@@ -70,8 +79,12 @@ def export_command(
 
 @app.command("import")
 def import_command(
-    source: Path = typer.Argument(..., help="A GGUF model file (llama.cpp's format), e.g. SmolLM2-135M-Instruct.Q4_1.gguf."),
-    dest: Path = typer.Argument(..., help="The checkpoint directory to write (must not exist, or hold an earlier import)."),
+    source: Path = typer.Argument(
+        ..., help="A GGUF model file (llama.cpp's format), e.g. SmolLM2-135M-Instruct.Q4_1.gguf."
+    ),
+    dest: Path = typer.Argument(
+        ..., help="The checkpoint directory to write (must not exist, or hold an earlier import)."
+    ),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp32 (fp32 keeps the dequantized weights exactly)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DEST if it holds an earlier `evalkit import`."),
 ) -> None:
@@ -145,17 +158,28 @@ def bench_attention(
     chosen_impls = [i.strip() for i in impls.split(",") if i.strip()] or None
     for impl in chosen_impls or []:
         if impl not in runnable:
-            raise UserError(f"implementation {impl!r} cannot run forward+backward on {device}; available: {', '.join(runnable)}")
+            raise UserError(
+                f"implementation {impl!r} cannot run forward+backward on {device}; available: {', '.join(runnable)}"
+            )
 
     from rich.console import Console
 
     console = Console(stderr=True)
     seq_lens = parse_lengths(seq)
     rows = bench.run(
-        seq_lens, heads=heads, kv_heads=kv_heads or None, head_dim=head_dim, dtype=dtype, mean_doc=mean_doc,
-        repeats=repeats, paradigms=chosen, impls=chosen_impls, seed=seed, device=device,
+        seq_lens,
+        heads=heads,
+        kv_heads=kv_heads or None,
+        head_dim=head_dim,
+        dtype=dtype,
+        mean_doc=mean_doc,
+        repeats=repeats,
+        paradigms=chosen,
+        impls=chosen_impls,
+        seed=seed,
+        device=device,
         progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-    )  # fmt: skip
+    )
     table = bench.to_markdown(rows)
     typer.echo(table)
     if out is not None:
@@ -208,19 +232,31 @@ def bench_ruler_data(
         except (OSError, ValueError) as err:
             raise UserError(f"could not load a tokenizer from {tokenizer!r}: {str(err).splitlines()[0]}") from None
         described = tokenizer
-    rows = bench.run(parse_tasks(tasks), parse_lengths(lengths), samples, tok, qa_dir=qa_dir,
-                     progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
-    conditions = (f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
-                  "piece counts reset per task and length, so setup and verification are included.")  # fmt: skip
+    rows = bench.run(
+        parse_tasks(tasks),
+        parse_lengths(lengths),
+        samples,
+        tok,
+        qa_dir=qa_dir,
+        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+    )
+    conditions = (
+        f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
+        "piece counts reset per task and length, so setup and verification are included."
+    )
     _publish(bench.to_markdown(rows), out, "RULER data generation speed", conditions, console)
 
 
 @bench_app.command("eval")
 def bench_eval(
     ckpt: str = typer.Option(..., "--ckpt", help="The checkpoint directory every engine evaluates."),
-    engines: str = typer.Option("hf,hf-padded", "--engines", help="Engine variants in order: hf, hf-1thread, hf-padded, "
-                                "vllm, vllm-no-prefix-cache, lm-eval (its own RULER port and samples); the first is "
-                                "the baseline of the ratios."),
+    engines: str = typer.Option(
+        "hf,hf-padded",
+        "--engines",
+        help="Engine variants in order: hf, hf-1thread, hf-padded, "
+        "vllm, vllm-no-prefix-cache, lm-eval (its own RULER port and samples); the first is "
+        "the baseline of the ratios.",
+    ),
     lengths: str = typer.Option("4k", "--lengths", help="Lengths, comma-separated."),
     tasks: str = typer.Option("niah_single_1,niah_multikey_2", "--tasks", help="RULER tasks, comma-separated, or all."),
     samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
@@ -239,8 +275,16 @@ def bench_eval(
     variants = bench.parse_engines(engines)
     chosen_tasks, chosen_lengths = parse_tasks(tasks), parse_lengths(lengths)
     console = Console(stderr=True)
-    rows = bench.run(ckpt, variants, chosen_tasks, chosen_lengths, samples, batch_size=batch_size, dtype=dtype,
-                     progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+    rows = bench.run(
+        ckpt,
+        variants,
+        chosen_tasks,
+        chosen_lengths,
+        samples,
+        batch_size=batch_size,
+        dtype=dtype,
+        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+    )
     conditions = (
         f"checkpoint {Path(ckpt).resolve()}; {samples} RULER samples per task and length (seed 42, cached, "
         f"untimed), one generate call per task and length, batch size {batch_size}, dtype {dtype or 'engine default'}; "
@@ -272,8 +316,14 @@ def bench_train(
     from rich.console import Console
 
     console = Console(stderr=True)
-    rows = bench.run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps,
-                     progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+    rows = bench.run(
+        parse_lengths(seq),
+        chosen,
+        recipe=config,
+        sets=sets,
+        steps=steps,
+        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+    )
     conditions = (
         f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
         f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
@@ -289,8 +339,9 @@ def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
     console = Console(stderr=True)
     out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name
     given = {key: value for key, value in options.items() if value is not None}
-    result = run_probe(kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-                       command=command_line(), **given)
+    result = run_probe(
+        kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"), command=command_line(), **given
+    )
     typer.echo(Path(result["files"]["markdown"]).read_text())
     console.print("wrote " + ", ".join(result["files"].values()))
 
@@ -310,60 +361,133 @@ def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
     """shift and tokens take the same options: one T, several Δ1."""
 
     def command(
-        ckpt: str = _CKPT, texts: str = _TEXTS,
+        ckpt: str = _CKPT,
+        texts: str = _TEXTS,
         seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
-        n: int = _N, delta2: int = _DELTA2,
+        n: int = _N,
+        delta2: int = _DELTA2,
         delta1: str = typer.Option(None, "--delta1", help=delta1_help),
-        dtypes: str = _DTYPES, rope: str = _ROPE,
-        random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
-        seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
-    ) -> None:  # fmt: skip
-        _probe(kind, ckpt, out, dict(texts=texts, seq_len=seq, n_texts=n, delta2=delta2, delta1=delta1, dtypes=dtypes,
-                                     rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+        dtypes: str = _DTYPES,
+        rope: str = _ROPE,
+        random_init: bool = typer.Option(
+            False, "--random-init", help="Add the same architecture freshly initialised, in BF16."
+        ),
+        seed: int = _SEED,
+        device: str = _DEVICE,
+        out: Path = _OUT,
+    ) -> None:
+        _probe(
+            kind,
+            ckpt,
+            out,
+            dict(
+                texts=texts,
+                seq_len=seq,
+                n_texts=n,
+                delta2=delta2,
+                delta1=delta1,
+                dtypes=dtypes,
+                rope=rope,
+                random_init=random_init,
+                seed=seed,
+                device=device,
+            ),
+        )
 
     command.__doc__ = summary
     probe_app.command(kind)(command)
 
 
-_probe_over_texts("shift", "D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left).",
-                  "Shifts Δ1, comma-separated (default the paper's list).")
-_probe_over_texts("tokens", "The difference per key column and the first token's share of it (Fig. 1 middle).",
-                  "Shifts Δ1 (default 0).")
+_probe_over_texts(
+    "shift",
+    "D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left).",
+    "Shifts Δ1, comma-separated (default the paper's list).",
+)
+_probe_over_texts(
+    "tokens",
+    "The difference per key column and the first token's share of it (Fig. 1 middle).",
+    "Shifts Δ1 (default 0).",
+)
 
 
 @probe_app.command("length")
 def probe_length(
-    ckpt: str = _CKPT, texts: str = _TEXTS,
-    lengths: str = typer.Option(None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."),
-    n: int = _N, delta2: int = _DELTA2,
+    ckpt: str = _CKPT,
+    texts: str = _TEXTS,
+    lengths: str = typer.Option(
+        None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."
+    ),
+    n: int = _N,
+    delta2: int = _DELTA2,
     delta1: str = typer.Option(None, "--delta1", help="Shift Δ1 (default 0)."),
-    dtypes: str = _DTYPES, rope: str = _ROPE,
-    random_init: bool = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16."),
-    seed: int = _SEED, device: str = _DEVICE, out: Path = _OUT,
-) -> None:  # fmt: skip
+    dtypes: str = _DTYPES,
+    rope: str = _ROPE,
+    random_init: bool = typer.Option(
+        False, "--random-init", help="Add the same architecture freshly initialised, in BF16."
+    ),
+    seed: int = _SEED,
+    device: str = _DEVICE,
+    out: Path = _OUT,
+) -> None:
     """D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right)."""
-    _probe("length", ckpt, out, dict(texts=texts, lengths=lengths, n_texts=n, delta2=delta2, delta1=delta1,
-                                     dtypes=dtypes, rope=rope, random_init=random_init, seed=seed, device=device))  # fmt: skip
+    _probe(
+        "length",
+        ckpt,
+        out,
+        dict(
+            texts=texts,
+            lengths=lengths,
+            n_texts=n,
+            delta2=delta2,
+            delta1=delta1,
+            dtypes=dtypes,
+            rope=rope,
+            random_init=random_init,
+            seed=seed,
+            device=device,
+        ),
+    )
 
 
 @app.command("ruler")
 def ruler_command(
-    paths: list[str] = typer.Argument(None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False),
-    ckpts: list[str] = typer.Option(None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."),
-    avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std of the per-length task average)."),
+    paths: list[str] = typer.Argument(
+        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
+    ),
+    ckpts: list[str] = typer.Option(
+        None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."
+    ),
+    avg: bool = typer.Option(
+        False, "--avg", help="Also average each run over its checkpoints (mean ± std of the per-length task average)."
+    ),
     last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
     lengths: str = typer.Option("4k", "--lengths", help="Context lengths, comma-separated (4k = 4096)."),
     tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
     samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
     seed: int = typer.Option(42, "--seed", help="Data seed (RULER's default 42)."),
-    essays: str = typer.Option(None, "--essays", help="Essay haystack: a text or JSON file of essays (default: built-in prose)."),
-    qa_dir: str = typer.Option(None, "--qa-dir", help="Directory with SQuAD v2 dev and HotpotQA dev-distractor JSON (qa_1, qa_2)."),
+    essays: str = typer.Option(
+        None, "--essays", help="Essay haystack: a text or JSON file of essays (default: built-in prose)."
+    ),
+    qa_dir: str = typer.Option(
+        None, "--qa-dir", help="Directory with SQuAD v2 dev and HotpotQA dev-distractor JSON (qa_1, qa_2)."
+    ),
     engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
     dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
-    max_length: int = typer.Option(None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."),
-    sizing: str = typer.Option("exact", "--sizing", help="exact: every sample as long as fits; nvidia: NVIDIA's one size per task and length, stepped down per sample on overflow."),
-    prompt_format: str = typer.Option("base", "--prompt-format", help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models)."),
+    max_length: int = typer.Option(
+        None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."
+    ),
+    sizing: str = typer.Option(
+        "exact",
+        "--sizing",
+        help="exact: every sample as long as fits; nvidia: NVIDIA's one size per task and length, "
+        "stepped down per sample on overflow.",
+    ),
+    prompt_format: str = typer.Option(
+        "base",
+        "--prompt-format",
+        help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models).",
+    ),
     out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
@@ -373,9 +497,20 @@ def ruler_command(
     from evalkit.ruler.runner import RulerSettings, check_checkpoint, parse_tasks
 
     console = Console(stderr=True)
-    settings = RulerSettings(tasks=parse_tasks(tasks), lengths=parse_lengths(lengths), num_samples=samples, seed=seed,
-                             essays=essays, qa_dir=qa_dir, engine=engine, dtype=dtype, batch_size=batch_size,
-                             max_length=max_length, sizing=sizing, prompt_format=prompt_format)  # fmt: skip
+    settings = RulerSettings(
+        tasks=parse_tasks(tasks),
+        lengths=parse_lengths(lengths),
+        num_samples=samples,
+        seed=seed,
+        essays=essays,
+        qa_dir=qa_dir,
+        engine=engine,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+        sizing=sizing,
+        prompt_format=prompt_format,
+    )
     check_output_dir(out)
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     for ref in refs:  # a refused checkpoint leaves no trace in --out (run_ruler checks again, cheaply)
@@ -390,8 +525,9 @@ def _run_with_progress(console, refs, settings, out: Path) -> list[dict]:
 
     from evalkit.ruler.runner import run_ruler
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
         tasks: dict = {}
 
         def on_checkpoint(ref) -> None:
@@ -414,32 +550,48 @@ def _report_ruler(console, summaries: list[dict], out: Path, avg: bool) -> None:
     rows = [row for summary in summaries for row in summary["rows"]]
     for summary in summaries:
         for skip in summary["skipped"]:
-            console.print(f"skipped {skip['task']} @ {skip['length']} ({summary['run']} step {summary['step']}): {skip['reason']}")
+            console.print(
+                f"skipped {skip['task']} @ {skip['length']} ({summary['run']} step {summary['step']}): {skip['reason']}"
+            )
     if not rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(rows))
     if avg:
         table = average_table(rows)
         typer.echo("\n" + table)
-        atomic_write_text(out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{table}\n")
+        atomic_write_text(
+            out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{table}\n"
+        )
         console.print(f"wrote {out / 'ruler-avg.md'}")
     console.print(f"results in {out}")
 
 
 @app.command("general")
 def general_command(
-    paths: list[str] = typer.Argument(None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False),
-    ckpts: list[str] = typer.Option(None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."),
-    tasks: str = typer.Option(..., "--tasks", help="lm-eval tasks, groups or tags, comma-separated (mmlu,hellaswag,...)."),
-    num_fewshot: int = typer.Option(None, "--num-fewshot", help="Shots for every task (default: mmlu 5, hellaswag 0, others lm-eval's)."),
+    paths: list[str] = typer.Argument(
+        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
+    ),
+    ckpts: list[str] = typer.Option(
+        None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."
+    ),
+    tasks: str = typer.Option(
+        ..., "--tasks", help="lm-eval tasks, groups or tags, comma-separated (mmlu,hellaswag,...)."
+    ),
+    num_fewshot: int = typer.Option(
+        None, "--num-fewshot", help="Shots for every task (default: mmlu 5, hellaswag 0, others lm-eval's)."
+    ),
     limit: float = typer.Option(None, "--limit", help="First N documents per task (for testing; below 1: a fraction)."),
     engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
     dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Requests per batch."),
-    max_length: int = typer.Option(None, "--max-length", help="Allow requests beyond the model's max_position_embeddings."),
+    max_length: int = typer.Option(
+        None, "--max-length", help="Allow requests beyond the model's max_position_embeddings."
+    ),
     last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
     avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std)."),
-    include_path: list[str] = typer.Option(None, "--include-path", help="More folders of lm-eval task YAMLs (evalkit/tasks/ is always included)."),
+    include_path: list[str] = typer.Option(
+        None, "--include-path", help="More folders of lm-eval task YAMLs (evalkit/tasks/ is always included)."
+    ),
     out: Path = typer.Option(Path("results/general"), "--out", help="Results directory."),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
@@ -452,12 +604,21 @@ def general_command(
     settings = {"batch_size": batch_size, "max_length": max_length, **({"dtype": dtype} if dtype else {})}
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = run_general(
-        refs, parse_tasks(tasks), out=out, num_fewshot=num_fewshot, limit=limit, engine=engine,
-        engine_settings=settings, include_path=include_path, avg=avg,
-        progress=lambda task, done, total: console.print(f"[dim]  {task}: {done}/{total}[/dim]") if done == total else None,
+        refs,
+        parse_tasks(tasks),
+        out=out,
+        num_fewshot=num_fewshot,
+        limit=limit,
+        engine=engine,
+        engine_settings=settings,
+        include_path=include_path,
+        avg=avg,
+        progress=lambda task, done, total: (
+            console.print(f"[dim]  {task}: {done}/{total}[/dim]") if done == total else None
+        ),
         on_checkpoint=lambda ref: console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})"),
         log=console.print,
-    )  # fmt: skip
+    )
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(run.rows))
@@ -468,7 +629,9 @@ def general_command(
 
 @app.command("leaderboard")
 def leaderboard_command(
-    dirs: list[Path] = typer.Argument(None, help="Results directories (default: results/ruler and results/general).", show_default=False),
+    dirs: list[Path] = typer.Argument(
+        None, help="Results directories (default: results/ruler and results/general).", show_default=False
+    ),
     out: Path = typer.Option(Path("results/leaderboard.md"), "--out", help="The markdown file to write."),
     plots: Path = typer.Option(None, "--plots", help="Directory for the PNG/SVG plots (default: plots/ beside --out)."),
 ) -> None:
@@ -493,9 +656,15 @@ def quickstart_command(
     out: Path = typer.Option(Path("results/quickstart"), "--out", help="Where results, leaderboard and plots go."),
     runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
     recipe: str = typer.Option(QUICK_RECIPE, "--recipe", help="The recipe trained under each paradigm."),
-    paradigms: str = typer.Option(",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."),
-    max_steps: int = typer.Option(QUICK_STEPS, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."),
-    shipped: bool = typer.Option(True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (evalkit/checkpoints/<recipe>/)."),
+    paradigms: str = typer.Option(
+        ",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."
+    ),
+    max_steps: int = typer.Option(
+        QUICK_STEPS, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."
+    ),
+    shipped: bool = typer.Option(
+        True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (evalkit/checkpoints/<recipe>/)."
+    ),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
     samples: int = typer.Option(10, "--samples", help="RULER samples per task and length."),
     lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
@@ -512,9 +681,19 @@ def quickstart_command(
         raise UserError(str(err)) from None
     if max_steps < 0:
         raise UserError(f"--max-steps must be at least 1 (or 0: the recipe's own steps), got {max_steps}")
-    plan = QuickstartPlan(recipe=recipe, paradigms=chosen, max_steps=max_steps or None, shipped=shipped, sets=list(sets or []), last=last, samples=samples,
-                          lengths=parse_lengths(lengths) if lengths is not None else None, general_limit=general_limit,
-                          runs_dir=runs, out=out)  # fmt: skip
+    plan = QuickstartPlan(
+        recipe=recipe,
+        paradigms=chosen,
+        max_steps=max_steps or None,
+        shipped=shipped,
+        sets=list(sets or []),
+        last=last,
+        samples=samples,
+        lengths=parse_lengths(lengths) if lengths is not None else None,
+        general_limit=general_limit,
+        runs_dir=runs,
+        out=out,
+    )
     run_quickstart(plan)
 
 
@@ -538,8 +717,11 @@ def main() -> None:
         if full is None:
             raise
         where = f" writing {full.filename}" if getattr(full, "filename", None) else ""
-        typer.echo(f"error: no space left on the device{where}: free some space (or choose another --out) and "
-                   "rerun the same command; what finished before is kept and resumes", err=True)  # fmt: skip
+        typer.echo(
+            f"error: no space left on the device{where}: free some space (or choose another --out) and "
+            "rerun the same command; what finished before is kept and resumes",
+            err=True,
+        )
         sys.exit(2)
 
 

@@ -65,8 +65,7 @@ def _load_dequantized(path: Path):
     folder, name = str(path.parent), path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                     local_files_only=True)  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
     except Exception as err:  # the GGUF parser raises many kinds (struct, numpy, ValueError) on bad files
         raise UserError(f"cannot import {path}: {_first_line(err)}") from None
     return model, tokenizer
@@ -154,14 +153,19 @@ def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite:
         meta = {
             "model": source.stem,
             "source": {
-                "kind": IMPORT_KIND, "file": source.name, "path": str(source.resolve()),
-                "sha256": file_sha256(source), "bytes": source.stat().st_size, "gguf_version": version,
-                "file_type": file_type, "dequantized": True,
+                "kind": IMPORT_KIND,
+                "file": source.name,
+                "path": str(source.resolve()),
+                "sha256": file_sha256(source),
+                "bytes": source.stat().st_size,
+                "gguf_version": version,
+                "file_type": file_type,
+                "dequantized": True,
             },
             "dtype": dtype,
             "parameters": sum(v.numel() for v in weights.values()),
             "evalkit_version": __version__,
-        }  # fmt: skip
+        }
         atomic_write_json(tmp / META, meta)  # last: its presence marks the import complete
         move_into_place(tmp, destination)
     finally:

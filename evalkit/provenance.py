@@ -19,10 +19,18 @@ def git_hash() -> str:
     """The evalkit checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
     root = Path(evalkit.__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -72,4 +80,8 @@ def provenance_lines(info: dict[str, object] | None = None) -> list[str]:
     """Markdown lines naming the machine and the evalkit commit behind a report."""
     info = info or stamp()
     machine_line = ", ".join(f"{k} {v}" for k, v in info["machine"].items())
-    return [f"Machine: {machine_line}", "", f"evalkit {info['evalkit_version']} ({info['git_hash']}), {info['created']}"]
+    return [
+        f"Machine: {machine_line}",
+        "",
+        f"evalkit {info['evalkit_version']} ({info['git_hash']}), {info['created']}",
+    ]

@@ -28,9 +28,18 @@ QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in abou
 QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
 FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
 BUILTIN_RULER_TASKS = (
-    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
-    "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe",
-)  # fmt: skip
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+)
 
 
 @dataclass
@@ -85,7 +94,9 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
         if done and done[-1] >= config.max_steps:
             console.print(f"{paradigm}: finished earlier ({config.run_dir()}, step {done[-1]}), reused")
         else:
-            console.print(f"{paradigm}: training {config.max_steps} steps of {config.windows_per_step} x {config.seq_len} tokens")
+            console.print(
+                f"{paradigm}: training {config.max_steps} steps of {config.windows_per_step} x {config.seq_len} tokens"
+            )
             train(config, resume=True)
         runs.append(config.run_dir())
     return runs
@@ -115,7 +126,9 @@ def shipped_runs(recipe: str) -> list[Path]:
     folder = path.resolve().parent.parent / "checkpoints" / path.stem
     if not folder.is_dir():
         return []
-    return sorted(run for run in folder.iterdir() if run.is_dir() and any(STEP_DIR.match(p.name) for p in run.iterdir()))
+    return sorted(
+        run for run in folder.iterdir() if run.is_dir() and any(STEP_DIR.match(p.name) for p in run.iterdir())
+    )
 
 
 def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path:
@@ -143,7 +156,9 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
 
     shipped = shipped_runs(plan.recipe) if plan.shipped else []
     if shipped:
-        console.print(f"also evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
+        console.print(
+            f"also evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})"
+        )
     refs = resolve_checkpoints([str(run) for run in runs + shipped], last=plan.last)
     t = _stage(console, 2, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
     _ruler(refs, lengths, plan, console)
@@ -171,8 +186,13 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
             console.print(f"[dim]  {task} @ {length}: {total} samples[/dim]")
         last_shown[(task, length)] = done
 
-    summaries = run_ruler(refs, settings, plan.out / "ruler", progress=progress,
-                          on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"))  # fmt: skip
+    summaries = run_ruler(
+        refs,
+        settings,
+        plan.out / "ruler",
+        progress=progress,
+        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
+    )
     for skip in {(s["task"], s["length"], s["reason"]) for summary in summaries for s in summary["skipped"]}:
         console.print(f"[yellow]skipped[/yellow] {skip[0]} @ {skip[1]}: {skip[2]}")
 
@@ -180,8 +200,14 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
 def _general(refs, plan: QuickstartPlan, console: Console) -> None:
     from evalkit.general import run_general
 
-    run = run_general(refs, list(FIXTURE_TASKS), out=plan.out / "general", limit=plan.general_limit,
-                      on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"), log=console.print)  # fmt: skip
+    run = run_general(
+        refs,
+        list(FIXTURE_TASKS),
+        out=plan.out / "general",
+        limit=plan.general_limit,
+        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
+        log=console.print,
+    )
     if not run.rows:
         raise UserError("the general-task fixtures produced no score; see the messages above")
 

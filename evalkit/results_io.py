@@ -63,8 +63,10 @@ def check_replaceable(destination: Path, is_ours: Callable[[Path], bool], what: 
     if not destination.exists() or not any(destination.iterdir()):
         return
     if not is_ours(destination):
-        raise UserError(f"{destination} exists and is not {what}; evalkit replaces only its own outputs: "
-                        "give a new or empty directory")  # fmt: skip
+        raise UserError(
+            f"{destination} exists and is not {what}; evalkit replaces only its own outputs: "
+            "give a new or empty directory"
+        )
     if not overwrite:
         raise UserError(f"{destination} already holds {what}; pass --overwrite to replace it")
 
@@ -96,8 +98,9 @@ def _check_creatable(target: Path, directory: Path, option: str) -> None:
     if _kind(existing, target, option) == "file":
         raise UserError(f"{option} {target} lies under {existing}, which is a file: choose another {option}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{option} {target}: {existing} is not writable (permission denied); "
-                        f"choose a writable {option}")  # fmt: skip
+        raise UserError(
+            f"{option} {target}: {existing} is not writable (permission denied); choose a writable {option}"
+        )
 
 
 def _kind(path: Path, target: Path, option: str) -> str | None:

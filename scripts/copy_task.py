@@ -38,7 +38,9 @@ from evalkit.train.model import _scratch_config, build_model, load_tokenizer
 FIRST_ID = 64  # past the special and domain-tag tokens of the built-in tokenizer
 
 
-def copy_window(rng: random.Random, seq_len: int, alphabet: int, offsets: str, bos: int) -> tuple[list[int], list[bool]]:
+def copy_window(
+    rng: random.Random, seq_len: int, alphabet: int, offsets: str, bos: int
+) -> tuple[list[int], list[bool]]:
     """One window of repeated random segments; the mask marks the tokens predictable by copying.
 
     The first token of each repeat is copyable too: its source position is known (right after a
@@ -63,8 +65,12 @@ def batch(rng: random.Random, size: int, args) -> tuple[torch.Tensor, torch.Tens
 
 
 def build(args):
-    sets = [f"model.hidden_size={args.hidden}", f"model.num_layers={args.layers}",
-            f"model.intermediate_size={4 * args.hidden}", f"data.vocab_size={args.vocab}"]  # fmt: skip
+    sets = [
+        f"model.hidden_size={args.hidden}",
+        f"model.num_layers={args.layers}",
+        f"model.intermediate_size={4 * args.hidden}",
+        f"data.vocab_size={args.vocab}",
+    ]
     config = load_config(args.recipe, {"seq_len": args.seq, "seed": args.seed}, sets)
     tokenizer = load_tokenizer(config)
     if args.attention == "sdpa":
@@ -108,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     args = parser.parse_args(argv)
     if args.alphabet + FIRST_ID > args.vocab:
-        parser.error(f"--alphabet {args.alphabet} does not fit a vocabulary of {args.vocab} (at most {args.vocab - FIRST_ID})")
+        parser.error(
+            f"--alphabet {args.alphabet} does not fit a vocabulary of {args.vocab} (at most {args.vocab - FIRST_ID})"
+        )
 
     model, tokenizer = build(args)
     args.bos = tokenizer.bos_token_id
@@ -131,19 +139,25 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         if step % args.eval_every == 0 or step == args.steps:
             copy_loss, accuracy = evaluate(loss_module, *held_out)
-            line = f"| {step} | {step * args.batch * args.seq / 1e6:.2f}M | {copy_loss:.3f} | {accuracy:.3f} | {time.perf_counter() - started:.0f} |"
+            line = (
+                f"| {step} | {step * args.batch * args.seq / 1e6:.2f}M | {copy_loss:.3f} | {accuracy:.3f} | "
+                f"{time.perf_counter() - started:.0f} |"
+            )
             lines.append(line)
             print(line, flush=True)
     report = [
         f"# Copy task: {args.offsets} offsets, {args.attention} attention",
         "",
         (
-            f"Model: {args.layers} layers, width {args.hidden}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
-            f"parameters, vocabulary {args.vocab}; {args.batch} windows of {args.seq} tokens per step, lr {args.lr}. Random "
-            f"segments over {args.alphabet} tokens: chance is loss {math.log(args.alphabet):.3f}, accuracy {1 / args.alphabet:.4f}."
+            f"Model: {args.layers} layers, width {args.hidden}, "
+            f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocabulary {args.vocab}; "
+            f"{args.batch} windows of {args.seq} tokens per step, lr {args.lr}. Random segments over "
+            f"{args.alphabet} tokens: chance is loss {math.log(args.alphabet):.3f}, accuracy {1 / args.alphabet:.4f}."
         ),
         "",
-        "Command: `python " + " ".join(["scripts/copy_task.py", *sys.argv[1:]]) + f"` (took {time.perf_counter() - started:.0f} s)",
+        "Command: `python "
+        + " ".join(["scripts/copy_task.py", *sys.argv[1:]])
+        + f"` (took {time.perf_counter() - started:.0f} s)",
         "",
         *lines,
         "",

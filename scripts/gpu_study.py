@@ -36,11 +36,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalkit.provenance import provenance_lines
-from evalkit.results_io import atomic_write_text
-from evalkit.train import checkpoint as ckpt
-from evalkit.train import load_config
-from evalkit.train.retrieval_check import check_checkpoint, retrieval_kind
+from evalkit.provenance import provenance_lines  # noqa: E402 - needs ROOT on sys.path
+from evalkit.results_io import atomic_write_text  # noqa: E402 - needs ROOT on sys.path
+from evalkit.train import checkpoint as ckpt  # noqa: E402 - needs ROOT on sys.path
+from evalkit.train import load_config  # noqa: E402 - needs ROOT on sys.path
+from evalkit.train.retrieval_check import check_checkpoint, retrieval_kind  # noqa: E402 - needs ROOT on sys.path
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -68,8 +68,11 @@ def choose_attention(args: argparse.Namespace, runs_dir: Path) -> str:
         train(config, show_progress=False)
         return config.model.attention
     except Exception as err:  # noqa: BLE001 -- any failure of the untried path: the study still runs, on the other one
-        print(f"FlexAttention failed the smoke test ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-              "training with model.attention=blocked", flush=True)
+        print(
+            f"FlexAttention failed the smoke test ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+            "training with model.attention=blocked",
+            flush=True,
+        )
         args.set.append("model.attention=blocked")
         return "blocked (flex failed its smoke test)"
 
@@ -106,8 +109,12 @@ def last_metrics(run_dir: Path) -> dict:
     if not lines:
         return {}
     tail = lines[-20:]
-    return {"step": lines[-1]["step"], "loss": sum(r["loss"] for r in tail) / len(tail),
-            "tokens_per_s": sum(r["tokens_per_s"] for r in tail) / len(tail), "tokens_seen": lines[-1]["tokens_seen"]}  # fmt: skip
+    return {
+        "step": lines[-1]["step"],
+        "loss": sum(r["loss"] for r in tail) / len(tail),
+        "tokens_per_s": sum(r["tokens_per_s"] for r in tail) / len(tail),
+        "tokens_seen": lines[-1]["tokens_seen"],
+    }
 
 
 def export_archive(run_dir: Path, checkpoints: list[tuple[int, Path]], export_dir: Path, out: Path) -> int:
@@ -115,8 +122,9 @@ def export_archive(run_dir: Path, checkpoints: list[tuple[int, Path]], export_di
     import tarfile
 
     # export_dir is the study's own scratch: a rerun replaces the exports of the run before.
-    exported = [ckpt.export_checkpoint(path, export_dir / run_dir.name / path.name, overwrite=True)
-                for _, path in checkpoints]  # fmt: skip
+    exported = [
+        ckpt.export_checkpoint(path, export_dir / run_dir.name / path.name, overwrite=True) for _, path in checkpoints
+    ]
     archive = out / f"{run_dir.name}.tar"
     partial = archive.with_name(archive.name + ".partial")
     with tarfile.open(partial, "w") as tar:
@@ -174,9 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         f"# {args.recipe} under {', '.join(args.paradigms)}",
         "",
         f"Command: `python {' '.join(['scripts/gpu_study.py', *(argv if argv is not None else sys.argv[1:])])}`",
-        f"Training stage: {trained_s:.0f} s (limit {args.minutes:g} min), runs at once on one device; attention {attention}.",
+        f"Training stage: {trained_s:.0f} s (limit {args.minutes:g} min), runs at once on one device; "
+        f"attention {attention}.",
         "",
-        "| paradigm | training | last step | tokens | loss (last 20 steps) | tokens/s | answer acc | control acc | answer NLL | copy acc | copy control | exported steps |",
+        "| paradigm | training | last step | tokens | loss (last 20 steps) | tokens/s | answer acc | control acc | "
+        "answer NLL | copy acc | copy control | exported steps |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for paradigm, state, metrics, check, exported in rows:
@@ -186,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{check.get('answer_accuracy', float('nan')):.3f} | {check.get('fact_accuracy', float('nan')):.3f} | "
             f"{check.get('answer_nll', float('nan')):.3f} | {check.get('copy_answer_accuracy', float('nan')):.3f} | "
             f"{check.get('copy_fact_accuracy', float('nan')):.3f} | {', '.join(map(str, exported)) or '-'} |"
-        )  # fmt: skip
+        )
     archives = sum(1 for row in rows if row[4])
-    exported_line = f"Exported: {total_bytes / 2**20:.1f} MiB of bf16 checkpoints in {archives} archives (`tar -xf RUN.tar -C checkpoints/`)."
+    exported_line = (
+        f"Exported: {total_bytes / 2**20:.1f} MiB of bf16 checkpoints in {archives} archives "
+        "(`tar -xf RUN.tar -C checkpoints/`)."
+    )
     lines += ["", exported_line, "", *provenance_lines()]
     atomic_write_text(args.out / "README.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

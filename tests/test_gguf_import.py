@@ -13,8 +13,9 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pi
 
 
 def evalkit_import(*args):
-    return subprocess.run([sys.executable, "-m", "evalkit.cli", "import", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "evalkit.cli", "import", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def assert_one_line_error(result, *fragments):

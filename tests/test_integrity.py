@@ -18,7 +18,14 @@ from evalkit.ruler import cache as cache_module
 from evalkit.ruler import cache_path, dumps_jsonl, generate, load_or_generate, loads_jsonl
 
 TASK, LENGTH, N = "niah_single_1", 1024, 3
-SHIPPED = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
+SHIPPED = (
+    Path(__file__).resolve().parents[1]
+    / "evalkit"
+    / "checkpoints"
+    / "tiny-long"
+    / "tiny-long-anchor-shipped"
+    / "step-600"
+)
 
 
 @pytest.fixture
@@ -45,7 +52,9 @@ def with_changed_answer(line: str) -> str:
 # ---------------------------------------------------------------------- the RULER cache
 
 
-def test_an_edited_cache_entry_is_regenerated_and_warned_about_once(tokenizer, tmp_path, capsys, fresh_warnings, monkeypatch):
+def test_an_edited_cache_entry_is_regenerated_and_warned_about_once(
+    tokenizer, tmp_path, capsys, fresh_warnings, monkeypatch
+):
     expected = generate(TASK, tokenizer, LENGTH, N)  # straight from the generator, no cache
     load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
     path = cache_path(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
@@ -79,14 +88,18 @@ def test_only_content_counts_not_key_order_or_spacing(tokenizer, tmp_path, monke
     expected = load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
     path = cache_path(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
     header = path.read_text().splitlines()[0]
-    reordered = [json.dumps(dict(reversed(list(json.loads(line).items()))), indent=None, separators=(", ", ": "))
-                 for line in sample_lines(path)]  # fmt: skip
+    reordered = [
+        json.dumps(dict(reversed(list(json.loads(line).items()))), indent=None, separators=(", ", ": "))
+        for line in sample_lines(path)
+    ]
     path.write_text("\n".join([header, *reordered]) + "\n")
     monkeypatch.setattr("evalkit.ruler.generation.generate", no_generation)
     assert load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path) == expected
 
 
-def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(tokenizer, tmp_path, capsys, fresh_warnings):
+def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(
+    tokenizer, tmp_path, capsys, fresh_warnings
+):
     expected = {task: generate(task, tokenizer, LENGTH, N) for task in (TASK, "niah_single_2")}
     for task, samples in expected.items():  # the old format: sample lines only, and one answer edited
         edited = [dataclasses.replace(samples[0], outputs=["1234567"]), *samples[1:]]
@@ -108,7 +121,14 @@ def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(toke
 
 RECORDS = [
     {"index": 0, "length": 1000, "prediction": "7 1 2", "references": ["712"], "score": 0.0, "prompt_sha": "aa"},
-    {"index": 1, "length": 1001, "prediction": "5550123", "references": ["5550123"], "score": 100.0, "prompt_sha": "bb"},
+    {
+        "index": 1,
+        "length": 1001,
+        "prediction": "5550123",
+        "references": ["5550123"],
+        "score": 100.0,
+        "prompt_sha": "bb",
+    },
     {"index": 2, "length": 1002, "prediction": "é", "references": ["x"], "score": 0.0, "prompt_sha": "cc"},
 ]
 
@@ -217,13 +237,22 @@ SETTINGS = {"tasks": ["niah_single_1", "vt", "fwe"], "num_samples": 10, "seed": 
 def ruler_summary(run: str, step: int, scores: dict, version: str = "0.1.0", git: str = "abc") -> dict:
     """scores: {(task, length): score}."""
     return {
-        "benchmark": "ruler", "run": run, "step": step, "checkpoint": f"/x/{run}/step-{step}",
-        "rows": [{"run": run, "step": step, "task": t, "length": n, "score": s, "n": 10} for (t, n), s in scores.items()],
+        "benchmark": "ruler",
+        "run": run,
+        "step": step,
+        "checkpoint": f"/x/{run}/step-{step}",
+        "rows": [
+            {"run": run, "step": step, "task": t, "length": n, "score": s, "n": 10} for (t, n), s in scores.items()
+        ],
         "skipped": [],
-        "provenance": {"settings": SETTINGS, "evalkit_version": version, "git_hash": git,
-                       "engine": {"engine": "hf", "dtype": "fp32", "batch_size": 8, "tokenizer_fingerprint": "tok"},
-                       "checkpoint_meta": {"paradigm": "anchor"}},
-    }  # fmt: skip
+        "provenance": {
+            "settings": SETTINGS,
+            "evalkit_version": version,
+            "git_hash": git,
+            "engine": {"engine": "hf", "dtype": "fp32", "batch_size": 8, "tokenizer_fingerprint": "tok"},
+            "checkpoint_meta": {"paradigm": "anchor"},
+        },
+    }
 
 
 def write_summary(root: Path, summary: dict) -> Path:
@@ -245,7 +274,7 @@ def test_one_checkpoint_in_two_directories_from_two_versions_is_refused(tmp_path
     out = tmp_path / "board.md"
     result = leaderboard(tmp_path / "old", tmp_path / "new", "--out", out)
     assert result.returncode == 2 and not out.exists()
-    line, = result.stderr.strip().splitlines()
+    (line,) = result.stderr.strip().splitlines()
     assert "tiny step 10" in line and str(a) in line and str(b) in line
     assert "0.1.0 (abc)" in line and "0.2.0 (def)" in line and "pass only one" in line
 
@@ -269,10 +298,13 @@ def test_the_same_file_reached_twice_is_read_once(tmp_path):
     assert (tmp_path / "twice.md").read_text() == (tmp_path / "once.md").read_text()
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda rows: rows + [dict(rows[0], score=100.0)], "holds niah_single_1 1024 twice"),
-    (lambda rows: rows + [dict(rows[0], run="other")], "holds rows of another checkpoint than tiny step 10"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda rows: rows + [dict(rows[0], score=100.0)], "holds niah_single_1 1024 twice"),
+        (lambda rows: rows + [dict(rows[0], run="other")], "holds rows of another checkpoint than tiny step 10"),
+    ],
+)
 def test_a_summary_that_scores_a_cell_twice_is_refused(tmp_path, damage, message):
     summary = ruler_summary("tiny", 10, {("niah_single_1", 1024): 0.0, ("vt", 1024): 20.0})
     summary["rows"] = damage(summary["rows"])
@@ -300,7 +332,7 @@ def test_main_and_per_task_tables_agree(tmp_path):
     out = tmp_path / "board.md"
     assert leaderboard(tmp_path / "r", "--out", out).returncode == 0
     text = out.read_text()
-    main, = table(text, "## RULER (")
+    (main,) = table(text, "## RULER (")
     assert main[5:8] == ["**35.00 ± 25.00**", "**1.50 ± 0.50**", "**18.25**"]
     per_task = {row[1]: row[2:] for row in table(text, "## RULER per task")}
     assert per_task == {"fwe": ["45.00", "1.50"], "niah_single_1": ["20.00", "0.00"], "vt": ["40.00", "3.00"]}

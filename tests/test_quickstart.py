@@ -11,8 +11,9 @@ from tests.train.helpers import MICRO
 
 def quickstart(tmp_path, recipe="tiny-cpu"):
     sets = [arg for s in [*MICRO, "model.max_position_embeddings=512"] for arg in ("--set", s)]
-    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--recipe", recipe, "--out", str(tmp_path / "results"), "--runs",
-           str(tmp_path / "runs"), "--max-steps", "4", "--samples", "2", "--lengths", "256", "--general-limit", "3", *sets]  # fmt: skip
+    cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--recipe", recipe, "--out", str(tmp_path / "results"),
+           "--runs", str(tmp_path / "runs"), "--max-steps", "4", "--samples", "2", "--lengths", "256",
+           "--general-limit", "3", *sets]  # fmt: skip
     started = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     return result, time.perf_counter() - started
@@ -34,7 +35,10 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
 
     second, _ = quickstart(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "finished earlier" in second.stderr and "training" not in second.stderr.split("2. RULER")[0].split("1. train")[1]
+    assert (
+        "finished earlier" in second.stderr
+        and "training" not in second.stderr.split("2. RULER")[0].split("1. train")[1]
+    )
     assert (tmp_path / "results" / "leaderboard.md").read_text() == board
 
     # A recipe at project/configs/NAME.yaml finds runs shipped at project/checkpoints/NAME/ and
@@ -57,6 +61,7 @@ def test_a_shortened_run_still_ends_with_the_checkpoints_to_average():
 
     recipe = load_config("tiny-long").checkpoint
     assert (recipe.final_count, recipe.final_spacing) == (2, 50)
-    assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=30)) == {"checkpoint.final_spacing": 7}  # steps 23, 30
+    # steps 23, 30
+    assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=30)) == {"checkpoint.final_spacing": 7}
     assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=None)) == {}
     assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=400)) == {}

@@ -128,10 +128,13 @@ def test_export_fills_an_empty_directory(source, tmp_path):
     assert hidden_entries(tmp_path) == []
 
 
-@pytest.mark.parametrize("damage, fragment", [
-    (truncate_weights, "model.safetensors is truncated or corrupt"),
-    (lambda ckpt: (ckpt / "config.json").write_text('{"model_type": "llama",'), "config.json is not valid JSON"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [
+        (truncate_weights, "model.safetensors is truncated or corrupt"),
+        (lambda ckpt: (ckpt / "config.json").write_text('{"model_type": "llama",'), "config.json is not valid JSON"),
+    ],
+)
 def test_a_failed_export_leaves_nothing_behind(source, tmp_path, damage, fragment):
     damage(source)
     dest = tmp_path / "out"
@@ -167,8 +170,14 @@ checkpoint.export_checkpoint(source, dest, overwrite=True)
 
 
 def killed_export(moment: str, source: Path, dest: Path) -> None:
-    died = subprocess.run([sys.executable, "-c", KILLED_EXPORT, moment, str(source), str(dest)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    died = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, moment, str(source), str(dest)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
 
 
@@ -279,8 +288,11 @@ def test_train_refuses_a_run_directory_another_process_trains(tmp_path):
 def test_quickstart_refuses_a_directory_another_process_writes(tmp_path):
     out, runs = tmp_path / "quick", tmp_path / "runs"
     with output_lock(out):
-        line = error_line(evalkit("quickstart", "--out", out, "--runs", runs, "--recipe", "tiny-cpu", "--max-steps", "1",
-                                  "--no-shipped"))  # fmt: skip
+        line = error_line(
+            evalkit(
+                "quickstart", "--out", out, "--runs", runs, "--recipe", "tiny-cpu", "--max-steps", "1", "--no-shipped"
+            )
+        )
     assert "another evalkit process" in line and str(out) in line
     assert not runs.exists()  # refused before training
 
@@ -298,8 +310,9 @@ def test_ruler_refuses_a_directory_another_process_writes(checkpoint, tmp_path):
 def test_probe_refuses_a_directory_another_process_writes(checkpoint, tmp_path):
     out = tmp_path / "probe"
     with output_lock(out):
-        result = evalkit("probe", "shift", "--ckpt", checkpoint, "--seq", "16", "--n", "1", "--delta1", "0",
-                         "--out", out)  # fmt: skip
+        result = evalkit(
+            "probe", "shift", "--ckpt", checkpoint, "--seq", "16", "--n", "1", "--delta1", "0", "--out", out
+        )
     assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written beside the holder's
     line = error_line(result)
     assert "another evalkit process" in line and str(out) in line
@@ -343,8 +356,11 @@ def pickle_only(checkpoint: Path) -> None:
 
 
 def custom_code(checkpoint: Path) -> None:
-    edit_config(checkpoint, model_type="mystery_lm",
-                auto_map={"AutoConfig": "mystery.MysteryConfig", "AutoModelForCausalLM": "mystery.MysteryForCausalLM"})  # fmt: skip
+    edit_config(
+        checkpoint,
+        model_type="mystery_lm",
+        auto_map={"AutoConfig": "mystery.MysteryConfig", "AutoModelForCausalLM": "mystery.MysteryForCausalLM"},
+    )
 
 
 BROKEN = {
@@ -374,8 +390,9 @@ def broken(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_ruler_refuses_a_broken_checkpoint_with_one_line(broken, case, tmp_path):
     out = tmp_path / "ruler"
-    result = evalkit("ruler", "--ckpts", broken[case], "--lengths", "512", "--tasks", "niah_single_1",
-                     "--samples", "1", "--out", out)  # fmt: skip
+    result = evalkit(
+        "ruler", "--ckpts", broken[case], "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1", "--out", out
+    )
     line = error_line(result)
     assert str(broken[case]) in line
     for fragment in BROKEN[case][1]:
@@ -406,8 +423,9 @@ def test_the_probe_refuses_an_invalid_config_and_missing_weights(broken, tmp_pat
 
 def test_train_refuses_to_continue_a_checkpoint_missing_weights(broken, tmp_path):
     out = tmp_path / "run"
-    line = error_line(evalkit("train", "--config", "tiny-cpu", "--model", broken["missing-layer-0"], "--max-steps", "1",
-                              "--out", out))  # fmt: skip
+    line = error_line(
+        evalkit("train", "--config", "tiny-cpu", "--model", broken["missing-layer-0"], "--max-steps", "1", "--out", out)
+    )
     assert str(broken["missing-layer-0"]) in line and "lacks 9 weights" in line
     assert not list(out.glob("step-*"))
 
@@ -426,18 +444,29 @@ def record(text: str = "a few words of a training document " * 4) -> bytes:
 
 BAD_JSONL = {
     # case: (the file's lines, the line the error names, what the error says)
-    "invalid-json-line-3-of-5": ([record(), record(), b'{"text": "cut here', record(), record()], 3, "is not valid JSON"),
+    "invalid-json-line-3-of-5": (
+        [record(), record(), b'{"text": "cut here', record(), record()],
+        3,
+        "is not valid JSON",
+    ),
     "no-text-field-lines-2-5": ([record(), *[json.dumps({"body": "x"}).encode()] * 4], 2, "has no field 'text'"),
     "not-utf8": ([record(), b'{"text": "caf\xe9"}', record()], 2, "byte 0xe9 at column 14 is not UTF-8"),
-    "text-not-a-string": ([record(), record(), json.dumps({"text": 7}).encode()], 3, "field 'text' holds a value of type int, not a string"),
+    "text-not-a-string": (
+        [record(), record(), json.dumps({"text": 7}).encode()],
+        3,
+        "field 'text' holds a value of type int, not a string",
+    ),
     "not-an-object": ([record(), b'["a list"]'], 2, "is a JSON list, not an object"),
 }
 
 
-@pytest.mark.parametrize("case, paradigm", [
-    *[(case, "anchor") for case in BAD_JSONL],
-    ("invalid-json-line-3-of-5", "anchor_tag"),  # reads every line for its domains: a traceback before
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "case, paradigm",
+    [
+        *[(case, "anchor") for case in BAD_JSONL],
+        ("invalid-json-line-3-of-5", "anchor_tag"),  # reads every line for its domains: a traceback before
+    ],
+)
 def test_a_bad_jsonl_line_is_refused_before_the_first_step(case, paradigm, tmp_path):
     from tests.train.helpers import micro_args
 
@@ -455,7 +484,9 @@ def test_a_jsonl_with_blank_lines_and_a_bom_reads_every_record(tmp_path):
     """The control for the refusals above: what is valid still loads, with its lines counted right."""
     from evalkit.train.data import JsonlSource
 
-    path = write_lines(tmp_path / "d.jsonl", [b"\xef\xbb\xbf" + record("one"), b"", record("two"), b"  ", record("three")])
+    path = write_lines(
+        tmp_path / "d.jsonl", [b"\xef\xbb\xbf" + record("one"), b"", record("two"), b"  ", record("three")]
+    )
     source = JsonlSource(path, "text", "domain")
     assert [source[i] for i in range(len(source))] == [("one", "web"), ("two", "web"), ("three", "web")]
     assert source.domains() == ["web"]
@@ -527,15 +558,18 @@ def test_resume_refuses_a_truncated_checkpoint(micro_run, tmp_path):
 # ---------------------------------------------------------------------- every argument checked before work starts
 
 
-@pytest.mark.parametrize("lengths, fragment", [
-    ("²", "could not read length '²'"),  # str.isdigit() says yes, int() says no
-    ("１２", "could not read length '１２'"),  # int() would read 12
-    ("0", "could not read length '0'"),
-    ("-1k", "could not read length '-1k'"),
-    ("4k,0", "could not read length '0'"),
-    ("", "no lengths given"),
-    (" , ", "no lengths given"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "lengths, fragment",
+    [
+        ("²", "could not read length '²'"),  # str.isdigit() says yes, int() says no
+        ("１２", "could not read length '１２'"),  # int() would read 12
+        ("0", "could not read length '0'"),
+        ("-1k", "could not read length '-1k'"),
+        ("4k,0", "could not read length '0'"),
+        ("", "no lengths given"),
+        (" , ", "no lengths given"),
+    ],
+)
 def test_ruler_refuses_unreadable_lengths(checkpoint, lengths, fragment, tmp_path):
     line = error_line(evalkit("ruler", "--ckpts", checkpoint, "--lengths", lengths, "--out", tmp_path / "out"))
     assert fragment in line
@@ -548,18 +582,21 @@ def test_quickstart_refuses_empty_lengths_instead_of_using_the_default(tmp_path)
     assert not (tmp_path / "q").exists() and not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--set", "max_steps=--5"], "max_steps: expected int, got '--5'"),
-    (["--set", "optim.lr=-1"], "optim.lr must be at least 0 (0 keeps the weights as they are), got -1.0"),
-    (["--set", "optim.lr=nan"], "optim.lr must be a finite number, got nan"),
-    (["--set", "optim.weight_decay=inf"], "optim.weight_decay must be a finite number, got inf"),
-    (["--set", "optim.beta2=1.5"], "optim.beta1 and optim.beta2 must be in [0, 1)"),
-    (["--set", "optim.grad_clip=-1"], "optim.grad_clip must be at least 0"),
-    (["--max-steps", "0"], "max_steps must be at least 1, got 0"),
-    (["--max-steps", "-3"], "max_steps must be at least 1, got -3"),
-    (["--seq-len", "0"], "seq_len must be at least 16, got 0"),
-    (["--set", "model.num_heads=3"], "model.hidden_size (256) must be a multiple of model.num_heads (3)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--set", "max_steps=--5"], "max_steps: expected int, got '--5'"),
+        (["--set", "optim.lr=-1"], "optim.lr must be at least 0 (0 keeps the weights as they are), got -1.0"),
+        (["--set", "optim.lr=nan"], "optim.lr must be a finite number, got nan"),
+        (["--set", "optim.weight_decay=inf"], "optim.weight_decay must be a finite number, got inf"),
+        (["--set", "optim.beta2=1.5"], "optim.beta1 and optim.beta2 must be in [0, 1)"),
+        (["--set", "optim.grad_clip=-1"], "optim.grad_clip must be at least 0"),
+        (["--max-steps", "0"], "max_steps must be at least 1, got 0"),
+        (["--max-steps", "-3"], "max_steps must be at least 1, got -3"),
+        (["--seq-len", "0"], "seq_len must be at least 16, got 0"),
+        (["--set", "model.num_heads=3"], "model.hidden_size (256) must be a multiple of model.num_heads (3)"),
+    ],
+)
 def test_train_refuses_bad_numbers_naming_the_field(args, fragment, tmp_path):
     out = tmp_path / "run"
     line = error_line(evalkit("train", "--config", "tiny-cpu", "--out", out, *args))
@@ -591,8 +628,19 @@ def test_last_below_one_is_refused(checkpoint, command, tmp_path):
 @pytest.mark.parametrize("limit", ["inf", "nan", "-1", "0", "2.5"])
 def test_general_refuses_a_limit_that_is_no_count_or_fraction(checkpoint, limit, tmp_path):
     out = tmp_path / "out"
-    line = error_line(evalkit("general", "--ckpts", checkpoint, "--tasks", "evalkit_fixture_hellaswag_style",
-                              "--limit", limit, "--out", out))  # fmt: skip
+    line = error_line(
+        evalkit(
+            "general",
+            "--ckpts",
+            checkpoint,
+            "--tasks",
+            "evalkit_fixture_hellaswag_style",
+            "--limit",
+            limit,
+            "--out",
+            out,
+        )
+    )
     assert "--limit" in line
     assert not out.exists()
 
@@ -674,19 +722,29 @@ def test_an_unwritable_output_directory_is_refused_without_running_as_another_us
     check_output_dir(tmp_path / "sub" / "out")  # a writable place: accepted
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["ruler", "--lengths", "512", "--samples", "0"], "--samples and --batch-size must be at least 1"),
-    (["ruler", "--lengths", "512", "--batch-size", "0"], "--samples and --batch-size must be at least 1"),
-    (["ruler", "--lengths", "512", "--max-length", "0"], "--max-length must be a positive number"),
-    (["general", "--tasks", "evalkit_fixture_hellaswag_style", "--batch-size", "0"], "--batch-size must be at least 1"),
-    (["quickstart", "--samples", "0"], "--samples must be at least 1"),
-    (["probe", "shift", "--n", "0"], "--n: the number of texts must be a positive integer"),
-    (["probe", "shift", "--seq", "1"], "--seq: a length must be at least 2 tokens"),
-    (["probe", "length", "--lengths", "1"], "--lengths: a length must be at least 2 tokens"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["ruler", "--lengths", "512", "--samples", "0"], "--samples and --batch-size must be at least 1"),
+        (["ruler", "--lengths", "512", "--batch-size", "0"], "--samples and --batch-size must be at least 1"),
+        (["ruler", "--lengths", "512", "--max-length", "0"], "--max-length must be a positive number"),
+        (
+            ["general", "--tasks", "evalkit_fixture_hellaswag_style", "--batch-size", "0"],
+            "--batch-size must be at least 1",
+        ),
+        (["quickstart", "--samples", "0"], "--samples must be at least 1"),
+        (["probe", "shift", "--n", "0"], "--n: the number of texts must be a positive integer"),
+        (["probe", "shift", "--seq", "1"], "--seq: a length must be at least 2 tokens"),
+        (["probe", "length", "--lengths", "1"], "--lengths: a length must be at least 2 tokens"),
+    ],
+)
 def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
     out = tmp_path / "out"
-    where = ["--ckpt" if args[0] == "probe" else "--ckpts", checkpoint] if args[0] != "quickstart" else ["--runs", tmp_path / "runs"]
+    where = (
+        ["--ckpt" if args[0] == "probe" else "--ckpts", checkpoint]
+        if args[0] != "quickstart"
+        else ["--runs", tmp_path / "runs"]
+    )
     line = error_line(evalkit(*args, *where, "--out", out))
     assert fragment in line
     assert not out.exists() and not (tmp_path / "runs").exists()

@@ -4,7 +4,7 @@
     reference_mask(packed)                -> the definition: bool [S, S]
     document_attention(q, k, v, doc_ids)  -> attention under that definition (dense/blocked/flex/flash)
     register_hf_attention()               -> the same inside unmodified transformers models
-"""
+"""  # fmt: skip # the formatter would dedent this docstring, changing its text
 
 from evalkit.attention.hf import HF_NAMES, register_hf_attention
 from evalkit.attention.kernels import (

@@ -183,7 +183,9 @@ def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: in
         k_seg = k_row.index_select(1, k_idx).unsqueeze(0)
         v_seg = v_row.index_select(1, k_idx).unsqueeze(0)
         mask = (seg.k_index[None, :] <= (seg.q_index + offset)[:, None]).to(q_row.device)
-        parts.append(F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale, enable_gqa=gqa)[0])
+        parts.append(
+            F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale, enable_gqa=gqa)[0]
+        )
     q_order = torch.cat([seg.q_index for seg in segments])
     return torch.cat(parts, dim=1).index_select(1, _inverse(q_order).to(q_row.device))
 
@@ -447,5 +449,7 @@ def document_attention(
     _check_shapes(q, k, v, doc_ids)
     name = default_implementation(q.device) if impl == "auto" else impl
     if name not in _FUNCTIONS:
-        raise ValueError(f"unknown attention implementation {impl!r}; choose auto or one of: {', '.join(IMPLEMENTATIONS)}")
+        raise ValueError(
+            f"unknown attention implementation {impl!r}; choose auto or one of: {', '.join(IMPLEMENTATIONS)}"
+        )
     return _FUNCTIONS[name](q, k, v, doc_ids, scale=scale)

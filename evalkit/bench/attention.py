@@ -111,7 +111,9 @@ def run(
 
                 seconds = time_forward_backward(fn, shapes, torch_dtype, device, repeats)
                 rows.append(
-                    BenchRow(seq_len, paradigm.value, impl, seconds, seconds / full_time, ideal, len(packed.doc_lengths))
+                    BenchRow(
+                        seq_len, paradigm.value, impl, seconds, seconds / full_time, ideal, len(packed.doc_lengths)
+                    )
                 )
     return rows
 

@@ -64,8 +64,10 @@ def parse_engines(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in ENGINE_VARIANTS]
     if unknown or not names:
-        raise UserError(f"unknown engine variant(s) {', '.join(unknown) or '(none given)'}; "
-                        f"choose from: {', '.join(ENGINE_VARIANTS)}")  # fmt: skip
+        raise UserError(
+            f"unknown engine variant(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from: {', '.join(ENGINE_VARIANTS)}"
+        )
     if len(set(names)) != len(names):
         raise UserError(f"--engines lists a variant twice: {text}")
     return names
@@ -94,8 +96,9 @@ def run(
         if engine_name == "lm-eval":
             rows += _lm_eval_rows(checkpoint, tasks, lengths, num_samples, batch_size, dtype, progress)
             continue
-        engine = get_engine(engine_name, checkpoint, batch_size=batch_size, **({"dtype": dtype} if dtype else {}),
-                            **settings)  # fmt: skip
+        engine = get_engine(
+            engine_name, checkpoint, batch_size=batch_size, **({"dtype": dtype} if dtype else {}), **settings
+        )
         try:
             for length in lengths:
                 for task in tasks:
@@ -127,18 +130,24 @@ def _time_cell(engine, name: str, task: str, length: int, num_samples: int, seed
     predictions = engine.generate(prompts, task_spec(task).max_new_tokens)
     seconds = time.perf_counter() - start
     row = EvalBenchRow(
-        engine=name, task=task, length=length, samples=len(samples), seconds=seconds,
+        engine=name,
+        task=task,
+        length=length,
+        samples=len(samples),
+        seconds=seconds,
         prompt_tokens=sum(engine.count_tokens(p) for p in prompts),
-        score=score(task, predictions, [sample.outputs for sample in samples]), same_as_first=0,
-    )  # fmt: skip
+        score=score(task, predictions, [sample.outputs for sample in samples]),
+        same_as_first=0,
+    )
     if stats is not None:
         row.prefill_seconds, row.decode_seconds = stats.prefill_seconds, stats.decode_seconds
         row.computed_tokens, row.new_tokens = stats.prefill_tokens, stats.new_tokens
     return row, predictions
 
 
-def _lm_eval_rows(checkpoint, tasks, lengths, num_samples: int, batch_size: int, dtype: str | None,
-                  progress: Callable[[str], None]) -> list[EvalBenchRow]:  # fmt: skip
+def _lm_eval_rows(
+    checkpoint, tasks, lengths, num_samples: int, batch_size: int, dtype: str | None, progress: Callable[[str], None]
+) -> list[EvalBenchRow]:
     """lm-eval's RULER port with its HF model: per task and length, the evaluation timed (not its data)."""
     try:
         from lm_eval import evaluator
@@ -147,8 +156,12 @@ def _lm_eval_rows(checkpoint, tasks, lengths, num_samples: int, batch_size: int,
     except ImportError as exc:
         raise UserError(f"the lm-eval variant needs lm-evaluation-harness ({exc}); install evalkit[dev]") from exc
 
-    model = HFLM(pretrained=str(checkpoint), dtype=LM_EVAL_DTYPES[dtype or "fp32"], batch_size=batch_size,
-                 device="cpu" if not _cuda() else "cuda")  # fmt: skip
+    model = HFLM(
+        pretrained=str(checkpoint),
+        dtype=LM_EVAL_DTYPES[dtype or "fp32"],
+        batch_size=batch_size,
+        device="cpu" if not _cuda() else "cuda",
+    )
     rows = []
     for length in lengths:
         for task in tasks:

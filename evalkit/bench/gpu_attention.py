@@ -50,7 +50,9 @@ def check_correctness(lines: list[str]) -> bool:
         for seed in range(2):
             tags = [7] * 64 if paradigm.uses_tags else None
             docs = _docs(1024, 96, seed)
-            packed = pack(docs, 1024, paradigm, bos_id=1, eos_id=2, domain_tags=tags[: len(docs)] if tags else None, seed=seed)
+            packed = pack(
+                docs, 1024, paradigm, bos_id=1, eos_id=2, domain_tags=tags[: len(docs)] if tags else None, seed=seed
+            )
             doc_ids = packed.attention_doc_ids()
             doc_ids = None if doc_ids is None else doc_ids[None].to(device)
             for impl in ("flex", "blocked"):
@@ -70,7 +72,10 @@ def check_correctness(lines: list[str]) -> bool:
                     gerr = max((a.double() - b).abs().max().item() for a, b in zip(grads, refs))
                     passed = err < 1e-4 and gerr < 1e-4
                     ok &= passed
-                    lines.append(f"| {paradigm} (seed {seed}) | {impl} | {sq} | {err:.2e} | {gerr:.2e} | {'yes' if passed else 'NO'} |")
+                    lines.append(
+                        f"| {paradigm} (seed {seed}) | {impl} | {sq} | {err:.2e} | {gerr:.2e} | "
+                        f"{'yes' if passed else 'NO'} |"
+                    )
     return ok
 
 
@@ -117,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this check runs on a GPU machine", file=sys.stderr)
         return 2
-    lines = [f"# GPU attention check\n\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}\n", "## Correctness\n"]
+    lines = [
+        f"# GPU attention check\n\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}\n",
+        "## Correctness\n",
+    ]
     ok = check_correctness(lines)
     lines.append("\n## Timings (bf16, B=1, H=32, Hkv=8, D=128, median of 5 after 2 warm-ups)\n")
     time_paradigms(lines, [int(n) for n in args.lengths.split(",")])

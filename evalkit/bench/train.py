@@ -46,8 +46,11 @@ def run(
         for paradigm in [Paradigm.FULL, *[p for p in paradigms if p is not Paradigm.FULL]]:
             progress(f"S={seq_len}: {paradigm}")
             overrides = {"paradigm": paradigm.value, "seq_len": seq_len, "max_steps": steps + 1}
-            config = load_config(recipe, overrides, ["windows_per_step=1", "micro_batch=1",
-                                                    f"model.max_position_embeddings={seq_len}", *(sets or [])])  # fmt: skip
+            config = load_config(
+                recipe,
+                overrides,
+                ["windows_per_step=1", "micro_batch=1", f"model.max_position_embeddings={seq_len}", *(sets or [])],
+            )
             tokenizer = load_tokenizer(config)
             _, stream = build_stream(config, tokenizer)
             model, optimizer, _ = build_training(config, tokenizer, ctx)
@@ -62,11 +65,19 @@ def run(
             seconds = statistics.median(times)
             full_time = full_time or seconds
             timed = [w[0] for w in windows[1:]]
-            rows.append(TrainBenchRow(
-                seq_len, paradigm.value, seconds, seq_len / seconds, seconds / full_time,
-                statistics.mean(len(w.doc_lengths) for w in timed),
-                statistics.mean(sum(n * n for n in w.doc_lengths) / seq_len**2 for w in timed) if paradigm.masks_documents else 1.0,
-            ))  # fmt: skip
+            rows.append(
+                TrainBenchRow(
+                    seq_len,
+                    paradigm.value,
+                    seconds,
+                    seq_len / seconds,
+                    seconds / full_time,
+                    statistics.mean(len(w.doc_lengths) for w in timed),
+                    statistics.mean(sum(n * n for n in w.doc_lengths) / seq_len**2 for w in timed)
+                    if paradigm.masks_documents
+                    else 1.0,
+                )
+            )
     return rows
 
 

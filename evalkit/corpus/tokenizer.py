@@ -53,9 +53,13 @@ def builtin_tokenizer(vocab_size: int = 2048, cache_dir: Path | None = None):
     directory = (cache_dir or cache_root() / "tokenizers") / f"bpe-v{TOKENIZER_VERSION}-{vocab_size}-{corpus_hash}"
     if not (directory / "tokenizer.json").exists():
         fast = PreTrainedTokenizerFast(
-            tokenizer_object=_train(vocab_size), bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+            tokenizer_object=_train(vocab_size),
+            bos_token=BOS,
+            eos_token=EOS,
+            pad_token=PAD,
+            unk_token=UNK,
             additional_special_tokens=list(BUILTIN_DOMAIN_TAGS),
-        )  # fmt: skip
+        )
         tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
         fast.save_pretrained(tmp)
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +73,5 @@ def builtin_tokenizer(vocab_size: int = 2048, cache_dir: Path | None = None):
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of everything that decides token ids: vocabulary, merges, normalisation, specials."""
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
-    payload = json.dumps(
-        {"backend": backend, "bos": tokenizer.bos_token, "eos": tokenizer.eos_token}, sort_keys=True
-    )
+    payload = json.dumps({"backend": backend, "bos": tokenizer.bos_token, "eos": tokenizer.eos_token}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

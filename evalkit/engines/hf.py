@@ -368,8 +368,13 @@ class HFEngine(PackedEngine):
             logits.append(row_logits[0, -1])
             computed += len(ids) - last.reused
             if not padded_kv:
-                padded_kv = [(k.new_zeros(len(prompts), *k.shape[1:2], width, k.shape[3]), v.new_zeros(
-                    len(prompts), *v.shape[1:2], width, v.shape[3])) for k, v in last.keys_values]  # fmt: skip
+                padded_kv = [
+                    (
+                        k.new_zeros(len(prompts), *k.shape[1:2], width, k.shape[3]),
+                        v.new_zeros(len(prompts), *v.shape[1:2], width, v.shape[3]),
+                    )
+                    for k, v in last.keys_values
+                ]
             for (keys, values), (row_keys, row_values) in zip(padded_kv, last.keys_values):
                 keys[row, :, width - len(ids) :] = row_keys[0]
                 values[row, :, width - len(ids) :] = row_values[0]

@@ -5,7 +5,7 @@
     rolling_windows   a long text as consecutive windows, every token scored exactly once
     packed_layout     documents behind one anchor, then a question (the anchor paradigm's layout)
     cut_at_stop       a generation cut at the earliest stop string
-"""
+"""  # fmt: skip # the formatter would dedent this docstring, changing its text
 
 from __future__ import annotations
 

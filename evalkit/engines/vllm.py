@@ -294,8 +294,9 @@ class VLLMEngine(PackedEngine):
         from transformers import AutoConfig, AutoTokenizer
 
         _check_plugin_installed()
-        _check_positive(batch_size=batch_size, tensor_parallel_size=tensor_parallel_size,
-                        data_parallel_size=data_parallel_size)  # fmt: skip
+        _check_positive(
+            batch_size=batch_size, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size
+        )
         if rope not in ROPE_VARIANTS:
             raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
         if position_shift < 0:
@@ -324,12 +325,18 @@ class VLLMEngine(PackedEngine):
         self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
-        self._options = self._llm_options(config, _VLLMSettings(
-            enforce_eager=self.device == "cpu" if enforce_eager is None else enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
-            max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
-            seed=seed, trust_remote_code=trust_remote_code,
-        ))  # fmt: skip
+        self._options = self._llm_options(
+            config,
+            _VLLMSettings(
+                enforce_eager=self.device == "cpu" if enforce_eager is None else enforce_eager,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_gib=kv_cache_gib,
+                max_num_batched_tokens=max_num_batched_tokens,
+                enable_prefix_caching=enable_prefix_caching,
+                seed=seed,
+                trust_remote_code=trust_remote_code,
+            ),
+        )
         self._replicas = self._start_replicas(self._environment(config))
         self._facts = self._checked_facts()
 
@@ -408,8 +415,10 @@ class VLLMEngine(PackedEngine):
         replica = self._replicas[0]
         facts = replica.facts if isinstance(replica, _ProcessReplica) else _config_facts(replica.vllm_config())
         if self.packed and facts["use_v2_model_runner"]:
-            raise UserError("vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
-                            "unset VLLM_USE_V2_MODEL_RUNNER")  # fmt: skip
+            raise UserError(
+                "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
+                "unset VLLM_USE_V2_MODEL_RUNNER"
+            )
         return facts
 
     def close(self) -> None:
@@ -454,8 +463,10 @@ class VLLMEngine(PackedEngine):
 
     def _check_packed(self) -> None:
         if not self.packed:
-            raise UserError("this vllm engine was started for plain requests (vLLM's own attention backend); "
-                            "start it with packed=True for packed (anchor) requests")  # fmt: skip
+            raise UserError(
+                "this vllm engine was started for plain requests (vLLM's own attention backend); "
+                "start it with packed=True for packed (anchor) requests"
+            )
 
     # ------------------------------------------------------------------ running requests
 
@@ -479,9 +490,13 @@ class VLLMEngine(PackedEngine):
         from vllm import SamplingParams
 
         return SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, stop=[s for s in stop if s] or None,
-            stop_token_ids=sorted(self._eos_ids), detokenize=any(stop), **options,
-        )  # fmt: skip
+            temperature=0.0,
+            max_tokens=max_tokens,
+            stop=[s for s in stop if s] or None,
+            stop_token_ids=sorted(self._eos_ids),
+            detokenize=any(stop),
+            **options,
+        )
 
     def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
         params = self._greedy(max_new_tokens, stop)
@@ -492,11 +507,16 @@ class VLLMEngine(PackedEngine):
         prompts, params = [], []
         for context, continuation in requests:
             prompts.append({"prompt_token_ids": context + continuation[:-1]})
-            params.append(self._greedy(1, prompt_logprobs=0 if len(continuation) > 1 else None,
-                                       logprob_token_ids=[continuation[-1]]))  # fmt: skip
+            params.append(
+                self._greedy(
+                    1, prompt_logprobs=0 if len(continuation) > 1 else None, logprob_token_ids=[continuation[-1]]
+                )
+            )
         answers = self._run(prompts, params)
-        return [_continuation_score(answer, len(context), continuation)
-                for answer, (context, continuation) in zip(answers, requests)]  # fmt: skip
+        return [
+            _continuation_score(answer, len(context), continuation)
+            for answer, (context, continuation) in zip(answers, requests)
+        ]
 
     def _text(self, answer: _Answer, stop: Sequence[str]) -> str:
         token_ids = answer.token_ids
@@ -513,8 +533,9 @@ class VLLMEngine(PackedEngine):
         self._check_packed()
         check_max_new_tokens(max_new_tokens)
         stop = list(stop or [])
-        prompts, params = self._packed_inputs(requests, max_new_tokens, lambda extra: self._greedy(
-            max_new_tokens, stop, extra_args=extra))  # fmt: skip
+        prompts, params = self._packed_inputs(
+            requests, max_new_tokens, lambda extra: self._greedy(max_new_tokens, stop, extra_args=extra)
+        )
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
@@ -525,8 +546,7 @@ class VLLMEngine(PackedEngine):
         the logits'. Compare with `logits.log_softmax(-1)` of another engine.
         """
         self._check_packed()
-        prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(
-            1, logprobs=-1, extra_args=extra))  # fmt: skip
+        prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(1, logprobs=-1, extra_args=extra))
         rows = []
         for answer in self._run(prompts, params):
             row = torch.full((self._vocab_size,), float("-inf"))
@@ -633,8 +653,10 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
 def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:
     problems = packed_support_problems(config, dtype, device, max_length)
     if problems:
-        raise UserError(f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
-                        "plain requests can (packed=False)")  # fmt: skip
+        raise UserError(
+            f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
+            "plain requests can (packed=False)"
+        )
 
 
 def _eos_token_ids(tokenizer, config, path: Path) -> set[int]:

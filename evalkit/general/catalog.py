@@ -213,8 +213,11 @@ def hub_offline() -> Iterator[None]:
     import huggingface_hub.constants
 
     saved_environment = {name: os.environ.get(name) for name in OFFLINE_VARIABLES}
-    constants = [(huggingface_hub.constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE"),
-                 (datasets.config, "HF_DATASETS_OFFLINE")]  # fmt: skip
+    constants = [
+        (huggingface_hub.constants, "HF_HUB_OFFLINE"),
+        (datasets.config, "HF_HUB_OFFLINE"),
+        (datasets.config, "HF_DATASETS_OFFLINE"),
+    ]
     saved_constants = [getattr(module, attribute, None) for module, attribute in constants]
     os.environ.update({name: "1" for name in OFFLINE_VARIABLES})
     for module, attribute in constants:

@@ -20,8 +20,12 @@ class RequestsExceedWindow(TaskCannotRun):
 
     def __init__(self, request_type: str, too_long: int, total: int, longest: int, window: int):
         self.request_type, self.too_long, self.total, self.longest, self.window = (
-            request_type, too_long, total, longest, window
-        )  # fmt: skip
+            request_type,
+            too_long,
+            total,
+            longest,
+            window,
+        )
         super().__init__(
             f"{too_long} of {total} {request_type} requests need more than the model window of {window} tokens "
             f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "
@@ -30,5 +34,9 @@ class RequestsExceedWindow(TaskCannotRun):
 
     def counts(self) -> dict[str, int]:
         """What a skip record keeps, so that reports can count the requests that did not fit."""
-        return {"requests_over_window": self.too_long, "requests": self.total, "longest": self.longest,
-                "window": self.window}  # fmt: skip
+        return {
+            "requests_over_window": self.too_long,
+            "requests": self.total,
+            "longest": self.longest,
+            "window": self.window,
+        }

@@ -28,12 +28,20 @@ def result_rows(results: dict[str, Any], requested: str, run: str, step: int) ->
             if metric_filter is None or not _is_number(value):  # lists, strings: not a score
                 continue
             metric, filter_name = metric_filter
-            rows.append({
-                "run": run, "step": step, "requested": requested, "task": task, "metric": metric,
-                "filter": filter_name, "value": _finite_or_none(value),
-                "stderr": _finite_or_none(entry.get(f"{metric}{STDERR_MARK},{filter_name}")),
-                "n": _sample_count(results, task), "num_fewshot": results.get("n-shot", {}).get(task),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run": run,
+                    "step": step,
+                    "requested": requested,
+                    "task": task,
+                    "metric": metric,
+                    "filter": filter_name,
+                    "value": _finite_or_none(value),
+                    "stderr": _finite_or_none(entry.get(f"{metric}{STDERR_MARK},{filter_name}")),
+                    "n": _sample_count(results, task),
+                    "num_fewshot": results.get("n-shot", {}).get(task),
+                }
+            )
     # The number the user asked for first, then its members in lm-eval's order.
     return sorted(rows, key=lambda row: row["task"] != requested)
 
@@ -45,12 +53,20 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
     for task, task_samples in samples.items():
         for sample in task_samples:
             metrics = {name: sample[name] for name in sample.get("metrics", []) if name in sample}
-            kept.append({
-                "task": task, "doc_id": sample["doc_id"], "filter": sample.get("filter"),
-                "target": sample.get("target"), "responses": sample.get("filtered_resps"), "metrics": metrics,
-                "doc": sample.get("doc"), "doc_hash": sample.get("doc_hash"),
-                "prompt_hash": sample.get("prompt_hash"), "target_hash": sample.get("target_hash"),
-            })  # fmt: skip
+            kept.append(
+                {
+                    "task": task,
+                    "doc_id": sample["doc_id"],
+                    "filter": sample.get("filter"),
+                    "target": sample.get("target"),
+                    "responses": sample.get("filtered_resps"),
+                    "metrics": metrics,
+                    "doc": sample.get("doc"),
+                    "doc_hash": sample.get("doc_hash"),
+                    "prompt_hash": sample.get("prompt_hash"),
+                    "target_hash": sample.get("target_hash"),
+                }
+            )
     return kept
 
 

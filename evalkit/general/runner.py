@@ -108,8 +108,9 @@ def run_general(
     _check_request(refs, tasks, num_fewshot, limit, engine, engine_settings or {}, Path(out))
     limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
     include_paths = default_include_paths(include_path)
-    settings = GeneralSettings(list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}),
-                               [str(p) for p in include_paths])  # fmt: skip
+    settings = GeneralSettings(
+        list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), [str(p) for p in include_paths]
+    )
     catalog = TaskCatalog(include_paths, settings.tasks)
     catalog.check(settings.tasks)
     plans = [_plan(catalog, name, settings) for name in settings.tasks]
@@ -131,8 +132,15 @@ def run_general(
 # ---------------------------------------------------------------------- checks and plans
 
 
-def _check_request(refs: list[CheckpointRef], tasks: list[str], num_fewshot: int | None, limit: float | None,
-                   engine: str, engine_settings: dict[str, Any], out: Path) -> None:  # fmt: skip
+def _check_request(
+    refs: list[CheckpointRef],
+    tasks: list[str],
+    num_fewshot: int | None,
+    limit: float | None,
+    engine: str,
+    engine_settings: dict[str, Any],
+    out: Path,
+) -> None:
     """Everything a user can get wrong, before any model or dataset is loaded."""
     from evalkit.engines import ENGINE_NAMES, check_dtype
 
@@ -155,7 +163,8 @@ def _check_request(refs: list[CheckpointRef], tasks: list[str], num_fewshot: int
     for ref in refs:
         if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
             raise UserError(
-                f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint"
+                f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                "save the tokenizer with the checkpoint"
             )
 
 
@@ -175,8 +184,13 @@ def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
     measured = {
         key: value for key, value in sorted(settings.engine_settings.items()) if key not in EXECUTION_ONLY_SETTINGS
     }
-    identity = {"task": name, "num_fewshot": shots, "limit": settings.limit, "engine": settings.engine,
-                "engine_settings": measured}  # fmt: skip
+    identity = {
+        "task": name,
+        "num_fewshot": shots,
+        "limit": settings.limit,
+        "engine": settings.engine,
+        "engine_settings": measured,
+    }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return TaskPlan(name, shots, source, key)
 
@@ -184,8 +198,15 @@ def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
 # ---------------------------------------------------------------------- one checkpoint
 
 
-def _evaluate_checkpoint(ref: CheckpointRef, plans: list[TaskPlan], catalog, settings: GeneralSettings, out: Path,
-                         progress: Progress, log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+def _evaluate_checkpoint(
+    ref: CheckpointRef,
+    plans: list[TaskPlan],
+    catalog,
+    settings: GeneralSettings,
+    out: Path,
+    progress: Progress,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     directory = checkpoint_dir(out, ref) / RESULT_DIR
     engine = _LazyEngineLM(ref, settings, progress)
     records, skipped, resumed = [], [], []
@@ -254,8 +275,9 @@ def _engine_lm(ref: CheckpointRef, settings: GeneralSettings):
     return EngineLM(get_engine(settings.engine, ref.path, **settings.engine_settings))
 
 
-def _evaluate_task(engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: GeneralSettings,
-                   ref: CheckpointRef, directory: Path) -> dict[str, Any]:  # fmt: skip
+def _evaluate_task(
+    engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: GeneralSettings, ref: CheckpointRef, directory: Path
+) -> dict[str, Any]:
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
     from lm_eval import simple_evaluate
 
@@ -264,8 +286,14 @@ def _evaluate_task(engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: Gen
     with catalog.loading(plan.name):
         tasks = catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
         lm = engine.for_task(plan.name)
-        results = simple_evaluate(model=lm, tasks=tasks, task_manager=catalog.manager, num_fewshot=plan.num_fewshot,
-                                  limit=settings.limit, log_samples=True)  # fmt: skip
+        results = simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=catalog.manager,
+            num_fewshot=plan.num_fewshot,
+            limit=settings.limit,
+            log_samples=True,
+        )
     samples = compact_samples(results.pop("samples", None) or {})
     stem = _file_stem(plan.name)
     atomic_write_text(directory / f"{stem}.samples.jsonl", "".join(_json_line(s) for s in samples))
@@ -328,10 +356,13 @@ def _write_averages(
 
     averages = run_averages(rows)
     json_path, markdown_path = out / f"{AVERAGES}.json", out / f"{AVERAGES}.md"
-    atomic_write_json(json_path, {"benchmark": "general", "averages": averages,
-                                  "provenance": {**stamp(), "settings": asdict(settings)}})  # fmt: skip
+    atomic_write_json(
+        json_path,
+        {"benchmark": "general", "averages": averages, "provenance": {**stamp(), "settings": asdict(settings)}},
+    )
     conditions = (
-        f"Tasks {', '.join(settings.tasks)}; shots {settings.num_fewshot if settings.num_fewshot is not None else 'standard'}"
+        f"Tasks {', '.join(settings.tasks)}; "
+        f"shots {settings.num_fewshot if settings.num_fewshot is not None else 'standard'}"
         f"{f', limit {settings.limit}' if settings.limit else ''}; engine {settings.engine} "
         f"{json.dumps(settings.engine_settings, sort_keys=True)}. Mean ± population std over the checkpoints listed."
     )

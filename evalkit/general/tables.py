@@ -26,10 +26,15 @@ def run_averages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     averages = []
     for key, by_step in values.items():
         scores = [by_step[step] for step in sorted(by_step)]
-        averages.append({
-            **dict(zip(AVERAGE_KEY, key)), "mean": statistics.fmean(scores), "std": statistics.pstdev(scores),
-            "steps": sorted(by_step), "num_checkpoints": len(scores),
-        })  # fmt: skip
+        averages.append(
+            {
+                **dict(zip(AVERAGE_KEY, key)),
+                "mean": statistics.fmean(scores),
+                "std": statistics.pstdev(scores),
+                "steps": sorted(by_step),
+                "num_checkpoints": len(scores),
+            }
+        )
     return averages
 
 

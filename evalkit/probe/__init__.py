@@ -46,10 +46,17 @@ from evalkit.probe.options import PAPER_DELTA1, PAPER_LENGTHS, PROBE_KINDS, ROPE
 # The rest needs torch (and transformers when run): loaded on first use, so importing the
 # options for a command line's --help stays fast.
 _LAZY = {
-    "PROBE_ATTENTION": "attention", "ShiftRecorder": "attention", "register_probe_attention": "attention",
-    "ShiftMeasurement": "measure", "measure_shifts": "measure", "rope_precision": "rope",
-    "summarise": "report", "summary_markdown": "report", "write_plots": "report", "run_probe": "run",
-}  # fmt: skip
+    "PROBE_ATTENTION": "attention",
+    "ShiftRecorder": "attention",
+    "register_probe_attention": "attention",
+    "ShiftMeasurement": "measure",
+    "measure_shifts": "measure",
+    "rope_precision": "rope",
+    "summarise": "report",
+    "summary_markdown": "report",
+    "write_plots": "report",
+    "run_probe": "run",
+}
 
 
 def __getattr__(name: str):

@@ -104,10 +104,18 @@ def _block_probabilities(query_BHRD, key_BHkvSD, scaling: float, row_start: int)
     return logits_BHRS, probs_BHRS
 
 
-def probe_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                            probe_recorder: ShiftRecorder | None = None, sliding_window: int | None = None,
-                            **_kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
+def probe_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    probe_recorder: ShiftRecorder | None = None,
+    sliding_window: int | None = None,
+    **_kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers attention interface: causal attention, blockwise, recording into `probe_recorder`.
 
     query [B, H, S, D], key and value [B, Hkv, S, D]; returns the output as [B, S, H, D] like eager

@@ -67,28 +67,44 @@ def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 @torch.inference_mode()
-def _measure_one(model, token_ids: torch.Tensor, delta1s: list[int], delta2: int, rope: str,
-                 block_elements: int) -> ShiftRecorder:  # fmt: skip
+def _measure_one(
+    model, token_ids: torch.Tensor, delta1s: list[int], delta2: int, rope: str, block_elements: int
+) -> ShiftRecorder:
     """One forward pass of [Δ2 copy, Δ1 copies...] of one text; returns the filled recorder."""
     device = model.get_input_embeddings().weight.device
     seq_len = token_ids.numel()
     recorder = ShiftRecorder(
-        seq_len=seq_len, n_shifted=len(delta1s), device=device,
-        qk_dtype=expected_qk_dtype(_activation_dtype(model), rope), block_elements=block_elements,
-    )  # fmt: skip
+        seq_len=seq_len,
+        n_shifted=len(delta1s),
+        device=device,
+        qk_dtype=expected_qk_dtype(_activation_dtype(model), rope),
+        block_elements=block_elements,
+    )
     batch = len(delta1s) + 1
     input_ids = token_ids.to(device).unsqueeze(0).expand(batch, seq_len)
-    model(input_ids=input_ids, position_ids=_positions([delta2, *delta1s], seq_len, device), use_cache=False,
-          probe_recorder=recorder)  # fmt: skip
+    model(
+        input_ids=input_ids,
+        position_ids=_positions([delta2, *delta1s], seq_len, device),
+        use_cache=False,
+        probe_recorder=recorder,
+    )
     layers = model.config.num_hidden_layers
     if len(recorder.layers_seen) != layers:
         raise RuntimeError(f"the probe attention ran in {len(recorder.layers_seen)} of {layers} layers")
     return recorder
 
 
-def measure_shifts(model: torch.nn.Module, texts_NT: torch.Tensor, delta1s: Sequence[int], delta2: int, *,
-                   rope: str = "cast", shifts_per_batch: int = 1, block_elements: int = DEFAULT_BLOCK_ELEMENTS,
-                   progress: Callable[[str], None] | None = None) -> list[ShiftMeasurement]:  # fmt: skip
+def measure_shifts(
+    model: torch.nn.Module,
+    texts_NT: torch.Tensor,
+    delta1s: Sequence[int],
+    delta2: int,
+    *,
+    rope: str = "cast",
+    shifts_per_batch: int = 1,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    progress: Callable[[str], None] | None = None,
+) -> list[ShiftMeasurement]:
     """D, its per-column breakdown and D_logit for every Δ1 against Δ2, averaged over the texts.
 
     `model` is a transformers model loaded with attn_implementation="evalkit_probe" (see
@@ -116,7 +132,13 @@ def measure_shifts(model: torch.nn.Module, texts_NT: torch.Tensor, delta1s: Sequ
                     totals[delta1][text_index] = normalised[k].sum()
                     logits[delta1][text_index] = first_logit[k]
     return [
-        ShiftMeasurement(delta1=d, delta2=delta2, seq_len=seq_len, columns=columns[d], per_text_total=totals[d],
-                         per_text_logit_first=logits[d])  # fmt: skip
+        ShiftMeasurement(
+            delta1=d,
+            delta2=delta2,
+            seq_len=seq_len,
+            columns=columns[d],
+            per_text_total=totals[d],
+            per_text_logit_first=logits[d],
+        )
         for d in delta1s
     ]

@@ -118,8 +118,15 @@ class ProbeOptions:
             raise UserError(f"--lengths applies to `probe length` only: give `probe {kind}` one --seq")
         delta1 = self.delta1 if self.delta1 is not None else (PAPER_DELTA1 if kind == "shift" else (0,))
         lengths, notes = self._lengths(kind, window)
-        return ProbePlan(kind=kind, delta1=delta1, delta2=self.delta2, lengths=lengths, conditions=self._conditions(),
-                         window=window, notes=notes)  # fmt: skip
+        return ProbePlan(
+            kind=kind,
+            delta1=delta1,
+            delta2=self.delta2,
+            lengths=lengths,
+            conditions=self._conditions(),
+            window=window,
+            notes=notes,
+        )
 
     def _lengths(self, kind: str, window: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The sequence lengths to measure, and a note where a default was capped at the window."""

@@ -62,15 +62,24 @@ def precision_ratio(rows: list[Row]) -> dict | None:
     if series is None or series["dtype"] == "fp32":
         return None
     length = max(row["length"] for row in series["rows"])
-    match = dict(metric="attn_diff", condition="pretrained", rope=series["rope"], delta1=series["delta1"],
-                 length=length)  # fmt: skip
+    match = dict(
+        metric="attn_diff", condition="pretrained", rope=series["rope"], delta1=series["delta1"], length=length
+    )
     low, high = _select(rows, dtype=series["dtype"], **match), _select(rows, dtype="fp32", **match)
     if not low or not high:
         return None
     low_value, fp32_value = low[0]["value"], high[0]["value"]
-    return {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"], "delta2": low[0]["delta2"],
-            "length": length, "low_precision": low_value, "fp32": fp32_value, "ratio": _ratio(low_value, fp32_value),
-            "holds": low_value > 0 and low_value >= PRECISION_FACTOR * fp32_value}  # fmt: skip
+    return {
+        "dtype": series["dtype"],
+        "rope": series["rope"],
+        "delta1": series["delta1"],
+        "delta2": low[0]["delta2"],
+        "length": length,
+        "low_precision": low_value,
+        "fp32": fp32_value,
+        "ratio": _ratio(low_value, fp32_value),
+        "holds": low_value > 0 and low_value >= PRECISION_FACTOR * fp32_value,
+    }
 
 
 def first_token_dominance(rows: list[Row]) -> dict | None:
@@ -83,10 +92,17 @@ def first_token_dominance(rows: list[Row]) -> dict | None:
     first, others = values[0], values[1:]
     mean_other = sum(others) / len(others) if others else 0.0
     is_largest = first >= max(others, default=0.0)
-    return {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"],
-            "delta2": columns[0]["delta2"], "length": columns[0]["length"], "share": _ratio(first, sum(values)),
-            "over_mean_other": _ratio(first, mean_other), "is_largest": is_largest,
-            "holds": first > 0 and is_largest and first >= DOMINANCE_FACTOR * mean_other}  # fmt: skip
+    return {
+        "dtype": series["dtype"],
+        "rope": series["rope"],
+        "delta1": series["delta1"],
+        "delta2": columns[0]["delta2"],
+        "length": columns[0]["length"],
+        "share": _ratio(first, sum(values)),
+        "over_mean_other": _ratio(first, mean_other),
+        "is_largest": is_largest,
+        "holds": first > 0 and is_largest and first >= DOMINANCE_FACTOR * mean_other,
+    }
 
 
 def logit_growth(rows: list[Row]) -> dict | None:
@@ -96,10 +112,18 @@ def logit_growth(rows: list[Row]) -> dict | None:
         return None
     by_length = sorted(series["rows"], key=lambda row: row["length"])
     short, long = by_length[0], by_length[-1]
-    return {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"], "delta2": short["delta2"],
-            "shortest": short["length"], "longest": long["length"], "at_shortest": short["value"],
-            "at_longest": long["value"], "ratio": _ratio(long["value"], short["value"]),
-            "holds": long["value"] > 0 and long["value"] >= GROWTH_FACTOR * short["value"]}  # fmt: skip
+    return {
+        "dtype": series["dtype"],
+        "rope": series["rope"],
+        "delta1": series["delta1"],
+        "delta2": short["delta2"],
+        "shortest": short["length"],
+        "longest": long["length"],
+        "at_shortest": short["value"],
+        "at_longest": long["value"],
+        "ratio": _ratio(long["value"], short["value"]),
+        "holds": long["value"] > 0 and long["value"] >= GROWTH_FACTOR * short["value"],
+    }
 
 
 def pretraining_amplification(rows: list[Row]) -> dict | None:
@@ -117,9 +141,16 @@ def pretraining_amplification(rows: list[Row]) -> dict | None:
         match = dict(metric=metric, dtype=dtype, rope=rope, delta1=delta1, length=length)
         trained, fresh = _select(rows, condition="pretrained", **match), _select(rows, condition="random_init", **match)
         if trained and fresh:
-            return {"metric": metric, "dtype": dtype, "rope": rope, "delta1": delta1, "length": length,
-                    "pretrained": trained[0]["value"], "random_init": fresh[0]["value"],
-                    "ratio": _ratio(trained[0]["value"], fresh[0]["value"])}  # fmt: skip
+            return {
+                "metric": metric,
+                "dtype": dtype,
+                "rope": rope,
+                "delta1": delta1,
+                "length": length,
+                "pretrained": trained[0]["value"],
+                "random_init": fresh[0]["value"],
+                "ratio": _ratio(trained[0]["value"], fresh[0]["value"]),
+            }
     return None
 
 
@@ -130,8 +161,11 @@ def summarise(rows: list[Row]) -> dict:
         "first_token": first_token_dominance(rows),
         "logit_growth": logit_growth(rows),
         "pretraining_amplification": pretraining_amplification(rows),
-        "thresholds": {"precision_factor": PRECISION_FACTOR, "dominance_factor": DOMINANCE_FACTOR,
-                       "growth_factor": GROWTH_FACTOR},  # fmt: skip
+        "thresholds": {
+            "precision_factor": PRECISION_FACTOR,
+            "dominance_factor": DOMINANCE_FACTOR,
+            "growth_factor": GROWTH_FACTOR,
+        },
     }
 
 
@@ -163,11 +197,15 @@ def _first_token_lines(found: dict | None) -> tuple[list[str], str]:
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
     where = f"{DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
-    rows = [f"| first-token share of D ({where}) | {_num(found['share'])} |",
-            f"| first column / mean other column | {_num(found['over_mean_other'])} |"]  # fmt: skip
+    rows = [
+        f"| first-token share of D ({where}) | {_num(found['share'])} |",
+        f"| first column / mean other column | {_num(found['over_mean_other'])} |",
+    ]
     largest = "is" if found["is_largest"] else "is not"
-    line = (f"- {claim}: {_verdict(found['holds'])}: its column {largest} the largest and stands "
-            f"{_num(found['over_mean_other'])}× the mean other column (threshold {DOMINANCE_FACTOR:g}×).")  # fmt: skip
+    line = (
+        f"- {claim}: {_verdict(found['holds'])}: its column {largest} the largest and stands "
+        f"{_num(found['over_mean_other'])}× the mean other column (threshold {DOMINANCE_FACTOR:g}×)."
+    )
     return rows, line
 
 
@@ -176,8 +214,10 @@ def _growth_lines(found: dict | None) -> tuple[list[str], str]:
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
     span = f"{found['shortest']} → {found['longest']} tokens"
-    row = (f"| D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]}) | {_num(found['ratio'])} "
-           f"({_num(found['at_shortest'])} → {_num(found['at_longest'])}) |")  # fmt: skip
+    row = (
+        f"| D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]}) | {_num(found['ratio'])} "
+        f"({_num(found['at_shortest'])} → {_num(found['at_longest'])}) |"
+    )
     line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
     return [row], line
 
@@ -186,8 +226,10 @@ def _amplification_lines(found: dict | None) -> list[str]:
     if found is None:
         return []
     name = "D" if found["metric"] == "attn_diff" else "D_logit"
-    return [f"| pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}) | "
-            f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])}) |"]  # fmt: skip
+    return [
+        f"| pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}) | "
+        f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])}) |"
+    ]
 
 
 def _series_label(row: Row, with_delta1: bool = False) -> str:
@@ -222,25 +264,38 @@ def _provenance_lines(provenance: dict | None) -> list[str]:
 
 def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
     """The human-readable summary: what was measured, the key ratios, the observations, the values."""
-    metric_name = {"shift": "attention difference D (Eq. 4)", "tokens": "per-token attention difference",
-                   "length": "first-token logit difference D_logit (Eq. 5)"}[kind]  # fmt: skip
+    metric_name = {
+        "shift": "attention difference D (Eq. 4)",
+        "tokens": "per-token attention difference",
+        "length": "first-token logit difference D_logit (Eq. 5)",
+    }[kind]
     key_rows, lines = [], []
-    for part, build in (("precision_ratio", _precision_lines), ("first_token", _first_token_lines),
-                        ("logit_growth", _growth_lines)):  # fmt: skip
+    for part, build in (
+        ("precision_ratio", _precision_lines),
+        ("first_token", _first_token_lines),
+        ("logit_growth", _growth_lines),
+    ):
         table_rows, line = build(summary[part])
         key_rows += table_rows
         lines.append(line)
     key_rows += _amplification_lines(summary["pretraining_amplification"])
-    out = [f"# BF16 RoPE probe: {kind}", "",
-           f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
-           f"{context['device']}. First token: {context['first_token']}.", ""]  # fmt: skip
+    out = [
+        f"# BF16 RoPE probe: {kind}",
+        "",
+        f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
+        f"{context['device']}. First token: {context['first_token']}.",
+        "",
+    ]
     out += _provenance_lines(context.get("provenance"))
     notes = [f"Note: {note}." for note in context.get("notes", [])]
     out += [*notes, ""] if notes else []
     out += ["## Key numbers", "", "| quantity | value |", "|---|---|", *key_rows, ""] if key_rows else []
     out += ["## The paper's observations, from these numbers", "", *lines, ""]
-    table = {"shift": ("attn_diff", "delta1"), "tokens": ("attn_diff", "delta1"),
-             "length": ("logit_diff_first", "length")}[kind]  # fmt: skip
+    table = {
+        "shift": ("attn_diff", "delta1"),
+        "tokens": ("attn_diff", "delta1"),
+        "length": ("logit_diff_first", "length"),
+    }[kind]
     values = _value_table(rows, *table)
     if values:
         out += ["## Values (mean over texts)", "", *values, ""]
@@ -277,14 +332,24 @@ def _plot_shift(axes, rows: list[Row]) -> None:
     chosen = _select(rows, metric="attn_diff")
     for label, series in _series(chosen, with_delta1=False).items():
         points = sorted((row["delta1"], row["value"]) for row in series if row["value"] > 0)  # log axis: no zeros
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label,
-                  **_style(series[0], chosen))  # fmt: skip
+        axes.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker="o",
+            markersize=3,
+            label=label,
+            **_style(series[0], chosen),
+        )
     if chosen:
         axes.axvline(chosen[0]["delta2"], color="grey", linestyle=":", linewidth=1, label=f"Δ2 = {chosen[0]['delta2']}")
     axes.set_xscale("symlog", linthresh=1)  # Δ1 runs from 0 to thousands
     axes.set_xlim(left=0)
-    axes.set(yscale="log", xlabel="Δ1 (position shift)", ylabel="attention difference D",
-             title="Attention difference D(X, Δ1, Δ2) (Eq. 4)")  # fmt: skip
+    axes.set(
+        yscale="log",
+        xlabel="Δ1 (position shift)",
+        ylabel="attention difference D",
+        title="Attention difference D(X, Δ1, Δ2) (Eq. 4)",
+    )
 
 
 def _plot_tokens(axes, rows: list[Row]) -> None:
@@ -294,14 +359,19 @@ def _plot_tokens(axes, rows: list[Row]) -> None:
     first_delta1 = delta1s[0]
     for label, series in _series(_select(chosen, delta1=first_delta1), with_delta1=False).items():
         points = sorted((row["column"], row["value"]) for row in series if row["value"] > 0)
-        line = axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.8, label=label,
-                         **_style(series[0], chosen))[0]  # fmt: skip
+        line = axes.plot(
+            [p[0] for p in points], [p[1] for p in points], linewidth=0.8, label=label, **_style(series[0], chosen)
+        )[0]
         first = [p for p in points if p[0] == 1]
         if first:  # the attention sink: highlighted with its own marker
             axes.plot(*first[0], marker="*", markersize=14, color=line.get_color(), markeredgecolor="black")
-    axes.set(xscale="log", yscale="log", xlabel="key position j (1 = first token)",
-             ylabel="n_j Σ |ΔATTN| over layers, heads, queries",
-             title=f"Per-token attention difference (Δ1={first_delta1}; ★ first token)")  # fmt: skip
+    axes.set(
+        xscale="log",
+        yscale="log",
+        xlabel="key position j (1 = first token)",
+        ylabel="n_j Σ |ΔATTN| over layers, heads, queries",
+        title=f"Per-token attention difference (Δ1={first_delta1}; ★ first token)",
+    )
 
 
 def _plot_length(axes, rows: list[Row]) -> None:
@@ -309,11 +379,21 @@ def _plot_length(axes, rows: list[Row]) -> None:
     with_delta1 = len({row["delta1"] for row in chosen}) > 1
     for label, series in _series(chosen, with_delta1).items():
         points = sorted((row["length"], row["value"]) for row in series if row["value"] > 0)
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, label=label,
-                  **_style(series[0], chosen))  # fmt: skip
+        axes.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker="o",
+            markersize=4,
+            label=label,
+            **_style(series[0], chosen),
+        )
     axes.set_xscale("log", base=2)  # the lengths double
-    axes.set(yscale="log", xlabel="sequence length T", ylabel="D_logit",
-             title="First-token logit difference D_logit vs length (Eq. 5)")  # fmt: skip
+    axes.set(
+        yscale="log",
+        xlabel="sequence length T",
+        ylabel="D_logit",
+        title="First-token logit difference D_logit vs length (Eq. 5)",
+    )
 
 
 def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:

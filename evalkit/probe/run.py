@@ -124,8 +124,16 @@ def _std(values: torch.Tensor) -> float:
 
 def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
     """Long-form rows for one (condition, dtype, rope, Δ1, length); `column` is set only per-column."""
-    base = {"kind": kind, "condition": condition, "dtype": dtype, "rope": rope, "delta1": found.delta1,
-            "delta2": found.delta2, "length": found.seq_len, "n_texts": found.n_texts}  # fmt: skip
+    base = {
+        "kind": kind,
+        "condition": condition,
+        "dtype": dtype,
+        "rope": rope,
+        "delta1": found.delta1,
+        "delta2": found.delta2,
+        "length": found.seq_len,
+        "n_texts": found.n_texts,
+    }
 
     def row(metric: str, value: float, std: float | None = None, column: int | None = None) -> dict:
         return {"metric": metric, **base, "column": column, "value": value, "std": std}
@@ -145,8 +153,15 @@ def _require_finite(found: ShiftMeasurement, label: str) -> None:
         raise UserError(f"{label}: the attention produced non-finite values (an overflow in this dtype?)")
 
 
-def _measure_all(plan: ProbePlan, options: ProbeOptions, checkpoint: Path, config, windows: dict[int, TokenWindows],
-                 device: torch.device, progress: Callable[[str], None] | None) -> list[dict]:  # fmt: skip
+def _measure_all(
+    plan: ProbePlan,
+    options: ProbeOptions,
+    checkpoint: Path,
+    config,
+    windows: dict[int, TokenWindows],
+    device: torch.device,
+    progress: Callable[[str], None] | None,
+) -> list[dict]:
     rows: list[dict] = []
     for condition, dtype in plan.conditions:
         if progress is not None:
@@ -156,8 +171,15 @@ def _measure_all(plan: ProbePlan, options: ProbeOptions, checkpoint: Path, confi
             for length in plan.lengths:
                 label = f"{condition} {dtype} rope={rope} T={length}"
                 say = (lambda message, label=label: progress(f"{label}: {message}")) if progress else None
-                found = measure_shifts(model, windows[length].ids_NT, plan.delta1, plan.delta2, rope=rope,
-                                       shifts_per_batch=options.shifts_per_batch, progress=say)  # fmt: skip
+                found = measure_shifts(
+                    model,
+                    windows[length].ids_NT,
+                    plan.delta1,
+                    plan.delta2,
+                    rope=rope,
+                    shifts_per_batch=options.shifts_per_batch,
+                    progress=say,
+                )
                 for measurement in found:
                     _require_finite(measurement, label)
                     rows += measurement_rows(plan.kind, measurement, condition, dtype, rope)
@@ -186,13 +208,23 @@ def _notes(plan: ProbePlan, windows: dict[int, TokenWindows], requested: int, so
         notes.append("the tokenizer adds no BOS, so the first token is the text's own first token")
     furthest = max(plan.lengths) - 1 + max(*plan.delta1, plan.delta2)
     if furthest >= plan.window:
-        notes.append(f"position ids reach {furthest}, beyond the model's {plan.window}-token window (as the paper's "
-                     "Δ1 = 2000 at T = 4096 does for LLaMA-2)")  # fmt: skip
+        notes.append(
+            f"position ids reach {furthest}, beyond the model's {plan.window}-token window (as the paper's "
+            "Δ1 = 2000 at T = 4096 does for LLaMA-2)"
+        )
     return notes
 
 
-def _provenance(checkpoint: Path, config, tokenizer, source: TextSource, windows: dict[int, TokenWindows],
-                plan: ProbePlan, options: ProbeOptions, device: torch.device) -> dict:  # fmt: skip
+def _provenance(
+    checkpoint: Path,
+    config,
+    tokenizer,
+    source: TextSource,
+    windows: dict[int, TokenWindows],
+    plan: ProbePlan,
+    options: ProbeOptions,
+    device: torch.device,
+) -> dict:
     import transformers
 
     from evalkit.corpus import tokenizer_fingerprint
@@ -206,31 +238,58 @@ def _provenance(checkpoint: Path, config, tokenizer, source: TextSource, windows
     except (AttributeError, ValueError):  # a slow tokenizer has no backend JSON to hash
         fingerprint = None
     return {
-        **stamp(), "transformers": transformers.__version__, "checkpoint": str(checkpoint),
-        "model_type": config.model_type, "device": str(device), "texts": source.describe(),
-        "n_texts_requested": options.n_texts, "n_texts": {str(n): w.count for n, w in sorted(windows.items())},
+        **stamp(),
+        "transformers": transformers.__version__,
+        "checkpoint": str(checkpoint),
+        "model_type": config.model_type,
+        "device": str(device),
+        "texts": source.describe(),
+        "n_texts_requested": options.n_texts,
+        "n_texts": {str(n): w.count for n, w in sorted(windows.items())},
         "texts_skipped_short": {str(n): w.skipped_short for n, w in sorted(windows.items())},
-        "seq_len": max(plan.lengths) if plan.kind != "length" else None, "lengths": list(plan.lengths),
-        "first_token_is_bos": source.first_token_is_bos(), "tokenizer_fingerprint": fingerprint,
-        "token_windows_sha256": digest.hexdigest()[:16], "model_window": plan.window,
-    }  # fmt: skip
+        "seq_len": max(plan.lengths) if plan.kind != "length" else None,
+        "lengths": list(plan.lengths),
+        "first_token_is_bos": source.first_token_is_bos(),
+        "tokenizer_fingerprint": fingerprint,
+        "token_windows_sha256": digest.hexdigest()[:16],
+        "model_window": plan.window,
+    }
 
 
 def _options_record(plan: ProbePlan, options: ProbeOptions) -> dict:
-    return {"delta1": list(plan.delta1), "delta2": plan.delta2, "lengths": list(plan.lengths),
-            "dtypes": list(options.dtypes), "rope": list(options.rope), "random_init": options.random_init,
-            "seed": options.seed, "n_texts": options.n_texts, "shifts_per_batch": options.shifts_per_batch,
-            "conditions": [list(pair) for pair in plan.conditions]}  # fmt: skip
+    return {
+        "delta1": list(plan.delta1),
+        "delta2": plan.delta2,
+        "lengths": list(plan.lengths),
+        "dtypes": list(options.dtypes),
+        "rope": list(options.rope),
+        "random_init": options.random_init,
+        "seed": options.seed,
+        "n_texts": options.n_texts,
+        "shifts_per_batch": options.shifts_per_batch,
+        "conditions": [list(pair) for pair in plan.conditions],
+    }
 
 
 def output_paths(kind: str, out_dir: Path) -> dict[str, Path]:
     stem = Path(out_dir) / f"probe-{kind}"
-    return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), "png": stem.with_suffix(".png"),
-            "svg": stem.with_suffix(".svg")}  # fmt: skip
+    return {
+        "json": stem.with_suffix(".json"),
+        "markdown": stem.with_suffix(".md"),
+        "png": stem.with_suffix(".png"),
+        "svg": stem.with_suffix(".svg"),
+    }
 
 
-def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Callable[[str], None] | None = None,
-              command: str | None = None, **options) -> dict:  # fmt: skip
+def run_probe(
+    kind: str,
+    ckpt: str | Path,
+    out_dir: str | Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+    command: str | None = None,
+    **options,
+) -> dict:
     """Run one probe kind ("shift", "tokens", "length") on a checkpoint and write its outputs.
 
     `options` are `ProbeOptions` fields (texts, seq_len, n_texts, delta2, delta1, dtypes, rope,
@@ -260,15 +319,28 @@ def run_probe(kind: str, ckpt: str | Path, out_dir: str | Path, *, progress: Cal
         provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
         notes = _notes(plan, windows, probe_options.n_texts, source)
-        payload = {"kind": kind, "provenance": provenance, "options": _options_record(plan, probe_options),
-                   "measurement": MEASUREMENT, "notes": notes, "summary": summary, "rows": rows}  # fmt: skip
+        payload = {
+            "kind": kind,
+            "provenance": provenance,
+            "options": _options_record(plan, probe_options),
+            "measurement": MEASUREMENT,
+            "notes": notes,
+            "summary": summary,
+            "rows": rows,
+        }
 
         paths = output_paths(kind, Path(out_dir))
         write_plots(kind, rows, paths["json"].with_suffix(""))
         first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
-        context = {"checkpoint": checkpoint, "texts": source.describe(), "device": device, "notes": notes,
-                   "texts_used": _texts_used(windows, probe_options.n_texts), "first_token": first_token,
-                   "provenance": provenance}  # fmt: skip
+        context = {
+            "checkpoint": checkpoint,
+            "texts": source.describe(),
+            "device": device,
+            "notes": notes,
+            "texts_used": _texts_used(windows, probe_options.n_texts),
+            "first_token": first_token,
+            "provenance": provenance,
+        }
         atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
         atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
     return {**payload, "files": {name: str(path) for name, path in paths.items()}}

@@ -43,8 +43,18 @@ def run_averages(rows: list[dict]) -> list[RunAverage]:
         entries.sort()
         task_sets = {tuple(tasks) for _, _, tasks in entries}
         if len(task_sets) > 1:
-            raise ValueError(f"run {run} at length {length}: its checkpoints scored different task sets {sorted(task_sets)}")
+            raise ValueError(
+                f"run {run} at length {length}: its checkpoints scored different task sets {sorted(task_sets)}"
+            )
         means = [mean for _, mean, _ in entries]
-        averages.append(RunAverage(run, length, statistics.fmean(means), statistics.pstdev(means),
-                                   [step for step, _, _ in entries], list(entries[0][2])))  # fmt: skip
+        averages.append(
+            RunAverage(
+                run,
+                length,
+                statistics.fmean(means),
+                statistics.pstdev(means),
+                [step for step, _, _ in entries],
+                list(entries[0][2]),
+            )
+        )
     return averages

@@ -64,7 +64,9 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
     A UserError when a path holds no checkpoint, or two different runs share a name.
     """
     if not paths:
-        raise UserError("no checkpoint given: pass --ckpts PATH (a checkpoint or a run directory of step-* checkpoints)")
+        raise UserError(
+            "no checkpoint given: pass --ckpts PATH (a checkpoint or a run directory of step-* checkpoints)"
+        )
     check_last(last)
     refs: list[CheckpointRef] = []
     for pattern in paths:
@@ -78,7 +80,9 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
             elif path.is_dir() and (found := _run_checkpoints(path)):
                 refs.extend(found)
             else:
-                raise UserError(f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints")
+                raise UserError(
+                    f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints"
+                )
     unique = sorted(set(refs))
     _check_run_names(unique)
     if last is not None:

@@ -83,8 +83,10 @@ def _read_summary(path: Path) -> dict:
     except (KeyError, TypeError, ValueError):
         raise UserError(f"{path} has a malformed step or row; remove it or rerun that checkpoint") from None
     if None in cells:
-        raise UserError(f"{path} holds rows of another checkpoint than {summary['run']} step {summary['step']}; "
-                        "remove it or rerun that checkpoint")  # fmt: skip
+        raise UserError(
+            f"{path} holds rows of another checkpoint than {summary['run']} step {summary['step']}; "
+            "remove it or rerun that checkpoint"
+        )
     twice = sorted((cell for cell, count in Counter(cells).items() if count > 1), key=str)
     if twice:
         raise UserError(f"{path} holds {' '.join(map(str, twice[0]))} twice; remove it or rerun that checkpoint")
@@ -109,8 +111,10 @@ def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: t
     (path_a, a), (path_b, b) = first, second
     versions = {_version(a), _version(b)}
     differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
-    return (f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
-            "pass only one of the directories, or move one file away")  # fmt: skip
+    return (
+        f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
+        "pass only one of the directories, or move one file away"
+    )
 
 
 def _version(summary: dict) -> str:
@@ -142,10 +146,16 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
         info.steps.append(int(summary["step"]))
         info.paradigm, info.model, info.data = _describe_checkpoint(summary)
         settings = summary.get("provenance", {}).get("settings", {})
-        key = {"tasks": tuple(sorted(settings.get("tasks", []))), "samples": settings.get("num_samples"),
-               "seed": settings.get("seed"), "sizing": settings.get("sizing", "exact")}  # fmt: skip
+        key = {
+            "tasks": tuple(sorted(settings.get("tasks", []))),
+            "samples": settings.get("num_samples"),
+            "seed": settings.get("seed"),
+            "sizing": settings.get("sizing", "exact"),
+        }
         if info.settings and info.settings != key:
-            raise UserError(f"run {info.run}: its checkpoints were evaluated with different settings; re-run them alike")
+            raise UserError(
+                f"run {info.run}: its checkpoints were evaluated with different settings; re-run them alike"
+            )
         info.settings = key
         for skip in summary.get("skipped", []):
             info.skipped[(skip["task"], int(skip["length"]))] = skip["reason"]
@@ -172,10 +182,14 @@ def ruler_cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
     for (run, _step, length), (mean, tasks) in per_checkpoint_length_means(rows).items():
         per_run[(run, length)].append((mean, len(tasks)))
     return {
-        key: Cell(statistics.fmean(m for m, _ in values), statistics.pstdev(m for m, _ in values), len(values),
-                  max(t for _, t in values))
+        key: Cell(
+            statistics.fmean(m for m, _ in values),
+            statistics.pstdev(m for m, _ in values),
+            len(values),
+            max(t for _, t in values),
+        )
         for key, values in per_run.items()
-    }  # fmt: skip
+    }
 
 
 def _best(values: dict[str, float]) -> set[str]:
@@ -189,12 +203,19 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
     cells = ruler_cells(rows)
     runs = sorted(infos)
     lengths = sorted({length for _, length in cells})
-    averages = {run: statistics.fmean(cells[(run, n)].mean for n in lengths if (run, n) in cells)
-                for run in runs if any((run, n) in cells for n in lengths)}  # fmt: skip
+    averages = {
+        run: statistics.fmean(cells[(run, n)].mean for n in lengths if (run, n) in cells)
+        for run in runs
+        if any((run, n) in cells for n in lengths)
+    }
     best = {n: _best({run: cells[(run, n)].mean for run in runs if (run, n) in cells}) for n in lengths}
     best_avg = _best(averages)
     differs = _differing_settings(infos)
-    header = "| run | paradigm | model | data | steps | " + " | ".join(_label(n) for n in lengths) + " | avg | behind each value |"
+    header = (
+        "| run | paradigm | model | data | steps | "
+        + " | ".join(_label(n) for n in lengths)
+        + " | avg | behind each value |"
+    )
     lines = [header, "|" + "---|" * (6 + len(lengths) + 1)]
     for run in runs:
         info = infos[run]
@@ -210,8 +231,11 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
         avg = f"**{avg}**" if run in best_avg else avg
         behind = _behind(cells, run, lengths, info.settings.get("samples"))
         mark = " †" if run in differs else ""
-        lines.append(f"| {run}{mark} | {info.paradigm} | {info.model} | {info.data} | {', '.join(map(str, info.steps))} | "
-                     + " | ".join(text) + f" | {avg} | {behind} |")  # fmt: skip
+        lines.append(
+            f"| {run}{mark} | {info.paradigm} | {info.model} | {info.data} | {', '.join(map(str, info.steps))} | "
+            + " | ".join(text)
+            + f" | {avg} | {behind} |"
+        )
     return "\n".join(lines)
 
 
@@ -222,9 +246,12 @@ def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
         if (run, n) in cells:
             by_count[(cells[(run, n)].checkpoints, cells[(run, n)].tasks)].append(n)
     if len(by_count) == 1:
-        (k, t), = by_count
+        ((k, t),) = by_count
         return f"{k} ckpt × {t} tasks × {samples} samples"
-    parts = [f"{k} ckpt × {t} tasks at {', '.join(_label(n) for n in ns)}" for (k, t), ns in sorted(by_count.items(), key=lambda kv: kv[1])]
+    parts = [
+        f"{k} ckpt × {t} tasks at {', '.join(_label(n) for n in ns)}"
+        for (k, t), ns in sorted(by_count.items(), key=lambda kv: kv[1])
+    ]
     return "; ".join(parts) + f"; {samples} samples each"
 
 
@@ -277,14 +304,21 @@ def settings_notes(infos: dict[str, RunInfo]) -> str:
     lines = ["† evaluated with different settings than the other runs (not directly comparable):"]
     for run in sorted(differs):
         s = infos[run].settings
-        lines.append(f"- {run}: tasks {', '.join(s.get('tasks', []))}; {s.get('samples')} samples; seed {s.get('seed')}; "
-                     f"sizing {s.get('sizing', 'exact')}")
+        lines.append(
+            f"- {run}: tasks {', '.join(s.get('tasks', []))}; {s.get('samples')} samples; seed {s.get('seed')}; "
+            f"sizing {s.get('sizing', 'exact')}"
+        )
     return "\n".join(lines)
 
 
 def headline_rows(general: list[dict]) -> list[dict]:
     """The rows of the tasks users asked for (mmlu itself, not its 57 subjects)."""
-    return [row for summary in general for row in summary.get("rows", []) if row.get("requested", row["task"]) == row["task"]]
+    return [
+        row
+        for summary in general
+        for row in summary.get("rows", [])
+        if row.get("requested", row["task"]) == row["task"]
+    ]
 
 
 def general_table(general: list[dict]) -> str:
@@ -316,13 +350,22 @@ def provenance_notes(summaries: list[dict]) -> str:
     for summary in summaries:
         p = summary.get("provenance", {})
         engine = p.get("engine", {})
-        key = (summary.get("benchmark", "ruler"), summary["run"], engine.get("engine"), engine.get("dtype"),
-               engine.get("batch_size"), p.get("evalkit_version"), p.get("git_hash"))  # fmt: skip
+        key = (
+            summary.get("benchmark", "ruler"),
+            summary["run"],
+            engine.get("engine"),
+            engine.get("dtype"),
+            engine.get("batch_size"),
+            p.get("evalkit_version"),
+            p.get("git_hash"),
+        )
         if key in seen:
             continue
         seen.add(key)
-        lines.append(f"- {key[0]} {summary['run']}: engine {key[2]}, dtype {key[3]}, batch size {key[4]}, "
-                     f"evalkit {key[5]} ({key[6]}), tokenizer {engine.get('tokenizer_fingerprint', '?')}")  # fmt: skip
+        lines.append(
+            f"- {key[0]} {summary['run']}: engine {key[2]}, dtype {key[3]}, batch size {key[4]}, "
+            f"evalkit {key[5]} ({key[6]}), tokenizer {engine.get('tokenizer_fingerprint', '?')}"
+        )
     return "\n".join(lines)
 
 
@@ -330,19 +373,31 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
     ruler = find_summaries(dirs, RULER_SUMMARY)
     general = find_summaries(dirs, GENERAL_SUMMARY)
     if not ruler and not general:
-        raise UserError(f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {', '.join(map(str, dirs))}; run evalkit ruler/general first")
+        raise UserError(
+            f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {', '.join(map(str, dirs))}; "
+            "run evalkit ruler/general first"
+        )
     parts = ["# Leaderboard", ""]
     if ruler:
         rows = [row for s in ruler for row in s["rows"]]
         infos = run_infos(ruler)
-        parts += ["## RULER (mean ± std over each run's checkpoints of the per-length task average; best in bold)", "",
-                  ruler_table(rows, infos), ""]  # fmt: skip
+        parts += [
+            "## RULER (mean ± std over each run's checkpoints of the per-length task average; best in bold)",
+            "",
+            ruler_table(rows, infos),
+            "",
+        ]
         notes = settings_notes(infos)
         if notes:
             parts += [notes, ""]
         skipped = skipped_notes(infos)
         parts += ["Skipped tasks (not scored, not averaged):", "", skipped or "- none", ""]
-        parts += ["## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)", "", per_task_table(rows), ""]
+        parts += [
+            "## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
+            "",
+            per_task_table(rows),
+            "",
+        ]
     if general:
         parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
     parts += ["## Provenance", "", provenance_notes(ruler + general), "", ""]

@@ -40,15 +40,24 @@ def ruler_vs_length(rows: list[dict], stem: Path) -> list[Path]:
         lengths = sorted(n for r, n in cells if r == run)
         means = [cells[(run, n)].mean for n in lengths]
         stds = [cells[(run, n)].std for n in lengths]
-        line, = axes.plot(lengths, means, marker="o", label=run)
-        axes.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                          color=line.get_color(), alpha=0.2)  # fmt: skip
+        (line,) = axes.plot(lengths, means, marker="o", label=run)
+        axes.fill_between(
+            lengths,
+            [m - s for m, s in zip(means, stds)],
+            [m + s for m, s in zip(means, stds)],
+            color=line.get_color(),
+            alpha=0.2,
+        )
     axes.set_xscale("log", base=2)
     all_lengths = sorted({n for _, n in cells})
     axes.set_xticks(all_lengths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in all_lengths])
     axes.minorticks_off()
-    axes.set(xlabel="context length (tokens)", ylabel="RULER score (task average)", ylim=(-2, 102),
-             title="RULER vs context length (band: spread over checkpoints)")  # fmt: skip
+    axes.set(
+        xlabel="context length (tokens)",
+        ylabel="RULER score (task average)",
+        ylim=(-2, 102),
+        title="RULER vs context length (band: spread over checkpoints)",
+    )
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     paths = _save(figure, stem)
@@ -66,8 +75,12 @@ def ruler_vs_step(rows: list[dict], stem: Path) -> list[Path]:
     for run in sorted(per_step):
         steps = sorted(per_step[run])
         axes.plot(steps, [statistics.fmean(per_step[run][s]) for s in steps], marker="o", label=run)
-    axes.set(xlabel="training step", ylabel="RULER score (average over lengths)", ylim=(-2, 102),
-             title="RULER across a run's checkpoints")  # fmt: skip
+    axes.set(
+        xlabel="training step",
+        ylabel="RULER score (average over lengths)",
+        ylim=(-2, 102),
+        title="RULER across a run's checkpoints",
+    )
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     paths = _save(figure, stem)

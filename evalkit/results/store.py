@@ -74,16 +74,22 @@ class SampleLog:
         """
         where = f"{self.path}:{number}"
         if not isinstance(record, dict) or not isinstance(record.get("index"), int):
-            raise UserError(f"{where} is not a sample record (edited by hand?); delete that line, "
-                            "or the file, and rerun to recompute it")  # fmt: skip
+            raise UserError(
+                f"{where} is not a sample record (edited by hand?); delete that line, "
+                "or the file, and rerun to recompute it"
+            )
         if CHECKSUM not in record:
             if checked_before:
-                raise UserError(f"{where} has lost its checksum (edited by hand?); delete that line, "
-                                "or the file, and rerun to recompute it")  # fmt: skip
+                raise UserError(
+                    f"{where} has lost its checksum (edited by hand?); delete that line, "
+                    "or the file, and rerun to recompute it"
+                )
             return False
         if record[CHECKSUM] != record_checksum(record):
-            raise UserError(f"{where} does not match its checksum (edited or damaged); delete that line, "
-                            "or the file, and rerun to recompute it")  # fmt: skip
+            raise UserError(
+                f"{where} does not match its checksum (edited or damaged); delete that line, "
+                "or the file, and rerun to recompute it"
+            )
         return True
 
     def done(self) -> set[int]:

@@ -35,5 +35,7 @@ def average_table(rows: list[dict]) -> str:
         steps = sorted({s for a in by_length.values() for s in a.checkpoints})
         cells = [f"{by_length[n].mean:.2f} ± {by_length[n].std:.2f}" if n in by_length else "–" for n in lengths]
         means = [a.mean for a in by_length.values()]
-        lines.append(f"| {run} | {', '.join(map(str, steps))} | " + " | ".join(cells) + f" | {sum(means) / len(means):.2f} |")
+        lines.append(
+            f"| {run} | {', '.join(map(str, steps))} | " + " | ".join(cells) + f" | {sum(means) / len(means):.2f} |"
+        )
     return "\n".join(lines)

@@ -122,16 +122,20 @@ def dumps_entry(samples: list[Sample]) -> str:
 
 def read_entry(path: Path, num_samples: int) -> list[Sample]:
     """The samples of a cache file whose header and checksum hold; StaleEntry otherwise."""
-    damaged = StaleEntry(f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it",
-                         str(path))  # fmt: skip
+    damaged = StaleEntry(
+        f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it", str(path)
+    )
     try:
         first, _, rest = path.read_text(encoding="utf-8").partition("\n")
     except UnicodeDecodeError:
         raise damaged from None
     header = _header(first)
     if header is None:
-        raise StaleEntry(f"RULER cache entries without a checksum (written by an older evalkit), such as {path}, "
-                         "are regenerated on first use", "old-format")  # fmt: skip
+        raise StaleEntry(
+            f"RULER cache entries without a checksum (written by an older evalkit), such as {path}, "
+            "are regenerated on first use",
+            "old-format",
+        )
     try:
         samples = loads_jsonl(rest)
     except (ValueError, KeyError, TypeError):  # not sample lines any more

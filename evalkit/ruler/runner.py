@@ -70,14 +70,18 @@ def parse_tasks(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
-        raise UserError(f"unknown RULER task {unknown[0] if unknown else text!r}; use all or any of: {', '.join(TASKS)}")
+        raise UserError(
+            f"unknown RULER task {unknown[0] if unknown else text!r}; use all or any of: {', '.join(TASKS)}"
+        )
     return names
 
 
 def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
     """Before any work: the checkpoint has a tokenizer and a window long enough for every length."""
     if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
-        raise UserError(f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint")
+        raise UserError(
+            f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint"
+        )
     config = read_config(ref.path)
     config = config.get("text_config", config)
     window = settings.max_length or config.get("max_position_embeddings")
@@ -101,8 +105,18 @@ def checkpoint_meta(path: Path) -> dict:
         data = json.loads(meta.read_text())
     except json.JSONDecodeError:
         return {}
-    keep = ("step", "tokens_seen", "paradigm", "config", "data_fingerprint", "tokenizer_fingerprint", "git_hash",
-            "model", "source", "dtype")  # fmt: skip
+    keep = (
+        "step",
+        "tokens_seen",
+        "paradigm",
+        "config",
+        "data_fingerprint",
+        "tokenizer_fingerprint",
+        "git_hash",
+        "model",
+        "source",
+        "dtype",
+    )
     return {key: data[key] for key in keep if key in data}
 
 
@@ -141,23 +155,42 @@ def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings,
         for sample, prompt in zip(chunk, fed_prompts):
             fed = engine.count_tokens(prompt)
             if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
-                raise RuntimeError(f"{task} sample {sample.index}: {fed} + {spec.max_new_tokens} tokens exceed {length}")
+                raise RuntimeError(
+                    f"{task} sample {sample.index}: {fed} + {spec.max_new_tokens} tokens exceed {length}"
+                )
         predictions = engine.generate(fed_prompts, spec.max_new_tokens)
-        log.append([
-            {"index": s.index, "length": s.length, "prediction": p, "references": s.outputs,
-             "score": sample_score(task, p, s.outputs), "prompt_sha": _prompt_hash(prompt)}
-            for s, p, prompt in zip(chunk, predictions, prompts)
-        ])  # fmt: skip
+        log.append(
+            [
+                {
+                    "index": s.index,
+                    "length": s.length,
+                    "prediction": p,
+                    "references": s.outputs,
+                    "score": sample_score(task, p, s.outputs),
+                    "prompt_sha": _prompt_hash(prompt),
+                }
+                for s, p, prompt in zip(chunk, predictions, prompts)
+            ]
+        )
         progress(task, length, len(samples) - len(todo) + start + len(chunk), len(samples))
     records = log.ordered()
     predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
-    return {"run": ref.run, "step": ref.step, "task": task, "length": length, "score": score(task, predictions, references),
-            "stderr": standard_error(task, predictions, references), "n": len(records),
-            "data_key": data_key, "generated": len(todo)}  # fmt: skip
+    return {
+        "run": ref.run,
+        "step": ref.step,
+        "task": task,
+        "length": length,
+        "score": score(task, predictions, references),
+        "stderr": standard_error(task, predictions, references),
+        "n": len(records),
+        "data_key": data_key,
+        "generated": len(todo),
+    }
 
 
-def evaluate_checkpoint(ref: CheckpointRef, settings: RulerSettings, out: Path,
-                        progress: Callable[[str, int, int, int], None]) -> dict:  # fmt: skip
+def evaluate_checkpoint(
+    ref: CheckpointRef, settings: RulerSettings, out: Path, progress: Callable[[str, int, int, int], None]
+) -> dict:
     """Every (length, task) of one checkpoint; writes and returns its summary."""
     from evalkit.engines import get_engine
 
@@ -207,8 +240,18 @@ def _evaluate_tasks(engine, ref: CheckpointRef, settings: RulerSettings, out: Pa
 
 # What must match for an earlier summary's (task, length) cells to stand beside this run's:
 # everything that decides the data or the answers. Tasks and lengths are what may differ.
-_CELL_SETTINGS = ("num_samples", "seed", "essays", "qa_dir", "engine", "dtype", "batch_size", "max_length", "sizing",
-                  "prompt_format")  # fmt: skip
+_CELL_SETTINGS = (
+    "num_samples",
+    "seed",
+    "essays",
+    "qa_dir",
+    "engine",
+    "dtype",
+    "batch_size",
+    "max_length",
+    "sizing",
+    "prompt_format",
+)
 _CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries written before the setting meant
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
 
@@ -230,10 +273,9 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     now, then = summary["provenance"], earlier.get("provenance") or {}
     then_settings = then.get("settings") or {}
     alike = all(
-        now["settings"].get(k, _CELL_DEFAULTS.get(k)) == then_settings.get(k, _CELL_DEFAULTS.get(k)) for k in _CELL_SETTINGS
-    ) and all(
-        now["engine"].get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE
-    )
+        now["settings"].get(k, _CELL_DEFAULTS.get(k)) == then_settings.get(k, _CELL_DEFAULTS.get(k))
+        for k in _CELL_SETTINGS
+    ) and all(now["engine"].get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE)
     touched = {(row["task"], row["length"]) for row in summary["rows"]} | {
         (skip["task"], skip["length"]) for skip in summary["skipped"]
     }
@@ -265,9 +307,13 @@ def _stamp_of_the_scores(summary_path: Path, generated_any: bool) -> dict:
     return stamp()
 
 
-def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path,
-              progress: Callable[[str, int, int, int], None] = lambda *_: None,
-              on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None) -> list[dict]:  # fmt: skip
+def run_ruler(
+    refs: list[CheckpointRef],
+    settings: RulerSettings,
+    out: Path,
+    progress: Callable[[str, int, int, int], None] = lambda *_: None,
+    on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
+) -> list[dict]:
     for ref in refs:
         check_checkpoint(ref, settings)
     summaries = []

@@ -64,8 +64,9 @@ def _output_embedding_key(model: torch.nn.Module) -> str | None:
     return None
 
 
-def write_checkpoint(run_dir: Path, step: int, model, tokenizer, model_state: dict[str, torch.Tensor],
-                     trainer_state: dict, meta: dict) -> Path:  # fmt: skip
+def write_checkpoint(
+    run_dir: Path, step: int, model, tokenizer, model_state: dict[str, torch.Tensor], trainer_state: dict, meta: dict
+) -> Path:
     """Write step-<step> atomically (rank 0 only); returns its path."""
     from safetensors.torch import save_file
 
@@ -123,8 +124,9 @@ def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
             (path / TRAINER_STATE).unlink(missing_ok=True)
 
 
-def export_checkpoint(source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *,
-                      overwrite: bool = False) -> Path:  # fmt: skip
+def export_checkpoint(
+    source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *, overwrite: bool = False
+) -> Path:
     """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state.
 
     config.json, the tokenizer, generation_config.json and meta.json are copied as they are (the

@@ -35,10 +35,12 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int = 4
     intermediate_size: int = 688
-    max_position_embeddings: int | None = None  # from scratch; default 4 x seq_len, so RULER can go beyond training length
+    # from scratch; default 4 x seq_len, so RULER can go beyond training length
+    max_position_embeddings: int | None = None
     rope_theta: float | None = None  # overrides the checkpoint's base: the paper's only RoPE change
     tie_embeddings: bool = True
-    attention: str = "auto"  # evalkit implementation: auto (blocked on CPU, flex on CUDA) | blocked | flex | flash | dense
+    # evalkit implementation: auto (blocked on CPU, flex on CUDA) | blocked | flex | flash | dense
+    attention: str = "auto"
     trust_remote_code: bool = False
 
 
@@ -53,7 +55,8 @@ class DataConfig:
     retrieval_fraction: float = 0.5  # built-in corpus: share of synthetic retrieval documents
     num_retrieval_docs: int = 4000  # built-in corpus: how many synthetic retrieval documents to draw
     copy_fraction: float = 0.0  # built-in corpus: share of synthetic copy documents (the induction skill alone)
-    retrieval_phrasing: str = "plain"  # built-in corpus: plain (three fixed templates), varied (many phrasings) or broad (more, RULER's among them)
+    # built-in corpus: plain (three fixed templates), varied (many phrasings) or broad (more, RULER's among them)
+    retrieval_phrasing: str = "plain"
     max_documents: int | None = None  # use only the first N documents of the source
 
 
@@ -106,7 +109,11 @@ class TrainConfig:
     def checkpoint_steps(self) -> set[int]:
         """Steps of the evaluation window (the last K checkpoints, M steps apart)."""
         c = self.checkpoint
-        return {self.max_steps - i * c.final_spacing for i in range(c.final_count) if self.max_steps - i * c.final_spacing > 0}
+        return {
+            self.max_steps - i * c.final_spacing
+            for i in range(c.final_count)
+            if self.max_steps - i * c.final_spacing > 0
+        }
 
     def validate(self) -> None:
         _check_finite(self)
@@ -114,25 +121,47 @@ class TrainConfig:
         checks = [
             (self.seq_len >= 16, f"seq_len must be at least 16, got {self.seq_len}"),
             (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
-            (self.windows_per_step >= 1 and self.micro_batch >= 1, "windows_per_step and micro_batch must be at least 1"),
+            (
+                self.windows_per_step >= 1 and self.micro_batch >= 1,
+                "windows_per_step and micro_batch must be at least 1",
+            ),
             (self.dtype in ("fp32", "bf16"), f"dtype must be fp32 or bf16, got {self.dtype!r}"),
-            (self.model.arch in ("llama", "qwen2", "mistral"), f"model.arch must be llama, qwen2 or mistral, got {self.model.arch!r}"),
-            (self.model.attention in ("auto", "blocked", "flex", "flash", "dense"), f"unknown model.attention {self.model.attention!r}"),
-            (self.optim.schedule in ("constant", "cosine"), f"optim.schedule must be constant or cosine, got {self.optim.schedule!r}"),
+            (
+                self.model.arch in ("llama", "qwen2", "mistral"),
+                f"model.arch must be llama, qwen2 or mistral, got {self.model.arch!r}",
+            ),
+            (
+                self.model.attention in ("auto", "blocked", "flex", "flash", "dense"),
+                f"unknown model.attention {self.model.attention!r}",
+            ),
+            (
+                self.optim.schedule in ("constant", "cosine"),
+                f"optim.schedule must be constant or cosine, got {self.optim.schedule!r}",
+            ),
             (0.0 <= self.data.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
-            (0.0 <= self.data.copy_fraction and self.data.retrieval_fraction + self.data.copy_fraction <= 1.0,
-             "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1"),
-            (self.data.retrieval_phrasing in PHRASINGS,
-             f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}"),
-            (self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
-             "checkpoint.every, final_count and final_spacing must be at least 1"),
+            (
+                0.0 <= self.data.copy_fraction and self.data.retrieval_fraction + self.data.copy_fraction <= 1.0,
+                "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1",
+            ),
+            (
+                self.data.retrieval_phrasing in PHRASINGS,
+                f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}",
+            ),
+            (
+                self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
+                "checkpoint.every, final_count and final_spacing must be at least 1",
+            ),
             *_model_checks(m),
             *_optim_checks(o),
-            (self.data.vocab_size >= 1 and self.data.num_retrieval_docs >= 0,
-             "data.vocab_size must be at least 1 and data.num_retrieval_docs at least 0"),
-            (self.data.max_documents is None or self.data.max_documents >= 1,
-             f"data.max_documents must be at least 1 (or null: every document), got {self.data.max_documents}"),
-        ]  # fmt: skip
+            (
+                self.data.vocab_size >= 1 and self.data.num_retrieval_docs >= 0,
+                "data.vocab_size must be at least 1 and data.num_retrieval_docs at least 0",
+            ),
+            (
+                self.data.max_documents is None or self.data.max_documents >= 1,
+                f"data.max_documents must be at least 1 (or null: every document), got {self.data.max_documents}",
+            ),
+        ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
@@ -152,14 +181,23 @@ def _check_finite(section: Any, prefix: str = "") -> None:
 def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
     sizes = (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size)
     return [
-        (min(sizes) >= 1, "model.hidden_size, num_layers, num_heads, num_kv_heads and intermediate_size must be at least 1"),
-        (min(sizes) < 1 or (m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0),
-         (f"model.hidden_size ({m.hidden_size}) must be a multiple of model.num_heads ({m.num_heads}), "
-          f"and num_heads a multiple of model.num_kv_heads ({m.num_kv_heads})")),
-        (m.max_position_embeddings is None or m.max_position_embeddings >= 1,
-         f"model.max_position_embeddings must be at least 1 (or null: 4 x seq_len), got {m.max_position_embeddings}"),
+        (
+            min(sizes) >= 1,
+            "model.hidden_size, num_layers, num_heads, num_kv_heads and intermediate_size must be at least 1",
+        ),
+        (
+            min(sizes) < 1 or (m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0),
+            (
+                f"model.hidden_size ({m.hidden_size}) must be a multiple of model.num_heads ({m.num_heads}), "
+                f"and num_heads a multiple of model.num_kv_heads ({m.num_kv_heads})"
+            ),
+        ),
+        (
+            m.max_position_embeddings is None or m.max_position_embeddings >= 1,
+            f"model.max_position_embeddings must be at least 1 (or null: 4 x seq_len), got {m.max_position_embeddings}",
+        ),
         (m.rope_theta is None or m.rope_theta > 0, f"model.rope_theta must be positive (or null), got {m.rope_theta}"),
-    ]  # fmt: skip
+    ]
 
 
 def _optim_checks(o: OptimConfig) -> list[tuple[bool, str]]:
@@ -167,12 +205,18 @@ def _optim_checks(o: OptimConfig) -> list[tuple[bool, str]]:
     return [
         (o.lr >= 0, f"optim.lr must be at least 0 (0 keeps the weights as they are), got {o.lr}"),
         (o.weight_decay >= 0, f"optim.weight_decay must be at least 0, got {o.weight_decay}"),
-        (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}"),
+        (
+            0 <= o.beta1 < 1 and 0 <= o.beta2 < 1,
+            f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}",
+        ),
         (o.eps >= 0, f"optim.eps must be at least 0, got {o.eps}"),
         (o.warmup_steps >= 0, f"optim.warmup_steps must be at least 0, got {o.warmup_steps}"),
         (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be between 0 and 1, got {o.min_lr_ratio}"),
-        (o.grad_clip is None or o.grad_clip >= 0, f"optim.grad_clip must be at least 0 (0 or null: no clipping), got {o.grad_clip}"),
-    ]  # fmt: skip
+        (
+            o.grad_clip is None or o.grad_clip >= 0,
+            f"optim.grad_clip must be at least 0 (0 or null: no clipping), got {o.grad_clip}",
+        ),
+    ]
 
 
 def _looks_local(name: str) -> bool:
@@ -329,7 +373,9 @@ def _parse_set(assignment: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load_config(recipe: str | None, overrides: dict[str, Any] | None = None, sets: list[str] | None = None) -> TrainConfig:
+def load_config(
+    recipe: str | None, overrides: dict[str, Any] | None = None, sets: list[str] | None = None
+) -> TrainConfig:
     """The config of a recipe, then flag overrides (dotted keys), then --set assignments, validated."""
     config = TrainConfig()
     if recipe:

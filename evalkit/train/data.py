@@ -4,7 +4,7 @@
     WindowStream    documents in a seeded order per epoch, packed window by window with
                     evalkit.attention.pack (leftovers carried); its state_dict() is the data
                     position a checkpoint stores, so a resumed run sees exactly the same windows
-"""
+"""  # fmt: skip # the formatter would dedent this docstring, changing its text
 
 from __future__ import annotations
 
@@ -128,8 +128,9 @@ class JsonlSource:
         try:
             text = line.decode("utf-8-sig")  # -sig: a BOM some editors write on line 1 is not JSON
         except UnicodeDecodeError as err:
-            raise UserError(f"{where}: byte {line[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
-                            "save the file as UTF-8") from None  # fmt: skip
+            raise UserError(
+                f"{where}: byte {line[err.start]:#04x} at column {err.start + 1} is not UTF-8; save the file as UTF-8"
+            ) from None
         try:
             record = json.loads(text)
         except json.JSONDecodeError as err:
@@ -141,8 +142,10 @@ class JsonlSource:
             kind = type(record).__name__
             raise UserError(f"{where} is a JSON {kind}, not an object with a {self._text_field!r} field")
         if self._text_field not in record:
-            raise UserError(f"{where} has no field {self._text_field!r}; add it, or set data.text_field to the field "
-                            "that holds each document's text")  # fmt: skip
+            raise UserError(
+                f"{where} has no field {self._text_field!r}; add it, or set data.text_field to the field "
+                "that holds each document's text"
+            )
         if not isinstance(record[self._text_field], str):
             kind = type(record[self._text_field]).__name__
             raise UserError(
@@ -193,7 +196,11 @@ class HFDatasetSource:
         return len(self._dataset)
 
     def domains(self) -> list[str]:
-        return sorted(str(d) for d in self._dataset.unique(self._domain_field) if d is not None) if self._domain_field else []
+        return (
+            sorted(str(d) for d in self._dataset.unique(self._domain_field) if d is not None)
+            if self._domain_field
+            else []
+        )
 
     def __getitem__(self, index: int) -> tuple[str, str | None]:
         row = self._dataset[index]
@@ -242,13 +249,18 @@ def domain_tag_ids(tokenizer, domains: list[str]) -> dict[str, int]:
     vocab = tokenizer.get_vocab()
     if all(tag in vocab for tag in BUILTIN_DOMAIN_TAGS):
         if len(domains) > len(BUILTIN_DOMAIN_TAGS):
-            raise UserError(f"{len(domains)} domains, but the built-in tokenizer reserves {len(BUILTIN_DOMAIN_TAGS)} tags")
+            raise UserError(
+                f"{len(domains)} domains, but the built-in tokenizer reserves {len(BUILTIN_DOMAIN_TAGS)} tags"
+            )
         return {d: vocab[tag] for d, tag in zip(sorted(domains), BUILTIN_DOMAIN_TAGS)}
     ids = {}
     for domain in domains:
         pieces = tokenizer.encode(domain, add_special_tokens=False)
         if len(pieces) != 1:
-            raise UserError(f"domain {domain!r} is {len(pieces)} tokens for this tokenizer; anchor_tag needs one token per domain tag")
+            raise UserError(
+                f"domain {domain!r} is {len(pieces)} tokens for this tokenizer; "
+                "anchor_tag needs one token per domain tag"
+            )
         ids[domain] = pieces[0]
     return ids
 
@@ -268,8 +280,15 @@ class StreamState:
 class WindowStream:
     """Windows of exactly seq_len tokens, packed per paradigm, in a deterministic, resumable order."""
 
-    def __init__(self, source: DocumentSource, tokenizer, paradigm: Paradigm, seq_len: int, seed: int,
-                 domain_tags: dict[str, int] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        source: DocumentSource,
+        tokenizer,
+        paradigm: Paradigm,
+        seq_len: int,
+        seed: int,
+        domain_tags: dict[str, int] | None = None,
+    ):
         if tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
             raise UserError("the tokenizer has neither a BOS nor an EOS token; packing needs one")
         if len(source) == 0:
@@ -321,8 +340,14 @@ class WindowStream:
                 docs.append(doc)
                 after.append((epoch, cursor))
                 budget += len(doc.tokens) + 2
-        packed = pack(docs, self.seq_len, self.paradigm, bos_id=self.bos_id, eos_id=self.eos_id,
-                      seed=self.seed * 1_000_003 + self.state.windows)  # fmt: skip
+        packed = pack(
+            docs,
+            self.seq_len,
+            self.paradigm,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+            seed=self.seed * 1_000_003 + self.state.windows,
+        )
         consumed = [pos for pos in after[: packed.num_consumed] if pos is not None]
         if consumed:
             self.state.epoch, self.state.cursor = consumed[-1]

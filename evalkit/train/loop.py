@@ -113,7 +113,9 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     ignore = {"max_steps", "checkpoint", "out"}
     differing = [k for k in current if k not in ignore and saved.get(k) != current[k]]
     if differing:
-        raise UserError(f"--resume with a different config ({', '.join(differing)}); use the original settings or a new --out")
+        raise UserError(
+            f"--resume with a different config ({', '.join(differing)}); use the original settings or a new --out"
+        )
 
 
 def _metrics_to_keep(path: Path, step: int) -> list[str]:
@@ -135,8 +137,10 @@ def _metrics_to_keep(path: Path, step: int) -> list[str]:
         if logged is None and position == len(lines) - 1:
             break  # the torn last line
         if logged is None:
-            raise UserError(f"{path}, line {number} is not a metrics record (the log is corrupt); delete that line, "
-                            "or the whole file to resume with a new log")  # fmt: skip
+            raise UserError(
+                f"{path}, line {number} is not a metrics record (the log is corrupt); delete that line, "
+                "or the whole file to resume with a new log"
+            )
         if logged <= step:
             kept.append(line)
     return kept
@@ -161,9 +165,12 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn(),
-            )  # fmt: skip
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
+                TimeRemainingColumn(),
+            )
             self._task = self._bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
             self._bar.start()
 
@@ -238,7 +245,9 @@ def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext)
     model = distributed.shard(MaskedLMLoss(lm), ctx)
     model.train()
     o = config.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
     return model, optimizer, scheduler
 
@@ -252,14 +261,18 @@ class _ResumePoint:
     weights: dict[str, torch.Tensor]
 
 
-def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool,
-           held: ExitStack) -> Path:  # fmt: skip
+def _train(
+    config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool, held: ExitStack
+) -> Path:
     check_inputs(config)
     run_dir = config.run_dir()
     check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
     per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
     if remainder or per_process % config.micro_batch:
-        raise UserError(f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes x micro_batch={config.micro_batch}")
+        raise UserError(
+            f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes "
+            f"x micro_batch={config.micro_batch}"
+        )
     point = _resume_point(run_dir, config, resume, ctx)
     step = point.step if point else 0
     metrics = _metrics_to_keep(run_dir / METRICS, step)
@@ -310,13 +323,20 @@ def _train(config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, s
             elapsed = time.perf_counter() - started
             tokens_per_s = config.windows_per_step * config.seq_len / elapsed
             if ctx.is_main:
-                record = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s,
-                          "tokens_seen": tokens_seen}  # fmt: skip
+                record = {
+                    "step": step,
+                    "loss": loss,
+                    "lr": scheduler.get_last_lr()[0],
+                    "tokens_per_s": tokens_per_s,
+                    "tokens_seen": tokens_seen,
+                }
                 with (run_dir / METRICS).open("a") as log:
                     log.write(json.dumps(record) + "\n")
             progress.update(step, loss, tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
-                _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx)
+                _save(
+                    run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx
+                )
     finally:
         progress.close()
     return run_dir
@@ -347,7 +367,9 @@ def _read_meta(checkpoint: Path) -> dict:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path} ({err}); move {checkpoint} aside to resume from the checkpoint before it") from None
+        raise UserError(
+            f"cannot read {path} ({err}); move {checkpoint} aside to resume from the checkpoint before it"
+        ) from None
     if not isinstance(meta, dict):
         raise UserError(f"{path} is not a JSON object; move {checkpoint} aside to resume from the checkpoint before it")
     return meta

@@ -100,9 +100,13 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device):
             if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
                 hf_config.max_position_embeddings = config.seq_len
             model = load_pretrained(
-                AutoModelForCausalLM, m.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
+                AutoModelForCausalLM,
+                m.path,
+                config=hf_config,
+                dtype=torch.float32,
+                attn_implementation=attn,
                 trust_remote_code=m.trust_remote_code,
-            )  # fmt: skip
+            )
         except OSError as err:
             raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
     if getattr(model.config, "sliding_window", None):

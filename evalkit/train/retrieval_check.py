@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import argparse
 import math
-from functools import partial
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from evalkit.train.synthetic import PHRASINGS, copy_example, retrieval_example
+
 
 def retrieval_kind(phrasing: str) -> str:
     """The check's kind for documents in `phrasing`: retrieval (plain), retrieval-varied, ..."""
@@ -44,8 +45,9 @@ def span_tokens(offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> li
     return [t for t, (a, b) in enumerate(offsets) if t > 0 and b > a and a >= start and b <= end]
 
 
-def answer_accuracy(model, tokenizer, *, max_tokens: int, documents: int = 64, seed: int = HELD_OUT_SEED,
-                    kind: str = "retrieval") -> dict:
+def answer_accuracy(
+    model, tokenizer, *, max_tokens: int, documents: int = 64, seed: int = HELD_OUT_SEED, kind: str = "retrieval"
+) -> dict:
     """Teacher-forced accuracy and mean NLL on answer tokens and on first-statement tokens.
 
     kind "retrieval" / "retrieval-varied" / "retrieval-broad": the synthetic retrieval documents
@@ -107,24 +109,37 @@ def _expand(paths: Sequence[Path]) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints, or run directories (all their checkpoints)")
+    parser.add_argument(
+        "checkpoints", nargs="+", type=Path, help="checkpoints, or run directories (all their checkpoints)"
+    )
     parser.add_argument("--max-tokens", type=int, default=1024, help="document size (the training window)")
     parser.add_argument("--documents", type=int, default=64)
-    parser.add_argument("--kind", choices=sorted(EXAMPLES), default="retrieval",
-                        help="retrieval documents (plain, varied or broad phrasing), or copy documents (the induction skill alone)")
-    parser.add_argument("--out", type=Path, help="also write the table, with the command and machine, to this markdown file")
+    parser.add_argument(
+        "--kind",
+        choices=sorted(EXAMPLES),
+        default="retrieval",
+        help="retrieval documents (plain, varied or broad phrasing), or copy documents (the induction skill alone)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="also write the table, with the command and machine, to this markdown file"
+    )
     args = parser.parse_args(argv)
     checkpoints = _expand(args.checkpoints)
     missing = [str(p) for p in checkpoints if not (p / "config.json").is_file()]
     if missing:
         print(f"error: not a checkpoint (no config.json): {', '.join(missing)}", file=sys.stderr)
         return 2
-    lines = ["| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |",
+        "|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
     for path in checkpoints:
         r = check_checkpoint(path, args.max_tokens, args.documents, kind=args.kind)
-        lines.append(f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
-                     f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
+            f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |"
+        )
         print(lines[-1], flush=True)
     if args.out:
         import shlex
@@ -134,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         command = "python -m evalkit.train.retrieval_check " + shlex.join(sys.argv[1:] if argv is None else argv)
 
-        title = f"# {args.kind} check: answer-token accuracy against the control, {args.documents} held-out documents of up to {args.max_tokens} tokens"
+        title = (
+            f"# {args.kind} check: answer-token accuracy against the control, {args.documents} held-out documents "
+            f"of up to {args.max_tokens} tokens"
+        )
         report = [title, "", f"Command: `{command}`", "", *lines, "", *provenance_lines()]
         atomic_write_text(args.out, "\n".join(report) + "\n")
     return 0

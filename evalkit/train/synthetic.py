@@ -42,16 +42,29 @@ VARIED_FACTS = (
     "Note that {key} has the {noun} {value}.",
     "Remember: the {noun} of {key} is: {value}.",
 )
-VARIED_QUESTIONS = ("What is the {noun} for {key}{clause}?", "Which {noun} belongs to {key}?", "Recall the {noun} of {key}.")
-VARIED_ANSWERS = ("The {noun} for {key}{clause} is{colon} {value}.", "Answer: the {noun} of {key}{clause} is{colon} {value}.")
+VARIED_QUESTIONS = (
+    "What is the {noun} for {key}{clause}?",
+    "Which {noun} belongs to {key}?",
+    "Recall the {noun} of {key}.",
+)
+VARIED_ANSWERS = (
+    "The {noun} for {key}{clause} is{colon} {value}.",
+    "Answer: the {noun} of {key}{clause} is{colon} {value}.",
+)
 VARIED_CLAUSES = ("", "", " given above", " in this text", " that was stated earlier", " from the document above")
 # Phrasing "broad": varied's forms and more: more nouns (among them RULER's "special magic
 # number"), facts stated as "one of the ...s for", more clauses. A 1.3M model trained on varied
 # did not carry the look-up over to a noun and clause it never saw (RULER's niah at 1K: the same
 # number to most needles), so this corpus names them; README says so beside the scores.
 BROAD_NOUNS = VARIED_NOUNS + (
-    "special number", "magic number", "special magic number", "lucky number", "pass code", "key number", "hidden value",
-)  # fmt: skip
+    "special number",
+    "magic number",
+    "special magic number",
+    "lucky number",
+    "pass code",
+    "key number",
+    "hidden value",
+)
 BROAD_FACTS = VARIED_FACTS + ("One of the {noun}s for {key} is: {value}.", "The {noun} for {key} is {value}.")
 BROAD_CLAUSES = VARIED_CLAUSES + (" mentioned in the provided text", " mentioned above", " in the provided text")
 # Each phrasing beyond plain: (nouns, ways to state a fact, clauses between key and value).
@@ -123,7 +136,9 @@ def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "p
     if phrasing not in PHRASINGS:
         raise ValueError(f"unknown phrasing {phrasing!r}")
     varied = phrasing != "plain"
-    rng = random.Random(f"retrieval-{GENERATOR_VERSION}-{seed}-{index}" + ("" if phrasing == "plain" else f"-{phrasing}"))
+    rng = random.Random(
+        f"retrieval-{GENERATOR_VERSION}-{seed}-{index}" + ("" if phrasing == "plain" else f"-{phrasing}")
+    )
     # Log-uniform length: many short documents and some that span a whole window.
     tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     filler = _filler(rng, int(tokens * CHARS_PER_TOKEN))
@@ -132,10 +147,18 @@ def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "p
     stated = {}
     for key, value in facts:
         position = rng.randint(0, len(filler))  # drawn before the template: the stream's order
-        stated[value] = _varied_fact(rng, key, value, phrasing) if varied else rng.choice(FACT_TEMPLATES).format(key=key, value=value)
+        stated[value] = (
+            _varied_fact(rng, key, value, phrasing)
+            if varied
+            else rng.choice(FACT_TEMPLATES).format(key=key, value=value)
+        )
         filler.insert(position, stated[value])
     asked = rng.sample(facts, rng.randint(max(1, num_facts // 2), num_facts))
-    ask = (lambda r, k, v: _varied_question(r, k, v, phrasing)) if varied else lambda r, k, v: r.choice(QUESTION_TEMPLATES).format(key=k, value=v)
+    ask = (
+        (lambda r, k, v: _varied_question(r, k, v, phrasing))
+        if varied
+        else lambda r, k, v: r.choice(QUESTION_TEMPLATES).format(key=k, value=v)
+    )
     questions = [ask(rng, key, value) for key, value in asked]
     body = " ".join(filler)
     text = body + "\n" + "\n".join(questions)
@@ -167,7 +190,9 @@ def _varied_question(rng: random.Random, key: str, value: str, phrasing: str) ->
     noun, clause = rng.choice(nouns), rng.choice(clauses)
     question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)
     colon = rng.choice((":", ""))
-    return question + " " + rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
+    return (
+        question + " " + rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
+    )
 
 
 def _sentence_start(pieces: list[str], sentence: str) -> int:

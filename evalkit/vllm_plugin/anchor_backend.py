@@ -145,9 +145,14 @@ class AnchorAttentionImplMixin:
                 self.do_kv_cache_update(layer, key, value, cache, slots)
 
             self._evalkit_layout = learn_layout(
-                write, tuple(kv_cache.shape[1:]), kv_cache.dtype, kv_cache.device,
-                block_size, self.num_kv_heads, self.head_size,
-            )  # fmt: skip
+                write,
+                tuple(kv_cache.shape[1:]),
+                kv_cache.dtype,
+                kv_cache.device,
+                block_size,
+                self.num_kv_heads,
+                self.head_size,
+            )
         return self._evalkit_layout
 
     def _sliding_window(self) -> int | None:

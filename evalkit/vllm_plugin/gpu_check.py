@@ -83,8 +83,9 @@ def check_correctness(length: int, device: str = "cuda") -> list[tuple[str, floa
             query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
             expected = reference(query, key, value, doc_ids)
             for impl in ("flex", "blocked"):
-                out = anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids,
-                                           scale=DIM**-0.5, impl=impl)  # fmt: skip
+                out = anchor_prefill_paged(
+                    query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl=impl
+                )
                 error = float((out.float() - expected).abs().max())
                 name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
                 rows.append((name, error, error <= TOLERANCE[dtype]))
@@ -146,12 +147,14 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     scale = DIM**-0.5
 
     def anchor():
-        return anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=scale,
-                                    impl="flex", block_mask=anchor_mask)  # fmt: skip
+        return anchor_prefill_paged(
+            query, key_cache, value_cache, block_table, doc_ids, scale=scale, impl="flex", block_mask=anchor_mask
+        )
 
     def causal():
-        return anchor_prefill_paged(query, key_cache, value_cache, block_table, causal_ids, scale=scale,
-                                    impl="flex", block_mask=causal_mask)  # fmt: skip
+        return anchor_prefill_paged(
+            query, key_cache, value_cache, block_table, causal_ids, scale=scale, impl="flex", block_mask=causal_mask
+        )
 
     def sdpa_causal():
         q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))
@@ -175,7 +178,8 @@ def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str
     lines = [
         "# evalkit vLLM plugin: GPU check of the anchor-mode prefill kernels",
         "",
-        f"{device_name}, torch {torch.__version__}; paged cache in blocks of {BLOCK}, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}.",
+        f"{device_name}, torch {torch.__version__}; paged cache in blocks of {BLOCK}, "
+        f"Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}.",
         "",
         "| check | max abs error | pass |",
         "|---|---|---|",

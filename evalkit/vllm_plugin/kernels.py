@@ -143,7 +143,9 @@ def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask)
     gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention_function(q_1HQD.device, dynamic=True)(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return flex_attention_function(q_1HQD.device, dynamic=True)(
+            q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
+        )
 
 
 # ----------------------------------------------------------------------------- entry points

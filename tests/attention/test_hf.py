@@ -7,8 +7,16 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from evalkit.attention import ANCHOR_DOC_ID, Paradigm, pack, register_hf_attention
 
 BOS, EOS = 1, 2
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, attention_dropout=0.0)  # fmt: skip
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    attention_dropout=0.0,
+)
 ARCHES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
@@ -80,7 +88,9 @@ def doc2_loss_grad_on_inputs(paradigm: Paradigm, impl: str) -> tuple[torch.Tenso
     model = tiny_model("llama", impl)
     packed = pack(DOCS, 21, paradigm, bos_id=BOS, eos_id=EOS)
     embeds = model.get_input_embeddings()(packed.input_ids[None]).detach().requires_grad_()
-    logits = model(inputs_embeds=embeds, position_ids=packed.position_ids[None], doc_ids=packed.attention_doc_ids()).logits[0]
+    logits = model(
+        inputs_embeds=embeds, position_ids=packed.position_ids[None], doc_ids=packed.attention_doc_ids()
+    ).logits[0]
     targets = packed.input_ids[1:]
     in_doc2 = (packed.doc_ids[1:] == 2) & packed.loss_mask[1:]
     loss = torch.nn.functional.cross_entropy(logits[:-1][in_doc2], targets[in_doc2])

@@ -8,10 +8,10 @@ from evalkit.attention import (
     available_implementations,
     document_attention,
     document_mask,
+    kernels,
     varlen_layout,
     varlen_reference,
 )
-from evalkit.attention import kernels
 from tests.attention.conftest import naive_attention, random_pack
 
 CPU_IMPLS = ["dense", "blocked", "flash_emulated"]
@@ -98,7 +98,9 @@ def test_cuda_kernels_forward_and_backward(impl, paradigm):
     ref = naive_attention(q, k, v, reference_mask_batch(doc_ids, 2, seq_len, seq_len).cuda())
     torch.testing.assert_close(out, ref.float(), atol=2e-5, rtol=2e-5)
     grad_out = torch.randn_like(out)
-    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad_out), torch.autograd.grad(ref, (q, k, v), grad_out.double())):
+    for got, want in zip(
+        torch.autograd.grad(out, (q, k, v), grad_out), torch.autograd.grad(ref, (q, k, v), grad_out.double())
+    ):
         torch.testing.assert_close(got, want.float(), atol=2e-5, rtol=2e-5)
 
 

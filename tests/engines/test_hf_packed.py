@@ -85,6 +85,9 @@ def test_packed_generation_leaves_plain_attention_in_place(checkpoint):
 def test_over_long_packed_request_is_an_error_naming_the_lengths(checkpoint):
     engine = engine_for(checkpoint, max_length=16)
     request = PackedRequest([[300] * 5, [301] * 5], [302, 303])  # 1 + 6 + 6 document tokens, 2 question tokens
-    with pytest.raises(UserError, match=r"packed request of 15 tokens \(13 for the anchor and 2 documents, 2 for the "
-                       r"question\) \+ 4 new tokens = 19 exceeds the model window of 16"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"packed request of 15 tokens \(13 for the anchor and 2 documents, 2 for the "
+        r"question\) \+ 4 new tokens = 19 exceeds the model window of 16",
+    ):
         engine.generate_packed([request], max_new_tokens=4)

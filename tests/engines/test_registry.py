@@ -110,7 +110,9 @@ def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_s
     llama = LlamaConfig(max_position_embeddings=4096)
     assert packed_support_problems(llama, "fp32", "cpu", 4096) == []
     assert packed_support_problems(llama, "bf16", "cuda", 4096) == []
-    assert packed_support_problems(llama, "fp32", "cuda", 4096) == ["fp32 on CUDA (FlashAttention serves bf16 and fp16)"]
+    assert packed_support_problems(llama, "fp32", "cuda", 4096) == [
+        "fp32 on CUDA (FlashAttention serves bf16 and fp16)"
+    ]
     windowed = MistralConfig(sliding_window=1024)
     assert packed_support_problems(windowed, "bf16", "cpu", 4096) == ["sliding-window attention (a 1024-token window)"]
     assert packed_support_problems(windowed, "bf16", "cpu", 1024) == []  # a window as wide as every context is none

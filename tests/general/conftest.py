@@ -20,11 +20,18 @@ RUN = "tiny-run"
 def build_checkpoint(directory: Path, tokenizer, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=WINDOW,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=WINDOW,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         initializer_range=0.2,  # spread-out logits: argmax choices are clear, not near-ties
-    )  # fmt: skip
+    )
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -37,8 +37,9 @@ def scored(tiny_run, tmp_path_factory):
     """Both fixtures on both checkpoints, with --avg: (refs, out, the GeneralRun)."""
     out = tmp_path_factory.mktemp("general")
     refs = resolve_checkpoints([str(tiny_run)])
-    run = run_general(refs, [MMLU_STYLE, HELLASWAG_STYLE], out=out, engine_settings={"dtype": "fp32", "batch_size": 8},
-                      avg=True)  # fmt: skip
+    run = run_general(
+        refs, [MMLU_STYLE, HELLASWAG_STYLE], out=out, engine_settings={"dtype": "fp32", "batch_size": 8}, avg=True
+    )
     return refs, out, run
 
 
@@ -201,11 +202,16 @@ def test_other_settings_are_scored_again(scored, tmp_path):
     refs, scored_out, _ = scored
     out = tmp_path / "copy"
     shutil.copytree(scored_out, out)  # the shared results stay as the other tests expect them
-    one_shot = run_general(refs[:1], [HELLASWAG_STYLE], out=out, num_fewshot=1, limit=4.0,
-                           engine_settings={"dtype": "fp32"})  # fmt: skip
+    one_shot = run_general(
+        refs[:1], [HELLASWAG_STYLE], out=out, num_fewshot=1, limit=4.0, engine_settings={"dtype": "fp32"}
+    )
     (summary,) = one_shot.summaries
-    assert summary["tasks"][HELLASWAG_STYLE] == {"num_fewshot": 1, "fewshot_source": "given", "resumed": False,
-                                                 "file": f"general/{HELLASWAG_STYLE}.json"}  # fmt: skip
+    assert summary["tasks"][HELLASWAG_STYLE] == {
+        "num_fewshot": 1,
+        "fewshot_source": "given",
+        "resumed": False,
+        "file": f"general/{HELLASWAG_STYLE}.json",
+    }
     assert {(r["num_fewshot"], r["n"]) for r in summary["rows"]} == {(1, 4)}
     limit = summary["provenance"]["settings"]["limit"]
     assert limit == 4 and isinstance(limit, int)  # 4.0 from a CLI float means 4 documents
@@ -236,8 +242,14 @@ def test_missing_data_skips_that_task_with_one_line_and_the_rest_runs(tiny_run, 
     monkeypatch.setattr(TaskManager, "load", lambda self, names: tried.extend(names) or real_load(self, names))
     refs = resolve_checkpoints([str(tiny_run)])
     with hub_offline():  # as a user without network who set the switches; the test never reaches out
-        run = run_general(refs, ["local_missing", "hub_missing", HELLASWAG_STYLE], out=tmp_path / "out", limit=3,
-                          include_path=[tasks_dir], engine_settings={"dtype": "fp32"})  # fmt: skip
+        run = run_general(
+            refs,
+            ["local_missing", "hub_missing", HELLASWAG_STYLE],
+            out=tmp_path / "out",
+            limit=3,
+            include_path=[tasks_dir],
+            engine_settings={"dtype": "fp32"},
+        )
     assert tried.count("hub_missing") == tried.count("local_missing") == 1  # not retried for the second checkpoint
     for summary in run.summaries:
         reasons = {skip["task"]: skip["reason"] for skip in summary["skipped"]}
@@ -253,8 +265,9 @@ def test_missing_data_skips_that_task_with_one_line_and_the_rest_runs(tiny_run, 
 
 def test_requests_beyond_the_window_skip_the_task_with_counts(tiny_run, tmp_path):
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
-    run = run_general(refs, [MMLU_STYLE, HELLASWAG_STYLE], out=tmp_path, limit=2,
-                      engine_settings={"dtype": "fp32", "max_length": 64})  # fmt: skip
+    run = run_general(
+        refs, [MMLU_STYLE, HELLASWAG_STYLE], out=tmp_path, limit=2, engine_settings={"dtype": "fp32", "max_length": 64}
+    )
     (skip,) = run.skipped
     assert skip["task"] == MMLU_STYLE and skip["window"] == 64 and skip["longest"] > 64
     assert skip["requests_over_window"] == skip["requests"] == 3 * 2 * 4  # every 5-shot prompt is too long

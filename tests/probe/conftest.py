@@ -15,10 +15,15 @@ MAX_POSITIONS = 256
 def tiny_llama_config(**changes) -> LlamaConfig:
     """2 layers, 4 query heads sharing 2 key/value heads (GQA), head dim 16."""
     settings = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
         initializer_range=0.05,  # peakier attention than the 0.02 default: BF16 errors show clearly
-    )  # fmt: skip
+    )
     settings.update(changes)
     return LlamaConfig(**settings)
 
@@ -55,8 +60,12 @@ def checkpoint(tmp_path_factory):
     from transformers import LlamaForCausalLM
 
     tokenizer = builtin_tokenizer()
-    config = tiny_llama_config(vocab_size=len(tokenizer), max_position_embeddings=128,
-                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = tiny_llama_config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(1)  # not the random-init seed 0: the two conditions must differ
     directory = tmp_path_factory.mktemp("tiny-llama-ckpt")
     LlamaForCausalLM(config).save_pretrained(directory)

@@ -8,8 +8,16 @@ from evalkit.probe import measure_shifts
 from evalkit.probe.run import attention_window
 from tests.probe.conftest import build
 
-SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.05)  # fmt: skip
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.05,
+)
 CONFIGS = {"qwen2": lambda: Qwen2Config(**SMALL), "mistral": lambda: MistralConfig(sliding_window=None, **SMALL)}
 
 

@@ -36,8 +36,11 @@ def attention_by_hand(model, token_ids, shift: int):
     for index, layer in enumerate(model.layers):
         for name in ("q_proj", "k_proj"):
             module = getattr(layer.self_attn, name)
-            hooks.append(module.register_forward_hook(
-                lambda _m, _i, out, key=(index, name): captured.__setitem__(key, out[0].detach())))  # fmt: skip
+            hooks.append(
+                module.register_forward_hook(
+                    lambda _m, _i, out, key=(index, name): captured.__setitem__(key, out[0].detach())
+                )
+            )
     seq_len = token_ids.numel()
     positions = torch.arange(seq_len) + shift
     with torch.no_grad():

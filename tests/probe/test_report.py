@@ -6,13 +6,29 @@ from evalkit.probe import summarise, summary_markdown, write_plots
 
 
 def row(metric, value, dtype="bf16", condition="pretrained", rope="cast", delta1=0, length=64, column=None):
-    return {"metric": metric, "kind": "test", "condition": condition, "dtype": dtype, "rope": rope, "delta1": delta1,
-            "delta2": 16, "length": length, "n_texts": 3, "column": column, "value": value, "std": 0.0}  # fmt: skip
+    return {
+        "metric": metric,
+        "kind": "test",
+        "condition": condition,
+        "dtype": dtype,
+        "rope": rope,
+        "delta1": delta1,
+        "delta2": 16,
+        "length": length,
+        "n_texts": 3,
+        "column": column,
+        "value": value,
+        "std": 0.0,
+    }
 
 
 def shift_rows(bf16: float, fp32: float) -> list[dict]:
-    return [row("attn_diff", bf16), row("attn_diff", fp32, dtype="fp32"), row("attn_diff", 0.0, delta1=16),
-            row("attn_diff", 0.0, dtype="fp32", delta1=16)]  # fmt: skip
+    return [
+        row("attn_diff", bf16),
+        row("attn_diff", fp32, dtype="fp32"),
+        row("attn_diff", 0.0, delta1=16),
+        row("attn_diff", 0.0, dtype="fp32", delta1=16),
+    ]
 
 
 def column_rows(values: list[float]) -> list[dict]:
@@ -38,11 +54,14 @@ def test_precision_observation_follows_the_numbers(bf16, fp32, holds):
         assert f"{bf16 / fp32:.3g}" in text
 
 
-@pytest.mark.parametrize("values, holds", [
-    ([5.0] + [0.1] * 31, True),  # the sink stands far above the rest
-    ([0.1] * 32, False),  # flat
-    ([0.5, 1.0] + [0.01] * 30, False),  # large, but another column is larger
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "values, holds",
+    [
+        ([5.0] + [0.1] * 31, True),  # the sink stands far above the rest
+        ([0.1] * 32, False),  # flat
+        ([0.5, 1.0] + [0.01] * 30, False),  # large, but another column is larger
+    ],
+)
 def test_first_token_observation_follows_the_numbers(values, holds):
     found = summarise(column_rows(values))["first_token"]
     assert found["holds"] is holds
@@ -52,10 +71,13 @@ def test_first_token_observation_follows_the_numbers(values, holds):
     assert ("**holds**" in statement) is holds
 
 
-@pytest.mark.parametrize("values, holds", [
-    ({64: 0.1, 128: 0.2, 256: 0.4}, True),
-    ({64: 0.1, 128: 0.1, 256: 0.11}, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "values, holds",
+    [
+        ({64: 0.1, 128: 0.2, 256: 0.4}, True),
+        ({64: 0.1, 128: 0.1, 256: 0.11}, False),
+    ],
+)
 def test_growth_observation_follows_the_numbers(values, holds):
     found = summarise(length_rows(values))["logit_growth"]
     assert found["holds"] is holds
@@ -73,8 +95,14 @@ def test_bf16_only_rows_leave_the_precision_ratio_unmeasured():
     assert summarise([row("attn_diff", 0.5)])["precision_ratio"] is None
 
 
-@pytest.mark.parametrize("kind, rows", [("shift", shift_rows(0.5, 1e-6)), ("tokens", column_rows([5.0] + [0.1] * 31)),
-                                        ("length", length_rows({64: 0.1, 128: 0.2}))])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, rows",
+    [
+        ("shift", shift_rows(0.5, 1e-6)),
+        ("tokens", column_rows([5.0] + [0.1] * 31)),
+        ("length", length_rows({64: 0.1, 128: 0.2})),
+    ],
+)
 def test_plots_are_written_as_png_and_svg(tmp_path, kind, rows):
     png, svg = write_plots(kind, rows, tmp_path / f"probe-{kind}")
     assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 1000

@@ -8,22 +8,44 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.probe import run_probe
 
-ROW_KEYS = {"metric", "kind", "condition", "dtype", "rope", "delta1", "delta2", "length", "n_texts", "column", "value",
-            "std"}  # fmt: skip
+ROW_KEYS = {
+    "metric",
+    "kind",
+    "condition",
+    "dtype",
+    "rope",
+    "delta1",
+    "delta2",
+    "length",
+    "n_texts",
+    "column",
+    "value",
+    "std",
+}
 
 
 def test_shift_writes_rows_plots_and_a_summary_that_follows_the_numbers(checkpoint, tmp_path):
     messages = []
-    result = run_probe("shift", checkpoint, tmp_path, seq_len=24, n_texts=2, delta1="0,16,40", rope="cast,fp32",
-                       random_init=True, progress=messages.append)  # fmt: skip
+    result = run_probe(
+        "shift",
+        checkpoint,
+        tmp_path,
+        seq_len=24,
+        n_texts=2,
+        delta1="0,16,40",
+        rope="cast,fp32",
+        random_init=True,
+        progress=messages.append,
+    )
     files = result["files"]
     stored = json.loads(open(files["json"]).read())
     rows = stored["rows"]
     assert all(set(r) == ROW_KEYS for r in rows)
     assert {(r["condition"], r["dtype"], r["rope"]) for r in rows} == {
-        (c, d, rope) for c, d in [("pretrained", "bf16"), ("pretrained", "fp32"), ("random_init", "bf16")]
+        (c, d, rope)
+        for c, d in [("pretrained", "bf16"), ("pretrained", "fp32"), ("random_init", "bf16")]
         for rope in ("cast", "fp32")
-    }  # fmt: skip
+    }
     assert len(rows) == 6 * 3
     assert all(r["value"] == 0.0 for r in rows if r["delta1"] == 16)
     by_key = {(r["condition"], r["dtype"], r["rope"], r["delta1"]): r["value"] for r in rows}
@@ -74,16 +96,19 @@ def test_default_length_is_capped_at_the_model_window(checkpoint, tmp_path):
     assert any("model's window" in note for note in result["notes"])
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"delta1": "0,-2"}, "non-negative"),
-    ({"delta2": -1}, "non-negative"),
-    ({"seq_len": 4096}, "beyond the model's 128-token window"),
-    ({"dtypes": "bf16,fp8"}, "unknown value 'fp8'"),
-    ({"rope": "exact"}, "unknown value 'exact'"),
-    ({"n_texts": 0}, "positive integer"),
-    ({"texts": "no-such-file.txt"}, "not found"),
-    ({"lengths": "64,128"}, "applies to `probe length` only"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"delta1": "0,-2"}, "non-negative"),
+        ({"delta2": -1}, "non-negative"),
+        ({"seq_len": 4096}, "beyond the model's 128-token window"),
+        ({"dtypes": "bf16,fp8"}, "unknown value 'fp8'"),
+        ({"rope": "exact"}, "unknown value 'exact'"),
+        ({"n_texts": 0}, "positive integer"),
+        ({"texts": "no-such-file.txt"}, "not found"),
+        ({"lengths": "64,128"}, "applies to `probe length` only"),
+    ],
+)
 def test_bad_options_are_one_line_user_errors(checkpoint, tmp_path, options, message):
     with pytest.raises(UserError, match=message) as caught:
         run_probe("shift", checkpoint, tmp_path, **options)

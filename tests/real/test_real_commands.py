@@ -29,8 +29,9 @@ def test_ruler_niah_single_1_at_1k_retrieves(smollm2, tmp_path):
 
 
 def test_probe_shift_runs_on_the_real_model(smollm2, tmp_path):
-    result = evalkit("probe", "shift", "--ckpt", str(smollm2), "--seq", "512", "--n", "2", "--delta1", "0,32",
-                     "--out", str(tmp_path))  # fmt: skip
+    result = evalkit(
+        "probe", "shift", "--ckpt", str(smollm2), "--seq", "512", "--n", "2", "--delta1", "0,32", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     stored = json.loads((tmp_path / "probe-shift.json").read_text())
     values = {(r["dtype"], r["delta1"]): r["value"] for r in stored["rows"] if r["rope"] == "cast"}

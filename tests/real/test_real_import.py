@@ -19,9 +19,14 @@ def test_import_writes_a_plain_checkpoint_with_its_source(smollm2, smollm2_file)
     assert meta["dtype"] == "fp32" and meta["parameters"] == 134_515_008
     config = json.loads((smollm2 / "config.json").read_text())
     assert "quantization_config" not in config
-    assert (config["model_type"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["max_position_embeddings"], config["vocab_size"]) == (
-            "llama", 30, 9, 3, 8192, 49152)  # fmt: skip
+    assert (
+        config["model_type"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["max_position_embeddings"],
+        config["vocab_size"],
+    ) == ("llama", 30, 9, 3, 8192, 49152)
     assert config["tie_word_embeddings"] is True
     assert (smollm2 / "tokenizer.json").is_file() and (smollm2 / "model.safetensors").is_file()
 
@@ -35,8 +40,9 @@ def test_the_imported_model_answers_like_the_original(smollm2):
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     assert tokenizer("Hello world").input_ids[0] != tokenizer.bos_token_id  # SmolLM2 adds no BOS
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, tokenize=False)  # fmt: skip
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    )
     engine = get_engine("hf", smollm2, dtype="fp32", batch_size=1)
     (answer,) = engine.generate([prompt], 16)
     assert "Paris" in answer
@@ -47,8 +53,12 @@ def test_truncated_gguf_is_one_line_error_and_writes_nothing(smollm2_file, tmp_p
     with open(smollm2_file, "rb") as source:
         cut.write_bytes(source.read(40_000_000))
     dest = tmp_path / "dest"
-    result = subprocess.run([sys.executable, "-m", "evalkit.cli", "import", str(cut), str(dest)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "evalkit.cli", "import", str(cut), str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "truncated or corrupt" in result.stderr.strip().splitlines()[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]

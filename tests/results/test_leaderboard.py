@@ -16,14 +16,28 @@ SETTINGS = {"tasks": ["niah_single_1", "vt", "cwe"], "num_samples": 10, "seed": 
 def ruler_summary(run, step, scores, skipped=(), paradigm="anchor", settings=SETTINGS):
     """scores: {(task, length): score}."""
     return {
-        "benchmark": "ruler", "run": run, "step": step, "checkpoint": f"/x/{run}/step-{step}",
-        "rows": [{"run": run, "step": step, "task": t, "length": n, "score": s, "n": 10} for (t, n), s in scores.items()],
+        "benchmark": "ruler",
+        "run": run,
+        "step": step,
+        "checkpoint": f"/x/{run}/step-{step}",
+        "rows": [
+            {"run": run, "step": step, "task": t, "length": n, "score": s, "n": 10} for (t, n), s in scores.items()
+        ],
         "skipped": [{"task": t, "length": n, "reason": why} for t, n, why in skipped],
-        "provenance": {"settings": settings, "evalkit_version": "0.1.0", "git_hash": "abc",
-                       "engine": {"engine": "hf", "dtype": "fp32", "batch_size": 8, "tokenizer_fingerprint": "tok"},
-                       "checkpoint_meta": {"paradigm": paradigm, "config": {"model": {"arch": "llama", "num_layers": 4,
-                                           "hidden_size": 256}, "data": {"source": "builtin"}}}},
-    }  # fmt: skip
+        "provenance": {
+            "settings": settings,
+            "evalkit_version": "0.1.0",
+            "git_hash": "abc",
+            "engine": {"engine": "hf", "dtype": "fp32", "batch_size": 8, "tokenizer_fingerprint": "tok"},
+            "checkpoint_meta": {
+                "paradigm": paradigm,
+                "config": {
+                    "model": {"arch": "llama", "num_layers": 4, "hidden_size": 256},
+                    "data": {"source": "builtin"},
+                },
+            },
+        },
+    }
 
 
 def write(root: Path, summary: dict, name="ruler-summary.json"):
@@ -37,27 +51,77 @@ def results(tmp_path):
     root = tmp_path / "ruler"
     cwe_skip = [("cwe", 512, "does not fit: needs a length of at least 1156 tokens")]
     # anchor: step 10 -> 512: (80+60)/2=70, 1024: (40+20)/2=30; step 20 -> 512: (90+70)/2=80, 1024: (50+30)/2=40
-    write(root, ruler_summary("tiny-anchor", 10, {("niah_single_1", 512): 80, ("vt", 512): 60,
-                                                  ("niah_single_1", 1024): 40, ("vt", 1024): 20}, cwe_skip))
-    write(root, ruler_summary("tiny-anchor", 20, {("niah_single_1", 512): 90, ("vt", 512): 70,
-                                                  ("niah_single_1", 1024): 50, ("vt", 1024): 30}, cwe_skip))
+    write(
+        root,
+        ruler_summary(
+            "tiny-anchor",
+            10,
+            {("niah_single_1", 512): 80, ("vt", 512): 60, ("niah_single_1", 1024): 40, ("vt", 1024): 20},
+            cwe_skip,
+        ),
+    )
+    write(
+        root,
+        ruler_summary(
+            "tiny-anchor",
+            20,
+            {("niah_single_1", 512): 90, ("vt", 512): 70, ("niah_single_1", 1024): 50, ("vt", 1024): 30},
+            cwe_skip,
+        ),
+    )
     # full: step 10 -> 512: 60, 1024: 45; step 20 -> 512: 70, 1024: 55 (both tasks equal)
-    write(root, ruler_summary("tiny-full", 10, {("niah_single_1", 512): 60, ("vt", 512): 60,
-                                                ("niah_single_1", 1024): 45, ("vt", 1024): 45}, cwe_skip, "full"))
-    write(root, ruler_summary("tiny-full", 20, {("niah_single_1", 512): 70, ("vt", 512): 70,
-                                                ("niah_single_1", 1024): 55, ("vt", 1024): 55}, cwe_skip, "full"))
+    write(
+        root,
+        ruler_summary(
+            "tiny-full",
+            10,
+            {("niah_single_1", 512): 60, ("vt", 512): 60, ("niah_single_1", 1024): 45, ("vt", 1024): 45},
+            cwe_skip,
+            "full",
+        ),
+    )
+    write(
+        root,
+        ruler_summary(
+            "tiny-full",
+            20,
+            {("niah_single_1", 512): 70, ("vt", 512): 70, ("niah_single_1", 1024): 55, ("vt", 1024): 55},
+            cwe_skip,
+            "full",
+        ),
+    )
     general = tmp_path / "general"
     for run, values in (("tiny-anchor", (0.30, 0.40)), ("tiny-full", (0.25, 0.35))):
         for step, value in zip((10, 20), values):
-            write(general, {"benchmark": "general", "run": run, "step": step,
-                            "rows": [{"run": run, "step": step, "task": "fixture_mc", "metric": "acc", "value": value,
-                                      "stderr": 0.02, "n": 40, "num_fewshot": 5}],
-                            "provenance": {"engine": {"engine": "hf", "dtype": "fp32"}}}, "general-summary.json")  # fmt: skip
+            write(
+                general,
+                {
+                    "benchmark": "general",
+                    "run": run,
+                    "step": step,
+                    "rows": [
+                        {
+                            "run": run,
+                            "step": step,
+                            "task": "fixture_mc",
+                            "metric": "acc",
+                            "value": value,
+                            "stderr": 0.02,
+                            "n": 40,
+                            "num_fewshot": 5,
+                        }
+                    ],
+                    "provenance": {"engine": {"engine": "hf", "dtype": "fp32"}},
+                },
+                "general-summary.json",
+            )
     return tmp_path
 
 
 def leaderboard(*args):
-    return subprocess.run([sys.executable, "-m", "evalkit.cli", "leaderboard", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "evalkit.cli", "leaderboard", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_tables_match_hand_arithmetic(results):
@@ -67,10 +131,14 @@ def test_tables_match_hand_arithmetic(results):
     text = out.read_text()
     # anchor: 512 mean of (70, 80) = 75, pstdev 5; 1024 mean of (30, 40) = 35, pstdev 5; avg (75+35)/2 = 55
     # full:   512 mean of (60, 70) = 65, pstdev 5; 1024 mean of (45, 55) = 50, pstdev 5; avg 57.5
-    assert ("| tiny-anchor | anchor | llama 4x256 | builtin | 10, 20 | **75.00 ± 5.00** | 35.00 ± 5.00 | 55.00 | "
-            "2 ckpt × 2 tasks × 10 samples |") in text
-    assert ("| tiny-full | full | llama 4x256 | builtin | 10, 20 | 65.00 ± 5.00 | **50.00 ± 5.00** | **57.50** | "
-            "2 ckpt × 2 tasks × 10 samples |") in text
+    assert (
+        "| tiny-anchor | anchor | llama 4x256 | builtin | 10, 20 | **75.00 ± 5.00** | 35.00 ± 5.00 | 55.00 | "
+        "2 ckpt × 2 tasks × 10 samples |"
+    ) in text
+    assert (
+        "| tiny-full | full | llama 4x256 | builtin | 10, 20 | 65.00 ± 5.00 | **50.00 ± 5.00** | **57.50** | "
+        "2 ckpt × 2 tasks × 10 samples |"
+    ) in text
     assert "- tiny-anchor: cwe at 512 skipped: does not fit: needs a length of at least 1156 tokens" in text
     assert "| tiny-anchor | niah_single_1 | 85.00 | 45.00 |" in text  # per task: (80+90)/2, (40+50)/2
     assert "| tiny-anchor | 0.3500 ± 0.0200 |" in text and "| tiny-full | 0.3000 ± 0.0200 |" in text
@@ -85,8 +153,12 @@ def test_tables_match_hand_arithmetic(results):
 def test_counts_that_differ_by_length_name_their_lengths(tmp_path):
     root = tmp_path / "ruler"
     for step in (10, 20):  # vt scored at 1024 only (as cwe, which does not fit the shorter length)
-        write(root, ruler_summary("tiny-anchor", step, {("niah_single_1", 512): 50, ("niah_single_1", 1024): 40,
-                                                        ("vt", 1024): 20}))  # fmt: skip
+        write(
+            root,
+            ruler_summary(
+                "tiny-anchor", step, {("niah_single_1", 512): 50, ("niah_single_1", 1024): 40, ("vt", 1024): 20}
+            ),
+        )
     out = tmp_path / "board.md"
     result = leaderboard(str(root), "--out", str(out))
     assert result.returncode == 0, result.stderr
@@ -105,7 +177,10 @@ def test_runs_with_different_settings_are_marked(results):
 
 
 def test_checkpoints_of_one_run_with_different_settings_are_refused(results):
-    write(results / "ruler", ruler_summary("tiny-anchor", 30, {("niah_single_1", 512): 1}, settings=dict(SETTINGS, seed=1)))
+    write(
+        results / "ruler",
+        ruler_summary("tiny-anchor", 30, {("niah_single_1", 512): 1}, settings=dict(SETTINGS, seed=1)),
+    )
     result = leaderboard(str(results / "ruler"), "--out", str(results / "x.md"))
     assert result.returncode == 2 and "evaluated with different settings" in result.stderr
 

@@ -31,11 +31,20 @@ def qa_dir(tmp_path_factory):
             answers = [{"text": answer, "answer_start": context.index(answer)}, {"text": answer, "answer_start": 0}]
             unanswerable = {"text": "nothing", "answer_start": 0}
             qas = [
-                {"id": f"{a}-{p}", "question": f"Which word is sixth in {a}-{p}?", "is_impossible": False,
-                 "answers": answers},
-                {"id": f"{a}-{p}-x", "question": f"Unanswerable {a}-{p}?", "is_impossible": True, "answers": [],
-                 "plausible_answers": [unanswerable]},
-            ]  # fmt: skip
+                {
+                    "id": f"{a}-{p}",
+                    "question": f"Which word is sixth in {a}-{p}?",
+                    "is_impossible": False,
+                    "answers": answers,
+                },
+                {
+                    "id": f"{a}-{p}-x",
+                    "question": f"Unanswerable {a}-{p}?",
+                    "is_impossible": True,
+                    "answers": [],
+                    "plausible_answers": [unanswerable],
+                },
+            ]
             paragraphs.append({"context": context, "qas": qas})
         articles.append({"title": f"Article {a}", "paragraphs": paragraphs})
     (folder / "dev-v2.0.json").write_text(json.dumps({"version": "v2.0", "data": articles}))
@@ -44,7 +53,16 @@ def qa_dir(tmp_path_factory):
         context = [
             [f"Title {q}-{j}", [s + ". " for s in docs[80 + (q * 7 + j) % 120][:240].split(". ")]] for j in range(10)
         ]
-        hotpot.append({"_id": f"h{q}", "question": f"Is title {q}-0 first?", "answer": f"yes {q}", "type": "comparison",
-                       "level": "easy", "supporting_facts": [[context[0][0], 0]], "context": context})  # fmt: skip
+        hotpot.append(
+            {
+                "_id": f"h{q}",
+                "question": f"Is title {q}-0 first?",
+                "answer": f"yes {q}",
+                "type": "comparison",
+                "level": "easy",
+                "supporting_facts": [[context[0][0], 0]],
+                "context": context,
+            }
+        )
     (folder / "hotpot_dev_distractor_v1.json").write_text(json.dumps(hotpot))
     return folder

@@ -23,8 +23,11 @@ def test_squad_gold_paragraph_is_among_distractors(tokenizer, qa_dir):
     squad = json.loads((qa_dir / "dev-v2.0.json").read_text())
     answerable = [
         (qa["question"], p["context"], [a["text"] for a in qa["answers"]])
-        for article in squad["data"] for p in article["paragraphs"] for qa in p["qas"] if not qa["is_impossible"]
-    ]  # fmt: skip
+        for article in squad["data"]
+        for p in article["paragraphs"]
+        for qa in p["qas"]
+        if not qa["is_impossible"]
+    ]
     samples = generate("qa_1", tokenizer, 4096, 6, qa_dir=qa_dir)
     for sample, (question, gold, answers) in zip(samples, answerable):  # sample i asks answerable question i
         assert sample.input.endswith(f"\n\nQuestion: {question}")

@@ -30,7 +30,9 @@ def ruler(*args, **kwargs):
 
 
 def summaries(out: Path) -> dict[int, dict]:
-    return {int(p.parent.name.split("-")[1]): json.loads(p.read_text()) for p in out.glob("*/step-*/ruler-summary.json")}
+    return {
+        int(p.parent.name.split("-")[1]): json.loads(p.read_text()) for p in out.glob("*/step-*/ruler-summary.json")
+    }
 
 
 def test_end_to_end_outputs_and_average(tiny_run, tmp_path):
@@ -76,7 +78,9 @@ def test_rerun_computes_nothing_and_kill_resume_equals_straight_run(tiny_run, tm
     assert ruler(*args, "--out", str(straight)).returncode == 0
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*EVALKIT, "ruler", *args, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*EVALKIT, "ruler", *args, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     log = killed / "micro-anchor" / "step-4" / "ruler" / "niah_single_1" / "1024.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not (log.exists() and log.read_text().count("\n") >= 32):
@@ -149,8 +153,9 @@ def test_lengths_run_in_pieces_add_up_in_one_summary(tiny_run, tmp_path):
     assert [(r["task"], r["length"], r["n"]) for r in changed["rows"]] == [("niah_single_1", 1024, 3)]
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}[USER] {{ m['content'] }}{% endfor %}"
-                 "{% if add_generation_prompt %} [ASSISTANT]{% endif %}")  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for m in messages %}[USER] {{ m['content'] }}{% endfor %}{% if add_generation_prompt %} [ASSISTANT]{% endif %}"
+)
 
 
 def with_chat_template(checkpoint: Path, destination: Path) -> Path:
@@ -186,7 +191,11 @@ def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_p
     engine_tokenizer = real_get_engine("hf", chat_checkpoint, dtype="fp32").tokenizer
     assert len(fed) == 2
     for ids in fed:
-        assert isinstance(ids, list) and ids.count(engine_tokenizer.bos_token_id) == 1 and ids[0] == engine_tokenizer.bos_token_id
+        assert (
+            isinstance(ids, list)
+            and ids.count(engine_tokenizer.bos_token_id) == 1
+            and ids[0] == engine_tokenizer.bos_token_id
+        )
         text = engine_tokenizer.decode(ids, skip_special_tokens=True)
         assert text.startswith("[USER] ") and " [ASSISTANT]" in text
         assert len(ids) + 128 <= 512  # sized with the template around it

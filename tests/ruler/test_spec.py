@@ -10,9 +10,20 @@ from evalkit.ruler.spec import NIAH_NEEDLE, NOISE_LINE, TEMPLATES
 
 def test_thirteen_tasks_in_nvidia_order():
     assert TASKS == (
-        "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-        "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2",
-    )  # fmt: skip
+        "niah_single_1",
+        "niah_single_2",
+        "niah_single_3",
+        "niah_multikey_1",
+        "niah_multikey_2",
+        "niah_multikey_3",
+        "niah_multivalue",
+        "niah_multiquery",
+        "vt",
+        "cwe",
+        "fwe",
+        "qa_1",
+        "qa_2",
+    )
 
 
 def test_templates_and_prefixes_are_exact():

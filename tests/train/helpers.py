@@ -6,11 +6,22 @@ from pathlib import Path
 from evalkit.train import load_config
 
 MICRO = [
-    "seq_len=128", "windows_per_step=4", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=2",
-    "model.num_kv_heads=1", "model.intermediate_size=128", "model.max_position_embeddings=512",
-    "data.num_retrieval_docs=200", "optim.warmup_steps=0", "optim.schedule=constant", "optim.lr=3e-3",
-    "checkpoint.every=4", "checkpoint.final_count=2", "checkpoint.final_spacing=2",
-]  # fmt: skip
+    "seq_len=128",
+    "windows_per_step=4",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=128",
+    "model.max_position_embeddings=512",
+    "data.num_retrieval_docs=200",
+    "optim.warmup_steps=0",
+    "optim.schedule=constant",
+    "optim.lr=3e-3",
+    "checkpoint.every=4",
+    "checkpoint.final_count=2",
+    "checkpoint.final_spacing=2",
+]
 
 
 def micro_config(out: Path, *sets: str, paradigm: str = "anchor", max_steps: int = 8):

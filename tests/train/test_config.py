@@ -24,7 +24,12 @@ def test_every_shipped_recipe_loads(recipe):
 
 
 def test_paper_recipes_match_the_paper():
-    for recipe, theta in [("llama2-7b-64k", 5e6), ("llama3-8b-64k", 5e6), ("mistral-7b-v0.3-64k", 5e6), ("qwen1.5-1.8b-64k", 5e6)]:
+    for recipe, theta in [
+        ("llama2-7b-64k", 5e6),
+        ("llama3-8b-64k", 5e6),
+        ("mistral-7b-v0.3-64k", 5e6),
+        ("qwen1.5-1.8b-64k", 5e6),
+    ]:
         config = load_config(recipe)
         assert config.seq_len == 65536 and config.model.rope_theta == theta
         assert config.max_steps == 2000 and config.windows_per_step == 8
@@ -45,7 +50,10 @@ def test_paper_recipes_match_the_paper():
         (["dtype=fp16"], "dtype must be fp32 or bf16"),
         (["noequals"], "expected key=value"),
         (["data.retrieval_phrasing=fancy"], "data.retrieval_phrasing must be one of plain, varied, broad"),
-        (["data.retrieval_fraction=0.7", "data.copy_fraction=0.4"], "data.copy_fraction must be at least 0, and retrieval_fraction"),
+        (
+            ["data.retrieval_fraction=0.7", "data.copy_fraction=0.4"],
+            "data.copy_fraction must be at least 0, and retrieval_fraction",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_errors(sets, message):

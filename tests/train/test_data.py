@@ -91,7 +91,9 @@ def test_a_corpus_without_copy_documents_keeps_its_fingerprint():
     key = f"builtin-{GENERATOR_VERSION}-{len(prose_documents())}x{repeats // len(prose_documents())}-500-0-1024"
     assert source.fingerprint == hashlib.sha256(key.encode()).hexdigest()[:16]
     with_copy = BuiltinSource(DataConfig(retrieval_fraction=0.5, copy_fraction=0.1, num_retrieval_docs=500), 0, 1024)
-    varied = BuiltinSource(DataConfig(retrieval_fraction=0.5, num_retrieval_docs=500, retrieval_phrasing="varied"), 0, 1024)
+    varied = BuiltinSource(
+        DataConfig(retrieval_fraction=0.5, num_retrieval_docs=500, retrieval_phrasing="varied"), 0, 1024
+    )
     assert len({source.fingerprint, with_copy.fingerprint, varied.fingerprint}) == 3
     assert varied[len(varied) - 1][0] == retrieval_document(499, 0, 1024, "varied")
 

@@ -2,8 +2,8 @@
 
 import json
 import subprocess
-import tarfile
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -24,8 +24,10 @@ def test_the_export_command_writes_a_bf16_copy_and_refuses_bad_input(tmp_path):
     done = subprocess.run([*cli, str(source), str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "MiB" in done.stdout and json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
-    for args, message in (([str(source), str(tmp_path / "x"), "--dtype", "fp8"], "use bf16 or fp32"),
-                          ([str(tmp_path), str(tmp_path / "y")], "not a complete checkpoint")):  # fmt: skip
+    for args, message in (
+        ([str(source), str(tmp_path / "x"), "--dtype", "fp8"], "use bf16 or fp32"),
+        ([str(tmp_path), str(tmp_path / "y")], "not a complete checkpoint"),
+    ):
         bad = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
         assert not Path(args[1]).exists()
@@ -68,7 +70,16 @@ def _study(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     """The script with OUT = tmp_path/out and the runs in tmp_path/runs."""
     out, extra = tmp_path / "out", ("--runs-dir", str(tmp_path / "runs"), *extra)
     sets = [item for s in [*MICRO, "model.attention=blocked"] for item in ("--set", s)]
-    command = [sys.executable, str(ROOT / "scripts" / "gpu_study.py"), "--out", str(out), "--recipe", "tiny-cpu", *sets, *extra]
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "gpu_study.py"),
+        "--out",
+        str(out),
+        "--recipe",
+        "tiny-cpu",
+        *sets,
+        *extra,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

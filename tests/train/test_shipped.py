@@ -64,7 +64,8 @@ def test_the_shipped_tiny_long_runs_are_the_recipe_trained_to_the_end_under_each
 def test_the_shipped_tiny_long_runs_retrieve_across_1k_tokens():
     """Held-out 1K documents (as in checkpoints/tiny-long/README.md, fewer): well above the control."""
     for paradigm in PARADIGMS:
-        result = check_checkpoint(LONG / f"tiny-long-{paradigm}-shipped" / "step-600", max_tokens=1024, documents=12,
-                                  kind="retrieval-broad")  # fmt: skip
+        result = check_checkpoint(
+            LONG / f"tiny-long-{paradigm}-shipped" / "step-600", max_tokens=1024, documents=12, kind="retrieval-broad"
+        )
         assert result["answer_tokens"] >= 30
         assert result["answer_accuracy"] > 0.7 and result["fact_accuracy"] < 0.3, (paradigm, result)

@@ -159,8 +159,16 @@ def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
 def test_continued_pretraining_starts_from_the_given_checkpoint(tmp_path):
     """model.path: the run starts from those weights (lr 0 keeps them) with that checkpoint's tokenizer."""
     base = complete_checkpoints(train(micro_config(tmp_path / "base", max_steps=2), show_progress=False))[-1][1]
-    sets = [f"model.path={base}", "seq_len=128", "windows_per_step=2", "micro_batch=2", "optim.lr=0",
-            "optim.warmup_steps=0", "checkpoint.every=1", "data.num_retrieval_docs=50"]  # fmt: skip
+    sets = [
+        f"model.path={base}",
+        "seq_len=128",
+        "windows_per_step=2",
+        "micro_batch=2",
+        "optim.lr=0",
+        "optim.warmup_steps=0",
+        "checkpoint.every=1",
+        "data.num_retrieval_docs=50",
+    ]
     config = load_config("tiny-long", {"out": str(tmp_path / "long"), "max_steps": 1, "paradigm": "intra_doc"}, sets)
     continued = complete_checkpoints(train(config, show_progress=False))[-1][1]
     before, after = load_model_state(base), load_model_state(continued)

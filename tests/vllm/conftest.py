@@ -26,16 +26,26 @@ def build_checkpoint(directory: Path, tokenizer, architecture: str = "llama", se
     """A 2-layer model (hidden 128, 4 query and 2 key/value heads of 32) saved with its tokenizer."""
     import transformers
 
-    config_class, model_class = (getattr(transformers, f"{ARCHITECTURES[architecture]}{kind}")
-                                 for kind in ("Config", "ForCausalLM"))  # fmt: skip
+    config_class, model_class = (
+        getattr(transformers, f"{ARCHITECTURES[architecture]}{kind}") for kind in ("Config", "ForCausalLM")
+    )
     torch.manual_seed(seed)
     config = config_class(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         initializer_range=0.2,  # spread-out logits: greedy choices are clear, not near-ties
-        attention_dropout=0.0, tie_word_embeddings=False, sliding_window=None,  # as evalkit's trainer saves them
-    )  # fmt: skip
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+        sliding_window=None,  # as evalkit's trainer saves them
+    )
     model_class(config).eval().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

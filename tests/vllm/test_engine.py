@@ -163,13 +163,15 @@ def test_plain_and_packed_requests_in_one_batch(engine, hf_engine, tokenizer):
     """Rows move as requests finish at different times: each keeps its own attention."""
     packed_requests = [PackedRequest(DOCUMENTS, QUESTION), PackedRequest(["A", "B"], " C")]
     plain = ruler_prompts(tokenizer, "niah_single_1", 512) + ["The grass is green."]
-    packed_prompts, packed_params = engine._packed_inputs(packed_requests, 20, lambda extra: engine._greedy(
-        20, extra_args=extra))  # fmt: skip
+    packed_prompts, packed_params = engine._packed_inputs(
+        packed_requests, 20, lambda extra: engine._greedy(20, extra_args=extra)
+    )
     lengths = [40, 3, 20]  # different max_tokens: requests leave the batch at different steps
     plain_prompts = [{"prompt_token_ids": engine.encode(p)} for p in plain]
     plain_params = [engine._greedy(n) for n in lengths]
-    answers = engine._run([packed_prompts[0], *plain_prompts, packed_prompts[1]],
-                          [packed_params[0], *plain_params, packed_params[1]])  # fmt: skip
+    answers = engine._run(
+        [packed_prompts[0], *plain_prompts, packed_prompts[1]], [packed_params[0], *plain_params, packed_params[1]]
+    )
     texts = [engine._text(answer, []) for answer in answers]
     assert [texts[0], texts[-1]] == hf_engine.generate_packed(packed_requests, 20)
     assert texts[1:-1] == [hf_engine.generate([p], n)[0] for p, n in zip(plain, lengths)]

@@ -36,7 +36,9 @@ def qwen2(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def engine(qwen2):
-    engine = start_vllm_engine(qwen2[0], rope="fp32", position_shift=SHIFT, max_length=WINDOW, batch_size=4, packed=True)
+    engine = start_vllm_engine(
+        qwen2[0], rope="fp32", position_shift=SHIFT, max_length=WINDOW, batch_size=4, packed=True
+    )
     yield engine
     stop_vllm_engine(engine)
 

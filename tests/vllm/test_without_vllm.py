@@ -37,7 +37,8 @@ def test_choosing_the_engine_gives_one_line_saying_how_to_install(checkpoint):
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here; the message is for environments without it")
 def test_cli_with_the_vllm_engine_fails_with_that_line(checkpoint, tmp_path):
     command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", str(checkpoint), "--engine", "vllm",
-               "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+               "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1",
+               "--out", str(tmp_path / "out")]  # fmt: skip
     result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]  # after the checkpoint's progress line
