@@ -47,3 +47,44 @@ def register_hf_attention() -> list[str]:
         AttentionInterface.register(name, _attention_forward(impl))
         AttentionMaskInterface.register(name, _no_padding_mask)
     return list(HF_NAMES)
+
+
+# ---------------------------------------------------------------------- plain SDPA, grouped at decode
+
+GROUPED_SDPA = "evalkit_grouped_sdpa"
+
+
+def register_grouped_sdpa() -> str:
+    """Register transformers' SDPA attention with one change at decoding (a single query per row):
+    grouped-query models attend with their key-value heads as they are instead of copies.
+
+    transformers feeds SDPA a padding mask at every decoding step of a padded batch, and with a
+    mask its SDPA path repeats each key-value head for its query heads (repeat_kv) in the
+    versions evalkit meets (5.19; 5.24 packs instead): at 8 rows x 4K on SmolLM2 that copies
+    ~150 MB per layer per step, more than the attention itself reads. Here the query heads that
+    share a key-value head become that head's queries, so the one SDPA call reads each K/V once:
+    the same products and sums per query, in the same order. Returns the name to load with.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa_forward)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+    return GROUPED_SDPA
+
+
+def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, queries, head_dim = query.shape
+    groups = heads // key.shape[1]
+    plain = groups == 1 or queries != 1 or module.training or kwargs.get("softcap") is not None
+    mask_per_row = attention_mask is None or (attention_mask.ndim == 4 and attention_mask.shape[1] == 1)
+    if plain or not mask_per_row or kwargs.get("position_bias") is not None or kwargs.get("sinks") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]  # [B, 1, 1, C]: the same for every head
+    # Query head h reads key-value head h // groups (transformers' repeat_kv order).
+    grouped = query.reshape(batch, key.shape[1], groups, head_dim)
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
+from evalkit.attention.hf import register_grouped_sdpa
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
@@ -607,6 +608,8 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
+    if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
+        model.set_attn_implementation(register_grouped_sdpa())
     return model.eval()
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from evalkit.attention import document_mask
+from evalkit.attention.hf import GROUPED_SDPA
 from evalkit.engines import PackedRequest, get_engine
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
@@ -78,7 +79,7 @@ def test_packed_generation_leaves_plain_attention_in_place(checkpoint):
     engine = engine_for(checkpoint)
     before = engine.generate(["The grass is green."], max_new_tokens=6)
     engine.generate_packed(REQUESTS[:1], max_new_tokens=2)
-    assert engine.model.config._attn_implementation == "sdpa"
+    assert engine.model.config._attn_implementation == GROUPED_SDPA  # the engine's plain attention (SDPA)
     assert engine.generate(["The grass is green."], max_new_tokens=6) == before
 
 
