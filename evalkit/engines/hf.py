@@ -26,7 +26,9 @@ context, so it is computed once per question); under "padded", in left-padded ba
 Either way a generation batch then decodes LEFT-padded: every row's last prompt token sits in the last
 column, each step appends one column for all rows, an attention mask hides the padding and
 position ids count only real tokens, so a padded row computes what it would alone. Rows that
-finish are dropped from the batch and the cache, so no compute is spent on them.
+finish are dropped from the batch and the cache, so no compute is spent on them. The model's
+attention is transformers' SDPA with one change (evalkit.attention.hf.register_grouped_sdpa): at
+decoding, a grouped-query model reads each key-value head once instead of a copy per query head.
 
 Packed requests (the anchor paradigm, see base.PackedRequest) run in two forwards before
 decoding: the anchor and documents under evalkit's document attention with doc_ids (each
