@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.results_io import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.precision import check_dtype, torch_dtype
+from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
 
 GGUF_MAGIC = b"GGUF"
 META = "meta.json"
@@ -131,21 +132,18 @@ def _is_import(destination: Path) -> bool:
 
 def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite: bool = False) -> Path:
     """Write `destination` as a plain HF checkpoint of the GGUF model at `source`; returns it."""
-    import torch
 
     from evalkit import __version__
 
-    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    if dtype not in dtypes:
-        raise UserError(f"--dtype {dtype!r}: use bf16 or fp32")
+    check_dtype(dtype, ("bf16", "fp32"))
     source, destination = Path(source), Path(destination)
     version = check_gguf_header(source)
     check_replaceable(destination, _is_import, "a checkpoint written by evalkit import", overwrite)
     file_type = _gguf_file_type(source)
     model, tokenizer = _load_dequantized(source)
     config = _plain_config(model)
-    weights = _weights_to_save(model, config, dtypes[dtype])
-    config.dtype = dtypes[dtype]
+    weights = _weights_to_save(model, config, torch_dtype(dtype))
+    config.dtype = torch_dtype(dtype)
 
     tmp = new_directory_beside(destination)
     try:

@@ -21,7 +21,8 @@ from pathlib import Path
 from rich.console import Console
 
 from evalkit.errors import UserError
-from evalkit.results_io import check_output_dir, output_lock
+from evalkit.results.leaderboard import write_leaderboard
+from evalkit.storage import check_output_dir, output_lock
 
 QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
@@ -210,26 +211,3 @@ def _general(refs, plan: QuickstartPlan, console: Console) -> None:
     )
     if not run.rows:
         raise UserError("the general-task fixtures produced no score; see the messages above")
-
-
-def write_leaderboard(dirs: list[Path], out: Path, plots_dir: Path | None = None) -> Path:
-    """The leaderboard markdown at `out`, its plots in plots_dir (default: plots/ beside it)."""
-    import os
-
-    from evalkit.results import leaderboard, plots
-    from evalkit.results_io import atomic_write_text
-
-    markdown, ruler, general = leaderboard.build_markdown([d for d in dirs if d.is_dir()])
-    plots_dir = plots_dir or out.parent / "plots"
-    written = []
-    if ruler:
-        rows = [row for summary in ruler for row in summary["rows"]]
-        written += plots.ruler_vs_length(rows, plots_dir / "ruler-vs-length")
-        written += plots.ruler_vs_step(rows, plots_dir / "ruler-vs-step")
-    if general:
-        written += plots.general_bars(general, plots_dir / "general")
-    figures = [p for p in written if p.suffix == ".png"]
-    if figures:
-        markdown += "## Plots\n\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"
-    atomic_write_text(out, markdown)
-    return out

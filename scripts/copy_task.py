@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from evalkit.provenance import provenance_lines
-from evalkit.results_io import atomic_write_text
+from evalkit.storage import atomic_write_text
 from evalkit.train import load_config
 from evalkit.train.loop import MaskedLMLoss
 from evalkit.train.model import _scratch_config, build_model, load_tokenizer

@@ -91,4 +91,4 @@ def test_an_earlier_import_is_replaced_only_when_asked(tmp_path):
 def test_a_bad_dtype(tmp_path):
     source = tmp_path / "odd.gguf"
     write_gguf(source, "llama")
-    assert_one_line_error(evalkit_import(source, tmp_path / "dest", "--dtype", "int8"), "bf16 or fp32")
+    assert_one_line_error(evalkit_import(source, tmp_path / "dest", "--dtype", "int8"), "choose one of: bf16, fp32")

@@ -27,6 +27,9 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
         assert f"| tiny-cpu-{paradigm} | {paradigm} | llama 2x64 | builtin | 2, 4 |" in board
         assert (tmp_path / "runs" / f"tiny-cpu-{paradigm}" / "step-4" / "model.safetensors").is_file()
     assert "## General tasks" in board and "evalkit_fixture_mmlu_style acc" in board
+    general_section = board.split("## General tasks")[1].split("\n## ")[0]
+    for paradigm in ("full", "intra_doc", "anchor"):  # read from the checkpoint's meta, as for RULER
+        assert f"| tiny-cpu-{paradigm} | {paradigm} | llama 2x64 | " in general_section
     assert "skipped: does not fit" in board  # vt cannot fit 256 tokens: listed, not hidden
     assert "![ruler-vs-length](plots/ruler-vs-length.png)" in board
     assert board in first.stdout  # the leaderboard is printed, as markdown

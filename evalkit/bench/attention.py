@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from evalkit import precision
 from evalkit.attention import Paradigm, available_implementations, document_attention, pack
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -83,7 +82,7 @@ def run(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> list[BenchRow]:
     kv_heads = kv_heads or heads
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = precision.torch_dtype(dtype)
     paradigms = paradigms or [p for p in Paradigm if p.masks_documents]
     impls = impls or available_implementations(device)
     gqa = heads != kv_heads

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.precision import long_dtype_name
 
 # Engine variants a user can time: a name, the engine, and its settings.
 ENGINE_VARIANTS: dict[str, tuple[str, dict]] = {
@@ -36,7 +37,6 @@ ENGINE_VARIANTS: dict[str, tuple[str, dict]] = {
 }
 # lm-eval's RULER tasks whose data its port builds without a download.
 LM_EVAL_OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "cwe", "fwe", "vt")
-LM_EVAL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass
@@ -158,7 +158,7 @@ def _lm_eval_rows(
 
     model = HFLM(
         pretrained=str(checkpoint),
-        dtype=LM_EVAL_DTYPES[dtype or "fp32"],
+        dtype=long_dtype_name(dtype or "fp32"),
         batch_size=batch_size,
         device="cpu" if not _cuda() else "cuda",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit.provenance import provenance_lines
-from evalkit.results_io import atomic_write_text
+from evalkit.storage import atomic_write_text
 
 
 def write_report(path: Path, title: str, command: str, conditions: str, table: str, notes: str = "") -> None:

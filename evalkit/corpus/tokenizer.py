@@ -13,15 +13,11 @@ import os
 from pathlib import Path
 
 from evalkit.corpus.prose import prose_documents
+from evalkit.storage import cache_root
 
 TOKENIZER_VERSION = 1
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 BUILTIN_DOMAIN_TAGS = tuple(f"<|domain_{i}|>" for i in range(16))
-
-
-def cache_root() -> Path:
-    """EVALKIT_CACHE, else ~/.cache/evalkit."""
-    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
 
 
 def _train(vocab_size: int):

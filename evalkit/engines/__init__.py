@@ -21,8 +21,9 @@ import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalkit.engines.base import DTYPE_NAMES, Engine, PackedEngine, PackedRequest, check_dtype
+from evalkit.engines.base import Engine, PackedEngine, PackedRequest
 from evalkit.errors import UserError
+from evalkit.precision import DTYPE_NAMES, check_dtype
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,10 @@ from typing import Any, ClassVar, Literal
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
 
-DTYPE_NAMES = ("bf16", "fp16", "fp32")  # the names used everywhere in evalkit (CLI, configs, results)
 OVERFLOW_POLICIES = ("error", "skip")
 
 Prompt = str | Sequence[int]
 OverflowPolicy = Literal["error", "skip"]
-
-
-def check_dtype(name: str) -> str:
-    """`name` if it is one of DTYPE_NAMES, else a UserError listing them."""
-    if name not in DTYPE_NAMES:
-        raise UserError(f"unknown dtype {name!r}; choose one of: {', '.join(DTYPE_NAMES)}")
-    return name
 
 
 def context_window(config, max_length: int | None) -> int:
@@ -94,6 +86,14 @@ class Engine(ABC):
 
     def close(self) -> None:  # a hook: most engines hold nothing that outlives them
         """Release what outlives the object (processes, device memory); the engine is unusable after."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """`with get_engine(...) as engine:` closes it however the block ends (a second vLLM engine
+        would not fit beside the first on one GPU, and its processes would outlive a failed run)."""
+        self.close()
 
     # ------------------------------------------------------------------ shared behaviour
 

@@ -57,10 +57,10 @@ from evalkit.attention.hf import register_grouped_sdpa
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens, context_window
+from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
 from evalkit.errors import UserError
+from evalkit.precision import check_dtype, resolve_device, torch_dtype
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
 PREFILL_MODES = ("auto", "shared", "padded")
 SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA = 1024
@@ -234,7 +234,7 @@ class HFEngine(PackedEngine):
         self.model_path = _checkpoint_directory(model_path)
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.dtype = check_dtype(dtype or ("bf16" if self.device.type == "cuda" else "fp32"))
         if batch_size < 1:
             raise UserError(f"batch_size must be at least 1, got {batch_size}")
@@ -576,18 +576,6 @@ def _checkpoint_directory(model_path: str | Path) -> Path:
     return path
 
 
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as err:
-        raise UserError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from err
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} asked for, but torch sees no CUDA device")
-    return resolved
-
-
 def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
     """The model, refused with one line if any weight is missing, unexpected or mis-shaped (load_pretrained)."""
     from transformers import AutoModelForCausalLM
@@ -601,7 +589,7 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
         model = load_pretrained(
             AutoModelForCausalLM,
             path,
-            dtype=TORCH_DTYPES[dtype],
+            dtype=torch_dtype(dtype),
             attn_implementation=attention,
             local_files_only=True,
             trust_remote_code=trust_remote_code,

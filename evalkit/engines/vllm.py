@@ -44,11 +44,10 @@ import torch
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_dtype, check_max_new_tokens, context_window
+from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
 from evalkit.errors import UserError
-from evalkit.probe.options import ROPE_VARIANTS
+from evalkit.precision import ROPE_VARIANTS, check_dtype, long_dtype_name
 
-VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
@@ -356,7 +355,7 @@ class VLLMEngine(PackedEngine):
         options: dict[str, Any] = {
             "model": str(self.model_path),
             "tokenizer": str(self.model_path),
-            "dtype": VLLM_DTYPES[self.dtype],
+            "dtype": long_dtype_name(self.dtype),
             "max_model_len": self.max_length + 1,  # see the module docstring
             "max_num_seqs": self.batch_size,
             "tensor_parallel_size": self.tensor_parallel_size,

@@ -67,7 +67,7 @@ class EngineLM(LM):
         tokenizer = self.engine.tokenizer
         encoded = [tok.encode_pair(tokenizer, context, continuation) for context, continuation in _args(requests)]
         fed = [len(context) + len(continuation) - 1 for context, continuation in encoded]  # the last is only predicted
-        _refuse_overflow("loglikelihood", fed, self.engine.max_length)
+        _refuse_overflow("loglikelihood", fed, self.engine.max_length, requests)
         order = sorted(range(len(encoded)), key=lambda i: -fed[i])  # similar lengths share engine batches
         results: list[tuple[float, bool]] = [(0.0, True)] * len(encoded)
         for start in range(0, len(order), CHUNK):
@@ -92,7 +92,7 @@ class EngineLM(LM):
         settings = [_greedy_settings(gen_kwargs) for _context, gen_kwargs in arguments]
         prompts = [context for context, _gen_kwargs in arguments]
         needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
-        _refuse_overflow("generate_until", needed, self.engine.max_length)
+        _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
         outputs: list[str | None] = [None] * len(prompts)
         done = 0
         for (stop, max_new_tokens), indices in _grouped(settings).items():
@@ -112,10 +112,22 @@ def _args(requests: Sequence[Any]) -> list[tuple]:
     return [request.args for request in requests]
 
 
-def _refuse_overflow(request_type: str, needed: list[int], window: int) -> None:
+def _refuse_overflow(request_type: str, needed: list[int], window: int, requests: Sequence[Any]) -> None:
+    """RequestsExceedWindow if any request needs more than `window` tokens, naming every request's
+    (task, document) and those of the requests that do not fit."""
     too_long = [n for n in needed if n > window]
-    if too_long:
-        raise RequestsExceedWindow(request_type, len(too_long), len(needed), max(too_long), window)
+    if not too_long:
+        return
+    documents: dict[str, set[int]] = {}
+    over: dict[str, set[int]] = {}
+    for request, tokens in zip(requests, needed):
+        task, doc_id = getattr(request, "task_name", None), getattr(request, "doc_id", None)
+        if task is None or doc_id is None:
+            continue
+        documents.setdefault(task, set()).add(doc_id)
+        if tokens > window:
+            over.setdefault(task, set()).add(doc_id)
+    raise RequestsExceedWindow(request_type, len(too_long), len(needed), max(too_long), window, documents, over)
 
 
 def _greedy_settings(gen_kwargs: dict) -> tuple[tuple[str, ...], int]:

@@ -16,9 +16,22 @@ class DatasetUnavailable(TaskCannotRun):
 
 
 class RequestsExceedWindow(TaskCannotRun):
-    """Some requests need more tokens than the model window; nothing of the task was computed."""
+    """Some requests need more tokens than the model window; nothing of the task was computed.
 
-    def __init__(self, request_type: str, too_long: int, total: int, longest: int, window: int):
+    `documents` and `over` name, per lm-eval task, the documents of every request checked and of
+    those that did not fit, so a rerun can score the documents that fit (--too-long documents).
+    """
+
+    def __init__(
+        self,
+        request_type: str,
+        too_long: int,
+        total: int,
+        longest: int,
+        window: int,
+        documents: dict[str, set[int]] | None = None,
+        over: dict[str, set[int]] | None = None,
+    ):
         self.request_type, self.too_long, self.total, self.longest, self.window = (
             request_type,
             too_long,
@@ -26,6 +39,7 @@ class RequestsExceedWindow(TaskCannotRun):
             longest,
             window,
         )
+        self.documents, self.over = documents or {}, over or {}
         super().__init__(
             f"{too_long} of {total} {request_type} requests need more than the model window of {window} tokens "
             f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "

@@ -29,15 +29,16 @@ from typing import Any
 from evalkit.errors import UserError
 from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 from evalkit.provenance import stamp
-from evalkit.results.checkpoints import CheckpointRef
+from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
 from evalkit.results.store import checkpoint_dir
-from evalkit.results_io import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
 
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
 SUMMARY = "general-summary.json"
 AVERAGES = "general-avg"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+TOO_LONG_CHOICES = ("task", "documents")  # what a document longer than the window leaves out: its task, or itself
 # Engine settings that change speed, not what is measured: a rerun with another batch size keeps results.
 EXECUTION_ONLY_SETTINGS = ("batch_size", "device")
 # lm-eval warns once per task when the shots differ from the YAML; evalkit records the shots of every task.
@@ -56,6 +57,7 @@ class GeneralSettings:
     engine: str = "hf"
     engine_settings: dict[str, Any] = field(default_factory=dict)
     include_paths: list[str] = field(default_factory=list)
+    too_long: str = "task"  # a document over the window skips its task ("task") or only itself ("documents")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def run_general(
     engine_settings: dict[str, Any] | None = None,
     include_path: list[str | Path] | None = None,
     avg: bool = False,
+    too_long: str = "task",
     progress: Progress = lambda _task, _done, _total: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
@@ -106,10 +109,11 @@ def run_general(
     from evalkit.general.catalog import TaskCatalog, default_include_paths
 
     _check_request(refs, tasks, num_fewshot, limit, engine, engine_settings or {}, Path(out))
+    _check_too_long(too_long, limit)
     limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
     include_paths = default_include_paths(include_path)
     settings = GeneralSettings(
-        list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), [str(p) for p in include_paths]
+        list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), [str(p) for p in include_paths], too_long
     )
     catalog = TaskCatalog(include_paths, settings.tasks)
     catalog.check(settings.tasks)
@@ -168,6 +172,16 @@ def _check_request(
             )
 
 
+def _check_too_long(too_long: str, limit: float | None) -> None:
+    if too_long not in TOO_LONG_CHOICES:
+        raise UserError(f"--too-long must be one of {', '.join(TOO_LONG_CHOICES)}, got {too_long!r}")
+    if too_long == "documents" and limit is not None:
+        raise UserError(
+            "--too-long documents and --limit cannot be combined (lm-eval takes a limit or a list of documents, "
+            "not both); drop --limit"
+        )
+
+
 def _check_limit(limit: float | None) -> None:
     """--limit is N documents (a whole number) or a fraction in (0, 1); inf and nan are neither
     (int(inf) would fail after the task catalog loads, and nan compares false with everything)."""
@@ -191,6 +205,8 @@ def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
         "engine": settings.engine,
         "engine_settings": measured,
     }
+    if settings.too_long != "task":  # only the other choice keys in: records stored before it existed still hold
+        identity["too_long"] = settings.too_long
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return TaskPlan(name, shots, source, key)
 
@@ -220,6 +236,11 @@ def _evaluate_checkpoint(
                 continue
             try:
                 records.append(_evaluate_task(engine, catalog, plan, settings, ref, directory))
+                for task, left in records[-1].get("over_window", {}).items():
+                    log(
+                        f"{task} ({ref.run} step {ref.step}): {left['documents_over_window']} of {left['documents']} "
+                        f"documents need more than the window of {left['window']} tokens; scored on the rest"
+                    )
             except TaskCannotRun as why:
                 counts = why.counts() if isinstance(why, RequestsExceedWindow) else {}
                 skipped.append({"task": plan.name, "reason": why.reason, **counts})
@@ -240,6 +261,7 @@ def _evaluate_checkpoint(
             "engine": engine_info,
             "settings": asdict(settings),
             "lm_eval_version": _lm_eval_version(),
+            "checkpoint_meta": checkpoint_meta(ref.path),
         },
     }
     atomic_write_json(checkpoint_dir(out, ref) / SUMMARY, summary)
@@ -279,21 +301,12 @@ def _evaluate_task(
     engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: GeneralSettings, ref: CheckpointRef, directory: Path
 ) -> dict[str, Any]:
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
-    from lm_eval import simple_evaluate
-
     from evalkit.general.rows import compact_samples, result_rows
 
     with catalog.loading(plan.name):
-        tasks = catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
+        catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
         lm = engine.for_task(plan.name)
-        results = simple_evaluate(
-            model=lm,
-            tasks=tasks,
-            task_manager=catalog.manager,
-            num_fewshot=plan.num_fewshot,
-            limit=settings.limit,
-            log_samples=True,
-        )
+        results, over_window = _run_lm_eval(lm, catalog, plan, settings)
     samples = compact_samples(results.pop("samples", None) or {})
     stem = _file_stem(plan.name)
     atomic_write_text(directory / f"{stem}.samples.jsonl", "".join(_json_line(s) for s in samples))
@@ -310,6 +323,7 @@ def _evaluate_task(
         "num_fewshot": results.get("n-shot", {}).get(plan.name),  # what lm-eval used (None for a tag: see rows)
         "limit": settings.limit,
         "rows": result_rows(results, plan.name, ref.run, ref.step),
+        **({"over_window": over_window} if over_window else {}),  # --too-long documents: per task, what was left out
         "files": {"lm_eval": f"{stem}.lm_eval.json", "samples": f"{stem}.samples.jsonl"},
         "provenance": {
             **stamp(),
@@ -321,6 +335,41 @@ def _evaluate_task(
     }
     atomic_write_json(_record_path(directory, plan.name), record)
     return record
+
+
+def _run_lm_eval(lm, catalog, plan: TaskPlan, settings: GeneralSettings) -> tuple[dict, dict[str, dict[str, int]]]:
+    """lm-eval's simple_evaluate. With too_long="documents", a request type that finds documents
+    over the window (its check runs before anything is computed) makes it run again on the
+    documents that fit, and those left out are counted per task; a task none of whose documents
+    fit is skipped whole, as under "task"."""
+    from lm_eval import simple_evaluate
+
+    fitting: dict[str, list[int]] = {}
+    over_window: dict[str, dict[str, int]] = {}
+    while True:
+        try:
+            results = simple_evaluate(
+                model=lm,
+                tasks=catalog.load(plan.name),  # fresh task objects for every pass
+                task_manager=catalog.manager,
+                num_fewshot=plan.num_fewshot,
+                limit=settings.limit,
+                samples=fitting or None,
+                log_samples=True,
+            )
+            return results, over_window
+        except RequestsExceedWindow as why:
+            if settings.too_long != "documents" or not why.over or set(why.over) & set(fitting):
+                raise
+            for task, over in why.over.items():
+                fitting[task] = sorted(why.documents[task] - over)
+                if not fitting[task]:
+                    raise
+                over_window[task] = {
+                    "documents_over_window": len(over),
+                    "documents": len(why.documents[task]),
+                    "window": why.window,
+                }
 
 
 def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
@@ -335,6 +384,7 @@ def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
 
 def _task_entry(record: dict[str, Any], directory: Path, resumed: list[str]) -> dict[str, Any]:
     return {
+        **({"over_window": record["over_window"]} if record.get("over_window") else {}),
         "num_fewshot": record["num_fewshot"],
         "fewshot_source": record["fewshot_source"],
         "file": f"{RESULT_DIR}/{_record_path(directory, record['task']).name}",

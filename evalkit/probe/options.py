@@ -12,10 +12,10 @@ from pathlib import Path
 
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
+from evalkit.precision import DTYPE_NAMES as DTYPES
+from evalkit.precision import ROPE_VARIANTS
 
 PROBE_KINDS = ("shift", "tokens", "length")
-ROPE_VARIANTS = ("cast", "fp32")  # see evalkit.probe.rope
-DTYPES = ("bf16", "fp16", "fp32")
 # The paper's settings (LLaMA-2-7B): T = 4096, N = 50, Δ2 = 16, and these Δ1 for Figure 1 left.
 PAPER_SEQ_LEN = 4096
 PAPER_N_TEXTS = 50

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from evalkit.provenance import provenance_lines
-from evalkit.results_io import atomic_write_bytes, atomic_write_text
+from evalkit.storage import atomic_write_bytes, atomic_write_text
 
 PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
 DOMINANCE_FACTOR = 10.0  # the first column against the average column

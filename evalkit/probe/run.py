@@ -13,14 +13,14 @@ import torch
 
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
+from evalkit.precision import resolve_device, torch_dtype
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.results_io import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
     "attn_diff_column": "the same, kept per 1-based key column j (`column`); the columns sum to attn_diff",
@@ -48,18 +48,6 @@ def attention_window(config) -> int:
         raise UserError(f"the checkpoint's config ({config.model_type}) states no max_position_embeddings")
     sliding = getattr(config, "sliding_window", None)  # set for Mistral; Qwen2 sets it only when it slides
     return min(window, sliding) if sliding else window
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device: unknown device {name!r}; use auto, cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available here")
-    return device
 
 
 def _load_config(checkpoint: Path):
@@ -107,7 +95,7 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
     from transformers import AutoModel
 
     register_probe_attention()
-    common = {"dtype": TORCH_DTYPES[dtype], "attn_implementation": PROBE_ATTENTION}
+    common = {"dtype": torch_dtype(dtype), "attn_implementation": PROBE_ATTENTION}
     if condition == "random_init":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

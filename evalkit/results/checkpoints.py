@@ -110,3 +110,28 @@ def _newest_per_run(refs: list[CheckpointRef], last: int) -> set[CheckpointRef]:
     for run in {ref.run for ref in refs}:
         keep.update(sorted(ref for ref in refs if ref.run == run)[-last:])
     return keep
+
+
+def checkpoint_meta(path: Path) -> dict:
+    """What made a checkpoint: the trainer's record (paradigm, config, step, data) or evalkit
+    import's (model name, source file and hash, dtype); {} for others."""
+    meta = path / "meta.json"
+    if not meta.is_file():
+        return {}
+    try:
+        data = json.loads(meta.read_text())
+    except json.JSONDecodeError:
+        return {}
+    keep = (
+        "step",
+        "tokens_seen",
+        "paradigm",
+        "config",
+        "data_fingerprint",
+        "tokenizer_fingerprint",
+        "git_hash",
+        "model",
+        "source",
+        "dtype",
+    )
+    return {key: data[key] for key in keep if key in data}

@@ -322,15 +322,18 @@ def headline_rows(general: list[dict]) -> list[dict]:
 
 
 def general_table(general: list[dict]) -> str:
-    """One row per run, one column per task/metric: mean over checkpoints ± stderr (mean of stderrs)."""
+    """One row per run (its paradigm and model from the checkpoint's meta), one column per
+    task/metric: mean over checkpoints ± stderr (mean of stderrs)."""
+    described = {summary["run"]: _describe_checkpoint(summary) for summary in general}
     values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
     for row in headline_rows(general):
         column = f"{row['task']} {row['metric']}"
         values[(row["run"], column)].append((float(row["value"]), row.get("stderr")))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
-    lines = ["| run | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    lines = ["| run | paradigm | model | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
     for run in runs:
+        paradigm, model, _data = described.get(run, ("?", "?", "?"))
         cells = []
         for column in columns:
             entries = values.get((run, column))
@@ -340,7 +343,7 @@ def general_table(general: list[dict]) -> str:
             mean = statistics.fmean(v for v, _ in entries)
             errors = [e for _, e in entries if e is not None]
             cells.append(f"{mean:.4f} ± {statistics.fmean(errors):.4f}" if errors else f"{mean:.4f}")
-        lines.append(f"| {run} | " + " | ".join(cells) + " |")
+        lines.append(f"| {run} | {paradigm} | {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -402,3 +405,26 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
         parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
     parts += ["## Provenance", "", provenance_notes(ruler + general), "", ""]
     return "\n".join(parts), ruler, general
+
+
+def write_leaderboard(dirs: list[Path], out: Path, plots_dir: Path | None = None) -> Path:
+    """The leaderboard markdown at `out`, its plots in plots_dir (default: plots/ beside it)."""
+    import os
+
+    from evalkit.results import plots
+    from evalkit.storage import atomic_write_text
+
+    markdown, ruler, general = build_markdown([d for d in dirs if d.is_dir()])
+    plots_dir = plots_dir or out.parent / "plots"
+    written = []
+    if ruler:
+        rows = [row for summary in ruler for row in summary["rows"]]
+        written += plots.ruler_vs_length(rows, plots_dir / "ruler-vs-length")
+        written += plots.ruler_vs_step(rows, plots_dir / "ruler-vs-step")
+    if general:
+        written += plots.general_bars(general, plots_dir / "general")
+    figures = [p for p in written if p.suffix == ".png"]
+    if figures:
+        markdown += "## Plots\n\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"
+    atomic_write_text(out, markdown)
+    return out

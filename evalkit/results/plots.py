@@ -9,7 +9,7 @@ from pathlib import Path
 
 from evalkit.results.aggregate import per_checkpoint_length_means
 from evalkit.results.leaderboard import headline_rows, ruler_cells
-from evalkit.results_io import atomic_write_bytes, atomic_write_text
+from evalkit.storage import atomic_write_bytes, atomic_write_text
 
 
 def _save(figure, stem: Path) -> list[Path]:

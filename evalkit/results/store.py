@@ -59,7 +59,7 @@ class SampleLog:
             self.records[int(record["index"])] = record
             kept.append(line)
         if dropped:  # rewrite without the lines we will not use, so appends stay clean
-            from evalkit.results_io import atomic_write_text
+            from evalkit.storage import atomic_write_text
 
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 

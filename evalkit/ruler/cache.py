@@ -2,8 +2,9 @@
 
 The file name carries a hash of everything that decides the data: generator version,
 tokenizer fingerprint, task and its templates, length, number of samples, seed, prompt format,
-the data files the task reads and the sizing. The same key always gives byte-identical files.
-The default sizing ("exact") adds nothing to the key, so keys made before sizings existed hold.
+the data files the task reads, the sizing and the generator's module constants (kinds.py). The
+same key always gives byte-identical files. The default sizing ("exact") and constants equal to
+version 1's add nothing to the key, so keys made before either was keyed in still hold.
 
 A cache file is a header line, {"format": "evalkit-ruler-cache", "samples": N, "sha256": ...},
 then one sample per line. The checksum covers the samples' canonical JSON (Sample.to_json), so
@@ -20,9 +21,11 @@ import sys
 from pathlib import Path
 
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
+from evalkit.ruler.kinds import changed_constants_digest
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample, dumps_jsonl, loads_jsonl
 from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT, task_spec
+from evalkit.storage import cache_root
 
 
 def _file_identity(path: Path) -> list:
@@ -84,6 +87,9 @@ def cache_key(
     }
     if check_sizing(sizing) != DEFAULT_SIZING:  # only other sizings key in: exact keys stay as they were
         fields["sizing"] = sizing
+    changed = changed_constants_digest(spec.kind)
+    if changed is not None:  # likewise: the generator's constants key in once they differ from version 1's
+        fields["constants"] = changed
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return tokenizer_fingerprint(tokenizer), digest
 
@@ -91,8 +97,6 @@ def cache_key(
 def cache_path(
     task: str, tokenizer, length: int, num_samples: int, seed: int = DEFAULT_SEED, cache_dir: Path | None = None, **data
 ) -> Path:
-    from evalkit.corpus.tokenizer import cache_root
-
     fingerprint, digest = cache_key(task, tokenizer, length, num_samples, seed, **data)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "ruler"
     return root / fingerprint / task / f"{length}-n{num_samples}-s{seed}-{digest}.jsonl"
@@ -177,8 +181,8 @@ def load_or_generate(
 
     `data` takes generate's keywords: essays=, qa_dir=, prompt_format=, exact_lengths=, sizing=.
     """
-    from evalkit.results_io import atomic_write_text
     from evalkit.ruler.generation import generate
+    from evalkit.storage import atomic_write_text
 
     path = cache_path(task, tokenizer, length, num_samples, seed, cache_dir, **data)
     if path.is_file():

@@ -20,6 +20,7 @@ from evalkit.ruler.spec import CWE_PREFIX, CWE_TEMPLATE
 from evalkit.ruler.words import common_words_pool, extra_prose_words
 
 NUM_COMMON = 10
+DATA_CONSTANTS = {"NUM_COMMON": NUM_COMMON}  # keyed into the cache (evalkit.ruler.kinds)
 
 
 class WordTable:

@@ -20,6 +20,7 @@ from evalkit.ruler.spec import FWE_PREFIX, FWE_TEMPLATE
 
 NOISE_WORD = "..."
 ANSWER_RANKS = (2, 3, 4)  # ranks of the answer words (rank 1 is the noise word)
+DATA_CONSTANTS = {"NOISE_WORD": NOISE_WORD, "ANSWER_RANKS": ANSWER_RANKS}  # keyed into the cache (evalkit.ruler.kinds)
 
 
 def zeta(alpha: float) -> float:

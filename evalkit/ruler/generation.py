@@ -21,6 +21,7 @@ from evalkit.ruler.context import Context
 from evalkit.ruler.counting import TokenCounter, compose_count, compose_text
 from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit
 from evalkit.ruler.fitting import DEFAULT_SIZING, Plan, TooLong, check_sizing, fit, shared_size, step_down
+from evalkit.ruler.kinds import generator_class
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import DEFAULT_SEED, task_spec
@@ -51,19 +52,8 @@ def _task_generator(ctx: Context):
     from evalkit.ruler.essay import EssayError
     from evalkit.ruler.words import WordListsMissing
 
-    kind = ctx.spec.kind
     try:
-        if kind == "niah":
-            from evalkit.ruler.niah import NiahTask as Task
-        elif kind == "variable_tracking":
-            from evalkit.ruler.vt import VariableTrackingTask as Task
-        elif kind == "common_words_extraction":
-            from evalkit.ruler.cwe import CommonWordsTask as Task
-        elif kind == "freq_words_extraction":
-            from evalkit.ruler.fwe import FrequentWordsTask as Task
-        else:
-            from evalkit.ruler.qa import QaTask as Task
-        return Task(ctx)
+        return generator_class(ctx.spec.kind)(ctx)
     except (EssayError, WordListsMissing) as error:
         raise TaskDataMissing(ctx.spec.name, ctx.length, str(error)) from error
 

@@ -22,6 +22,7 @@ from evalkit.ruler.words import random_value, wonderwords_list
 
 # np.round(np.linspace(0, 100, 40)).astype(int) in niah.py; no point lies on a .5 tie.
 DEPTHS = tuple(round(k * 100 / 39) for k in range(40))
+DATA_CONSTANTS = {"DEPTHS": DEPTHS}  # keyed into the cache (evalkit.ruler.kinds)
 
 
 def singular(text: str) -> str:

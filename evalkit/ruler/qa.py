@@ -34,6 +34,7 @@ DATASET_NAMES = {"squad": "SQuAD v2 dev", "hotpotqa": "HotpotQA dev distractor"}
 # A document starts with `\n\nDocument` (counted after the previous document: a blank line after
 # trailing whitespace tokenises differently), then ` {k}:`, then `\n` and the text after the colon.
 DOCUMENT_START = "\n\nDocument"
+DATA_CONSTANTS = {"DOCUMENT_START": DOCUMENT_START}  # keyed into the cache (evalkit.ruler.kinds)
 
 
 @dataclass(frozen=True)

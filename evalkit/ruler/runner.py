@@ -18,15 +18,15 @@ from pathlib import Path
 from evalkit.checkpoint_check import read_config
 from evalkit.errors import UserError
 from evalkit.provenance import stamp
-from evalkit.results.checkpoints import CheckpointRef
+from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
 from evalkit.results.store import SampleLog, checkpoint_dir
-from evalkit.results_io import atomic_write_json
 from evalkit.ruler.cache import cache_key, load_or_generate
 from evalkit.ruler.errors import TaskDoesNotFit, TaskSkipped
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
+from evalkit.storage import atomic_write_json
 
 SUMMARY = "ruler-summary.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -93,31 +93,6 @@ def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
             f"length {too_long[0]} is beyond the window of {ref.path} ({window} tokens); "
             "drop it or pass --max-length to evaluate beyond the trained window (never truncated)"
         )
-
-
-def checkpoint_meta(path: Path) -> dict:
-    """What made a checkpoint: the trainer's record (paradigm, config, step, data) or evalkit
-    import's (model name, source file and hash, dtype); {} for others."""
-    meta = path / "meta.json"
-    if not meta.is_file():
-        return {}
-    try:
-        data = json.loads(meta.read_text())
-    except json.JSONDecodeError:
-        return {}
-    keep = (
-        "step",
-        "tokens_seen",
-        "paradigm",
-        "config",
-        "data_fingerprint",
-        "tokenizer_fingerprint",
-        "git_hash",
-        "model",
-        "source",
-        "dtype",
-    )
-    return {key: data[key] for key in keep if key in data}
 
 
 def _prompt_hash(prompt: str) -> str:
@@ -197,12 +172,9 @@ def evaluate_checkpoint(
     engine_settings = {"batch_size": settings.batch_size, "max_length": settings.max_length}
     if settings.dtype:
         engine_settings["dtype"] = settings.dtype
-    engine = get_engine(settings.engine, ref.path, **engine_settings)
-    try:  # closed before the next checkpoint's engine starts: two vLLM engines would not fit one GPU
+    with get_engine(settings.engine, ref.path, **engine_settings) as engine:  # closed before the next one starts
         rows, skipped = _evaluate_tasks(engine, ref, settings, out, progress)
         engine_info = engine.engine_info()
-    finally:
-        engine.close()
     path = checkpoint_dir(out, ref) / SUMMARY
     summary = {
         "benchmark": "ruler",

@@ -20,6 +20,7 @@ from evalkit.ruler.spec import NOISE_LINE, VT_PREFIX, VT_TEMPLATE
 NUM_HOPS = 4
 DEMO_TOKENS = 500  # the demonstration's prompt budget in variable_tracking.py
 MIN_NOISE_LINES = 5  # the chain's lines go at distinct noise-line positions
+DATA_CONSTANTS = {"NUM_HOPS": NUM_HOPS, "DEMO_TOKENS": DEMO_TOKENS, "MIN_NOISE_LINES": MIN_NOISE_LINES}  # cache key
 
 
 def variable_names(rng: random.Random, count: int, letters: int) -> list[str]:

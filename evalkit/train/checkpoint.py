@@ -10,7 +10,6 @@ complete, whatever moment a run was killed at.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -18,9 +17,9 @@ import torch
 
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.errors import UserError
-from evalkit.results_io import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.results.checkpoints import STEP_DIR
+from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
 TRAINER_STATE = "trainer_state.pt"
 META = "meta.json"
 

@@ -25,7 +25,7 @@ from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
-from evalkit.results_io import atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_text, check_output_dir, output_lock
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed
 from evalkit.train.config import TrainConfig, check_inputs

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import shlex
 
         from evalkit.provenance import provenance_lines
-        from evalkit.results_io import atomic_write_text
+        from evalkit.storage import atomic_write_text
 
         command = "python -m evalkit.train.retrieval_check " + shlex.join(sys.argv[1:] if argv is None else argv)
 

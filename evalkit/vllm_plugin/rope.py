@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from evalkit.probe.options import ROPE_VARIANTS
+from evalkit.precision import ROPE_VARIANTS
 
 CONFIG_ROPE = "evalkit_rope"
 CONFIG_POSITION_SHIFT = "evalkit_position_shift"

@@ -117,3 +117,36 @@ def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_s
     assert packed_support_problems(windowed, "bf16", "cpu", 4096) == ["sliding-window attention (a 1024-token window)"]
     assert packed_support_problems(windowed, "bf16", "cpu", 1024) == []  # a window as wide as every context is none
     assert "logit soft-capping" in packed_support_problems(Gemma2Config(), "bf16", "cpu", 4096)
+
+
+def test_an_engine_used_as_a_context_manager_is_closed_however_its_block_ends(checkpoint, monkeypatch):
+    from evalkit.engines.hf import HFEngine
+
+    path, _ = checkpoint
+    closed = []
+    monkeypatch.setattr(HFEngine, "close", lambda self: closed.append(self))
+    with get_engine("hf", path, device="cpu") as engine:
+        pass
+    assert closed == [engine]
+    with pytest.raises(RuntimeError, match="a task failed"), get_engine("hf", path, device="cpu") as failing:
+        raise RuntimeError("a task failed")
+    assert closed == [engine, failing]
+
+
+def test_the_ruler_runner_closes_its_engine_when_a_task_fails(checkpoint, monkeypatch, tmp_path):
+    from evalkit.engines.hf import HFEngine
+    from evalkit.results.checkpoints import CheckpointRef
+    from evalkit.ruler import runner
+
+    path, _ = checkpoint
+    closed = []
+    monkeypatch.setattr(HFEngine, "close", lambda self: closed.append(self))
+
+    def failing_tasks(*_args):
+        raise RuntimeError("a task failed")
+
+    monkeypatch.setattr(runner, "_evaluate_tasks", failing_tasks)
+    settings = runner.RulerSettings(tasks=["niah_single_1"], lengths=[MAX_POSITIONS], num_samples=1, dtype="fp32")
+    with pytest.raises(RuntimeError, match="a task failed"):
+        runner.evaluate_checkpoint(CheckpointRef("run", 1, path), settings, tmp_path, lambda *_: None)
+    assert len(closed) == 1 and isinstance(closed[0], HFEngine)

@@ -111,7 +111,10 @@ def results(tmp_path):
                             "num_fewshot": 5,
                         }
                     ],
-                    "provenance": {"engine": {"engine": "hf", "dtype": "fp32"}},
+                    "provenance": {
+                        "engine": {"engine": "hf", "dtype": "fp32"},
+                        **({"checkpoint_meta": {"paradigm": "anchor"}} if run == "tiny-anchor" else {}),
+                    },
                 },
                 "general-summary.json",
             )
@@ -141,7 +144,10 @@ def test_tables_match_hand_arithmetic(results):
     ) in text
     assert "- tiny-anchor: cwe at 512 skipped: does not fit: needs a length of at least 1156 tokens" in text
     assert "| tiny-anchor | niah_single_1 | 85.00 | 45.00 |" in text  # per task: (80+90)/2, (40+50)/2
-    assert "| tiny-anchor | 0.3500 ± 0.0200 |" in text and "| tiny-full | 0.3000 ± 0.0200 |" in text
+    # general: paradigm from the checkpoint's meta; a summary without it (written before 0.1) shows "?"
+    assert (
+        "| tiny-anchor | anchor | ? | 0.3500 ± 0.0200 |" in text and "| tiny-full | ? | ? | 0.3000 ± 0.0200 |" in text
+    )
     assert "†" not in text  # same settings everywhere
     for name in ("ruler-vs-length", "ruler-vs-step", "general"):
         for suffix in (".png", ".svg"):

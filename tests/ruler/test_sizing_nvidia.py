@@ -263,6 +263,7 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
     from typer.testing import CliRunner
 
     from evalkit import cli
+    from evalkit.cli import ruler as ruler_command
     from evalkit.results import checkpoints
 
     seen = []
@@ -271,7 +272,7 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
         seen.append(settings)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli, "_run_with_progress", capture)
+    monkeypatch.setattr(ruler_command, "_run_with_progress", capture)
     monkeypatch.setattr(checkpoints, "resolve_checkpoints", lambda paths, last=None: [])
     for args, sizing in (([], "exact"), (["--sizing", "nvidia"], "nvidia")):
         result = CliRunner().invoke(cli.app, ["ruler", "--ckpts", "x", "--tasks", "fwe", *args])

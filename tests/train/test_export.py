@@ -25,7 +25,7 @@ def test_the_export_command_writes_a_bf16_copy_and_refuses_bad_input(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "MiB" in done.stdout and json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
     for args, message in (
-        ([str(source), str(tmp_path / "x"), "--dtype", "fp8"], "use bf16 or fp32"),
+        ([str(source), str(tmp_path / "x"), "--dtype", "fp8"], "unknown dtype 'fp8'; choose one of: bf16, fp32"),
         ([str(tmp_path), str(tmp_path / "y")], "not a complete checkpoint"),
     ):
         bad = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=300)

@@ -1,5 +1,6 @@
-"""Atomic file writes: a reader (or a resumed run) never sees a half-written file; and the lock
-that keeps one writer per results directory."""
+"""Where evalkit keeps files and how it writes them: atomic writes (a reader, or a resumed run,
+never sees a half-written file), the lock that keeps one writer per results directory,
+replacing only evalkit's own outputs, and the cache directory."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from evalkit.errors import UserError
+
+
+def cache_root() -> Path:
+    """EVALKIT_CACHE, else ~/.cache/evalkit: the trained tokenizers and RULER samples."""
+    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
 
 
 def umask() -> int:

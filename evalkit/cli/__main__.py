@@ -1,0 +1,5 @@
+"""`python -m evalkit.cli`."""
+
+from evalkit.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""The `evalkit` Typer application and what its commands share; each command is a module beside this one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.errors import UserError
+from evalkit.provenance import command_line
+from evalkit.storage import check_output_file
+
+app = typer.Typer(
+    help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks users can run; reports go to results/.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+probe_app = typer.Typer(
+    help="Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", no_args_is_help=True
+)
+app.add_typer(probe_app, name="probe")
+
+
+def echo_size(checkpoint: Path) -> None:
+    size = sum(f.stat().st_size for f in checkpoint.iterdir())
+    typer.echo(f"{checkpoint}: {size / 2**20:.1f} MiB")
+
+
+def check_positive(values: dict[str, int], out: Path | None) -> None:
+    """A bench's counts and its report file, checked before the minutes of timing it runs."""
+    for option, value in values.items():
+        if value < 1:
+            raise UserError(f"{option} must be at least 1, got {value}")
+    if out is not None:
+        check_output_file(out)
+
+
+def publish(table: str, out: Path | None, title: str, conditions: str, console) -> None:
+    """A bench's table on stdout and, with --out, as a report with its conditions, command and machine."""
+    typer.echo(table)
+    if out is not None:
+        from evalkit.bench.report import write_report
+
+        write_report(out, title, command_line(), conditions, table)
+        console.print(f"wrote {out}")

@@ -1,0 +1,78 @@
+"""`evalkit general`: lm-evaluation-harness tasks on checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli.app import app
+from evalkit.errors import UserError
+
+
+@app.command("general")
+def general_command(
+    paths: list[str] = typer.Argument(
+        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
+    ),
+    ckpts: list[str] = typer.Option(
+        None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."
+    ),
+    tasks: str = typer.Option(
+        ..., "--tasks", help="lm-eval tasks, groups or tags, comma-separated (mmlu,hellaswag,...)."
+    ),
+    num_fewshot: int = typer.Option(
+        None, "--num-fewshot", help="Shots for every task (default: mmlu 5, hellaswag 0, others lm-eval's)."
+    ),
+    limit: float = typer.Option(None, "--limit", help="First N documents per task (for testing; below 1: a fraction)."),
+    too_long: str = typer.Option(
+        "task",
+        "--too-long",
+        help="A document longer than the window (never truncated) skips its whole task (task) or only "
+        "itself, counted in the results (documents: for LongBench-style tasks whose lengths vary).",
+    ),
+    engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
+    dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Requests per batch."),
+    max_length: int = typer.Option(
+        None, "--max-length", help="Allow requests beyond the model's max_position_embeddings."
+    ),
+    last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
+    avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std)."),
+    include_path: list[str] = typer.Option(
+        None, "--include-path", help="More folders of lm-eval task YAMLs (evalkit/tasks/ is always included)."
+    ),
+    out: Path = typer.Option(Path("results/general"), "--out", help="Results directory."),
+) -> None:
+    """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
+    from rich.console import Console
+
+    from evalkit.general import average_table, checkpoint_table, parse_tasks, run_general
+    from evalkit.results.checkpoints import resolve_checkpoints
+
+    console = Console(stderr=True)
+    settings = {"batch_size": batch_size, "max_length": max_length, **({"dtype": dtype} if dtype else {})}
+    refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
+    run = run_general(
+        refs,
+        parse_tasks(tasks),
+        out=out,
+        num_fewshot=num_fewshot,
+        limit=limit,
+        engine=engine,
+        engine_settings=settings,
+        include_path=include_path,
+        avg=avg,
+        too_long=too_long,
+        progress=lambda task, done, total: (
+            console.print(f"[dim]  {task}: {done}/{total}[/dim]") if done == total else None
+        ),
+        on_checkpoint=lambda ref: console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})"),
+        log=console.print,
+    )
+    if not run.rows:
+        raise UserError("no task produced a score (all skipped); see the reasons above")
+    typer.echo(checkpoint_table(run.rows))
+    if avg:
+        typer.echo("\n" + average_table(run.averages))
+    console.print(f"results in {out}")

@@ -1,0 +1,128 @@
+"""`evalkit probe shift|tokens|length`: the paper's BF16 RoPE measurements (Figure 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli.app import probe_app
+from evalkit.provenance import command_line
+
+
+def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
+    from rich.console import Console
+
+    from evalkit.probe import run_probe
+
+    console = Console(stderr=True)
+    out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name
+    given = {key: value for key, value in options.items() if value is not None}
+    result = run_probe(
+        kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"), command=command_line(), **given
+    )
+    typer.echo(Path(result["files"]["markdown"]).read_text())
+    console.print("wrote " + ", ".join(result["files"].values()))
+
+
+_CKPT = typer.Option(..., "--ckpt", help="A Hugging Face checkpoint directory (Llama, Qwen2, Mistral).")
+_TEXTS = typer.Option(None, "--texts", help="Plain text or JSONL with a text field (default: built-in prose).")
+_N = typer.Option(None, "--n", help="Texts averaged (default 50).")
+_DELTA2 = typer.Option(None, "--delta2", help="Reference shift (default 16).")
+_DTYPES = typer.Option(None, "--dtypes", help="Weights' dtypes, comma-separated (default bf16,fp32).")
+_ROPE = typer.Option(None, "--rope", help="RoPE precision: cast (as HF/vLLM), fp32 (rotate in FP32), or both.")
+_SEED = typer.Option(None, "--seed", help="Seed of the random initialisation.")
+_DEVICE = typer.Option(None, "--device", help="auto, cpu or cuda.")
+_OUT = typer.Option(None, "--out", help="Output directory (default results/probe/<checkpoint name>).")
+
+
+def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
+    """shift and tokens take the same options: one T, several Δ1."""
+
+    def command(
+        ckpt: str = _CKPT,
+        texts: str = _TEXTS,
+        seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
+        n: int = _N,
+        delta2: int = _DELTA2,
+        delta1: str = typer.Option(None, "--delta1", help=delta1_help),
+        dtypes: str = _DTYPES,
+        rope: str = _ROPE,
+        random_init: bool = typer.Option(
+            False, "--random-init", help="Add the same architecture freshly initialised, in BF16."
+        ),
+        seed: int = _SEED,
+        device: str = _DEVICE,
+        out: Path = _OUT,
+    ) -> None:
+        _probe(
+            kind,
+            ckpt,
+            out,
+            dict(
+                texts=texts,
+                seq_len=seq,
+                n_texts=n,
+                delta2=delta2,
+                delta1=delta1,
+                dtypes=dtypes,
+                rope=rope,
+                random_init=random_init,
+                seed=seed,
+                device=device,
+            ),
+        )
+
+    command.__doc__ = summary
+    probe_app.command(kind)(command)
+
+
+_probe_over_texts(
+    "shift",
+    "D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left).",
+    "Shifts Δ1, comma-separated (default the paper's list).",
+)
+_probe_over_texts(
+    "tokens",
+    "The difference per key column and the first token's share of it (Fig. 1 middle).",
+    "Shifts Δ1 (default 0).",
+)
+
+
+@probe_app.command("length")
+def probe_length(
+    ckpt: str = _CKPT,
+    texts: str = _TEXTS,
+    lengths: str = typer.Option(
+        None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."
+    ),
+    n: int = _N,
+    delta2: int = _DELTA2,
+    delta1: str = typer.Option(None, "--delta1", help="Shift Δ1 (default 0)."),
+    dtypes: str = _DTYPES,
+    rope: str = _ROPE,
+    random_init: bool = typer.Option(
+        False, "--random-init", help="Add the same architecture freshly initialised, in BF16."
+    ),
+    seed: int = _SEED,
+    device: str = _DEVICE,
+    out: Path = _OUT,
+) -> None:
+    """D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right)."""
+    _probe(
+        "length",
+        ckpt,
+        out,
+        dict(
+            texts=texts,
+            lengths=lengths,
+            n_texts=n,
+            delta2=delta2,
+            delta1=delta1,
+            dtypes=dtypes,
+            rope=rope,
+            random_init=random_init,
+            seed=seed,
+            device=device,
+        ),
+    )

@@ -1,0 +1,58 @@
+"""`evalkit quickstart`: the whole study end to end on a CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli.app import app
+from evalkit.errors import UserError
+from evalkit.lengths import parse_lengths
+from evalkit.quickstart import QUICK_RECIPE, QUICK_STEPS
+
+
+@app.command("quickstart")
+def quickstart_command(
+    out: Path = typer.Option(Path("results/quickstart"), "--out", help="Where results, leaderboard and plots go."),
+    runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
+    recipe: str = typer.Option(QUICK_RECIPE, "--recipe", help="The recipe trained under each paradigm."),
+    paradigms: str = typer.Option(
+        ",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."
+    ),
+    max_steps: int = typer.Option(
+        QUICK_STEPS, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."
+    ),
+    shipped: bool = typer.Option(
+        True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (evalkit/checkpoints/<recipe>/)."
+    ),
+    sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
+    samples: int = typer.Option(10, "--samples", help="RULER samples per task and length."),
+    lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
+    last: int = typer.Option(2, "--last", help="Checkpoints per run evaluated and averaged."),
+    general_limit: int = typer.Option(None, "--general-limit", help="Questions per fixture task (default: all)."),
+) -> None:
+    """The whole study end to end on a CPU: train tiny models, evaluate, leaderboard."""
+    from evalkit.attention import Paradigm
+    from evalkit.quickstart import QuickstartPlan, run_quickstart
+
+    try:
+        chosen = tuple(Paradigm.parse(p.strip()).value for p in paradigms.split(",") if p.strip())
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if max_steps < 0:
+        raise UserError(f"--max-steps must be at least 1 (or 0: the recipe's own steps), got {max_steps}")
+    plan = QuickstartPlan(
+        recipe=recipe,
+        paradigms=chosen,
+        max_steps=max_steps or None,
+        shipped=shipped,
+        sets=list(sets or []),
+        last=last,
+        samples=samples,
+        lengths=parse_lengths(lengths) if lengths is not None else None,
+        general_limit=general_limit,
+        runs_dir=runs,
+        out=out,
+    )
+    run_quickstart(plan)

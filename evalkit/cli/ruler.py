@@ -1,0 +1,130 @@
+"""`evalkit ruler`: RULER on checkpoints across lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli.app import app
+from evalkit.errors import UserError
+from evalkit.lengths import parse_lengths
+from evalkit.provenance import command_line
+from evalkit.storage import check_output_dir, output_lock
+
+
+@app.command("ruler")
+def ruler_command(
+    paths: list[str] = typer.Argument(
+        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
+    ),
+    ckpts: list[str] = typer.Option(
+        None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."
+    ),
+    avg: bool = typer.Option(
+        False, "--avg", help="Also average each run over its checkpoints (mean ± std of the per-length task average)."
+    ),
+    last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
+    lengths: str = typer.Option("4k", "--lengths", help="Context lengths, comma-separated (4k = 4096)."),
+    tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
+    samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
+    seed: int = typer.Option(42, "--seed", help="Data seed (RULER's default 42)."),
+    essays: str = typer.Option(
+        None, "--essays", help="Essay haystack: a text or JSON file of essays (default: built-in prose)."
+    ),
+    qa_dir: str = typer.Option(
+        None, "--qa-dir", help="Directory with SQuAD v2 dev and HotpotQA dev-distractor JSON (qa_1, qa_2)."
+    ),
+    engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
+    dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
+    max_length: int = typer.Option(
+        None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."
+    ),
+    sizing: str = typer.Option(
+        "exact",
+        "--sizing",
+        help="exact: every sample as long as fits; nvidia: NVIDIA's one size per task and length, "
+        "stepped down per sample on overflow.",
+    ),
+    prompt_format: str = typer.Option(
+        "base",
+        "--prompt-format",
+        help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models).",
+    ),
+    out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
+) -> None:
+    """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
+    from rich.console import Console
+
+    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.ruler.runner import RulerSettings, check_checkpoint, parse_tasks
+
+    console = Console(stderr=True)
+    settings = RulerSettings(
+        tasks=parse_tasks(tasks),
+        lengths=parse_lengths(lengths),
+        num_samples=samples,
+        seed=seed,
+        essays=essays,
+        qa_dir=qa_dir,
+        engine=engine,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+        sizing=sizing,
+        prompt_format=prompt_format,
+    )
+    check_output_dir(out)
+    refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
+    for ref in refs:  # a refused checkpoint leaves no trace in --out (run_ruler checks again, cheaply)
+        check_checkpoint(ref, settings)
+    with output_lock(out):
+        summaries = _run_with_progress(console, refs, settings, out)
+        _report_ruler(console, summaries, out, avg)
+
+
+def _run_with_progress(console, refs, settings, out: Path) -> list[dict]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from evalkit.ruler.runner import run_ruler
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
+        tasks: dict = {}
+
+        def on_checkpoint(ref) -> None:
+            tasks.clear()
+            console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})")
+
+        def progress(task: str, length: int, done: int, total: int) -> None:
+            key = (task, length)
+            if key not in tasks:
+                tasks[key] = bar.add_task(f"  {task} @ {length}", total=total)
+            bar.update(tasks[key], completed=done)
+
+        return run_ruler(refs, settings, out, progress=progress, on_checkpoint=on_checkpoint)
+
+
+def _report_ruler(console, summaries: list[dict], out: Path, avg: bool) -> None:
+    from evalkit.results.tables import average_table, checkpoint_table
+    from evalkit.storage import atomic_write_text
+
+    rows = [row for summary in summaries for row in summary["rows"]]
+    for summary in summaries:
+        for skip in summary["skipped"]:
+            console.print(
+                f"skipped {skip['task']} @ {skip['length']} ({summary['run']} step {summary['step']}): {skip['reason']}"
+            )
+    if not rows:
+        raise UserError("no task produced a score (all skipped); see the reasons above")
+    typer.echo(checkpoint_table(rows))
+    if avg:
+        table = average_table(rows)
+        typer.echo("\n" + table)
+        atomic_write_text(
+            out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{table}\n"
+        )
+        console.print(f"wrote {out / 'ruler-avg.md'}")
+    console.print(f"results in {out}")
