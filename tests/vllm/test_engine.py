@@ -95,7 +95,9 @@ def test_loglikelihoods_agree_within_1e_4(engine, hf_engine, tokenizer):
         hf_engine.loglikelihood_tokens(greedy_request)[0][0], abs=1e-4
     )
     texts = [" ".join(["The grass is green."] * 300)]  # 1.5k tokens: several rolling windows
-    assert engine.loglikelihood_rolling(texts)[0] == pytest.approx(hf_engine.loglikelihood_rolling(texts)[0], abs=1e-3)
+    # A sum over ~1.5K tokens of per-token differences of a few 1e-6 (fp32 kernels of another ISA:
+    # 1.0e-3 measured on an AMX Xeon); a misplaced window would change it by whole units.
+    assert engine.loglikelihood_rolling(texts)[0] == pytest.approx(hf_engine.loglikelihood_rolling(texts)[0], abs=1e-2)
 
 
 def test_requests_beyond_the_window_are_refused_or_skipped_never_truncated(engine, tokenizer):
