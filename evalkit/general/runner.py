@@ -304,9 +304,9 @@ def _evaluate_task(
     from evalkit.general.rows import compact_samples, result_rows
 
     with catalog.loading(plan.name):
-        catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
+        tasks = catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
         lm = engine.for_task(plan.name)
-        results, over_window = _run_lm_eval(lm, catalog, plan, settings)
+        results, over_window = _run_lm_eval(lm, tasks, catalog, plan, settings)
     samples = compact_samples(results.pop("samples", None) or {})
     stem = _file_stem(plan.name)
     atomic_write_text(directory / f"{stem}.samples.jsonl", "".join(_json_line(s) for s in samples))
@@ -337,7 +337,9 @@ def _evaluate_task(
     return record
 
 
-def _run_lm_eval(lm, catalog, plan: TaskPlan, settings: GeneralSettings) -> tuple[dict, dict[str, dict[str, int]]]:
+def _run_lm_eval(
+    lm, tasks, catalog, plan: TaskPlan, settings: GeneralSettings
+) -> tuple[dict, dict[str, dict[str, int]]]:
     """lm-eval's simple_evaluate. With too_long="documents", a request type that finds documents
     over the window (its check runs before anything is computed) makes it run again on the
     documents that fit, and those left out are counted per task; a task none of whose documents
@@ -350,7 +352,7 @@ def _run_lm_eval(lm, catalog, plan: TaskPlan, settings: GeneralSettings) -> tupl
         try:
             results = simple_evaluate(
                 model=lm,
-                tasks=catalog.load(plan.name),  # fresh task objects for every pass
+                tasks=catalog.load(plan.name) if fitting else tasks,  # a rerun gets fresh task objects
                 task_manager=catalog.manager,
                 num_fewshot=plan.num_fewshot,
                 limit=settings.limit,
