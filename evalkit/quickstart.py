@@ -142,9 +142,8 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
     seq_len = load_config(plan.recipe, {"max_steps": plan.max_steps}, plan.sets).seq_len
     lengths = plan.lengths or [seq_len, 2 * seq_len]
     # One quickstart per --out: a second would train the same runs and write the same results at once.
-    # out/ruler is held here too since run_ruler takes no lock itself (`evalkit ruler` does, in the
-    # CLI); out/general is held by run_general.
-    with output_lock(plan.out), output_lock(plan.out / "ruler"):
+    # out/ruler and out/general are held by the evaluation pipeline while it writes them.
+    with output_lock(plan.out):
         return _run_stages(plan, console, lengths, started)
 
 
@@ -187,14 +186,14 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
             console.print(f"[dim]  {task} @ {length}: {total} samples[/dim]")
         last_shown[(task, length)] = done
 
-    summaries = run_ruler(
+    run = run_ruler(
         refs,
         settings,
         plan.out / "ruler",
         progress=progress,
         on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
     )
-    for skip in {(s["task"], s["length"], s["reason"]) for summary in summaries for s in summary["skipped"]}:
+    for skip in {(s["task"], s["length"], s["reason"]) for s in run.skipped}:  # once, not per checkpoint
         console.print(f"[yellow]skipped[/yellow] {skip[0]} @ {skip[1]}: {skip[2]}")
 
 

@@ -47,7 +47,7 @@ def general_command(
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from rich.console import Console
 
-    from evalkit.general import average_table, checkpoint_table, parse_tasks, run_general
+    from evalkit.general import checkpoint_table, parse_tasks, run_general
     from evalkit.results.checkpoints import resolve_checkpoints
 
     console = Console(stderr=True)
@@ -73,6 +73,6 @@ def general_command(
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(run.rows))
-    if avg:
-        typer.echo("\n" + average_table(run.averages))
+    if run.averages is not None:
+        typer.echo("\n" + run.averages.table)
     console.print(f"results in {out}")

@@ -9,8 +9,7 @@ import typer
 from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
-from evalkit.provenance import command_line
-from evalkit.storage import check_output_dir, output_lock
+from evalkit.storage import check_output_dir
 
 
 @app.command("ruler")
@@ -58,7 +57,7 @@ def ruler_command(
     from rich.console import Console
 
     from evalkit.results.checkpoints import resolve_checkpoints
-    from evalkit.ruler.runner import RulerSettings, check_checkpoint, parse_tasks
+    from evalkit.ruler.runner import RulerSettings, parse_tasks
 
     console = Console(stderr=True)
     settings = RulerSettings(
@@ -75,16 +74,13 @@ def ruler_command(
         sizing=sizing,
         prompt_format=prompt_format,
     )
-    check_output_dir(out)
+    check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
-    for ref in refs:  # a refused checkpoint leaves no trace in --out (run_ruler checks again, cheaply)
-        check_checkpoint(ref, settings)
-    with output_lock(out):
-        summaries = _run_with_progress(console, refs, settings, out)
-        _report_ruler(console, summaries, out, avg)
+    run = _run_with_progress(console, refs, settings, out, avg)
+    _report_ruler(console, run, out)
 
 
-def _run_with_progress(console, refs, settings, out: Path) -> list[dict]:
+def _run_with_progress(console, refs, settings, out: Path, avg: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from evalkit.ruler.runner import run_ruler
@@ -104,27 +100,18 @@ def _run_with_progress(console, refs, settings, out: Path) -> list[dict]:
                 tasks[key] = bar.add_task(f"  {task} @ {length}", total=total)
             bar.update(tasks[key], completed=done)
 
-        return run_ruler(refs, settings, out, progress=progress, on_checkpoint=on_checkpoint)
-
-
-def _report_ruler(console, summaries: list[dict], out: Path, avg: bool) -> None:
-    from evalkit.results.tables import average_table, checkpoint_table
-    from evalkit.storage import atomic_write_text
-
-    rows = [row for summary in summaries for row in summary["rows"]]
-    for summary in summaries:
-        for skip in summary["skipped"]:
-            console.print(
-                f"skipped {skip['task']} @ {skip['length']} ({summary['run']} step {summary['step']}): {skip['reason']}"
-            )
-    if not rows:
-        raise UserError("no task produced a score (all skipped); see the reasons above")
-    typer.echo(checkpoint_table(rows))
-    if avg:
-        table = average_table(rows)
-        typer.echo("\n" + table)
-        atomic_write_text(
-            out / "ruler-avg.md", f"# RULER, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{table}\n"
+        return run_ruler(
+            refs, settings, out, progress=progress, on_checkpoint=on_checkpoint, avg=avg, log=console.print
         )
-        console.print(f"wrote {out / 'ruler-avg.md'}")
+
+
+def _report_ruler(console, run, out: Path) -> None:
+    from evalkit.results.tables import checkpoint_table
+
+    if not run.rows:
+        raise UserError("no task produced a score (all skipped); see the reasons above")
+    typer.echo(checkpoint_table(run.rows))
+    if run.averages is not None:
+        typer.echo("\n" + run.averages.table)
+        console.print(f"wrote {run.files['averages_markdown']}")
     console.print(f"results in {out}")

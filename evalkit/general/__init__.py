@@ -15,17 +15,17 @@ is always on the include path.
     from evalkit.general import run_general, parse_tasks
     run = run_general(refs, parse_tasks("mmlu,hellaswag"), out=Path("results/general"),
                       engine_settings={"dtype": "bf16", "batch_size": 8}, avg=True)
-    run.rows, run.skipped, run.averages        # long-form rows; tables.checkpoint_table(run.rows)
+    run.rows, run.skipped, run.averages  # an evalkit.pipeline.EvaluationRun; tables.checkpoint_table(run.rows)
 
 Nothing heavy is imported here: lm_eval and transformers load when a run starts.
 """
 
-from evalkit.general.runner import DEFAULT_OUT, GeneralRun, GeneralSettings, parse_tasks, run_general
+from evalkit.general.runner import DEFAULT_OUT, GeneralBenchmark, GeneralSettings, parse_tasks, run_general
 from evalkit.general.tables import average_table, checkpoint_table, run_averages
 
 __all__ = [
     "DEFAULT_OUT",
-    "GeneralRun",
+    "GeneralBenchmark",
     "GeneralSettings",
     "average_table",
     "checkpoint_table",

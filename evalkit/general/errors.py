@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+from evalkit.errors import Skipped
 
-class TaskCannotRun(Exception):
+
+class TaskCannotRun(Skipped):
     """A task evalkit cannot run as asked; `reason` is one line for the user and the skip record."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 class DatasetUnavailable(TaskCannotRun):
@@ -45,6 +43,7 @@ class RequestsExceedWindow(TaskCannotRun):
             f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "
             "longer window, or the engine's max_length setting"
         )
+        self.details = self.counts()  # kept in the skip record: reports count the requests that did not fit
 
     def counts(self) -> dict[str, int]:
         """What a skip record keeps, so that reports can count the requests that did not fit."""

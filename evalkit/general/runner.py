@@ -1,8 +1,10 @@
 """`evalkit general`: lm-eval tasks on checkpoints, one task file per (checkpoint, task), resumable.
 
-For each checkpoint, each requested task (a task, group or tag lm-eval knows) either is on disk
-already with the same settings (kept, nothing recomputed, the engine not even loaded) or is run
-by lm-eval's `simple_evaluate` through EngineLM and stored:
+lm-eval tasks are one benchmark of the one pipeline (evalkit.pipeline, which owns the checks,
+the engine, the summary, skips and --avg): its unit is a requested task. For each checkpoint,
+each requested task (a task, group or tag lm-eval knows) either is on disk already with the
+same settings (kept, nothing recomputed, the engine not even loaded) or is run by lm-eval's
+`simple_evaluate` through EngineLM and stored:
 
     <out>/<run>/step-<N>/general/<task>.json           evalkit's record: rows, settings key, provenance (written last)
     <out>/<run>/step-<N>/general/<task>.lm_eval.json   lm-eval's full result JSON (without samples)
@@ -27,17 +29,26 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
+from evalkit.general.errors import RequestsExceedWindow
+from evalkit.pipeline import (
+    Averages,
+    EngineChoice,
+    EvaluationRun,
+    LazyEngine,
+    Unit,
+    UnitResult,
+    check_request,
+    run_benchmark,
+    summary_name,
+)
 from evalkit.provenance import stamp
-from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
+from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import checkpoint_dir
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_json, atomic_write_text
 
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
-SUMMARY = "general-summary.json"
-AVERAGES = "general-avg"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+SUMMARY = summary_name("general")
 TOO_LONG_CHOICES = ("task", "documents")  # what a document longer than the window leaves out: its task, or itself
 # Engine settings that change speed, not what is measured: a rerun with another batch size keeps results.
 EXECUTION_ONLY_SETTINGS = ("batch_size", "device")
@@ -70,17 +81,6 @@ class TaskPlan:
     key: str
 
 
-@dataclass
-class GeneralRun:
-    """What run_general produced: per-checkpoint summaries, all rows, skips, and (avg) the averages."""
-
-    summaries: list[dict[str, Any]]
-    rows: list[dict[str, Any]]
-    skipped: list[dict[str, Any]]
-    averages: list[dict[str, Any]] | None = None
-    files: dict[str, Path] = field(default_factory=dict)
-
-
 def parse_tasks(text: str) -> list[str]:
     """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped)."""
     names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
@@ -104,72 +104,102 @@ def run_general(
     progress: Progress = lambda _task, _done, _total: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
-) -> GeneralRun:
+) -> EvaluationRun:
     """Score every checkpoint on every task (see the module docstring); writes and returns the results."""
     from evalkit.general.catalog import TaskCatalog, default_include_paths
 
-    _check_request(refs, tasks, num_fewshot, limit, engine, engine_settings or {}, Path(out))
-    _check_too_long(too_long, limit)
-    limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
-    include_paths = default_include_paths(include_path)
-    settings = GeneralSettings(
-        list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), [str(p) for p in include_paths], too_long
-    )
-    catalog = TaskCatalog(include_paths, settings.tasks)
-    catalog.check(settings.tasks)
-    plans = [_plan(catalog, name, settings) for name in settings.tasks]
-    summaries = []
-    # Taken after the checks above (a refused request leaves no trace in `out`), before any result is written.
-    with output_lock(Path(out)):
-        with _quiet_lm_eval():
-            for ref in refs:
-                on_checkpoint(ref)
-                summaries.append(_evaluate_checkpoint(ref, plans, catalog, settings, Path(out), progress, log))
-        rows = [row for summary in summaries for row in summary["rows"]]
-        skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
-        result = GeneralRun(summaries, rows, skipped)
-        if avg:
-            result.averages, result.files = _write_averages(rows, settings, Path(out))
-    return result
-
-
-# ---------------------------------------------------------------------- checks and plans
-
-
-def _check_request(
-    refs: list[CheckpointRef],
-    tasks: list[str],
-    num_fewshot: int | None,
-    limit: float | None,
-    engine: str,
-    engine_settings: dict[str, Any],
-    out: Path,
-) -> None:
-    """Everything a user can get wrong, before any model or dataset is loaded."""
-    from evalkit.engines import ENGINE_NAMES, check_dtype
-
-    if not refs:
-        raise UserError("no checkpoint given: pass --ckpts PATH")
     if not tasks:
         raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
-    if engine not in ENGINE_NAMES:
-        raise UserError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINE_NAMES)}")
-    if engine_settings.get("dtype") is not None:
-        check_dtype(engine_settings["dtype"])
     if num_fewshot is not None and num_fewshot < 0:
         raise UserError(f"--num-fewshot must be 0 or more, got {num_fewshot}")
     _check_limit(limit)
-    for option, key in (("--batch-size", "batch_size"), ("--max-length", "max_length")):
-        value = engine_settings.get(key)
-        if value is not None and value < 1:
-            raise UserError(f"{option} must be at least 1, got {value}")
-    check_output_dir(out)
-    for ref in refs:
-        if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
-            raise UserError(
-                f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
-                "save the tokenizer with the checkpoint"
+    _check_too_long(too_long, limit)
+    limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
+    settings = GeneralSettings(list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), [], too_long)
+    benchmark = GeneralBenchmark(settings, log)
+    check_request(benchmark, refs, Path(out))  # before the task catalog: a bad request costs no lm-eval start
+    include_paths = default_include_paths(include_path)
+    settings.include_paths = [str(p) for p in include_paths]
+    benchmark.catalog = TaskCatalog(include_paths, settings.tasks)
+    benchmark.catalog.check(settings.tasks)
+    with _quiet_lm_eval():
+        return run_benchmark(
+            benchmark,
+            refs,
+            Path(out),
+            avg=avg,
+            progress=lambda unit, done, total: progress(unit.task, done, total),
+            on_checkpoint=on_checkpoint,
+            log=log,
+        )
+
+
+class GeneralBenchmark:
+    """lm-eval tasks as a benchmark of the one pipeline (evalkit.pipeline): a unit is a requested task."""
+
+    name = "general"
+
+    def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
+        self.settings, self.log = settings, log
+        self.engine = EngineChoice(settings.engine, settings.engine_settings)
+        self.catalog = None  # the TaskCatalog, set by run_general once the request is checked
+        self._plans: dict[str, TaskPlan] = {}
+        self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
+
+    def settings_record(self) -> dict[str, Any]:
+        return asdict(self.settings)
+
+    def check(self, ref: CheckpointRef) -> None:
+        """Nothing beyond the pipeline's checks: whether a task fits the window is known once it runs."""
+
+    def units(self) -> list[Unit]:
+        return [Unit(name) for name in self.settings.tasks]
+
+    def plan(self, unit: Unit) -> TaskPlan:
+        if unit.task not in self._plans:
+            self._plans[unit.task] = _plan(self.catalog, unit.task, self.settings)
+        return self._plans[unit.task]
+
+    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
+        record = _stored_record(checkpoint_dir(out, ref) / RESULT_DIR, self.plan(unit))
+        if record is None:
+            return None
+        engine_info = record.get("provenance", {}).get("engine")
+        return UnitResult(record["rows"], {"record": record, "resumed": True}, False, engine_info)
+
+    def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
+        directory = checkpoint_dir(out, ref) / RESULT_DIR
+        lm = _LazyEngineLM(engine, self._lms, lambda done, total: progress(unit, done, total))
+        record = _evaluate_task(lm, self.catalog, self.plan(unit), self.settings, ref, directory)
+        for task, left in record.get("over_window", {}).items():
+            self.log(
+                f"{task} ({ref.run} step {ref.step}): {left['documents_over_window']} of {left['documents']} "
+                f"documents need more than the window of {left['window']} tokens; scored on the rest"
             )
+        return UnitResult(record["rows"], {"record": record, "resumed": False})
+
+    def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
+        provenance = summary.pop("provenance")
+        summary["tasks"] = {result.extra["record"]["task"]: _task_entry(result) for result in results}
+        summary["provenance"] = {**provenance, "lm_eval_version": _lm_eval_version()}
+        return summary
+
+    def average(self, rows: list[dict[str, Any]]) -> Averages:
+        from evalkit.general.tables import average_table, run_averages
+
+        averages = run_averages(rows)
+        settings = self.settings
+        conditions = (
+            f"Tasks {', '.join(settings.tasks)}; "
+            f"shots {settings.num_fewshot if settings.num_fewshot is not None else 'standard'}"
+            f"{f', limit {settings.limit}' if settings.limit else ''}; engine {settings.engine} "
+            f"{json.dumps(settings.engine_settings, sort_keys=True)}. "
+            "Mean ± population std over the checkpoints listed."
+        )
+        return Averages(averages, average_table(averages), conditions)
+
+
+# ---------------------------------------------------------------------- checks and plans
 
 
 def _check_too_long(too_long: str, limit: float | None) -> None:
@@ -211,90 +241,26 @@ def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
     return TaskPlan(name, shots, source, key)
 
 
-# ---------------------------------------------------------------------- one checkpoint
-
-
-def _evaluate_checkpoint(
-    ref: CheckpointRef,
-    plans: list[TaskPlan],
-    catalog,
-    settings: GeneralSettings,
-    out: Path,
-    progress: Progress,
-    log: Callable[[str], None],
-) -> dict[str, Any]:
-    directory = checkpoint_dir(out, ref) / RESULT_DIR
-    engine = _LazyEngineLM(ref, settings, progress)
-    records, skipped, resumed = [], [], []
-    try:  # closed before the next checkpoint's engine starts: two vLLM engines would not fit one GPU
-        for plan in plans:
-            record = _stored_record(directory, plan)
-            if record is not None:
-                log(f"{plan.name}: already scored with these settings, kept ({_record_path(directory, plan.name)})")
-                records.append(record)
-                resumed.append(plan.name)
-                continue
-            try:
-                records.append(_evaluate_task(engine, catalog, plan, settings, ref, directory))
-                for task, left in records[-1].get("over_window", {}).items():
-                    log(
-                        f"{task} ({ref.run} step {ref.step}): {left['documents_over_window']} of {left['documents']} "
-                        f"documents need more than the window of {left['window']} tokens; scored on the rest"
-                    )
-            except TaskCannotRun as why:
-                counts = why.counts() if isinstance(why, RequestsExceedWindow) else {}
-                skipped.append({"task": plan.name, "reason": why.reason, **counts})
-                log(f"skipped {plan.name} ({ref.run} step {ref.step}): {why.reason}")
-        engine_info = engine.info() or _stored_engine_info(records)
-    finally:
-        engine.close()
-    summary = {
-        "benchmark": "general",
-        "run": ref.run,
-        "step": ref.step,
-        "checkpoint": str(ref.path),
-        "rows": [row for record in records for row in record["rows"]],
-        "skipped": skipped,
-        "tasks": {record["task"]: _task_entry(record, directory, resumed) for record in records},
-        "provenance": {
-            **stamp(),
-            "engine": engine_info,
-            "settings": asdict(settings),
-            "lm_eval_version": _lm_eval_version(),
-            "checkpoint_meta": checkpoint_meta(ref.path),
-        },
-    }
-    atomic_write_json(checkpoint_dir(out, ref) / SUMMARY, summary)
-    return summary
+# ---------------------------------------------------------------------- one task
 
 
 class _LazyEngineLM:
-    """The checkpoint's EngineLM, built on first use: a checkpoint whose tasks are all on disk
-    already (or whose data cannot be had) loads no model."""
+    """The engine as lm-eval's LM, made once per built engine: a checkpoint whose tasks are all
+    on disk already, or whose data cannot be had, builds no engine."""
 
-    def __init__(self, ref: CheckpointRef, settings: GeneralSettings, progress: Progress) -> None:
-        self.ref, self.settings, self.progress = ref, settings, progress
-        self.lm = None
+    def __init__(self, engine: LazyEngine, made: dict[int, Any], progress: Callable[[int, int], None]) -> None:
+        self.engine, self.made, self.progress = engine, made, progress
 
-    def for_task(self, task: str):
-        if self.lm is None:
-            self.lm = _engine_lm(self.ref, self.settings)
-        self.lm.progress = lambda _request_type, done, total: self.progress(task, done, total)
-        return self.lm
+    def for_task(self, _task: str):
+        from evalkit.general.adapter import EngineLM
 
-    def info(self) -> dict[str, Any] | None:
-        return self.lm.engine.engine_info() if self.lm is not None else None
-
-    def close(self) -> None:
-        if self.lm is not None:
-            self.lm.engine.close()
-
-
-def _engine_lm(ref: CheckpointRef, settings: GeneralSettings):
-    from evalkit.engines import get_engine
-    from evalkit.general.adapter import EngineLM
-
-    return EngineLM(get_engine(settings.engine, ref.path, **settings.engine_settings))
+        built = self.engine.get()
+        if id(built) not in self.made:
+            self.made.clear()  # the previous checkpoint's engine is closed: drop its LM
+            self.made[id(built)] = EngineLM(built)
+        lm = self.made[id(built)]
+        lm.progress = lambda _request_type, done, total: self.progress(done, total)
+        return lm
 
 
 def _evaluate_task(
@@ -384,44 +350,16 @@ def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
     return record if record.get("key") == plan.key else None
 
 
-def _task_entry(record: dict[str, Any], directory: Path, resumed: list[str]) -> dict[str, Any]:
+def _task_entry(result: UnitResult) -> dict[str, Any]:
+    """What the checkpoint's summary says of one task: its shots, its record file, whether it was resumed."""
+    record = result.extra["record"]
     return {
         **({"over_window": record["over_window"]} if record.get("over_window") else {}),
         "num_fewshot": record["num_fewshot"],
         "fewshot_source": record["fewshot_source"],
-        "file": f"{RESULT_DIR}/{_record_path(directory, record['task']).name}",
-        "resumed": record["task"] in resumed,
+        "file": f"{RESULT_DIR}/{_file_stem(record['task'])}.json",
+        "resumed": result.extra["resumed"],
     }
-
-
-def _stored_engine_info(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return records[0]["provenance"]["engine"] if records else None
-
-
-# ---------------------------------------------------------------------- averages
-
-
-def _write_averages(
-    rows: list[dict[str, Any]], settings: GeneralSettings, out: Path
-) -> tuple[list[dict], dict[str, Path]]:
-    from evalkit.general.tables import average_table, run_averages
-
-    averages = run_averages(rows)
-    json_path, markdown_path = out / f"{AVERAGES}.json", out / f"{AVERAGES}.md"
-    atomic_write_json(
-        json_path,
-        {"benchmark": "general", "averages": averages, "provenance": {**stamp(), "settings": asdict(settings)}},
-    )
-    conditions = (
-        f"Tasks {', '.join(settings.tasks)}; "
-        f"shots {settings.num_fewshot if settings.num_fewshot is not None else 'standard'}"
-        f"{f', limit {settings.limit}' if settings.limit else ''}; engine {settings.engine} "
-        f"{json.dumps(settings.engine_settings, sort_keys=True)}. Mean ± population std over the checkpoints listed."
-    )
-    atomic_write_text(
-        markdown_path, f"# General tasks, averaged over checkpoints\n\n{conditions}\n\n{average_table(averages)}\n"
-    )
-    return averages, {"averages_json": json_path, "averages_markdown": markdown_path}
 
 
 # ---------------------------------------------------------------------- small helpers

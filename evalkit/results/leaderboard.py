@@ -25,10 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.pipeline import BENCHMARKS, summary_name
 from evalkit.results.aggregate import per_checkpoint_length_means
+from evalkit.results.schema import ResultRow, describe_checkpoint, summary_rows
 
-RULER_SUMMARY = "ruler-summary.json"
-GENERAL_SUMMARY = "general-summary.json"
+RULER_SUMMARY = summary_name("ruler")
+GENERAL_SUMMARY = summary_name("general")
+SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary file ends so
+# What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
+# this order, after the run in every table.
+CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
 
 
 @dataclass
@@ -96,14 +102,14 @@ def _read_summary(path: Path) -> dict:
 def _row_cell(row: dict, summary: dict) -> tuple | None:
     """The cell a row scores, None when the row names another checkpoint than its file.
 
-    RULER rows are cells (task, length); general rows (requested, task, metric, filter), since a
-    group's member is scored once under each requested group that holds it."""
+    RULER rows are cells (task, length); other rows (requested, task, metric, filter, length),
+    since an lm-eval group's member is scored once under each requested group that holds it."""
     if row["run"] != summary["run"] or int(row["step"]) != summary["step"]:
         return None
-    if "length" in row:
+    if "length" in row and "metric" not in row:  # RULER's shape
         float(row["score"])  # a score that is not a number is malformed
         return (row["task"], int(row["length"]))
-    return (row.get("requested"), row["task"], row["metric"], row.get("filter"))
+    return (row.get("requested"), row["task"], row["metric"], row.get("filter"), row.get("length"))
 
 
 def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:
@@ -122,29 +128,12 @@ def _version(summary: dict) -> str:
     return f"{provenance.get('evalkit_version', '?')} ({provenance.get('git_hash', '?')})"
 
 
-def _describe_checkpoint(summary: dict) -> tuple[str, str, str]:
-    """(paradigm, model, data) from the checkpoint's meta.json as recorded in the summary."""
-    meta = summary.get("provenance", {}).get("checkpoint_meta") or {}
-    if isinstance(meta.get("source"), dict):  # an `evalkit import`: a pretrained model, not trained here
-        return "pretrained", str(meta.get("model", "?")), f"{meta['source'].get('file_type') or 'GGUF'} import"
-    config = meta.get("config") or {}
-    model = config.get("model") or {}
-    if model.get("path"):
-        model_text = Path(model["path"]).name
-    elif model:
-        model_text = f"{model.get('arch', '?')} {model.get('num_layers', '?')}x{model.get('hidden_size', '?')}"
-    else:
-        model_text = "?"
-    data = (config.get("data") or {}).get("source", "?")
-    return meta.get("paradigm", "?"), model_text, data
-
-
 def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
     infos: dict[str, RunInfo] = {}
     for summary in ruler:
         info = infos.setdefault(summary["run"], RunInfo(summary["run"]))
         info.steps.append(int(summary["step"]))
-        info.paradigm, info.model, info.data = _describe_checkpoint(summary)
+        info.paradigm, info.model, info.data = describe_checkpoint(summary)
         settings = summary.get("provenance", {}).get("settings", {})
         key = {
             "tasks": tuple(sorted(settings.get("tasks", []))),
@@ -212,11 +201,13 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
     best_avg = _best(averages)
     differs = _differing_settings(infos)
     header = (
-        "| run | paradigm | model | data | steps | "
+        "| run | "
+        + " | ".join(CHECKPOINT_COLUMNS)
+        + " | steps | "
         + " | ".join(_label(n) for n in lengths)
         + " | avg | behind each value |"
     )
-    lines = [header, "|" + "---|" * (6 + len(lengths) + 1)]
+    lines = [header, "|" + "---|" * (len(CHECKPOINT_COLUMNS) + len(lengths) + 4)]
     for run in runs:
         info = infos[run]
         text = []
@@ -231,8 +222,9 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
         avg = f"**{avg}**" if run in best_avg else avg
         behind = _behind(cells, run, lengths, info.settings.get("samples"))
         mark = " †" if run in differs else ""
+        described = " | ".join(getattr(info, name) for name in CHECKPOINT_COLUMNS)
         lines.append(
-            f"| {run}{mark} | {info.paradigm} | {info.model} | {info.data} | {', '.join(map(str, info.steps))} | "
+            f"| {run}{mark} | {described} | {', '.join(map(str, info.steps))} | "
             + " | ".join(text)
             + f" | {avg} | {behind} |"
         )
@@ -311,29 +303,31 @@ def settings_notes(infos: dict[str, RunInfo]) -> str:
     return "\n".join(lines)
 
 
-def headline_rows(general: list[dict]) -> list[dict]:
-    """The rows of the tasks users asked for (mmlu itself, not its 57 subjects)."""
-    return [
-        row
-        for summary in general
-        for row in summary.get("rows", [])
-        if row.get("requested", row["task"]) == row["task"]
-    ]
+def headline_rows(general: list[dict]) -> list[ResultRow]:
+    """The rows of the tasks users asked for (mmlu itself, not its 57 subjects), in the one schema."""
+    rows = [row for summary in general for row in summary_rows(summary)]
+    return [row for row in rows if (row.requested or row.task) == row.task and row.value is not None]
 
 
 def general_table(general: list[dict]) -> str:
-    """One row per run (its paradigm and model from the checkpoint's meta), one column per
+    """One row per run (what it was evaluated on, from the checkpoint's meta), one column per
     task/metric: mean over checkpoints ± stderr (mean of stderrs)."""
-    described = {summary["run"]: _describe_checkpoint(summary) for summary in general}
+    return benchmark_table(headline_rows(general))
+
+
+def benchmark_table(rows: list[ResultRow]) -> str:
+    """Any benchmark's rows: one line per run, one column per task/metric (and length, where
+    there is one), each the mean over the run's checkpoints ± the mean of their stderrs."""
+    described = {row.run: tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
-    for row in headline_rows(general):
-        column = f"{row['task']} {row['metric']}"
-        values[(row["run"], column)].append((float(row["value"]), row.get("stderr")))
+    for row in rows:
+        column = f"{row.task} {row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
+        values[(row.run, column)].append((float(row.value), row.stderr))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
-    lines = ["| run | paradigm | model | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
+    header = "| run | " + " | ".join(CHECKPOINT_COLUMNS) + " | " + " | ".join(columns) + " |"
+    lines = [header, "|" + "---|" * (1 + len(CHECKPOINT_COLUMNS) + len(columns))]
     for run in runs:
-        paradigm, model, _data = described.get(run, ("?", "?", "?"))
         cells = []
         for column in columns:
             entries = values.get((run, column))
@@ -343,7 +337,7 @@ def general_table(general: list[dict]) -> str:
             mean = statistics.fmean(v for v, _ in entries)
             errors = [e for _, e in entries if e is not None]
             cells.append(f"{mean:.4f} ± {statistics.fmean(errors):.4f}" if errors else f"{mean:.4f}")
-        lines.append(f"| {run} | {paradigm} | {model} | " + " | ".join(cells) + " |")
+        lines.append(f"| {run} | " + " | ".join(described[run]) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -372,12 +366,25 @@ def provenance_notes(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def other_benchmarks(dirs: list[Path]) -> dict[str, list[dict]]:
+    """Summaries of benchmarks other than RULER and lm-eval tasks, by benchmark name."""
+    names = {
+        path.name[: -len(SUMMARY_SUFFIX)]
+        for directory in dirs
+        for path in Path(directory).rglob(f"*{SUMMARY_SUFFIX}")
+        if path.name not in (RULER_SUMMARY, GENERAL_SUMMARY)
+    }
+    found = {name: find_summaries(dirs, summary_name(name)) for name in sorted(names)}
+    return {name: summaries for name, summaries in found.items() if summaries}
+
+
 def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
     ruler = find_summaries(dirs, RULER_SUMMARY)
     general = find_summaries(dirs, GENERAL_SUMMARY)
-    if not ruler and not general:
+    others = other_benchmarks(dirs)
+    if not ruler and not general and not others:
         raise UserError(
-            f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {', '.join(map(str, dirs))}; "
+            f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX} under {', '.join(map(str, dirs))}; "
             "run evalkit ruler/general first"
         )
     parts = ["# Leaderboard", ""]
@@ -403,7 +410,12 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
         ]
     if general:
         parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
-    parts += ["## Provenance", "", provenance_notes(ruler + general), "", ""]
+    for name, summaries in others.items():
+        title = BENCHMARKS.get(name, name)
+        rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
+        parts += [f"## {title} (mean over checkpoints ± stderr)", "", benchmark_table(rows), ""]
+    everything = ruler + general + [summary for summaries in others.values() for summary in summaries]
+    parts += ["## Provenance", "", provenance_notes(everything), "", ""]
     return "\n".join(parts), ruler, general
 
 

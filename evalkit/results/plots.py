@@ -93,7 +93,7 @@ def general_bars(general: list[dict], stem: Path) -> list[Path]:
     plt = _pyplot()
     values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
     for row in headline_rows(general):
-        values[(row["run"], f"{row['task']}\n{row['metric']}")].append((float(row["value"]), row.get("stderr")))
+        values[(row.run, f"{row.task}\n{row.metric}")].append((float(row.value), row.stderr))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     figure, axes = plt.subplots(figsize=(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2), 4.2))

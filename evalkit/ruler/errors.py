@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from evalkit.errors import UserError
+from evalkit.errors import Skipped
 
 
-class TaskSkipped(UserError):
+class TaskSkipped(Skipped):
     """A task cannot be generated for this length; `reason` is one line for the results table."""
 
     def __init__(self, task: str, length: int, reason: str):
-        self.task, self.length, self.reason = task, length, reason
-        super().__init__(f"{task} at length {length}: {reason}")
+        self.task, self.length = task, length
+        super().__init__(reason, f"{task} at length {length}: {reason}")
 
 
 class TaskDataMissing(TaskSkipped):
@@ -26,3 +26,4 @@ class TaskDoesNotFit(TaskSkipped):
         super().__init__(
             task, length, f"does not fit{why}: needs a length of at least {min_length} tokens with this tokenizer"
         )
+        self.details = {"min_length": min_length}  # kept in the skip record: the length that would fit

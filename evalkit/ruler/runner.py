@@ -1,8 +1,9 @@
 """`evalkit ruler`: RULER on checkpoints across lengths, stored per sample, resumable, averaged.
 
-For each checkpoint: one engine; for each length and task, the cached samples for that
-engine's tokenizer (evalkit.ruler.load_or_generate), greedy answers to those not yet in the
-sample log, then the task score. A task whose data is missing or that cannot fit a length is
+RULER is one benchmark of the one pipeline (evalkit.pipeline, which owns the checks, the
+engine, the summary, skips and --avg): its unit is a task at a length. For each unit, the
+cached samples for the engine's tokenizer (evalkit.ruler.load_or_generate), greedy answers to
+those not yet in the sample log, then the task score. A task whose data is missing or that cannot fit a length is
 recorded as skipped, with the reason, never dropped or scored 0. Summaries are long-form rows
 (run, step, task, length, score, n) with provenance; --avg reduces them per run.
 """
@@ -10,26 +11,32 @@ recorded as skipped, with the reason, never dropped or scored 0. Summaries are l
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evalkit.checkpoint_check import read_config
 from evalkit.errors import UserError
+from evalkit.pipeline import (
+    Averages,
+    EngineChoice,
+    EvaluationRun,
+    LazyEngine,
+    Unit,
+    UnitResult,
+    run_benchmark,
+    summary_name,
+)
 from evalkit.provenance import stamp
-from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
+from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import SampleLog, checkpoint_dir
 from evalkit.ruler.cache import cache_key, load_or_generate
-from evalkit.ruler.errors import TaskDoesNotFit, TaskSkipped
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
-from evalkit.storage import atomic_write_json
 
-SUMMARY = "ruler-summary.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+SUMMARY = summary_name("ruler")
 PROMPT_FORMATS = ("base", "chat")
 CHUNK = 32  # samples generated between durable appends: a kill loses at most one chunk's work
 
@@ -76,12 +83,8 @@ def parse_tasks(text: str) -> list[str]:
     return names
 
 
-def check_checkpoint(ref: CheckpointRef, settings: RulerSettings) -> None:
-    """Before any work: the checkpoint has a tokenizer and a window long enough for every length."""
-    if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
-        raise UserError(
-            f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint"
-        )
+def check_window(ref: CheckpointRef, settings: RulerSettings) -> None:
+    """Before any work: the checkpoint's window is long enough for every length asked for."""
     config = read_config(ref.path)
     config = config.get("text_config", config)
     window = settings.max_length or config.get("max_position_embeddings")
@@ -113,7 +116,9 @@ def _fed(engine, fmt: PromptFormat, sample) -> str | list[int]:
     return engine.tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]
 
 
-def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings, out: Path, progress) -> dict:
+def _evaluate_task(
+    engine, ref, task: str, length: int, settings: RulerSettings, out: Path, progress: Callable[[int, int], None]
+) -> dict:
     """Score one (task, length) on one checkpoint, resuming from its sample log."""
     fmt = prompt_format(engine.tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
@@ -122,7 +127,7 @@ def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings,
     log = SampleLog(checkpoint_dir(out, ref) / "ruler" / task / f"{length}.jsonl", data_key)
     spec = task_spec(task)
     todo = [s for s in samples if s.index not in log.done()]
-    progress(task, length, len(samples) - len(todo), len(samples))
+    progress(len(samples) - len(todo), len(samples))
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start : start + CHUNK]
         prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]
@@ -147,7 +152,7 @@ def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings,
                 for s, p, prompt in zip(chunk, predictions, prompts)
             ]
         )
-        progress(task, length, len(samples) - len(todo) + start + len(chunk), len(samples))
+        progress(len(samples) - len(todo) + start + len(chunk), len(samples))
     records = log.ordered()
     predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
     return {
@@ -163,51 +168,56 @@ def _evaluate_task(engine, ref, task: str, length: int, settings: RulerSettings,
     }
 
 
-def evaluate_checkpoint(
-    ref: CheckpointRef, settings: RulerSettings, out: Path, progress: Callable[[str, int, int, int], None]
-) -> dict:
-    """Every (length, task) of one checkpoint; writes and returns its summary."""
-    from evalkit.engines import get_engine
+class RulerBenchmark:
+    """RULER as a benchmark of the one pipeline (evalkit.pipeline): a unit is a task at a length.
 
-    engine_settings = {"batch_size": settings.batch_size, "max_length": settings.max_length}
-    if settings.dtype:
-        engine_settings["dtype"] = settings.dtype
-    with get_engine(settings.engine, ref.path, **engine_settings) as engine:  # closed before the next one starts
-        rows, skipped = _evaluate_tasks(engine, ref, settings, out, progress)
-        engine_info = engine.engine_info()
-    path = checkpoint_dir(out, ref) / SUMMARY
-    summary = {
-        "benchmark": "ruler",
-        "run": ref.run,
-        "step": ref.step,
-        "checkpoint": str(ref.path),
-        "rows": [{k: v for k, v in row.items() if k not in ("data_key", "generated")} for row in rows],
-        "skipped": skipped,
-        "provenance": {
-            **_stamp_of_the_scores(path, any(row["generated"] for row in rows)),
-            "checkpoint_meta": checkpoint_meta(ref.path),
-            "engine": engine_info,
-            "settings": asdict(settings),
-            "data_keys": {f"{row['task']}@{row['length']}": row["data_key"] for row in rows},
-        },
-    }
-    summary = _with_earlier_cells(summary, _read_summary(path))
-    atomic_write_json(path, summary)
-    return summary
+    Nothing is read back without the engine, since a unit's data key depends on the checkpoint's
+    tokenizer: every unit is "evaluated", and one whose sample log is complete computes nothing.
+    """
 
+    name = "ruler"
 
-def _evaluate_tasks(engine, ref: CheckpointRef, settings: RulerSettings, out: Path, progress) -> tuple[list, list]:
-    rows, skipped = [], []
-    for length in settings.lengths:
-        for task in settings.tasks:
-            try:
-                rows.append(_evaluate_task(engine, ref, task, length, settings, out, progress))
-            except TaskSkipped as why:
-                entry = {"task": task, "length": length, "reason": why.reason}
-                if isinstance(why, TaskDoesNotFit):
-                    entry["min_length"] = why.min_length
-                skipped.append(entry)
-    return rows, skipped
+    def __init__(self, settings: RulerSettings) -> None:
+        self.settings = settings
+        engine_settings = {"batch_size": settings.batch_size, "max_length": settings.max_length}
+        if settings.dtype:
+            engine_settings["dtype"] = settings.dtype
+        self.engine = EngineChoice(settings.engine, engine_settings)
+
+    def settings_record(self) -> dict:
+        return asdict(self.settings)
+
+    def check(self, ref: CheckpointRef) -> None:
+        check_window(ref, self.settings)
+
+    def units(self) -> list[Unit]:
+        return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
+
+    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> None:
+        return None
+
+    def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
+        unit_progress = lambda done, total: progress(unit, done, total)  # noqa: E731
+        row = _evaluate_task(engine.get(), ref, unit.task, unit.length, self.settings, out, unit_progress)
+        data_key, generated = row.pop("data_key"), row.pop("generated")
+        return UnitResult([row], {"data_key": data_key}, computed=bool(generated))
+
+    def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
+        summary["provenance"]["data_keys"] = {
+            f"{row['task']}@{row['length']}": result.extra["data_key"] for result in results for row in result.rows
+        }
+        return _with_earlier_cells(summary, earlier)
+
+    def average(self, rows: list[dict]) -> Averages:
+        from evalkit.results.aggregate import run_averages
+        from evalkit.results.tables import average_table
+
+        records = [asdict(average) for average in run_averages(rows)]
+        return Averages(
+            records,
+            average_table(rows),
+            "Mean ± population std over each run's checkpoints of the per-length task average.",
+        )
 
 
 # What must match for an earlier summary's (task, length) cells to stand beside this run's:
@@ -226,14 +236,6 @@ _CELL_SETTINGS = (
 )
 _CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries written before the setting meant
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
-
-
-def _read_summary(path: Path) -> dict | None:
-    try:
-        earlier = json.loads(path.read_text())
-        return earlier if isinstance(earlier, dict) and isinstance(earlier.get("rows"), list) else None
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
@@ -267,29 +269,23 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     return summary
 
 
-def _stamp_of_the_scores(summary_path: Path, generated_any: bool) -> dict:
-    """Version, commit, time and machine of the run that produced the samples: a rerun that only
-    reads them back keeps the earlier summary's stamp instead of claiming them as its own."""
-    if not generated_any and summary_path.is_file():
-        try:
-            earlier = json.loads(summary_path.read_text())["provenance"]
-            return {key: earlier[key] for key in stamp()}
-        except (json.JSONDecodeError, KeyError, TypeError):
-            pass  # unreadable: this run's stamp
-    return stamp()
-
-
 def run_ruler(
     refs: list[CheckpointRef],
     settings: RulerSettings,
     out: Path,
     progress: Callable[[str, int, int, int], None] = lambda *_: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
-) -> list[dict]:
-    for ref in refs:
-        check_checkpoint(ref, settings)
-    summaries = []
-    for ref in refs:
-        on_checkpoint(ref)
-        summaries.append(evaluate_checkpoint(ref, settings, out, progress))
-    return summaries
+    *,
+    avg: bool = False,
+    log: Callable[[str], None] = lambda _line: None,
+) -> EvaluationRun:
+    """RULER on every checkpoint through the one pipeline (which takes `out`'s lock); returns its run."""
+    return run_benchmark(
+        RulerBenchmark(settings),
+        refs,
+        out,
+        avg=avg,
+        progress=lambda unit, done, total: progress(unit.task, unit.length, done, total),
+        on_checkpoint=on_checkpoint,
+        log=log,
+    )

@@ -135,18 +135,20 @@ def test_an_engine_used_as_a_context_manager_is_closed_however_its_block_ends(ch
 
 def test_the_ruler_runner_closes_its_engine_when_a_task_fails(checkpoint, monkeypatch, tmp_path):
     from evalkit.engines.hf import HFEngine
+    from evalkit.pipeline import evaluate_checkpoint
     from evalkit.results.checkpoints import CheckpointRef
-    from evalkit.ruler import runner
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
 
     path, _ = checkpoint
     closed = []
     monkeypatch.setattr(HFEngine, "close", lambda self: closed.append(self))
 
-    def failing_tasks(*_args):
+    def failing_task(self, engine, *_args):
+        engine.get()  # the engine is built, then the task fails
         raise RuntimeError("a task failed")
 
-    monkeypatch.setattr(runner, "_evaluate_tasks", failing_tasks)
-    settings = runner.RulerSettings(tasks=["niah_single_1"], lengths=[MAX_POSITIONS], num_samples=1, dtype="fp32")
+    monkeypatch.setattr(RulerBenchmark, "evaluate", failing_task)
+    settings = RulerSettings(tasks=["niah_single_1"], lengths=[MAX_POSITIONS], num_samples=1, dtype="fp32")
     with pytest.raises(RuntimeError, match="a task failed"):
-        runner.evaluate_checkpoint(CheckpointRef("run", 1, path), settings, tmp_path, lambda *_: None)
+        evaluate_checkpoint(RulerBenchmark(settings), CheckpointRef("run", 1, path), tmp_path)
     assert len(closed) == 1 and isinstance(closed[0], HFEngine)

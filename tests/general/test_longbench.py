@@ -120,7 +120,7 @@ def scripted_answers():
 
 @pytest.fixture(scope="module")
 def scored(tiny_run, tmp_path_factory):
-    """The group on one checkpoint with scripted answers: (GeneralRun, {task: [(prompt, max_new_tokens)]})."""
+    """The group on one checkpoint with scripted answers: (EvaluationRun, {task: [(prompt, max_new_tokens)]})."""
     with scripted_answers() as seen:
         refs = resolve_checkpoints([str(tiny_run / "step-1")])
         run = run_general(refs, [GROUP], out=tmp_path_factory.mktemp("longbench"), engine_settings={"dtype": "fp32"})

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+import evalkit.engines
 from evalkit.errors import UserError
 from evalkit.general import run_general
-from evalkit.general import runner as general_runner
 from evalkit.general.catalog import TASKS_DIR, hub_offline
 from evalkit.general.tables import average_table
 from evalkit.results.checkpoints import resolve_checkpoints
@@ -34,7 +34,7 @@ def value(rows: list[dict], task: str, metric: str = "acc") -> float:
 
 @pytest.fixture(scope="module")
 def scored(tiny_run, tmp_path_factory):
-    """Both fixtures on both checkpoints, with --avg: (refs, out, the GeneralRun)."""
+    """Both fixtures on both checkpoints, with --avg: (refs, out, the EvaluationRun)."""
     out = tmp_path_factory.mktemp("general")
     refs = resolve_checkpoints([str(tiny_run)])
     run = run_general(
@@ -146,7 +146,7 @@ def test_results_layout_rows_and_provenance(scored):
 
 def test_average_over_checkpoints_matches_the_rows(scored):
     _, out, run = scored
-    for average in run.averages:
+    for average in run.averages.records:
         per_checkpoint = [
             r["value"] for r in run.rows if all(r[k] == average[k] for k in ("run", "task", "metric", "filter"))
         ]
@@ -154,7 +154,7 @@ def test_average_over_checkpoints_matches_the_rows(scored):
         assert average["mean"] == pytest.approx(statistics.fmean(per_checkpoint))
         assert average["std"] == pytest.approx(statistics.pstdev(per_checkpoint))
     table = (out / "general-avg.md").read_text()
-    assert average_table(run.averages) in table
+    assert average_table(run.averages.records) in table
     for task, metric in ((MMLU_STYLE, "acc"), (HELLASWAG_STYLE, "acc"), (HELLASWAG_STYLE, "acc_norm")):
         values = [value([r for r in run.rows if r["step"] == step], task, metric) for step in (1, 2)]
         line = (
@@ -162,7 +162,7 @@ def test_average_over_checkpoints_matches_the_rows(scored):
         )
         assert line in table
     stored = json.loads((out / "general-avg.json").read_text())["averages"]
-    assert stored == run.averages
+    assert stored == run.averages.records
 
 
 # ---------------------------------------------------------------------- resume
@@ -179,7 +179,7 @@ def test_rerun_recomputes_nothing_and_a_missing_task_only(scored, monkeypatch):
     def no_engine(*_args, **_kwargs):
         raise AssertionError("a finished checkpoint must not load its engine")
 
-    monkeypatch.setattr(general_runner, "_engine_lm", no_engine)
+    monkeypatch.setattr(evalkit.engines, "get_engine", no_engine)
     again = run_general(
         refs, [MMLU_STYLE, HELLASWAG_STYLE], out=out, engine_settings={"dtype": "fp32", "batch_size": 4}
     )

@@ -146,7 +146,8 @@ def test_tables_match_hand_arithmetic(results):
     assert "| tiny-anchor | niah_single_1 | 85.00 | 45.00 |" in text  # per task: (80+90)/2, (40+50)/2
     # general: paradigm from the checkpoint's meta; a summary without it (written before 0.1) shows "?"
     assert (
-        "| tiny-anchor | anchor | ? | 0.3500 ± 0.0200 |" in text and "| tiny-full | ? | ? | 0.3000 ± 0.0200 |" in text
+        "| tiny-anchor | anchor | ? | ? | 0.3500 ± 0.0200 |" in text
+        and "| tiny-full | ? | ? | ? | 0.3000 ± 0.0200 |" in text
     )
     assert "†" not in text  # same settings everywhere
     for name in ("ruler-vs-length", "ruler-vs-step", "general"):

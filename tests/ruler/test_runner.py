@@ -187,7 +187,7 @@ def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_p
     monkeypatch.setattr(evalkit.engines, "get_engine", recording_engine)
     (ref,) = resolve_checkpoints([str(chat_checkpoint)])
     settings = RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=2, prompt_format="chat")
-    (summary,) = run_ruler([ref], settings, tmp_path / "out")
+    (summary,) = run_ruler([ref], settings, tmp_path / "out").summaries
     engine_tokenizer = real_get_engine("hf", chat_checkpoint, dtype="fp32").tokenizer
     assert len(fed) == 2
     for ids in fed:
@@ -203,7 +203,7 @@ def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_p
 
     # Base into the same --out afterwards: different prompts, so the chat cells are not mixed in.
     base = RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=2)
-    (base_summary,) = run_ruler([ref], base, tmp_path / "out")
+    (base_summary,) = run_ruler([ref], base, tmp_path / "out").summaries
     assert base_summary["provenance"]["settings"]["prompt_format"] == "base"
     assert base_summary["provenance"]["data_keys"] != summary["provenance"]["data_keys"]
 

@@ -268,7 +268,7 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
 
     seen = []
 
-    def capture(console, refs, settings, out):
+    def capture(console, refs, settings, out, avg):
         seen.append(settings)
         raise SystemExit(0)
 

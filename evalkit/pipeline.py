@@ -1,0 +1,298 @@
+"""One evaluation pipeline: every benchmark (RULER, lm-eval tasks, any later one) runs through here.
+
+    refs ──checks──▶ for each checkpoint, one engine (built on first use, closed before the next):
+        for each unit of the benchmark (a task, a task at a length):
+            stored with the same settings? keep it : evaluate it ──▶ rows, or Skipped(reason)
+        ──▶ <out>/<run>/step-<N>/<name>-summary.json   rows, skips, provenance, the checkpoint's meta
+    --avg ──▶ <out>/<name>-avg.json, <out>/<name>-avg.md     mean ± std over each run's checkpoints
+
+What the pipeline owns, once for every benchmark: the request checks (engine, its settings, the
+output directory, a tokenizer beside every checkpoint) before anything is loaded, the output
+lock, the engine's lifecycle, skip records, the summary file and its provenance (the stamp of
+the run that computed the scores, not of a rerun that read them back), --avg and progress.
+
+A benchmark is a small protocol (Benchmark below): its units, how a unit is found on disk, how
+it is evaluated, how its rows are averaged over checkpoints, and what else its summary keeps.
+Adding one is a module implementing it plus an entry in BENCHMARKS (tests/test_pipeline.py
+runs a toy benchmark through every part of the pipeline).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from evalkit.errors import Skipped, UserError
+from evalkit.provenance import command_line, stamp
+from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
+from evalkit.results.store import checkpoint_dir
+from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+# The registry: every benchmark's name (its files are <name>-summary.json, <name>-avg.*) and the
+# title its tables carry in reports and the leaderboard. A benchmark missing here is titled by its name.
+BENCHMARKS = {"ruler": "RULER", "general": "General tasks"}
+
+
+def summary_name(benchmark: str) -> str:
+    return f"{benchmark}-summary.json"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One thing a benchmark scores on a checkpoint: a task, at a length where lengths apply."""
+
+    task: str
+    length: int | None = None
+
+    def label(self) -> str:
+        return self.task if self.length is None else f"{self.task} @ {self.length}"
+
+    def fields(self) -> dict[str, Any]:
+        return {"task": self.task, **({"length": self.length} if self.length is not None else {})}
+
+
+@dataclass
+class UnitResult:
+    """What scoring one unit produced: its long-form rows, whatever the benchmark's summary keeps
+    of it (`extra`), whether anything was computed now, and the engine that computed it when
+    the result was read back from disk (no engine is built for a stored result)."""
+
+    rows: list[dict[str, Any]]
+    extra: dict[str, Any] = field(default_factory=dict)
+    computed: bool = True
+    stored_engine_info: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine every checkpoint is evaluated with: its registry name and keyword settings."""
+
+    name: str = "hf"
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Averages:
+    """--avg: the records written to <name>-avg.json, the markdown table, and its conditions line."""
+
+    records: list[dict[str, Any]]
+    table: str
+    conditions: str = ""
+
+
+Progress = Callable[[Unit, int, int], None]  # (unit, done, total) in the benchmark's own counting
+
+
+class Benchmark(Protocol):
+    """What a benchmark tells the pipeline; everything else is the pipeline's."""
+
+    name: str  # summaries are <name>-summary.json, averages <name>-avg.json/.md
+    engine: EngineChoice
+
+    def settings_record(self) -> dict[str, Any]:
+        """What the user asked for, recorded in every summary."""
+
+    def check(self, ref: CheckpointRef) -> None:
+        """Refuse (UserError) a checkpoint this benchmark cannot evaluate, before any work."""
+
+    def units(self) -> list[Unit]: ...
+
+    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
+        """The unit's finished result with the same settings, read without an engine, or None."""
+
+    def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
+        """Score the unit (resuming from what is on disk), or raise Skipped with the reason."""
+
+    def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
+        """The summary with the benchmark's own fields added (earlier: the summary on disk, if any)."""
+
+    def average(self, rows: list[dict[str, Any]]) -> Averages: ...
+
+
+class LazyEngine:
+    """The checkpoint's engine, built on first `get()`: a checkpoint whose units are all on disk
+    already loads no model. Closed (if built) when the block ends, before the next checkpoint's
+    engine starts: two vLLM engines would not fit one GPU."""
+
+    def __init__(self, choice: EngineChoice, path: Path, open_engine: Callable[..., Any] | None = None) -> None:
+        self.choice, self.path = choice, path
+        self._open = open_engine
+        self._engine = None
+
+    def get(self):
+        if self._engine is None:
+            if self._open is None:
+                from evalkit.engines import get_engine
+
+                self._open = get_engine
+            self._engine = self._open(self.choice.name, self.path, **self.choice.settings)
+        return self._engine
+
+    @property
+    def built(self) -> bool:
+        return self._engine is not None
+
+    def info(self) -> dict[str, Any] | None:
+        return self._engine.engine_info() if self._engine is not None else None
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+
+    def __enter__(self) -> LazyEngine:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
+@dataclass
+class EvaluationRun:
+    """What run_benchmark produced: per-checkpoint summaries, all rows, all skips, and (--avg) averages."""
+
+    summaries: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    averages: Averages | None = None
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) -> None:
+    """Everything a user can get wrong, before any model or data is loaded or anything written."""
+    from evalkit.engines import ENGINE_NAMES
+    from evalkit.precision import check_dtype
+
+    if not refs:
+        raise UserError("no checkpoint given: pass --ckpts PATH")
+    choice = benchmark.engine
+    if choice.name not in ENGINE_NAMES:
+        raise UserError(f"unknown engine {choice.name!r}; choose one of: {', '.join(ENGINE_NAMES)}")
+    if choice.settings.get("dtype") is not None:
+        check_dtype(choice.settings["dtype"])
+    for option, key in (("--batch-size", "batch_size"), ("--max-length", "max_length")):
+        value = choice.settings.get(key)
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be at least 1, got {value}")
+    check_output_dir(out)
+    for ref in refs:
+        check_tokenizer(ref)
+        benchmark.check(ref)
+
+
+def check_tokenizer(ref: CheckpointRef) -> None:
+    if not any((ref.path / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"{ref.path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the checkpoint"
+        )
+
+
+def run_benchmark(
+    benchmark: Benchmark,
+    refs: list[CheckpointRef],
+    out: Path,
+    *,
+    avg: bool = False,
+    progress: Progress = lambda _unit, _done, _total: None,
+    on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
+    log: Callable[[str], None] = lambda _line: None,
+    open_engine: Callable[..., Any] | None = None,
+) -> EvaluationRun:
+    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring)."""
+    out = Path(out)
+    check_request(benchmark, refs, out)
+    # Taken after the checks (a refused request leaves no trace in `out`), before any result is written.
+    with output_lock(out):
+        summaries = []
+        for ref in refs:
+            on_checkpoint(ref)
+            summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine))
+        rows = [row for summary in summaries for row in summary["rows"]]
+        skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
+        run = EvaluationRun(summaries, rows, skipped)
+        if avg and rows:
+            run.averages, run.files = write_averages(benchmark, rows, out)
+    return run
+
+
+def evaluate_checkpoint(
+    benchmark: Benchmark,
+    ref: CheckpointRef,
+    out: Path,
+    progress: Progress = lambda _unit, _done, _total: None,
+    log: Callable[[str], None] = lambda _line: None,
+    open_engine: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """Every unit of one checkpoint; writes and returns its summary."""
+    results, skipped = [], []
+    with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
+        for unit in benchmark.units():
+            stored = benchmark.stored(ref, unit, out)
+            if stored is not None:
+                log(f"{unit.label()}: already scored with these settings, kept")
+                results.append(stored)
+                continue
+            try:
+                results.append(benchmark.evaluate(engine, ref, unit, out, progress))
+            except Skipped as why:
+                skipped.append({**unit.fields(), "reason": why.reason, **why.details})
+                log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {why.reason}")
+        engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
+    path = checkpoint_dir(out, ref) / summary_name(benchmark.name)
+    earlier = read_summary(path)
+    summary = {
+        "benchmark": benchmark.name,
+        "run": ref.run,
+        "step": ref.step,
+        "checkpoint": str(ref.path),
+        "rows": [row for result in results for row in result.rows],
+        "skipped": skipped,
+        "provenance": {
+            **_stamp_of_the_scores(earlier, any(result.computed for result in results)),
+            "checkpoint_meta": checkpoint_meta(ref.path),
+            "engine": engine_info,
+            "settings": benchmark.settings_record(),
+        },
+    }
+    summary = benchmark.finish_summary(summary, results, earlier)
+    atomic_write_json(path, summary)
+    return summary
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The summary stored at `path`, or None when there is none (or it is not one)."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return earlier if isinstance(earlier, dict) and isinstance(earlier.get("rows"), list) else None
+
+
+def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> dict[str, Any]:
+    """Version, commit, time and machine of the run that computed the scores: a rerun that only
+    reads them back keeps the earlier summary's stamp instead of claiming them as its own."""
+    if not computed_any and earlier is not None:
+        try:
+            return {key: earlier["provenance"][key] for key in stamp()}
+        except (KeyError, TypeError):
+            pass  # no stamp to keep: this run's
+    return stamp()
+
+
+def write_averages(benchmark: Benchmark, rows: list[dict[str, Any]], out: Path) -> tuple[Averages, dict[str, Path]]:
+    """--avg, for every benchmark alike: <out>/<name>-avg.json (records) and .md (the table)."""
+    averages = benchmark.average(rows)
+    json_path, markdown_path = out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"
+    provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
+    atomic_write_json(json_path, {"benchmark": benchmark.name, "averages": averages.records, "provenance": provenance})
+    title = BENCHMARKS.get(benchmark.name, benchmark.name)
+    conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
+    atomic_write_text(
+        markdown_path,
+        f"# {title}, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{conditions}{averages.table}\n",
+    )
+    return averages, {"averages_json": json_path, "averages_markdown": markdown_path}

@@ -1,0 +1,289 @@
+"""The one evaluation pipeline, through a toy benchmark: adding a benchmark is one class.
+
+The toy scores how many characters an engine "generates" per prompt against a hand-written
+expectation; its engine is a fake whose opening and closing are recorded, so the tests see
+the pipeline's lifecycle (one engine per checkpoint, closed before the next, none for a
+checkpoint whose units are all stored), its skip records, summaries, resumption and --avg.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from evalkit.errors import Skipped, UserError
+from evalkit.pipeline import Averages, EngineChoice, Unit, UnitResult, run_benchmark, summary_name
+from evalkit.results.checkpoints import CheckpointRef
+from evalkit.results.store import checkpoint_dir
+
+
+class FakeEngine:
+    def __init__(self, events: list, path: Path, answers: dict[str, str]):
+        self.events, self.path, self.answers = events, path, answers
+        events.append(("open", path.name))
+
+    def generate(self, prompt: str) -> str:
+        self.events.append(("generate", self.path.name, prompt))
+        return self.answers[self.path.name]
+
+    def engine_info(self) -> dict:
+        return {"engine": "fake", "model_path": str(self.path)}
+
+    def close(self) -> None:
+        self.events.append(("close", self.path.name))
+
+
+class ToyBenchmark:
+    """Two scored tasks and one that cannot run; a unit's result is stored as <task>.json."""
+
+    name = "toy"
+
+    def __init__(self, tasks=("short", "long", "needs-data")):
+        self.tasks = list(tasks)
+        self.engine = EngineChoice("hf", {"batch_size": 2})
+
+    def settings_record(self) -> dict:
+        return {"tasks": self.tasks}
+
+    def check(self, ref: CheckpointRef) -> None:
+        if "refused" in ref.run:
+            raise UserError(f"{ref.path}: the toy benchmark refuses this run")
+
+    def units(self) -> list[Unit]:
+        return [Unit(task) for task in self.tasks]
+
+    def _file(self, ref: CheckpointRef, unit: Unit, out: Path) -> Path:
+        return checkpoint_dir(out, ref) / "toy" / f"{unit.task}.json"
+
+    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
+        path = self._file(ref, unit, out)
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text())
+        return UnitResult(record["rows"], computed=False, stored_engine_info=record["engine"])
+
+    def evaluate(self, engine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
+        if unit.task == "needs-data":
+            raise Skipped("needs a data file that is not here", wanted="data.json")
+        answer = engine.get().generate(unit.task)
+        progress(unit, 1, 1)
+        row = {"run": ref.run, "step": ref.step, "task": unit.task, "metric": "chars", "value": float(len(answer))}
+        path = self._file(ref, unit, out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": [row], "engine": engine.info()}))
+        return UnitResult([row])
+
+    def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
+        summary["toy_units"] = len(results)
+        return summary
+
+    def average(self, rows: list[dict]) -> Averages:
+        by_task: dict[str, list[float]] = {}
+        for row in rows:
+            by_task.setdefault(row["task"], []).append(row["value"])
+        records = [
+            {"task": task, "mean": statistics.fmean(v), "std": statistics.pstdev(v)} for task, v in by_task.items()
+        ]
+        table = "\n".join(f"| {r['task']} | {r['mean']:.1f} ± {r['std']:.1f} |" for r in records)
+        return Averages(records, table, "toy conditions")
+
+
+def make_checkpoint(root: Path, run: str, step: int, tokenizer: bool = True) -> CheckpointRef:
+    path = root / run / f"step-{step}"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "meta.json").write_text(json.dumps({"step": step, "paradigm": "anchor"}))
+    if tokenizer:
+        (path / "tokenizer.json").write_text("{}")
+    return CheckpointRef(run, step, path)
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+    return [make_checkpoint(tmp_path / "runs", "toy-run", step) for step in (1, 2)]
+
+
+def opener(events: list, answers: dict[str, str]):
+    def open_engine(name, path, **settings):
+        assert name == "hf" and settings == {"batch_size": 2}
+        return FakeEngine(events, Path(path), answers)
+
+    return open_engine
+
+
+def test_summaries_skips_and_the_engine_lifecycle(two_checkpoints, tmp_path):
+    events, logged = [], []
+    out = tmp_path / "out"
+    answers = {"step-1": "abc", "step-2": "abcdefg"}
+    run = run_benchmark(ToyBenchmark(), two_checkpoints, out, open_engine=opener(events, answers), log=logged.append)
+
+    # One engine per checkpoint, closed before the next one opens.
+    assert [e[:2] for e in events] == [
+        ("open", "step-1"), ("generate", "step-1"), ("generate", "step-1"), ("close", "step-1"),
+        ("open", "step-2"), ("generate", "step-2"), ("generate", "step-2"), ("close", "step-2"),
+    ]  # fmt: skip
+    assert [(r["step"], r["task"], r["value"]) for r in run.rows] == [
+        (1, "short", 3.0), (1, "long", 3.0), (2, "short", 7.0), (2, "long", 7.0)
+    ]  # fmt: skip
+    assert run.skipped == [
+        {"run": "toy-run", "step": s, "task": "needs-data", "reason": "needs a data file that is not here",
+         "wanted": "data.json"} for s in (1, 2)
+    ]  # fmt: skip
+    assert "skipped needs-data (toy-run step 1): needs a data file that is not here" in logged
+
+    summary = json.loads((out / "toy-run" / "step-2" / summary_name("toy")).read_text())
+    assert summary == run.summaries[1]
+    assert summary["benchmark"] == "toy" and (summary["run"], summary["step"]) == ("toy-run", 2)
+    assert summary["toy_units"] == 2  # the benchmark's own field
+    provenance = summary["provenance"]
+    assert provenance["engine"] == {"engine": "fake", "model_path": str(two_checkpoints[1].path)}
+    assert provenance["settings"] == {"tasks": ["short", "long", "needs-data"]}
+    assert provenance["checkpoint_meta"]["paradigm"] == "anchor"
+    assert provenance["git_hash"] and provenance["created"]
+    assert not (out / "toy-avg.json").exists()  # no --avg asked
+
+
+def test_a_rerun_builds_no_engine_and_keeps_the_stamp_of_the_scores(two_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    first = run_benchmark(ToyBenchmark(), two_checkpoints, out, open_engine=opener([], {"step-1": "a", "step-2": "b"}))
+
+    def no_engine(*_args, **_kwargs):
+        raise AssertionError("a checkpoint whose units are all stored must not build its engine")
+
+    logged = []
+    again = run_benchmark(ToyBenchmark(), two_checkpoints, out, open_engine=no_engine, log=logged.append)
+    assert again.rows == first.rows
+    for before, after in zip(first.summaries, again.summaries):
+        # Read back, not computed: the engine and the stamp are those of the run that scored them.
+        assert after["provenance"]["engine"] == before["provenance"]["engine"]
+        assert after["provenance"]["created"] == before["provenance"]["created"]
+    assert "short: already scored with these settings, kept" in logged
+
+
+def test_avg_writes_one_json_and_one_markdown_for_any_benchmark(two_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    run = run_benchmark(
+        ToyBenchmark(), two_checkpoints, out, avg=True, open_engine=opener([], {"step-1": "abc", "step-2": "abcdefg"})
+    )
+    # By hand: lengths 3 and 7 over the two checkpoints: mean 5, population std 2.
+    assert run.averages.records == [
+        {"task": "short", "mean": 5.0, "std": 2.0},
+        {"task": "long", "mean": 5.0, "std": 2.0},
+    ]
+    stored = json.loads((out / "toy-avg.json").read_text())
+    assert stored["benchmark"] == "toy" and stored["averages"] == run.averages.records
+    assert stored["provenance"]["settings"] == {"tasks": ["short", "long", "needs-data"]}
+    markdown = (out / "toy-avg.md").read_text()
+    assert markdown.startswith("# toy, averaged over checkpoints")
+    assert "toy conditions" in markdown and "| short | 5.0 ± 2.0 |" in markdown
+    assert run.files == {"averages_json": out / "toy-avg.json", "averages_markdown": out / "toy-avg.md"}
+
+
+def test_a_failing_unit_still_closes_the_engine(two_checkpoints, tmp_path):
+    events = []
+
+    class Failing(ToyBenchmark):
+        def evaluate(self, engine, ref, unit, out, progress):
+            engine.get()
+            raise RuntimeError("a unit failed")
+
+    with pytest.raises(RuntimeError, match="a unit failed"):
+        run_benchmark(Failing(), two_checkpoints, tmp_path / "out", open_engine=opener(events, {}))
+    assert events == [("open", "step-1"), ("close", "step-1")]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("no-tokenizer", "has no tokenizer files"),
+        ("refused-run", "the toy benchmark refuses this run"),
+        ("engine", "unknown engine 'gguf'; choose one of: hf, vllm"),
+        ("batch", "--batch-size must be at least 1, got 0"),
+        ("no-checkpoint", "no checkpoint given: pass --ckpts PATH"),
+    ],
+)
+def test_a_refused_request_builds_nothing_and_writes_nothing(change, message, two_checkpoints, tmp_path):
+    benchmark, refs = ToyBenchmark(), list(two_checkpoints)
+    if change == "no-tokenizer":
+        refs.append(make_checkpoint(tmp_path / "runs", "bare", 3, tokenizer=False))
+    elif change == "refused-run":
+        refs.append(make_checkpoint(tmp_path / "runs", "refused", 3))
+    elif change == "engine":
+        benchmark.engine = EngineChoice("gguf", {})
+    elif change == "batch":
+        benchmark.engine = EngineChoice("hf", {"batch_size": 0})
+    else:
+        refs = []
+
+    def no_engine(*_args, **_kwargs):
+        raise AssertionError("a refused request must not build an engine")
+
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=message):
+        run_benchmark(benchmark, refs, out, open_engine=no_engine)
+    assert not out.exists()  # the checks come before the output lock and any result
+
+
+def test_a_new_benchmark_reaches_the_leaderboard_through_the_one_schema(two_checkpoints, tmp_path):
+    from evalkit.results.leaderboard import build_markdown
+
+    out = tmp_path / "out"
+    run_benchmark(ToyBenchmark(), two_checkpoints, out, open_engine=opener([], {"step-1": "abc", "step-2": "abcdefg"}))
+    markdown, ruler, general = build_markdown([out])
+    assert ruler == [] and general == []
+    # Its own section, titled by its name (not in the registry), one column per task/metric:
+    # the mean over the two checkpoints, (3 + 7) / 2 = 5, and what the run was evaluated on.
+    assert "## toy (mean over checkpoints ± stderr)" in markdown
+    assert "| run | paradigm | model | data | long chars | short chars |" in markdown
+    assert "| toy-run | anchor | ? | ? | 5.0000 | 5.0000 |" in markdown
+    assert "- toy toy-run: engine fake" in markdown
+
+
+def test_stored_summaries_of_both_shapes_read_as_one_schema():
+    from evalkit.results.schema import ResultRow, summary_rows
+
+    meta = {"paradigm": "anchor", "config": {"model": {"arch": "llama", "num_layers": 4, "hidden_size": 256},
+                                             "data": {"source": "builtin"}}}  # fmt: skip
+    ruler = {  # as evalkit 0.1 wrote it, before summaries named their benchmark
+        "run": "r",
+        "step": 2,
+        "rows": [
+            {"run": "r", "step": 2, "task": "niah_single_1", "length": 1024, "score": 90.0, "stderr": 6.9, "n": 20},
+            {"run": "r", "step": 2, "task": "qa_1", "length": 1024, "score": 40.0, "stderr": 1.0, "n": 20},
+        ],
+        "provenance": {"checkpoint_meta": meta},
+    }
+    general = {
+        "benchmark": "general",
+        "run": "r",
+        "step": 2,
+        "rows": [{"run": "r", "step": 2, "requested": "mmlu", "task": "mmlu_anatomy", "metric": "acc",
+                  "filter": "none", "value": 0.25, "stderr": None, "n": 135, "num_fewshot": 5}],
+        "provenance": {"checkpoint_meta": {"model": "SmolLM2", "source": {"file_type": "MOSTLY_Q4_1"}}},
+    }  # fmt: skip
+    described = {"paradigm": "anchor", "model": "llama 4x256", "data": "builtin"}
+    assert summary_rows(ruler) == [
+        ResultRow("ruler", "r", 2, "niah_single_1", "string_match_all", 90.0, 6.9, 20, length=1024, **described),
+        ResultRow("ruler", "r", 2, "qa_1", "string_match_part", 40.0, 1.0, 20, length=1024, **described),
+    ]
+    assert summary_rows(general) == [
+        ResultRow("general", "r", 2, "mmlu_anatomy", "acc", 0.25, None, 135, requested="mmlu", filter="none",
+                  num_fewshot=5, paradigm="pretrained", model="SmolLM2", data="MOSTLY_Q4_1 import")
+    ]  # fmt: skip
+
+
+def test_the_repositorys_stored_summaries_still_load():
+    """Every summary under results/ (written by earlier versions) reads into the schema."""
+    from evalkit.results.schema import summary_rows
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    paths = sorted(root.rglob("*-summary.json"))
+    assert paths, "results/ holds stored summaries"
+    for path in paths:
+        summary = json.loads(path.read_text())
+        rows = summary_rows(summary)
+        assert len(rows) == len(summary["rows"]) and all(row.run == summary["run"] for row in rows)
+        assert all(row.metric and (row.value is None or isinstance(row.value, float)) for row in rows)
