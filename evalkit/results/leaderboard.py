@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.markdown import markdown_table
 from evalkit.results.aggregate import per_checkpoint_length_means
 
 RULER_SUMMARY = "ruler-summary.json"
@@ -211,12 +212,7 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
     best = {n: _best({run: cells[(run, n)].mean for run in runs if (run, n) in cells}) for n in lengths}
     best_avg = _best(averages)
     differs = _differing_settings(infos)
-    header = (
-        "| run | paradigm | model | data | steps | "
-        + " | ".join(_label(n) for n in lengths)
-        + " | avg | behind each value |"
-    )
-    lines = [header, "|" + "---|" * (6 + len(lengths) + 1)]
+    table = []
     for run in runs:
         info = infos[run]
         text = []
@@ -231,12 +227,10 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
         avg = f"**{avg}**" if run in best_avg else avg
         behind = _behind(cells, run, lengths, info.settings.get("samples"))
         mark = " †" if run in differs else ""
-        lines.append(
-            f"| {run}{mark} | {info.paradigm} | {info.model} | {info.data} | {', '.join(map(str, info.steps))} | "
-            + " | ".join(text)
-            + f" | {avg} | {behind} |"
-        )
-    return "\n".join(lines)
+        steps = ", ".join(map(str, info.steps))
+        table.append([f"{run}{mark}", info.paradigm, info.model, info.data, steps, *text, avg, behind])
+    header = ["run", "paradigm", "model", "data", "steps", *map(_label, lengths), "avg", "behind each value"]
+    return markdown_table(header, table)
 
 
 def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
@@ -276,11 +270,11 @@ def per_task_table(rows: list[dict]) -> str:
     for row in rows:
         cells[(row["run"], row["task"], int(row["length"]))].append(row)
     lengths = sorted({n for _, _, n in cells})
-    lines = ["| run | task | " + " | ".join(_label(n) for n in lengths) + " |", "|---|---|" + "---|" * len(lengths)]
+    table = []
     for run, task in sorted({(r, t) for r, t, _ in cells}):
         shown = [_task_cell(cells[(run, task, n)]) if (run, task, n) in cells else "–" for n in lengths]
-        lines.append(f"| {run} | {task} | " + " | ".join(shown) + " |")
-    return "\n".join(lines)
+        table.append([run, task, *shown])
+    return markdown_table(["run", "task", *map(_label, lengths)], table)
 
 
 def _task_cell(rows: list[dict]) -> str:
@@ -331,7 +325,7 @@ def general_table(general: list[dict]) -> str:
         values[(row["run"], column)].append((float(row["value"]), row.get("stderr")))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
-    lines = ["| run | paradigm | model | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
+    table = []
     for run in runs:
         paradigm, model, _data = described.get(run, ("?", "?", "?"))
         cells = []
@@ -343,8 +337,8 @@ def general_table(general: list[dict]) -> str:
             mean = statistics.fmean(v for v, _ in entries)
             errors = [e for _, e in entries if e is not None]
             cells.append(f"{mean:.4f} ± {statistics.fmean(errors):.4f}" if errors else f"{mean:.4f}")
-        lines.append(f"| {run} | {paradigm} | {model} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append([run, paradigm, model, *cells])
+    return markdown_table(["run", "paradigm", "model", *columns], table)
 
 
 def provenance_notes(summaries: list[dict]) -> str:
