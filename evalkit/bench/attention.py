@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from evalkit import precision
 from evalkit.attention import Paradigm, available_implementations, document_attention, pack
+from evalkit.markdown import markdown_table
 
 
 @dataclass
@@ -118,13 +119,18 @@ def run(
 
 
 def to_markdown(rows: list[BenchRow]) -> str:
-    lines = [
-        "| S | paradigm | implementation | docs | fwd+bwd s | / full causal | ideal Σd²/S² | / ideal |",
-        "|---|---|---|---|---|---|---|---|",
+    header = ["S", "paradigm", "implementation", "docs", "fwd+bwd s", "/ full causal", "ideal Σd²/S²", "/ ideal"]
+    table = [
+        [
+            r.seq_len,
+            r.paradigm,
+            r.impl,
+            r.num_docs,
+            f"{r.seconds:.3f}",
+            f"{r.ratio_to_full:.3f}",
+            f"{r.ideal_ratio:.3f}",
+            f"{r.ratio_to_full / r.ideal_ratio:.2f}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.seq_len} | {r.paradigm} | {r.impl} | {r.num_docs} | {r.seconds:.3f} | {r.ratio_to_full:.3f} "
-            f"| {r.ideal_ratio:.3f} | {r.ratio_to_full / r.ideal_ratio:.2f} |"
-        )
-    return "\n".join(lines)
+    return markdown_table(header, table)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.markdown import markdown_table
 from evalkit.precision import long_dtype_name
 
 # Engine variants a user can time: a name, the engine, and its settings.
@@ -202,13 +203,12 @@ def to_markdown(rows: Sequence[EvalBenchRow]) -> str:
     skipped = sorted({f"{r.task} at {r.length} ({r.skipped})" for r in rows if r.skipped})
     rows = [r for r in rows if not r.skipped]
     baseline = {(r.task, r.length): r.seconds for r in rows if r.engine == first_engine}
-    lines = [
-        (
-            f"| engine | task | length | samples | mean prompt tokens | seconds | samples/s | speed vs {first_engine} "
-            "| prefill / decode s | prompt tokens computed | new tokens | score | predictions = first |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    header = [
+        *("engine", "task", "length", "samples", "mean prompt tokens", "seconds", "samples/s"),
+        f"speed vs {first_engine}",
+        *("prefill / decode s", "prompt tokens computed", "new tokens", "score", "predictions = first"),
     ]
+    table = []
     for r in rows:
         split = "-" if r.prefill_seconds is None else f"{r.prefill_seconds:.0f} / {r.decode_seconds:.0f}"
         computed = (
@@ -219,11 +219,13 @@ def to_markdown(rows: Sequence[EvalBenchRow]) -> str:
         speed = "-" if base is None else f"{base / r.seconds:.2f}x"
         same = "own samples" if r.same_as_first is None else f"{r.same_as_first}/{r.samples}"
         mean_prompt = r.prompt_tokens / r.samples
-        lines.append(
-            f"| {r.engine} | {r.task} | {r.length} | {r.samples} | {mean_prompt:,.0f} | {r.seconds:.0f} "
-            f"| {r.samples_per_second:.3f} | {speed} | {split} | {computed} | {new} | {r.score:.1f} | {same} |"
+        table.append(
+            [
+                *(r.engine, r.task, r.length, r.samples, f"{mean_prompt:,.0f}", f"{r.seconds:.0f}"),
+                *(f"{r.samples_per_second:.3f}", speed, split, computed, new, f"{r.score:.1f}", same),
+            ]
         )
-    lines.append(_totals_line(rows, first_engine))
+    lines = [markdown_table(header, table), _totals_line(rows, first_engine)]
     if skipped:
         lines.append("Skipped: " + "; ".join(skipped) + ".")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ import time
 import torch
 
 from evalkit.attention import Paradigm, document_attention, document_mask, pack
+from evalkit.markdown import markdown_table
 
 
 def _naive(q, k, v, mask):
@@ -44,6 +45,7 @@ def _docs(seq_len: int, mean: int, seed: int) -> list[list[int]]:
 def check_correctness(lines: list[str]) -> bool:
     ok = True
     device = "cuda"
+    # Written by hand, not by markdown_table: the header's |out - ref| would come out escaped as \|out - ref\|.
     lines.append("| paradigm | impl | Sq | max |out - ref| | max |grad - ref| | pass |")
     lines.append("|---|---|---|---|---|---|")
     for paradigm in Paradigm:
@@ -97,21 +99,22 @@ def _time(fn, q, k, v, repeats: int = 5) -> float:
 def time_paradigms(lines: list[str], lengths: list[int]) -> None:
     import torch.nn.functional as F
 
-    lines.append("| S | paradigm | fwd+bwd ms | / full causal | ideal Σd²/S² |")
-    lines.append("|---|---|---|---|---|")
+    table = []
     for seq_len in lengths:
         g = torch.Generator(device="cpu").manual_seed(0)
         make = lambda h: torch.randn(1, h, seq_len, 128, generator=g).to("cuda", torch.bfloat16).requires_grad_()  # noqa: E731
         q, k, v = make(32), make(8), make(8)
         full = _time(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), q, k, v)
-        lines.append(f"| {seq_len} | full (SDPA causal) | {full * 1e3:.1f} | 1.000 | 1.000 |")
+        table.append([seq_len, "full (SDPA causal)", f"{full * 1e3:.1f}", "1.000", "1.000"])
         docs = _docs(seq_len, 1024, 0)
         for paradigm in (Paradigm.INTRA_DOC, Paradigm.ANCHOR, Paradigm.ANCHOR_INTERLEAVED):
             packed = pack(docs, seq_len, paradigm, bos_id=1, eos_id=2, seed=0)
             doc_ids = packed.doc_ids[None].cuda()
             t = _time(lambda q, k, v: document_attention(q, k, v, doc_ids, impl="flex"), q, k, v)
             ideal = sum(n * n for n in packed.doc_lengths) / seq_len**2
-            lines.append(f"| {seq_len} | {paradigm} (flex) | {t * 1e3:.1f} | {t / full:.3f} | {ideal:.3f} |")
+            table.append([seq_len, f"{paradigm} (flex)", f"{t * 1e3:.1f}", f"{t / full:.3f}", f"{ideal:.3f}"])
+    header = ["S", "paradigm", "fwd+bwd ms", "/ full causal", "ideal Σd²/S²"]
+    lines.extend(markdown_table(header, table).splitlines())
 
 
 def main(argv: list[str] | None = None) -> int:

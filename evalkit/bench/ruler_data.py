@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalkit.markdown import markdown_table
+
 
 @dataclass
 class RulerDataRow:
@@ -56,16 +58,19 @@ def run(
 
 
 def to_markdown(rows: Sequence[RulerDataRow]) -> str:
-    lines = [
-        "| task | length | samples | seconds | samples/s | mean prompt tokens | note |",
-        "|---|---|---|---|---|---|---|",
+    header = ["task", "length", "samples", "seconds", "samples/s", "mean prompt tokens", "note"]
+    table = [
+        [r.task, r.length, 0, "-", "-", "-", f"skipped: {r.skipped}"]
+        if r.skipped
+        else [
+            r.task,
+            r.length,
+            r.samples,
+            f"{r.seconds:.2f}",
+            f"{r.samples_per_second:.0f}",
+            f"{r.mean_length:.0f}",
+            "",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        if r.skipped:
-            lines.append(f"| {r.task} | {r.length} | 0 | - | - | - | skipped: {r.skipped} |")
-        else:
-            lines.append(
-                f"| {r.task} | {r.length} | {r.samples} | {r.seconds:.2f} | {r.samples_per_second:.0f} "
-                f"| {r.mean_length:.0f} | |"
-            )
-    return "\n".join(lines)
+    return markdown_table(header, table)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from evalkit.attention import Paradigm
+from evalkit.markdown import markdown_table
 
 
 @dataclass
@@ -82,13 +83,17 @@ def run(
 
 
 def to_markdown(rows: list[TrainBenchRow]) -> str:
-    lines = [
-        "| S | paradigm | step s | tokens/s | / full | docs per window | ideal Σd²/S² |",
-        "|---|---|---|---|---|---|---|",
+    header = ["S", "paradigm", "step s", "tokens/s", "/ full", "docs per window", "ideal Σd²/S²"]
+    table = [
+        [
+            r.seq_len,
+            r.paradigm,
+            f"{r.step_seconds:.2f}",
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.ratio_to_full:.3f}",
+            f"{r.docs_per_window:.1f}",
+            f"{r.ideal_ratio:.3f}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.seq_len} | {r.paradigm} | {r.step_seconds:.2f} | {r.tokens_per_s:,.0f} | {r.ratio_to_full:.3f} "
-            f"| {r.docs_per_window:.1f} | {r.ideal_ratio:.3f} |"
-        )
-    return "\n".join(lines)
+    return markdown_table(header, table)

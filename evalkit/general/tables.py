@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from evalkit.markdown import markdown_table
+
 AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot")
 
 
@@ -46,25 +48,40 @@ def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def checkpoint_table(rows: list[dict[str, Any]]) -> str:
     """One line per checkpoint, task and metric: value ± stderr, documents scored, shots."""
-    lines = ["| run | step | task | metric | value | stderr | n | shots |", "|---|---|---|---|---|---|---|---|"]
-    for row in headline(rows):
-        lines.append(
-            f"| {row['run']} | {row['step']} | {row['task']} | {_metric_label(row)} | {_number(row['value'])} | "
-            f"{_number(row['stderr'])} | {row['n'] if row['n'] is not None else '–'} | {_shots(row)} |"
-        )
-    return "\n".join(lines)
+    return markdown_table(
+        ["run", "step", "task", "metric", "value", "stderr", "n", "shots"],
+        [
+            (
+                row["run"],
+                row["step"],
+                row["task"],
+                _metric_label(row),
+                _number(row["value"]),
+                _number(row["stderr"]),
+                row["n"] if row["n"] is not None else "–",
+                _shots(row),
+            )
+            for row in headline(rows)
+        ],
+    )
 
 
 def average_table(averages: list[dict[str, Any]]) -> str:
     """One line per run, task and metric: mean ± std over the checkpoints listed."""
-    lines = ["| run | checkpoints | task | metric | mean ± std | shots |", "|---|---|---|---|---|---|"]
-    for avg in headline(averages):
-        steps = ", ".join(str(step) for step in avg["steps"])
-        lines.append(
-            f"| {avg['run']} | {steps} | {avg['task']} | {_metric_label(avg)} | "
-            f"{avg['mean']:.4f} ± {avg['std']:.4f} | {_shots(avg)} |"
-        )
-    return "\n".join(lines)
+    return markdown_table(
+        ["run", "checkpoints", "task", "metric", "mean ± std", "shots"],
+        [
+            (
+                avg["run"],
+                ", ".join(str(step) for step in avg["steps"]),
+                avg["task"],
+                _metric_label(avg),
+                f"{avg['mean']:.4f} ± {avg['std']:.4f}",
+                _shots(avg),
+            )
+            for avg in headline(averages)
+        ],
+    )
 
 
 def _metric_label(row: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from evalkit.markdown import markdown_table
 from evalkit.provenance import provenance_lines
 from evalkit.storage import atomic_write_bytes, atomic_write_text
 
@@ -180,26 +181,26 @@ def _verdict(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
 
-def _precision_lines(found: dict | None) -> tuple[list[str], str]:
+def _precision_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe shift` with `--dtypes bf16,fp32`)."
     low = DTYPE_LABELS[found["dtype"]]
     where = f"Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}, rope={found['rope']}"
     ratio = _num(found["ratio"]) if found["ratio"] is not None else "∞ (FP32 D is exactly 0)"
-    row = f"| {low} / FP32 D ({where}) | {ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])}) |"
+    row = (f"{low} / FP32 D ({where})", f"{ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])})")
     line = f"- {claim}: {_verdict(found['holds'])}: the ratio is {ratio}, threshold {PRECISION_FACTOR:g}."
     return [row], line
 
 
-def _first_token_lines(found: dict | None) -> tuple[list[str], str]:
+def _first_token_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "The first token carries most of the difference"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
     where = f"{DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
     rows = [
-        f"| first-token share of D ({where}) | {_num(found['share'])} |",
-        f"| first column / mean other column | {_num(found['over_mean_other'])} |",
+        (f"first-token share of D ({where})", _num(found["share"])),
+        ("first column / mean other column", _num(found["over_mean_other"])),
     ]
     largest = "is" if found["is_largest"] else "is not"
     line = (
@@ -209,26 +210,28 @@ def _first_token_lines(found: dict | None) -> tuple[list[str], str]:
     return rows, line
 
 
-def _growth_lines(found: dict | None) -> tuple[list[str], str]:
+def _growth_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "The first-token logit difference grows with length"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
     span = f"{found['shortest']} → {found['longest']} tokens"
     row = (
-        f"| D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]}) | {_num(found['ratio'])} "
-        f"({_num(found['at_shortest'])} → {_num(found['at_longest'])}) |"
+        f"D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]})",
+        f"{_num(found['ratio'])} ({_num(found['at_shortest'])} → {_num(found['at_longest'])})",
     )
     line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
     return [row], line
 
 
-def _amplification_lines(found: dict | None) -> list[str]:
+def _amplification_lines(found: dict | None) -> list[tuple[str, str]]:
     if found is None:
         return []
     name = "D" if found["metric"] == "attn_diff" else "D_logit"
     return [
-        f"| pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}) | "
-        f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])}) |"
+        (
+            f"pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']})",
+            f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})",
+        )
     ]
 
 
@@ -246,10 +249,9 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
     labels = list(dict.fromkeys(_series_label(row, many_delta1) for row in chosen))
     cells = {(row[axis], _series_label(row, many_delta1)): row["value"] for row in chosen}
     header = {"delta1": "Δ1", "length": "length"}[axis]
-    lines = [f"| {header} | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for key in sorted({row[axis] for row in chosen}):
-        lines.append(f"| {key} | " + " | ".join(_num(cells.get((key, label))) for label in labels) + " |")
-    return lines
+    keys = sorted({row[axis] for row in chosen})
+    table = [[key, *(_num(cells.get((key, label))) for label in labels)] for key in keys]
+    return markdown_table([header, *labels], table).splitlines()
 
 
 def _provenance_lines(provenance: dict | None) -> list[str]:
@@ -289,7 +291,7 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
     out += _provenance_lines(context.get("provenance"))
     notes = [f"Note: {note}." for note in context.get("notes", [])]
     out += [*notes, ""] if notes else []
-    out += ["## Key numbers", "", "| quantity | value |", "|---|---|", *key_rows, ""] if key_rows else []
+    out += ["## Key numbers", "", markdown_table(["quantity", "value"], key_rows), ""] if key_rows else []
     out += ["## The paper's observations, from these numbers", "", *lines, ""]
     table = {
         "shift": ("attn_diff", "delta1"),

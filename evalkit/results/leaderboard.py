@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.markdown import markdown_table
 from evalkit.pipeline import BENCHMARKS, summary_name
 from evalkit.results.aggregate import per_checkpoint_length_means
 from evalkit.results.schema import ResultRow, describe_checkpoint, summary_rows
@@ -200,14 +201,7 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
     best = {n: _best({run: cells[(run, n)].mean for run in runs if (run, n) in cells}) for n in lengths}
     best_avg = _best(averages)
     differs = _differing_settings(infos)
-    header = (
-        "| run | "
-        + " | ".join(CHECKPOINT_COLUMNS)
-        + " | steps | "
-        + " | ".join(_label(n) for n in lengths)
-        + " | avg | behind each value |"
-    )
-    lines = [header, "|" + "---|" * (len(CHECKPOINT_COLUMNS) + len(lengths) + 4)]
+    table = []
     for run in runs:
         info = infos[run]
         text = []
@@ -222,13 +216,11 @@ def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
         avg = f"**{avg}**" if run in best_avg else avg
         behind = _behind(cells, run, lengths, info.settings.get("samples"))
         mark = " †" if run in differs else ""
-        described = " | ".join(getattr(info, name) for name in CHECKPOINT_COLUMNS)
-        lines.append(
-            f"| {run}{mark} | {described} | {', '.join(map(str, info.steps))} | "
-            + " | ".join(text)
-            + f" | {avg} | {behind} |"
-        )
-    return "\n".join(lines)
+        steps = ", ".join(map(str, info.steps))
+        described = [getattr(info, name) for name in CHECKPOINT_COLUMNS]
+        table.append([f"{run}{mark}", *described, steps, *text, avg, behind])
+    header = ["run", *CHECKPOINT_COLUMNS, "steps", *map(_label, lengths), "avg", "behind each value"]
+    return markdown_table(header, table)
 
 
 def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
@@ -268,11 +260,11 @@ def per_task_table(rows: list[dict]) -> str:
     for row in rows:
         cells[(row["run"], row["task"], int(row["length"]))].append(row)
     lengths = sorted({n for _, _, n in cells})
-    lines = ["| run | task | " + " | ".join(_label(n) for n in lengths) + " |", "|---|---|" + "---|" * len(lengths)]
+    table = []
     for run, task in sorted({(r, t) for r, t, _ in cells}):
         shown = [_task_cell(cells[(run, task, n)]) if (run, task, n) in cells else "–" for n in lengths]
-        lines.append(f"| {run} | {task} | " + " | ".join(shown) + " |")
-    return "\n".join(lines)
+        table.append([run, task, *shown])
+    return markdown_table(["run", "task", *map(_label, lengths)], table)
 
 
 def _task_cell(rows: list[dict]) -> str:
@@ -325,8 +317,7 @@ def benchmark_table(rows: list[ResultRow]) -> str:
         values[(row.run, column)].append((float(row.value), row.stderr))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
-    header = "| run | " + " | ".join(CHECKPOINT_COLUMNS) + " | " + " | ".join(columns) + " |"
-    lines = [header, "|" + "---|" * (1 + len(CHECKPOINT_COLUMNS) + len(columns))]
+    table = []
     for run in runs:
         cells = []
         for column in columns:
@@ -337,8 +328,8 @@ def benchmark_table(rows: list[ResultRow]) -> str:
             mean = statistics.fmean(v for v, _ in entries)
             errors = [e for _, e in entries if e is not None]
             cells.append(f"{mean:.4f} ± {statistics.fmean(errors):.4f}" if errors else f"{mean:.4f}")
-        lines.append(f"| {run} | " + " | ".join(described[run]) + " | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append([run, *described[run], *cells])
+    return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
 
 
 def provenance_notes(summaries: list[dict]) -> str:

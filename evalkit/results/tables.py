@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from evalkit.markdown import markdown_table
 from evalkit.results.aggregate import per_checkpoint_length_means, run_averages
 
 
@@ -13,29 +14,25 @@ def checkpoint_table(rows: list[dict]) -> str:
     """One row per checkpoint: the task average at each length, and their mean."""
     means = per_checkpoint_length_means(rows)
     lengths = sorted({length for _, _, length in means})
-    header = "| run | step | " + " | ".join(_length_label(n) for n in lengths) + " | avg |"
-    lines = [header, "|---|---|" + "---|" * (len(lengths) + 1)]
+    table = []
     for run, step in sorted({(run, step) for run, step, _ in means}):
         cells = [means.get((run, step, n)) for n in lengths]
         values = [cell[0] for cell in cells if cell is not None]
         text = [f"{cell[0]:.2f}" if cell else "–" for cell in cells]
         avg = f"{sum(values) / len(values):.2f}" if values else "–"
-        lines.append(f"| {run} | {step} | " + " | ".join(text) + f" | {avg} |")
-    return "\n".join(lines)
+        table.append([run, step, *text, avg])
+    return markdown_table(["run", "step", *map(_length_label, lengths), "avg"], table)
 
 
 def average_table(rows: list[dict]) -> str:
     """One row per run: mean ± std over its checkpoints of the per-length task average."""
     averages = run_averages(rows)
     lengths = sorted({a.length for a in averages})
-    header = "| run | checkpoints | " + " | ".join(_length_label(n) for n in lengths) + " | avg |"
-    lines = [header, "|---|---|" + "---|" * (len(lengths) + 1)]
+    table = []
     for run in sorted({a.run for a in averages}):
         by_length = {a.length: a for a in averages if a.run == run}
         steps = sorted({s for a in by_length.values() for s in a.checkpoints})
         cells = [f"{by_length[n].mean:.2f} ± {by_length[n].std:.2f}" if n in by_length else "–" for n in lengths]
         means = [a.mean for a in by_length.values()]
-        lines.append(
-            f"| {run} | {', '.join(map(str, steps))} | " + " | ".join(cells) + f" | {sum(means) / len(means):.2f} |"
-        )
-    return "\n".join(lines)
+        table.append([run, ", ".join(map(str, steps)), *cells, f"{sum(means) / len(means):.2f}"])
+    return markdown_table(["run", "checkpoints", *map(_length_label, lengths), "avg"], table)

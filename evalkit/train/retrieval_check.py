@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.markdown import markdown_row, markdown_table
 from evalkit.train.synthetic import PHRASINGS, copy_example, retrieval_example
 
 
@@ -129,18 +130,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"error: not a checkpoint (no config.json): {', '.join(missing)}", file=sys.stderr)
         return 2
-    lines = [
-        "| checkpoint | documents | answer acc | answer NLL | control acc | control NLL |",
-        "|---|---|---|---|---|---|",
-    ]
-    print("\n".join(lines), flush=True)
+    header = ["checkpoint", "documents", "answer acc", "answer NLL", "control acc", "control NLL"]
+    print(markdown_table(header, []), flush=True)  # the header now, each row as soon as it is measured
+    table = []
     for path in checkpoints:
         r = check_checkpoint(path, args.max_tokens, args.documents, kind=args.kind)
-        lines.append(
-            f"| {path} | {r['documents']} | {r['answer_accuracy']:.3f} | {r['answer_nll']:.3f} | "
-            f"{r['fact_accuracy']:.3f} | {r['fact_nll']:.3f} |"
+        table.append(
+            [
+                path,
+                r["documents"],
+                f"{r['answer_accuracy']:.3f}",
+                f"{r['answer_nll']:.3f}",
+                f"{r['fact_accuracy']:.3f}",
+                f"{r['fact_nll']:.3f}",
+            ]
         )
-        print(lines[-1], flush=True)
+        print(markdown_row(table[-1]), flush=True)
     if args.out:
         import shlex
 
@@ -153,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"# {args.kind} check: answer-token accuracy against the control, {args.documents} held-out documents "
             f"of up to {args.max_tokens} tokens"
         )
-        report = [title, "", f"Command: `{command}`", "", *lines, "", *provenance_lines()]
+        report = [title, "", f"Command: `{command}`", "", markdown_table(header, table), "", *provenance_lines()]
         atomic_write_text(args.out, "\n".join(report) + "\n")
     return 0
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.attention import document_mask
+from evalkit.markdown import markdown_table
 from evalkit.vllm_plugin.cache_layout import learn_layout
 from evalkit.vllm_plugin.kernels import anchor_block_mask, anchor_document_ids, anchor_prefill_paged, gather_paged
 
@@ -181,15 +182,14 @@ def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str
         f"{device_name}, torch {torch.__version__}; paged cache in blocks of {BLOCK}, "
         f"Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}.",
         "",
-        "| check | max abs error | pass |",
-        "|---|---|---|",
-        *(f"| {name} | {error:.2e} | {'yes' if ok else 'NO'} |" for name, error, ok in [*correct, layout_row]),
+        markdown_table(
+            ["check", "max abs error", "pass"],
+            [(name, f"{error:.2e}", "yes" if ok else "NO") for name, error, ok in [*correct, layout_row]],
+        ),
         "",
         f"Prefill of {args.seq} tokens, BF16, {num_docs} documents (exponential, mean 2048), median of {args.repeats}:",
         "",
-        "| step | ms |",
-        "|---|---|",
-        *(f"| {name} | {ms:.2f} |" for name, ms in timings),
+        markdown_table(["step", "ms"], [(name, f"{ms:.2f}") for name, ms in timings]),
         "",
         (
             f"anchor / causal (same FlexAttention path): {timings[2][1] / timings[3][1]:.3f}; "
