@@ -266,8 +266,8 @@ def test_stored_summaries_of_both_shapes_read_as_one_schema():
     }  # fmt: skip
     described = {"paradigm": "anchor", "model": "llama 4x256", "data": "builtin"}
     assert summary_rows(ruler) == [
-        ResultRow("ruler", "r", 2, "niah_single_1", "string_match_all", 90.0, 6.9, 20, length=1024, **described),
-        ResultRow("ruler", "r", 2, "qa_1", "string_match_part", 40.0, 1.0, 20, length=1024, **described),
+        ResultRow("ruler", "r", 2, "niah_single_1", "string_match_all", 90.0, 6.9, 20, 1024, "standard", **described),
+        ResultRow("ruler", "r", 2, "qa_1", "string_match_part", 40.0, 1.0, 20, 1024, "standard", **described),
     ]
     assert summary_rows(general) == [
         ResultRow("general", "r", 2, "mmlu_anatomy", "acc", 0.25, None, 135, requested="mmlu", filter="none",

@@ -51,6 +51,15 @@ def ruler_command(
         "--prompt-format",
         help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models).",
     ),
+    encoding: str = typer.Option(
+        "standard",
+        "--encoding",
+        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
+        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
+    ),
+    doc_tokens: int = typer.Option(
+        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
+    ),
     out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
@@ -73,6 +82,8 @@ def ruler_command(
         max_length=max_length,
         sizing=sizing,
         prompt_format=prompt_format,
+        encoding=encoding,
+        doc_tokens=doc_tokens,
     )
     check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)

@@ -22,10 +22,15 @@ class RunAverage:
 
 
 def per_checkpoint_length_means(rows: list[dict]) -> dict[tuple[str, int, int], tuple[float, list[str]]]:
-    """(run, step, length) -> (unweighted mean over tasks, the tasks) from long-form score rows."""
+    """(run, step, length) -> (unweighted mean over tasks, the tasks) from long-form score rows.
+
+    An anchor-encoded row counts under its run and encoding (evalkit.ruler.encoding.series):
+    the two encodings of a checkpoint are two series, never averaged together."""
+    from evalkit.ruler.encoding import series
+
     groups: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
     for row in rows:
-        groups[(row["run"], int(row["step"]), int(row["length"]))][row["task"]] = float(row["score"])
+        groups[(series(row), int(row["step"]), int(row["length"]))][row["task"]] = float(row["score"])
     return {key: (statistics.fmean(scores.values()), sorted(scores)) for key, scores in groups.items()}
 
 

@@ -29,6 +29,7 @@ from evalkit.markdown import markdown_table
 from evalkit.pipeline import BENCHMARKS, summary_name
 from evalkit.results.aggregate import per_checkpoint_length_means
 from evalkit.results.schema import ResultRow, describe_checkpoint, summary_rows
+from evalkit.ruler.encoding import STANDARD, row_encoding, series
 
 RULER_SUMMARY = summary_name("ruler")
 GENERAL_SUMMARY = summary_name("general")
@@ -103,13 +104,14 @@ def _read_summary(path: Path) -> dict:
 def _row_cell(row: dict, summary: dict) -> tuple | None:
     """The cell a row scores, None when the row names another checkpoint than its file.
 
-    RULER rows are cells (task, length); other rows (requested, task, metric, filter, length),
+    RULER rows are cells (task, length, encoding); other rows (requested, task, metric, filter, length),
     since an lm-eval group's member is scored once under each requested group that holds it."""
     if row["run"] != summary["run"] or int(row["step"]) != summary["step"]:
         return None
     if "length" in row and "metric" not in row:  # RULER's shape
         float(row["score"])  # a score that is not a number is malformed
-        return (row["task"], int(row["length"]))
+        label = row_encoding(row)
+        return (row["task"], int(row["length"])) + (() if label == STANDARD else (label,))
     return (row.get("requested"), row["task"], row["metric"], row.get("filter"), row.get("length"))
 
 
@@ -127,6 +129,37 @@ def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: t
 def _version(summary: dict) -> str:
     provenance = summary.get("provenance") or {}
     return f"{provenance.get('evalkit_version', '?')} ({provenance.get('git_hash', '?')})"
+
+
+def encoding_series(ruler: list[dict]) -> list[dict]:
+    """Each RULER summary as one summary per encoding it holds (--encoding anchor beside the
+    standard cells), its run named as the series (evalkit.ruler.encoding.series): every table
+    and plot then shows the two encodings as two rows, never averaged together."""
+    split = []
+    for summary in ruler:
+        rows: dict[str, list[dict]] = defaultdict(list)
+        skips: dict[str, list[dict]] = defaultdict(list)
+        for row in summary["rows"]:
+            rows[row_encoding(row)].append(row)
+        for skip in summary.get("skipped", []):
+            skips[row_encoding(skip)].append(skip)
+        for label in sorted(set(rows) | set(skips), key=lambda label: (label != STANDARD, label)):
+            entries = rows.get(label) or skips[label]
+            name = series({**entries[0], "run": summary["run"]})
+            split.append(
+                {
+                    **summary,
+                    "run": name,
+                    "rows": [_renamed(row, name) for row in rows.get(label, [])],
+                    "skipped": skips.get(label, []),
+                }
+            )
+    return split
+
+
+def _renamed(row: dict, name: str) -> dict:
+    """A row under its series' name; its encoding is in the name now, so it reads as standard."""
+    return {**{k: v for k, v in row.items() if k not in ("encoding", "doc_tokens")}, "run": name}
 
 
 def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
@@ -370,7 +403,7 @@ def other_benchmarks(dirs: list[Path]) -> dict[str, list[dict]]:
 
 
 def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
-    ruler = find_summaries(dirs, RULER_SUMMARY)
+    ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY))
     general = find_summaries(dirs, GENERAL_SUMMARY)
     others = other_benchmarks(dirs)
     if not ruler and not general and not others:

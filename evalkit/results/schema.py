@@ -29,6 +29,7 @@ class ResultRow:
     stderr: float | None = None
     n: int | None = None  # samples or documents behind the value
     length: int | None = None  # RULER: the context length in tokens
+    encoding: str | None = None  # RULER: "standard", or "anchor-512" (documents encoded apart; ruler.encoding)
     requested: str | None = None  # lm-eval: the name asked for (mmlu, for the row of mmlu_anatomy)
     filter: str | None = None  # lm-eval: the answer filter ("none")
     num_fewshot: int | None = None
@@ -84,6 +85,7 @@ def _row(benchmark: str, row: dict[str, Any], described: dict[str, str]) -> Resu
             _float(row.get("stderr")),
             row.get("n"),
             length=int(row["length"]),
+            encoding=row_encoding(row),
             **described,
         )
     return ResultRow(
@@ -101,6 +103,12 @@ def _row(benchmark: str, row: dict[str, Any], described: dict[str, str]) -> Resu
         num_fewshot=row.get("num_fewshot"),
         **described,
     )
+
+
+def row_encoding(row: dict[str, Any]) -> str:
+    from evalkit.ruler.encoding import row_encoding as encoding_of
+
+    return encoding_of(row)
 
 
 def ruler_metric(task: str) -> str:

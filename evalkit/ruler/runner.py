@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evalkit.checkpoint_check import read_config
-from evalkit.errors import UserError
+from evalkit.errors import Skipped, UserError
 from evalkit.pipeline import (
     Averages,
     EngineChoice,
@@ -31,6 +31,15 @@ from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import SampleLog, checkpoint_dir
 from evalkit.ruler.cache import cache_key, load_or_generate
+from evalkit.ruler.encoding import (
+    DEFAULT_DOC_TOKENS,
+    STANDARD,
+    check_encoding,
+    encoding_label,
+    log_key,
+    row_encoding,
+    split_sample,
+)
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
@@ -55,9 +64,12 @@ class RulerSettings:
     max_length: int | None = None
     sizing: str = DEFAULT_SIZING  # "exact" or "nvidia" (evalkit.ruler.fitting); keyed into data and sample logs
     prompt_format: str = "base"  # "base": the task text as is; "chat": inside the tokenizer's chat template
+    encoding: str = STANDARD  # "standard": one causal prompt; "anchor": documents apart (evalkit.ruler.encoding)
+    doc_tokens: int = DEFAULT_DOC_TOKENS  # anchor encoding: about this many tokens per document
 
     def __post_init__(self) -> None:
         check_sizing(self.sizing)
+        check_encoding(self.encoding, self.doc_tokens, self.prompt_format)
         if self.prompt_format not in PROMPT_FORMATS:
             raise UserError(f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {self.prompt_format!r}")
         if self.num_samples < 1 or self.batch_size < 1:
@@ -119,26 +131,26 @@ def _fed(engine, fmt: PromptFormat, sample) -> str | list[int]:
 def _evaluate_task(
     engine, ref, task: str, length: int, settings: RulerSettings, out: Path, progress: Callable[[int, int], None]
 ) -> dict:
-    """Score one (task, length) on one checkpoint, resuming from its sample log."""
+    """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log."""
     fmt = prompt_format(engine.tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
     samples = load_or_generate(task, engine.tokenizer, length, settings.num_samples, settings.seed, **data)
     _, data_key = cache_key(task, engine.tokenizer, length, settings.num_samples, settings.seed, **data)
-    log = SampleLog(checkpoint_dir(out, ref) / "ruler" / task / f"{length}.jsonl", data_key)
+    label = encoding_label(settings.encoding, settings.doc_tokens)
+    log_name = f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl"  # encodings never share a log
+    log_path = checkpoint_dir(out, ref) / "ruler" / task / log_name
+    log = SampleLog(log_path, log_key(data_key, settings.encoding, settings.doc_tokens))
     spec = task_spec(task)
+    if label == STANDARD:
+        answer = _standard_answers(engine, fmt, spec, length)
+    else:
+        answer = _anchor_answers(engine, spec, length, samples, settings.doc_tokens)
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start : start + CHUNK]
         prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]
-        fed_prompts = [_fed(engine, fmt, s) for s in chunk]
-        for sample, prompt in zip(chunk, fed_prompts):
-            fed = engine.count_tokens(prompt)
-            if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
-                raise RuntimeError(
-                    f"{task} sample {sample.index}: {fed} + {spec.max_new_tokens} tokens exceed {length}"
-                )
-        predictions = engine.generate(fed_prompts, spec.max_new_tokens)
+        predictions, extras = answer(chunk)
         log.append(
             [
                 {
@@ -148,14 +160,15 @@ def _evaluate_task(
                     "references": s.outputs,
                     "score": sample_score(task, p, s.outputs),
                     "prompt_sha": _prompt_hash(prompt),
+                    **extra,
                 }
-                for s, p, prompt in zip(chunk, predictions, prompts)
+                for s, p, prompt, extra in zip(chunk, predictions, prompts, extras)
             ]
         )
         progress(len(samples) - len(todo) + start + len(chunk), len(samples))
     records = log.ordered()
     predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
-    return {
+    row = {
         "run": ref.run,
         "step": ref.step,
         "task": task,
@@ -166,6 +179,60 @@ def _evaluate_task(
         "data_key": data_key,
         "generated": len(todo),
     }
+    if label != STANDARD:  # which encoding, and how many documents a sample became on average
+        row.update(encoding=settings.encoding, doc_tokens=settings.doc_tokens)
+        row["documents"] = round(sum(r["documents"] for r in records) / len(records), 2)
+    return row
+
+
+Answers = Callable[[list], tuple[list[str], list[dict]]]  # samples -> (predictions, extra record fields)
+
+
+def _standard_answers(engine, fmt: PromptFormat, spec, length: int) -> Answers:
+    """Greedy answers to each sample's prompt as one causal sequence."""
+
+    def answer(chunk: list) -> tuple[list[str], list[dict]]:
+        fed_prompts = [_fed(engine, fmt, s) for s in chunk]
+        for sample, prompt in zip(chunk, fed_prompts):
+            fed = engine.count_tokens(prompt)
+            if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
+                raise RuntimeError(
+                    f"{spec.name} sample {sample.index}: {fed} + {spec.max_new_tokens} tokens exceed {length}"
+                )
+        return engine.generate(fed_prompts, spec.max_new_tokens), [{} for _ in chunk]
+
+    return answer
+
+
+def _anchor_answers(engine, spec, length: int, samples: list, doc_tokens: int) -> Answers:
+    """Greedy answers to each sample read as packed documents behind one anchor (ruler.encoding).
+
+    Every sample is split and laid out before anything is computed: one that does not fit the
+    engine's window with its EOS separators skips the unit, rather than failing half-way."""
+    from evalkit.engines import PackedEngine, PackedRequest
+    from evalkit.engines.tokens import packed_layout
+
+    if not isinstance(engine, PackedEngine):
+        raise UserError(f"the {engine.name} engine cannot run packed requests, which --encoding anchor needs")
+    requests, sizes = {}, {}
+    for sample in samples:
+        split = split_sample(sample, spec, engine.tokenizer, doc_tokens)
+        requests[sample.index] = PackedRequest(split.documents, split.question)
+        layout = packed_layout(engine.tokenizer, split.documents, split.question)
+        sizes[sample.index] = (len(split.documents), len(layout.input_ids))
+    longest = max(tokens for _, tokens in sizes.values())
+    if longest + spec.max_new_tokens > engine.max_length:
+        raise Skipped(
+            f"anchor encoding adds one EOS per document: {longest} + {spec.max_new_tokens} tokens exceed the "
+            f"window of {engine.max_length} (evaluate a shorter length, larger --doc-tokens, or pass --max-length)"
+        )
+
+    def answer(chunk: list) -> tuple[list[str], list[dict]]:
+        predictions = engine.generate_packed([requests[s.index] for s in chunk], spec.max_new_tokens)
+        extras = [{"documents": sizes[s.index][0], "packed_tokens": sizes[s.index][1]} for s in chunk]
+        return predictions, extras
+
+    return answer
 
 
 class RulerBenchmark:
@@ -182,6 +249,8 @@ class RulerBenchmark:
         engine_settings = {"batch_size": settings.batch_size, "max_length": settings.max_length}
         if settings.dtype:
             engine_settings["dtype"] = settings.dtype
+        if settings.encoding != STANDARD and settings.engine == "vllm":
+            engine_settings["packed"] = True  # evalkit's attention backend, for the packed requests
         self.engine = EngineChoice(settings.engine, engine_settings)
 
     def settings_record(self) -> dict:
@@ -198,13 +267,22 @@ class RulerBenchmark:
 
     def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         unit_progress = lambda done, total: progress(unit, done, total)  # noqa: E731
-        row = _evaluate_task(engine.get(), ref, unit.task, unit.length, self.settings, out, unit_progress)
+        try:
+            row = _evaluate_task(engine.get(), ref, unit.task, unit.length, self.settings, out, unit_progress)
+        except Skipped as why:
+            if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
+                why.details = {
+                    **why.details,
+                    "encoding": self.settings.encoding,
+                    "doc_tokens": self.settings.doc_tokens,
+                }
+            raise
         data_key, generated = row.pop("data_key"), row.pop("generated")
         return UnitResult([row], {"data_key": data_key}, computed=bool(generated))
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
         summary["provenance"]["data_keys"] = {
-            f"{row['task']}@{row['length']}": result.extra["data_key"] for result in results for row in result.rows
+            _cell_name(row): result.extra["data_key"] for result in results for row in result.rows
         }
         return _with_earlier_cells(summary, earlier)
 
@@ -238,6 +316,16 @@ _CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries 
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
 
 
+def _cell(entry: dict) -> tuple[str, int, str]:
+    """A summary's cell: task, length and encoding (a row or a skip written before encodings: standard)."""
+    return (entry["task"], int(entry["length"]), row_encoding(entry))
+
+
+def _cell_name(row: dict) -> str:
+    label = row_encoding(row)
+    return f"{row['task']}@{row['length']}" + ("" if label == STANDARD else f"@{label}")
+
+
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     """The summary plus the earlier summary's cells (task, length) that this run did not touch,
     when both were evaluated alike: `--lengths 1k` then `--lengths 2k` into one --out keeps both.
@@ -250,15 +338,13 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
         now["settings"].get(k, _CELL_DEFAULTS.get(k)) == then_settings.get(k, _CELL_DEFAULTS.get(k))
         for k in _CELL_SETTINGS
     ) and all(now["engine"].get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE)
-    touched = {(row["task"], row["length"]) for row in summary["rows"]} | {
-        (skip["task"], skip["length"]) for skip in summary["skipped"]
-    }
-    kept_rows = [row for row in earlier["rows"] if (row["task"], row["length"]) not in touched]
-    kept_skips = [s for s in earlier.get("skipped", []) if (s["task"], s["length"]) not in touched]
+    touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
+    kept_rows = [row for row in earlier["rows"] if _cell(row) not in touched]
+    kept_skips = [s for s in earlier.get("skipped", []) if _cell(s) not in touched]
     if not alike or not (kept_rows or kept_skips):
         return summary
     order = {task: i for i, task in enumerate(TASKS)}
-    cell = lambda entry: (int(entry["length"]), order.get(entry["task"], len(order)))  # noqa: E731
+    cell = lambda entry: (int(entry["length"]), order.get(entry["task"], len(order)), row_encoding(entry) != STANDARD)  # noqa: E731
     settings = now["settings"]
     settings["tasks"] = sorted({*settings["tasks"], *(then["settings"].get("tasks") or [])}, key=order.get)
     settings["lengths"] = sorted({*settings["lengths"], *(then["settings"].get("lengths") or [])})

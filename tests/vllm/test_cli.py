@@ -13,14 +13,14 @@ from .conftest import requires_vllm
 pytestmark = requires_vllm
 
 
-def run_ruler(checkpoint, out, engine: str) -> subprocess.CompletedProcess:
+def run_ruler(checkpoint, out, engine: str, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", str(checkpoint), "--engine", engine,
-               "--lengths", "512", "--tasks", "niah_single_1", "--samples", "3", "--out", str(out)]  # fmt: skip
+               "--lengths", "512", "--tasks", "niah_single_1", "--samples", "3", "--out", str(out), *extra]  # fmt: skip
     return subprocess.run(command, check=False, cwd=out.parent, capture_output=True, text=True, timeout=600)
 
 
-def predictions(out) -> list[str]:
-    (log,) = out.glob("**/ruler/niah_single_1/512.jsonl")
+def predictions(out, log_name: str = "512.jsonl") -> list[str]:
+    (log,) = out.glob(f"**/ruler/niah_single_1/{log_name}")
     records = [json.loads(line) for line in log.read_text().splitlines()]
     return [record["prediction"] for record in sorted(records, key=lambda r: r["index"])]
 
@@ -35,6 +35,20 @@ def test_ruler_command_with_the_vllm_engine(checkpoint, tmp_path):
     assert [(row["task"], row["length"], row["n"]) for row in summary["rows"]] == [("niah_single_1", 512, 3)]
     assert run_ruler(checkpoint, hf_out, "hf").returncode == 0
     assert predictions(vllm_out) == predictions(hf_out)
+
+
+def test_anchor_encoding_with_the_vllm_engine_answers_as_the_hf_engine(checkpoint, tmp_path):
+    """--encoding anchor: vLLM's packed requests (evalkit's backend) give the hf engine's answers,
+    which tests/ruler/test_encoding.py holds to greedy decoding under the reference mask."""
+    vllm_out, hf_out = tmp_path / "vllm", tmp_path / "hf"
+    anchor = ("--encoding", "anchor", "--doc-tokens", "64")
+    result = run_ruler(checkpoint, vllm_out, "vllm", *anchor)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_ruler(checkpoint, hf_out, "hf", *anchor).returncode == 0
+    (summary_path,) = vllm_out.glob("**/ruler-summary.json")
+    (row,) = json.loads(summary_path.read_text())["rows"]
+    assert row["encoding"] == "anchor" and row["documents"] > 2
+    assert predictions(vllm_out, "512.anchor-64.jsonl") == predictions(hf_out, "512.anchor-64.jsonl")
 
 
 def run_general(checkpoint, out, engine: str) -> subprocess.CompletedProcess:

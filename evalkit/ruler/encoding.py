@@ -1,0 +1,162 @@
+"""`--encoding anchor`: RULER's samples read as the anchor paradigm reads packed documents.
+
+A standard prompt is one causal sequence. Anchor encoding cuts the same sample into documents:
+the task's instruction, then its context (the haystack, the variable lines, the word list)
+cut at line breaks, else sentence ends, else spaces into pieces of about `doc_tokens` tokens
+(qa_1/qa_2: at their own "Document k:" blocks). They are laid out as AnchorAttention trains,
+[anchor] d1 EOS d2 EOS ... (evalkit.attention.pack, paradigm "anchor"), then the question with
+the answer prefix. During the prefill each document attends to itself and the anchor only; the
+question and the answer attend to everything (the engines' generate_packed). Positions run on
+from the anchor at 0, as the anchor paradigm trains. The request is one EOS per document
+longer than the standard prompt, so a length at the model's very window cannot be anchor
+encoded (the unit is skipped, with that reason).
+
+What it asks: does a model trained with AnchorAttention answer as well when its documents were
+encoded apart (the precondition for encoding, caching and reusing them independently)?
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from evalkit.errors import Skipped, UserError
+
+if TYPE_CHECKING:  # the labels below are read by the leaderboard, which should not load the generators
+    from evalkit.ruler.sample import Sample
+    from evalkit.ruler.spec import TaskSpec
+
+STANDARD, ANCHOR = "standard", "anchor"
+ENCODINGS = (STANDARD, ANCHOR)
+DEFAULT_DOC_TOKENS = 512
+QA_DOCUMENT_BREAK = "\n\nDocument "  # qa contexts join their "Document k:\n..." blocks with a blank line
+BOUNDARIES = ("\n", ". ", " ")  # where a context may be cut, in order of preference
+
+
+@dataclass(frozen=True)
+class Split:
+    """A sample as documents and a question; joined, they are the standard prompt exactly."""
+
+    documents: list[str]
+    question: str  # the text after the context, then the answer prefix
+
+    def text(self) -> str:
+        return "".join(self.documents) + self.question
+
+
+def check_encoding(encoding: str, doc_tokens: int, prompt_format: str) -> None:
+    if encoding not in ENCODINGS:
+        raise UserError(f"--encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    if doc_tokens < 1:
+        raise UserError(f"--doc-tokens must be a positive number of tokens, got {doc_tokens}")
+    if encoding == ANCHOR and prompt_format != "base":
+        raise UserError("--encoding anchor reads the base prompt: drop --prompt-format chat")
+
+
+def encoding_label(encoding: str | None, doc_tokens: int | None) -> str:
+    """ "standard", or "anchor-512" (documents of about 512 tokens): what a row was encoded as."""
+    if encoding in (None, STANDARD):
+        return STANDARD
+    return f"{encoding}-{doc_tokens}"
+
+
+def row_encoding(row: dict) -> str:
+    """The encoding label of a stored RULER row (rows written before the option are standard)."""
+    return encoding_label(row.get("encoding"), row.get("doc_tokens"))
+
+
+def series(row: dict) -> str:
+    """The name a row is tabled and averaged under: its run, or its run and its encoding, so
+    the two encodings of one checkpoint stand side by side and never average together."""
+    label = row_encoding(row)
+    if label == STANDARD:
+        return row["run"]
+    return f"{row['run']} [{row.get('encoding')}, {row.get('doc_tokens')}-token docs]"
+
+
+def log_key(data_key: str, encoding: str, doc_tokens: int) -> str:
+    """The per-sample log key of an anchor-encoded run: other data or other documents, other answers."""
+    if encoding == STANDARD:
+        return data_key
+    return hashlib.sha256(f"{data_key}|{encoding_label(encoding, doc_tokens)}".encode()).hexdigest()[:20]
+
+
+def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> Split:
+    """Documents and question of one sample (see the module docstring); Skipped when its text
+    does not follow the task's template (a sample file written by something else)."""
+    head, context, tail = _template_parts(sample.input, spec)
+    if spec.kind == "qa":
+        pieces = _qa_documents(context)
+    else:
+        pieces = _cut(context, tokenizer, doc_tokens)
+    documents = [head, *pieces] if head.strip() else pieces
+    split = Split(_merge_blank(documents), tail + sample.answer_prefix)
+    if split.text() != sample.input + sample.answer_prefix:  # lossless, or not used at all
+        raise Skipped(f"{spec.name} sample {sample.index} could not be split into documents losslessly")
+    return split
+
+
+def _template_parts(text: str, spec: TaskSpec) -> tuple[str, str, str]:
+    """(instruction, context, question) of a sample's text, by its task's template."""
+    from evalkit.ruler.niah import singular
+
+    templates = [spec.template, singular(spec.template)] if spec.kind == "niah" else [spec.template]
+    for template in templates:
+        match = _template_regex(template).fullmatch(text)
+        if match:
+            return text[: match.start("context")], match.group("context"), text[match.end("context") :]
+    raise Skipped(f"{spec.name}: a sample's text does not follow the task's template, so its documents are unknown")
+
+
+def _template_regex(template: str) -> re.Pattern:
+    """The template as a pattern: its context greedy (the question is the template's last text),
+    every other placeholder lazy."""
+    pattern, last = [], 0
+    for field in re.finditer(r"\{(\w+)\}", template):
+        pattern.append(re.escape(template[last : field.start()]))
+        pattern.append("(?P<context>.*)" if field.group(1) == "context" else "(?:.+?)")
+        last = field.end()
+    pattern.append(re.escape(template[last:]))
+    return re.compile("".join(pattern), re.DOTALL)
+
+
+def _qa_documents(context: str) -> list[str]:
+    parts = context.split(QA_DOCUMENT_BREAK)
+    return [parts[0]] + [QA_DOCUMENT_BREAK + part for part in parts[1:]]
+
+
+def _cut(text: str, tokenizer, doc_tokens: int) -> list[str]:
+    """`text` in pieces of about doc_tokens tokens, each ending at a boundary (BOUNDARIES)."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    starts = [start for start, _ in encoded["offset_mapping"]]
+    if len(starts) <= doc_tokens:
+        return [text]
+    wanted = len(starts) // doc_tokens
+    for boundary in BOUNDARIES:
+        cuts = [match.end() for match in re.finditer(re.escape(boundary), text)]
+        if len(cuts) >= wanted:
+            break
+    pieces, begin, begin_token = [], 0, 0
+    for cut in cuts:
+        token = bisect.bisect_left(starts, cut)  # tokens that start before the cut
+        if token - begin_token >= doc_tokens and cut < len(text):
+            pieces.append(text[begin:cut])
+            begin, begin_token = cut, token
+    pieces.append(text[begin:])
+    return pieces
+
+
+def _merge_blank(documents: list[str]) -> list[str]:
+    """A piece of whitespace alone is no document: it joins the one before (or after, first)."""
+    merged: list[str] = []
+    for document in documents:
+        if merged and not document.strip():
+            merged[-1] += document
+        elif merged and not merged[-1].strip():
+            merged[-1] += document
+        else:
+            merged.append(document)
+    return merged
