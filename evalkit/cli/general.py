@@ -28,8 +28,9 @@ def general_command(
     too_long: str = typer.Option(
         "task",
         "--too-long",
-        help="A document longer than the window (never truncated) skips its whole task (task) or only "
-        "itself, counted in the results (documents: for LongBench-style tasks whose lengths vary).",
+        help="A document longer than the window skips its whole task (task), only itself, counted in the "
+        "results (documents: for LongBench-style tasks whose lengths vary), or, asked for explicitly, loses "
+        "the middle of its generation prompt, counted (middle: LongBench's own truncation).",
     ),
     engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
     dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),

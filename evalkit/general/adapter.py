@@ -11,8 +11,10 @@ attention, tokenization, BOS handling):
 Where lm-eval's own HF model would silently drop the start of a context that does not fit the
 window, the adapter checks every request of a call before computing anything and, if any does
 not fit, raises RequestsExceedWindow with how many and how long: the task is then reported as
-skipped with that count, never scored on truncated prompts. Sampling is refused the same way,
-since evalkit's engines decode greedily.
+skipped with that count, never scored on truncated prompts, unless the user asked for
+LongBench's own remedy (`--too-long middle`: a generation prompt over the window keeps its first
+and last halves of the tokens that fit, as LongBench's pred.py truncates; each cut document is
+counted). Sampling is refused the same way, since evalkit's engines decode greedily.
 
 This module imports lm_eval at the top (the class derives from its LM): import it lazily.
 """
@@ -37,10 +39,14 @@ Progress = Callable[[str, int, int], None]  # (request type, requests done, requ
 class EngineLM(LM):
     """An evalkit Engine as an lm-eval LM (single process, greedy, no truncation)."""
 
-    def __init__(self, engine: Engine, progress: Progress | None = None) -> None:
+    def __init__(self, engine: Engine, progress: Progress | None = None, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
         self.progress: Progress = progress or (lambda _kind, _done, _total: None)
+        self.truncate_middle = truncate_middle
+        # --too-long middle: per lm-eval task, the documents whose generation prompt was cut, and all seen.
+        self.cut: dict[str, set[int]] = {}
+        self.seen: dict[str, set[int]] = {}
 
     # lm-eval reads these to record tokenizer facts in its result JSON.
     @property
@@ -91,6 +97,8 @@ class EngineLM(LM):
         arguments = _args(requests)
         settings = [_greedy_settings(gen_kwargs) for _context, gen_kwargs in arguments]
         prompts = [context for context, _gen_kwargs in arguments]
+        if self.truncate_middle:
+            prompts = [self._cut_middle(p, max_new, r) for p, (_stop, max_new), r in zip(prompts, settings, requests)]
         needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
         _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
         outputs: list[str | None] = [None] * len(prompts)
@@ -105,6 +113,21 @@ class EngineLM(LM):
                 done += len(chunk)
                 self.progress("generate_until", done, len(prompts))
         return [text or "" for text in outputs]
+
+    def _cut_middle(self, prompt: str, max_new_tokens: int, request: Any) -> str | list[int]:
+        """The prompt's token ids without their middle when they and the budget exceed the window
+        (LongBench's truncation: the first and the last half of what fits), else the prompt."""
+        task, doc_id = getattr(request, "task_name", None), getattr(request, "doc_id", None)
+        if task is not None and doc_id is not None:
+            self.seen.setdefault(task, set()).add(doc_id)
+        ids = self.engine.encode(prompt)
+        room = self.engine.max_length - max_new_tokens
+        if len(ids) <= room or room < 2:  # fits, or cannot fit at all (then refused below, as without the option)
+            return prompt
+        if task is not None and doc_id is not None:
+            self.cut.setdefault(task, set()).add(doc_id)
+        head = room // 2
+        return ids[:head] + ids[len(ids) - (room - head) :]
 
 
 def _args(requests: Sequence[Any]) -> list[tuple]:

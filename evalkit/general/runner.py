@@ -49,7 +49,9 @@ from evalkit.storage import atomic_write_json, atomic_write_text
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
 SUMMARY = summary_name("general")
-TOO_LONG_CHOICES = ("task", "documents")  # what a document longer than the window leaves out: its task, or itself
+# What a document longer than the window costs: its task, itself (left out, counted), or its
+# middle (LongBench's own truncation of generation prompts, counted).
+TOO_LONG_CHOICES = ("task", "documents", "middle")
 # Engine settings that change speed, not what is measured: a rerun with another batch size keeps results.
 EXECUTION_ONLY_SETTINGS = ("batch_size", "device")
 # lm-eval warns once per task when the shots differ from the YAML; evalkit records the shots of every task.
@@ -68,7 +70,7 @@ class GeneralSettings:
     engine: str = "hf"
     engine_settings: dict[str, Any] = field(default_factory=dict)
     include_paths: list[str] = field(default_factory=list)
-    too_long: str = "task"  # a document over the window skips its task ("task") or only itself ("documents")
+    too_long: str = "task"  # a document over the window skips its task, itself ("documents") or its middle
 
 
 @dataclass(frozen=True)
@@ -169,12 +171,19 @@ class GeneralBenchmark:
 
     def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         directory = checkpoint_dir(out, ref) / RESULT_DIR
-        lm = _LazyEngineLM(engine, self._lms, lambda done, total: progress(unit, done, total))
+        lm = _LazyEngineLM(
+            engine, self._lms, lambda done, total: progress(unit, done, total), self.settings.too_long == "middle"
+        )
         record = _evaluate_task(lm, self.catalog, self.plan(unit), self.settings, ref, directory)
         for task, left in record.get("over_window", {}).items():
             self.log(
                 f"{task} ({ref.run} step {ref.step}): {left['documents_over_window']} of {left['documents']} "
                 f"documents need more than the window of {left['window']} tokens; scored on the rest"
+            )
+        for task, cut in record.get("truncated_middle", {}).items():
+            self.log(
+                f"{task} ({ref.run} step {ref.step}): {cut['documents_truncated']} of {cut['documents']} "
+                f"documents cut in the middle to the window of {cut['window']} tokens (--too-long middle)"
             )
         return UnitResult(record["rows"], {"record": record, "resumed": False})
 
@@ -248,8 +257,14 @@ class _LazyEngineLM:
     """The engine as lm-eval's LM, made once per built engine: a checkpoint whose tasks are all
     on disk already, or whose data cannot be had, builds no engine."""
 
-    def __init__(self, engine: LazyEngine, made: dict[int, Any], progress: Callable[[int, int], None]) -> None:
-        self.engine, self.made, self.progress = engine, made, progress
+    def __init__(
+        self,
+        engine: LazyEngine,
+        made: dict[int, Any],
+        progress: Callable[[int, int], None],
+        truncate_middle: bool = False,
+    ) -> None:
+        self.engine, self.made, self.progress, self.truncate_middle = engine, made, progress, truncate_middle
 
     def for_task(self, _task: str):
         from evalkit.general.adapter import EngineLM
@@ -257,9 +272,10 @@ class _LazyEngineLM:
         built = self.engine.get()
         if id(built) not in self.made:
             self.made.clear()  # the previous checkpoint's engine is closed: drop its LM
-            self.made[id(built)] = EngineLM(built)
+            self.made[id(built)] = EngineLM(built, truncate_middle=self.truncate_middle)
         lm = self.made[id(built)]
         lm.progress = lambda _request_type, done, total: self.progress(done, total)
+        lm.cut, lm.seen = {}, {}  # counted per requested task
         return lm
 
 
@@ -290,6 +306,7 @@ def _evaluate_task(
         "limit": settings.limit,
         "rows": result_rows(results, plan.name, ref.run, ref.step),
         **({"over_window": over_window} if over_window else {}),  # --too-long documents: per task, what was left out
+        **({"truncated_middle": cut} if (cut := _truncated(lm)) else {}),  # --too-long middle: per task, what was cut
         "files": {"lm_eval": f"{stem}.lm_eval.json", "samples": f"{stem}.samples.jsonl"},
         "provenance": {
             **stamp(),
@@ -340,6 +357,15 @@ def _run_lm_eval(
                 }
 
 
+def _truncated(lm) -> dict[str, dict[str, int]]:
+    """--too-long middle: per lm-eval task, how many documents had their generation prompt cut."""
+    window = lm.engine.max_length
+    return {
+        task: {"documents_truncated": len(cut), "documents": len(lm.seen.get(task, cut)), "window": window}
+        for task, cut in sorted(lm.cut.items())
+    }
+
+
 def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
     """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
     path = _record_path(directory, plan.name)
@@ -355,6 +381,7 @@ def _task_entry(result: UnitResult) -> dict[str, Any]:
     record = result.extra["record"]
     return {
         **({"over_window": record["over_window"]} if record.get("over_window") else {}),
+        **({"truncated_middle": record["truncated_middle"]} if record.get("truncated_middle") else {}),
         "num_fewshot": record["num_fewshot"],
         "fewshot_source": record["fewshot_source"],
         "file": f"{RESULT_DIR}/{_file_stem(record['task'])}.json",

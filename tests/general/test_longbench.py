@@ -186,11 +186,49 @@ def test_documents_over_the_window_are_left_out_and_counted_or_skip_the_task(tin
     }
 
 
+def test_middle_truncation_keeps_both_ends_of_what_fits_and_counts_the_cut(tiny_run, tmp_path):
+    """--too-long middle: LongBench's own truncation, asked for explicitly. The one document over
+    the window is fed as the first and last halves of the tokens that fit beside the budget;
+    the others are fed whole; the record counts the cut."""
+    from transformers import AutoTokenizer
+
+    from evalkit.engines.hf import HFEngine
+
+    task = "evalkit_fixture_longbench_passage_count"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_run / "step-1")
+    real = lm_eval_task_file("passage_count")
+    budget = real["generation_kwargs"]["max_gen_toks"]
+    prompts = [tokenizer(apply_template(real["doc_to_text"], d))["input_ids"] for d in docs("passage_count")]
+    window = sorted(len(ids) + budget for ids in prompts)[1]  # the longest does not fit
+    room = window - budget
+    fed = []
+    real_generate = HFEngine._generate_tokens
+
+    def recording(self, batch, max_new_tokens, stop):
+        fed.extend(list(ids) for ids in batch)
+        return real_generate(self, batch, max_new_tokens, stop)
+
+    refs = resolve_checkpoints([str(tiny_run / "step-1")])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(HFEngine, "_generate_tokens", recording)
+        run = run_general(
+            refs, [task], out=tmp_path, engine_settings={"dtype": "fp32", "max_length": window}, too_long="middle"
+        )
+    longest = max(prompts, key=len)
+    expected = longest[: room // 2] + longest[len(longest) - (room - room // 2) :]  # by hand: both ends
+    assert sorted(fed, key=len) == sorted([p for p in prompts if p is not longest] + [expected], key=len)
+    assert {row["n"] for row in run.rows if row["task"] == task} == {3}  # every document scored
+    summary = json.loads(next(tmp_path.rglob("general-summary.json")).read_text())
+    assert summary["tasks"][task]["truncated_middle"] == {
+        task: {"documents_truncated": 1, "documents": 3, "window": window}
+    }
+
+
 def test_too_long_documents_refuses_a_limit(tiny_run, tmp_path):
     from evalkit.errors import UserError
 
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
     with pytest.raises(UserError, match="--too-long documents and --limit cannot be combined"):
         run_general(refs, [GROUP], out=tmp_path, limit=2, too_long="documents")
-    with pytest.raises(UserError, match="--too-long must be one of task, documents"):
+    with pytest.raises(UserError, match="--too-long must be one of task, documents, middle"):
         run_general(refs, [GROUP], out=tmp_path, too_long="truncate")
