@@ -12,7 +12,12 @@ queries of packed requests; the kernels need no vLLM, so this checks them where 
 2. The cache-layout learner (cache_layout.py) on a cache laid out as vLLM's FlashAttention
    backend lays it out ([NB, Hkv, BS, 2D], keys and values read through a transposed split),
    read back through the learned strided views.
-3. Timing of a `--seq` packed prefill (BF16, Hq=32, Hkv=8, D=128, documents of exponential
+3. A long run of the serving path (`--steps` packed prefills of 8K-32K tokens, each with its
+   own document layout, length and chunk, as a vLLM engine sees them): Dynamo's compiled
+   graphs counted before and after against its recompile limit (past the limit FlexAttention
+   would fall back to eager, which materialises the scores), and the peak memory of a step
+   beyond its inputs against what the step must hold (the gathered K/V and the output).
+4. Timing of a `--seq` packed prefill (BF16, Hq=32, Hkv=8, D=128, documents of exponential
    length, mean 2K) in anchor mode vs plain causal: the same gather + FlexAttention path with a
    single document (causal), and SDPA's causal flash kernel on contiguous K/V (what a stock
    backend does); with the ideal work ratio sum(d_i^2)/S^2.
@@ -118,6 +123,62 @@ def check_flash_layout(length: int = 1000, device: str = "cuda") -> tuple[str, f
     return (f"flex over learned FA-layout views, L={length}", error, error <= TOLERANCE[torch.bfloat16])
 
 
+def recompile_limit() -> int:
+    """Dynamo's per-frame compile limit (renamed across torch versions)."""
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit"))
+
+
+def compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def long_run(steps: int, lengths: tuple[int, int], device: str = "cuda", seed: int = 5) -> dict[str, float]:
+    """`steps` packed prefills through the serving path's kernels (a fresh BlockMask each step, as
+    anchor_backend plans them): graphs compiled, the limit, and the worst extra memory per step."""
+    generator = torch.Generator().manual_seed(seed)
+    before, peak_extra, peak_needed = compiled_graphs(), 0, 0
+    for step in range(steps):
+        length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=generator))
+        num_queries = length if step % 3 else length // 2 + step  # whole prefills and chunked ones
+        doc_ids = anchor_document_ids(1, document_lengths(length, 1024, seed=seed + step)).to(device)
+        _key, _value, key_cache, value_cache, block_table = paged_request(length, torch.bfloat16, step, device)
+        query = torch.randn(num_queries, HEADS, DIM, device=device).bfloat16()
+        block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
+        anchor_prefill_paged(
+            query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl="flex", block_mask=block_mask
+        )
+        if device == "cuda":
+            torch.cuda.synchronize()
+            peak_extra = max(peak_extra, torch.cuda.max_memory_allocated() - start)
+        # What a step must hold beyond its inputs: K and V gathered contiguous, and the output.
+        peak_needed = max(peak_needed, 2 * (2 * length * KV_HEADS * DIM + num_queries * HEADS * DIM))
+    return {
+        "steps": steps,
+        "graphs": compiled_graphs() - before,
+        "limit": recompile_limit(),
+        "peak_extra_mib": peak_extra / 2**20,
+        "needed_mib": peak_needed / 2**20,
+    }
+
+
+def long_run_row(result: dict[str, float], device: str) -> tuple[str, float, bool]:
+    """The long run as a check: compiled graphs under the limit; on CUDA, extra memory within
+    four times what a step must hold (scores materialised would be Q x L x Hq, far beyond)."""
+    memory_ok = device != "cuda" or result["peak_extra_mib"] <= 4 * result["needed_mib"]
+    name = (
+        f"long run: {result['steps']} packed prefills, {result['graphs']} graphs compiled (limit {result['limit']}), "
+        f"peak extra {result['peak_extra_mib']:.0f} MiB vs {result['needed_mib']:.0f} MiB needed"
+    )
+    return (name, float(result["graphs"]), result["graphs"] < result["limit"] and memory_ok)
+
+
 def median_ms(function: Callable[[], object], repeats: int, device: str) -> float:
     """Median milliseconds of `function` over `repeats` runs after two warm-ups (compilation)."""
     for _ in range(2):
@@ -175,7 +236,7 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     return timings, ideal, len(lengths)
 
 
-def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str) -> str:
+def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str, long_row=None) -> str:
     lines = [
         "# evalkit vLLM plugin: GPU check of the anchor-mode prefill kernels",
         "",
@@ -185,6 +246,11 @@ def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str
         markdown_table(
             ["check", "max abs error", "pass"],
             [(name, f"{error:.2e}", "yes" if ok else "NO") for name, error, ok in [*correct, layout_row]],
+        ),
+        *(
+            ["", markdown_table(["long run", "pass"], [(long_row[0], "yes" if long_row[2] else "NO")])]
+            if long_row
+            else []
         ),
         "",
         f"Prefill of {args.seq} tokens, BF16, {num_docs} documents (exponential, mean 2048), median of {args.repeats}:",
@@ -204,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=32768, help="tokens of the timed packed prefill")
     parser.add_argument("--check-seq", type=int, default=8192, help="tokens of the correctness checks")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=40, help="packed prefills of the long run (recompiles, memory)")
     parser.add_argument("--out", default=None, help="also write the report to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -211,13 +278,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     correct = check_correctness(args.check_seq)
     layout_row = check_flash_layout()
+    long_row = long_run_row(long_run(args.steps, (8192, 32768)), "cuda")
     timings, ideal, num_docs = time_prefill(args.seq, args.repeats)
-    text = report(correct, layout_row, timings, ideal, num_docs, args, torch.cuda.get_device_name())
+    text = report(correct, layout_row, timings, ideal, num_docs, args, torch.cuda.get_device_name(), long_row)
     print(text)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             handle.write(text)
-    return 0 if all(ok for *_, ok in [*correct, layout_row]) else 1
+    return 0 if all(ok for *_, ok in [*correct, layout_row, long_row]) else 1
 
 
 if __name__ == "__main__":
