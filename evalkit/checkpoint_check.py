@@ -42,6 +42,17 @@ def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> di
     return config
 
 
+def checkpoint_directory(path: str | Path, who: str) -> Path:
+    """The resolved directory of a local transformers checkpoint (a folder with config.json), or a
+    UserError naming what is missing; `who` (the hf engine, the probe, ...) says which loader asks."""
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_dir():
+        raise UserError(f"no checkpoint directory at {resolved}: {who} loads local checkpoints only")
+    if not (resolved / "config.json").is_file():
+        raise UserError(f"{resolved} has no config.json: not a transformers checkpoint")
+    return resolved
+
+
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict, or a UserError naming the file and the fault."""
     file = Path(path) / "config.json"

@@ -101,7 +101,7 @@ def test_bad_train_input_is_one_line_error(args, message, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["shift", "--ckpt", "/no/such/ckpt"], "checkpoint /no/such/ckpt not found"),
+        (["shift", "--ckpt", "/no/such/ckpt"], "no checkpoint directory at /no/such/ckpt"),
         (["tokens", "--ckpt", "."], "has no config.json"),
     ],
 )

@@ -54,7 +54,7 @@ import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.hf import register_grouped_sdpa
-from evalkit.checkpoint_check import check_checkpoint, load_pretrained
+from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
@@ -231,7 +231,7 @@ class HFEngine(PackedEngine):
     ) -> None:
         from transformers import AutoTokenizer
 
-        self.model_path = _checkpoint_directory(model_path)
+        self.model_path = checkpoint_directory(model_path, "the hf engine")
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
@@ -565,15 +565,6 @@ class HFEngine(PackedEngine):
 
 
 # ---------------------------------------------------------------------- loading
-
-
-def _checkpoint_directory(model_path: str | Path) -> Path:
-    path = Path(model_path).expanduser().resolve()
-    if not path.is_dir():
-        raise UserError(f"no checkpoint directory at {path}: the hf engine loads local checkpoints only")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path} has no config.json: not a transformers checkpoint")
-    return path
 
 
 def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from evalkit.checkpoint_check import check_checkpoint
+from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
@@ -300,7 +300,7 @@ class VLLMEngine(PackedEngine):
             raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
         if position_shift < 0:
             raise UserError(f"position_shift must be non-negative, got {position_shift}")
-        self.model_path = _checkpoint_directory(model_path)
+        self.model_path = checkpoint_directory(model_path, "the vllm engine")
         # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
         # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
         # custom code unless asked. Missing weights are vLLM's own loader's to refuse.
@@ -605,13 +605,6 @@ def _platform_device() -> str:
     if current_platform.is_cpu():
         return "cpu"
     raise UserError(f"evalkit's vLLM engine runs on CUDA or CPU; this vLLM targets {current_platform.device_type!r}")
-
-
-def _checkpoint_directory(model_path: str | Path) -> Path:
-    path = Path(model_path).expanduser().resolve()
-    if not (path / "config.json").is_file():
-        raise UserError(f"no transformers checkpoint (config.json) at {path}: the vllm engine loads local checkpoints")
-    return path
 
 
 def _serving_architecture(config, rope: str, position_shift: int, max_length: int) -> str:

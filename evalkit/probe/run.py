@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.checkpoint_check import check_checkpoint, load_pretrained
+from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained
 from evalkit.errors import UserError
 from evalkit.precision import resolve_device, torch_dtype
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
@@ -30,15 +30,6 @@ MEASUREMENT = {
     "attention": "post-softmax probabilities of every layer and head as transformers' eager attention computes them "
     "(logits in the activation dtype, softmax in FP32, cast back); value = mean over texts, std = their spread",
 }
-
-
-def resolve_checkpoint(ckpt: str | Path) -> Path:
-    path = Path(ckpt).expanduser()
-    if not path.is_dir():
-        raise UserError(f"checkpoint {ckpt} not found: give a Hugging Face checkpoint directory")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{ckpt} has no config.json: not a Hugging Face checkpoint directory")
-    return path.resolve()
 
 
 def attention_window(config) -> int:
@@ -291,7 +282,7 @@ def run_probe(
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
     check_output_dir(Path(out_dir))  # before the measurement, not when its results are written
-    checkpoint = resolve_checkpoint(ckpt)
+    checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)
     plan = probe_options.plan(kind, attention_window(config))

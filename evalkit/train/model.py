@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from evalkit.attention import register_hf_attention
+from evalkit.attention.kernels import default_implementation
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
 from evalkit.train.config import TrainConfig
@@ -16,7 +17,7 @@ def attention_name(config: TrainConfig, device: torch.device) -> str:
     """The transformers attn_implementation for evalkit's attention (auto: blocked on CPU, flex on CUDA)."""
     impl = config.model.attention
     if impl == "auto":
-        impl = "flex" if device.type == "cuda" else "blocked"
+        impl = default_implementation(device)
     if impl == "flex" and device.type != "cuda":
         raise UserError("model.attention=flex cannot train on CPU (FlexAttention has no CPU backward); use blocked")
     return f"evalkit_{impl}"

@@ -29,15 +29,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import flex_attention_function
+from evalkit.attention.kernels import default_implementation, flex_attention_function
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
-
-
-def default_implementation(device: torch.device) -> str:
-    """FlexAttention on CUDA (fused, block-sparse); per-document SDPA elsewhere."""
-    return "flex" if device.type == "cuda" else "blocked"
 
 
 # ----------------------------------------------------------------------------- layouts
