@@ -236,4 +236,5 @@ class PackedEngine(Engine):
 
     @abstractmethod
     def logits_packed(self, requests: Sequence[PackedRequest]) -> Any:
-        """Float32 logits [N, vocab] (a torch tensor on the CPU) after each request's last question token."""
+        """Float32 next-token log-probabilities [N, vocab] (a torch tensor on the CPU) after each
+        request's last question token: log-softmaxed logits, the same quantity from every engine."""

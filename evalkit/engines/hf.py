@@ -431,7 +431,7 @@ class HFEngine(PackedEngine):
         for batch in self._length_sorted_batches([len(layout.input_ids) for layout in layouts]):
             state = self._prefill_packed([layouts[i] for i in batch])
             for row, i in enumerate(batch):
-                logits[i] = state.logits[row].float().cpu()
+                logits[i] = state.logits[row].float().log_softmax(-1).cpu()  # as vLLM returns them
         return torch.stack(logits)
 
     def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:

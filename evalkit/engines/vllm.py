@@ -538,11 +538,10 @@ class VLLMEngine(PackedEngine):
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
-        """Float32 [N, vocab] next-token LOG-PROBABILITIES after each request's last question token.
+        """Float32 [N, vocab] next-token log-probabilities after each request's last question token.
 
-        vLLM returns log-softmax values, not raw logits: these are the logits minus their row's
-        logsumexp (a per-row constant), so argmax, softmax and differences between tokens are
-        the logits'. Compare with `logits.log_softmax(-1)` of another engine.
+        vLLM returns log-softmax values, not raw logits; the hf engine returns the same (its logits
+        log-softmaxed), so the two compare directly.
         """
         self._check_packed()
         prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(1, logprobs=-1, extra_args=extra))
