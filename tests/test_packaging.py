@@ -1,6 +1,9 @@
 """A plain (non-editable) install carries what evalkit reads at run time: recipes, lm-eval task
-fixtures and the tiny study's shipped checkpoints."""
+fixtures and the tiny study's shipped checkpoints; from another directory, it trains the
+embedded recipe and scores a fixture through the installed copy."""
 
+import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -47,3 +50,26 @@ def test_a_built_wheel_installs_recipes_fixtures_and_shipped_checkpoints(tmp_pat
         check=False,
     )
     assert checked.returncode == 0 and checked.stdout.strip() == "ok", checked.stderr[-3000:]
+
+    # The installed copy at work, from a directory that is not the checkout.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "EVALKIT_CACHE": os.environ["EVALKIT_CACHE"]}
+    env["HOME"] = str(tmp_path)  # nothing of the user's home is read
+
+    def evalkit(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "evalkit.cli", *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
+
+    trained = evalkit("train", "--config", "tiny-cpu", "--max-steps", "2", "--set", "seq_len=256",
+                      "--set", "model.num_layers=1", "--set", "data.num_retrieval_docs=50")  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (checkpoint,) = (elsewhere / "runs").glob("*/step-2")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["paradigm"] == "anchor"
+    scored = evalkit("general", "--ckpts", str(checkpoint), "--tasks", "evalkit_fixture_mmlu_style", "--limit", "4",
+                     "--out", "results")  # fmt: skip
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    summary = json.loads(next((elsewhere / "results").rglob("general-summary.json")).read_text())
+    group = [row for row in summary["rows"] if row["task"] == "evalkit_fixture_mmlu_style"]
+    assert group and {row["n"] for row in group} == {12}  # the group: its three subjects, 4 documents each
