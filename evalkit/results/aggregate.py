@@ -34,7 +34,7 @@ def per_checkpoint_length_means(rows: list[dict]) -> dict[tuple[str, int, int], 
     return {key: (statistics.fmean(scores.values()), sorted(scores)) for key, scores in groups.items()}
 
 
-def run_averages(rows: list[dict]) -> list[RunAverage]:
+def length_averages(rows: list[dict]) -> list[RunAverage]:
     """Per run and length: mean and std over checkpoints of the per-checkpoint task average.
 
     Checkpoints of one run must have scored the same tasks at a length; a ValueError says which

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evalkit.markdown import markdown_table
-from evalkit.results.aggregate import per_checkpoint_length_means, run_averages
+from evalkit.results.aggregate import length_averages, per_checkpoint_length_means
 
 
 def _length_label(length: int) -> str:
@@ -26,7 +26,7 @@ def checkpoint_table(rows: list[dict]) -> str:
 
 def average_table(rows: list[dict]) -> str:
     """One row per run: mean ± std over its checkpoints of the per-length task average."""
-    averages = run_averages(rows)
+    averages = length_averages(rows)
     lengths = sorted({a.length for a in averages})
     table = []
     for run in sorted({a.run for a in averages}):

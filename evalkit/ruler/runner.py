@@ -287,10 +287,10 @@ class RulerBenchmark:
         return _with_earlier_cells(summary, earlier)
 
     def average(self, rows: list[dict]) -> Averages:
-        from evalkit.results.aggregate import run_averages
+        from evalkit.results.aggregate import length_averages
         from evalkit.results.tables import average_table
 
-        records = [asdict(average) for average in run_averages(rows)]
+        records = [asdict(average) for average in length_averages(rows)]
         return Averages(
             records,
             average_table(rows),
