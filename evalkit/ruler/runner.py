@@ -298,8 +298,9 @@ class RulerBenchmark:
         )
 
 
-# What must match for an earlier summary's (task, length) cells to stand beside this run's:
-# everything that decides the data or the answers. Tasks and lengths are what may differ.
+# What must match for an earlier summary's (task, length, encoding) cells to stand beside this
+# run's: everything that decides the data or the answers. Tasks, lengths and the encoding (a
+# cell of its own, with its documents' size in the row) are what may differ.
 _CELL_SETTINGS = (
     "num_samples",
     "seed",
