@@ -117,7 +117,7 @@ def test_bad_options_are_one_line_user_errors(checkpoint, tmp_path, options, mes
 
 
 def test_missing_checkpoint_and_unknown_kind_are_user_errors(checkpoint, tmp_path):
-    with pytest.raises(UserError, match="not found"):
+    with pytest.raises(UserError, match="no checkpoint directory at"):
         run_probe("shift", tmp_path / "nowhere", tmp_path / "out")
     with pytest.raises(UserError, match="unknown probe"):
         run_probe("heads", checkpoint, tmp_path / "out")
