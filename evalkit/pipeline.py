@@ -133,10 +133,6 @@ class LazyEngine:
             self._engine = self._open(self.choice.name, self.path, **self.choice.settings)
         return self._engine
 
-    @property
-    def built(self) -> bool:
-        return self._engine is not None
-
     def info(self) -> dict[str, Any] | None:
         return self._engine.engine_info() if self._engine is not None else None
 

@@ -13,7 +13,7 @@ No dimension is packed into a string: a RULER length, an lm-eval filter and the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,6 @@ class ResultRow:
     model: str = "?"
     data: str = "?"
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-FIELDS = tuple(f.name for f in fields(ResultRow))
 
 # RULER's metric per task kind, by the names NVIDIA's scorer gives them.
 _RULER_METRICS = {"all": "string_match_all", "part": "string_match_part"}
