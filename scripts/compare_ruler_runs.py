@@ -6,8 +6,12 @@ RUN_A and RUN_B are `<out>/<run>/step-<N>` directories written by `evalkit ruler
 the same checkpoint under `--sizing exact` and `--sizing nvidia`). Reads only the per-sample
 logs, never re-runs anything. For each task both have: samples, how full the prompts are (mean
 prompt tokens over length minus the generation budget), score ± standard error, and the
-difference with its standard error (the two sample sets are independent draws, so the errors
-add in quadrature). Prints a markdown table.
+difference B − A with its standard error. When every sample index both logs hold carries the
+same references (the same seed: the two sizings draw the same needles and questions and differ
+only in how much haystack surrounds them) the difference is paired: the mean of the per-sample
+score differences, its error their standard deviation over the square root of n. Otherwise the
+two sets are independent draws and the errors add in quadrature. The average over tasks
+combines the tasks' errors as independent. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -15,35 +19,57 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit.ruler.metrics import score, standard_error
 from evalkit.ruler.spec import task_spec
 
 
-def read_task(run: Path, task: str, length: int) -> list[dict] | None:
+def read_task(run: Path, task: str, length: int) -> dict[int, dict]:
     log = run / "ruler" / task / f"{length}.jsonl"
     if not log.is_file():
-        return None
+        return {}
     records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return sorted(records, key=lambda record: record["index"])
+    return {int(record["index"]): record for record in records}
 
 
-def task_row(task: str, length: int, a: list[dict], b: list[dict]) -> tuple[str, float, float, float]:
+@dataclass
+class TaskComparison:
+    task: str
+    cells: list[str]  # "n | fill | score ± error" for A, then B
+    score_a: float
+    score_b: float
+    difference: float
+    error: float
+    paired: bool
+
+
+def _cell(task: str, budget: int, records: list[dict]) -> tuple[str, float, float]:
+    predictions = [r["prediction"] for r in records]
+    references = [r["references"] for r in records]
+    value, error = score(task, predictions, references), standard_error(task, predictions, references)
+    fill = sum(r["length"] for r in records) / len(records) / budget
+    return f"{len(records)} | {fill:.2f} | {value:.1f} ± {error:.1f}", value, error
+
+
+def compare_task(task: str, length: int, a: dict[int, dict], b: dict[int, dict]) -> TaskComparison:
     budget = length - task_spec(task).max_new_tokens
-    cells = []
-    scores = []
-    for records in (a, b):
-        predictions = [r["prediction"] for r in records]
-        references = [r["references"] for r in records]
-        value, error = score(task, predictions, references), standard_error(task, predictions, references)
-        fill = sum(r["length"] for r in records) / len(records) / budget
-        cells.append(f"{len(records)} | {fill:.2f} | {value:.1f} ± {error:.1f}")
-        scores.append((value, error))
-    (value_a, error_a), (value_b, error_b) = scores
-    difference, difference_error = value_b - value_a, math.hypot(error_a, error_b)
-    line = f"| {task} | {cells[0]} | {cells[1]} | {difference:+.1f} ± {difference_error:.1f} |"
-    return line, value_a, value_b, difference_error
+    shared = sorted(set(a) & set(b))
+    paired = len(shared) > 1 and all(a[i]["references"] == b[i]["references"] for i in shared)
+    if paired:  # the same samples, differently sized: compare them one by one
+        a_records, b_records = [a[i] for i in shared], [b[i] for i in shared]
+    else:
+        a_records, b_records = [a[i] for i in sorted(a)], [b[i] for i in sorted(b)]
+    cell_a, value_a, error_a = _cell(task, budget, a_records)
+    cell_b, value_b, error_b = _cell(task, budget, b_records)
+    if paired:
+        differences = [float(y["score"]) - float(x["score"]) for x, y in zip(a_records, b_records)]
+        error = statistics.stdev(differences) / math.sqrt(len(differences))
+    else:
+        error = math.hypot(error_a, error_b)
+    return TaskComparison(task, [cell_a, cell_b], value_a, value_b, value_b - value_a, error, paired)
 
 
 def main() -> None:
@@ -59,23 +85,28 @@ def main() -> None:
     )
     print(
         f"| task | n ({name_a}) | fill ({name_a}) | score ({name_a}) | n ({name_b}) | fill ({name_b}) "
-        f"| score ({name_b}) | {name_b} − {name_a} |"
+        f"| score ({name_b}) | {name_b} − {name_a} | paired |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    means_a, means_b = [], []
+    print("|---|---|---|---|---|---|---|---|---|")
+    compared = []
     for task in tasks:
         a, b = read_task(args.run_a, task, args.length), read_task(args.run_b, task, args.length)
         if not a or not b:
             continue
-        line, value_a, value_b, _ = task_row(task, args.length, a, b)
-        print(line)
-        means_a.append(value_a)
-        means_b.append(value_b)
-    if means_a:
-        mean_a, mean_b = sum(means_a) / len(means_a), sum(means_b) / len(means_b)
+        row = compare_task(task, args.length, a, b)
+        compared.append(row)
         print(
-            f"| **average ({len(means_a)} tasks)** | | | **{mean_a:.2f}** | | | **{mean_b:.2f}** "
-            f"| **{mean_b - mean_a:+.2f}** |"
+            f"| {task} | {row.cells[0]} | {row.cells[1]} | {row.difference:+.1f} ± {row.error:.1f} "
+            f"| {'yes' if row.paired else 'no'} |"
+        )
+    if compared:
+        count = len(compared)
+        mean_a = statistics.fmean(row.score_a for row in compared)
+        mean_b = statistics.fmean(row.score_b for row in compared)
+        error = math.sqrt(sum(row.error**2 for row in compared)) / count
+        print(
+            f"| **average ({count} tasks)** | | | **{mean_a:.2f}** | | | **{mean_b:.2f}** "
+            f"| **{mean_b - mean_a:+.2f} ± {error:.2f}** | |"
         )
 
 

@@ -24,6 +24,7 @@ from evalkit.pipeline import (
     LazyEngine,
     Unit,
     UnitResult,
+    read_summary,
     run_benchmark,
     summary_name,
 )
@@ -129,24 +130,35 @@ def _fed(engine, fmt: PromptFormat, sample) -> str | list[int]:
 
 
 def _evaluate_task(
-    engine, ref, task: str, length: int, settings: RulerSettings, out: Path, progress: Callable[[int, int], None]
+    engine: LazyEngine,
+    tokenizer,
+    ref,
+    task: str,
+    length: int,
+    settings: RulerSettings,
+    out: Path,
+    progress: Callable[[int, int], None],
 ) -> dict:
-    """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log."""
-    fmt = prompt_format(engine.tokenizer, settings.prompt_format)
+    """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log.
+
+    The samples, their data key and the log need only the checkpoint's tokenizer; the engine is
+    built when a sample is left to answer, so a unit whose log is complete loads no model."""
+    fmt = prompt_format(tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
-    samples = load_or_generate(task, engine.tokenizer, length, settings.num_samples, settings.seed, **data)
-    _, data_key = cache_key(task, engine.tokenizer, length, settings.num_samples, settings.seed, **data)
+    samples = load_or_generate(task, tokenizer, length, settings.num_samples, settings.seed, **data)
+    _, data_key = cache_key(task, tokenizer, length, settings.num_samples, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_name = f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl"  # encodings never share a log
     log_path = checkpoint_dir(out, ref) / "ruler" / task / log_name
     log = SampleLog(log_path, log_key(data_key, settings.encoding, settings.doc_tokens))
-    spec = task_spec(task)
-    if label == STANDARD:
-        answer = _standard_answers(engine, fmt, spec, length)
-    else:
-        answer = _anchor_answers(engine, spec, length, samples, settings.doc_tokens)
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
+    if todo:
+        spec = task_spec(task)
+        if label == STANDARD:
+            answer = _standard_answers(engine.get(), fmt, spec, length)
+        else:
+            answer = _anchor_answers(engine.get(), spec, length, samples, settings.doc_tokens)
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start : start + CHUNK]
         prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]
@@ -238,8 +250,8 @@ def _anchor_answers(engine, spec, length: int, samples: list, doc_tokens: int) -
 class RulerBenchmark:
     """RULER as a benchmark of the one pipeline (evalkit.pipeline): a unit is a task at a length.
 
-    Nothing is read back without the engine, since a unit's data key depends on the checkpoint's
-    tokenizer: every unit is "evaluated", and one whose sample log is complete computes nothing.
+    A unit's data key depends on the checkpoint's tokenizer, so every unit is "evaluated" with
+    it; one whose sample log is complete computes nothing and builds no engine.
     """
 
     name = "ruler"
@@ -252,6 +264,15 @@ class RulerBenchmark:
         if settings.encoding != STANDARD and settings.engine == "vllm":
             engine_settings["packed"] = True  # evalkit's attention backend, for the packed requests
         self.engine = EngineChoice(settings.engine, engine_settings)
+        self._tokenizers: dict[Path, object] = {}
+
+    def _tokenizer(self, ref: CheckpointRef):
+        """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
+        if ref.path not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[ref.path] = AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
+        return self._tokenizers[ref.path]
 
     def settings_record(self) -> dict:
         return asdict(self.settings)
@@ -268,7 +289,9 @@ class RulerBenchmark:
     def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         unit_progress = lambda done, total: progress(unit, done, total)  # noqa: E731
         try:
-            row = _evaluate_task(engine.get(), ref, unit.task, unit.length, self.settings, out, unit_progress)
+            row = _evaluate_task(
+                engine, self._tokenizer(ref), ref, unit.task, unit.length, self.settings, out, unit_progress
+            )
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
                 why.details = {
@@ -278,7 +301,9 @@ class RulerBenchmark:
                 }
             raise
         data_key, generated = row.pop("data_key"), row.pop("generated")
-        return UnitResult([row], {"data_key": data_key}, computed=bool(generated))
+        # Read back whole from the log: the engine that answered is the one the summary recorded.
+        answered_by = None if generated else _summary_engine(checkpoint_dir(out, ref) / SUMMARY)
+        return UnitResult([row], {"data_key": data_key}, bool(generated), answered_by)
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
         summary["provenance"]["data_keys"] = {
@@ -317,6 +342,12 @@ _CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries 
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
 
 
+def _summary_engine(path: Path) -> dict | None:
+    """The engine recorded in the summary at `path`, if there is one."""
+    earlier = read_summary(path)
+    return (earlier or {}).get("provenance", {}).get("engine")
+
+
 def _cell(entry: dict) -> tuple[str, int, str]:
     """A summary's cell: task, length and encoding (a row or a skip written before encodings: standard)."""
     return (entry["task"], int(entry["length"]), row_encoding(entry))
@@ -338,7 +369,7 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     alike = all(
         now["settings"].get(k, _CELL_DEFAULTS.get(k)) == then_settings.get(k, _CELL_DEFAULTS.get(k))
         for k in _CELL_SETTINGS
-    ) and all(now["engine"].get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE)
+    ) and all((now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE)
     touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
     kept_rows = [row for row in earlier["rows"] if _cell(row) not in touched]
     kept_skips = [s for s in earlier.get("skipped", []) if _cell(s) not in touched]

@@ -103,6 +103,34 @@ def test_rerun_computes_nothing_and_kill_resume_equals_straight_run(tiny_run, tm
     assert summaries(killed)[4]["provenance"]["created"] == stamped  # nor claimed by the rerun
 
 
+def test_stored_results_and_skips_load_no_model(tiny_run, tmp_path, monkeypatch):
+    """A rerun over complete sample logs, and a task skipped for missing data or size, answer
+    from the tokenizer alone: the engine is never built, and the summary is the first one's."""
+    import evalkit.engines
+    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.ruler.runner import RulerSettings, run_ruler
+
+    (ref,) = resolve_checkpoints([str(tiny_run / "step-4")])
+    settings = RulerSettings(tasks=["niah_single_1", "qa_1", "cwe"], lengths=[512], num_samples=2)
+    (first,) = run_ruler([ref], settings, tmp_path / "out").summaries
+    assert [row["task"] for row in first["rows"]] == ["niah_single_1"]
+
+    def no_engine(*_args, **_kwargs):
+        raise AssertionError("an engine was built for results already on disk")
+
+    monkeypatch.setattr(evalkit.engines, "get_engine", no_engine)
+    (again,) = run_ruler([ref], settings, tmp_path / "out").summaries
+    assert again["rows"] == first["rows"] and again["skipped"] == first["skipped"]
+    assert {skip["task"] for skip in again["skipped"]} == {"qa_1", "cwe"}
+    assert again["provenance"]["engine"] == first["provenance"]["engine"]  # the engine that answered
+    assert again["provenance"]["engine"]["engine"] == "hf"
+    assert again["provenance"]["created"] == first["provenance"]["created"]
+
+    # One sample more to answer: now the engine is needed, and asked for.
+    with pytest.raises(AssertionError, match="already on disk"):
+        run_ruler([ref], RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=3), tmp_path / "out")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
