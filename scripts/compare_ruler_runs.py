@@ -3,7 +3,9 @@
     python scripts/compare_ruler_runs.py RUN_A RUN_B --length 4096 [--names exact,nvidia]
 
 RUN_A and RUN_B are `<out>/<run>/step-<N>` directories written by `evalkit ruler` (for example
-the same checkpoint under `--sizing exact` and `--sizing nvidia`). Reads only the per-sample
+the same checkpoint under `--sizing exact` and `--sizing nvidia`), or comma-separated lists of
+as many such directories each, pooled: the k-th of A pairs with the k-th of B (for example
+evaluations with another --seed, which draws other samples). Reads only the per-sample
 logs, never re-runs anything. For each task both have: samples, how full the prompts are (mean
 prompt tokens over length minus the generation budget), score ± standard error, and the
 difference B − A with its standard error. When every sample index both logs hold carries the
@@ -27,12 +29,17 @@ from evalkit.ruler.metrics import score, standard_error
 from evalkit.ruler.spec import task_spec
 
 
-def read_task(run: Path, task: str, length: int) -> dict[int, dict]:
-    log = run / "ruler" / task / f"{length}.jsonl"
-    if not log.is_file():
-        return {}
-    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {int(record["index"]): record for record in records}
+def read_task(runs: list[Path], task: str, length: int) -> dict[tuple[int, int], dict]:
+    """The task's records in every directory, keyed by (the directory's place, sample index)."""
+    found = {}
+    for place, run in enumerate(runs):
+        log = run / "ruler" / task / f"{length}.jsonl"
+        if log.is_file():
+            for line in log.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    found[place, int(record["index"])] = record
+    return found
 
 
 @dataclass
@@ -54,7 +61,7 @@ def _cell(task: str, budget: int, records: list[dict]) -> tuple[str, float, floa
     return f"{len(records)} | {fill:.2f} | {value:.1f} ± {error:.1f}", value, error
 
 
-def compare_task(task: str, length: int, a: dict[int, dict], b: dict[int, dict]) -> TaskComparison:
+def compare_task(task: str, length: int, a: dict, b: dict) -> TaskComparison:
     budget = length - task_spec(task).max_new_tokens
     shared = sorted(set(a) & set(b))
     paired = len(shared) > 1 and all(a[i]["references"] == b[i]["references"] for i in shared)
@@ -74,14 +81,18 @@ def compare_task(task: str, length: int, a: dict[int, dict], b: dict[int, dict])
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_a", type=Path)
-    parser.add_argument("run_b", type=Path)
+    parser.add_argument("run_a", help="One checkpoint's results directory, or several, comma-separated.")
+    parser.add_argument("run_b", help="As many directories as run_a, in the same order.")
     parser.add_argument("--length", type=int, required=True)
     parser.add_argument("--names", default="A,B", help="Column names of the two runs, comma-separated.")
     args = parser.parse_args()
     name_a, name_b = args.names.split(",")
+    runs_a, runs_b = [Path(p) for p in args.run_a.split(",")], [Path(p) for p in args.run_b.split(",")]
+    if len(runs_a) != len(runs_b):
+        parser.error(f"run_a names {len(runs_a)} directories and run_b {len(runs_b)}: give as many of each")
     tasks = sorted(
-        {p.name for p in (args.run_a / "ruler").iterdir()} & {p.name for p in (args.run_b / "ruler").iterdir()}
+        {p.name for run in runs_a for p in (run / "ruler").iterdir()}
+        & {p.name for run in runs_b for p in (run / "ruler").iterdir()}
     )
     print(
         f"| task | n ({name_a}) | fill ({name_a}) | score ({name_a}) | n ({name_b}) | fill ({name_b}) "
@@ -90,7 +101,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     compared = []
     for task in tasks:
-        a, b = read_task(args.run_a, task, args.length), read_task(args.run_b, task, args.length)
+        a, b = read_task(runs_a, task, args.length), read_task(runs_b, task, args.length)
         if not a or not b:
             continue
         row = compare_task(task, args.length, a, b)

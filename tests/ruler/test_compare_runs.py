@@ -67,3 +67,23 @@ def test_script_prints_the_table_with_the_average(tmp_path, capsys, monkeypatch)
     out = capsys.readouterr().out
     assert "| niah_single_1 | 4 | 1.00 | 50.0 ± 28.9 | 4 | 1.00 | 75.0 ± 25.0 | +25.0 ± 25.0 | yes |" in out
     assert "**+25.00 ± 25.00**" in out
+
+
+def test_several_directories_pool_pairing_kth_with_kth(tmp_path, capsys, monkeypatch):
+    """Two seeds' evaluations: sample 0 of seed 1 is another sample than sample 0 of seed 0."""
+    script = load_script()
+    budget = 4096 - 128
+    for seed, (a_ok, b_ok) in enumerate([([1, 0], [1, 1]), ([0, 0], [0, 1])]):
+        write_log(
+            tmp_path / f"a{seed}", "niah_single_1", 4096, [record(i, f"s{seed}n{i}", a_ok[i], budget) for i in (0, 1)]
+        )
+        write_log(
+            tmp_path / f"b{seed}", "niah_single_1", 4096, [record(i, f"s{seed}n{i}", b_ok[i], budget) for i in (0, 1)]
+        )
+    runs = lambda side: ",".join(str(tmp_path / f"{side}{seed}") for seed in (0, 1))  # noqa: E731
+    monkeypatch.setattr("sys.argv", ["x", runs("a"), runs("b"), "--length", "4096"])
+    script.main()
+    # Paired over 4 samples: differences 0, 100, 0, 100 -> mean 50, sd 57.7, error 28.9.
+    assert "| niah_single_1 | 4 | 1.00 | 25.0 ± 25.0 | 4 | 1.00 | 75.0 ± 25.0 | +50.0 ± 28.9 | yes |" in (
+        capsys.readouterr().out
+    )
