@@ -1,6 +1,6 @@
 """Compare two stored RULER evaluations of one checkpoint, task by task, at one length.
 
-    python scripts/compare_ruler_runs.py RUN_A RUN_B --length 4096 [--names exact,nvidia]
+    python scripts/compare_ruler_runs.py RUN_A RUN_B --length 4096 [--names exact,nvidia] [--tasks T1,T2]
 
 RUN_A and RUN_B are `<out>/<run>/step-<N>` directories written by `evalkit ruler` (for example
 the same checkpoint under `--sizing exact` and `--sizing nvidia`), or comma-separated lists of
@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("run_b", help="As many directories as run_a, in the same order.")
     parser.add_argument("--length", type=int, required=True)
     parser.add_argument("--names", default="A,B", help="Column names of the two runs, comma-separated.")
+    parser.add_argument("--tasks", help="Only these tasks, comma-separated (default: every task both hold).")
     args = parser.parse_args()
     name_a, name_b = args.names.split(",")
     runs_a, runs_b = [Path(p) for p in args.run_a.split(",")], [Path(p) for p in args.run_b.split(",")]
@@ -94,6 +95,8 @@ def main() -> None:
         {p.name for run in runs_a for p in (run / "ruler").iterdir()}
         & {p.name for run in runs_b for p in (run / "ruler").iterdir()}
     )
+    if args.tasks:
+        tasks = [task for task in tasks if task in args.tasks.split(",")]
     print(
         f"| task | n ({name_a}) | fill ({name_a}) | score ({name_a}) | n ({name_b}) | fill ({name_b}) "
         f"| score ({name_b}) | {name_b} − {name_a} | paired |"

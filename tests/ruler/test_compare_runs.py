@@ -81,9 +81,11 @@ def test_several_directories_pool_pairing_kth_with_kth(tmp_path, capsys, monkeyp
             tmp_path / f"b{seed}", "niah_single_1", 4096, [record(i, f"s{seed}n{i}", b_ok[i], budget) for i in (0, 1)]
         )
     runs = lambda side: ",".join(str(tmp_path / f"{side}{seed}") for seed in (0, 1))  # noqa: E731
-    monkeypatch.setattr("sys.argv", ["x", runs("a"), runs("b"), "--length", "4096"])
+    write_log(tmp_path / "a0", "fwe", 4096, [record(0, "x", True, budget)])  # in one pair only, and not asked for
+    write_log(tmp_path / "b0", "fwe", 4096, [record(0, "x", False, budget)])
+    monkeypatch.setattr("sys.argv", ["x", runs("a"), runs("b"), "--length", "4096", "--tasks", "niah_single_1"])
     script.main()
     # Paired over 4 samples: differences 0, 100, 0, 100 -> mean 50, sd 57.7, error 28.9.
-    assert "| niah_single_1 | 4 | 1.00 | 25.0 ± 25.0 | 4 | 1.00 | 75.0 ± 25.0 | +50.0 ± 28.9 | yes |" in (
-        capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "| niah_single_1 | 4 | 1.00 | 25.0 ± 25.0 | 4 | 1.00 | 75.0 ± 25.0 | +50.0 ± 28.9 | yes |" in out
+    assert "fwe" not in out and "average (1 tasks)" in out
