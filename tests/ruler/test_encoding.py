@@ -19,6 +19,7 @@ from evalkit.attention import document_mask
 from evalkit.engines import get_engine
 from evalkit.engines import tokens as tok
 from evalkit.errors import Skipped, UserError
+from evalkit.pipeline import EngineChoice, LazyEngine
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.ruler import generate
 from evalkit.ruler.encoding import series, split_sample
@@ -29,6 +30,11 @@ from tests.engines.conftest import build_checkpoint, copy_with_config, decode, g
 
 BUILT_IN = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multivalue", "vt", "fwe"]
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
+
+
+def built(engine) -> LazyEngine:
+    """The pipeline's lazy engine around one already built (the runner asks it for the engine)."""
+    return LazyEngine(EngineChoice(), engine.model_path, lambda *_args, **_kwargs: engine)
 
 
 def token_count(tokenizer, text: str) -> int:
@@ -101,7 +107,7 @@ def test_anchor_answers_equal_greedy_decoding_under_the_reference_mask(task, lon
     engine = get_engine("hf", path, dtype="fp32", device="cpu", batch_size=2)
     settings = RulerSettings(tasks=[task], lengths=[1024], num_samples=3, encoding="anchor", doc_tokens=150)
     ref = CheckpointRef("tiny", 1, path)
-    row = _evaluate_task(engine, ref, task, 1024, settings, tmp_path, lambda *_: None)
+    row = _evaluate_task(built(engine), engine.tokenizer, ref, task, 1024, settings, tmp_path, lambda *_: None)
     log = tmp_path / "tiny" / "step-1" / "ruler" / task / "1024.anchor-150.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     spec = task_spec(task)
@@ -134,7 +140,14 @@ def test_a_length_at_the_window_is_skipped_with_the_reason(long_checkpoint, tmp_
     engine.max_length = longest + 128 - 1
     with pytest.raises(Skipped, match="anchor encoding adds one EOS per document"):
         _evaluate_task(
-            engine, CheckpointRef("tiny", 1, path), "niah_single_1", 1024, settings, tmp_path, lambda *_: None
+            built(engine),
+            engine.tokenizer,
+            CheckpointRef("tiny", 1, path),
+            "niah_single_1",
+            1024,
+            settings,
+            tmp_path,
+            lambda *_: None,
         )
 
 

@@ -237,6 +237,7 @@ class EchoEngine:
 def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_path):
     import json
 
+    from evalkit.pipeline import EngineChoice, LazyEngine
     from evalkit.results.checkpoints import CheckpointRef
     from evalkit.ruler.runner import _evaluate_task, _prompt_hash
 
@@ -246,7 +247,10 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
     def evaluate(sizing: str):
         engine = EchoEngine(tokenizer)
         settings = RulerSettings(tasks=["niah_multikey_1"], lengths=[2048], num_samples=4, sizing=sizing)
-        row = _evaluate_task(engine, ref, "niah_multikey_1", 2048, settings, tmp_path / "out", lambda *_: None)
+        unit_engine = LazyEngine(EngineChoice(), ref.path, lambda *_a, **_k: engine)
+        row = _evaluate_task(
+            unit_engine, tokenizer, ref, "niah_multikey_1", 2048, settings, tmp_path / "out", lambda *_: None
+        )
         return row, engine.generated
 
     exact_row, exact_prompts = evaluate("exact")
