@@ -2,7 +2,7 @@
 
 RULER is one benchmark of the one pipeline (evalkit.pipeline, which owns the checks, the
 engine, the summary, skips and --avg): its unit is a task at a length. For each unit, the
-cached samples for the engine's tokenizer (evalkit.ruler.load_or_generate), greedy answers to
+cached samples for the checkpoint's tokenizer (evalkit.ruler.load_or_generate), greedy answers to
 those not yet in the sample log, then the task score. A task whose data is missing or that cannot fit a length is
 recorded as skipped, with the reason, never dropped or scored 0. Summaries are long-form rows
 (run, step, task, length, score, n) with provenance; --avg reduces them per run.
