@@ -240,6 +240,8 @@ def evaluate_checkpoint(
         engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
     path = checkpoint_dir(out, ref) / summary_name(benchmark.name)
     earlier = read_summary(path)
+    if engine_info is None and earlier is not None:  # all read back: the engine that answered them
+        engine_info = (earlier.get("provenance") or {}).get("engine")
     summary = {
         "benchmark": benchmark.name,
         "run": ref.run,

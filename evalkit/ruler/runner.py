@@ -24,7 +24,6 @@ from evalkit.pipeline import (
     LazyEngine,
     Unit,
     UnitResult,
-    read_summary,
     run_benchmark,
     summary_name,
 )
@@ -301,9 +300,7 @@ class RulerBenchmark:
                 }
             raise
         data_key, generated = row.pop("data_key"), row.pop("generated")
-        # Read back whole from the log: the engine that answered is the one the summary recorded.
-        answered_by = None if generated else _summary_engine(checkpoint_dir(out, ref) / SUMMARY)
-        return UnitResult([row], {"data_key": data_key}, bool(generated), answered_by)
+        return UnitResult([row], {"data_key": data_key}, computed=bool(generated))
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
         summary["provenance"]["data_keys"] = {
@@ -340,12 +337,6 @@ _CELL_SETTINGS = (
 )
 _CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries written before the setting meant
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
-
-
-def _summary_engine(path: Path) -> dict | None:
-    """The engine recorded in the summary at `path`, if there is one."""
-    earlier = read_summary(path)
-    return (earlier or {}).get("provenance", {}).get("engine")
 
 
 def _cell(entry: dict) -> tuple[str, int, str]:
