@@ -1,0 +1,88 @@
+"""`evalkit compare`: differences between stored evaluations, with their intervals, never re-running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli.app import app
+from evalkit.errors import UserError
+from evalkit.storage import check_output_dir
+
+
+@app.command("compare")
+def compare_command(
+    paths: list[str] = typer.Argument(
+        ...,
+        help="Results directories (the --out of evalkit ruler/general), each optionally LABEL=DIR; every run "
+        "(and encoding) under them is a series.",
+        show_default=False,
+    ),
+    baseline: str = typer.Option(
+        None, "--baseline", help="The series every other is compared to (default: the first)."
+    ),
+    only: str = typer.Option(None, "--series", help="Only these series, comma-separated, in this order."),
+    tasks: str = typer.Option(None, "--tasks", help="Only these tasks, comma-separated."),
+    threshold: float = typer.Option(None, "--threshold", help="Effective-length threshold (default: RULER's 85.6)."),
+    threshold_from: str = typer.Option(
+        None, "--threshold-from", help="Take the threshold from this series' task average at its shortest length."
+    ),
+    replicates: int = typer.Option(2000, "--replicates", help="Bootstrap replicates."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed (recorded in the output)."),
+    pairing: str = typer.Option(
+        "auto",
+        "--pairing",
+        help="auto: paired where the same samples were answered (checked); require: refuse otherwise; "
+        "independent: never pair.",
+    ),
+    out: Path = typer.Option(None, "--out", help="Directory for compare.md, compare.json and the plot."),
+) -> None:
+    """Compare stored runs per task and length: B − A with paired or independent intervals, Holm-corrected."""
+    from evalkit.provenance import command_line
+    from evalkit.results import compare_report
+    from evalkit.results.compare import RULER_THRESHOLD, compare
+    from evalkit.results.samples import load_series
+
+    if threshold is not None and threshold_from is not None:
+        raise UserError("give --threshold or --threshold-from, not both")
+    if out is not None:
+        check_output_dir(out)
+    series = load_series(paths)
+    order = list(series)
+    if only:
+        order = [name.strip() for name in only.split(",") if name.strip()]
+        unknown = [name for name in order if name not in series]
+        if unknown:
+            raise UserError(f"--series {', '.join(unknown)}: not found; the series are: {', '.join(series)}")
+    if tasks:
+        wanted = {task.strip() for task in tasks.split(",")}
+        for one in series.values():
+            for cells in one.checkpoints.values():
+                for cell in [c for c in cells if c.task not in wanted]:
+                    del cells[cell]
+    chosen = {name: series[name] for name in order}
+    if threshold_from is not None and threshold_from not in chosen and threshold_from in series:
+        chosen[threshold_from] = series[threshold_from]
+    result = compare(
+        chosen,
+        order,
+        baseline=baseline,
+        replicates=replicates,
+        seed=seed,
+        pairing=pairing,
+        threshold=RULER_THRESHOLD if threshold is None else threshold,
+        threshold_from=threshold_from,
+    )
+    command = command_line()
+    text = compare_report.markdown(result, command)
+    typer.echo(text)
+    if out is not None:
+        from evalkit.storage import atomic_write_json, atomic_write_text
+
+        atomic_write_json(out / "compare.json", compare_report.json_records(result, command))
+        figures = compare_report.plot(result, out / "compare-vs-length")
+        if figures:
+            text += f"\n![difference vs length]({figures[0].name})\n"
+        atomic_write_text(out / "compare.md", text)
+        typer.echo(f"wrote {out / 'compare.md'}, compare.json and the plot", err=True)

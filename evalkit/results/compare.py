@@ -1,0 +1,367 @@
+"""`evalkit compare`: is series B better than series A, by how much, and is that more than noise?
+
+Read from stored per-sample scores (evalkit.results.samples), never re-running. For each cell
+(a RULER task at a length, an lm-eval task's metric) and each compared pair, B − A, where a
+series' value is what the leaderboard shows: the mean over its checkpoints of the per-checkpoint
+score (the mean over samples); per length also the task average, as the leaderboard averages it.
+
+How the uncertainty is computed (a hierarchical bootstrap, `replicates` draws from `seed`):
+each replicate draws, for every series, its checkpoints with replacement (one draw shared by all
+of that series' cells, so a task average and an effective length see the same checkpoints), and
+for every cell, the samples with replacement, one draw per *sample set*. A sample set is the
+samples of the checkpoints that answered the same samples: the same indices with the same
+identity (references for RULER, document and target hashes for lm-eval), checked sample by
+sample, never assumed. Two series that answered the same samples therefore share the sample
+draw: their difference is paired (the per-sample differences are resampled), and series that
+did not are resampled independently. A series' replicate value is the mean over all its
+checkpoints of their resampled scores (the spread over samples) plus √(K/(K−1)) times the
+deviation of the drawn checkpoints' mean from it (the spread over K checkpoints, scaled so its
+variance is the unbiased s²/K rather than the plug-in (K−1)/K of it); with one checkpoint only
+the samples vary.
+
+From the replicates: the standard error (their standard deviation), the 95% percentile interval
+and a two-sided p-value from the difference over that standard error (normal approximation; a
+percentile p-value would be floored at about 2/replicates, which Holm multiplies). Many cells
+are compared at once, so the p-values are Holm-adjusted: across every task × length × pair
+cell of one command, and separately across the per-length task averages.
+
+Effective length (RULER): the longest evaluated length L such that the series' task average
+is at or above the threshold at L *and at every shorter evaluated length* (a dip below the
+threshold ends it, as RULER's "effective length" reads: the length up to which the model
+holds). None when the shortest length already falls below. Its interval is the 2.5th and
+97.5th percentiles of the same quantity over the bootstrap replicates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+from evalkit.errors import UserError
+from evalkit.results.samples import Cell, Series
+
+RULER_THRESHOLD = 85.6  # RULER's: Llama-2-7B's score at 4K (NVIDIA RULER README)
+PAIRINGS = ("auto", "require", "independent")
+Pairing = Literal["auto", "require", "independent"]
+
+
+@dataclass
+class Difference:
+    """B − A at one cell (task = "average" for the per-length task average)."""
+
+    baseline: str
+    other: str
+    benchmark: str
+    task: str
+    metric: str
+    length: int | None
+    filter: str | None
+    baseline_value: float
+    other_value: float
+    difference: float
+    stderr: float
+    low: float
+    high: float
+    p: float
+    p_holm: float
+    samples: str  # e.g. "30" or "30 / 20"
+    pairing: str
+    tasks: int = 1
+
+
+@dataclass
+class EffectiveLength:
+    series: str
+    threshold: float
+    length: int | None  # None: below the threshold at the shortest length
+    low: int | None
+    high: int | None
+    scores: dict[int, float]
+
+
+@dataclass
+class Comparison:
+    differences: list[Difference]
+    averages: list[Difference]
+    effective: list[EffectiveLength]
+    seed: int
+    replicates: int
+    threshold: float
+    threshold_source: str
+    checkpoints: dict[str, list[int]]
+
+
+class Bootstrap:
+    """The replicates of every series' value at every cell, drawn as the module docstring says."""
+
+    def __init__(self, series: dict[str, Series], replicates: int, seed: int, pairing: Pairing = "auto"):
+        if replicates < 100:
+            raise UserError(f"--replicates must be at least 100, got {replicates}")
+        self.series, self.replicates, self.pairing = series, replicates, pairing
+        self.rng = np.random.default_rng(seed)
+        self.checkpoint_draws = {
+            name: self.rng.integers(0, len(one.steps()), size=(replicates, len(one.steps())))
+            for name, one in sorted(series.items())
+        }
+        self.point: dict[tuple[str, Cell], float] = {}
+        self.values: dict[tuple[str, Cell], np.ndarray] = {}
+        self.groups: dict[Cell, dict[tuple[str, int], tuple]] = {}
+        for cell in sorted({cell for one in series.values() for cell in one.cells()}):
+            self._draw_cell(cell)
+
+    def _draw_cell(self, cell: Cell) -> None:
+        members = {}
+        for name, one in sorted(self.series.items()):
+            present = [step for step in one.steps() if cell in one.checkpoints[step]]
+            if not present:
+                continue
+            if len(present) != len(one.steps()):
+                missing = sorted(set(one.steps()) - set(present))
+                raise UserError(
+                    f"series {name}: {cell.label()}{_at(cell)} is missing at step(s) {missing}; "
+                    "evaluate every checkpoint of a run alike"
+                )
+            for step in present:
+                members[(name, step)] = one.checkpoints[step][cell]
+        keys = {member: _sample_set_key(samples, member[0] if self.pairing == "independent" else None)
+                for member, samples in members.items()}  # fmt: skip
+        draws = {}
+        for key in dict.fromkeys(keys.values()):  # first-appearance order: the draws are reproducible
+            n = len(key[1])
+            draws[key] = self.rng.integers(0, n, size=(self.replicates, n))
+        self.groups[cell] = keys
+        for name in sorted({member[0] for member in members}):
+            steps = self.series[name].steps()
+            per_checkpoint = []
+            for step in steps:
+                samples = members[(name, step)]
+                scores = np.array([samples[i].score for i in sorted(samples)])
+                per_checkpoint.append(scores[draws[keys[(name, step)]]].mean(axis=1))
+            resampled = np.stack(per_checkpoint)  # (checkpoints, replicates)
+            self.values[(name, cell)] = _combine(resampled, self.checkpoint_draws[name])
+            self.point[(name, cell)] = float(np.mean([_mean(members[(name, step)]) for step in steps]))
+
+    def pairing_of(self, cell: Cell, a: str, b: str) -> str:
+        keys = self.groups[cell]
+        mine = {key for (name, _), key in keys.items() if name in (a, b)}
+        members = {m: self.series[m[0]].checkpoints[m[1]][cell] for m in keys if m[0] in (a, b)}
+        if len(mine) == 1 and self.pairing != "independent":
+            prompts = {tuple(samples[i].prompt for i in sorted(samples)) for samples in members.values()}
+            return "paired, same prompts" if len(prompts) == 1 else "paired, same references, prompts differ"
+        if self.pairing == "independent":
+            return "independent (asked)"
+        return f"independent: {_why_unpaired(members)}"
+
+
+def _sample_set_key(samples: dict, owner: str | None) -> tuple:
+    return (owner, tuple((i, samples[i].identity) for i in sorted(samples)))
+
+
+def _why_unpaired(members: dict[tuple[str, int], dict]) -> str:
+    (first_member, first), *others = sorted(members.items())
+    for member, samples in others:
+        for i in sorted(set(first) & set(samples)):
+            if first[i].identity != samples[i].identity:
+                where = f"{first_member[0]} step {first_member[1]} vs {member[0]} step {member[1]}"
+                return f"references differ at sample {i} ({where})"
+        if set(first) != set(samples):
+            return f"different sample sets ({len(first)} vs {len(samples)} samples)"
+    return "different sample sets"
+
+
+def _mean(samples: dict) -> float:
+    return math.fsum(s.score for s in samples.values()) / len(samples)
+
+
+def _combine(resampled: np.ndarray, checkpoint_draws: np.ndarray) -> np.ndarray:
+    """A series' replicate values from its checkpoints' resampled scores (see the module docstring)."""
+    count = resampled.shape[0]
+    base = resampled.mean(axis=0)
+    if count == 1:
+        return base
+    drawn = np.take_along_axis(resampled, checkpoint_draws.T, axis=0).mean(axis=0)
+    return base + math.sqrt(count / (count - 1)) * (drawn - base)
+
+
+def _at(cell: Cell) -> str:
+    return f" at {cell.length}" if cell.length is not None else ""
+
+
+def normal_p(difference: float, stderr: float) -> float:
+    """Two-sided p-value of "no difference" from the bootstrap standard error (normal approximation):
+    continuous, so Holm's multiplication is not floored by the replicate count as a percentile p would be."""
+    if stderr == 0:
+        return 1.0 if difference == 0 else 0.0
+    return math.erfc(abs(difference) / stderr / math.sqrt(2))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment: the k-th smallest of m p-values times (m − k + 1), made monotone, capped at 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def interval(replicates: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -> Difference:
+    """B − A over `cells` (one cell, or a length's tasks averaged)."""
+    point_a = float(np.mean([boot.point[(a, c)] for c in cells]))
+    point_b = float(np.mean([boot.point[(b, c)] for c in cells]))
+    draws = np.mean([boot.values[(b, c)] - boot.values[(a, c)] for c in cells], axis=0)
+    low, high = interval(draws)
+    stderr = float(np.std(draws, ddof=1))
+    first = cells[0]
+    pairings = sorted({boot.pairing_of(c, a, b) for c in cells})
+    sizes = [
+        "/".join(str(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c])) for s in (a, b)) for c in cells
+    ]
+    samples = sizes[0] if len(set(sizes)) == 1 else "varies"
+    if samples != "varies" and len(set(samples.split("/"))) == 1:
+        samples = samples.split("/")[0]
+    return Difference(
+        baseline=a,
+        other=b,
+        benchmark=first.benchmark,
+        task=task,
+        metric=first.metric if len(cells) == 1 else "task average",
+        length=first.length,
+        filter=first.filter,
+        baseline_value=point_a,
+        other_value=point_b,
+        difference=point_b - point_a,
+        stderr=stderr,
+        low=low,
+        high=high,
+        p=normal_p(point_b - point_a, stderr),
+        p_holm=float("nan"),
+        samples=samples,
+        pairing=pairings[0] if len(pairings) == 1 else "; ".join(pairings),
+        tasks=len(cells),
+    )
+
+
+def pairs(names: list[str], baseline: str | None) -> list[tuple[str, str]]:
+    """(A, B) pairs: every other series against the baseline (default: the first given)."""
+    if len(names) < 2:
+        raise UserError(f"compare needs at least two series, found {len(names)}: {', '.join(names) or 'none'}")
+    base = baseline if baseline is not None else names[0]
+    if base not in names:
+        raise UserError(f"--baseline {base!r} is not among the series found: {', '.join(names)}")
+    return [(base, other) for other in names if other != base]
+
+
+def compare(
+    series: dict[str, Series],
+    order: list[str],
+    *,
+    baseline: str | None = None,
+    replicates: int = 2000,
+    seed: int = 0,
+    pairing: Pairing = "auto",
+    threshold: float = RULER_THRESHOLD,
+    threshold_from: str | None = None,
+) -> Comparison:
+    """Every pair's differences, per-length averages and every series' effective length."""
+    if pairing not in PAIRINGS:
+        raise UserError(f"--pairing must be one of {', '.join(PAIRINGS)}, got {pairing!r}")
+    compared = pairs(order, baseline)
+    boot = Bootstrap(series, replicates, seed, pairing)
+    differences, averages = [], []
+    for a, b in compared:
+        shared = sorted(series[a].cells() & series[b].cells())
+        if not shared:
+            raise UserError(f"{a} and {b} share no task: nothing to compare")
+        for cell in shared:
+            found = _difference(boot, a, b, [cell], cell.task)
+            if pairing == "require" and not found.pairing.startswith("paired"):
+                raise UserError(f"{b} vs {a}, {cell.label()}{_at(cell)}: cannot pair, {found.pairing}")
+            differences.append(found)
+        for length in sorted({c.length for c in shared if c.benchmark == "ruler"}):
+            cells = [c for c in shared if c.benchmark == "ruler" and c.length == length]
+            averages.append(_difference(boot, a, b, cells, "average"))
+    for family in (differences, averages):
+        for entry, adjusted in zip(family, holm([d.p for d in family])):
+            entry.p_holm = adjusted
+    source = "given"
+    if threshold_from is not None:
+        threshold, source = reference_threshold(boot, threshold_from)
+    effective = [effective_length(boot, name, threshold) for name in order if _lengths(series[name])]
+    checkpoints = {name: series[name].steps() for name in order}
+    return Comparison(differences, averages, effective, seed, replicates, threshold, source, checkpoints)
+
+
+def _lengths(one: Series) -> list[int]:
+    return sorted({c.length for c in one.cells() if c.benchmark == "ruler" and c.length is not None})
+
+
+def length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
+    """Per length: the series' task average (point) and its replicates."""
+    cells = [c for c in boot.series[name].cells() if c.benchmark == "ruler"]
+    found = {}
+    for length in _lengths(boot.series[name]):
+        at = [c for c in cells if c.length == length]
+        found[length] = (
+            float(np.mean([boot.point[(name, c)] for c in at])),
+            np.mean([boot.values[(name, c)] for c in at], axis=0),
+        )
+    return found
+
+
+def reference_threshold(boot: Bootstrap, name: str) -> tuple[float, str]:
+    """--threshold-from: the reference series' task average at its shortest length (its point value)."""
+    if name not in boot.series or not _lengths(boot.series[name]):
+        raise UserError(f"--threshold-from {name!r}: no RULER series of that name among {', '.join(boot.series)}")
+    shortest, (value, _) = min(length_averages(boot, name).items())
+    return value, f"{name} at {shortest}"
+
+
+def longest_holding(lengths: list[int], scores: list[float], threshold: float) -> int | None:
+    """The longest length with the score at or above threshold there and at every shorter length."""
+    held = None
+    for length, score in sorted(zip(lengths, scores)):
+        if score < threshold:
+            break
+        held = length
+    return held
+
+
+def effective_length(boot: Bootstrap, name: str, threshold: float) -> EffectiveLength:
+    averages = length_averages(boot, name)
+    lengths = sorted(averages)
+    point = longest_holding(lengths, [averages[n][0] for n in lengths], threshold)
+    matrix = np.stack([averages[n][1] for n in lengths])  # (lengths, replicates)
+    holds = np.cumprod(matrix >= threshold, axis=0)  # 1 while every length so far holds
+    count = holds.sum(axis=0)  # how many of the shortest lengths hold, per replicate
+    low_count, high_count = (int(x) for x in np.percentile(count, [2.5, 97.5], method="nearest"))
+    as_length = lambda k: lengths[k - 1] if k > 0 else None  # noqa: E731
+    return EffectiveLength(
+        name, threshold, point, as_length(low_count), as_length(high_count), {n: averages[n][0] for n in lengths}
+    )
+
+
+def records(comparison: Comparison) -> dict:
+    """The comparison as JSON-ready records."""
+    return {
+        "seed": comparison.seed,
+        "replicates": comparison.replicates,
+        "threshold": comparison.threshold,
+        "threshold_source": comparison.threshold_source,
+        "checkpoints": comparison.checkpoints,
+        "correction": "Holm across every task x length x pair cell; separately across the per-length averages",
+        "differences": [asdict(d) for d in comparison.differences],
+        "averages": [asdict(d) for d in comparison.averages],
+        "effective_lengths": [
+            {**asdict(e), "scores": {str(k): v for k, v in e.scores.items()}} for e in comparison.effective
+        ],
+    }

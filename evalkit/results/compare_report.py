@@ -1,0 +1,167 @@
+"""`evalkit compare`'s outputs: the markdown tables, the JSON records and the plot."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+from evalkit.markdown import markdown_table
+from evalkit.results.compare import Comparison, Difference, records
+
+
+def length_label(length: int | None) -> str:
+    if length is None:
+        return "–"
+    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
+
+
+def _signed(value: float) -> str:
+    return f"{value + 0.0:+.2f}" if round(value, 2) != 0 else "+0.00"
+
+
+def _p(value: float) -> str:
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _marked(d: Difference) -> str:
+    """The difference, bold where it stays significant at 0.05 after Holm."""
+    text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
+    return f"**{text}**" if d.p_holm < 0.05 else text
+
+
+def summary_table(comparison: Comparison) -> str:
+    """One row per pair, one column per length: the task average's difference and its 95% interval."""
+    lengths = sorted({d.length for d in comparison.averages})
+    rows = []
+    for a, b in dict.fromkeys((d.baseline, d.other) for d in comparison.averages):
+        by_length = {d.length: d for d in comparison.averages if (d.baseline, d.other) == (a, b)}
+        cells = [_marked(by_length[n]) if n in by_length else "–" for n in lengths]
+        rows.append([f"{b} − {a}", *cells])
+    return markdown_table(["B − A (task average)", *map(length_label, lengths)], rows)
+
+
+def differences_table(comparison: Comparison) -> str:
+    rows = []
+    for d in comparison.differences + comparison.averages:
+        task = f"**average ({d.tasks} tasks)**" if d.task == "average" else d.task
+        metric = d.metric + (f" ({d.filter})" if d.filter not in (None, "none") else "")
+        rows.append(
+            [
+                f"{d.other} − {d.baseline}",
+                task,
+                metric,
+                length_label(d.length),
+                f"{d.baseline_value:.2f}",
+                f"{d.other_value:.2f}",
+                _signed(d.difference),
+                f"{d.stderr:.2f}",
+                f"[{_signed(d.low)}, {_signed(d.high)}]",
+                _p(d.p),
+                _p(d.p_holm),
+                d.samples,
+                d.pairing,
+            ]
+        )
+    header = ["B − A", "task", "metric", "length", "A", "B", "B − A", "se", "95% interval", "p", "p (Holm)",
+              "samples", "pairing"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def effective_table(comparison: Comparison) -> str:
+    lengths = sorted({n for e in comparison.effective for n in e.scores})
+    rows = []
+    for e in comparison.effective:
+        scores = [f"{e.scores[n]:.2f}" if n in e.scores else "–" for n in lengths]
+        shortest = length_label(min(e.scores)) if e.scores else "–"
+        shown = length_label(e.length) if e.length is not None else f"< {shortest}"
+        low = length_label(e.low) if e.low is not None else f"< {shortest}"
+        high = length_label(e.high) if e.high is not None else f"< {shortest}"
+        checkpoints = ", ".join(map(str, comparison.checkpoints.get(e.series, [])))
+        rows.append([e.series, checkpoints, *scores, shown, f"[{low}, {high}]"])
+    header = ["series", "checkpoints", *map(length_label, lengths), f"effective length (≥ {comparison.threshold:.2f})",
+              "95% interval"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def markdown(comparison: Comparison, command: str) -> str:
+    threshold = f"{comparison.threshold:.2f}" + (
+        "" if comparison.threshold_source == "given" else f" ({comparison.threshold_source}'s task average)"
+    )
+    parts = [
+        "# Comparison",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Hierarchical bootstrap over checkpoints and samples: {comparison.replicates} replicates, seed "
+        f"{comparison.seed}; samples answered alike by both sides are resampled together (paired). Intervals "
+        "are 95% percentile intervals, unadjusted; p-values are Holm-adjusted across every task × length × pair "
+        "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm.",
+        "",
+    ]
+    if comparison.averages:
+        parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]
+    parts += ["## Per task", "", differences_table(comparison), ""]
+    if comparison.effective:
+        parts += [
+            f"## Effective length (task average ≥ {threshold} at that length and every shorter one)",
+            "",
+            effective_table(comparison),
+            "",
+        ]
+    return "\n".join(parts)
+
+
+def json_records(comparison: Comparison, command: str) -> dict:
+    from evalkit.provenance import stamp
+
+    return {"command": command, **stamp(), **_finite(records(comparison))}
+
+
+def _finite(value):
+    """NaN as null, so the JSON parses anywhere."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def plot(comparison: Comparison, stem: Path) -> list[Path]:
+    """The task average's B − A against length, with its 95% interval, one line per pair."""
+    if not comparison.averages:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from evalkit.storage import atomic_write_bytes, atomic_write_text
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))
+    for offset, (a, b) in enumerate(pairs):
+        entries = sorted((d for d in comparison.averages if (d.baseline, d.other) == (a, b)), key=lambda d: d.length)
+        shift = 2 ** ((offset - (len(pairs) - 1) / 2) * 0.04)  # side by side on the log axis
+        xs = [d.length * shift for d in entries]
+        ys = [d.difference for d in entries]
+        errors = [[d.difference - d.low for d in entries], [d.high - d.difference for d in entries]]
+        axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=f"{b} − {a}")
+    axes.axhline(0, color="grey", linewidth=0.8)
+    axes.set_xscale("log", base=2)
+    lengths = sorted({d.length for d in comparison.averages})
+    axes.set_xticks(lengths, [length_label(n) for n in lengths])
+    axes.minorticks_off()
+    axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",
+             title="Difference with its 95% interval (hierarchical bootstrap)")  # fmt: skip
+    axes.legend(fontsize=7)
+    png, svg = io.BytesIO(), io.StringIO()
+    figure.tight_layout()
+    figure.savefig(png, format="png", dpi=150)
+    figure.savefig(svg, format="svg")
+    plt.close(figure)
+    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
+    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
+    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]

@@ -1,0 +1,206 @@
+"""Per-sample scores of stored evaluations, read back for `evalkit compare` (never re-running).
+
+    <out>/<run>/step-<N>/ruler/<task>/<length>[.<encoding>].jsonl   RULER: index, references, prompt_sha, score
+    <out>/<run>/step-<N>/general/<task>.samples.jsonl              lm-eval: doc_id, doc/target/prompt hashes, metrics
+
+Everything is keyed by series and cell: a series is one line of the leaderboard (a run, or a run
+under another encoding: `evalkit.ruler.encoding.series`), a cell one number of it (a task at a
+length for RULER, a task's metric under a filter for lm-eval). Each sample carries its identity
+(RULER: its reference answers; lm-eval: the document's and target's hashes) and its prompt hash:
+two checkpoints answered the same sample when the index and the identity agree. Nothing is
+assumed paired: `evalkit.results.compare` checks these.
+
+A log is checked against its summary: the mean of its per-sample scores must be the summary's
+score (to the summary's rounding), so a log from another evaluation than the one the summary
+reports is refused rather than compared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.errors import UserError
+from evalkit.results.leaderboard import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries
+from evalkit.results.schema import describe_checkpoint, ruler_metric
+from evalkit.results.store import CHECKSUM, record_checksum
+from evalkit.ruler.encoding import STANDARD, row_encoding, series
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One number of a series: RULER's task at a length, or an lm-eval task's metric under a filter."""
+
+    benchmark: str
+    task: str
+    length: int | None
+    metric: str
+    filter: str | None = None
+
+    def label(self) -> str:
+        if self.length is not None:
+            return self.task
+        return f"{self.task} {self.metric}" + (f" ({self.filter})" if self.filter not in (None, "none") else "")
+
+
+@dataclass(frozen=True)
+class Sample:
+    score: float
+    identity: str  # what makes it the same sample: its references (RULER), its document and target (lm-eval)
+    prompt: str | None  # the prompt's hash, where recorded
+
+
+@dataclass
+class Series:
+    """One compared thing: its checkpoints' per-sample scores, cell by cell."""
+
+    name: str
+    checkpoints: dict[int, dict[Cell, dict[int, Sample]]] = field(default_factory=dict)
+    paradigm: str = "?"
+    model: str = "?"
+
+    def steps(self) -> list[int]:
+        return sorted(self.checkpoints)
+
+    def cells(self) -> set[Cell]:
+        return {cell for cells in self.checkpoints.values() for cell in cells}
+
+
+def load_series(arguments: list[str]) -> dict[str, Series]:
+    """Every series under the given `[LABEL=]PATH` arguments, by name.
+
+    A LABEL names the series of its path (a path holding one series), or prefixes each of them
+    (`LABEL: series`); the same series name from two arguments is refused, asking for labels."""
+    found: dict[str, Series] = {}
+    for argument in arguments:
+        label, path = _split_argument(argument)
+        here = read_directory(path)
+        if not here:
+            raise UserError(
+                f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {path}; "
+                "give the --out directory of evalkit ruler/general"
+            )
+        for name, one in here.items():
+            if label:
+                one.name = label if len(here) == 1 else f"{label}: {name}"
+            if one.name in found:
+                raise UserError(
+                    f"series {one.name!r} is in two of the given directories; name them apart with LABEL=PATH "
+                    "(for example exact=DIR nvidia=DIR)"
+                )
+            found[one.name] = one
+    return found
+
+
+def _split_argument(argument: str) -> tuple[str | None, Path]:
+    label, sep, path = argument.partition("=")
+    if sep and label and not Path(argument).exists():
+        return label, Path(path)
+    return None, Path(argument)
+
+
+def read_directory(path: Path) -> dict[str, Series]:
+    """The series whose summaries lie under `path`, with their per-sample scores."""
+    if not path.is_dir():
+        raise UserError(f"results directory {path} does not exist")
+    found: dict[str, Series] = {}
+    for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells)):
+        for summary in find_summaries([path], name):
+            directory = _summary_dir(path, summary, name)
+            paradigm, model, _data = describe_checkpoint(summary)
+            for series_name, cell, samples in reader(summary, directory):
+                one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, model=model))
+                one.checkpoints.setdefault(int(summary["step"]), {})[cell] = samples
+    return found
+
+
+def _summary_dir(root: Path, summary: dict, name: str) -> Path:
+    """The checkpoint directory the summary lies in (find_summaries returns contents, not paths)."""
+    for candidate in root.rglob(name):
+        try:
+            data = json.loads(candidate.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if data.get("run") == summary["run"] and int(data.get("step", -1)) == int(summary["step"]):
+            return candidate.parent
+    raise UserError(f"cannot find the summary of {summary['run']} step {summary['step']} under {root}")
+
+
+def _ruler_cells(summary: dict, directory: Path):
+    for row in summary["rows"]:
+        label = row_encoding(row)
+        length = int(row["length"])
+        log = (
+            directory / "ruler" / row["task"] / (f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl")
+        )
+        records = _read_log(log)
+        samples = {
+            int(r["index"]): Sample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
+            for r in records
+        }
+        _check_mean(log, samples, float(row["score"]), row.get("n"), scale_digits=2)
+        cell = Cell("ruler", row["task"], length, ruler_metric(row["task"]))
+        yield series({**row, "run": summary["run"]}), cell, samples
+
+
+def _general_cells(summary: dict, directory: Path):
+    """lm-eval tasks scored per document (acc, acc_norm, exact_match ...): the leaf tasks' rows
+    whose value is the mean of the per-document values; other metrics (perplexity, a group's
+    aggregate) have no per-sample form to compare and are left out."""
+    per_task: dict[tuple[str, str, str | None], dict[int, Sample]] = {}
+    for log in sorted((directory / "general").glob("*.samples.jsonl")):
+        for record in _read_log(log):
+            identity = json.dumps([record.get("doc_hash"), record.get("target_hash")])
+            for metric, value in (record.get("metrics") or {}).items():
+                if isinstance(value, bool | int | float):
+                    key = (record["task"], metric, record.get("filter"))
+                    per_task.setdefault(key, {})[int(record["doc_id"])] = Sample(
+                        float(value), identity, record.get("prompt_hash")
+                    )
+    for row in summary["rows"]:
+        key = (row["task"], row["metric"], row.get("filter"))
+        samples = per_task.get(key)
+        if row.get("value") is None or not samples:
+            continue
+        mean = math.fsum(s.score for s in samples.values()) / len(samples)
+        if not math.isclose(mean, float(row["value"]), rel_tol=1e-9, abs_tol=1e-9):
+            continue  # not a mean over documents (a group's aggregate, a corpus-level metric)
+        yield summary["run"], Cell("general", row["task"], row.get("length"), row["metric"], row.get("filter")), samples
+
+
+def _read_log(path: Path) -> list[dict]:
+    """A per-sample log's records, each sample once (the first line stands, as the store keeps it),
+    those of its latest data only; a record that fails its checksum is refused."""
+    if not path.is_file():
+        raise UserError(f"{path} is missing: compare needs the per-sample logs beside each summary")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a killed run's half-written last line: not a sample
+        if CHECKSUM in record and record[CHECKSUM] != record_checksum(record):
+            raise UserError(f"{path}:{number} does not match its checksum (edited or damaged); rerun that evaluation")
+        records.append(record)
+    if records and "data_key" in records[-1]:  # a log resumed under other data keeps only the latest data's lines
+        records = [r for r in records if r.get("data_key") == records[-1]["data_key"]]
+    seen, kept = set(), []
+    for record in records:
+        key = record.get("index", record.get("doc_id"))
+        if key not in seen:
+            seen.add(key)
+            kept.append(record)
+    return kept
+
+
+def _check_mean(log: Path, samples: dict[int, Sample], score: float, n, scale_digits: int) -> None:
+    mean = math.fsum(s.score for s in samples.values()) / len(samples) if samples else float("nan")
+    if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, scale_digits) - score) > 0.011:
+        raise UserError(
+            f"{log} does not hold the samples its summary scored ({len(samples)} samples, mean {mean:.2f}; "
+            f"summary: {n} samples, {score}); rerun that evaluation to rewrite both"
+        )

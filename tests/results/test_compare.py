@@ -1,0 +1,231 @@
+"""evalkit compare and effective length against differences, errors and thresholds computed by hand,
+and the bootstrap interval's coverage on simulated scores with a known difference."""
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from evalkit.errors import UserError
+from evalkit.results.compare import compare, holm, longest_holding, normal_p
+from evalkit.results.samples import Cell, Sample, Series, load_series
+from evalkit.results.store import record_checksum
+
+CELL = Cell("ruler", "niah_single_1", 1024, "string_match_all")
+
+
+def series(name: str, checkpoints: dict[int, list[float]], references=None, cell: Cell = CELL) -> Series:
+    """A series whose checkpoints answered samples 0..n-1 (references r<i> unless given)."""
+    one = Series(name)
+    for step, scores in checkpoints.items():
+        refs = references or [f"r{i}" for i in range(len(scores))]
+        one.checkpoints[step] = {
+            cell: {i: Sample(float(s), json.dumps([refs[i]]), f"p{i}") for i, s in enumerate(scores)}
+        }
+    return one
+
+
+def test_paired_difference_and_error_are_the_per_sample_differences():
+    rng = np.random.default_rng(1)
+    a = rng.choice([0.0, 100.0], size=40).tolist()
+    b = [min(100.0, x + 100.0 * (rng.random() < 0.3)) for x in a]
+    found = compare({"A": series("A", {0: a}), "B": series("B", {0: b})}, ["A", "B"], replicates=20000, seed=3)
+    (difference,) = found.differences
+    d = [y - x for x, y in zip(a, b)]
+    by_hand = statistics.pstdev(d) / math.sqrt(len(d))  # the bootstrap's plug-in standard error
+    assert difference.difference == pytest.approx(statistics.fmean(d))
+    assert difference.stderr == pytest.approx(by_hand, rel=0.04)
+    assert difference.pairing == "paired, same prompts"
+    assert difference.low == pytest.approx(statistics.fmean(d) - 1.96 * by_hand, abs=0.25 * by_hand)
+    assert difference.p == pytest.approx(math.erfc(abs(statistics.fmean(d)) / difference.stderr / math.sqrt(2)))
+
+
+def test_other_references_are_never_paired_and_require_refuses():
+    a, b = [100.0, 0.0, 100.0, 0.0] * 10, [100.0, 100.0, 0.0, 100.0] * 10
+    other = [f"x{i}" for i in range(40)]  # other needles: other samples
+    pair = {"A": series("A", {0: a}), "B": series("B", {0: b}, references=other)}
+    (difference,) = compare(pair, ["A", "B"], replicates=20000, seed=4).differences
+    assert difference.pairing.startswith("independent: references differ at sample 0")
+    by_hand = math.hypot(statistics.pstdev(a) / math.sqrt(40), statistics.pstdev(b) / math.sqrt(40))
+    assert difference.stderr == pytest.approx(by_hand, rel=0.04)
+    with pytest.raises(UserError, match="cannot pair, independent: references differ at sample 0"):
+        compare(pair, ["A", "B"], replicates=200, pairing="require")
+
+
+def test_same_references_other_prompts_pair_and_say_so():
+    a = series("A", {0: [100.0, 0.0, 100.0]})
+    b = series("B", {0: [100.0, 100.0, 0.0]})
+    for i, sample in b.checkpoints[0][CELL].items():
+        b.checkpoints[0][CELL][i] = Sample(sample.score, sample.identity, f"other{i}")
+    (difference,) = compare({"A": a, "B": b}, ["A", "B"], replicates=200).differences
+    assert difference.pairing == "paired, same references, prompts differ"
+
+
+def test_checkpoints_average_as_the_leaderboard_and_their_spread_counts():
+    """Samples all alike within a checkpoint: only the checkpoints vary, and the error is
+    sqrt(s_A^2/K_A + s_B^2/K_B) with the sample standard deviations over checkpoints."""
+    values_a, values_b = [10.0, 20.0, 30.0, 40.0], [30.0, 30.0, 50.0, 50.0]
+    a = series("A", {step: [v] * 20 for step, v in enumerate(values_a)})
+    b = series("B", {step: [v] * 20 for step, v in enumerate(values_b)})
+    (difference,) = compare({"A": a, "B": b}, ["A", "B"], replicates=40000, seed=5).differences
+    assert difference.difference == pytest.approx(statistics.fmean(values_b) - statistics.fmean(values_a)) == 15.0
+    by_hand = math.sqrt(statistics.variance(values_a) / 4 + statistics.variance(values_b) / 4)
+    assert difference.stderr == pytest.approx(by_hand, rel=0.04)
+
+
+def test_holm_by_hand():
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert normal_p(0.0, 0.0) == 1.0 and normal_p(2.0, 0.0) == 0.0
+    assert normal_p(1.96, 1.0) == pytest.approx(0.05, abs=1e-3)
+
+
+def test_holm_is_applied_across_the_cells():
+    cells = [Cell("ruler", f"t{k}", 1024, "m") for k in range(3)]
+    a, b = Series("A"), Series("B")
+    for one, shift in ((a, 0.0), (b, 1.0)):
+        one.checkpoints[0] = {
+            c: {i: Sample(float(i % 5) + shift * k, str(i), None) for i in range(30)} for k, c in enumerate(cells)
+        }
+    found = compare({"A": a, "B": b}, ["A", "B"], replicates=2000, seed=0)
+    assert [d.p_holm for d in found.differences] == pytest.approx(holm([d.p for d in found.differences]))
+    (average,) = found.averages
+    assert average.task == "average" and average.tasks == 3 and average.difference == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "scores, expected",
+    [
+        ([90, 86, 80, 88], 2048),  # the dip at 4K ends it: 8K's 88 does not count
+        ([85.6, 85.6, 85.6, 85.6], 8192),  # at the threshold holds
+        ([80, 90, 90, 90], None),  # below at the shortest length
+    ],
+)
+def test_longest_holding_by_hand(scores, expected):
+    assert longest_holding([1024, 2048, 4096, 8192], scores, 85.6) == expected
+
+
+def test_effective_length_with_its_interval_and_a_threshold_from_a_run():
+    def at_lengths(name, per_length):
+        one = Series(name)
+        one.checkpoints[0] = {}
+        for length, scores in per_length.items():
+            cell = Cell("ruler", "niah_single_1", length, "string_match_all")
+            one.checkpoints[0][cell] = {i: Sample(s, str(i), None) for i, s in enumerate(scores)}
+        return one
+
+    # Deterministic scores: every replicate agrees, so the interval is the point.
+    sure = at_lengths("sure", {1024: [100.0] * 10, 2048: [90.0] * 10, 4096: [50.0] * 10})
+    # 9 of 10 samples right at 2K: the task average is 90, but a replicate often draws 2 wrong ones.
+    unsure = at_lengths("unsure", {1024: [100.0] * 10, 2048: [100.0] * 9 + [0.0], 4096: [0.0] * 10})
+    found = compare({"sure": sure, "unsure": unsure}, ["sure", "unsure"], replicates=2000, seed=1)
+    by_name = {e.series: e for e in found.effective}
+    assert (by_name["sure"].length, by_name["sure"].low, by_name["sure"].high) == (2048, 2048, 2048)
+    assert by_name["unsure"].length == 2048 and (by_name["unsure"].low, by_name["unsure"].high) == (1024, 2048)
+    from_run = compare(
+        {"sure": sure, "unsure": unsure}, ["sure", "unsure"], replicates=200, threshold_from="sure"
+    )  # sure's 1K average, 100: only samples all right hold
+    assert from_run.threshold == 100.0 and from_run.threshold_source == "sure at 1024"
+    assert {e.series: e.length for e in from_run.effective} == {"sure": 1024, "unsure": 1024}
+
+
+def test_interval_covers_a_known_difference_about_95_percent_of_the_time():
+    """200 simulated paired experiments, 2 checkpoints a side with a checkpoint effect, 60 samples;
+    the true difference is 10 points. A 95% interval should cover it 90-99% of the time
+    (binomial sd at 200 experiments: 1.5 points; the percentile bootstrap under-covers a little)."""
+    rng = np.random.default_rng(2026)
+    covered = 0
+    for experiment in range(200):
+        latent = rng.random(60)
+        sides = {}
+        for name, rate in (("A", 0.5), ("B", 0.6)):
+            checkpoints = {}
+            for step in range(2):
+                effect = rng.normal(0, 0.02)
+                checkpoints[step] = (100.0 * (latent < rate + effect + rng.normal(0, 0.05, 60))).tolist()
+            sides[name] = series(name, checkpoints)
+        # the truth: E[score B] - E[score A] = 100 * (0.6 - 0.5) over the latent draw and the noise
+        found = compare(sides, ["A", "B"], replicates=400, seed=experiment).differences[0]
+        covered += found.low <= 10.0 <= found.high
+    assert 0.90 <= covered / 200 <= 0.99, covered
+
+
+# --- from stored files, through the command ---
+
+
+def write_checkpoint(out, run, step, task, length, correct, references=None, label=None, summary_score=None):
+    """A RULER checkpoint as evalkit ruler writes it: the per-sample log and the summary."""
+    directory = out / run / f"step-{step}"
+    name = f"{length}.jsonl" if label is None else f"{length}.{label}.jsonl"
+    log = directory / "ruler" / task / name
+    log.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, ok in enumerate(correct):
+        ref = (references or [f"n{i}" for i in range(len(correct))])[i]
+        record = {"index": i, "length": length - 200, "prediction": ref if ok else "x", "references": [ref],
+                  "score": 100.0 * ok, "prompt_sha": f"p{i}", "data_key": "k"}  # fmt: skip
+        record["sha"] = record_checksum(record)
+        lines.append(json.dumps(record) + "\n")
+    with log.open("a") as handle:
+        handle.writelines(lines)
+    score = round(100.0 * sum(correct) / len(correct), 2) if summary_score is None else summary_score
+    row = {"run": run, "step": step, "task": task, "length": length, "score": score, "n": len(correct)}
+    if label is not None:
+        row.update(encoding="anchor", doc_tokens=int(label.split("-")[1]))
+    path = directory / "ruler-summary.json"
+    empty = {"benchmark": "ruler", "run": run, "step": step, "rows": [], "skipped": [], "provenance": {}}
+    summary = json.loads(path.read_text()) if path.is_file() else empty
+    summary["rows"].append(row)
+    path.write_text(json.dumps(summary))
+
+
+def test_series_and_encodings_are_read_from_the_logs(tmp_path):
+    write_checkpoint(tmp_path, "full", 10, "niah_single_1", 1024, [1, 0, 1, 1])
+    write_checkpoint(tmp_path, "full", 10, "niah_single_1", 1024, [1, 0, 0, 0], label="anchor-128")
+    found = load_series([str(tmp_path)])
+    assert sorted(found) == ["full", "full [anchor, 128-token docs]"]
+    (cells,) = found["full [anchor, 128-token docs]"].checkpoints.values()
+    assert [s.score for s in cells[CELL].values()] == [100.0, 0.0, 0.0, 0.0]
+    labelled = load_series([f"mine={tmp_path}"])
+    assert "mine: full" in labelled
+
+
+def test_a_log_that_is_not_what_its_summary_scored_is_refused(tmp_path):
+    write_checkpoint(tmp_path, "full", 10, "niah_single_1", 1024, [1, 0, 1, 1], summary_score=50.0)
+    with pytest.raises(UserError, match="does not hold the samples its summary scored"):
+        load_series([str(tmp_path)])
+
+
+def run_compare(*args, cwd):
+    command = [sys.executable, "-m", "evalkit.cli", "compare", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_command_writes_the_table_the_json_and_the_plot(tmp_path):
+    out = tmp_path / "results"
+    for run, correct in (("full", [1, 0, 1, 1, 0, 0]), ("anchor", [1, 1, 1, 1, 0, 1])):
+        for step in (1, 2):
+            write_checkpoint(out, run, step, "niah_single_1", 1024, correct)
+            write_checkpoint(out, run, step, "niah_single_1", 2048, correct[:3] + [0, 0, 0])
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    done = run_compare(str(out), "--baseline", "full", "--replicates", "500", "--seed", "7", "--out",
+                       str(tmp_path / "cmp"), cwd=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # 1K: anchor 83.33, full 50.00 at both checkpoints -> +33.33; paired, same prompts.
+    assert "| anchor − full | niah_single_1 | string_match_all | 1K | 50.00 | 83.33 | +33.33 |" in done.stdout
+    assert "paired, same prompts" in done.stdout
+    records = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert records["seed"] == 7 and records["replicates"] == 500
+    assert [e["length"] for e in records["effective_lengths"]] == [None, None]  # both below 85.6 at 1K
+    assert (tmp_path / "cmp" / "compare-vs-length.png").is_file()
+    refused = run_compare(str(out), "--baseline", "nobody", cwd=root)
+    assert refused.returncode == 2 and "error: --baseline 'nobody' is not among the series" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    missing = run_compare(str(tmp_path / "nowhere"), cwd=root)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
