@@ -18,9 +18,24 @@ def leaderboard_command(
     ),
     out: Path = typer.Option(Path("results/leaderboard.md"), "--out", help="The markdown file to write."),
     plots: Path = typer.Option(None, "--plots", help="Directory for the PNG/SVG plots (default: plots/ beside --out)."),
+    form: str = typer.Option(
+        "md",
+        "--format",
+        help="md: the tables and plots; csv or json: every stored number as a long-form row of the result schema "
+        "(default --out then ends in .csv/.json).",
+    ),
+    threshold: float = typer.Option(None, "--threshold", help="Effective-length threshold (default: RULER's 85.6)."),
+    threshold_from: str = typer.Option(
+        None, "--threshold-from", help="Take the threshold from this run's task average at its shortest length."
+    ),
 ) -> None:
     """Write leaderboards and plots from stored results, never re-running."""
-    from evalkit.results.leaderboard import write_leaderboard
+    from evalkit.results.leaderboard import write_export, write_leaderboard
+
+    if form not in ("md", "csv", "json"):
+        raise UserError(f"--format must be md, csv or json, got {form!r}")
+    if threshold is not None and threshold_from is not None:
+        raise UserError("give --threshold or --threshold-from, not both")
 
     chosen = dirs or [d for d in (Path("results/ruler"), Path("results/general")) if d.is_dir()]
     if not chosen:
@@ -28,8 +43,15 @@ def leaderboard_command(
     for directory in chosen:
         if not directory.is_dir():
             raise UserError(f"results directory {directory} does not exist")
+    if form != "md":
+        if out == Path("results/leaderboard.md"):
+            out = out.with_suffix(f".{form}")
+        check_output_file(out)
+        written = write_export(chosen, out, form)
+        typer.echo(f"wrote {written}", err=True)
+        return
     check_output_file(out)
     check_output_dir(plots or out.parent / "plots", "--plots")
-    board = write_leaderboard(chosen, out, plots)
+    board = write_leaderboard(chosen, out, plots, threshold, threshold_from)
     typer.echo(board.read_text())
     typer.echo(f"wrote {board} and its plots in {plots or board.parent / 'plots'}", err=True)

@@ -216,10 +216,14 @@ def ruler_cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
 
 
 def _best(values: dict[str, float]) -> set[str]:
-    if not values:
+    """The one run strictly ahead (at the shown precision) of at least one other: a tie has no
+    best, so neither does a column where every run scores the same (the zeros of untrained runs)."""
+    shown = {run: round(v, 2) for run, v in values.items()}
+    if len(shown) < 2:
         return set()
-    top = max(round(v, 2) for v in values.values())
-    return {run for run, v in values.items() if round(v, 2) == top}
+    top = max(shown.values())
+    leaders = [run for run, v in shown.items() if v == top]
+    return set(leaders) if len(leaders) == 1 else set()
 
 
 def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
@@ -402,7 +406,44 @@ def other_benchmarks(dirs: list[Path]) -> dict[str, list[dict]]:
     return {name: summaries for name, summaries in found.items() if summaries}
 
 
-def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
+def effective_length_table(
+    dirs: list[Path], rows: list[dict], threshold: float | None = None, threshold_from: str | None = None
+) -> tuple[str, float]:
+    """Each run's effective length (evalkit.results.compare): the point from the table's own means,
+    the 95% interval from the bootstrap over the per-sample logs, "–" where the logs are not there."""
+    from evalkit.results.compare import RULER_THRESHOLD, Bootstrap, effective_length, longest_holding
+    from evalkit.results.samples import read_directory
+
+    cells = ruler_cells(rows)
+    runs = sorted({run for run, _ in cells})
+    lengths = {run: sorted(n for r, n in cells if r == run) for run in runs}
+    if threshold_from is not None:
+        if threshold_from not in lengths:
+            raise UserError(f"--threshold-from {threshold_from!r}: no RULER run of that name ({', '.join(runs)})")
+        threshold = cells[(threshold_from, lengths[threshold_from][0])].mean
+    threshold = RULER_THRESHOLD if threshold is None else threshold
+    try:
+        series = {name: one for directory in dirs for name, one in read_directory(directory).items()}
+        boot = Bootstrap({name: series[name] for name in runs if name in series}, 2000, seed=0)
+    except UserError:  # no per-sample logs (a board of summaries only): points without intervals
+        boot = None
+    table = []
+    for run in runs:
+        point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
+        below = f"< {_label(lengths[run][0])}"
+        shown = _label(point) if point is not None else below
+        found = effective_length(boot, run, threshold) if boot is not None and run in boot.series else None
+        if found is None:
+            spread = "– (no per-sample logs)"
+        else:
+            spread = "[" + ", ".join(_label(n) if n is not None else below for n in (found.low, found.high)) + "]"
+        table.append([run, shown, spread])
+    return markdown_table(["run", "effective length", "95% interval (bootstrap, seed 0)"], table), threshold
+
+
+def build_markdown(
+    dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None
+) -> tuple[str, list[dict], list[dict]]:
     ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY))
     general = find_summaries(dirs, GENERAL_SUMMARY)
     others = other_benchmarks(dirs)
@@ -416,7 +457,7 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
         rows = [row for s in ruler for row in s["rows"]]
         infos = run_infos(ruler)
         parts += [
-            "## RULER (mean ± std over each run's checkpoints of the per-length task average; best in bold)",
+            "## RULER (mean ± std over each run's checkpoints of the per-length task average; a strict best in bold)",
             "",
             ruler_table(rows, infos),
             "",
@@ -426,6 +467,14 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
             parts += [notes, ""]
         skipped = skipped_notes(infos)
         parts += ["Skipped tasks (not scored, not averaged):", "", skipped or "- none", ""]
+        effective, used = effective_length_table(dirs, rows, threshold, threshold_from)
+        parts += [
+            f"## RULER effective length (the longest length whose task average is ≥ {used:.2f} there "
+            "and at every shorter length)",
+            "",
+            effective,
+            "",
+        ]
         parts += [
             "## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
             "",
@@ -443,14 +492,53 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
     return "\n".join(parts), ruler, general
 
 
-def write_leaderboard(dirs: list[Path], out: Path, plots_dir: Path | None = None) -> Path:
+def export_rows(dirs: list[Path]) -> list[ResultRow]:
+    """Every stored number under `dirs` as a schema row (RULER, lm-eval tasks and any other benchmark)."""
+    names = [RULER_SUMMARY, GENERAL_SUMMARY] + [summary_name(name) for name in other_benchmarks(dirs)]
+    rows = [row for name in names for summary in find_summaries(dirs, name) for row in summary_rows(summary)]
+    if not rows:
+        raise UserError(
+            f"no *{SUMMARY_SUFFIX} with rows under {', '.join(map(str, dirs))}; run evalkit ruler/general first"
+        )
+    return rows
+
+
+def write_export(dirs: list[Path], out: Path, form: str) -> Path:
+    """--format csv|json: long-form rows, one per number, the schema's fields (ResultRow) as columns."""
+    import csv
+    import dataclasses
+    import io
+
+    from evalkit.provenance import stamp
+    from evalkit.storage import atomic_write_json, atomic_write_text
+
+    rows = [dataclasses.asdict(row) for row in export_rows([d for d in dirs if d.is_dir()])]
+    fields = [f.name for f in dataclasses.fields(ResultRow)]
+    if form == "json":
+        atomic_write_json(out, {"fields": fields, "rows": rows, "provenance": stamp()})
+    else:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(out, text.getvalue())
+    return out
+
+
+def write_leaderboard(
+    dirs: list[Path],
+    out: Path,
+    plots_dir: Path | None = None,
+    threshold: float | None = None,
+    threshold_from: str | None = None,
+) -> Path:
     """The leaderboard markdown at `out`, its plots in plots_dir (default: plots/ beside it)."""
     import os
 
     from evalkit.results import plots
     from evalkit.storage import atomic_write_text
 
-    markdown, ruler, general = build_markdown([d for d in dirs if d.is_dir()])
+    markdown, ruler, general = build_markdown([d for d in dirs if d.is_dir()], threshold, threshold_from)
     plots_dir = plots_dir or out.parent / "plots"
     written = []
     if ruler:

@@ -229,3 +229,20 @@ def test_command_writes_the_table_the_json_and_the_plot(tmp_path):
     assert "Traceback" not in refused.stderr
     missing = run_compare(str(tmp_path / "nowhere"), cwd=root)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_leaderboard_shows_the_effective_length_interval_from_the_logs(tmp_path):
+    import pathlib
+
+    out = tmp_path / "results"
+    write_checkpoint(out, "sure", 1, "niah_single_1", 1024, [1] * 10)
+    write_checkpoint(out, "sure", 1, "niah_single_1", 2048, [0] * 10)
+    write_checkpoint(out, "unsure", 1, "niah_single_1", 1024, [1] * 9 + [0])  # 90: holds, but not in every replicate
+    root = pathlib.Path(__file__).resolve().parents[2]
+    board = tmp_path / "board.md"
+    command = [sys.executable, "-m", "evalkit.cli", "leaderboard", str(out), "--out", str(board)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    text = board.read_text()
+    assert "| sure | 1K | [1K, 1K] |" in text
+    assert "| unsure | 1K | [< 1K, 1K] |" in text

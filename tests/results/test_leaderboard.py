@@ -222,3 +222,82 @@ def test_per_task_cells_show_the_standard_error_of_a_single_checkpoint():
     ]
     lines = per_task_table(rows).splitlines()
     assert lines[2:] == ["| old | vt | 7.50 |", "| one | vt | 15.00 ± 8.19 |", "| two | vt | 15.00 |"]
+
+
+def test_best_marks_only_a_strict_best():
+    from evalkit.results.leaderboard import _best
+
+    assert _best({"a": 0.0, "b": 0.0, "c": 0.0}) == set()  # a tie of zeros is no best
+    assert _best({"a": 50.0, "b": 50.001}) == set()  # equal as shown (2 decimals): a tie
+    assert _best({"a": 50.0, "b": 49.0, "c": 50.0}) == set()
+    assert _best({"a": 10.0, "b": 0.0}) == {"a"}
+    assert _best({"a": 10.0}) == set()  # one run: nothing to be best against
+
+
+def test_untrained_runs_at_zero_are_not_bold(tmp_path):
+    for run in ("zero-a", "zero-b"):
+        write(tmp_path / "r", ruler_summary(run, 1, {("niah_single_1", 512): 0, ("niah_single_1", 1024): 0}))
+    out = tmp_path / "board.md"
+    assert leaderboard(str(tmp_path / "r"), "--out", str(out)).returncode == 0
+    main = out.read_text().split("## RULER (")[1].split("\n\n")[1]
+    assert "**" not in main and "0.00 ± 0.00" in main
+
+
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        # anchor: 512 -> 75, 1K -> 35; full: 512 -> 65, 1K -> 50 (the fixture's hand arithmetic)
+        (("--threshold", "40"), {"tiny-anchor": "512", "tiny-full": "1K"}),
+        (("--threshold", "70"), {"tiny-anchor": "512", "tiny-full": "< 512"}),
+        (("--threshold-from", "tiny-anchor"), {"tiny-anchor": "512", "tiny-full": "< 512"}),  # 75, its 512 score
+        ((), {"tiny-anchor": "< 512", "tiny-full": "< 512"}),  # RULER's 85.6
+    ],
+)
+def test_effective_length_by_hand(results, option, expected):
+    out = results / "board" / "leaderboard.md"
+    done = leaderboard(str(results / "ruler"), "--out", str(out), *option)
+    assert done.returncode == 0, done.stderr
+    section = out.read_text().split("## RULER effective length")[1].split("\n\n")
+    threshold = {"40": "40.00", "70": "70.00", "tiny-anchor": "75.00"}.get(option[-1] if option else "", "85.60")
+    assert f"≥ {threshold} there" in section[0]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in section[1].splitlines()[2:]}
+    assert rows == expected
+    assert "– (no per-sample logs)" in section[1]  # summaries only: no interval
+
+
+@pytest.mark.parametrize("form", ["csv", "json"])
+def test_exports_parse_back_to_the_stored_numbers(results, form):
+    import csv
+
+    out = results / "board" / f"rows.{form}"
+    done = leaderboard(str(results / "ruler"), str(results / "general"), "--out", str(out), "--format", form)
+    assert done.returncode == 0, done.stderr
+    if form == "csv":
+        rows = list(csv.DictReader(out.open()))
+    else:
+        rows = json.loads(out.read_text())["rows"]
+    stored = {}
+    for path in sorted(results.rglob("*-summary.json")):
+        summary = json.loads(path.read_text())
+        for row in summary["rows"]:
+            value = row.get("score", row.get("value"))
+            stored[(row["run"], int(row["step"]), row["task"], row.get("length") or None)] = float(value)
+    exported = {
+        (
+            row["run"],
+            int(row["step"]),
+            row["task"],
+            int(row["length"]) if row["length"] not in ("", None) else None,
+        ): float(row["value"])
+        for row in rows
+    }
+    assert exported == stored and len(rows) == len(stored) == 16 + 4  # 4 RULER summaries of 4 cells, 4 general
+    by_task = {(row["run"], row["task"]): row for row in rows}
+    assert by_task[("tiny-anchor", "vt")]["metric"] == "string_match_all"
+    assert by_task[("tiny-anchor", "fixture_mc")]["metric"] == "acc"
+    assert by_task[("tiny-anchor", "vt")]["paradigm"] == "anchor"
+
+
+def test_export_refuses_an_unknown_format(results):
+    done = leaderboard(str(results / "ruler"), "--format", "xlsx")
+    assert done.returncode == 2 and "--format must be md, csv or json" in done.stderr
