@@ -24,6 +24,7 @@ def compare_command(
     ),
     only: str = typer.Option(None, "--series", help="Only these series, comma-separated, in this order."),
     tasks: str = typer.Option(None, "--tasks", help="Only these tasks, comma-separated."),
+    lengths: str = typer.Option(None, "--lengths", help="Only these RULER lengths, comma-separated (4k = 4096)."),
     threshold: float = typer.Option(None, "--threshold", help="Effective-length threshold (default: RULER's 85.6)."),
     threshold_from: str = typer.Option(
         None, "--threshold-from", help="Take the threshold from this series' task average at its shortest length."
@@ -55,12 +56,18 @@ def compare_command(
         unknown = [name for name in order if name not in series]
         if unknown:
             raise UserError(f"--series {', '.join(unknown)}: not found; the series are: {', '.join(series)}")
-    if tasks:
-        wanted = {task.strip() for task in tasks.split(",")}
+    if tasks or lengths:
+        from evalkit.lengths import parse_lengths
+
+        wanted_tasks = {task.strip() for task in tasks.split(",")} if tasks else None
+        wanted_lengths = set(parse_lengths(lengths)) if lengths else None
         for one in series.values():
             for cells in one.checkpoints.values():
-                for cell in [c for c in cells if c.task not in wanted]:
-                    del cells[cell]
+                for cell in list(cells):
+                    if (wanted_tasks and cell.task not in wanted_tasks) or (
+                        wanted_lengths and cell.length is not None and cell.length not in wanted_lengths
+                    ):
+                        del cells[cell]
     chosen = {name: series[name] for name in order}
     if threshold_from is not None and threshold_from not in chosen and threshold_from in series:
         chosen[threshold_from] = series[threshold_from]

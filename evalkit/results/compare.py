@@ -166,10 +166,18 @@ def _why_unpaired(members: dict[tuple[str, int], dict]) -> str:
         for i in sorted(set(first) & set(samples)):
             if first[i].identity != samples[i].identity:
                 where = f"{first_member[0]} step {first_member[1]} vs {member[0]} step {member[1]}"
-                return f"references differ at sample {i} ({where})"
+                return f"references differ at sample {_sample_name(i)} ({where})"
         if set(first) != set(samples):
             return f"different sample sets ({len(first)} vs {len(samples)} samples)"
     return "different sample sets"
+
+
+def _sample_name(key) -> str:
+    """A sample's index, with the pooled directory it came from when there are several."""
+    if isinstance(key, tuple):
+        place, index = key
+        return str(index) if place == 0 else f"{index} of pooled directory {place + 1}"
+    return str(key)
 
 
 def _mean(samples: dict) -> float:
@@ -246,9 +254,17 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
         p=normal_p(point_b - point_a, stderr),
         p_holm=float("nan"),
         samples=samples,
-        pairing=pairings[0] if len(pairings) == 1 else "; ".join(pairings),
+        pairing=_pairing_over(pairings, [boot.pairing_of(c, a, b) for c in cells]),
         tasks=len(cells),
     )
+
+
+def _pairing_over(distinct: list[str], each: list[str]) -> str:
+    """One cell's pairing, or for an average over tasks: the same for all, else how many were paired."""
+    if len(distinct) == 1:
+        return distinct[0]
+    paired = sum(label.startswith("paired") for label in each)
+    return "paired" if paired == len(each) else f"{paired} of {len(each)} tasks paired"
 
 
 def pairs(names: list[str], baseline: str | None) -> list[tuple[str, str]]:

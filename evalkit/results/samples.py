@@ -57,7 +57,8 @@ class Series:
     """One compared thing: its checkpoints' per-sample scores, cell by cell."""
 
     name: str
-    checkpoints: dict[int, dict[Cell, dict[int, Sample]]] = field(default_factory=dict)
+    # step -> cell -> (place, index) -> sample; place: which of pooled directories (0 unless pooled)
+    checkpoints: dict[int, dict[Cell, dict[tuple[int, int], Sample]]] = field(default_factory=dict)
     paradigm: str = "?"
     model: str = "?"
 
@@ -72,11 +73,18 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
     """Every series under the given `[LABEL=]PATH` arguments, by name.
 
     A LABEL names the series of its path (a path holding one series), or prefixes each of them
-    (`LABEL: series`); the same series name from two arguments is refused, asking for labels."""
+    (`LABEL: series`); the same series name from two arguments is refused, asking for labels.
+    The same LABEL given again pools: its directories' samples count as more samples of the same
+    checkpoints (evaluations with another --seed), the k-th directory's sample i being sample
+    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other."""
     found: dict[str, Series] = {}
+    places: dict[str, int] = {}
     for argument in arguments:
         label, path = _split_argument(argument)
-        here = read_directory(path)
+        place = places.get(label, 0) if label else 0
+        if label:
+            places[label] = place + 1
+        here = read_directory(path, place)
         if not here:
             raise UserError(
                 f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {path}; "
@@ -85,6 +93,9 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
         for name, one in here.items():
             if label:
                 one.name = label if len(here) == 1 else f"{label}: {name}"
+            if one.name in found and place > 0:
+                _pool(found[one.name], one)
+                continue
             if one.name in found:
                 raise UserError(
                     f"series {one.name!r} is in two of the given directories; name them apart with LABEL=PATH "
@@ -94,6 +105,16 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
     return found
 
 
+def _pool(into: Series, more: Series) -> None:
+    if set(into.steps()) != set(more.steps()):
+        raise UserError(
+            f"series {into.name}: the pooled directories hold other checkpoints ({into.steps()} vs {more.steps()})"
+        )
+    for step, cells in more.checkpoints.items():
+        for cell, samples in cells.items():
+            into.checkpoints[step].setdefault(cell, {}).update(samples)
+
+
 def _split_argument(argument: str) -> tuple[str | None, Path]:
     label, sep, path = argument.partition("=")
     if sep and label and not Path(argument).exists():
@@ -101,8 +122,9 @@ def _split_argument(argument: str) -> tuple[str | None, Path]:
     return None, Path(argument)
 
 
-def read_directory(path: Path) -> dict[str, Series]:
-    """The series whose summaries lie under `path`, with their per-sample scores."""
+def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
+    """The series whose summaries lie under `path`, with their per-sample scores, each sample
+    keyed (place, index): `place` tells pooled directories apart (load_series)."""
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
@@ -112,7 +134,8 @@ def read_directory(path: Path) -> dict[str, Series]:
             paradigm, model, _data = describe_checkpoint(summary)
             for series_name, cell, samples in reader(summary, directory):
                 one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, model=model))
-                one.checkpoints.setdefault(int(summary["step"]), {})[cell] = samples
+                keyed = {(place, index): sample for index, sample in samples.items()}
+                one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
     return found
 
 

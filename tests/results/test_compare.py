@@ -246,3 +246,56 @@ def test_leaderboard_shows_the_effective_length_interval_from_the_logs(tmp_path)
     text = board.read_text()
     assert "| sure | 1K | [1K, 1K] |" in text
     assert "| unsure | 1K | [< 1K, 1K] |" in text
+
+
+def test_pooled_seeds_pair_kth_directory_with_kth(tmp_path):
+    """Two seeds' evaluations of one checkpoint under two sizings (the former scripts/compare_ruler_runs.py
+    case): sample 0 of seed 1 is another sample than sample 0 of seed 0, so each seed pairs with itself."""
+    for seed, (a_ok, b_ok) in enumerate([([1, 0], [1, 1]), ([0, 0], [0, 1])]):
+        refs = [f"s{seed}n{i}" for i in (0, 1)]
+        write_checkpoint(tmp_path / f"a{seed}", "m", 0, "niah_single_1", 4096, a_ok, references=refs)
+        write_checkpoint(tmp_path / f"b{seed}", "m", 0, "niah_single_1", 4096, b_ok, references=refs)
+    arguments = [f"exact={tmp_path / 'a0'}", f"exact={tmp_path / 'a1'}", f"nvidia={tmp_path / 'b0'}",
+                 f"nvidia={tmp_path / 'b1'}"]  # fmt: skip
+    found = load_series(arguments)
+    assert sorted(found) == ["exact", "nvidia"]
+    (d,) = compare(found, ["exact", "nvidia"], replicates=20000, seed=2).differences
+    # Paired over 4 samples: differences 0, 100, 0, 100 -> mean 50, plug-in sd 50, error 25.
+    assert d.difference == 50.0 and d.samples == "4" and d.pairing == "paired, same prompts"
+    assert d.stderr == pytest.approx(25.0, rel=0.04)
+    crossed = load_series([f"exact={tmp_path / 'a0'}", f"exact={tmp_path / 'a1'}", f"nvidia={tmp_path / 'b1'}",
+                           f"nvidia={tmp_path / 'b0'}"])  # fmt: skip  # seed 1 against seed 0: other samples
+    (d,) = compare(crossed, ["exact", "nvidia"], replicates=200).differences
+    assert d.pairing.startswith("independent: references differ at sample 0")
+
+
+def write_general(out, run, step, task, accs, docs=None):
+    """An lm-eval task as evalkit general writes it: the per-document samples and the summary row."""
+    directory = out / run / f"step-{step}"
+    (directory / "general").mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps({"task": task, "doc_id": i, "filter": "none", "metrics": {"acc": float(a)},
+                    "doc_hash": (docs or [f"d{j}" for j in range(len(accs))])[i], "target_hash": "t",
+                    "prompt_hash": f"p{i}"}) + "\n"
+        for i, a in enumerate(accs)
+    ]  # fmt: skip
+    (directory / "general" / f"{task}.samples.jsonl").write_text("".join(lines))
+    row = {"run": run, "step": step, "requested": task, "task": task, "metric": "acc", "filter": "none",
+           "value": sum(accs) / len(accs), "stderr": 0.1, "n": len(accs), "num_fewshot": 0}  # fmt: skip
+    summary = {"benchmark": "general", "run": run, "step": step, "rows": [row], "provenance": {}}
+    (directory / "general-summary.json").write_text(json.dumps(summary))
+
+
+def test_lm_eval_tasks_compare_per_document(tmp_path):
+    write_general(tmp_path, "full", 1, "fixture_mc", [1, 0, 0, 1, 0])
+    write_general(tmp_path, "anchor", 1, "fixture_mc", [1, 1, 0, 1, 1])
+    write_general(tmp_path / "other", "other", 1, "fixture_mc", [1, 1, 0, 1, 1], docs=list("vwxyz"))
+    found = load_series([str(tmp_path / "full"), str(tmp_path / "anchor"), str(tmp_path / "other")])
+    result = compare(found, ["full", "anchor", "other"], replicates=20000, seed=1)
+    by_other = {d.other: d for d in result.differences}
+    d = by_other["anchor"]
+    assert (d.task, d.metric, d.length, d.difference) == ("fixture_mc", "acc", None, pytest.approx(0.4))
+    # per-document differences 0, 1, 0, 0, 1: plug-in sd 0.49, error 0.49 / sqrt(5)
+    assert d.pairing == "paired, same prompts" and d.stderr == pytest.approx(0.4899 / math.sqrt(5), rel=0.04)
+    assert by_other["other"].pairing.startswith("independent: references differ at sample 0")
+    assert result.averages == [] and result.effective == []  # no lengths: no task average per length
