@@ -422,11 +422,12 @@ def effective_length_table(
             raise UserError(f"--threshold-from {threshold_from!r}: no RULER run of that name ({', '.join(runs)})")
         threshold = cells[(threshold_from, lengths[threshold_from][0])].mean
     threshold = RULER_THRESHOLD if threshold is None else threshold
+    unusable = "no per-sample logs"
     try:
         series = {name: one for directory in dirs for name, one in read_directory(directory).items()}
         boot = Bootstrap({name: series[name] for name in runs if name in series}, 2000, seed=0)
-    except UserError:  # no per-sample logs (a board of summaries only): points without intervals
-        boot = None
+    except UserError as err:  # a board of summaries only (or unusable logs): points without intervals
+        boot, unusable = None, "no per-sample logs" if "is missing" in str(err) else f"per-sample logs unusable: {err}"
     table = []
     for run in runs:
         point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
@@ -434,7 +435,7 @@ def effective_length_table(
         shown = _label(point) if point is not None else below
         found = effective_length(boot, run, threshold) if boot is not None and run in boot.series else None
         if found is None:
-            spread = "– (no per-sample logs)"
+            spread = f"– ({unusable})"
         else:
             spread = "[" + ", ".join(_label(n) if n is not None else below for n in (found.low, found.high)) + "]"
         table.append([run, shown, spread])
@@ -508,11 +509,16 @@ def write_export(dirs: list[Path], out: Path, form: str) -> Path:
     import csv
     import dataclasses
     import io
+    import math
 
     from evalkit.provenance import stamp
     from evalkit.storage import atomic_write_json, atomic_write_text
 
-    rows = [dataclasses.asdict(row) for row in export_rows([d for d in dirs if d.is_dir()])]
+    # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
+    rows = [
+        {key: None if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
+        for row in map(dataclasses.asdict, export_rows([d for d in dirs if d.is_dir()]))
+    ]
     fields = [f.name for f in dataclasses.fields(ResultRow)]
     if form == "json":
         atomic_write_json(out, {"fields": fields, "rows": rows, "provenance": stamp()})

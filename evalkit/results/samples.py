@@ -129,8 +129,10 @@ def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells)):
-        for summary in find_summaries([path], name):
-            directory = _summary_dir(path, summary, name)
+        summaries = find_summaries([path], name)
+        directories = _summary_dirs(path, name) if summaries else {}
+        for summary in summaries:
+            directory = directories[(summary["run"], int(summary["step"]))]
             paradigm, model, _data = describe_checkpoint(summary)
             for series_name, cell, samples in reader(summary, directory):
                 one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, model=model))
@@ -139,16 +141,16 @@ def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
     return found
 
 
-def _summary_dir(root: Path, summary: dict, name: str) -> Path:
-    """The checkpoint directory the summary lies in (find_summaries returns contents, not paths)."""
-    for candidate in root.rglob(name):
+def _summary_dirs(root: Path, name: str) -> dict[tuple[str, int], Path]:
+    """(run, step) -> the directory of its summary under root (find_summaries returns contents, not paths)."""
+    found = {}
+    for candidate in sorted(Path(root).rglob(name)):
         try:
             data = json.loads(candidate.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if data.get("run") == summary["run"] and int(data.get("step", -1)) == int(summary["step"]):
-            return candidate.parent
-    raise UserError(f"cannot find the summary of {summary['run']} step {summary['step']} under {root}")
+            found[(data["run"], int(data["step"]))] = candidate.parent
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue  # find_summaries has already refused what is not a summary
+    return found
 
 
 def _ruler_cells(summary: dict, directory: Path):

@@ -237,9 +237,10 @@ def test_best_marks_only_a_strict_best():
 def test_untrained_runs_at_zero_are_not_bold(tmp_path):
     for run in ("zero-a", "zero-b"):
         write(tmp_path / "r", ruler_summary(run, 1, {("niah_single_1", 512): 0, ("niah_single_1", 1024): 0}))
-    out = tmp_path / "board.md"
-    assert leaderboard(str(tmp_path / "r"), "--out", str(out)).returncode == 0
-    main = out.read_text().split("## RULER (")[1].split("\n\n")[1]
+    from evalkit.results.leaderboard import build_markdown
+
+    markdown, _, _ = build_markdown([tmp_path / "r"])
+    main = markdown.split("## RULER (")[1].split("\n\n")[1]
     assert "**" not in main and "0.00 ± 0.00" in main
 
 
@@ -254,10 +255,12 @@ def test_untrained_runs_at_zero_are_not_bold(tmp_path):
     ],
 )
 def test_effective_length_by_hand(results, option, expected):
-    out = results / "board" / "leaderboard.md"
-    done = leaderboard(str(results / "ruler"), "--out", str(out), *option)
-    assert done.returncode == 0, done.stderr
-    section = out.read_text().split("## RULER effective length")[1].split("\n\n")
+    from evalkit.results.leaderboard import build_markdown
+
+    given = dict(zip(option[::2], option[1::2]))
+    threshold = float(given["--threshold"]) if "--threshold" in given else None
+    markdown, _, _ = build_markdown([results / "ruler"], threshold, given.get("--threshold-from"))
+    section = markdown.split("## RULER effective length")[1].split("\n\n")
     threshold = {"40": "40.00", "70": "70.00", "tiny-anchor": "75.00"}.get(option[-1] if option else "", "85.60")
     assert f"≥ {threshold} there" in section[0]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in section[1].splitlines()[2:]}
