@@ -412,7 +412,7 @@ def effective_length_table(
     """Each run's effective length (evalkit.results.compare): the point from the table's own means,
     the 95% interval from the bootstrap over the per-sample logs, "–" where the logs are not there."""
     from evalkit.results.compare import RULER_THRESHOLD, Bootstrap, effective_length, longest_holding
-    from evalkit.results.samples import read_directory
+    from evalkit.results.samples import merge, read_directory
 
     cells = ruler_cells(rows)
     runs = sorted({run for run, _ in cells})
@@ -424,7 +424,13 @@ def effective_length_table(
     threshold = RULER_THRESHOLD if threshold is None else threshold
     unusable = "no per-sample logs"
     try:
-        series = {name: one for directory in dirs for name, one in read_directory(directory).items()}
+        series: dict = {}
+        for directory in dirs:
+            for name, one in read_directory(directory).items():
+                if name in series:
+                    merge(series[name], one)  # the run's RULER and lm-eval results, from two directories
+                else:
+                    series[name] = one
         boot = Bootstrap({name: series[name] for name in runs if name in series}, 2000, seed=0)
     except UserError as err:  # a board of summaries only (or unusable logs): points without intervals
         boot, unusable = None, "no per-sample logs" if "is missing" in str(err) else f"per-sample logs unusable: {err}"
@@ -433,7 +439,10 @@ def effective_length_table(
         point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
         below = f"< {_label(lengths[run][0])}"
         shown = _label(point) if point is not None else below
-        found = effective_length(boot, run, threshold) if boot is not None and run in boot.series else None
+        logged = (
+            boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells())
+        )
+        found = effective_length(boot, run, threshold) if logged else None
         if found is None:
             spread = f"– ({unusable})"
         else:

@@ -95,14 +95,25 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
                 one.name = label if len(here) == 1 else f"{label}: {name}"
             if one.name in found and place > 0:
                 _pool(found[one.name], one)
-                continue
-            if one.name in found:
-                raise UserError(
-                    f"series {one.name!r} is in two of the given directories; name them apart with LABEL=PATH "
-                    "(for example exact=DIR nvidia=DIR)"
-                )
-            found[one.name] = one
+            elif one.name in found:
+                merge(found[one.name], one)
+            else:
+                found[one.name] = one
     return found
+
+
+def merge(into: Series, more: Series) -> None:
+    """One run's cells found in two directories (its RULER and its lm-eval results): one series.
+    The same cell twice is refused: two evaluations of one number are never silently picked from."""
+    for step, cells in more.checkpoints.items():
+        mine = into.checkpoints.setdefault(step, {})
+        twice = sorted(set(mine) & set(cells))
+        if twice:
+            raise UserError(
+                f"series {into.name!r} has {twice[0].label()} at step {step} in two of the given directories; "
+                "name them apart with LABEL=PATH (for example exact=DIR nvidia=DIR)"
+            )
+        mine.update(cells)
 
 
 def _pool(into: Series, more: Series) -> None:

@@ -312,3 +312,26 @@ def test_lm_eval_tasks_compare_per_document(tmp_path):
     assert d.pairing == "paired, same prompts" and d.stderr == pytest.approx(0.4899 / math.sqrt(5), rel=0.04)
     assert by_other["other"].pairing.startswith("independent: references differ at sample 0")
     assert result.averages == [] and result.effective == []  # no lengths: no task average per length
+
+
+def test_a_run_in_a_ruler_and_a_general_directory_is_one_series(tmp_path):
+    """The quickstart's layout: results/ruler and results/general hold the same runs."""
+    import pathlib
+
+    for run, correct, accs in (("full", [1] * 10, [1, 0, 0, 1]), ("anchor", [1] * 9 + [0], [1, 1, 0, 1])):
+        write_checkpoint(tmp_path / "ruler", run, 1, "niah_single_1", 1024, correct)
+        write_general(tmp_path / "general", run, 1, "fixture_mc", accs)
+    found = load_series([str(tmp_path / "ruler"), str(tmp_path / "general")])
+    assert sorted(found) == ["anchor", "full"]
+    assert {c.benchmark for c in found["full"].cells()} == {"ruler", "general"}
+    result = compare(found, ["full", "anchor"], replicates=200)
+    assert sorted(d.task for d in result.differences) == ["fixture_mc", "niah_single_1"]
+    with pytest.raises(UserError, match="in two of the given directories; name them apart"):
+        load_series([str(tmp_path / "ruler"), str(tmp_path / "ruler" / "full")])  # the same cells twice
+    board = tmp_path / "board.md"
+    command = [sys.executable, "-m", "evalkit.cli", "leaderboard", str(tmp_path / "ruler"), str(tmp_path / "general"),
+               "--out", str(board)]  # fmt: skip
+    root = pathlib.Path(__file__).resolve().parents[2]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "| full | 1K | [1K, 1K] |" in board.read_text()
