@@ -2,9 +2,11 @@
 
 Reads every ruler-summary.json and general-summary.json under the given directories. RULER:
 one row per run, one column per length plus the average, each value the mean over the run's
-checkpoints of the per-length task average, with its spread, the best cell per column in
-bold, and the checkpoints, tasks and samples behind every value; a second table per task.
-Runs evaluated with different settings are marked, not silently compared.
+checkpoints of the per-length task average, with its spread, a strict best per column in
+bold (none for a tie), and the checkpoints, tasks and samples behind every value; each run's
+effective length (evalkit.results.compare), with its bootstrap interval where the per-sample
+logs are there; a second table per task. Runs evaluated with different settings are marked,
+not silently compared. `--format csv|json` writes every stored number as a ResultRow instead.
 
 Every table is computed from the same rows: one score per (run, step, task, length). A
 checkpoint (run, step) may therefore come from one summary only: the same (run, step) in two
