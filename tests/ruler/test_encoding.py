@@ -26,7 +26,7 @@ from evalkit.ruler.encoding import series, split_sample
 from evalkit.ruler.runner import RulerSettings, _evaluate_task
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import task_spec
-from tests.engines.conftest import build_checkpoint, copy_with_config, decode, greedy_without_cache
+from tests.helpers import build_checkpoint, copy_with_config, decode, greedy_without_cache
 
 BUILT_IN = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multivalue", "vt", "fwe"]
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
