@@ -41,7 +41,7 @@ def general_command(
     last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
     avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std)."),
     include_path: list[str] = typer.Option(
-        None, "--include-path", help="More folders of lm-eval task YAMLs (evalkit/tasks/ is always included)."
+        None, "--include-path", help="More folders of lm-eval task YAMLs (tasks/ is always included)."
     ),
     out: Path = typer.Option(Path("results/general"), "--out", help="Results directory."),
 ) -> None:
