@@ -65,6 +65,9 @@ def test_ruler_passes_engine_args_to_the_engine_and_records_them(checkpoint, tmp
     assert result.returncode == 0, result.stderr[-2000:]
     provenance = only_summary(out, "ruler")["provenance"]
     assert provenance["settings"]["engine_args"] == {"prefill": "padded", "threads": 1}
+    assert provenance["command"] == f"evalkit ruler --ckpts {checkpoint} --tasks niah_single_1 --lengths 512 " + (
+        f"--samples 2 --engine-arg prefill=padded --engine-arg threads=1 --out {out}"
+    )  # every summary records its command
     assert (provenance["engine"]["prefill"], provenance["engine"]["threads"]) == (
         "padded",
         1,
@@ -78,6 +81,7 @@ def test_general_passes_engine_args_to_the_engine_and_records_them(checkpoint, t
     assert result.returncode == 0, result.stderr[-2000:]
     provenance = only_summary(out, "general")["provenance"]
     assert provenance["engine"]["prefill"] == "padded"
+    assert provenance["command"].startswith(f"evalkit general --ckpts {checkpoint} --tasks evalkit_fixture_hellaswag")
 
 
 def test_a_bad_engine_arg_stops_the_command_in_one_line_before_any_work(checkpoint, tmp_path):
