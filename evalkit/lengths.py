@@ -24,6 +24,11 @@ def parse_length(text: str) -> int:
     return int(digits) * (1024 if k else 1)
 
 
+def length_label(length: int) -> str:
+    """The label of a length in tables and plots: 4096 -> '4K', 1000 -> '1000' (k = 1024, as parsed)."""
+    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
+
+
 def parse_lengths(text: str) -> list[int]:
     """A comma-separated list of lengths, e.g. '4k,8k,16384'."""
     parts = [part for part in text.split(",") if part.strip()]

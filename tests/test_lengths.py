@@ -3,7 +3,7 @@
 import pytest
 
 from evalkit.errors import UserError
-from evalkit.lengths import MAX_LENGTH, parse_length, parse_lengths
+from evalkit.lengths import MAX_LENGTH, length_label, parse_length, parse_lengths
 
 
 def test_plain_and_k_lengths():
@@ -21,3 +21,8 @@ def test_a_length_over_the_limit_names_the_limit(text):
 def test_what_is_not_a_positive_integer_says_so(text):
     with pytest.raises(UserError, match="use a positive integer such as 4096 or 4k"):
         parse_length(text)
+
+
+@pytest.mark.parametrize("length, label", [(4096, "4K"), (131072, "128K"), (1000, "1000"), (1536, "1536")])
+def test_labels_read_back_as_the_length(length, label):
+    assert length_label(length) == label and parse_length(label.lower()) == length
