@@ -160,6 +160,7 @@ def test_bad_encoding_settings_are_one_line():
         RulerSettings(encoding="anchor", prompt_format="chat")
 
 
+@pytest.mark.slow
 def test_both_encodings_in_one_summary_and_two_leaderboard_rows(long_checkpoint, tmp_path):
     path, _ = long_checkpoint
     out = tmp_path / "out"
