@@ -7,16 +7,26 @@ import re
 from evalkit.errors import UserError
 
 # ASCII digits only: str.isdigit() also accepts '²' or '١', which int() then refuses or reads
-# unexpectedly; nine digits keep int() far from its digit limit (and lengths far beyond any model).
-_LENGTH = re.compile(r"([0-9]{1,9})(k?)")
+# unexpectedly.
+_LENGTH = re.compile(r"([0-9]+)(k?)")
+MAX_LENGTH = 999_999_999  # tokens: far beyond any model's window, and int() far from its digit limit
 
 
 def parse_length(text: str) -> int:
     """'16k' -> 16384, '512' -> 512; a UserError for anything else."""
     match = _LENGTH.fullmatch(text.strip().lower())
-    if match is None or int(match.group(1)) == 0:
+    digits, k = (match.group(1).lstrip("0"), match.group(2)) if match else ("", "")
+    if not digits:
         raise UserError(f"could not read length {text!r}: use a positive integer such as 4096 or 4k")
-    return int(match.group(1)) * (1024 if match.group(2) else 1)
+    # Digits counted before int(): a thousand-digit number is refused without being converted.
+    if len(digits) > len(str(MAX_LENGTH)) or int(digits) * (1024 if k else 1) > MAX_LENGTH:
+        raise UserError(f"length {text!r} is above evalkit's limit of {MAX_LENGTH} tokens")
+    return int(digits) * (1024 if k else 1)
+
+
+def length_label(length: int) -> str:
+    """The label of a length in tables and plots: 4096 -> '4K', 1000 -> '1000' (k = 1024, as parsed)."""
+    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
 def parse_lengths(text: str) -> list[int]:

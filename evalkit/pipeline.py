@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evalkit.errors import Skipped, UserError
-from evalkit.provenance import command_line, stamp
+from evalkit.provenance import command_line, stamp, stamp_of
 from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
 from evalkit.results.store import checkpoint_dir
 from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
@@ -273,12 +273,8 @@ def read_summary(path: Path) -> dict[str, Any] | None:
 def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> dict[str, Any]:
     """Version, commit, time and machine of the run that computed the scores: a rerun that only
     reads them back keeps the earlier summary's stamp instead of claiming them as its own."""
-    if not computed_any and earlier is not None:
-        try:
-            return {key: earlier["provenance"][key] for key in stamp()}
-        except (KeyError, TypeError):
-            pass  # no stamp to keep: this run's
-    return stamp()
+    kept = stamp_of(earlier.get("provenance")) if not computed_any and earlier is not None else None
+    return kept or stamp()  # no whole stamp to keep: this run's
 
 
 def write_averages(benchmark: Benchmark, rows: list[dict[str, Any]], out: Path) -> tuple[Averages, dict[str, Path]]:

@@ -15,25 +15,52 @@ import evalkit
 
 
 @cache
-def git_hash() -> str:
-    """The evalkit checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
-    root = Path(evalkit.__file__).resolve().parent.parent
+def git_state() -> tuple[str, tuple[str, ...]]:
+    """The evalkit checkout's commit (with '+dirty' for uncommitted changes to tracked files) and
+    those files, relative to the checkout; ('unknown', ()) outside a git checkout."""
+    return checkout_state(Path(evalkit.__file__).resolve().parent.parent)
+
+
+def checkout_state(root: Path) -> tuple[str, tuple[str, ...]]:
+    """(commit, changed tracked files) of the git checkout at `root`; see git_state."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
         )
         if head.returncode != 0:
-            return "unknown"
+            return "unknown", ()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "-z"],
             cwd=root,
             capture_output=True,
             text=True,
             timeout=5,
         )
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return "unknown", ()
+    files = _changed_files(dirty.stdout)
+    return head.stdout.strip() + ("+dirty" if files else ""), files
+
+
+def _changed_files(porcelain_z: str) -> tuple[str, ...]:
+    """The paths of `git status --porcelain -z`: "XY path" entries; a rename or copy is followed
+    by its source path as an entry of its own, listed too (both sides changed)."""
+    entries, files = porcelain_z.split("\0"), set()
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        if len(entry) > 3:
+            files.add(entry[3:])
+            if "R" in entry[:2] or "C" in entry[:2]:
+                files.add(entries[i + 1])
+                i += 1
+        i += 1
+    return tuple(sorted(files))
+
+
+def git_hash() -> str:
+    """The evalkit checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
+    return git_state()[0]
 
 
 def cpu_name() -> str:
@@ -61,19 +88,38 @@ def machine() -> dict[str, str | int]:
     return info
 
 
+STAMP_KEYS = ("evalkit_version", "git_hash", "created", "machine")  # what every stamp has; older ones no more
+
+
 def stamp() -> dict[str, object]:
-    """Provenance fields every evalkit output records."""
+    """Provenance fields every evalkit output records: version, commit, time, machine, the command,
+    and, from a checkout with uncommitted changes, which files were changed (their code is not in
+    any commit: the list says what to look at)."""
+    commit, dirty = git_state()
     return {
         "evalkit_version": evalkit.__version__,
-        "git_hash": git_hash(),
+        "git_hash": commit,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
+        "command": command_line(),
+        **({"dirty_files": list(dirty)} if dirty else {}),
     }
 
 
+def stamp_of(provenance: dict[str, object] | None) -> dict[str, object] | None:
+    """The stamp fields of an earlier output's provenance (None when it has no whole stamp)."""
+    if not isinstance(provenance, dict) or not all(key in provenance for key in STAMP_KEYS):
+        return None
+    return {key: provenance[key] for key in (*STAMP_KEYS, "command", "dirty_files") if key in provenance}
+
+
 def command_line() -> str:
-    """The evalkit command this process runs, as the user could retype it."""
-    return "evalkit " + shlex.join(sys.argv[1:])
+    """The command this process runs, as the user could retype it: `evalkit ...` for the CLI (its
+    console script or `python -m evalkit.cli`), else the Python program and its arguments."""
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    if program.name == "evalkit" or program.parent.name == "cli" and program.parent.parent.name == "evalkit":
+        return "evalkit " + shlex.join(sys.argv[1:])
+    return "python " + shlex.join(sys.argv)
 
 
 def provenance_lines(info: dict[str, object] | None = None) -> list[str]:

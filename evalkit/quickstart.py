@@ -6,7 +6,7 @@
                 tasks whose data is built in (qa_1/qa_2 need downloads and are left out); beside
                 them the recipe's shipped runs (checkpoints/<recipe>/), trained to the end by
                 `evalkit train` on this kind of CPU, which the quickstart's budget cannot do
-    3. general  the offline fixture tasks of evalkit/tasks/
+    3. general  the offline fixture tasks of tasks/
     4. board    leaderboard.md and plots from the stored results
 
 Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
@@ -120,11 +120,12 @@ def shipped_runs(recipe: str) -> list[Path]:
     For evalkit's own recipes that is evalkit/checkpoints/<recipe>/; a recipe of one's own
     at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
     """
+    from evalkit.package_data import recipe_folder
     from evalkit.results.checkpoints import STEP_DIR
     from evalkit.train.config import resolve_recipe
 
     path = resolve_recipe(recipe)
-    folder = path.resolve().parent.parent / "checkpoints" / path.stem
+    folder = recipe_folder(path).parent / "checkpoints" / path.stem
     if not folder.is_dir():
         return []
     return sorted(

@@ -29,29 +29,20 @@ from pathlib import Path
 
 
 def build_model(directory: Path, window: int) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """The test suite's tiny-checkpoint builder (tests/helpers.py), at 4 layers of hidden 512."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
     from evalkit.corpus import builtin_tokenizer
+    from tests.helpers import build_checkpoint
 
-    tokenizer = builtin_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    build_checkpoint(
+        directory,
+        builtin_tokenizer(),
         hidden_size=512,
         intermediate_size=1024,
         num_hidden_layers=4,
         num_attention_heads=8,
-        num_key_value_heads=2,
         max_position_embeddings=window,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.2,  # spread-out logits: greedy choices are clear, not near-ties
-        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
     return directory
 
 

@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHECK_INSTALLED = """
@@ -31,6 +33,7 @@ print("ok")
 """  # noqa: E501 - a line of this script (a string constant) is 128 columns
 
 
+@pytest.mark.slow
 def test_a_built_wheel_installs_recipes_fixtures_and_shipped_checkpoints(tmp_path):
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

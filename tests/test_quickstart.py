@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from evalkit.train.config import CONFIG_DIR
 from tests.train.helpers import MICRO
 
@@ -19,6 +21,7 @@ def quickstart(tmp_path, recipe="tiny-cpu"):
     return result, time.perf_counter() - started
 
 
+@pytest.mark.slow
 def test_quickstart_end_to_end_and_rerun(tmp_path):
     first, _ = quickstart(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]

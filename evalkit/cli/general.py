@@ -35,24 +35,36 @@ def general_command(
     engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
     dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Requests per batch."),
+    engine_arg: list[str] = typer.Option(
+        None,
+        "--engine-arg",
+        help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
+        "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
+    ),
     max_length: int = typer.Option(
         None, "--max-length", help="Allow requests beyond the model's max_position_embeddings."
     ),
     last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
     avg: bool = typer.Option(False, "--avg", help="Also average each run over its checkpoints (mean ± std)."),
     include_path: list[str] = typer.Option(
-        None, "--include-path", help="More folders of lm-eval task YAMLs (evalkit/tasks/ is always included)."
+        None, "--include-path", help="More folders of lm-eval task YAMLs (tasks/ is always included)."
     ),
     out: Path = typer.Option(Path("results/general"), "--out", help="Results directory."),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from rich.console import Console
 
+    from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.general import checkpoint_table, parse_tasks, run_general
     from evalkit.results.checkpoints import resolve_checkpoints
 
     console = Console(stderr=True)
-    settings = {"batch_size": batch_size, "max_length": max_length, **({"dtype": dtype} if dtype else {})}
+    settings = {
+        **parse_engine_args(engine, engine_arg, OWN_FLAGS),
+        "batch_size": batch_size,
+        "max_length": max_length,
+        **({"dtype": dtype} if dtype else {}),
+    }
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = run_general(
         refs,

@@ -37,6 +37,12 @@ def ruler_command(
     engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
     dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
+    engine_arg: list[str] = typer.Option(
+        None,
+        "--engine-arg",
+        help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
+        "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
+    ),
     max_length: int = typer.Option(
         None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."
     ),
@@ -65,6 +71,7 @@ def ruler_command(
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
 
+    from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.results.checkpoints import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, parse_tasks
 
@@ -84,6 +91,7 @@ def ruler_command(
         prompt_format=prompt_format,
         encoding=encoding,
         doc_tokens=doc_tokens,
+        engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
     check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)

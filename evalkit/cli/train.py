@@ -9,7 +9,7 @@ from evalkit.cli.app import app
 
 @app.command("train")
 def train_command(
-    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: evalkit/configs/NAME.yaml or a YAML path."),
+    config: str = typer.Option("tiny-cpu", "--config", help="A recipe: configs/NAME.yaml or a YAML path."),
     model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
     paradigm: str = typer.Option(
         None,

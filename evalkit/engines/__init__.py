@@ -48,6 +48,13 @@ ENGINE_NAMES = tuple(_ENGINES)
 
 def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
     """The engine `name` over the checkpoint at `model_path`; settings are the engine's keyword options."""
+    cls = engine_class(name)
+    _check_settings(name, cls, settings)
+    return cls(model_path, **settings)
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The class of the engine `name`, its module imported now; a UserError when it cannot be had."""
     entry = _ENGINES.get(name)
     if entry is None:
         raise UserError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINE_NAMES)}")
@@ -56,9 +63,7 @@ def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
         raise UserError(f"the {name} engine needs {entry.requirement}, which is not installed: {entry.install_hint}")
     if importlib.util.find_spec(entry.module) is None:
         raise UserError(f"the {name} engine is not built yet in this version of evalkit")
-    engine_class = getattr(importlib.import_module(entry.module), entry.class_name)
-    _check_settings(name, engine_class, settings)
-    return engine_class(model_path, **settings)
+    return getattr(importlib.import_module(entry.module), entry.class_name)
 
 
 def _check_settings(name: str, engine_class: type, settings: dict) -> None:
@@ -70,4 +75,13 @@ def _check_settings(name: str, engine_class: type, settings: dict) -> None:
         raise UserError(f"unknown setting(s) for the {name} engine: {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-__all__ = ["DTYPE_NAMES", "ENGINE_NAMES", "Engine", "PackedEngine", "PackedRequest", "check_dtype", "get_engine"]
+__all__ = [
+    "DTYPE_NAMES",
+    "ENGINE_NAMES",
+    "Engine",
+    "PackedEngine",
+    "PackedRequest",
+    "check_dtype",
+    "engine_class",
+    "get_engine",
+]

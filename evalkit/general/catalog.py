@@ -24,8 +24,8 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.general.errors import DatasetUnavailable
+from evalkit.package_data import TASKS_DIR
 
-TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"  # evalkit's lm-eval task YAMLs: package data
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 STANDARD_FEWSHOT = {"mmlu": 5, "hellaswag": 0}
 

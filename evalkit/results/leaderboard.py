@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.pipeline import BENCHMARKS, summary_name
 from evalkit.results.aggregate import per_checkpoint_length_means
@@ -187,10 +188,6 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
     for info in infos.values():
         info.steps.sort()
     return infos
-
-
-def _label(length: int) -> str:
-    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
 @dataclass

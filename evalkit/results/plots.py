@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from evalkit.lengths import length_label
 from evalkit.results.aggregate import per_checkpoint_length_means
 from evalkit.results.leaderboard import headline_rows, ruler_cells
 from evalkit.storage import atomic_write_bytes, atomic_write_text
@@ -50,7 +51,7 @@ def ruler_vs_length(rows: list[dict], stem: Path) -> list[Path]:
         )
     axes.set_xscale("log", base=2)
     all_lengths = sorted({n for _, n in cells})
-    axes.set_xticks(all_lengths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in all_lengths])
+    axes.set_xticks(all_lengths, [length_label(n) for n in all_lengths])
     axes.minorticks_off()
     axes.set(
         xlabel="context length (tokens)",

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
 from evalkit.results.aggregate import length_averages, per_checkpoint_length_means
-
-
-def _length_label(length: int) -> str:
-    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
 def checkpoint_table(rows: list[dict]) -> str:
@@ -21,7 +18,7 @@ def checkpoint_table(rows: list[dict]) -> str:
         text = [f"{cell[0]:.2f}" if cell else "–" for cell in cells]
         avg = f"{sum(values) / len(values):.2f}" if values else "–"
         table.append([run, step, *text, avg])
-    return markdown_table(["run", "step", *map(_length_label, lengths), "avg"], table)
+    return markdown_table(["run", "step", *map(length_label, lengths), "avg"], table)
 
 
 def average_table(rows: list[dict]) -> str:
@@ -35,4 +32,4 @@ def average_table(rows: list[dict]) -> str:
         cells = [f"{by_length[n].mean:.2f} ± {by_length[n].std:.2f}" if n in by_length else "–" for n in lengths]
         means = [a.mean for a in by_length.values()]
         table.append([run, ", ".join(map(str, steps)), *cells, f"{sum(means) / len(means):.2f}"])
-    return markdown_table(["run", "checkpoints", *map(_length_label, lengths), "avg"], table)
+    return markdown_table(["run", "checkpoints", *map(length_label, lengths), "avg"], table)

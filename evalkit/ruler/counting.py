@@ -121,11 +121,6 @@ def space_chunks(text: str) -> tuple[str, ...]:
     return tuple(_WORD_START.split(text))
 
 
-def block_of(pieces: Sequence[str], counts: Sequence[int]) -> Block:
-    """Pieces (counted in their own sequence) as one Block; counts[0] is replaced in context."""
-    return Block(pieces[0], int(sum(counts[1:])), last_chars(pieces), lambda: "".join(pieces))
-
-
 def last_chars(pieces: Sequence[str]) -> str:
     """The last LEFT_CONTEXT_CHARS characters of the pieces joined, without joining them all."""
     tail, j = "", len(pieces) - 1

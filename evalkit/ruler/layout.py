@@ -101,15 +101,6 @@ class GrowingStream:
         self.ensure(n)
         return float(self._prefix[n] - self._prefix[1]) / max(1, n - 1)
 
-    def largest_within(self, start: int, tokens: float) -> int:
-        """The largest n with native_sum(start, n) <= tokens, growing the stream as needed."""
-        while True:
-            target = self._prefix[start] + tokens
-            n = int(np.searchsorted(self._prefix, target, side="right")) - 1
-            if n < len(self._pieces):
-                return max(n, start)
-            self.ensure(len(self._pieces) + self.block_size)
-
     def text(self, a: int, b: int) -> str:
         self.ensure(b)
         return "".join(self._pieces[a:b])

@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from evalkit.checkpoint_check import read_config
 from evalkit.errors import Skipped, UserError
@@ -66,6 +67,7 @@ class RulerSettings:
     prompt_format: str = "base"  # "base": the task text as is; "chat": inside the tokenizer's chat template
     encoding: str = STANDARD  # "standard": one causal prompt; "anchor": documents apart (evalkit.ruler.encoding)
     doc_tokens: int = DEFAULT_DOC_TOKENS  # anchor encoding: about this many tokens per document
+    engine_args: dict[str, Any] = field(default_factory=dict)  # --engine-arg: more engine settings, checked
 
     def __post_init__(self) -> None:
         check_sizing(self.sizing)
@@ -257,7 +259,7 @@ class RulerBenchmark:
 
     def __init__(self, settings: RulerSettings) -> None:
         self.settings = settings
-        engine_settings = {"batch_size": settings.batch_size, "max_length": settings.max_length}
+        engine_settings = {**settings.engine_args, "batch_size": settings.batch_size, "max_length": settings.max_length}
         if settings.dtype:
             engine_settings["dtype"] = settings.dtype
         if settings.encoding != STANDARD and settings.engine == "vllm":
@@ -334,8 +336,13 @@ _CELL_SETTINGS = (
     "max_length",
     "sizing",
     "prompt_format",
+    "engine_args",
 )
-_CELL_DEFAULTS = {"sizing": "exact", "prompt_format": "base"}  # what summaries written before the setting meant
+_CELL_DEFAULTS = {
+    "sizing": "exact",
+    "prompt_format": "base",
+    "engine_args": {},
+}  # what summaries written before the setting meant
 _CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
 
 

@@ -21,9 +21,8 @@ import yaml
 
 from evalkit.attention import Paradigm
 from evalkit.errors import UserError
+from evalkit.package_data import CONFIG_DIR, recipe_folder
 from evalkit.train.synthetic import PHRASINGS
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: installed with evalkit
 
 
 @dataclass
@@ -308,7 +307,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
 
 
 def resolve_recipe(name_or_path: str) -> Path:
-    """A recipe path as given, or evalkit/configs/NAME.yaml (package data)."""
+    """A recipe path as given, or configs/NAME.yaml (evalkit's recipes, shipped in the package)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -338,7 +337,7 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise UserError(f"config {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise UserError(f"config {path} must be a mapping of keys to values")
-    _resolve_relative_paths(data, path.parent)
+    _resolve_relative_paths(data, recipe_folder(path))
     base = data.pop("base", None)
     if base is None:
         return data

@@ -126,7 +126,7 @@ def check_flash_layout(length: int = 1000, device: str = "cuda") -> tuple[str, f
 def recompile_limit() -> int:
     """Dynamo's per-frame compile limit (renamed across torch versions)."""
     config = torch._dynamo.config
-    return int(getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit"))
+    return int(getattr(config, "recompile_limit", None) or config.cache_size_limit)
 
 
 def compiled_graphs() -> int:

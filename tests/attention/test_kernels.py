@@ -12,7 +12,7 @@ from evalkit.attention import (
     varlen_layout,
     varlen_reference,
 )
-from tests.attention.conftest import naive_attention, random_pack
+from tests.helpers import naive_attention, random_pack
 
 CPU_IMPLS = ["dense", "blocked", "flash_emulated"]
 ON_CUDA = torch.cuda.is_available()

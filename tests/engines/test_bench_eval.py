@@ -5,32 +5,18 @@ import sys
 from itertools import pairwise
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from evalkit.bench import eval as bench
 from evalkit.errors import UserError
 from evalkit.ruler.cache import load_or_generate
+from tests.helpers import build_checkpoint
 
 
 @pytest.fixture(scope="module")
 def checkpoint_512(tmp_path_factory, tokenizer):
     """A tiny Llama whose window holds RULER at 512 tokens."""
     directory = tmp_path_factory.mktemp("tiny-512")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    build_checkpoint(directory, tokenizer, max_position_embeddings=512, initializer_range=0.02, pad_token_id=None)
     return directory
 
 

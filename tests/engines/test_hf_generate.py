@@ -4,8 +4,7 @@ import pytest
 
 from evalkit.engines import get_engine
 from evalkit.errors import UserError
-
-from .conftest import copy_with_config, decode, greedy_without_cache
+from tests.helpers import copy_with_config, decode, greedy_without_cache
 
 PROMPTS = [
     "The grass is green.",

@@ -4,8 +4,7 @@ import pytest
 
 from evalkit.engines import get_engine
 from evalkit.errors import UserError
-
-from .conftest import full_logits, greedy_without_cache
+from tests.helpers import full_logits, greedy_without_cache
 
 PAIRS = [
     ("The grass is green.", " The sky is blue."),

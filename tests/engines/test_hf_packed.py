@@ -13,8 +13,7 @@ from evalkit.attention.hf import GROUPED_SDPA
 from evalkit.engines import PackedRequest, get_engine
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
-
-from .conftest import decode, full_logits, greedy_without_cache
+from tests.helpers import decode, full_logits, greedy_without_cache
 
 REQUESTS = [
     PackedRequest(["The grass is green.", "The sky is blue. The sun is yellow."], " What color is the sky?"),

@@ -6,8 +6,7 @@ import torch
 
 from evalkit.engines import get_engine
 from evalkit.errors import UserError
-
-from .conftest import decode, full_logits, greedy_without_cache
+from tests.helpers import decode, full_logits, greedy_without_cache
 
 PREFIX = list(range(300, 340))  # 40 tokens every prompt below starts with (after BOS)
 

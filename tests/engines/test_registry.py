@@ -8,8 +8,7 @@ import torch
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import DTYPE_NAMES, ENGINE_NAMES, check_dtype, get_engine
 from evalkit.errors import UserError
-
-from .conftest import MAX_POSITIONS
+from tests.helpers import TINY_WINDOW as MAX_POSITIONS
 
 
 def test_vllm_without_vllm_installed_says_how_to_install(monkeypatch, tmp_path):

@@ -7,8 +7,9 @@ from lm_eval.api.instance import Instance
 from evalkit.general import adapter
 from evalkit.general.adapter import EngineLM
 from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
+from tests.helpers import direct_logprob
 
-from .conftest import direct_logprob, engine_for
+from .conftest import engine_for
 
 PAIRS = [
     ("The grass is green.", " The sky is blue."),

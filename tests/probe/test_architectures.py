@@ -6,31 +6,21 @@ from transformers import MistralConfig, Qwen2Config
 
 from evalkit.probe import measure_shifts
 from evalkit.probe.run import attention_window
-from tests.probe.conftest import build
+from tests.helpers import probe_config, probe_model
 
-SMALL = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    initializer_range=0.05,
-)
-CONFIGS = {"qwen2": lambda: Qwen2Config(**SMALL), "mistral": lambda: MistralConfig(sliding_window=None, **SMALL)}
+CONFIGS = {"qwen2": lambda: probe_config("qwen2"), "mistral": lambda: probe_config("mistral")}
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_probe_runs_and_matches_eager_attention(family, texts):
     config = CONFIGS[family]()
-    low = build(config, torch.bfloat16)
+    low = probe_model(config, torch.bfloat16)
     probed = low(input_ids=texts).last_hidden_state
     low.set_attn_implementation("eager")
     torch.testing.assert_close(probed, low(input_ids=texts).last_hidden_state, rtol=0, atol=2e-2)
     low.set_attn_implementation("evalkit_probe")
 
-    full = build(config, torch.float32)
+    full = probe_model(config, torch.float32)
     for rope in ("cast", "fp32"):
         shifted, same = measure_shifts(low, texts, [0, 16], 16, rope=rope)
         assert shifted.total > 1e-3 and same.total == 0.0
@@ -45,6 +35,6 @@ def test_a_sliding_window_shorter_than_the_context_bounds_the_probe():
 
 
 def test_the_probe_refuses_to_measure_through_a_sliding_window(texts):
-    model = build(MistralConfig(**SMALL, sliding_window=16), torch.float32)
+    model = probe_model(probe_config("mistral", sliding_window=16), torch.float32)
     with pytest.raises(ValueError, match="slides a 16-token window"):
         measure_shifts(model, texts, [0], 16)

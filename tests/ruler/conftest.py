@@ -12,11 +12,6 @@ def small_tokenizer():
     return builtin_tokenizer(512)
 
 
-def exact_length(tokenizer, sample) -> int:
-    """What the engine feeds for a base model: input + answer prefix, special tokens added."""
-    return len(tokenizer(sample.input + sample.answer_prefix)["input_ids"])
-
-
 @pytest.fixture(scope="session")
 def qa_dir(tmp_path_factory):
     """Tiny SQuAD v2 dev and HotpotQA dev-distractor files in the real formats."""

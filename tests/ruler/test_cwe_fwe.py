@@ -7,8 +7,7 @@ from functools import cache
 import pytest
 
 from evalkit.ruler import generate
-
-from .conftest import exact_length
+from tests.helpers import exact_length
 
 
 @cache

@@ -26,7 +26,7 @@ from evalkit.ruler.encoding import series, split_sample
 from evalkit.ruler.runner import RulerSettings, _evaluate_task
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import task_spec
-from tests.engines.conftest import build_checkpoint, copy_with_config, decode, greedy_without_cache
+from tests.helpers import build_checkpoint, copy_with_config, decode, greedy_without_cache
 
 BUILT_IN = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multivalue", "vt", "fwe"]
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
@@ -160,6 +160,7 @@ def test_bad_encoding_settings_are_one_line():
         RulerSettings(encoding="anchor", prompt_format="chat")
 
 
+@pytest.mark.slow
 def test_both_encodings_in_one_summary_and_two_leaderboard_rows(long_checkpoint, tmp_path):
     path, _ = long_checkpoint
     out = tmp_path / "out"

@@ -7,8 +7,7 @@ import pytest
 
 from evalkit.ruler import SPECS, generate
 from evalkit.ruler.spec import NOISE_LINE
-
-from .conftest import exact_length
+from tests.helpers import exact_length
 
 NIAH = [task for task in SPECS if task.startswith("niah")]
 LENGTHS = (2048, 6000)

@@ -6,8 +6,7 @@ import re
 import pytest
 
 from evalkit.ruler import TaskDataMissing, generate
-
-from .conftest import exact_length
+from tests.helpers import exact_length
 
 DOCUMENT = re.compile(r"(?:^|\n\n)Document (\d+):\n(.*?)(?=\n\nDocument \d+:\n|\n\nAnswer the question based)", re.S)
 

@@ -71,6 +71,7 @@ def test_end_to_end_outputs_and_average(tiny_run, tmp_path):
     assert "skipped cwe @ 512" in result.stderr
 
 
+@pytest.mark.slow
 def test_rerun_computes_nothing_and_kill_resume_equals_straight_run(tiny_run, tmp_path):
     args = ["--ckpts", str(tiny_run / "step-4"), "--lengths", "1024", "--tasks", "niah_single_1,fwe", "--samples", "40",
             "--batch-size", "4"]  # fmt: skip
@@ -161,6 +162,7 @@ def test_checkpoint_without_tokenizer_is_refused(tiny_run, tmp_path):
     assert result.returncode == 2 and "has no tokenizer files" in result.stderr
 
 
+@pytest.mark.slow
 def test_lengths_run_in_pieces_add_up_in_one_summary(tiny_run, tmp_path):
     """`--lengths 512` then `--lengths 1024` into one --out: the summary holds both (as one run of
     512,1024 would); a piece evaluated otherwise (other sample count) replaces, never mixes."""

@@ -6,8 +6,7 @@ import pytest
 
 from evalkit.ruler import SPECS, TASKS, TaskDoesNotFit, generate
 from evalkit.ruler import generation as generate_module
-
-from .conftest import exact_length
+from tests.helpers import exact_length
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -19,8 +19,7 @@ from evalkit.ruler.cache import cache_key, cache_path
 from evalkit.ruler.fitting import Coarse, TooLong, shared_size, step_down
 from evalkit.ruler.runner import RulerSettings
 from evalkit.ruler.spec import GENERATOR_VERSION, NOISE_LINE
-
-from .conftest import exact_length
+from tests.helpers import exact_length
 
 # Made by the generator before sizings existed (6 samples, seed 3). Sample hashes hold for the
 # built-in tokenizer below; cache-key digests hold for any tokenizer. A GENERATOR_VERSION bump

@@ -6,8 +6,7 @@ from functools import cache
 import pytest
 
 from evalkit.ruler import generate
-
-from .conftest import exact_length
+from tests.helpers import exact_length
 
 ASSIGNMENT = re.compile(r"^VAR ([A-Z]+) = (VAR ([A-Z]+)|\d+) ?$", re.M)
 

@@ -1,4 +1,4 @@
-"""Tiny checkpoints for the vLLM tests, built from a config (never downloaded), and shared engines.
+"""Tiny checkpoints for the vLLM tests (tests/helpers.py builds them), and shared engines.
 
 vLLM engines take ~30 s to start on a CPU, so each test module shares one (module-scoped
 fixtures). The engine tests need vLLM (the separate environment, see the module docstrings);
@@ -12,42 +12,26 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests import helpers
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment")
 MAX_POSITIONS = 1024  # RULER lengths 512 and 1024 fit; head_dim 32 is the CPU backend's smallest
-ARCHITECTURES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}  # evalkit's trainer builds these
 
 
 def build_checkpoint(directory: Path, tokenizer, architecture: str = "llama", seed: int = 0) -> Path:
     """A 2-layer model (hidden 128, 4 query and 2 key/value heads of 32) saved with its tokenizer."""
-    import transformers
-
-    config_class, model_class = (
-        getattr(transformers, f"{ARCHITECTURES[architecture]}{kind}") for kind in ("Config", "ForCausalLM")
-    )
-    torch.manual_seed(seed)
-    config = config_class(
-        vocab_size=len(tokenizer),
+    helpers.build_checkpoint(
+        directory,
+        tokenizer,
+        architecture,
+        seed,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=MAX_POSITIONS,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.2,  # spread-out logits: greedy choices are clear, not near-ties
-        attention_dropout=0.0,
-        tie_word_embeddings=False,
-        sliding_window=None,  # as evalkit's trainer saves them
     )
-    model_class(config).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
     return directory
 
 
