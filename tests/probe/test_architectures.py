@@ -5,7 +5,6 @@ import torch
 from transformers import MistralConfig, Qwen2Config
 
 from evalkit.probe import measure_shifts
-from evalkit.probe.run import attention_window
 from tests.probe.conftest import build
 
 SMALL = dict(
@@ -36,15 +35,3 @@ def test_probe_runs_and_matches_eager_attention(family, texts):
         assert shifted.total > 1e-3 and same.total == 0.0
         (reference,) = measure_shifts(full, texts, [0], 16, rope=rope)
         assert reference.total < 1e-5
-
-
-def test_a_sliding_window_shorter_than_the_context_bounds_the_probe():
-    assert attention_window(MistralConfig(sliding_window=32, max_position_embeddings=128)) == 32
-    assert attention_window(MistralConfig(sliding_window=None, max_position_embeddings=128)) == 128
-    assert attention_window(Qwen2Config(max_position_embeddings=512)) == 512  # Qwen2 slides only when asked
-
-
-def test_the_probe_refuses_to_measure_through_a_sliding_window(texts):
-    model = build(MistralConfig(**SMALL, sliding_window=16), torch.float32)
-    with pytest.raises(ValueError, match="slides a 16-token window"):
-        measure_shifts(model, texts, [0], 16)
