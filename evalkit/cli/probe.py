@@ -25,7 +25,9 @@ def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
     console.print("wrote " + ", ".join(result["files"].values()))
 
 
-_CKPT = typer.Option(..., "--ckpt", help="A Hugging Face checkpoint directory (Llama, Qwen2, Mistral).")
+_CKPT = typer.Option(
+    ..., "--ckpt", help="A Hugging Face checkpoint directory (Llama, Qwen2, Mistral, Gemma 3; sliding windows too)."
+)
 _TEXTS = typer.Option(None, "--texts", help="Plain text or JSONL with a text field (default: built-in prose).")
 _N = typer.Option(None, "--n", help="Texts averaged (default 50).")
 _DELTA2 = typer.Option(None, "--delta2", help="Reference shift (default 16).")

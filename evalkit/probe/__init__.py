@@ -1,4 +1,4 @@
-"""The BF16 RoPE probe: the paper's Figure 1 measured on any Llama, Qwen2 or Mistral checkpoint.
+"""The BF16 RoPE probe: the paper's Figure 1 measured on any Llama, Qwen2, Mistral or Gemma 3 checkpoint.
 
 RoPE promises that shifting every position id by the same Δ changes no attention score. The
 probe runs a text with position ids Δ..Δ+T−1 for Δ1 and for Δ2 and measures how far the
@@ -20,8 +20,10 @@ Options (ProbeOptions fields; lists as comma-separated strings or sequences):
                    text cut to T tokens; shorter ones skipped and counted). Default: the
                    built-in English prose. Every window starts as the tokenizer starts a text
                    (Llama: BOS, the attention sink).
-  --seq T          shift/tokens sequence length (default 4096, capped at the model's window
-                   when not given; an explicit T beyond the window is an error).
+  --seq T          shift/tokens sequence length (default 4096, capped at the model's window,
+                   max_position_embeddings, when not given; an explicit T beyond it is an error).
+                   Sliding-window layers attend within their own window at any T, and every
+                   number is also reported per layer type (full_attention, sliding_attention).
   --n N            texts averaged (default 50; fewer are used, and noted, if the texts run out).
   --delta2, --delta1   position shifts, non-negative (paper: Δ2 = 16 and the Δ1 list above).
   --dtypes         bf16, fp16, fp32: the checkpoint's weights in each (default bf16,fp32).

@@ -9,12 +9,18 @@ activation dtype, softmax in FP32, probabilities cast back to the activation dty
 would have seen. Rows are processed in blocks, so no layer's full S×S map is ever held, let
 alone all layers' maps.
 
+A layer with a sliding window W (transformers passes it as `sliding_window`) lets query i see
+key j iff i − W < j <= i, as transformers' `sliding_window_causal_mask_function` defines it;
+the probe applies that window in the layer, so each layer is measured as the model computes it,
+and keeps its sums per layer so that they can be reported per layer type.
+
 Shape legend: B copies in the batch, H query heads, Hkv key/value heads, G = H // Hkv query
 heads per key/value head, R query rows of a block, S keys (the sequence length), D head dim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,13 +31,28 @@ PROBE_ATTENTION = "evalkit_probe"
 DEFAULT_BLOCK_ELEMENTS = 2**26
 
 
+LayerWindows = dict[int, int | None]  # layer index -> its sliding window (None: full causal attention)
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types names
+
+
+def layer_type(window: int | None) -> str:
+    return FULL_ATTENTION if window is None else SLIDING_ATTENTION
+
+
+def unmasked_per_column(seq_len: int, window: int | None, device=None) -> torch.Tensor:
+    """[S] float64: how many query rows see key column j (0-based): S − j, or min(W, S − j) under a window."""
+    counts = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
+    return counts if window is None else counts.clamp(max=window)
+
+
 @dataclass
 class ShiftRecorder:
-    """Per-column |ΔP| sums and first-column |Δlogit| sums of copies 1..K against copy 0.
+    """Per-layer, per-column |ΔP| sums and first-column |Δlogit| sums of copies 1..K against copy 0.
 
-    `column_sums[k, j]` is Σ over layers, heads and query rows i of |P_k[i, j] − P_0[i, j]|
-    (not yet weighted by n_j); `first_logit_sums[k]` is Σ over layers, heads and rows of
-    |A_k[i, 0] − A_0[i, 0]|, with A the scaled logits the softmax sees.
+    `column_sums[layer][k, j]` is Σ over heads and query rows i of |P_k[i, j] − P_0[i, j]| (not yet
+    weighted by n_j); `first_logit_sums[layer][k]` is Σ over heads and the rows that see key 0 of
+    |A_k[i, 0] − A_0[i, 0]|, with A the scaled logits the softmax sees. `layer_windows` records the
+    window each layer attended with.
     """
 
     seq_len: int
@@ -39,15 +60,15 @@ class ShiftRecorder:
     device: torch.device
     qk_dtype: torch.dtype  # the dtype q and k must arrive in: proves the RoPE variant took effect
     block_elements: int = DEFAULT_BLOCK_ELEMENTS
-    column_sums: torch.Tensor = field(init=False)
-    first_logit_sums: torch.Tensor = field(init=False)
-    layers_seen: set[int] = field(init=False, default_factory=set)
+    column_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
+    first_logit_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
+    layer_windows: LayerWindows = field(init=False, default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.column_sums = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
-        self.first_logit_sums = torch.zeros(self.n_shifted, dtype=torch.float64, device=self.device)
+    @property
+    def layers_seen(self) -> set[int]:
+        return set(self.layer_windows)
 
-    def check_inputs(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> None:
+    def check_inputs(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, window: int | None = None) -> None:
         if query.shape[0] != self.n_shifted + 1 or query.shape[2] != self.seq_len:
             raise RuntimeError(
                 f"probe attention got batch {query.shape[0]} x {query.shape[2]} tokens, expected "
@@ -58,26 +79,52 @@ class ShiftRecorder:
                 f"layer {layer_idx}: q/k arrived as {query.dtype}/{key.dtype}, expected {self.qk_dtype}: this "
                 "architecture does not apply RoPE the way Llama, Qwen2 and Mistral do in transformers"
             )
-        if layer_idx in self.layers_seen:
+        if layer_idx in self.layer_windows:
             raise RuntimeError(f"layer {layer_idx} attended twice in one forward pass")
-        self.layers_seen.add(layer_idx)
+        self.layer_windows[layer_idx] = window
+        self.column_sums[layer_idx] = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
+        self.first_logit_sums[layer_idx] = torch.zeros(self.n_shifted, dtype=torch.float64, device=self.device)
 
-    def add_block(self, probs_BHRS: torch.Tensor, logits_first_BHR: torch.Tensor) -> None:
-        """Add one block of query rows; a block ending at row r sees keys [0, r), the columns it fills."""
-        shifted, reference = probs_BHRS[1:].float(), probs_BHRS[:1].float()
-        keys = probs_BHRS.shape[-1]
-        self.column_sums[:, :keys] += (shifted - reference).abs().sum(dim=(1, 2), dtype=torch.float64)
-        first = logits_first_BHR.float()
-        self.first_logit_sums += (first[1:] - first[:1]).abs().sum(dim=(1, 2), dtype=torch.float64)
+    def add_block(
+        self, layer_idx: int, probs_BHRK: torch.Tensor, key_start: int, logits_first_BHR: torch.Tensor | None
+    ) -> None:
+        """Add one block of query rows: probabilities over keys key_start.., first-key logits of the rows
+        that see key 0 (None when no row of the block does)."""
+        shifted, reference = probs_BHRK[1:].float(), probs_BHRK[:1].float()
+        key_stop = key_start + probs_BHRK.shape[-1]
+        differences = (shifted - reference).abs().sum(dim=(1, 2), dtype=torch.float64)
+        self.column_sums[layer_idx][:, key_start:key_stop] += differences
+        if logits_first_BHR is not None:
+            first = logits_first_BHR.float()
+            self.first_logit_sums[layer_idx] += (first[1:] - first[:1]).abs().sum(dim=(1, 2), dtype=torch.float64)
 
-    def normalised_columns(self) -> torch.Tensor:
-        """[K, S] float64: column j weighted by n_j = 1 / (its number of unmasked entries) = 1 / (S − j)."""
-        unmasked = torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.device)
-        return self.column_sums / unmasked
+    def layers_of_type(self) -> dict[str, list[int]]:
+        """The layers seen, grouped by the kind of attention they ran: full_attention, sliding_attention."""
+        grouped: dict[str, list[int]] = {}
+        for layer, window in sorted(self.layer_windows.items()):
+            grouped.setdefault(layer_type(window), []).append(layer)
+        return grouped
 
-    def first_logit_means(self) -> torch.Tensor:
-        """[K] float64: D_logit = (1/S) Σ_i Σ_(l,h) |ΔA_i1|."""
-        return self.first_logit_sums / self.seq_len
+    def _chosen(self, layers: Iterable[int] | None) -> list[int]:
+        return sorted(self.layer_windows) if layers is None else list(layers)
+
+    def normalised_columns(self, layers: Iterable[int] | None = None) -> torch.Tensor:
+        """[K, S] float64: Σ over the layers (default all) of column j weighted by n_j = 1 / (the number of
+        unmasked entries of column j in that layer): 1 / (S − j) under causal attention, as in Eq. 4,
+        1 / min(W, S − j) under a window W."""
+        total = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
+        for layer in self._chosen(layers):
+            total += self.column_sums[layer] / unmasked_per_column(self.seq_len, self.layer_windows[layer], self.device)
+        return total
+
+    def first_logit_means(self, layers: Iterable[int] | None = None) -> torch.Tensor:
+        """[K] float64: D_logit = Σ over the layers (default all) of (1/S) Σ_i Σ_h |ΔA_i1| (Eq. 5), the mean
+        over the rows that see the first key: all S under causal attention, min(W, S) under a window W."""
+        total = torch.zeros(self.n_shifted, dtype=torch.float64, device=self.device)
+        for layer in self._chosen(layers):
+            window = self.layer_windows[layer]
+            total += self.first_logit_sums[layer] / (self.seq_len if window is None else min(window, self.seq_len))
+        return total
 
 
 def _row_blocks(seq_len: int, batch: int, heads: int, block_elements: int) -> list[tuple[int, int]]:
@@ -91,17 +138,48 @@ def _grouped(query_BHRD: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query_BHRD.view(b, kv_heads, h // kv_heads, r, d)
 
 
-def _block_probabilities(query_BHRD, key_BHkvSD, scaling: float, row_start: int):
-    """Logits and probabilities of one block of query rows, computed as eager attention does."""
+def visible_keys(rows: torch.Tensor, keys: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[R, K] bool: query i sees key j iff j <= i and, under a window W, i − W < j (transformers' definition)."""
+    visible = keys[None, :] <= rows[:, None]
+    if window is not None:
+        visible &= keys[None, :] > rows[:, None] - window
+    return visible
+
+
+def _first_visible_key(row: int, window: int | None) -> int:
+    return 0 if window is None else max(0, row - window + 1)
+
+
+def _block_probabilities(query_BHRD, key_BHkvKD, scaling: float, row_start: int, key_start: int, window):
+    """Logits and probabilities of one block of query rows over keys key_start.., as eager attention computes them."""
     b, h, r, _ = query_BHRD.shape
-    kv_heads, keys = key_BHkvSD.shape[1], key_BHkvSD.shape[2]
-    logits = torch.matmul(_grouped(query_BHRD, kv_heads), key_BHkvSD.unsqueeze(2).transpose(-1, -2))
-    logits_BHRS = logits.reshape(b, h, r, keys) * scaling  # rounded twice in the activation dtype, as eager does
+    kv_heads, keys = key_BHkvKD.shape[1], key_BHkvKD.shape[2]
+    logits = torch.matmul(_grouped(query_BHRD, kv_heads), key_BHkvKD.unsqueeze(2).transpose(-1, -2))
+    logits_BHRK = logits.reshape(b, h, r, keys) * scaling  # rounded twice in the activation dtype, as eager does
     rows = torch.arange(row_start, row_start + r, device=logits.device)
-    future = torch.arange(keys, device=logits.device)[None, :] > rows[:, None]
-    masked = logits_BHRS.masked_fill(future, float("-inf"))
-    probs_BHRS = torch.softmax(masked, dim=-1, dtype=torch.float32).to(query_BHRD.dtype)
-    return logits_BHRS, probs_BHRS
+    visible = visible_keys(rows, torch.arange(key_start, key_start + keys, device=logits.device), window)
+    masked = logits_BHRK.masked_fill(~visible, float("-inf"))
+    probs_BHRK = torch.softmax(masked, dim=-1, dtype=torch.float32).to(query_BHRD.dtype)
+    return logits_BHRK, probs_BHRK
+
+
+def _first_key_logits(logits_BHRK: torch.Tensor, row_start: int, key_start: int, window: int | None):
+    """The first key's logits of the block's rows that see it ([B, H, R'], R' possibly 0), or None."""
+    if key_start > 0:
+        return None
+    rows = logits_BHRK.shape[2]
+    seeing = rows if window is None else max(0, min(rows, window - row_start))  # rows i < W see key 0
+    return logits_BHRK[:, :, :seeing, 0] if seeing else None
+
+
+def _refuse_what_the_probe_does_not_compute(module: torch.nn.Module, kwargs: dict) -> None:
+    """Attention the probe would silently compute differently: refused rather than measured wrong."""
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"the probe attention does not implement logit soft-capping (softcap={kwargs['softcap']})")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("the probe attention does not implement attention sinks (s_aux)")
+    if getattr(module, "is_causal", True) is False:
+        raise ValueError("the probe attention is causal; this layer attends bidirectionally")
 
 
 def probe_attention_forward(
@@ -116,18 +194,18 @@ def probe_attention_forward(
     sliding_window: int | None = None,
     **_kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention interface: causal attention, blockwise, recording into `probe_recorder`.
+    """transformers attention interface: causal attention (within the layer's sliding window, if it has one),
+    blockwise, recording into `probe_recorder`.
 
     query [B, H, S, D], key and value [B, Hkv, S, D]; returns the output as [B, S, H, D] like eager
     attention, and no weights (the full maps are exactly what the probe never holds).
     """
     if dropout and module.training:
         raise ValueError("the probe attention has no dropout: call the model in eval mode")
+    _refuse_what_the_probe_does_not_compute(module, _kwargs)
     batch, heads, seq_len, head_dim = query.shape
-    if sliding_window is not None and sliding_window < seq_len:
-        raise ValueError(f"the probe measures full causal attention; this layer slides a {sliding_window}-token window")
     if probe_recorder is not None:
-        probe_recorder.check_inputs(module.layer_idx, query, key)
+        probe_recorder.check_inputs(module.layer_idx, query, key, sliding_window)
     # Under the fp32 RoPE variant q and k arrive rotated in FP32: this cast is their one rounding.
     query, key = query.to(value.dtype), key.to(value.dtype)
     scaling = head_dim**-0.5 if scaling is None else scaling
@@ -135,11 +213,16 @@ def probe_attention_forward(
     kv_heads = key.shape[1]
     out_BHSD = torch.empty_like(query)
     for start, stop in _row_blocks(seq_len, batch, heads, block_elements):
-        # Causality: rows below `stop` never see keys at or beyond it, so the block stops there.
-        logits, probs = _block_probabilities(query[:, :, start:stop], key[:, :, :stop], scaling, start)
+        # Rows below `stop` never see keys at or beyond it, and under a window none before the first
+        # row's reach: the block's keys are exactly that span.
+        key_start = _first_visible_key(start, sliding_window)
+        logits, probs = _block_probabilities(
+            query[:, :, start:stop], key[:, :, key_start:stop], scaling, start, key_start, sliding_window
+        )
         if probe_recorder is not None:
-            probe_recorder.add_block(probs, logits[..., 0])
-        values = value[:, :, :stop].unsqueeze(2)
+            first = _first_key_logits(logits, start, key_start, sliding_window)
+            probe_recorder.add_block(module.layer_idx, probs, key_start, first)
+        values = value[:, :, key_start:stop].unsqueeze(2)
         out = torch.matmul(_grouped(probs, kv_heads), values)
         out_BHSD[:, :, start:stop] = out.reshape(batch, heads, stop - start, head_dim)
     return out_BHSD.transpose(1, 2).contiguous(), None

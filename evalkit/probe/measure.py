@@ -4,22 +4,29 @@ For each text and each Δ1, D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1
 (Eq. 4, n_j = 1/(T − j + 1) for the 1-based key column j), kept per column j for the per-token
 view, and D_logit = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| (Eq. 5) with A the scaled logits
 q·k/sqrt(d), the logits the softmax sees. Both are averaged over the texts.
+
+Under a sliding window W a layer's column j has min(W, T − j + 1) unmasked entries and only the
+first W rows see the first key: n_j and the 1/T of D_logit become one over those counts in that
+layer (the paper's definitions, counted over what the layer really attends to; unchanged for
+full attention). The sums over layers are also kept per layer type (full_attention,
+sliding_attention), and the types add up to the total.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from evalkit.probe.attention import DEFAULT_BLOCK_ELEMENTS, PROBE_ATTENTION, ShiftRecorder
+from evalkit.probe.attention import DEFAULT_BLOCK_ELEMENTS, PROBE_ATTENTION, ShiftRecorder, layer_type
 from evalkit.probe.rope import expected_qk_dtype, rope_precision
+from evalkit.probe.windows import declared_windows
 
 
 @dataclass(frozen=True)
 class ShiftMeasurement:
-    """One (Δ1, Δ2) pair over N texts of `seq_len` tokens."""
+    """One (Δ1, Δ2) pair over N texts of `seq_len` tokens, summed over `layers` ("all", or one layer type)."""
 
     delta1: int
     delta2: int
@@ -27,6 +34,9 @@ class ShiftMeasurement:
     columns: torch.Tensor  # [T] float64: the n_j-weighted difference per key column, mean over texts
     per_text_total: torch.Tensor  # [N] float64: D of each text (the sum of its columns)
     per_text_logit_first: torch.Tensor  # [N] float64: D_logit of each text
+    layers: str = "all"
+    by_layer_type: dict[str, ShiftMeasurement] = field(default_factory=dict)  # the same, per layer type
+    layer_windows: dict[int, int | None] = field(default_factory=dict)  # each layer's window (None: full)
 
     @property
     def n_texts(self) -> int:
@@ -91,7 +101,18 @@ def _measure_one(
     layers = model.config.num_hidden_layers
     if len(recorder.layers_seen) != layers:
         raise RuntimeError(f"the probe attention ran in {len(recorder.layers_seen)} of {layers} layers")
+    _check_windows(recorder.layer_windows, declared_windows(model.config))
     return recorder
+
+
+def _check_windows(applied: dict[int, int | None], declared: tuple[int | None, ...]) -> None:
+    """Each layer attended with the window its config declares: else its numbers would be filed under
+    the wrong layer type, or the model slides where the probe assumed it does not."""
+    for layer, window in sorted(applied.items()):
+        if window != declared[layer]:
+            raise RuntimeError(
+                f"layer {layer} attended with sliding_window={window}, but its config declares {declared[layer]}"
+            )
 
 
 def measure_shifts(
@@ -109,36 +130,66 @@ def measure_shifts(
 
     `model` is a transformers model loaded with attn_implementation="evalkit_probe" (see
     `register_probe_attention`) in the dtype to measure; `texts_NT` holds N texts of T token ids.
-    Each forward pass carries one text at Δ2 and up to `shifts_per_batch` Δ1 copies.
+    Each forward pass carries one text at Δ2 and up to `shifts_per_batch` Δ1 copies. Every
+    measurement also holds its parts per layer type (`by_layer_type`), which add up to it.
     """
     _check_model(model)
     delta1s = list(dict.fromkeys(delta1s))  # a repeated Δ1 would be counted twice
     if min([*delta1s, delta2]) < 0:
         raise ValueError(f"position shifts must be non-negative: Δ1 {delta1s}, Δ2 {delta2}")
     n_texts, seq_len = texts_NT.shape
-    columns = {d: torch.zeros(seq_len, dtype=torch.float64) for d in delta1s}
-    totals = {d: torch.zeros(n_texts, dtype=torch.float64) for d in delta1s}
-    logits = {d: torch.zeros(n_texts, dtype=torch.float64) for d in delta1s}
+    sums = _Sums(n_texts, seq_len)
+    layer_windows: dict[int, int | None] = {}
     with rope_precision(model, rope):
         for text_index, token_ids in enumerate(texts_NT):
             if progress is not None:
                 progress(f"text {text_index + 1}/{n_texts} ({seq_len} tokens)")
             for shifts in _shift_batches(delta1s, shifts_per_batch):
                 recorder = _measure_one(model, token_ids, shifts, delta2, rope, block_elements)
-                normalised = recorder.normalised_columns().cpu()
-                first_logit = recorder.first_logit_means().cpu()
-                for k, delta1 in enumerate(shifts):
-                    columns[delta1] += normalised[k] / n_texts
-                    totals[delta1][text_index] = normalised[k].sum()
-                    logits[delta1][text_index] = first_logit[k]
-    return [
-        ShiftMeasurement(
-            delta1=d,
+                layer_windows = recorder.layer_windows
+                groups = {"all": None, **recorder.layers_of_type()}
+                for layers, chosen in groups.items():
+                    normalised = recorder.normalised_columns(chosen).cpu()
+                    first_logit = recorder.first_logit_means(chosen).cpu()
+                    for k, delta1 in enumerate(shifts):
+                        sums.add(layers, delta1, text_index, normalised[k], first_logit[k])
+    types = sorted({layer_type(window) for window in layer_windows.values()})
+    measurements = []
+    for d in delta1s:
+        parts = {name: sums.measurement(name, d, delta2, seq_len) for name in types}
+        measurements.append(sums.measurement("all", d, delta2, seq_len, parts, dict(layer_windows)))
+    return measurements
+
+
+class _Sums:
+    """Running means of the columns and per-text totals, keyed by (layers, Δ1)."""
+
+    def __init__(self, n_texts: int, seq_len: int) -> None:
+        self.n_texts, self.seq_len = n_texts, seq_len
+        self.columns: dict[tuple[str, int], torch.Tensor] = {}
+        self.totals: dict[tuple[str, int], torch.Tensor] = {}
+        self.logits: dict[tuple[str, int], torch.Tensor] = {}
+
+    def add(self, layers: str, delta1: int, text: int, columns: torch.Tensor, first_logit: torch.Tensor) -> None:
+        key = (layers, delta1)
+        if key not in self.columns:
+            self.columns[key] = torch.zeros(self.seq_len, dtype=torch.float64)
+            self.totals[key] = torch.zeros(self.n_texts, dtype=torch.float64)
+            self.logits[key] = torch.zeros(self.n_texts, dtype=torch.float64)
+        self.columns[key] += columns / self.n_texts
+        self.totals[key][text] = columns.sum()
+        self.logits[key][text] = first_logit
+
+    def measurement(self, layers, delta1, delta2, seq_len, parts=None, windows=None) -> ShiftMeasurement:
+        key = (layers, delta1)
+        return ShiftMeasurement(
+            delta1=delta1,
             delta2=delta2,
             seq_len=seq_len,
-            columns=columns[d],
-            per_text_total=totals[d],
-            per_text_logit_first=logits[d],
+            columns=self.columns[key],
+            per_text_total=self.totals[key],
+            per_text_logit_first=self.logits[key],
+            layers=layers,
+            by_layer_type=parts or {},
+            layer_windows=windows or {},
         )
-        for d in delta1s
-    ]

@@ -61,7 +61,7 @@ class ProbePlan:
     delta2: int
     lengths: tuple[int, ...]  # one T for shift and tokens; the lengths for length
     conditions: tuple[tuple[str, str], ...]  # (condition, dtype)
-    window: int
+    window: int  # the model's window: max_position_embeddings
     notes: tuple[str, ...]  # where a default was adapted to the model
 
 
@@ -109,15 +109,16 @@ class ProbeOptions:
             raise UserError(f"--{option}: a length must be at least 2 tokens, got {length}")
         return length
 
-    def plan(self, kind: str, window: int) -> ProbePlan:
-        """What one probe kind will run on a model with this attention window."""
+    def plan(self, kind: str, window: int, window_words: str | None = None) -> ProbePlan:
+        """What one probe kind will run on a model with this window; `window_words` says it in messages
+        (default "<window>-token window"; run_probe names the sliding layers too)."""
         kind = check_kind(kind)
         if kind == "length" and self.seq_len is not None:
             raise UserError("--seq does not apply to `probe length`: give --lengths")
         if kind != "length" and self.lengths is not None:
             raise UserError(f"--lengths applies to `probe length` only: give `probe {kind}` one --seq")
         delta1 = self.delta1 if self.delta1 is not None else (PAPER_DELTA1 if kind == "shift" else (0,))
-        lengths, notes = self._lengths(kind, window)
+        lengths, notes = self._lengths(kind, window, window_words or f"{window}-token window")
         return ProbePlan(
             kind=kind,
             delta1=delta1,
@@ -128,25 +129,25 @@ class ProbeOptions:
             notes=notes,
         )
 
-    def _lengths(self, kind: str, window: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    def _lengths(self, kind: str, window: int, window_words: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The sequence lengths to measure, and a note where a default was capped at the window."""
         if kind == "length" and self.lengths is not None:
-            return self._within_window(self.lengths, window, "lengths"), ()
+            return self._within_window(self.lengths, window, window_words, "lengths"), ()
         if kind == "length":
             kept = tuple(n for n in PAPER_LENGTHS if n <= window) or (window,)
             capped = len(kept) < len(PAPER_LENGTHS)
             return kept, (f"lengths capped at the model's {window}-token window",) if capped else ()
         if self.seq_len is not None:
-            return self._within_window((self.seq_len,), window, "seq"), ()
+            return self._within_window((self.seq_len,), window, window_words, "seq"), ()
         if window < PAPER_SEQ_LEN:
             return (window,), (f"T = {window}, the model's window (the paper uses {PAPER_SEQ_LEN})",)
         return (PAPER_SEQ_LEN,), ()
 
     @staticmethod
-    def _within_window(lengths: tuple[int, ...], window: int, option: str) -> tuple[int, ...]:
+    def _within_window(lengths: tuple[int, ...], window: int, window_words: str, option: str) -> tuple[int, ...]:
         beyond = [n for n in lengths if n > window]
         if beyond:
-            raise UserError(f"--{option}: {beyond[0]} tokens is beyond the model's {window}-token window")
+            raise UserError(f"--{option}: {beyond[0]} tokens is beyond the model's {window_words}")
         return lengths
 
     def _conditions(self) -> tuple[tuple[str, str], ...]:

@@ -7,6 +7,8 @@ The observations are decided by explicit thresholds on the measured numbers:
   mean of the other columns;
 - the error grows with length: D_logit at the longest length at least GROWTH_FACTOR times that
   at the shortest.
+The observations read the rows summed over all layers; a model with more than one layer type
+(sliding-window and full attention) also gets the key numbers per layer type.
 """
 
 from __future__ import annotations
@@ -26,10 +28,21 @@ LOW_PRECISION_ORDER = ("bf16", "fp16", "fp32")  # which dtype speaks for "the ch
 DTYPE_LABELS = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
 
 Row = dict
+ALL_LAYERS = "all"
+LAYER_TYPE_METRICS = {"attn_diff": "D", "first_token_share": "first-token share", "logit_diff_first": "D_logit"}
 
 
 def _select(rows: Iterable[Row], **match) -> list[Row]:
     return [row for row in rows if all(row.get(key) == value for key, value in match.items())]
+
+
+def _layers(row: Row) -> str:
+    return row.get("layers", ALL_LAYERS)  # rows stored before layer types were reported sum over all layers
+
+
+def over_all_layers(rows: Iterable[Row]) -> list[Row]:
+    """The rows that sum over every layer (not those of one layer type)."""
+    return [row for row in rows if _layers(row) == ALL_LAYERS]
 
 
 def _prefer(values: Iterable, order: Sequence) -> object | None:
@@ -155,13 +168,34 @@ def pretraining_amplification(rows: list[Row]) -> dict | None:
     return None
 
 
+def by_layer_type(rows: list[Row]) -> dict | None:
+    """D, the first-token share and D_logit per layer type (and over all layers) at each length, for the
+    series the summary speaks about; None when the rows have no layer types."""
+    types = sorted({_layers(row) for row in rows} - {ALL_LAYERS})
+    if not types:
+        return None
+    found: dict = {"values": {name: {} for name in [*types, ALL_LAYERS]}}
+    for metric in LAYER_TYPE_METRICS:
+        series = _reference_series(over_all_layers(rows), metric)
+        if series is None:
+            continue
+        found |= {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"]}
+        match = dict(metric=metric, condition="pretrained", dtype=series["dtype"], rope=series["rope"])
+        for row in _select(rows, delta1=series["delta1"], **match):
+            found["delta2"] = row["delta2"]
+            found["values"][_layers(row)].setdefault(metric, {})[row["length"]] = row["value"]
+    return found
+
+
 def summarise(rows: list[Row]) -> dict:
     """The key numbers and the three observations, each None where the rows do not measure it."""
+    every, rows = rows, over_all_layers(rows)
     return {
         "precision_ratio": precision_ratio(rows),
         "first_token": first_token_dominance(rows),
         "logit_growth": logit_growth(rows),
         "pretraining_amplification": pretraining_amplification(rows),
+        "by_layer_type": by_layer_type(every),
         "thresholds": {
             "precision_factor": PRECISION_FACTOR,
             "dominance_factor": DOMINANCE_FACTOR,
@@ -264,8 +298,42 @@ def _provenance_lines(provenance: dict | None) -> list[str]:
     return [*lines, *provenance_lines(provenance), ""]
 
 
+def _layer_type_label(name: str, layer_windows: list | None) -> str:
+    if name == ALL_LAYERS or layer_windows is None:
+        return name
+    windows = [w for w in layer_windows if (w is None) == (name == "full_attention")]
+    reach = sorted({w for w in windows if w is not None})
+    window = f", window {', '.join(map(str, reach))}" if reach else ""
+    return f"{name} ({len(windows)} layer{'s' if len(windows) != 1 else ''}{window})"
+
+
+def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[str]:
+    """A table: one line per layer type and one for all layers, one column per metric and length."""
+    if found is None or "dtype" not in found:
+        return []
+    values = found["values"]
+    columns = sorted({(metric, length) for parts in values.values() for metric in parts for length in parts[metric]},
+                     key=lambda pair: (list(LAYER_TYPE_METRICS).index(pair[0]), pair[1]))  # fmt: skip
+    header = ["layers", *(f"{LAYER_TYPE_METRICS[metric]} (T={length})" for metric, length in columns)]
+    table = [
+        [_layer_type_label(name, layer_windows), *(_num(parts.get(m, {}).get(n)) for m, n in columns)]
+        for name, parts in values.items()
+    ]
+    where = f"{DTYPE_LABELS[found['dtype']]}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
+    return [
+        "## Per layer type",
+        "",
+        f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
+        "within their window. Global (full_attention) layers are where long-distance RoPE error can show.",
+        "",
+        *markdown_table(header, table).splitlines(),
+        "",
+    ]
+
+
 def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
     """The human-readable summary: what was measured, the key ratios, the observations, the values."""
+    rows = over_all_layers(rows)
     metric_name = {
         "shift": "attention difference D (Eq. 4)",
         "tokens": "per-token attention difference",
@@ -293,6 +361,8 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
     out += [*notes, ""] if notes else []
     out += ["## Key numbers", "", markdown_table(["quantity", "value"], key_rows), ""] if key_rows else []
     out += ["## The paper's observations, from these numbers", "", *lines, ""]
+    layer_windows = (context.get("provenance") or {}).get("layer_windows")
+    out += _layer_type_lines(summary.get("by_layer_type"), layer_windows)
     table = {
         "shift": ("attn_diff", "delta1"),
         "tokens": ("attn_diff", "delta1"),
@@ -401,6 +471,7 @@ def _plot_length(axes, rows: list[Row]) -> None:
 def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:
     """The kind's panel of the paper's Figure 1 as `stem`.png and `stem`.svg; returns their paths."""
     figure, axes = _figure()
+    rows = over_all_layers(rows)
     {"shift": _plot_shift, "tokens": _plot_tokens, "length": _plot_length}[kind](axes, rows)
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=7, handlelength=3)  # long enough to show the dashes of rope=fp32

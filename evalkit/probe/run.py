@@ -19,6 +19,7 @@ from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
+from evalkit.probe.windows import declared_windows, describe_window, model_window
 from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
 
 MEASUREMENT = {
@@ -28,17 +29,22 @@ MEASUREMENT = {
     "logit_diff_first": "D_logit = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| (Eq. 5), A = q·k/sqrt(d) in the "
     "activation dtype: the 1/sqrt(d) scale is included, as the softmax sees it",
     "attention": "post-softmax probabilities of every layer and head as transformers' eager attention computes them "
-    "(logits in the activation dtype, softmax in FP32, cast back); value = mean over texts, std = their spread",
+    "(logits in the activation dtype, softmax in FP32, cast back), each layer within its own sliding window if it "
+    "has one; value = mean over texts, std = their spread",
+    "windows": "in a layer with a sliding window W, n_j = 1/min(W, T − j + 1) and D_logit's 1/T is 1/min(W, T): one "
+    "over the entries that layer attends to (as Eq. 4 and 5 count them under full attention)",
+    "layers": "which layers a row sums over: all, or one layer type (full_attention, sliding_attention, from the "
+    "window each layer attended with); the types add up to all",
 }
 
 
 def attention_window(config) -> int:
-    """The longest sequence the model attends over in full: its context, or a shorter sliding window."""
-    window = getattr(config, "max_position_embeddings", None)
-    if not window:
-        raise UserError(f"the checkpoint's config ({config.model_type}) states no max_position_embeddings")
-    sliding = getattr(config, "sliding_window", None)  # set for Mistral; Qwen2 sets it only when it slides
-    return min(window, sliding) if sliding else window
+    """The longest sequence the probe measures on this model: the model's window, max_position_embeddings.
+
+    Sliding-window layers do not shorten it: the probe applies each layer's window (a UserError for
+    layer types it does not measure)."""
+    declared_windows(config)
+    return model_window(config)
 
 
 def _load_config(checkpoint: Path):
@@ -102,7 +108,18 @@ def _std(values: torch.Tensor) -> float:
 
 
 def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
-    """Long-form rows for one (condition, dtype, rope, Δ1, length); `column` is set only per-column."""
+    """Long-form rows for one (condition, dtype, rope, Δ1, length); `column` is set only per-column.
+
+    Rows sum over all layers (`layers` "all"); a model with more than one layer type also gets the
+    same rows per layer type."""
+    rows = _rows_over(kind, found, condition, dtype, rope)
+    if len(found.by_layer_type) > 1:
+        for part in found.by_layer_type.values():
+            rows += _rows_over(kind, part, condition, dtype, rope)
+    return rows
+
+
+def _rows_over(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
     base = {
         "kind": kind,
         "condition": condition,
@@ -112,6 +129,7 @@ def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: 
         "delta2": found.delta2,
         "length": found.seq_len,
         "n_texts": found.n_texts,
+        "layers": found.layers,
     }
 
     def row(metric: str, value: float, std: float | None = None, column: int | None = None) -> dict:
@@ -178,8 +196,13 @@ def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
     return text + (f" ({skipped} texts too short were skipped)" if skipped else "")
 
 
-def _notes(plan: ProbePlan, windows: dict[int, TokenWindows], requested: int, source: TextSource) -> list[str]:
+def _notes(plan: ProbePlan, config, windows: dict[int, TokenWindows], requested: int, source: TextSource) -> list[str]:
     notes = list(plan.notes)
+    if any(w is not None and w < max(plan.lengths) for w in declared_windows(config)):
+        notes.append(
+            f"the model's {describe_window(config)}: those layers are measured within their window, and the sums "
+            "are also reported per layer type"
+        )
     for length, window in sorted(windows.items()):
         if window.count < requested:
             notes.append(f"only {window.count} of the {requested} texts asked for have {length} tokens")
@@ -232,6 +255,7 @@ def _provenance(
         "tokenizer_fingerprint": fingerprint,
         "token_windows_sha256": digest.hexdigest()[:16],
         "model_window": plan.window,
+        "layer_windows": list(declared_windows(config)),  # per layer: its sliding window, null for full attention
     }
 
 
@@ -285,7 +309,7 @@ def run_probe(
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)
-    plan = probe_options.plan(kind, attention_window(config))
+    plan = probe_options.plan(kind, attention_window(config), describe_window(config))
     tokenizer = _load_tokenizer(checkpoint)
     source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))
     windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
@@ -297,7 +321,7 @@ def run_probe(
         summary = summarise(rows)
         provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
-        notes = _notes(plan, windows, probe_options.n_texts, source)
+        notes = _notes(plan, config, windows, probe_options.n_texts, source)
         payload = {
             "kind": kind,
             "provenance": provenance,

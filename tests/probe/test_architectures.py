@@ -28,13 +28,7 @@ def test_probe_runs_and_matches_eager_attention(family, texts):
         assert reference.total < 1e-5
 
 
-def test_a_sliding_window_shorter_than_the_context_bounds_the_probe():
-    assert attention_window(MistralConfig(sliding_window=32, max_position_embeddings=128)) == 32
+def test_sliding_windows_do_not_bound_the_probe_the_model_window_does():
+    assert attention_window(MistralConfig(sliding_window=32, max_position_embeddings=128)) == 128
     assert attention_window(MistralConfig(sliding_window=None, max_position_embeddings=128)) == 128
-    assert attention_window(Qwen2Config(max_position_embeddings=512)) == 512  # Qwen2 slides only when asked
-
-
-def test_the_probe_refuses_to_measure_through_a_sliding_window(texts):
-    model = probe_model(probe_config("mistral", sliding_window=16), torch.float32)
-    with pytest.raises(ValueError, match="slides a 16-token window"):
-        measure_shifts(model, texts, [0], 16)
+    assert attention_window(Qwen2Config(max_position_embeddings=512)) == 512

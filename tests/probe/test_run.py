@@ -21,6 +21,7 @@ ROW_KEYS = {
     "column",
     "value",
     "std",
+    "layers",
 }
 
 
