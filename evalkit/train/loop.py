@@ -240,11 +240,14 @@ def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None =
     return source, WindowStream(source, tokenizer, config.paradigm, config.seq_len, config.seed, tags)
 
 
-def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext) -> tuple:
+def build_training(
+    config: TrainConfig, tokenizer, ctx: distributed.DistContext, *, initial_weights: bool = True
+) -> tuple:
     """(loss module, optimizer, scheduler): the model sharded when distributed, in training mode.
 
-    Distributed, every rank builds the model without weights and allocates only its shards:
-    the weights are loaded afterwards, read by rank 0 alone (load_initial_weights)."""
+    Distributed, every rank builds the model without weights and allocates only its shards;
+    the initial weights are built or read by rank 0 alone (load_initial_weights), or, with
+    initial_weights=False, left for the caller to load (a resumed run's, by broadcast too)."""
     lm = build_model(config, tokenizer, ctx.device, weights=not ctx.distributed)
     if config.grad_checkpointing:
         kwargs = {"use_reentrant": False}
@@ -261,6 +264,8 @@ def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext)
         model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
+    if initial_weights:
+        load_initial_weights(model, config, tokenizer, ctx)
     return model, optimizer, scheduler
 
 
@@ -309,12 +314,10 @@ def _train(
         held.enter_context(output_lock(run_dir))
     tokenizer = load_tokenizer(config)
     source, stream = build_stream(config, tokenizer, source)
-    model, optimizer, scheduler = build_training(config, tokenizer, ctx)
+    model, optimizer, scheduler = build_training(config, tokenizer, ctx, initial_weights=point is None)
 
     tokens_seen = 0
-    if point is None:
-        load_initial_weights(model, config, tokenizer, ctx)
-    else:
+    if point is not None:
         state = point.trainer_state
         weights = {f"lm.{k}": v for k, v in point.weights.items()}
         distributed.load_full_state(model, optimizer, weights, state.get("optimizer", {}), ctx)

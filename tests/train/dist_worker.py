@@ -3,8 +3,9 @@
 argv[1] is a JSON spec: phases run in order, each a `train` call in a process group of its own
 whose collective timeout is `timeout_s` (short, as a slow save would meet NCCL's watchdog).
 Per phase the rank records which functions that read a checkpoint or a model it called, its peak
-RSS when the first optimizer step starts (the load's peak, in a fresh process), and rank 0 can
-be made to write its first checkpoint slowly. Each rank writes rank<N>.json to spec["report_dir"].
+RSS when the first optimizer step starts (the load's peak, in a fresh process) and the dtype of
+a decoder layer's weight inside its forward; rank 0 can be made to write its first checkpoint
+slowly. Each rank writes rank<N>.json to spec["report_dir"].
 """
 
 import json
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import load_config, loop
+from evalkit.train import distributed, load_config, loop
 from evalkit.train import model as model_module
 from tests.train.helpers import MICRO
 
@@ -32,6 +33,20 @@ def _spied(module, name: str, calls: list, record=None):
 
     setattr(module, name, spy)
     return lambda: setattr(module, name, original)
+
+
+def _record_gathered_dtype(seen: list):
+    """After sharding: the dtype of a decoder layer's weight as its forward starts (after FSDP2's all-gather)."""
+    original = distributed.shard
+
+    def shard(model, ctx, *args, **kwargs):
+        sharded = original(model, ctx, *args, **kwargs)
+        layer = sharded.lm.base_model.layers[0]
+        layer.register_forward_pre_hook(lambda module, *_: seen.append(str(module.mlp.up_proj.weight.dtype)))
+        return sharded
+
+    distributed.shard = shard
+    return lambda: setattr(distributed, "shard", original)
 
 
 def _slow_first_save(seconds: float, rank: int):
@@ -51,7 +66,9 @@ def _slow_first_save(seconds: float, rank: int):
 def _run_phase(phase: dict, timeout_s: float, rank: int) -> dict:
     calls: list = []
     peak = {}
+    gathered: list = []
     undo = [
+        _record_gathered_dtype(gathered),
         _spied(ckpt, "load_model_state", calls),
         _spied(ckpt, "load_trainer_state", calls),
         _spied(model_module, "load_pretrained", calls),
@@ -75,7 +92,7 @@ def _run_phase(phase: dict, timeout_s: float, rank: int) -> dict:
     finally:
         for restore in undo:
             restore()
-    return {"calls": calls, "load_peak_rss_kb": peak.get("kb")}
+    return {"calls": calls, "load_peak_rss_kb": peak.get("kb"), "gathered_dtypes": sorted(set(gathered))}
 
 
 def _maxrss_kb() -> int:

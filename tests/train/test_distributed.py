@@ -55,6 +55,10 @@ def test_resume_reads_on_rank0_only_and_a_slow_save_outlasts_the_collective_time
     assert "load_trainer_state" in resume0 and not READS & set(resume1), (resume0, resume1)
     assert "build_model(weights=True)" in rank0["phases"][0]["calls"]  # the fresh model: built by rank 0 alone
     assert not READS & set(rank1["phases"][0]["calls"])
+    assert rank0["phases"][0]["gathered_dtypes"] == ["torch.bfloat16"]  # the layers' FSDP2 policy
+    # One process computes the same steps; the layers' norm weights rounded to bf16 are the difference.
+    one = train(micro_config(tmp_path / "one", *sets, max_steps=6), show_progress=False)
+    assert losses(straight) == pytest.approx(losses(one), rel=2e-3)
     from safetensors.torch import load_file
 
     final = Path(resumed) / "step-6"
@@ -85,7 +89,9 @@ def test_one_process_bf16_checkpoints_evaluate_in_bf16_and_resume_exactly(tmp_pa
 def test_rank1_load_memory_does_not_grow_with_the_full_state(tmp_path):
     """Peak RSS at the first step of a resumed 2-process run, for a model of 2 and of 26 layers:
     rank 0 grows by at least the full weights and AdamW state it reads (12 bytes a parameter);
-    rank 1 by no more than its shards of them (6 bytes a parameter) and slack."""
+    rank 1 by its shards of them (6 bytes a parameter) and slack, well under what it read before
+    (the full state, a built model and its shards: more than rank 0). Measured here: full state
+    288 MiB, rank 0 +486 MiB, rank 1 +196 MiB."""
     grown = {}
     for layers in (2, 26):
         sets = [f"model.num_layers={layers}", "model.hidden_size=256", "model.intermediate_size=1024",
@@ -101,4 +107,4 @@ def test_rank1_load_memory_does_not_grow_with_the_full_state(tmp_path):
     mib = 2**20
     print(f"full state {full_state / mib:.0f} MiB; RSS growth rank 0 {rank0 / mib:.0f}, rank 1 {rank1 / mib:.0f} MiB")
     assert rank0 >= full_state
-    assert rank1 <= 0.75 * full_state
+    assert rank1 <= 0.8 * full_state and rank1 < 0.6 * rank0
