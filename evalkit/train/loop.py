@@ -277,7 +277,8 @@ def load_initial_weights(model, config: TrainConfig, tokenizer, ctx: distributed
         return
     weights = {}
     if ctx.is_main:
-        weights = {f"lm.{k}": v for k, v in build_model(config, tokenizer, torch.device("cpu")).state_dict().items()}
+        lm = build_model(config, tokenizer, ctx.device, on_host=True)
+        weights = {f"lm.{k}": v for k, v in lm.state_dict().items()}
     distributed.wait_for_rank0(ctx)  # reading a large base model may outlast the collective timeout
     distributed.load_full_model_state(model, weights, ctx)
     torch.set_rng_state(distributed.broadcast_object(torch.get_rng_state(), ctx))

@@ -96,8 +96,10 @@ def _checkpoint_config(config: TrainConfig):
     return hf_config
 
 
-def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True):
+def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True, on_host: bool = False):
     """The model in fp32 (master weights) on `device`, with evalkit attention selected.
+    on_host=True leaves the weights on the CPU, attention still chosen for `device` (rank 0's
+    full copy, which the other ranks' shards are filled from).
 
     weights=False builds the same architecture with its parameters on the meta device (no memory,
     no read of model.path's weights) and its buffers (RoPE frequencies, in no state dict) real, on
@@ -131,7 +133,7 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights
         raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
     if getattr(model.config, "sliding_window", None):
         model.config.sliding_window = None
-    return model.to(device) if weights else model
+    return model.to(device) if weights and not on_host else model
 
 
 def _model_without_weights(hf_config, attn: str, trust_remote_code: bool):

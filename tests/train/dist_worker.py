@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, load_config, loop
 from evalkit.train import model as model_module
@@ -67,6 +68,7 @@ def _run_phase(phase: dict, timeout_s: float, rank: int) -> dict:
     calls: list = []
     peak = {}
     gathered: list = []
+    error = None
     undo = [
         _record_gathered_dtype(gathered),
         _spied(ckpt, "load_model_state", calls),
@@ -89,10 +91,17 @@ def _run_phase(phase: dict, timeout_s: float, rank: int) -> dict:
         overrides = {"out": phase["out"], "paradigm": "anchor", "max_steps": phase["max_steps"]}
         config = load_config("tiny-cpu", overrides, [*MICRO, *phase.get("sets", [])])
         loop.train(config, resume=phase.get("resume", False), show_progress=False)
+    except UserError as err:  # a phase may expect one; the test reads it from the report
+        error = str(err)
     finally:
         for restore in undo:
             restore()
-    return {"calls": calls, "load_peak_rss_kb": peak.get("kb"), "gathered_dtypes": sorted(set(gathered))}
+    return {
+        "error": error,
+        "calls": calls,
+        "load_peak_rss_kb": peak.get("kb"),
+        "gathered_dtypes": sorted(set(gathered)),
+    }
 
 
 def _maxrss_kb() -> int:

@@ -47,8 +47,13 @@ def test_resume_reads_on_rank0_only_and_a_slow_save_outlasts_the_collective_time
         {"out": straight, "max_steps": 6, "sets": sets},
         {"out": resumed, "max_steps": 4, "sets": sets, "slow_save_s": 8},
         {"out": resumed, "max_steps": 6, "sets": sets, "resume": True},
+        {"out": resumed, "max_steps": 8, "sets": [*sets, "optim.lr=1e-2"], "resume": True},  # refused
     ]
     rank0, rank1 = _torchrun(tmp_path, phases)
+    # Rank 0 alone reads and checks the checkpoint; its one-line error stops every rank.
+    assert "different config (optim)" in rank0["phases"][3]["error"]
+    assert rank1["phases"][3]["error"] == rank0["phases"][3]["error"]
+    assert all(p["error"] is None for p in rank0["phases"][:3])
     assert len(losses(straight)) == 6
     assert losses(resumed) == losses(straight)  # exactly equal, step by step
     resume0, resume1 = rank0["phases"][2]["calls"], rank1["phases"][2]["calls"]
