@@ -16,7 +16,7 @@ Terms, per GPU, for FSDP2 over N GPUs (N=1: one process, nothing sharded):
   the tensors autograd saves in a Llama-style decoder layer (bytes per token: ACTIVATION_BYTES),
   plus the gradients in flight.
 Not counted: the attention kernel's own workspace (FlexAttention and flash-attn keep O(tokens)),
-the CUDA context and allocator fragmentation (budget a few GB), NCCL buffers.
+the CUDA context and allocator fragmentation (budget a few GiB), NCCL buffers.
 It is a model, checked against measured tensor bytes on CPU at small sizes
 (tests/train/test_memory.py), not a measurement on a GPU.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.train.config import TrainConfig
 
-GB = 1e9
+GiB = 2**30
 FP32, BF16 = 4, 2
 LOSS_CHUNK = 4096  # loop.LOSS_CHUNK (not imported: loop.py pulls in transformers)
 
@@ -200,6 +200,6 @@ def report(config: TrainConfig, arch: Architecture, gpus: int) -> str:
         f"{gpus} GPU(s), {tokens} tokens per micro-batch, {config.dtype}, "
         f"gradient checkpointing {'on' if config.grad_checkpointing else 'off'}",
     ]
-    lines += [f"  {name:<12}{value / GB:8.1f} GB" for name, value in est.rows()]
+    lines += [f"  {name:<12}{value / GiB:8.1f} GiB" for name, value in est.rows()]
     lines.append("  not counted: attention kernel workspace, CUDA context, allocator fragmentation, NCCL buffers")
     return "\n".join(lines)

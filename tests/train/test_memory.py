@@ -156,5 +156,5 @@ def test_train_prints_the_estimate_and_trains_nothing(tmp_path):
     est = memory.estimate(load_config("llama2-7b-64k"), memory.architecture(load_config("llama2-7b-64k")), 8)
     assert "6.74B parameters, 8 GPU(s), 65536 tokens" in result.output
     total = next(line.split() for line in result.output.splitlines() if line.strip().startswith("total"))
-    assert float(total[1]) == pytest.approx(est.total / 1e9, abs=0.05)
+    assert float(total[1]) == pytest.approx(est.total / 2**30, abs=0.05)
     assert not out.exists()
