@@ -158,3 +158,12 @@ def test_train_prints_the_estimate_and_trains_nothing(tmp_path):
     total = next(line.split() for line in result.output.splitlines() if line.strip().startswith("total"))
     assert float(total[1]) == pytest.approx(est.total / 2**30, abs=0.05)
     assert not out.exists()
+
+
+def test_a_local_checkpoint_is_sized_from_its_config_json():
+    """tiny-long continues the shipped tiny base: its config.json gives the stored weights' count."""
+    from safetensors.torch import load_file
+
+    config = load_config("tiny-long")
+    stored = load_file(f"{config.model.path}/model.safetensors")  # tied: the head is stored once
+    assert memory.architecture(config).params() == sum(t.numel() for t in stored.values())
