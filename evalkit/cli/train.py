@@ -23,11 +23,23 @@ def train_command(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest complete checkpoint in the run directory."
     ),
+    memory_estimate: bool = typer.Option(
+        False, "--memory-estimate", help="Print the memory model's per-GPU estimate for this recipe and exit."
+    ),
+    gpus: int = typer.Option(None, "--gpus", help="GPUs for --memory-estimate (default: WORLD_SIZE, else 1)."),
 ) -> None:
     """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
     from evalkit.train import load_config, train
 
     overrides = {"model.path": model, "paradigm": paradigm, "seq_len": seq_len, "max_steps": max_steps, "out": out}
     cfg = load_config(config, overrides, sets)
+    if memory_estimate:
+        import os
+
+        from evalkit.train import memory
+
+        count = gpus if gpus is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        typer.echo(memory.report(cfg, memory.architecture(cfg), count))
+        return
     run_dir = train(cfg, resume=resume)
     typer.echo(f"checkpoints in {run_dir}")

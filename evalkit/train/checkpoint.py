@@ -2,9 +2,11 @@
 
 A checkpoint holds model.safetensors, config.json, generation_config.json, the tokenizer,
 meta.json (what made it) and, in the newest one only, trainer_state.pt (optimizer, scheduler,
-data position, RNG) for resuming. It is assembled in a hidden temporary directory and renamed
-into place, and meta.json is written last: a directory named step-N with a meta.json is
-complete, whatever moment a run was killed at.
+data position, RNG) for resuming. A bf16 run's model.safetensors is in bf16, what evaluators
+read and the dtype it computed in (half the bytes to write and to load); its fp32 master weights,
+needed to resume exactly, travel in trainer_state.pt and are pruned with it. A checkpoint is
+assembled in a hidden temporary directory and renamed into place, and meta.json is written last:
+a directory named step-N with a meta.json is complete, whatever moment a run was killed at.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from evalkit.storage import atomic_write_json, check_replaceable, move_into_plac
 
 TRAINER_STATE = "trainer_state.pt"
 META = "meta.json"
+MASTER_WEIGHTS = "master_weights"  # trainer_state key: the fp32 weights when model.safetensors is bf16
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -64,9 +67,18 @@ def _output_embedding_key(model: torch.nn.Module) -> str | None:
 
 
 def write_checkpoint(
-    run_dir: Path, step: int, model, tokenizer, model_state: dict[str, torch.Tensor], trainer_state: dict, meta: dict
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    model_state: dict[str, torch.Tensor],
+    trainer_state: dict,
+    meta: dict,
+    *,
+    weights_dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write step-<step> atomically (rank 0 only); returns its path."""
+    """Write step-<step> atomically (rank 0 only); returns its path. model.safetensors is in
+    `weights_dtype`; when that is not fp32 the fp32 weights go into the trainer state."""
     from safetensors.torch import save_file
 
     final = checkpoint_dir(run_dir, step)
@@ -76,12 +88,17 @@ def write_checkpoint(
     weights = dict(model_state)
     if getattr(model.config, "tie_word_embeddings", False):
         weights.pop(_output_embedding_key(model), None)  # stored once, as the input embedding
+    if weights_dtype != torch.float32:
+        trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
+        weights = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in weights.items()}
     save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
     model.config.save_pretrained(tmp)
     config_path = tmp / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("_attn_implementation_autoset", None)
     config.pop("attn_implementation", None)  # readers choose their own; evalkit's needs registering
+    config["dtype"] = str(weights_dtype).removeprefix("torch.")
+    config.pop("torch_dtype", None)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(tmp)
@@ -99,6 +116,13 @@ def load_trainer_state(path: Path) -> dict:
         return torch.load(Path(path) / TRAINER_STATE, map_location="cpu", weights_only=True)
     except Exception as err:
         raise UserError(f"cannot read the trainer state in {path}: {str(err).splitlines()[0]}") from None
+
+
+def resume_weights(path: Path, trainer_state: dict) -> dict[str, torch.Tensor]:
+    """The fp32 weights to resume from: the trainer state's master copy (bf16 checkpoints), else
+    model.safetensors (fp32 checkpoints, and every checkpoint written before bf16 ones existed)."""
+    master = trainer_state.pop(MASTER_WEIGHTS, None)
+    return master if master is not None else load_model_state(path)
 
 
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:

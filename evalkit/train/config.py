@@ -78,6 +78,9 @@ class CheckpointConfig:
     final_count: int = 5  # the evaluation window: the last K checkpoints ...
     final_spacing: int = 10  # ... M steps apart, ending at max_steps
     keep_periodic: bool = False  # keep resume checkpoints outside the evaluation window
+    # Distributed: how long the other ranks wait for rank 0 to write a checkpoint or read one
+    # (a gloo group of its own, so the training group's collective timeout never sees the wait)
+    io_timeout_minutes: float = 120.0
 
 
 @dataclass
@@ -149,6 +152,10 @@ class TrainConfig:
             (
                 self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
                 "checkpoint.every, final_count and final_spacing must be at least 1",
+            ),
+            (
+                self.checkpoint.io_timeout_minutes > 0,
+                f"checkpoint.io_timeout_minutes must be positive, got {self.checkpoint.io_timeout_minutes}",
             ),
             *_model_checks(m),
             *_optim_checks(o),

@@ -3,12 +3,21 @@
 On CUDA the process group uses NCCL, on CPU gloo (which is how the tests run 2 processes).
 Full (unsharded) state dicts are gathered to CPU for checkpoints, so a checkpoint written by
 8 GPUs loads in 1 process and the other way round.
+
+Rank 0 is the only process that reads or writes weights: on resume (or at the start) it reads the
+checkpoint (or builds/loads the model), the other ranks build the model on the meta device and
+receive their shards by broadcast; at a save it writes while the others wait. Those waits, as
+long as storage makes them, happen in a gloo group of their own with its own timeout
+(checkpoint.io_timeout_minutes), not in the training group, whose collective timeout (NCCL's
+10-minute watchdog) would otherwise kill the job at the first slow save.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,6 +28,7 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    io_group: Any = None  # the gloo group for waits on rank 0's reads and writes (open_io_group)
 
     @property
     def is_main(self) -> bool:
@@ -49,16 +59,68 @@ def shutdown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
-def shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+def open_io_group(ctx: DistContext, timeout_minutes: float) -> None:
+    """A CPU (gloo) group over all ranks for waiting on rank 0's file work, with its own timeout.
+
+    NCCL's watchdog watches only NCCL collectives: a rank blocked in this group's barrier has none
+    in flight, so a save or a read lasting longer than the training group's timeout trips nothing.
+    """
+    if ctx.distributed and ctx.io_group is None:
+        ctx.io_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
+
+
+def wait_for_rank0(ctx: DistContext) -> None:
+    """Every rank waits here until rank 0 arrives (after writing or reading a checkpoint)."""
+    if ctx.distributed:
+        dist.barrier(group=ctx.io_group)
+
+
+def broadcast_object(value: Any, ctx: DistContext) -> Any:
+    """Rank 0's `value` on every rank (a small picklable object: settings, RNG state, an error)."""
+    if not ctx.distributed:
+        return value
+    holder = [value if ctx.is_main else None]
+    dist.broadcast_object_list(holder, src=0, group=ctx.io_group)
+    return holder[0]
+
+
+def mixed_precision_policy(dtype: str):
+    """FSDP2's policy for a decoder layer: bf16 all-gathers and compute under bf16 runs, fp32
+    gradient reduction (the sharded master weights and AdamW stay fp32). Inputs are not cast
+    (cast_forward_inputs=False): the residual stream and RoPE's cos/sin stay as the root unit
+    (embeddings, final norm, head: fp32, no policy) and autocast make them, as in one process.
+    None for fp32 runs."""
+    if dtype != "bf16":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+
+
+def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
     """FSDP2 over the loss wrapper: each decoder layer its own unit, the root holds embeddings, norm, head."""
     if not ctx.distributed:
         return model
     from torch.distributed.fsdp import fully_shard
 
+    policy = mixed_precision_policy(dtype)
     for layer in model.lm.base_model.layers:
-        fully_shard(layer)
+        if policy is None:
+            fully_shard(layer)
+        else:
+            fully_shard(layer, mp_policy=policy)
     fully_shard(model)
     return model
+
+
+def materialize(model: torch.nn.Module, device: torch.device) -> None:
+    """Allocate this rank's shards of a sharded model built on the meta device (values follow by
+    broadcast); its buffers, real since construction and in no state dict, keep their values."""
+    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
 
 
 def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
@@ -94,10 +156,28 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=ctx.distributed))
 
 
+def _load_options(ctx: DistContext):
+    # strict=False: tied weights are stored once. Distributed, only rank 0 holds the full state
+    # (the others pass {}); each tensor is broadcast from it and sharded on arrival.
+    return _full_options(strict=False, broadcast_from_rank0=ctx.distributed)
+
+
+def load_full_model_state(model, model_state: dict, ctx: DistContext) -> None:
+    """Load unsharded weights (rank 0's, when distributed) as saved by a run of any world size."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, model_state if ctx.is_main else {}, options=_load_options(ctx))
+
+
+def load_full_optimizer_state(model, optimizer, optimizer_state: dict, ctx: DistContext) -> None:
+    """Load an unsharded optimizer state (rank 0's, when distributed) keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    state = optimizer_state if ctx.is_main else {}
+    set_optimizer_state_dict(model, optimizer, state, options=_load_options(ctx))
+
+
 def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict, ctx: DistContext) -> None:
     """Load unsharded weights and optimizer state (as saved by a run of any world size)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    options = _full_options(strict=False)  # tied weights are stored once
-    set_model_state_dict(model, model_state, options=options)
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+    load_full_model_state(model, model_state, ctx)
+    load_full_optimizer_state(model, optimizer, optimizer_state, ctx)

@@ -207,7 +207,14 @@ def optimizer_step(model, optimizer, windows: list[PackedSequence], config: Trai
 
 
 def autocast_context(config: TrainConfig, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if config.dtype == "bf16" else nullcontext()
+    """bf16 autocast without its weight cache: a cached bf16 copy of every weight lives until the
+    forward ends, and buys nothing here, since each weight is cast once per forward (the loss's
+    head, used once per chunk, is recast per chunk) and, under gradient checkpointing, again in the
+    recomputation, which runs in an autocast region of its own. About 2 bytes per parameter of
+    peak memory (16 GB for an 8B model)."""
+    if config.dtype != "bf16":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 def train(config: TrainConfig, *, resume: bool = False, show_progress: bool = True) -> Path:
@@ -233,23 +240,48 @@ def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None =
     return source, WindowStream(source, tokenizer, config.paradigm, config.seq_len, config.seed, tags)
 
 
-def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext) -> tuple:
-    """(loss module, optimizer, scheduler): the model sharded when distributed, in training mode."""
-    lm = build_model(config, tokenizer, ctx.device)
+def build_training(
+    config: TrainConfig, tokenizer, ctx: distributed.DistContext, *, initial_weights: bool = True
+) -> tuple:
+    """(loss module, optimizer, scheduler): the model sharded when distributed, in training mode.
+
+    Distributed, every rank builds the model without weights and allocates only its shards;
+    the initial weights are built or read by rank 0 alone (load_initial_weights), or, with
+    initial_weights=False, left for the caller to load (a resumed run's, by broadcast too)."""
+    lm = build_model(config, tokenizer, ctx.device, weights=not ctx.distributed)
     if config.grad_checkpointing:
         kwargs = {"use_reentrant": False}
         if hasattr(lm, "activation_checkpointing_enable"):  # the name since transformers 5.2x
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model = distributed.shard(MaskedLMLoss(lm), ctx)
+    model = distributed.shard(MaskedLMLoss(lm), ctx, config.dtype)
+    if ctx.distributed:
+        distributed.materialize(model, ctx.device)
     model.train()
     o = config.optim
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
+    if initial_weights:
+        load_initial_weights(model, config, tokenizer, ctx)
     return model, optimizer, scheduler
+
+
+def load_initial_weights(model, config: TrainConfig, tokenizer, ctx: distributed.DistContext) -> None:
+    """Distributed and not resuming: rank 0 builds (or loads, for model.path) the model alone, on
+    the CPU, and its weights reach every rank's shards by broadcast, as does its RNG state (the
+    initialisation draws from it), so every rank continues as one process would."""
+    if not ctx.distributed:
+        return
+    weights = {}
+    if ctx.is_main:
+        lm = build_model(config, tokenizer, ctx.device, on_host=True)
+        weights = {f"lm.{k}": v for k, v in lm.state_dict().items()}
+    distributed.wait_for_rank0(ctx)  # reading a large base model may outlast the collective timeout
+    distributed.load_full_model_state(model, weights, ctx)
+    torch.set_rng_state(distributed.broadcast_object(torch.get_rng_state(), ctx))
 
 
 @dataclass
@@ -257,8 +289,8 @@ class _ResumePoint:
     """What a resumed run continues from, all read (and checked) before any work starts."""
 
     step: int
-    trainer_state: dict
-    weights: dict[str, torch.Tensor]
+    trainer_state: dict  # distributed, on ranks other than 0: without the optimizer state
+    weights: dict[str, torch.Tensor]  # distributed, on ranks other than 0: empty
 
 
 def _train(
@@ -273,6 +305,7 @@ def _train(
             f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes "
             f"x micro_batch={config.micro_batch}"
         )
+    distributed.open_io_group(ctx, config.checkpoint.io_timeout_minutes)
     point = _resume_point(run_dir, config, resume, ctx)
     step = point.step if point else 0
     metrics = _metrics_to_keep(run_dir / METRICS, step)
@@ -282,13 +315,13 @@ def _train(
         held.enter_context(output_lock(run_dir))
     tokenizer = load_tokenizer(config)
     source, stream = build_stream(config, tokenizer, source)
-    model, optimizer, scheduler = build_training(config, tokenizer, ctx)
+    model, optimizer, scheduler = build_training(config, tokenizer, ctx, initial_weights=point is None)
 
     tokens_seen = 0
     if point is not None:
         state = point.trainer_state
         weights = {f"lm.{k}": v for k, v in point.weights.items()}
-        distributed.load_full_state(model, optimizer, weights, state["optimizer"], ctx)
+        distributed.load_full_state(model, optimizer, weights, state.get("optimizer", {}), ctx)
         scheduler.load_state_dict(state["scheduler"])
         stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["rng"])
@@ -298,7 +331,7 @@ def _train(
         ckpt.remove_partial(run_dir)
         if (run_dir / METRICS).is_file():
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
-    distributed.barrier(ctx)
+    distributed.wait_for_rank0(ctx)
 
     meta_base = {
         "paradigm": config.paradigm.value,
@@ -346,7 +379,34 @@ def _resume_point(
     run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext
 ) -> _ResumePoint | None:
     """The checkpoint --resume continues from, its config checked against this one and its files
-    (meta.json, config.json, the whole safetensors file, the trainer state) read; None to start at 0."""
+    (meta.json, config.json, the whole safetensors file, the trainer state) read; None to start at 0.
+
+    Distributed, rank 0 alone reads; the other ranks receive the small part (step, scheduler,
+    data position, RNG) or rank 0's error, and their weights and optimizer state by broadcast later.
+    """
+    if not ctx.distributed:
+        return _read_resume_point(run_dir, config, resume, ctx)
+    point, error = None, None
+    if ctx.is_main:
+        try:
+            point = _read_resume_point(run_dir, config, resume, ctx)
+        except UserError as err:
+            error = str(err)
+    small = None if point is None else {k: v for k, v in point.trainer_state.items() if k not in _RANK0_ONLY}
+    error, small = distributed.broadcast_object((error, small), ctx)
+    if error is not None:
+        raise UserError(error)
+    if ctx.is_main or small is None:
+        return point
+    return _ResumePoint(step=small["step"], trainer_state=small, weights={})
+
+
+_RANK0_ONLY = ("optimizer", ckpt.MASTER_WEIGHTS)  # the trainer state's large parts: read by rank 0 alone
+
+
+def _read_resume_point(
+    run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext
+) -> _ResumePoint | None:
     existing = ckpt.complete_checkpoints(run_dir)
     if existing and not resume:
         raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
@@ -359,7 +419,7 @@ def _resume_point(
     _check_resume_config(meta.get("config", {}), config)
     check_checkpoint(resume_from, trust_remote_code=True)  # a truncated model.safetensors: one line, not a traceback
     state = ckpt.load_trainer_state(resume_from)
-    return _ResumePoint(step=state["step"], trainer_state=state, weights=ckpt.load_model_state(resume_from))
+    return _ResumePoint(step=state["step"], trainer_state=state, weights=ckpt.resume_weights(resume_from, state))
 
 
 def _read_meta(checkpoint: Path) -> dict:
@@ -376,6 +436,8 @@ def _read_meta(checkpoint: Path) -> dict:
 
 
 def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx) -> None:
+    """Gather the full state to rank 0, which writes it while the others wait in the I/O group
+    (no collective of the training group is pending meanwhile, so its timeout cannot fire)."""
     model_state = {k.removeprefix("lm."): v for k, v in distributed.full_model_state(model, ctx).items()}
     optimizer_state = distributed.full_optimizer_state(model, optimizer, ctx)
     if ctx.is_main:
@@ -388,6 +450,9 @@ def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, token
             "rng": torch.get_rng_state(),
         }
         meta = {"step": step, "tokens_seen": tokens_seen, **meta_base}
-        ckpt.write_checkpoint(run_dir, step, model.lm, tokenizer, model_state, trainer_state, meta)
+        weights_dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        ckpt.write_checkpoint(
+            run_dir, step, model.lm, tokenizer, model_state, trainer_state, meta, weights_dtype=weights_dtype
+        )
         ckpt.prune(run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)
-    distributed.barrier(ctx)
+    distributed.wait_for_rank0(ctx)

@@ -81,25 +81,46 @@ def _set_rope_theta(hf_config, theta: float) -> None:
     hf_config.rope_parameters = params
 
 
-def build_model(config: TrainConfig, tokenizer, device: torch.device):
-    """The model in fp32 (master weights) on `device`, with evalkit attention selected."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _checkpoint_config(config: TrainConfig):
+    """The HF config of model.path, with this run's RoPE base and window."""
+    from transformers import AutoConfig
+
+    m = config.model
+    if Path(m.path).is_dir():  # before AutoConfig, which fails on a broken config.json with a traceback
+        check_checkpoint(m.path, trust_remote_code=m.trust_remote_code)
+    hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+    if m.rope_theta is not None:
+        _set_rope_theta(hf_config, m.rope_theta)
+    if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
+        hf_config.max_position_embeddings = config.seq_len
+    return hf_config
+
+
+def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True, on_host: bool = False):
+    """The model in fp32 (master weights) on `device`, with evalkit attention selected.
+    on_host=True leaves the weights on the CPU, attention still chosen for `device` (rank 0's
+    full copy, which the other ranks' shards are filled from).
+
+    weights=False builds the same architecture with its parameters on the meta device (no memory,
+    no read of model.path's weights) and its buffers (RoPE frequencies, in no state dict) real, on
+    the CPU: the form the non-zero ranks of a distributed run take before rank 0's weights reach
+    them by broadcast (train/distributed.py)."""
+    from transformers import AutoModelForCausalLM
 
     register_hf_attention()
     attn = attention_name(config, device)
     m = config.model
-    if m.path is None:
-        torch.manual_seed(config.seed)  # the initialisation is part of the run's identity
-        model = AutoModelForCausalLM.from_config(_scratch_config(config, tokenizer), attn_implementation=attn)
-    else:
-        if Path(m.path).is_dir():  # before AutoConfig, which fails on a broken config.json with a traceback
-            check_checkpoint(m.path, trust_remote_code=m.trust_remote_code)
-        try:
-            hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
-            if m.rope_theta is not None:
-                _set_rope_theta(hf_config, m.rope_theta)
-            if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
-                hf_config.max_position_embeddings = config.seq_len
+    try:
+        if m.path is None:
+            hf_config = _scratch_config(config, tokenizer)
+        else:
+            hf_config = _checkpoint_config(config)
+        if not weights:
+            model = _model_without_weights(hf_config, attn, m.trust_remote_code)
+        elif m.path is None:
+            torch.manual_seed(config.seed)  # the initialisation is part of the run's identity
+            model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn)
+        else:
             model = load_pretrained(
                 AutoModelForCausalLM,
                 m.path,
@@ -108,8 +129,20 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device):
                 attn_implementation=attn,
                 trust_remote_code=m.trust_remote_code,
             )
-        except OSError as err:
-            raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
+    except OSError as err:
+        raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
     if getattr(model.config, "sliding_window", None):
         model.config.sliding_window = None
-    return model.to(device)
+    return model.to(device) if weights and not on_host else model
+
+
+def _model_without_weights(hf_config, attn: str, trust_remote_code: bool):
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(
+            hf_config, attn_implementation=attn, trust_remote_code=trust_remote_code
+        )
+    model.tie_weights()  # on meta the tie is skipped at construction; FSDP must see one shared parameter
+    return model

@@ -1,0 +1,205 @@
+"""A memory model of one training step per GPU, from a recipe: what `evalkit train --memory-estimate`
+prints before anything is loaded.
+
+Terms, per GPU, for FSDP2 over N GPUs (N=1: one process, nothing sharded):
+- params, grads, optimizer: the fp32 master weights, their fp32 gradients and AdamW's two fp32
+  moments, each sharded N ways: 4 + 4 + 8 bytes a parameter, over N.
+- working: unsharded copies that exist for a while in each step. Distributed: the root unit
+  (embeddings, head, final norm) gathered in fp32 for the whole step with its gradient, two
+  decoder layers gathered at once (prefetch; bf16 under the bf16 recipe's FSDP2 policy) and
+  one layer's gradient before its reduce-scatter (in bf16, then fp32 for the reduction). Under
+  bf16 autocast also the bf16 cast of one layer and of the head (the cache is off: loop.py).
+- activations at micro_batch x seq_len tokens: with gradient checkpointing, each decoder
+  layer's fp32 input (the residual stream) plus the larger of one layer's recomputed set and
+  the loss's backward (the final norm, one chunk of loop.LOSS_CHUNK tokens of fp32 logits and
+  their gradient); without, every layer's set plus the loss's. A layer's set is counted from
+  the tensors autograd saves in a Llama-style decoder layer (bytes per token: ACTIVATION_BYTES),
+  plus the gradients in flight.
+Not counted: the attention kernel's own workspace (FlexAttention and flash-attn keep O(tokens)),
+the CUDA context and allocator fragmentation (budget a few GiB), NCCL buffers.
+It is a model, checked against measured tensor bytes on CPU at small sizes
+(tests/train/test_memory.py), not a measurement on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalkit.errors import UserError
+from evalkit.train.config import TrainConfig
+
+GiB = 2**30
+FP32, BF16 = 4, 2
+LOSS_CHUNK = 4096  # loop.LOSS_CHUNK (not imported: loop.py pulls in transformers)
+
+# Bytes per token of one decoder layer's saved tensors and in-flight gradients, as
+# (per hidden unit, per KV unit, per MLP unit): counted from a Llama decoder layer.
+# bf16 autocast: norm outputs and residual sums fp32; projections' inputs and outputs bf16;
+# RoPE-rotated q and k fp32; the kernel's bf16 q, k, v and output; gate, up, SiLU, product
+# in bf16; gradients: two fp32 hidden-sized and two bf16 MLP-sized tensors.
+ACTIVATION_BYTES = {"bf16": (42, 10, 12), "fp32": (44, 12, 24)}
+
+# The paper's base models (their published config.json), for recipes naming a hub model
+# that is not on this machine.
+KNOWN_ARCHITECTURES = {
+    "meta-llama/Llama-2-7b-hf": dict(
+        hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000, tied=False
+    ),
+    "meta-llama/Meta-Llama-3-8B": dict(
+        hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256, tied=False
+    ),
+    "mistralai/Mistral-7B-v0.3": dict(
+        hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=32768, tied=False
+    ),
+    "Qwen/Qwen1.5-1.8B": dict(
+        hidden=2048, layers=24, heads=16, kv_heads=16, intermediate=5504, vocab=151936, tied=False, qkv_bias=True
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    def layer_params(self) -> int:
+        h, kv = self.hidden, self.kv_width
+        attention = 2 * h * h + 2 * h * kv + (h + 2 * kv if self.qkv_bias else 0)
+        return attention + 3 * h * self.intermediate + 2 * h  # + MLP + two norms
+
+    def root_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.root_params()
+
+
+def architecture(config: TrainConfig, vocab: int | None = None) -> Architecture:
+    """The recipe's model: built from scratch (vocab: the tokenizer's size, default data.vocab_size),
+    model.path's config.json when it is a local directory, else a known hub model."""
+    m = config.model
+    if m.path is None:
+        return Architecture(
+            hidden=m.hidden_size,
+            layers=m.num_layers,
+            heads=m.num_heads,
+            kv_heads=m.num_kv_heads,
+            intermediate=m.intermediate_size,
+            vocab=vocab or config.data.vocab_size,
+            tied=m.tie_embeddings,
+            qkv_bias=m.arch == "qwen2",
+        )
+    config_json = Path(m.path).expanduser() / "config.json"
+    if config_json.is_file():
+        return _from_config_json(config_json)
+    if m.path in KNOWN_ARCHITECTURES:
+        return Architecture(**KNOWN_ARCHITECTURES[m.path])
+    raise UserError(
+        f"cannot size {m.path!r}: no config.json there and not one of {', '.join(KNOWN_ARCHITECTURES)}; "
+        "give --model a local checkpoint directory"
+    )
+
+
+def _from_config_json(path: Path) -> Architecture:
+    try:
+        c = json.loads(path.read_text())
+        heads = c["num_attention_heads"]
+        return Architecture(
+            hidden=c["hidden_size"],
+            layers=c["num_hidden_layers"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads") or heads,
+            intermediate=c["intermediate_size"],
+            vocab=c["vocab_size"],
+            tied=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias", False)),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"cannot size the model from {path}: {err!r}") from None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU."""
+
+    params: float
+    grads: float
+    optimizer: float
+    working: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.working + self.activations
+
+    def rows(self) -> list[tuple[str, float]]:
+        names = ("params", "grads", "optimizer", "working", "activations", "total")
+        return [(name, getattr(self, name)) for name in names]
+
+
+def layer_activation_bytes(arch: Architecture, tokens: int, dtype: str) -> float:
+    per_hidden, per_kv, per_mlp = ACTIVATION_BYTES[dtype]
+    return tokens * (per_hidden * arch.hidden + per_kv * arch.kv_width + per_mlp * arch.intermediate)
+
+
+def activation_bytes(arch: Architecture, config: TrainConfig) -> float:
+    tokens = config.micro_batch * config.seq_len
+    layer = layer_activation_bytes(arch, tokens, config.dtype)
+    final_norm = 3 * tokens * arch.hidden * FP32  # its input and output, and the targets' rows of it
+    chunk = min(LOSS_CHUNK, tokens)
+    loss = chunk * arch.vocab * (FP32 + FP32 + (BF16 if config.dtype == "bf16" else 0))  # logits, grad, cast
+    if not config.grad_checkpointing:  # every layer's set is held when the loss's backward starts
+        return arch.layers * layer + final_norm + loss
+    # The layers' inputs are held throughout; the loss's backward (first) and one layer's
+    # recomputation (later) never overlap, so the peak is the larger of the two.
+    return arch.layers * tokens * arch.hidden * FP32 + max(layer, final_norm + loss)
+
+
+def working_bytes(arch: Architecture, config: TrainConfig, gpus: int) -> float:
+    bf16 = config.dtype == "bf16"
+    casts = BF16 * (arch.layer_params() + arch.vocab * arch.hidden) if bf16 else 0
+    if gpus == 1:
+        return casts
+    gathered = BF16 if bf16 else FP32  # the layers' FSDP2 policy (distributed.mixed_precision_policy)
+    root = 2 * FP32 * arch.root_params()
+    layers = arch.layer_params() * (2 * gathered + gathered + (FP32 if bf16 else 0))
+    return root + layers + casts
+
+
+def estimate(config: TrainConfig, arch: Architecture, gpus: int) -> MemoryEstimate:
+    if gpus < 1:
+        raise UserError(f"--gpus must be at least 1, got {gpus}")
+    p = arch.params()
+    return MemoryEstimate(
+        params=FP32 * p / gpus,
+        grads=FP32 * p / gpus,
+        optimizer=2 * FP32 * p / gpus,
+        working=working_bytes(arch, config, gpus),
+        activations=activation_bytes(arch, config),
+    )
+
+
+def report(config: TrainConfig, arch: Architecture, gpus: int) -> str:
+    """The estimate as a few lines of text."""
+    est = estimate(config, arch, gpus)
+    tokens = config.micro_batch * config.seq_len
+    lines = [
+        f"memory estimate per GPU (a model, not a measurement): {arch.params() / 1e9:.2f}B parameters, "
+        f"{gpus} GPU(s), {tokens} tokens per micro-batch, {config.dtype}, "
+        f"gradient checkpointing {'on' if config.grad_checkpointing else 'off'}",
+    ]
+    lines += [f"  {name:<12}{value / GiB:8.1f} GiB" for name, value in est.rows()]
+    lines.append("  not counted: attention kernel workspace, CUDA context, allocator fragmentation, NCCL buffers")
+    return "\n".join(lines)
