@@ -253,6 +253,9 @@ def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: 
     )
 
 
+FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash_attn_varlen_func refuses anything else, and mixed dtypes
+
+
 def _flash_varlen_func() -> Callable:
     try:
         from flash_attn import flash_attn_varlen_func
@@ -269,7 +272,13 @@ def flash_attention(q, k, v, doc_ids=None, *, scale=None, varlen_func: Callable 
     varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
     documented semantics (varlen_reference) to check the layout without CUDA.
     """
-    varlen_func = varlen_func or _flash_varlen_func()
+    if varlen_func is None:
+        varlen_func = _flash_varlen_func()
+        if q.dtype not in FLASH_DTYPES or not q.dtype == k.dtype == v.dtype:
+            raise ValueError(
+                f"flash-attn runs fp16 or bf16 of one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}: "
+                "train with dtype=bf16 (autocast), or use the flex or blocked implementation"
+            )
     batch, hq, sq, dim = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     layout = varlen_layout(doc_ids, batch, sk, sq)
@@ -433,6 +442,27 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
     return names
 
 
+def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
+    """The one dtype attention runs in: autocast's when autocast is on for q's device, else the
+    promotion of the three (a caller passing one dtype keeps it).
+
+    Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
+    fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
+    FlexAttention either refuses it or runs an fp32 kernel whose numbers differ from SDPA's
+    (which autocast casts itself). Casting here gives every implementation the same inputs.
+    """
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+
+
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in kernel_dtype (each rounded once; autograd carries the gradient back through the cast)."""
+    dtype = kernel_dtype(q, k, v)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def document_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -444,9 +474,11 @@ def document_attention(
 ) -> torch.Tensor:
     """Attention under the document rule (masks.py) with the chosen implementation.
 
-    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D].
+    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D],
+    computed in one dtype (kernel_dtype: the autocast dtype under autocast) whatever the caller's.
     """
     _check_shapes(q, k, v, doc_ids)
+    q, k, v = one_dtype(q, k, v)
     name = default_implementation(q.device) if impl == "auto" else impl
     if name not in _FUNCTIONS:
         raise ValueError(
