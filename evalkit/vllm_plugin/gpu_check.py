@@ -1,6 +1,6 @@
 """The vLLM plugin's GPU check, as one short script for a CUDA machine without vLLM.
 
-    PYTHONPATH=. python -m evalkit.vllm_plugin.gpu_check [--seq 32768] [--check-seq 8192] [--out FILE]
+    PYTHONPATH=. python -m evalkit.vllm_plugin.gpu_check [--seq 32768] [--check-seq 8192] [--out F.md] [--results F]
 
 The plugin's CUDA path is vLLM's FlashAttention backend plus evalkit's kernels for the document
 queries of packed requests; the kernels need no vLLM, so this checks them where vLLM is absent:
@@ -13,16 +13,18 @@ queries of packed requests; the kernels need no vLLM, so this checks them where 
    backend lays it out ([NB, Hkv, BS, 2D], keys and values read through a transposed split),
    read back through the learned strided views.
 3. A long run of the serving path (`--steps` packed prefills of 8K-32K tokens, each with its
-   own document layout, length and chunk, as a vLLM engine sees them): Dynamo's compiled
-   graphs counted before and after against its recompile limit (past the limit FlexAttention
-   would fall back to eager, which materialises the scores), and the peak memory of a step
+   own document layout, length and chunk, as a vLLM engine sees them): the graphs the serving
+   FlexAttention function holds, all of them, against Dynamo's per-function recompile limit
+   (past the limit FlexAttention would fall back to eager, which materialises the scores), and the peak memory of a step
    beyond its inputs against what the step must hold (the gathered K/V and the output).
 4. Timing of a `--seq` packed prefill (BF16, Hq=32, Hkv=8, D=128, documents of exponential
    length, mean 2K) in anchor mode vs plain causal: the same gather + FlexAttention path with a
    single document (causal), and SDPA's causal flash kernel on contiguous K/V (what a stock
    backend does); with the ideal work ratio sum(d_i^2)/S^2.
 
-Prints a small markdown report (and writes it with --out); exits 1 if a check fails.
+Each result is appended to a JSONL file (--results, default OUT.jsonl) the moment it exists, so
+a kill or an out-of-memory keeps what came before; the markdown report (--out) comes at the end.
+Exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.attention import document_mask
+from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+from evalkit.bench.result_log import ResultLog
 from evalkit.markdown import markdown_table
 from evalkit.vllm_plugin.cache_layout import learn_layout
 from evalkit.vllm_plugin.kernels import anchor_block_mask, anchor_document_ids, anchor_prefill_paged, gather_paged
@@ -80,7 +84,7 @@ def reference(query, key, value, doc_ids) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
 
 
-def check_correctness(length: int, device: str = "cuda") -> list[tuple[str, float, bool]]:
+def check_correctness(length: int, device: str = "cuda", log: ResultLog | None = None) -> list[tuple[str, float, bool]]:
     doc_ids = anchor_document_ids(1, document_lengths(length, 1024, seed=0)).to(device)
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
@@ -95,6 +99,8 @@ def check_correctness(length: int, device: str = "cuda") -> list[tuple[str, floa
                 error = float((out.float() - expected).abs().max())
                 name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
                 rows.append((name, error, error <= TOLERANCE[dtype]))
+                if log is not None:
+                    log.write("vllm_kernel_correctness", check=name, max_error=error, passed=rows[-1][2])
     return rows
 
 
@@ -123,23 +129,21 @@ def check_flash_layout(length: int = 1000, device: str = "cuda") -> tuple[str, f
     return (f"flex over learned FA-layout views, L={length}", error, error <= TOLERANCE[torch.bfloat16])
 
 
-def recompile_limit() -> int:
-    """Dynamo's per-frame compile limit (renamed across torch versions)."""
-    config = torch._dynamo.config
-    return int(getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit"))
-
-
-def compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+def serving_compile_count() -> int:
+    """Graphs held by the most-compiled of the serving path's FlexAttention functions (one per
+    dtype and head dim, dynamic shapes): the per-function count Dynamo's limit applies to. 0 where
+    FlexAttention runs eager (a CPU without evalkit.attention.kernels.COMPILE_DEVICES naming it)."""
+    counts = [n for key, n in flex_compile_counts().items() if "anchor" in key]
+    return max(counts, default=0)
 
 
 def long_run(steps: int, lengths: tuple[int, int], device: str = "cuda", seed: int = 5) -> dict[str, float]:
     """`steps` packed prefills through the serving path's kernels (a fresh BlockMask each step, as
-    anchor_backend plans them): graphs compiled, the limit, and the worst extra memory per step."""
+    anchor_backend plans them): the graphs the serving FlexAttention function holds at the end
+    (earlier calls in this process included: the limit counts them all), the limit, and the worst
+    extra memory per step."""
     generator = torch.Generator().manual_seed(seed)
-    before, peak_extra, peak_needed = compiled_graphs(), 0, 0
+    peak_extra, peak_needed = 0, 0
     for step in range(steps):
         length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=generator))
         num_queries = length if step % 3 else length // 2 + step  # whole prefills and chunked ones
@@ -161,7 +165,7 @@ def long_run(steps: int, lengths: tuple[int, int], device: str = "cuda", seed: i
         peak_needed = max(peak_needed, 2 * (2 * length * KV_HEADS * DIM + num_queries * HEADS * DIM))
     return {
         "steps": steps,
-        "graphs": compiled_graphs() - before,
+        "graphs": serving_compile_count(),  # per function, all its graphs: what the limit counts
         "limit": recompile_limit(),
         "peak_extra_mib": peak_extra / 2**20,
         "needed_mib": peak_needed / 2**20,
@@ -236,6 +240,17 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     return timings, ideal, len(lengths)
 
 
+def run_checks(log: ResultLog, check_seq: int, steps: int, lengths: tuple[int, int], device: str) -> tuple:
+    """The correctness checks, the layout check and the long run, each result logged as it exists."""
+    correct = check_correctness(check_seq, device, log=log)
+    layout_row = check_flash_layout(device=device) if device == "cuda" else check_flash_layout(200, device=device)
+    log.write("vllm_cache_layout", check=layout_row[0], max_error=layout_row[1], passed=layout_row[2])
+    result = long_run(steps, lengths, device)
+    long_row = long_run_row(result, device)
+    log.write("vllm_long_run", **result, passed=long_row[2])
+    return correct, layout_row, long_row
+
+
 def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str, long_row=None) -> str:
     lines = [
         "# evalkit vLLM plugin: GPU check of the anchor-mode prefill kernels",
@@ -272,14 +287,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40, help="packed prefills of the long run (recompiles, memory)")
     parser.add_argument("--out", default=None, help="also write the report to this file")
+    parser.add_argument(
+        "--results", default=None, help="JSONL file: each result appended the moment it exists (default: OUT.jsonl)"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs one", file=sys.stderr)
         return 2
-    correct = check_correctness(args.check_seq)
-    layout_row = check_flash_layout()
-    long_row = long_run_row(long_run(args.steps, (8192, 32768)), "cuda")
+    from pathlib import Path
+
+    log = ResultLog(args.results or (str(Path(args.out).with_suffix(".jsonl")) if args.out else None))
+    log.write("machine", device=torch.cuda.get_device_name(), torch=torch.__version__)
+    correct, layout_row, long_row = run_checks(log, args.check_seq, args.steps, (8192, 32768), "cuda")
     timings, ideal, num_docs = time_prefill(args.seq, args.repeats)
+    log.write("vllm_prefill_timing", seq=args.seq, timings_ms=dict(timings), ideal=ideal, documents=num_docs)
     text = report(correct, layout_row, timings, ideal, num_docs, args, torch.cuda.get_device_name(), long_row)
     print(text)
     if args.out:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import default_implementation, flex_attention_function
+from evalkit.attention.kernels import default_implementation, flex_attention_function, flex_variant
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -143,9 +143,8 @@ def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask)
     gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention_function(q_1HQD.device, dynamic=True)(
-            q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
-        )
+        function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
+        return function(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- entry points

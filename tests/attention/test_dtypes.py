@@ -70,7 +70,7 @@ def spy_on(impl: str, monkeypatch) -> DtypeSpy:
         monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy)
     elif impl == "flex":
         spy = DtypeSpy(kernels.flex_attention_function(torch.device("cpu")))
-        monkeypatch.setattr(kernels, "flex_attention_function", lambda device, dynamic=False: spy)
+        monkeypatch.setattr(kernels, "flex_attention_function", lambda device, dynamic=False, variant=(): spy)
     else:
         spy = DtypeSpy(fake_flash_varlen)
         monkeypatch.setattr(kernels, "_flash_varlen_func", lambda: spy)
