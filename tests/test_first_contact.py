@@ -43,7 +43,7 @@ def test_the_dry_run_passes_every_stage_without_the_modules_the_image_lacks(tmp_
     # transformers' own hand-over under autocast (the defect's mechanism), and what every kernel gets
     fp32_rope = [r for r in probes if r["rope_precision"] == "fp32"]
     assert all(r["handed_by_transformers"] == [["float32", "float32", "bfloat16"]] for r in fp32_rope)
-    assert all(r["kernel_received"] == [["bfloat16"] * 3] for r in probes)
+    assert all(r["kernel_q_k_v_out"] == [["bfloat16"] * 4] for r in probes)
     assert {r["impl"] for r in by_kind["flex_vs_dense"]} == {"blocked", "flex"}
     assert [r["paradigm"] for r in by_kind["train_steps"]] == ["full", "anchor"]
     assert all(r["steps"] == 2 and r["tokens_per_s"] > 0 for r in by_kind["train_steps"])

@@ -17,11 +17,11 @@ a kill or an out-of-memory keeps everything before it), then OUT/first-contact.m
    error bf16 alone makes. flex passes within 2x blocked's error (+1e-3).
 3. 20 training steps of the GPU recipe (tiny-gpu, 64 windows of 1K) under full and anchor:
    tokens/s, peak memory, loss, and the graphs each compiled FlexAttention function holds.
-4. The vLLM plugin's kernels (evalkit/vllm_plugin/gpu_check.py): paged-cache correctness in bf16
-   and fp32, the FlashAttention cache layout, and a long run of packed prefills against Dynamo's
-   recompile limit.
+4. The vLLM plugin's kernels (evalkit/vllm_plugin/gpu_check.py): paged-cache correctness (bf16
+   on CUDA, the dtype the packed path serves; bf16 and fp32 in the dry run), the FlashAttention
+   cache layout, and a long run of packed prefills against Dynamo's recompile limit.
 
-A stage that starts after --budget-s (default 420 s) is recorded as skipped, not started; reaching
+A stage that would start after --budget-s (default 360 s) is recorded as skipped, not started; reaching
 Dynamo's recompile limit is an error (a failed stage), not a fall-back to eager. Needs torch,
 transformers, tokenizers, safetensors, pyyaml (the lent machine's image); never imports vLLM,
 flash-attn (unless installed), datasets, lm-eval or wonderwords, and downloads nothing.
@@ -124,7 +124,8 @@ def _probe_model(impl: str, device: str):
 
 @contextmanager
 def _dtype_spies(impl: str):
-    """Record the dtypes handed to document_attention by transformers, and those its kernel gets."""
+    """Record the dtypes handed to document_attention by transformers, and those its kernel gets
+    (q, k, v) and gives back (its output)."""
     from evalkit.attention import hf, kernels
 
     handed, received = [], []
@@ -135,8 +136,10 @@ def _dtype_spies(impl: str):
         return original_entry(q, k, v, *args, **kwargs)
 
     def kernel(q, k, v, *args, **kwargs):
-        received.append(tuple(str(t.dtype).removeprefix("torch.") for t in (q, k, v)))
-        return original_kernel(q, k, v, *args, **kwargs)
+        out = original_kernel(q, k, v, *args, **kwargs)
+        # and the output's: a kernel that autocast ran in fp32 despite bf16 inputs would show it here
+        received.append(tuple(str(t.dtype).removeprefix("torch.") for t in (q, k, v, out)))
+        return out
 
     hf.document_attention, kernels._FUNCTIONS[impl] = entry, kernel
     try:
@@ -172,7 +175,7 @@ def probe_dtypes(log: ResultLog, device: str) -> bool:
                         logits.float().logsumexp(-1).mean().backward()
                 except Exception as err:  # noqa: BLE001 -- the probe records what fails on this machine
                     error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            passed = error is None and bool(received) and set(received) == {("bfloat16",) * 3}
+            passed = error is None and bool(received) and set(received) == {("bfloat16",) * 4}
             ok &= passed
             log.write(
                 "dtype_probe",
@@ -180,7 +183,7 @@ def probe_dtypes(log: ResultLog, device: str) -> bool:
                 rope_precision=rope,
                 backward=backward,
                 handed_by_transformers=sorted(set(handed)),
-                kernel_received=sorted(set(received)),
+                kernel_q_k_v_out=sorted(set(received)),
                 error=error,
                 passed=passed,
             )
@@ -323,7 +326,12 @@ def train_steps(log: ResultLog, device: str, sizes: Sizes, runs_dir: Path) -> bo
 def vllm_kernels(log: ResultLog, device: str, sizes: Sizes) -> bool:
     from evalkit.vllm_plugin.gpu_check import run_checks
 
-    correct, layout_row, long_row = run_checks(log, sizes.vllm_check_seq, sizes.vllm_steps, sizes.vllm_lengths, device)
+    # bf16 only on CUDA: the packed path refuses fp32 there (vLLM's FlashAttention serves bf16/fp16),
+    # and each dtype is another FlexAttention function to compile.
+    dtypes = (torch.bfloat16,) if device == "cuda" else (torch.bfloat16, torch.float32)
+    correct, layout_row, long_row = run_checks(
+        log, sizes.vllm_check_seq, sizes.vllm_steps, sizes.vllm_lengths, device, dtypes
+    )
     return all(ok for *_, ok in [*correct, layout_row, long_row])
 
 
@@ -420,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where first-contact.jsonl and .md go")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run, small sizes")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="no stage starts after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="no stage starts after this many seconds")
     parser.add_argument("--runs-dir", type=Path, default=None, help="training runs (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

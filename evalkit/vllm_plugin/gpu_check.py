@@ -84,10 +84,12 @@ def reference(query, key, value, doc_ids) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
 
 
-def check_correctness(length: int, device: str = "cuda", log: ResultLog | None = None) -> list[tuple[str, float, bool]]:
+def check_correctness(
+    length: int, device: str = "cuda", log: ResultLog | None = None, dtypes=(torch.bfloat16, torch.float32)
+) -> list[tuple[str, float, bool]]:
     doc_ids = anchor_document_ids(1, document_lengths(length, 1024, seed=0)).to(device)
     rows = []
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in dtypes:
         key, value, key_cache, value_cache, block_table = paged_request(length, dtype, seed=1, device=device)
         for num_queries in (length, length // 3 + 5, 1):
             query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
@@ -240,9 +242,16 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     return timings, ideal, len(lengths)
 
 
-def run_checks(log: ResultLog, check_seq: int, steps: int, lengths: tuple[int, int], device: str) -> tuple:
+def run_checks(
+    log: ResultLog,
+    check_seq: int,
+    steps: int,
+    lengths: tuple[int, int],
+    device: str,
+    dtypes=(torch.bfloat16, torch.float32),
+) -> tuple:
     """The correctness checks, the layout check and the long run, each result logged as it exists."""
-    correct = check_correctness(check_seq, device, log=log)
+    correct = check_correctness(check_seq, device, log=log, dtypes=dtypes)
     layout_row = check_flash_layout(device=device) if device == "cuda" else check_flash_layout(200, device=device)
     log.write("vllm_cache_layout", check=layout_row[0], max_error=layout_row[1], passed=layout_row[2])
     result = long_run(steps, lengths, device)
