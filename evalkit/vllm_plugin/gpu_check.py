@@ -43,7 +43,13 @@ from evalkit.attention.kernels import flex_compile_counts, recompile_limit
 from evalkit.bench.result_log import ResultLog
 from evalkit.markdown import markdown_table
 from evalkit.vllm_plugin.cache_layout import learn_layout
-from evalkit.vllm_plugin.kernels import anchor_block_mask, anchor_document_ids, anchor_prefill_paged, gather_paged
+from evalkit.vllm_plugin.kernels import (
+    anchor_attention,
+    anchor_block_mask,
+    anchor_document_ids,
+    anchor_prefill_paged,
+    gather_paged,
+)
 
 BLOCK = 16  # vLLM's default block size on CUDA
 HEADS, KV_HEADS, DIM = 32, 8, 128
@@ -250,8 +256,49 @@ def run_checks(
     device: str,
     dtypes=(torch.bfloat16, torch.float32),
 ) -> tuple:
-    """The correctness checks, the layout check and the long run, each result logged as it exists."""
-    correct = check_correctness(check_seq, device, log=log, dtypes=dtypes)
+    """The warmed-up serving check, the correctness checks, the layout check and the long run,
+    each result logged as it exists. All under inference mode, as vLLM serves (Dynamo keeps
+    separate graphs for inference and autograd tensors: the checks share the serving graphs)."""
+    with torch.inference_mode():
+        return _run_checks(log, check_seq, steps, lengths, device, dtypes)
+
+
+# (queries, keys) of prefills served after the warm-up: whole, chunked, single-query, tiny, long.
+SERVED_AFTER_WARM_UP = ((700, 700), (1, 257), (37, 900), (128, 129), (60, 60), (1, 20), (300, 1000), (4096, 4096))
+
+
+def check_warm_serving(device: str, log: ResultLog | None = None) -> tuple[str, float, bool]:
+    """The backend's warm-up (kernels.warm_up_anchor_flex, what the impl runs when vLLM builds it),
+    then prefills of other lengths and layouts under vLLM's fail-on-recompile stance: none may
+    compile. Graphs held afterwards are reported beside the limit."""
+    from evalkit.attention.kernels import flex_compile_counts
+    from evalkit.vllm_plugin.kernels import warm_up_anchor_flex
+
+    warm_up_anchor_flex(HEADS, KV_HEADS, DIM, DIM**-0.5, torch.bfloat16, device)
+    error = None
+    # On a CPU (the dry run) FlexAttention runs eager and materialises scores: small prefills only.
+    shapes = SERVED_AFTER_WARM_UP if device == "cuda" else ((70, 70), (1, 25), (37, 90), (3, 3))
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"), torch.inference_mode():  # as vLLM's model runner
+            for num_queries, length in shapes:
+                doc_ids = anchor_document_ids(1, document_lengths(length, max(16, length // 4), seed=length)).to(device)
+                query = torch.randn(num_queries, HEADS, DIM, device=device).bfloat16()
+                key, value = (torch.randn(length, KV_HEADS, DIM, device=device).bfloat16() for _ in range(2))
+                block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
+                anchor_attention(query, key, value, doc_ids, scale=DIM**-0.5, impl="flex", block_mask=block_mask)
+    except RuntimeError as err:
+        error = str(err).splitlines()[0][:300]
+    graphs = max((n for key, n in flex_compile_counts().items() if "anchor" in key), default=0)
+    name = f"served prefills of {len(shapes)} shapes after the warm-up, {graphs} graphs (limit {recompile_limit()})"
+    row = (name if error is None else f"{name}: {error}", float(graphs), error is None and graphs < recompile_limit())
+    if log is not None:
+        log.write("vllm_warm_serving", check=row[0], graphs=graphs, limit=recompile_limit(), error=error, passed=row[2])
+    return row
+
+
+def _run_checks(log, check_seq, steps, lengths, device, dtypes) -> tuple:
+    warm_row = check_warm_serving(device, log)
+    correct = [warm_row, *check_correctness(check_seq, device, log=log, dtypes=dtypes)]
     layout_row = check_flash_layout(device=device) if device == "cuda" else check_flash_layout(200, device=device)
     log.write("vllm_cache_layout", check=layout_row[0], max_error=layout_row[1], passed=layout_row[2])
     result = long_run(steps, lengths, device)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from evalkit.vllm_plugin import gpu_check
+from tests.vllm.conftest import requires_vllm
 
 
 def test_gpu_check_functions_pass_at_small_sizes_on_cpu():
@@ -103,3 +104,70 @@ def test_the_long_run_compiles_the_serving_kernel_once_across_layouts_and_length
     assert result["steps"] == 5 and 1 <= result["graphs"] <= 2 < result["limit"]
     name, graphs, ok = gpu_check.long_run_row(result, "cpu")
     assert ok and f"{result['graphs']} graphs compiled (limit {result['limit']})" in name
+
+
+def serve_under_vllms_stance(shapes):
+    """Prefills of these (queries, keys) under the stance vLLM runs its compiled model with."""
+    from evalkit.vllm_plugin.kernels import anchor_attention, anchor_block_mask, anchor_document_ids
+
+    with torch.compiler.set_stance("fail_on_recompile"), torch.inference_mode():  # as vLLM's model runner
+        for num_queries, length in shapes:
+            doc_ids = anchor_document_ids(1, [length // 2, length - 1 - length // 2])
+            query = torch.randn(num_queries, gpu_check.HEADS, gpu_check.DIM).bfloat16()
+            key, value = (torch.randn(length, gpu_check.KV_HEADS, gpu_check.DIM).bfloat16() for _ in range(2))
+            block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
+            anchor_attention(query, key, value, doc_ids, scale=gpu_check.DIM**-0.5, impl="flex", block_mask=block_mask)
+
+
+SERVED = [(700, 700), (1, 257), (37, 900), (128, 129), (60, 60), (1, 20), (300, 1000), (128, 128), (1500, 1500), (3, 3)]
+
+
+def test_without_a_warm_up_the_first_packed_prefill_under_vllms_stance_raises(compiled_on_cpu):
+    compiled_on_cpu()
+    with pytest.raises(RuntimeError, match="fail_on_recompile"):
+        serve_under_vllms_stance(SERVED[:1])
+
+
+def test_the_checks_serving_after_the_warm_up_compile_nothing_under_vllms_stance(compiled_on_cpu, monkeypatch):
+    from evalkit.vllm_plugin import kernels
+
+    compiled_on_cpu()
+    monkeypatch.setattr(kernels, "_warmed_up", set())
+    name, graphs, ok = gpu_check.check_warm_serving("cpu")
+    assert ok and 1 <= graphs < torch._dynamo.config.recompile_limit, name
+    monkeypatch.setattr(kernels, "WARM_UP_SHAPES", ((384, 384),))  # a warm-up that misses shape classes
+    monkeypatch.setattr(kernels, "_warmed_up", set())
+    compiled_on_cpu()
+    name, graphs, ok = gpu_check.check_warm_serving("cpu")
+    assert not ok and "fail_on_recompile" in name
+
+
+@requires_vllm  # the backend module imports vLLM's request types
+def test_the_impl_compiles_flex_when_built_so_serving_never_compiles(compiled_on_cpu, monkeypatch):
+    """The backend impl warms FlexAttention up with its heads, scale and the model's dtype; then
+    prefills of any length, chunk and document layout replay graphs that exist."""
+    from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+    from evalkit.vllm_plugin import kernels
+    from evalkit.vllm_plugin.anchor_backend import AnchorAttentionImplMixin
+
+    compiled_on_cpu()
+    monkeypatch.setattr(kernels, "_warmed_up", set())
+
+    class StockImpl:  # what vLLM's FlashAttentionImpl sets up, as far as the mixin reads it
+        def __init__(self, num_heads, head_size, scale, num_kv_heads):
+            self.num_heads, self.head_size, self.scale, self.num_kv_heads = num_heads, head_size, scale, num_kv_heads
+
+    class Impl(AnchorAttentionImplMixin, StockImpl):
+        anchor_impl = "flex"
+
+    impl = Impl(gpu_check.HEADS, gpu_check.DIM, gpu_check.DIM**-0.5, gpu_check.KV_HEADS)
+    with torch.device("cpu"):
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)  # vLLM builds the model under its dtype
+        try:
+            impl._warm_up_anchor_kernels(torch.device("cpu"))
+        finally:
+            torch.set_default_dtype(previous)
+    serve_under_vllms_stance(SERVED)
+    (graphs,) = flex_compile_counts().values()
+    assert graphs < recompile_limit()
