@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evalkit.attention import Paradigm
 from evalkit.bench import first_contact
 from evalkit.bench.result_log import read_results
 
@@ -82,3 +83,15 @@ def test_without_cuda_or_with_an_earlier_result_file_it_refuses_in_one_line(tmp_
     (tmp_path / first_contact.RESULTS).write_text("")
     assert first_contact.main(["--out", str(tmp_path), "--device", "cpu"]) == 2
     assert "give a new --out" in capsys.readouterr().err
+
+
+def test_the_gpu_attention_check_writes_each_result_as_it_is_measured_on_cpu(tmp_path):
+    from evalkit.bench import gpu_attention
+
+    log = first_contact.ResultLog(tmp_path / "r.jsonl", echo=False)
+    paradigms = (Paradigm.FULL, Paradigm.ANCHOR)  # on a CPU FlexAttention runs eager: two paradigms suffice
+    ok, records = gpu_attention.check_correctness(log, device="cpu", length=64, paradigms=paradigms)
+    timings = gpu_attention.time_paradigms(log, [128], device="cpu", repeats=1)
+    assert ok and len(records) == 2 * 2 * 2 * 2 and len(timings) == 4  # paradigms x seeds x impls x query counts
+    assert read_results(tmp_path / "r.jsonl") == [*records, *timings]
+    assert "| anchor (seed 0) | flex | 64 |" in "\n".join(gpu_attention.correctness_lines(records))
