@@ -1,7 +1,7 @@
 """evalkit attention inside unmodified transformers models (Llama, Qwen2, Mistral, ...).
 
 After `register_hf_attention()`, load or build a model with `attn_implementation="evalkit"`
-(or "evalkit_blocked", "evalkit_dense", "evalkit_flex", "evalkit_flash" to pin one) and call it
+(or "evalkit_blocked", "evalkit_dense", "evalkit_flex", "evalkit_varlen" (flash) to pin one) and call it
 with `position_ids=` and `doc_ids=` (from `pack`); doc_ids=None gives plain causal attention.
 transformers forwards unknown keyword arguments of the model call down to the attention
 function, which is how doc_ids reach every layer without patched model files.
@@ -13,7 +13,17 @@ import torch
 
 from evalkit.attention.kernels import IMPLEMENTATIONS, document_attention
 
-HF_NAMES: dict[str, str] = {"evalkit": "auto", **{f"evalkit_{name}": name for name in IMPLEMENTATIONS}}
+
+def hf_name(impl: str) -> str:
+    """transformers' attn_implementation for an evalkit implementation (auto: "evalkit").
+
+    flash registers as evalkit_varlen: transformers 5.x takes every name containing "flash" for
+    a flash-attention kernel to fetch from its hub, and fails to build the model with it.
+    """
+    return "evalkit" if impl == "auto" else f"evalkit_{'varlen' if impl == 'flash' else impl}"
+
+
+HF_NAMES: dict[str, str] = {hf_name(name): name for name in ("auto", *IMPLEMENTATIONS)}
 
 
 def _attention_forward(impl: str):
@@ -27,6 +37,51 @@ def _attention_forward(impl: str):
 
     forward.__name__ = f"evalkit_{impl}_attention_forward"
     return forward
+
+
+# ---------------------------------------------------------------------- RoPE precision in training
+
+# How q and k are rotated under mixed precision (the paper's variable). "fp32": cos/sin stay fp32,
+# the rotation runs in fp32 and q, k are rounded once, to the autocast dtype, at the kernel (the
+# paper's text). "bf16": cos/sin are cast to the activation dtype first and the rotation runs in
+# it, rounding at every product (the paper's released code, and what transformers does in a bf16 model).
+ROPE_PRECISIONS = ("fp32", "bf16")
+
+
+def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
+
+
+def _rope_precision_hook(precision: str):
+    def cast(module, args, output):
+        cos, sin = output
+        if precision == "fp32":
+            return cos.float(), sin.float()
+        if torch.is_autocast_enabled(cos.device.type):  # without autocast they already are the activations'
+            dtype = torch.get_autocast_dtype(cos.device.type)
+            return cos.to(dtype), sin.to(dtype)
+        return output
+
+    return cast
+
+
+def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
+    """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast.
+
+    transformers' rotary module returns cos/sin in the dtype of the hidden states it is given:
+    fp32 with fp32 master weights, whatever autocast does. A forward hook on that module sets
+    their dtype instead, so the setting holds for every architecture built on it (Llama, Qwen2,
+    Mistral), in every layer, without patched model files.
+    """
+    if precision not in ROPE_PRECISIONS:
+        raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
+    modules = _rotary_modules(model)
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no rotary embedding module to set the RoPE precision of")
+    for module in modules:
+        for handle in getattr(module, "_evalkit_rope_hooks", []):
+            handle.remove()  # setting it again replaces the earlier setting
+        module._evalkit_rope_hooks = [module.register_forward_hook(_rope_precision_hook(precision))]
 
 
 def _no_padding_mask(*, attention_mask=None, **_kwargs):

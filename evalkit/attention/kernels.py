@@ -253,6 +253,9 @@ def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: 
     )
 
 
+FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash_attn_varlen_func refuses anything else, and mixed dtypes
+
+
 def _flash_varlen_func() -> Callable:
     try:
         from flash_attn import flash_attn_varlen_func
@@ -269,7 +272,13 @@ def flash_attention(q, k, v, doc_ids=None, *, scale=None, varlen_func: Callable 
     varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
     documented semantics (varlen_reference) to check the layout without CUDA.
     """
-    varlen_func = varlen_func or _flash_varlen_func()
+    if varlen_func is None:
+        varlen_func = _flash_varlen_func()
+        if q.dtype not in FLASH_DTYPES or not q.dtype == k.dtype == v.dtype:
+            raise ValueError(
+                f"flash-attn runs fp16 or bf16 of one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}: "
+                "train with dtype=bf16 (autocast), or use the flex or blocked implementation"
+            )
     batch, hq, sq, dim = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     layout = varlen_layout(doc_ids, batch, sk, sq)
@@ -371,22 +380,78 @@ def _compile_masks(device) -> bool:
 
 
 _block_masks = _BlockMaskCache()
-_compiled_flex: dict[bool, Callable] = {}
+COMPILE_DEVICES = {"cuda"}  # where FlexAttention runs compiled; tests add "cpu" to count compiles on a CPU
+COMPILE_BACKEND = "inductor"  # the fused kernels; tests of compile accounting may take "eager" (Dynamo alone)
+# One compiled function per variant (dtype, head dim, mask kind, dynamic): see flex_attention_function.
+_compiled_flex: dict[tuple, Callable] = {}
 
 
-def flex_attention_function(device: torch.device, dynamic: bool = False) -> Callable:
-    """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores).
+def _flex_frame() -> Callable:
+    """A function that calls flex_attention, with a code object of its own.
 
-    Training windows have one shape (static compile); serving prefills change length every step
-    (`dynamic=True`). Each kind is compiled once per process.
+    Dynamo keeps its compiled graphs, and counts them against its recompile limit, per code
+    object, however many torch.compile wrappers share it: one compiled flex_attention seeing
+    two dtypes, two mask functions, two head dims and many lengths reaches the limit (default
+    8) and then runs eager, materialising the Sq x Sk scores (hundreds of GB at 64K). A frame
+    per variant gives each variant its own graphs and its own count (flex_compile_counts).
     """
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device.type != "cuda":
+    def call(q, k, v, *, block_mask, scale=None, enable_gqa=False):
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+    call.__code__ = call.__code__.replace()  # a copy: a code object of this variant's alone
+    return call
+
+
+def flex_attention_function(device: torch.device, dynamic: bool = False, variant: tuple = ()) -> Callable:
+    """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores).
+
+    Training windows have one shape (static compile); serving prefills change length every step
+    (`dynamic=True`). `variant` names what else changes the graph (dtype, head dim, mask kind):
+    each (variant, dynamic) is compiled once per process, as its own function.
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type not in COMPILE_DEVICES:
         return flex_attention
-    if dynamic not in _compiled_flex:
-        _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
-    return _compiled_flex[dynamic]
+    key = (*variant, dynamic)
+    if key not in _compiled_flex:
+        frame = _flex_frame()
+        compiled = torch.compile(frame, dynamic=dynamic, backend=COMPILE_BACKEND)
+        compiled.frame = frame  # what flex_compile_counts reads Dynamo's cache from
+        _compiled_flex[key] = compiled
+    return _compiled_flex[key]
+
+
+def flex_variant(q: torch.Tensor, mask_kind: str) -> tuple:
+    """What besides the length changes FlexAttention's compiled graph."""
+    return (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
+
+
+def flex_compile_counts() -> dict[tuple, int]:
+    """Graphs Dynamo holds per compiled FlexAttention function: the count its recompile limit
+    (recompile_limit()) applies to, one function at a time."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return {key: len(_debug_get_cache_entry_list(fn.frame.__code__)) for key, fn in _compiled_flex.items()}
+
+
+def fail_on_recompile_limit() -> None:
+    """Make reaching Dynamo's recompile limit an error instead of a silent fall-back to eager
+    (which, for FlexAttention, materialises the scores and runs out of memory at long lengths).
+    For the device checks: a failed check with a message beats a dead process with nothing written."""
+    config = torch._dynamo.config
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):  # renamed across torch versions
+        if hasattr(config, name):
+            setattr(config, name, True)
+            return
+
+
+def recompile_limit() -> int:
+    """Dynamo's per-function compile limit (renamed across torch versions)."""
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", None) or config.cache_size_limit)
 
 
 def flex_attention(q, k, v, doc_ids=None, *, scale=None):
@@ -399,9 +464,10 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None):
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
     block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device)
     gqa = q.shape[1] != k.shape[1]
+    function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention_function(q.device)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return function(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -433,6 +499,27 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
     return names
 
 
+def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
+    """The one dtype attention runs in: autocast's when autocast is on for q's device, else the
+    promotion of the three (a caller passing one dtype keeps it).
+
+    Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
+    fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
+    FlexAttention either refuses it or runs an fp32 kernel whose numbers differ from SDPA's
+    (which autocast casts itself). Casting here gives every implementation the same inputs.
+    """
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+
+
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in kernel_dtype (each rounded once; autograd carries the gradient back through the cast)."""
+    dtype = kernel_dtype(q, k, v)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def document_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -444,9 +531,11 @@ def document_attention(
 ) -> torch.Tensor:
     """Attention under the document rule (masks.py) with the chosen implementation.
 
-    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D].
+    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D],
+    computed in one dtype (kernel_dtype: the autocast dtype under autocast) whatever the caller's.
     """
     _check_shapes(q, k, v, doc_ids)
+    q, k, v = one_dtype(q, k, v)
     name = default_implementation(q.device) if impl == "auto" else impl
     if name not in _FUNCTIONS:
         raise ValueError(

@@ -127,6 +127,7 @@ def checkpoint_meta(path: Path) -> dict:
         "tokens_seen",
         "paradigm",
         "config",
+        "precision",
         "data_fingerprint",
         "tokenizer_fingerprint",
         "git_hash",

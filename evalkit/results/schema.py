@@ -55,8 +55,22 @@ def describe_checkpoint(summary: dict[str, Any]) -> tuple[str, str, str]:
         model_text = f"{model.get('arch', '?')} {model.get('num_layers', '?')}x{model.get('hidden_size', '?')}"
     else:
         model_text = "?"
+    precision = training_precision(meta)
+    if precision:
+        model_text = f"{model_text} ({precision})"
     data = (config.get("data") or {}).get("source", "?")
     return meta.get("paradigm", "?"), model_text, data
+
+
+def training_precision(meta: dict[str, Any]) -> str:
+    """ "bf16, RoPE fp32" for a run trained under bf16 autocast, "" for an fp32 run (the model text
+    as before). A bf16 run from before the rope_precision setting rotated in fp32: transformers'
+    fp32 cos/sin promoted q and k (README, GPU section)."""
+    config = meta.get("config") or {}
+    if config.get("dtype") != "bf16":
+        return ""
+    rope = (meta.get("precision") or {}).get("rope") or config.get("rope_precision") or "fp32"
+    return f"bf16, RoPE {rope}"
 
 
 def summary_rows(summary: dict[str, Any]) -> list[ResultRow]:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from evalkit.attention import Paradigm
+from evalkit.attention.hf import ROPE_PRECISIONS
 from evalkit.errors import UserError
 from evalkit.package_data import CONFIG_DIR, recipe_folder
 from evalkit.train.synthetic import PHRASINGS
@@ -92,6 +93,9 @@ class TrainConfig:
     windows_per_step: int = 8  # the global batch, in windows
     micro_batch: int = 1  # windows per forward pass on each process (gradient accumulation covers the rest)
     dtype: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
+    # with dtype=bf16, how q and k are rotated: fp32 (rotate in fp32, round once at the kernel: the
+    # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); README, GPU section
+    rope_precision: str = "fp32"
     grad_checkpointing: bool = False
     seed: int = 0
     out: str | None = None  # default runs/<name>-<paradigm>
@@ -128,6 +132,18 @@ class TrainConfig:
                 "windows_per_step and micro_batch must be at least 1",
             ),
             (self.dtype in ("fp32", "bf16"), f"dtype must be fp32 or bf16, got {self.dtype!r}"),
+            (
+                self.rope_precision in ROPE_PRECISIONS,
+                f"rope_precision must be {' or '.join(ROPE_PRECISIONS)}, got {self.rope_precision!r}",
+            ),
+            (
+                self.rope_precision == "fp32" or self.dtype == "bf16",
+                "rope_precision=bf16 needs dtype=bf16 (an fp32 run has no bf16 to rotate in)",
+            ),
+            (
+                self.model.attention != "flash" or self.dtype == "bf16",
+                "model.attention=flash needs dtype=bf16 (flash-attn runs fp16/bf16 only)",
+            ),
             (
                 self.model.arch in ("llama", "qwen2", "mistral"),
                 f"model.arch must be llama, qwen2 or mistral, got {self.model.arch!r}",

@@ -336,6 +336,8 @@ def _train(
     meta_base = {
         "paradigm": config.paradigm.value,
         "config": config.to_dict(),
+        # the precision of training, stated apart from the config: what the leaderboard shows
+        "precision": {"dtype": config.dtype, "rope": config.rope_precision if config.dtype == "bf16" else "fp32"},
         "data_fingerprint": source.fingerprint,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "evalkit_version": evalkit.__version__,

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from evalkit.attention import register_hf_attention
+from evalkit.attention.hf import hf_name, set_rope_precision
 from evalkit.attention.kernels import default_implementation
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
@@ -20,7 +21,7 @@ def attention_name(config: TrainConfig, device: torch.device) -> str:
         impl = default_implementation(device)
     if impl == "flex" and device.type != "cuda":
         raise UserError("model.attention=flex cannot train on CPU (FlexAttention has no CPU backward); use blocked")
-    return f"evalkit_{impl}"
+    return hf_name(impl)
 
 
 def load_tokenizer(config: TrainConfig):
@@ -97,7 +98,8 @@ def _checkpoint_config(config: TrainConfig):
 
 
 def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True, on_host: bool = False):
-    """The model in fp32 (master weights) on `device`, with evalkit attention selected.
+    """The model in fp32 (master weights) on `device`, with evalkit attention selected and q, k
+    rotated in config.rope_precision under autocast.
     on_host=True leaves the weights on the CPU, attention still chosen for `device` (rank 0's
     full copy, which the other ranks' shards are filled from).
 
@@ -133,6 +135,10 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights
         raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
     if getattr(model.config, "sliding_window", None):
         model.config.sliding_window = None
+    try:
+        set_rope_precision(model, config.rope_precision)
+    except ValueError as err:
+        raise UserError(f"rope_precision: {err}") from None
     return model.to(device) if weights and not on_host else model
 
 

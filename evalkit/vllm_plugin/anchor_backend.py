@@ -25,7 +25,12 @@ from typing import Any, ClassVar
 import torch
 
 from evalkit.vllm_plugin.cache_layout import LearnedLayout, learn_layout
-from evalkit.vllm_plugin.kernels import anchor_attention, anchor_block_mask, anchor_prefill_paged
+from evalkit.vllm_plugin.kernels import (
+    anchor_attention,
+    anchor_block_mask,
+    anchor_prefill_paged,
+    warm_up_anchor_flex,
+)
 from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
 
 METADATA_FIELD = "evalkit_document_queries"
@@ -103,6 +108,19 @@ class AnchorAttentionImplMixin:
     anchor_impl: ClassVar[str] = "blocked"
     _evalkit_layout: LearnedLayout | None = None
     _evalkit_views: tuple | None = None  # (the cache tensor's identity, its views)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.anchor_impl == "flex" and torch.cuda.is_available():
+            self._warm_up_anchor_kernels(torch.device("cuda", torch.cuda.current_device()))
+
+    def _warm_up_anchor_kernels(self, device: torch.device) -> None:
+        """FlexAttention compiled now, while vLLM builds the model (its default dtype is then the
+        model's), not at the first packed request inside the compiled forward, where vLLM's
+        fail-on-recompile stance makes any compile an error (kernels.warm_up_anchor_flex)."""
+        warm_up_anchor_flex(
+            self.num_heads, self.num_kv_heads, self.head_size, self.scale, torch.get_default_dtype(), device
+        )
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)

@@ -6,9 +6,13 @@ recomputed with FlexAttention over the paged cache, with a BlockMask built from 
 boundaries once per step (see anchor_backend and kernels).
 
 CUDA graphs: a graph replays kernels without running Python, so the document rows could not
-be recomputed inside one. Full graphs are therefore limited to pure single-token decode
-batches, which never hold document queries; other batches run attention eagerly (vLLM's
-piecewise graphs leave attention outside the graph).
+be recomputed inside one. Full graphs are refused (AttentionCGSupport.NEVER: vLLM then runs
+its piecewise graphs, which leave attention outside the graph, eager). Allowing them for
+"pure single-token decode" batches was not safe: a batch of one-token steps can be prefill
+chunks of one document token each, which a replayed graph would leave uncorrected.
+
+FlexAttention is compiled when the impl is built (AnchorAttentionImplMixin.__init__), not at
+the first packed request: vLLM runs the model under torch's fail-on-recompile stance.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from evalkit.vllm_plugin.anchor_backend import AnchorAttentionImplMixin, AnchorM
 
 class AnchorFlashMetadataBuilder(AnchorMetadataBuilderMixin, FlashAttentionMetadataBuilder):
     anchor_impl = "flex"
-    _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    _cudagraph_support = AttentionCGSupport.NEVER
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:

@@ -1,6 +1,6 @@
 """The vLLM plugin's GPU check, as one short script for a CUDA machine without vLLM.
 
-    PYTHONPATH=. python -m evalkit.vllm_plugin.gpu_check [--seq 32768] [--check-seq 8192] [--out FILE]
+    PYTHONPATH=. python -m evalkit.vllm_plugin.gpu_check [--seq 32768] [--check-seq 8192] [--out F.md] [--results F]
 
 The plugin's CUDA path is vLLM's FlashAttention backend plus evalkit's kernels for the document
 queries of packed requests; the kernels need no vLLM, so this checks them where vLLM is absent:
@@ -13,16 +13,18 @@ queries of packed requests; the kernels need no vLLM, so this checks them where 
    backend lays it out ([NB, Hkv, BS, 2D], keys and values read through a transposed split),
    read back through the learned strided views.
 3. A long run of the serving path (`--steps` packed prefills of 8K-32K tokens, each with its
-   own document layout, length and chunk, as a vLLM engine sees them): Dynamo's compiled
-   graphs counted before and after against its recompile limit (past the limit FlexAttention
-   would fall back to eager, which materialises the scores), and the peak memory of a step
+   own document layout, length and chunk, as a vLLM engine sees them): the graphs the serving
+   FlexAttention function holds, all of them, against Dynamo's per-function recompile limit
+   (past the limit FlexAttention would fall back to eager, which materialises the scores), and the peak memory of a step
    beyond its inputs against what the step must hold (the gathered K/V and the output).
 4. Timing of a `--seq` packed prefill (BF16, Hq=32, Hkv=8, D=128, documents of exponential
    length, mean 2K) in anchor mode vs plain causal: the same gather + FlexAttention path with a
    single document (causal), and SDPA's causal flash kernel on contiguous K/V (what a stock
    backend does); with the ideal work ratio sum(d_i^2)/S^2.
 
-Prints a small markdown report (and writes it with --out); exits 1 if a check fails.
+Each result is appended to a JSONL file (--results, default OUT.jsonl) the moment it exists, so
+a kill or an out-of-memory keeps what came before; the markdown report (--out) comes at the end.
+Exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.attention import document_mask
+from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+from evalkit.bench.result_log import ResultLog
 from evalkit.markdown import markdown_table
 from evalkit.vllm_plugin.cache_layout import learn_layout
-from evalkit.vllm_plugin.kernels import anchor_block_mask, anchor_document_ids, anchor_prefill_paged, gather_paged
+from evalkit.vllm_plugin.kernels import (
+    anchor_attention,
+    anchor_block_mask,
+    anchor_document_ids,
+    anchor_prefill_paged,
+    gather_paged,
+)
 
 BLOCK = 16  # vLLM's default block size on CUDA
 HEADS, KV_HEADS, DIM = 32, 8, 128
@@ -80,10 +90,12 @@ def reference(query, key, value, doc_ids) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
 
 
-def check_correctness(length: int, device: str = "cuda") -> list[tuple[str, float, bool]]:
+def check_correctness(
+    length: int, device: str = "cuda", log: ResultLog | None = None, dtypes=(torch.bfloat16, torch.float32)
+) -> list[tuple[str, float, bool]]:
     doc_ids = anchor_document_ids(1, document_lengths(length, 1024, seed=0)).to(device)
     rows = []
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in dtypes:
         key, value, key_cache, value_cache, block_table = paged_request(length, dtype, seed=1, device=device)
         for num_queries in (length, length // 3 + 5, 1):
             query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
@@ -95,6 +107,8 @@ def check_correctness(length: int, device: str = "cuda") -> list[tuple[str, floa
                 error = float((out.float() - expected).abs().max())
                 name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
                 rows.append((name, error, error <= TOLERANCE[dtype]))
+                if log is not None:
+                    log.write("vllm_kernel_correctness", check=name, max_error=error, passed=rows[-1][2])
     return rows
 
 
@@ -123,23 +137,21 @@ def check_flash_layout(length: int = 1000, device: str = "cuda") -> tuple[str, f
     return (f"flex over learned FA-layout views, L={length}", error, error <= TOLERANCE[torch.bfloat16])
 
 
-def recompile_limit() -> int:
-    """Dynamo's per-frame compile limit (renamed across torch versions)."""
-    config = torch._dynamo.config
-    return int(getattr(config, "recompile_limit", None) or config.cache_size_limit)
-
-
-def compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+def serving_compile_count() -> int:
+    """Graphs held by the most-compiled of the serving path's FlexAttention functions (one per
+    dtype and head dim, dynamic shapes): the per-function count Dynamo's limit applies to. 0 where
+    FlexAttention runs eager (a CPU without evalkit.attention.kernels.COMPILE_DEVICES naming it)."""
+    counts = [n for key, n in flex_compile_counts().items() if "anchor" in key]
+    return max(counts, default=0)
 
 
 def long_run(steps: int, lengths: tuple[int, int], device: str = "cuda", seed: int = 5) -> dict[str, float]:
     """`steps` packed prefills through the serving path's kernels (a fresh BlockMask each step, as
-    anchor_backend plans them): graphs compiled, the limit, and the worst extra memory per step."""
+    anchor_backend plans them): the graphs the serving FlexAttention function holds at the end
+    (earlier calls in this process included: the limit counts them all), the limit, and the worst
+    extra memory per step."""
     generator = torch.Generator().manual_seed(seed)
-    before, peak_extra, peak_needed = compiled_graphs(), 0, 0
+    peak_extra, peak_needed = 0, 0
     for step in range(steps):
         length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=generator))
         num_queries = length if step % 3 else length // 2 + step  # whole prefills and chunked ones
@@ -161,7 +173,7 @@ def long_run(steps: int, lengths: tuple[int, int], device: str = "cuda", seed: i
         peak_needed = max(peak_needed, 2 * (2 * length * KV_HEADS * DIM + num_queries * HEADS * DIM))
     return {
         "steps": steps,
-        "graphs": compiled_graphs() - before,
+        "graphs": serving_compile_count(),  # per function, all its graphs: what the limit counts
         "limit": recompile_limit(),
         "peak_extra_mib": peak_extra / 2**20,
         "needed_mib": peak_needed / 2**20,
@@ -236,6 +248,65 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     return timings, ideal, len(lengths)
 
 
+def run_checks(
+    log: ResultLog,
+    check_seq: int,
+    steps: int,
+    lengths: tuple[int, int],
+    device: str,
+    dtypes=(torch.bfloat16, torch.float32),
+) -> tuple:
+    """The warmed-up serving check, the correctness checks, the layout check and the long run,
+    each result logged as it exists. All under inference mode, as vLLM serves (Dynamo keeps
+    separate graphs for inference and autograd tensors: the checks share the serving graphs)."""
+    with torch.inference_mode():
+        return _run_checks(log, check_seq, steps, lengths, device, dtypes)
+
+
+# (queries, keys) of prefills served after the warm-up: whole, chunked, single-query, tiny, long.
+SERVED_AFTER_WARM_UP = ((700, 700), (1, 257), (37, 900), (128, 129), (60, 60), (1, 20), (300, 1000), (4096, 4096))
+
+
+def check_warm_serving(device: str, log: ResultLog | None = None) -> tuple[str, float, bool]:
+    """The backend's warm-up (kernels.warm_up_anchor_flex, what the impl runs when vLLM builds it),
+    then prefills of other lengths and layouts under vLLM's fail-on-recompile stance: none may
+    compile. Graphs held afterwards are reported beside the limit."""
+    from evalkit.attention.kernels import flex_compile_counts
+    from evalkit.vllm_plugin.kernels import warm_up_anchor_flex
+
+    warm_up_anchor_flex(HEADS, KV_HEADS, DIM, DIM**-0.5, torch.bfloat16, device)
+    error = None
+    # On a CPU (the dry run) FlexAttention runs eager and materialises scores: small prefills only.
+    shapes = SERVED_AFTER_WARM_UP if device == "cuda" else ((70, 70), (1, 25), (37, 90), (3, 3))
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"), torch.inference_mode():  # as vLLM's model runner
+            for num_queries, length in shapes:
+                doc_ids = anchor_document_ids(1, document_lengths(length, max(16, length // 4), seed=length)).to(device)
+                query = torch.randn(num_queries, HEADS, DIM, device=device).bfloat16()
+                key, value = (torch.randn(length, KV_HEADS, DIM, device=device).bfloat16() for _ in range(2))
+                block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
+                anchor_attention(query, key, value, doc_ids, scale=DIM**-0.5, impl="flex", block_mask=block_mask)
+    except RuntimeError as err:
+        error = str(err).splitlines()[0][:300]
+    graphs = max((n for key, n in flex_compile_counts().items() if "anchor" in key), default=0)
+    name = f"served prefills of {len(shapes)} shapes after the warm-up, {graphs} graphs (limit {recompile_limit()})"
+    row = (name if error is None else f"{name}: {error}", float(graphs), error is None and graphs < recompile_limit())
+    if log is not None:
+        log.write("vllm_warm_serving", check=row[0], graphs=graphs, limit=recompile_limit(), error=error, passed=row[2])
+    return row
+
+
+def _run_checks(log, check_seq, steps, lengths, device, dtypes) -> tuple:
+    warm_row = check_warm_serving(device, log)
+    correct = [warm_row, *check_correctness(check_seq, device, log=log, dtypes=dtypes)]
+    layout_row = check_flash_layout(device=device) if device == "cuda" else check_flash_layout(200, device=device)
+    log.write("vllm_cache_layout", check=layout_row[0], max_error=layout_row[1], passed=layout_row[2])
+    result = long_run(steps, lengths, device)
+    long_row = long_run_row(result, device)
+    log.write("vllm_long_run", **result, passed=long_row[2])
+    return correct, layout_row, long_row
+
+
 def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str, long_row=None) -> str:
     lines = [
         "# evalkit vLLM plugin: GPU check of the anchor-mode prefill kernels",
@@ -272,14 +343,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40, help="packed prefills of the long run (recompiles, memory)")
     parser.add_argument("--out", default=None, help="also write the report to this file")
+    parser.add_argument(
+        "--results", default=None, help="JSONL file: each result appended the moment it exists (default: OUT.jsonl)"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs one", file=sys.stderr)
         return 2
-    correct = check_correctness(args.check_seq)
-    layout_row = check_flash_layout()
-    long_row = long_run_row(long_run(args.steps, (8192, 32768)), "cuda")
+    from pathlib import Path
+
+    log = ResultLog(args.results or (str(Path(args.out).with_suffix(".jsonl")) if args.out else None))
+    log.write("machine", device=torch.cuda.get_device_name(), torch=torch.__version__)
+    correct, layout_row, long_row = run_checks(log, args.check_seq, args.steps, (8192, 32768), "cuda")
     timings, ideal, num_docs = time_prefill(args.seq, args.repeats)
+    log.write("vllm_prefill_timing", seq=args.seq, timings_ms=dict(timings), ideal=ideal, documents=num_docs)
     text = report(correct, layout_row, timings, ideal, num_docs, args, torch.cuda.get_device_name(), long_row)
     print(text)
     if args.out:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import default_implementation, flex_attention_function
+from evalkit.attention.kernels import default_implementation, flex_attention_function, flex_variant
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -143,9 +144,67 @@ def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask)
     gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention_function(q_1HQD.device, dynamic=True)(
-            q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
-        )
+        function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
+        return function(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+# ----------------------------------------------------------------------------- compiled up front
+
+# (queries, keys) of the warm-up prefills: one of each shape class Dynamo specialises on: sizes of
+# 1 (a single query, a single query block of FLEX_BLOCK_SIZE, a single key block), equal sizes (duck
+# sizing: a whole prefill, Q == L, gets a graph of its own), and the general case.
+WARM_UP_SHAPES = ((384, 384), (300, 700), (1, 384), (100, 384), (100, 100), (1, 100))
+_warmed_up: set[tuple] = set()
+
+
+def warm_up_anchor_flex(
+    num_heads: int, num_kv_heads: int, head_size: int, scale: float, dtype: torch.dtype, device
+) -> None:
+    """Compile the serving FlexAttention function before vLLM serves, once per process and kind.
+
+    vLLM runs its compiled model under torch's "fail_on_recompile" stance, so a first compile
+    inside the attention op, at the first packed request, raises. Each prefill here is one of
+    the shape classes the compiled function specialises on (WARM_UP_SHAPES), with the layer's
+    heads, scale and dtype, so that serving only replays graphs that exist.
+    """
+    device = torch.device(device)
+    key = (num_heads, num_kv_heads, head_size, scale, dtype, str(device))
+    if key in _warmed_up:
+        return
+    with _as_vllm_serves():
+        _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device)
+    _warmed_up.add(key)
+
+
+@contextmanager
+def _as_vllm_serves():
+    """The global state Dynamo guards on, as it is while vLLM serves: inference mode, torch's
+    default dtype and no torch-function mode. vLLM builds the model (and so the impl that warms
+    up) under the model's default dtype, inside a `with torch.device(...)` (a torch-function mode)
+    and with autograd on; graphs compiled in that state would not match at serving time."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+
+    previous = torch.get_default_dtype()
+    modes = _get_current_function_mode_stack()
+    for _ in modes:
+        _pop_mode()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+        for mode in modes:
+            _push_mode(mode)
+
+
+def _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device) -> None:
+    for num_queries, length in WARM_UP_SHAPES:
+        doc_ids = anchor_document_ids(1, [length // 3, length - 1 - length // 3]).to(device)
+        query = torch.zeros(num_queries, num_heads, head_size, dtype=dtype, device=device)
+        key_value = torch.zeros(length, num_kv_heads, head_size, dtype=dtype, device=device)
+        block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)  # as plan_document_queries builds it
+        anchor_attention(query, key_value, key_value, doc_ids, scale=scale, impl="flex", block_mask=block_mask)
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -304,3 +304,26 @@ def test_exports_parse_back_to_the_stored_numbers(results, form):
 def test_export_refuses_an_unknown_format(results):
     done = leaderboard(str(results / "ruler"), "--format", "xlsx")
     assert done.returncode == 2 and "--format must be md, csv or json" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "config, precision, shown",
+    [
+        ({}, None, "llama 4x256"),  # fp32 training: the model text as before
+        ({"dtype": "bf16"}, None, "llama 4x256 (bf16, RoPE fp32)"),  # bf16 before the setting: rotated in fp32
+        (
+            {"dtype": "bf16", "rope_precision": "bf16"},
+            {"dtype": "bf16", "rope": "bf16"},
+            "llama 4x256 (bf16, RoPE bf16)",
+        ),
+    ],
+)
+def test_the_model_column_shows_the_training_precision(config, precision, shown):
+    from evalkit.results.schema import describe_checkpoint
+
+    summary = ruler_summary("run", 10, {("vt", 512): 50})
+    meta = summary["provenance"]["checkpoint_meta"]
+    meta["config"].update(config)
+    if precision:
+        meta["precision"] = precision
+    assert describe_checkpoint(summary) == ("anchor", shown, "builtin")

@@ -49,6 +49,9 @@ def test_paper_recipes_match_the_paper():
         (["model=3"], "model: expected a section"),
         (["dtype=fp16"], "dtype must be fp32 or bf16"),
         (["noequals"], "expected key=value"),
+        (["dtype=bf16", "rope_precision=fp16"], "rope_precision must be fp32 or bf16, got 'fp16'"),
+        (["rope_precision=bf16"], "rope_precision=bf16 needs dtype=bf16"),
+        (["model.attention=flash"], "model.attention=flash needs dtype=bf16"),
         (["data.retrieval_phrasing=fancy"], "data.retrieval_phrasing must be one of plain, varied, broad"),
         (
             ["data.retrieval_fraction=0.7", "data.copy_fraction=0.4"],

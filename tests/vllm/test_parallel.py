@@ -13,7 +13,7 @@ import torch
 
 from evalkit.engines import PackedRequest
 
-from .conftest import requires_vllm, start_vllm_engine, stop_vllm_engine
+from .conftest import LOGPROB_ATOL, requires_vllm, start_vllm_engine, stop_vllm_engine
 
 pytestmark = [requires_vllm, pytest.mark.slow]
 
@@ -36,7 +36,7 @@ def test_parallel_engines_answer_like_the_hf_engine(checkpoint, hf_engine, two_c
         assert engine.engine_info()[setting] == 2
         assert engine.generate(PROMPTS, 10) == hf_engine.generate(PROMPTS, 10)
         torch.testing.assert_close(
-            engine.logits_packed(PACKED), hf_engine.logits_packed(PACKED).log_softmax(-1), atol=1e-4, rtol=0
+            engine.logits_packed(PACKED), hf_engine.logits_packed(PACKED).log_softmax(-1), atol=LOGPROB_ATOL, rtol=0
         )
     finally:
         stop_vllm_engine(engine)
