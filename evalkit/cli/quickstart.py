@@ -21,18 +21,31 @@ def quickstart_command(
         ",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."
     ),
     max_steps: int = typer.Option(
-        QUICK_STEPS, "--max-steps", help="Training steps per paradigm (0: the recipe's own)."
+        QUICK_STEPS, "--max-steps", help="Training steps per paradigm of its own runs (0: the recipe's own)."
+    ),
+    train: bool = typer.Option(
+        False, "--train", help="Also train short runs of its own and evaluate them (always when no runs are shipped)."
     ),
     shipped: bool = typer.Option(
-        True, "--shipped/--no-shipped", help="Also evaluate the recipe's shipped runs (evalkit/checkpoints/<recipe>/)."
+        True, "--shipped/--no-shipped", help="Evaluate the recipe's shipped runs (evalkit/checkpoints/<recipe>/)."
     ),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
-    samples: int = typer.Option(10, "--samples", help="RULER samples per task and length."),
+    samples: int = typer.Option(5, "--samples", help="RULER samples per task and length."),
     lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
     last: int = typer.Option(2, "--last", help="Checkpoints per run evaluated and averaged."),
+    general: bool = typer.Option(False, "--general", help="Also run the general-task fixtures."),
     general_limit: int = typer.Option(None, "--general-limit", help="Questions per fixture task (default: all)."),
+    probe: str = typer.Option(
+        "auto",
+        "--probe",
+        help="Model of the BF16 probe: auto (SmolLM2 when installed, else the tiny base), tiny, none.",
+    ),
+    train_bench: bool = typer.Option(
+        True, "--train-bench/--no-train-bench", help="Time a training step under full and anchor attention."
+    ),
+    bench_seq: int = typer.Option(4096, "--bench-seq", help="Window length of that timing, in tokens."),
 ) -> None:
-    """The whole study end to end on a CPU: train tiny models, evaluate, leaderboard."""
+    """The paper's three claims on a CPU: the BF16 probe, training-step cost, RULER per paradigm."""
     from evalkit.attention import Paradigm
     from evalkit.quickstart import QuickstartPlan, run_quickstart
 
@@ -46,12 +59,17 @@ def quickstart_command(
         recipe=recipe,
         paradigms=chosen,
         max_steps=max_steps or None,
+        train=train,
         shipped=shipped,
         sets=list(sets or []),
         last=last,
         samples=samples,
         lengths=parse_lengths(lengths) if lengths is not None else None,
+        general=general,
         general_limit=general_limit,
+        probe=probe,
+        train_bench=train_bench,
+        bench_seq=bench_seq,
         runs_dir=runs,
         out=out,
     )
