@@ -127,3 +127,28 @@ def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not
     checkpoint, what = quickstart.probe_checkpoint("auto", console)
     assert checkpoint == imported and what.startswith("SmolLM2-135M-Instruct, the real pretrained model")
     assert quickstart.probe_checkpoint("tiny", console)[0] == quickstart.TINY_BASE
+
+
+def test_paradigms_are_compared_against_full_with_the_summaries_means():
+    """The claims' comparison on the stored tiny-paradigm logs (results/anchor-encoding/ruler): its
+    point differences equal those computed by hand from the per-checkpoint summaries' task scores."""
+    import json
+    from pathlib import Path
+
+    from evalkit.quickstart import compare_paradigms_against_full
+
+    root = Path(__file__).resolve().parent.parent / "results" / "anchor-encoding" / "ruler"
+
+    def average(run: str) -> float:  # standard encoding, 1K: mean over checkpoints of the task average
+        per_step = []
+        for summary in sorted((root / run).glob("step-*/ruler-summary.json")):
+            rows = [r for r in json.loads(summary.read_text())["rows"] if r.get("encoding", "standard") == "standard"]
+            per_step.append(sum(r["score"] for r in rows) / len(rows))
+        return sum(per_step) / len(per_step)
+
+    lines = "\n".join(compare_paradigms_against_full(root)).splitlines()
+    table = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in lines if line.startswith("| tiny")}
+    full = average("tiny-long-full-shipped")
+    for paradigm in ("anchor", "intra_doc"):
+        shown = table[f"tiny-long-{paradigm}-shipped − tiny-long-full-shipped"].strip("*").split(" [")[0]
+        assert abs(float(shown) - (average(f"tiny-long-{paradigm}-shipped") - full)) < 0.011
