@@ -7,6 +7,7 @@ point in-process where an error must be injected) and checks what a user sees an
 on disk.
 """
 
+import json
 import struct
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_reliability import ROOT, error_line
+from tests.test_reliability import ROOT, copy_tiny_base, error_line
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
@@ -26,6 +27,28 @@ def evalkit(*args: str | Path, timeout: float = 900) -> subprocess.CompletedProc
     return subprocess.run(
         [*EVALKIT, *map(str, args)], check=False, capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
+
+
+def evalkit_here(capsys, *args: str | Path) -> subprocess.CompletedProcess:
+    """`evalkit ARGS` through the CLI's entry point in this process (no interpreter and torch start
+    per case), seen as a subprocess would be: exit status and stderr."""
+    import signal
+
+    from evalkit.cli import main
+
+    handler = signal.getsignal(signal.SIGTERM)
+    capsys.readouterr()
+    old_argv, sys.argv = sys.argv, ["evalkit", *map(str, args)]
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        signal.signal(signal.SIGTERM, handler)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 # ------------------------------------------------------------- 1. crafted GGUF headers
@@ -84,3 +107,59 @@ def test_a_tensor_index_past_the_end_of_the_file_is_refused(tmp_path):
     huge = gguf_file(tmp_path / "huge.gguf", 1, [ARCH], tail=info, size=256)
     line = error_line(evalkit("import", huge, tmp_path / "d2", timeout=60))
     assert "corrupt" in line and "tensor" in line, line
+
+
+# ------------------------------------------------------- 2. templates, tokenizers, configs
+
+
+def edit_json(path: Path, change) -> None:
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def with_chat_template(template: str):
+    return lambda ckpt: edit_json(ckpt / "tokenizer_config.json", lambda c: {**c, "chat_template": template})
+
+
+def overwrite(name: str, text: str):
+    return lambda ckpt: (ckpt / name).write_text(text)
+
+
+# Each breaks one file that is read while a checkpoint's tokenizer, template or config is loaded;
+# (how, the file the error line must name, --prompt-format).
+BROKEN_FILES = {
+    "template escaping the sandbox": (
+        with_chat_template("{{ cycler.__init__.__globals__.os.system('touch PWNED') }}"),
+        "tokenizer_config.json",
+        "chat",
+    ),
+    "template that does not parse": (with_chat_template("{% for m in messages %}"), "tokenizer_config.json", "chat"),
+    "template that raises": (
+        with_chat_template("{{ raise_exception('no system role') }}"),
+        "tokenizer_config.json",
+        "chat",
+    ),
+    "template file that does not parse": (overwrite("chat_template.jinja", "{% if %}"), "chat_template.jinja", "chat"),
+    "tokenizer_config.json not JSON": (
+        overwrite("tokenizer_config.json", "{ not json"),
+        "tokenizer_config.json",
+        "base",
+    ),
+    "tokenizer.json not JSON": (overwrite("tokenizer.json", '{"model": '), "tokenizer.json", "base"),
+    "tokenizer.json of another shape": (overwrite("tokenizer.json", '{"model": 5}'), "tokenizer.json", "base"),
+    "config.json field of the wrong type": (
+        lambda ckpt: edit_json(ckpt / "config.json", lambda c: {**c, "num_hidden_layers": "two"}),
+        "config.json",
+        "base",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_FILES))
+def test_a_broken_template_tokenizer_or_config_is_one_line_naming_the_file(case, tmp_path, capsys):
+    damage, file_name, prompt_format = BROKEN_FILES[case]
+    ckpt = copy_tiny_base(tmp_path / "run" / "step-1")
+    damage(ckpt)
+    args = ["ruler", ckpt, "--tasks", "niah_single_1", "--lengths", "256", "--samples", "1"]
+    line = error_line(evalkit_here(capsys, *args, "--prompt-format", prompt_format, "--out", tmp_path / "out"))
+    assert str(ckpt / file_name) in line, line
+    assert not (ROOT / "PWNED").exists() and not (tmp_path / "PWNED").exists()

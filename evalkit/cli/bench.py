@@ -121,8 +121,10 @@ def bench_ruler_data(
     else:
         from transformers import AutoTokenizer
 
+        from evalkit.checkpoint_check import load_tokenizer
+
         try:
-            tok = AutoTokenizer.from_pretrained(tokenizer)
+            tok = load_tokenizer(tokenizer) if Path(tokenizer).is_dir() else AutoTokenizer.from_pretrained(tokenizer)
         except (OSError, ValueError) as err:
             raise UserError(f"could not load a tokenizer from {tokenizer!r}: {str(err).splitlines()[0]}") from None
         described = tokenizer

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import torch
 
-from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained
+from evalkit.checkpoint_check import (
+    check_checkpoint,
+    checkpoint_directory,
+    load_config,
+    load_pretrained,
+    load_tokenizer,
+)
 from evalkit.errors import UserError
 from evalkit.precision import resolve_device, torch_dtype
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
@@ -42,21 +48,11 @@ def attention_window(config) -> int:
 
 
 def _load_config(checkpoint: Path):
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(checkpoint)
-    except (OSError, ValueError, KeyError) as error:
-        raise UserError(f"cannot read {checkpoint}/config.json: {str(error).splitlines()[0]}") from None
+    return load_config(checkpoint)
 
 
 def _load_tokenizer(checkpoint: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError, TypeError) as error:
-        raise UserError(f"cannot load the tokenizer of {checkpoint}: {str(error).splitlines()[0]}") from None
+    return load_tokenizer(checkpoint)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from evalkit.checkpoint_check import read_config
+from evalkit.checkpoint_check import load_tokenizer, read_config
 from evalkit.errors import Skipped, UserError
 from evalkit.pipeline import (
     Averages,
@@ -268,9 +268,7 @@ class RulerBenchmark:
     def _tokenizer(self, ref: CheckpointRef):
         """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
         if ref.path not in self._tokenizers:
-            from transformers import AutoTokenizer
-
-            self._tokenizers[ref.path] = AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
+            self._tokenizers[ref.path] = load_tokenizer(ref.path)
         return self._tokenizers[ref.path]
 
     def settings_record(self) -> dict:
