@@ -18,6 +18,7 @@ inside transformers or safetensors. Every evalkit loader (the hf engine, the pro
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> di
     config = check_config_files(path, trust_remote_code=trust_remote_code)
     for file in weight_files(path):
         _check_safetensors(file)
+        check_finite_weights(file)
     return config
 
 
@@ -214,6 +216,38 @@ def _check_safetensors(file: Path) -> None:
             pass
     except (SafetensorError, OSError) as err:
         raise UserError(f"{file} is truncated or corrupt ({err}); copy it again from its source") from None
+
+
+def check_finite_weights(file: Path) -> None:
+    """Refuse a weight file holding a NaN or an infinity: such a model scores (every prediction
+    empty, or garbage) as if it were merely bad. Checked once per version of the file."""
+    stat = file.stat()
+    found = _non_finite_weights(str(file), stat.st_size, stat.st_mtime_ns)
+    if found:
+        shown = ", ".join(f"{name} ({count:,} values)" for name, count in found[:KEYS_SHOWN])
+        more = f", … {len(found) - KEYS_SHOWN} more tensors" if len(found) > KEYS_SHOWN else ""
+        raise UserError(
+            f"{file} holds NaN or infinite weights: {shown}{more}; evalkit does not score a model with non-finite "
+            "weights: use an earlier checkpoint, or re-save this one from a healthy model"
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _non_finite_weights(file: str, _size: int, _mtime_ns: int) -> list[tuple[str, int]]:
+    """(tensor name, count of non-finite values) for each floating tensor of `file` that has any;
+    read one tensor at a time, so the memory held is one tensor's. Size and mtime key the cache."""
+    import torch
+    from safetensors import safe_open
+
+    found = []
+    with safe_open(file, framework="pt") as weights:
+        for name in weights.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            tensor = weights.get_tensor(name)
+            if tensor.is_floating_point():
+                bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+                if bad:
+                    found.append((name, bad))
+    return found
 
 
 def check_loading_info(path: str | Path, info: dict[str, Any], *, allowed_unexpected: Iterable[str] = ()) -> None:

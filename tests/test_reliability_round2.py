@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_reliability import ROOT, copy_tiny_base, error_line
+from evalkit.errors import UserError
+from tests.test_reliability import ROOT, copy_tiny_base, edit_weights, error_line
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
@@ -163,3 +164,53 @@ def test_a_broken_template_tokenizer_or_config_is_one_line_naming_the_file(case,
     line = error_line(evalkit_here(capsys, *args, "--prompt-format", prompt_format, "--out", tmp_path / "out"))
     assert str(ckpt / file_name) in line, line
     assert not (ROOT / "PWNED").exists() and not (tmp_path / "PWNED").exists()
+
+
+# ---------------------------------------------------------------- 3. non-finite weights
+
+
+def poison(ckpt: Path, value: float) -> Path:
+    def change(weights: dict) -> dict:
+        name = "model.layers.0.mlp.up_proj.weight"
+        weights[name] = weights[name].clone()
+        weights[name][0, :3] = value
+        return weights
+
+    edit_weights(ckpt, change)
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def nan_checkpoint(tmp_path_factory) -> Path:
+    return poison(copy_tiny_base(tmp_path_factory.mktemp("nan") / "run" / "step-1"), float("nan"))
+
+
+NON_FINITE = "holds NaN or infinite weights: model.layers.0.mlp.up_proj.weight (3 values)"
+
+
+def test_ruler_refuses_nan_weights_before_scoring(nan_checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["ruler", nan_checkpoint, "--tasks", "niah_single_1", "--lengths", "512", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args))
+    assert str(nan_checkpoint / "model.safetensors") in line and NON_FINITE in line, line
+    assert not list(out.rglob("*summary.json")) and not list(out.rglob("*.jsonl"))  # nothing scored
+
+
+def test_probe_and_train_refuse_infinite_weights(tmp_path, capsys):
+    ckpt = poison(copy_tiny_base(tmp_path / "run" / "step-1"), float("-inf"))
+    probe_args = ["probe", "shift", "--ckpt", ckpt, "--seq", "16", "--n", "1", "--delta1", "0"]
+    probe = error_line(evalkit_here(capsys, *probe_args, "--out", tmp_path / "probe"))
+    assert NON_FINITE in probe, probe
+    train_args = ["train", "--config", "tiny-cpu", "--model", ckpt, "--max-steps", "1"]
+    assert NON_FINITE in error_line(evalkit_here(capsys, *train_args, "--out", tmp_path / "train"))
+    assert not list((tmp_path / "train").glob("step-*"))
+
+
+def test_every_loader_shares_the_non_finite_check(nan_checkpoint):
+    """The vllm engine runs check_checkpoint before vLLM starts (no vLLM here to start)."""
+    from evalkit.checkpoint_check import check_checkpoint
+    from evalkit.engines import vllm as vllm_engine
+
+    with pytest.raises(UserError, match="NaN or infinite"):
+        check_checkpoint(nan_checkpoint)
+    assert "check_checkpoint(self.model_path" in Path(vllm_engine.__file__).read_text()
