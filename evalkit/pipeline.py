@@ -29,7 +29,7 @@ from evalkit.errors import Skipped, UserError
 from evalkit.provenance import command_line, stamp
 from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
 from evalkit.results.store import checkpoint_dir
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, disk_full_error, output_lock
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -203,16 +203,50 @@ def run_benchmark(
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is written.
     with output_lock(out):
-        summaries = []
+        summaries, failed = [], []
         for ref in refs:
             on_checkpoint(ref)
-            summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine))
+            try:
+                summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine))
+            except Exception as err:  # one broken checkpoint must not end a sweep over the others
+                if disk_full_error(err) is not None:
+                    raise  # every later checkpoint would fail the same way
+                failed.append(record_failure(benchmark, ref, out, err))
+                log(f"failed: {ref.run} step {ref.step} ({ref.path}): {failed[-1]['reason']}; going on with the rest")
         rows = [row for summary in summaries for row in summary["rows"]]
         skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
         run = EvaluationRun(summaries, rows, skipped)
         if avg and rows:
             run.averages, run.files = write_averages(benchmark, rows, out)
+    if failed:
+        raise UserError(_failures_message(failed, len(refs), out))
     return run
+
+
+def failed_name(benchmark: str) -> str:
+    return f"{benchmark}-failed.json"
+
+
+def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exception) -> dict[str, Any]:
+    """<out>/<run>/step-<N>/<name>-failed.json: the checkpoint and the one-line reason it failed
+    (the leaderboard lists it); removed when the checkpoint is later evaluated in full."""
+    from evalkit.checkpoint_check import one_line
+
+    reason = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {one_line(err)}"
+    record = {"benchmark": benchmark.name, "run": ref.run, "step": ref.step, "checkpoint": str(ref.path)}
+    record.update(reason=reason, provenance={**stamp(), "command": command_line()})
+    atomic_write_json(checkpoint_dir(out, ref) / failed_name(benchmark.name), record)
+    return record
+
+
+def _failures_message(failed: list[dict[str, Any]], total: int, out: Path) -> str:
+    if total == 1:
+        return failed[0]["reason"]  # the sweep of one: its reason is the whole story
+    first = failed[0]
+    return (
+        f"{len(failed)} of {total} checkpoints failed (each recorded as {failed_name(first['benchmark'])} under "
+        f"{out}, the others evaluated); first: {first['run']} step {first['step']}: {first['reason']}"
+    )
 
 
 def evaluate_checkpoint(
@@ -258,6 +292,7 @@ def evaluate_checkpoint(
     }
     summary = benchmark.finish_summary(summary, results, earlier)
     atomic_write_json(path, summary)
+    (path.parent / failed_name(benchmark.name)).unlink(missing_ok=True)  # an earlier failure, now mended
     return summary
 
 

@@ -4,6 +4,7 @@ replacing only evalkit's own outputs, and the cache directory."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -251,3 +252,18 @@ def _take(handle: TextIO, directory: Path) -> None:
     handle.truncate()
     handle.write(f"{os.getpid()}\n")  # for the message a second process prints
     handle.flush()
+
+
+def disk_full_error(err: BaseException) -> BaseException | None:
+    """The error in `err`'s chain that says the disk (or quota) is full: an OSError with ENOSPC or
+    EDQUOT, or a library's wrapper of one (safetensors reports "StorageFull" in its message)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return current
+        if "StorageFull" in str(current) or "No space left on device" in str(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None

@@ -8,6 +8,7 @@ on disk.
 """
 
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.errors import UserError
-from tests.test_reliability import ROOT, copy_tiny_base, edit_weights, error_line
+from tests.test_reliability import ROOT, copy_tiny_base, edit_weights, error_line, truncate_weights
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
@@ -214,3 +215,29 @@ def test_every_loader_shares_the_non_finite_check(nan_checkpoint):
     with pytest.raises(UserError, match="NaN or infinite"):
         check_checkpoint(nan_checkpoint)
     assert "check_checkpoint(self.model_path" in Path(vllm_engine.__file__).read_text()
+
+
+# ------------------------------------------------------ 4. a sweep survives a bad checkpoint
+
+
+def test_a_sweep_records_a_broken_checkpoint_and_goes_on(tmp_path, capsys):
+    good1, bad, good2 = (copy_tiny_base(tmp_path / "sweep" / f"step-{n}") for n in (1, 2, 3))
+    truncate_weights(bad)
+    out = tmp_path / "out"
+    args = ["ruler", "--ckpts", good1, bad, good2, "--tasks", "niah_single_1", "--lengths", "512", "--samples", "1"]
+    line = error_line(evalkit_here(capsys, *args, "--out", out))
+    assert "1 of 3 checkpoints failed" in line and "model.safetensors is truncated or corrupt" in line, line
+    stored = sorted(p.parent.name for p in out.rglob("ruler-summary.json"))
+    assert stored == ["step-1", "step-3"]  # the one after the bad one was evaluated too
+    record = json.loads((out / "sweep" / "step-2" / "ruler-failed.json").read_text())
+    assert record["step"] == 2 and "truncated or corrupt" in record["reason"]
+
+    board = tmp_path / "board.md"
+    assert evalkit_here(capsys, "leaderboard", out, "--out", board).returncode == 0
+    failed = board.read_text().split("## Failed checkpoints")[1].split("##")[0]
+    assert "sweep step 2 (ruler)" in failed and "truncated or corrupt" in failed
+
+    shutil.copy(good1 / "model.safetensors", bad / "model.safetensors")  # mended: the rerun scores it
+    assert evalkit_here(capsys, *args, "--out", out).returncode == 0
+    assert not (out / "sweep" / "step-2" / "ruler-failed.json").exists()
+    assert (out / "sweep" / "step-2" / "ruler-summary.json").is_file()

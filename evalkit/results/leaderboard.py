@@ -26,7 +26,7 @@ from pathlib import Path
 
 from evalkit.errors import UserError
 from evalkit.markdown import markdown_table
-from evalkit.pipeline import BENCHMARKS, summary_name
+from evalkit.pipeline import BENCHMARKS, failed_name, summary_name
 from evalkit.results.aggregate import per_checkpoint_length_means
 from evalkit.results.schema import ResultRow, describe_checkpoint, summary_rows
 from evalkit.ruler.encoding import STANDARD, row_encoding, series
@@ -34,6 +34,7 @@ from evalkit.ruler.encoding import STANDARD, row_encoding, series
 RULER_SUMMARY = summary_name("ruler")
 GENERAL_SUMMARY = summary_name("general")
 SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary file ends so
+FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
@@ -402,6 +403,19 @@ def other_benchmarks(dirs: list[Path]) -> dict[str, list[dict]]:
     return {name: summaries for name, summaries in found.items() if summaries}
 
 
+def failure_notes(dirs: list[Path]) -> str:
+    """One line per checkpoint a sweep recorded as failed (<name>-failed.json), with its reason."""
+    lines = []
+    for path in sorted({p.resolve() for d in dirs for p in Path(d).rglob(f"*{FAILED_SUFFIX}")}):
+        try:
+            record = json.loads(path.read_text())
+            line = f"- {record['run']} step {record['step']} ({record['benchmark']}): {record['reason']}"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            line = f"- {path}: a failure record that cannot be read"
+        lines.append(line.replace("\n", " "))
+    return "\n".join(lines)
+
+
 def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
     ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY))
     general = find_summaries(dirs, GENERAL_SUMMARY)
@@ -438,6 +452,9 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
         title = BENCHMARKS.get(name, name)
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
         parts += [f"## {title} (mean over checkpoints ± stderr)", "", benchmark_table(rows), ""]
+    failures = failure_notes(dirs)
+    if failures:
+        parts += ["## Failed checkpoints (not scored; rerun them once mended)", "", failures, ""]
     everything = ruler + general + [summary for summaries in others.values() for summary in summaries]
     parts += ["## Provenance", "", provenance_notes(everything), "", ""]
     return "\n".join(parts), ruler, general
