@@ -38,8 +38,31 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 BENCHMARKS = {"ruler": "RULER", "general": "General tasks"}
 
 
+# The format of every file the pipeline writes (summaries, failure records, averages). Raised when
+# a reader of the old format would misread the new one; readers skip, with a note, a higher one.
+SCHEMA_VERSION = 1
+
+
 def summary_name(benchmark: str) -> str:
     return f"{benchmark}-summary.json"
+
+
+def not_understood(path: Path, record: Any, suffix: str = "-summary.json") -> str | None:
+    """Why this evalkit cannot read the stored record at `path` (<benchmark><suffix>) as its own
+    format, or None: a schema_version it does not know, or a benchmark other than its file name's.
+    A record without schema_version is of version 1 (written before versions were recorded)."""
+    if not isinstance(record, dict):
+        return f"it holds a JSON {type(record).__name__}, not an evalkit record"
+    version = record.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        return (
+            f"its schema_version is {version!r} and this evalkit reads versions 1 to {SCHEMA_VERSION} "
+            "(written by another evalkit version: read it with that one)"
+        )
+    expected = path.name[: -len(suffix)] if path.name.endswith(suffix) else None
+    if "benchmark" in record and expected is not None and record["benchmark"] != expected:
+        return f"its benchmark is {record['benchmark']!r}, but its file name says {expected!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -203,7 +226,7 @@ def run_benchmark(
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is written.
     with output_lock(out):
-        summaries, failed = [], []
+        summaries, failed, first_error = [], [], None
         for ref in refs:
             on_checkpoint(ref)
             try:
@@ -212,12 +235,15 @@ def run_benchmark(
                 if disk_full_error(err) is not None:
                     raise  # every later checkpoint would fail the same way
                 failed.append(record_failure(benchmark, ref, out, err))
+                first_error = first_error or err
                 log(f"failed: {ref.run} step {ref.step} ({ref.path}): {failed[-1]['reason']}; going on with the rest")
         rows = [row for summary in summaries for row in summary["rows"]]
         skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
         run = EvaluationRun(summaries, rows, skipped)
         if avg and rows:
             run.averages, run.files = write_averages(benchmark, rows, out)
+    if failed and len(refs) == 1:
+        raise first_error  # no sweep to go on with: the error itself, as for any command
     if failed:
         raise UserError(_failures_message(failed, len(refs), out))
     return run
@@ -233,15 +259,14 @@ def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exc
     from evalkit.checkpoint_check import one_line
 
     reason = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {one_line(err)}"
-    record = {"benchmark": benchmark.name, "run": ref.run, "step": ref.step, "checkpoint": str(ref.path)}
+    record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "run": ref.run, "step": ref.step}
+    record["checkpoint"] = str(ref.path)
     record.update(reason=reason, provenance={**stamp(), "command": command_line()})
     atomic_write_json(checkpoint_dir(out, ref) / failed_name(benchmark.name), record)
     return record
 
 
 def _failures_message(failed: list[dict[str, Any]], total: int, out: Path) -> str:
-    if total == 1:
-        return failed[0]["reason"]  # the sweep of one: its reason is the whole story
     first = failed[0]
     return (
         f"{len(failed)} of {total} checkpoints failed (each recorded as {failed_name(first['benchmark'])} under "
@@ -277,6 +302,7 @@ def evaluate_checkpoint(
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
         engine_info = (earlier.get("provenance") or {}).get("engine")
     summary = {
+        "schema_version": SCHEMA_VERSION,
         "benchmark": benchmark.name,
         "run": ref.run,
         "step": ref.step,
@@ -302,7 +328,9 @@ def read_summary(path: Path) -> dict[str, Any] | None:
         earlier = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return earlier if isinstance(earlier, dict) and isinstance(earlier.get("rows"), list) else None
+    if not_understood(path, earlier) is not None:  # another format: neither its stamp nor its engine is reused
+        return None
+    return earlier if isinstance(earlier.get("rows"), list) else None
 
 
 def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> dict[str, Any]:
@@ -321,7 +349,8 @@ def write_averages(benchmark: Benchmark, rows: list[dict[str, Any]], out: Path) 
     averages = benchmark.average(rows)
     json_path, markdown_path = out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"
     provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
-    atomic_write_json(json_path, {"benchmark": benchmark.name, "averages": averages.records, "provenance": provenance})
+    averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
+    atomic_write_json(json_path, {**averaged, "provenance": provenance})
     title = BENCHMARKS.get(benchmark.name, benchmark.name)
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
     atomic_write_text(

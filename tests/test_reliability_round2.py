@@ -241,3 +241,48 @@ def test_a_sweep_records_a_broken_checkpoint_and_goes_on(tmp_path, capsys):
     assert evalkit_here(capsys, *args, "--out", out).returncode == 0
     assert not (out / "sweep" / "step-2" / "ruler-failed.json").exists()
     assert (out / "sweep" / "step-2" / "ruler-summary.json").is_file()
+
+
+# ------------------------------------------------ 5. readers skip what they do not understand
+
+
+def ruler_summary(run: str, score: float, **fields) -> dict:
+    row = {"run": run, "step": 1, "task": "niah_single_1", "length": 512, "score": score}
+    return {"benchmark": "ruler", "run": run, "step": 1, "rows": [row], "skipped": [], "provenance": {}, **fields}
+
+
+def write_summary(out: Path, summary: dict, name: str = "ruler-summary.json") -> Path:
+    path = out / summary["run"] / "step-1" / name
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary))
+    return path
+
+
+def test_the_leaderboard_leaves_out_summaries_of_another_format_with_a_note(tmp_path, capsys):
+    out = tmp_path / "results"
+    write_summary(out, ruler_summary("current", 61.0, schema_version=1))
+    write_summary(out, ruler_summary("older", 62.0))  # written before schema_version: version 1
+    future = write_summary(out, ruler_summary("future", 99.0, schema_version=999))
+    other = write_summary(out, ruler_summary("other", 98.0, benchmark="xyz"))
+    board = tmp_path / "board.md"
+    result = evalkit_here(capsys, "leaderboard", out, "--out", board)
+    assert result.returncode == 0, result.stderr
+    tables, unread = board.read_text().split("## Not read")
+    assert "| current |" in tables and "| older |" in tables
+    assert "future" not in tables and "99.00" not in tables and "other" not in tables and "98.00" not in tables
+    assert f"{future}: not read: its schema_version is 999" in unread
+    assert f"{other}: not read: its benchmark is 'xyz', but its file name says 'ruler'" in unread
+
+    alone = tmp_path / "alone"
+    write_summary(alone, ruler_summary("future", 99.0, schema_version="2.0"))
+    line = error_line(evalkit_here(capsys, "leaderboard", alone, "--out", tmp_path / "alone.md"))
+    assert "1 left out" in line and "schema_version is '2.0'" in line, line
+
+
+def test_a_rerun_does_not_reuse_a_summary_of_another_format(tmp_path):
+    from evalkit.pipeline import SCHEMA_VERSION, read_summary
+
+    path = write_summary(tmp_path, ruler_summary("r", 1.0, schema_version=SCHEMA_VERSION + 1))
+    assert read_summary(path) is None
+    path.write_text(json.dumps(ruler_summary("r", 1.0, schema_version=SCHEMA_VERSION)))
+    assert read_summary(path) is not None
