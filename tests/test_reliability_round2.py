@@ -286,3 +286,45 @@ def test_a_rerun_does_not_reuse_a_summary_of_another_format(tmp_path):
     assert read_summary(path) is None
     path.write_text(json.dumps(ruler_summary("r", 1.0, schema_version=SCHEMA_VERSION)))
     assert read_summary(path) is not None
+
+
+# ------------------------------------------------------------- 6. duplicates in lists
+
+
+def test_a_length_or_task_given_twice_is_scored_and_stored_once(tmp_path, capsys):
+    ckpt = copy_tiny_base(tmp_path / "run" / "step-1")
+    out = tmp_path / "out"
+    twice = ["--tasks", "niah_single_1, niah_single_1", "--lengths", "512, 512,512", "--samples", "1"]
+    assert evalkit_here(capsys, "ruler", ckpt, *twice, "--out", out).returncode == 0
+    summary = json.loads((out / "run" / "step-1" / "ruler-summary.json").read_text())
+    assert [(row["task"], row["length"]) for row in summary["rows"]] == [("niah_single_1", 512)]
+    assert summary["provenance"]["settings"]["lengths"] == [512]
+    assert summary["provenance"]["settings"]["tasks"] == ["niah_single_1"]
+    samples = out / "run" / "step-1" / "ruler" / "niah_single_1" / "512.jsonl"
+    assert len(samples.read_text().splitlines()) == 1
+    result = evalkit_here(capsys, "leaderboard", out, "--out", tmp_path / "board.md")
+    assert result.returncode == 0, result.stderr  # once, not "holds niah_single_1 512 twice"
+
+
+@pytest.mark.parametrize(
+    "parse, given, expected",
+    [
+        ("evalkit.lengths:parse_lengths", "4k,4096,,8k,4k", [4096, 8192]),
+        ("evalkit.ruler.runner:parse_tasks", "vt,niah_single_1,vt", ["vt", "niah_single_1"]),
+        ("evalkit.general.runner:parse_tasks", "mmlu,hellaswag,mmlu", ["mmlu", "hellaswag"]),
+        ("evalkit.bench.eval:parse_engines", "hf, hf", ["hf"]),
+    ],
+)
+def test_every_list_parser_keeps_each_value_once(parse, given, expected):
+    import importlib
+
+    module, name = parse.split(":")
+    assert getattr(importlib.import_module(module), name)(given) == expected
+
+
+def test_paradigms_and_dtypes_given_twice_are_used_once(tmp_path, capsys):
+    from evalkit.probe.options import ProbeOptions
+
+    assert ProbeOptions(dtypes="fp32,FP32,bf16", delta1="0,0,2").dtypes == ("fp32", "bf16")
+    args = ["quickstart", "--paradigms", "full,full", "--max-steps", "-1", "--out", tmp_path / "q"]
+    assert "--max-steps" in error_line(evalkit_here(capsys, *args))  # parsed (no error on full,full) first

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from evalkit.arglists import parse_list
 from evalkit.attention import Paradigm, document_attention, document_mask, pack
 from evalkit.markdown import markdown_table
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ok = check_correctness(lines)
     lines.append("\n## Timings (bf16, B=1, H=32, Hkv=8, D=128, median of 5 after 2 warm-ups)\n")
-    time_paradigms(lines, [int(n) for n in args.lengths.split(",")])
+    time_paradigms(lines, parse_list(args.lengths, int))
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

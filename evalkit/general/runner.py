@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.general.errors import RequestsExceedWindow
 from evalkit.pipeline import (
@@ -85,7 +86,7 @@ class TaskPlan:
 
 def parse_tasks(text: str) -> list[str]:
     """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped)."""
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    names = parse_list(text)
     if not names:
         raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
     return names

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from evalkit.arglists import parse_list
 from evalkit.checkpoint_check import load_tokenizer, read_config
 from evalkit.errors import Skipped, UserError
 from evalkit.pipeline import (
@@ -86,7 +87,7 @@ class RulerSettings:
 def parse_tasks(text: str) -> list[str]:
     if text.strip().lower() == "all":
         return list(TASKS)
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    names = parse_list(text)
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
         raise UserError(
