@@ -70,8 +70,6 @@ def parse_engines(text: str) -> list[str]:
             f"unknown engine variant(s) {', '.join(unknown) or '(none given)'}; "
             f"choose from: {', '.join(ENGINE_VARIANTS)}"
         )
-    if len(set(names)) != len(names):
-        raise UserError(f"--engines lists a variant twice: {text}")
     return names
 
 
