@@ -29,7 +29,14 @@ from evalkit.errors import Skipped, UserError
 from evalkit.provenance import command_line, stamp
 from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
 from evalkit.results.store import checkpoint_dir
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, disk_full_error, output_lock
+from evalkit.storage import (
+    atomic_write_json,
+    atomic_write_text,
+    check_output_dir,
+    disk_full_error,
+    output_lock,
+    refuse_foreign,
+)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -198,9 +205,13 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
         if value is not None and value < 1:
             raise UserError(f"{option} must be at least 1, got {value}")
     check_output_dir(out)
+    averages = [out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"]
+    refuse_foreign(averages)  # what this request may replace: never a file of the user's
     for ref in refs:
         check_tokenizer(ref)
         benchmark.check(ref)
+        folder = checkpoint_dir(out, ref)
+        refuse_foreign([folder / summary_name(benchmark.name), folder / failed_name(benchmark.name)])
 
 
 def check_tokenizer(ref: CheckpointRef) -> None:

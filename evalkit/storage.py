@@ -10,7 +10,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -267,3 +267,60 @@ def disk_full_error(err: BaseException) -> BaseException | None:
             return current
         current = current.__cause__ or current.__context__
     return None
+
+
+# The first line of each markdown file evalkit writes (the leaderboard, --avg tables, probe summaries).
+OWN_MARKDOWN_TITLES = ("# Leaderboard", "# BF16 RoPE probe: ")
+OWN_MARKDOWN_SUFFIX = ", averaged over checkpoints"
+
+
+def refuse_foreign(paths: Iterable[Path], option: str = "--out") -> None:
+    """Before any work: every path among `paths` that exists must be a file (or checkpoint) that
+    evalkit wrote, recognised by its content, since the command is about to replace, rewrite or
+    delete it; a file of the user's there is refused with one line and left as it is."""
+    for path in paths:
+        if path.exists() and not written_by_evalkit(path):
+            raise UserError(
+                f"{path} is in the way and was not written by evalkit; evalkit never replaces or truncates a file "
+                f"it did not write: move it away, or choose another {option}"
+            )
+
+
+def written_by_evalkit(path: Path) -> bool:
+    """Whether `path` looks as evalkit writes it: a JSON record with provenance or schema_version, a
+    JSONL of step or sample records, a markdown report of evalkit's, a matplotlib figure, or a
+    checkpoint directory with its meta.json (an empty directory holds nothing to lose)."""
+    try:
+        if path.is_dir():
+            return (path / "meta.json").is_file() or not any(path.iterdir())
+        if path.suffix == ".json":
+            record = json.loads(path.read_text(encoding="utf-8"))
+            return isinstance(record, dict) and ("provenance" in record or "schema_version" in record)
+        if path.suffix == ".jsonl":
+            return _is_record_log(path.read_text(encoding="utf-8").splitlines())
+        if path.suffix == ".md":
+            first = path.read_text(encoding="utf-8").partition("\n")[0]
+            return first.startswith(OWN_MARKDOWN_TITLES) or (
+                first.startswith("# ") and first.endswith(OWN_MARKDOWN_SUFFIX)
+            )
+        if path.suffix in (".png", ".svg"):
+            with open(path, "rb") as handle:
+                return b"matplotlib" in handle.read(1 << 16).lower()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def _is_record_log(lines: list[str]) -> bool:
+    """Every line a JSON object with a step (training metrics) or an index (samples), but a torn last one."""
+    lines = [line for line in lines if line.strip()]
+    for position, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if position == len(lines) - 1 and position > 0:
+                return True  # the torn last line of a killed run, after records of its own
+            return False
+        if not isinstance(record, dict) or not ("step" in record or "index" in record):
+            return False
+    return True

@@ -328,3 +328,71 @@ def test_paradigms_and_dtypes_given_twice_are_used_once(tmp_path, capsys):
     assert ProbeOptions(dtypes="fp32,FP32,bf16", delta1="0,0,2").dtypes == ("fp32", "bf16")
     args = ["quickstart", "--paradigms", "full,full", "--max-steps", "-1", "--out", tmp_path / "q"]
     assert "--max-steps" in error_line(evalkit_here(capsys, *args))  # parsed (no error on full,full) first
+
+
+# -------------------------------------------- 7. nothing of the user's in an output directory
+
+
+def test_train_refuses_a_metrics_log_it_did_not_write(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("my own notes, line 1\nline 2\n")
+    (out / "step-9").mkdir()
+    (out / "step-9" / "weights.bin").write_bytes(b"mine")
+    line = error_line(evalkit_here(capsys, "train", "--config", "tiny-cpu", "--max-steps", "1", "--out", out))
+    assert str(out / "metrics.jsonl") in line and "not written by evalkit" in line, line
+    assert (out / "metrics.jsonl").read_text() == "my own notes, line 1\nline 2\n"
+    (out / "metrics.jsonl").unlink()
+    line = error_line(evalkit_here(capsys, "train", "--config", "tiny-cpu", "--max-steps", "1", "--out", out))
+    assert str(out / "step-9") in line and "not written by evalkit" in line, line
+    assert (out / "step-9" / "weights.bin").read_bytes() == b"mine"
+    assert sorted(p.name for p in out.iterdir()) == ["step-9"]  # nothing written: refused before any work
+
+
+FOREIGN = {  # (command's output file, relative to --out) -> its arguments after the checkpoint
+    "ruler summary": ("run/step-1/ruler-summary.json", "ruler"),
+    "ruler failure record": ("run/step-1/ruler-failed.json", "ruler"),
+    "ruler --avg table": ("ruler-avg.md", "ruler"),
+    "probe markdown": ("probe-shift.md", "probe"),
+    "probe figure": ("probe-shift.png", "probe"),
+}
+
+
+@pytest.mark.parametrize("case", list(FOREIGN))
+def test_an_output_file_of_the_users_is_refused_before_any_work(case, tmp_path, capsys):
+    name, command = FOREIGN[case]
+    ckpt = copy_tiny_base(tmp_path / "run" / "step-1")
+    out = tmp_path / "out"
+    (out / name).parent.mkdir(parents=True)
+    (out / name).write_text('{"mine": true}' if name.endswith(".json") else "# my notes\n")
+    if command == "ruler":
+        args = ["ruler", ckpt, "--tasks", "niah_single_1", "--lengths", "512", "--samples", "1", "--avg"]
+    else:
+        args = ["probe", "shift", "--ckpt", ckpt, "--seq", "16", "--n", "1", "--delta1", "0"]
+    line = error_line(evalkit_here(capsys, *args, "--out", out))
+    assert str(out / name) in line and "not written by evalkit" in line, line
+    assert (out / name).read_text() in ('{"mine": true}', "# my notes\n")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [name]
+
+
+def test_the_leaderboard_never_replaces_a_markdown_file_of_the_users(tmp_path, capsys):
+    results = tmp_path / "results"
+    write_summary(results, ruler_summary("current", 61.0, schema_version=1))
+    notes = tmp_path / "notes.md"
+    notes.write_text("# My notes\n")
+    line = error_line(evalkit_here(capsys, "leaderboard", results, "--out", notes))
+    assert str(notes) in line and "not written by evalkit" in line
+    assert notes.read_text() == "# My notes\n"
+    board = tmp_path / "board.md"
+    assert evalkit_here(capsys, "leaderboard", results, "--out", board).returncode == 0
+    assert evalkit_here(capsys, "leaderboard", results, "--out", board).returncode == 0  # its own: replaced
+
+
+def test_a_sample_log_with_a_foreign_line_is_refused_not_truncated(tmp_path):
+    from evalkit.results.store import SampleLog
+
+    log = tmp_path / "512.jsonl"
+    log.write_text("not a record\nnot one either\n")
+    with pytest.raises(UserError, match="512.jsonl:1 is not a sample record"):
+        SampleLog(log, "key")
+    assert log.read_text() == "not a record\nnot one either\n"

@@ -8,7 +8,9 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.storage import check_output_dir, check_output_file
+from evalkit.storage import check_output_dir, check_output_file, refuse_foreign
+
+PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures
 
 
 @app.command("leaderboard")
@@ -30,6 +32,11 @@ def leaderboard_command(
             raise UserError(f"results directory {directory} does not exist")
     check_output_file(out)
     check_output_dir(plots or out.parent / "plots", "--plots")
+    refuse_foreign([out])
+    figures = [
+        (plots or out.parent / "plots") / f"{name}{suffix}" for name in PLOT_STEMS for suffix in (".png", ".svg")
+    ]
+    refuse_foreign(figures, "--plots")
     board = write_leaderboard(chosen, out, plots)
     typer.echo(board.read_text())
     typer.echo(f"wrote {board} and its plots in {plots or board.parent / 'plots'}", err=True)

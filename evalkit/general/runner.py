@@ -45,7 +45,7 @@ from evalkit.pipeline import (
 from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import checkpoint_dir
-from evalkit.storage import atomic_write_json, atomic_write_text
+from evalkit.storage import atomic_write_json, atomic_write_text, refuse_foreign
 
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
@@ -370,6 +370,7 @@ def _truncated(lm) -> dict[str, dict[str, int]]:
 def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
     """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
     path = _record_path(directory, plan.name)
+    refuse_foreign([path])  # a stale record is replaced below: never a file of the user's
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

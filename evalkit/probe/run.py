@@ -25,7 +25,7 @@ from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
@@ -278,6 +278,7 @@ def run_probe(
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
     check_output_dir(Path(out_dir))  # before the measurement, not when its results are written
+    refuse_foreign(output_paths(kind, Path(out_dir)).values())  # replaced when done: never a file of the user's
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)

@@ -41,10 +41,16 @@ class SampleLog:
 
     def _load(self) -> None:
         kept, dropped, checked_before = [], False, False
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, start=1):
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:  # the half-written last line of a killed run
+            except json.JSONDecodeError:
+                if number < len(lines) and line.strip():  # only a killed run's last line is torn
+                    raise UserError(
+                        f"{self.path}:{number} is not a sample record (not written by evalkit?); move the file "
+                        "away, or delete that line, and rerun"
+                    ) from None
                 dropped = True
                 continue
             checked_before |= self._verify(record, number, checked_before)

@@ -25,7 +25,7 @@ from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
-from evalkit.storage import atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_text, check_output_dir, output_lock, refuse_foreign
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed
 from evalkit.train.config import TrainConfig, check_inputs
@@ -267,6 +267,9 @@ def _train(
     check_inputs(config)
     run_dir = config.run_dir()
     check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
+    # The log is rewritten on start and step-N directories replaced on save: never a file of the user's.
+    steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)] if run_dir.is_dir() else []
+    refuse_foreign([run_dir / METRICS, *sorted(steps)])
     per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
     if remainder or per_process % config.micro_batch:
         raise UserError(
