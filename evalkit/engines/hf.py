@@ -281,6 +281,7 @@ class HFEngine(PackedEngine):
             "threads": self.threads or torch.get_num_threads(),
             "device": str(self.device),
             "tokenizer_fingerprint": self._fingerprint,
+            "anchor_token": tok.anchor_record(self.tokenizer),  # of packed requests (--encoding anchor)
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }

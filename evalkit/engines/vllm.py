@@ -446,6 +446,7 @@ class VLLMEngine(PackedEngine):
             "enable_prefix_caching": self._facts["enable_prefix_caching"],
             "vllm_max_model_len": self._facts["max_model_len"],
             "tokenizer_fingerprint": self._fingerprint,
+            **({"anchor_token": tok.anchor_record(self.tokenizer)} if self.packed else {}),
             "vllm": vllm.__version__,
             "transformers": transformers.__version__,
             "torch": torch.__version__,

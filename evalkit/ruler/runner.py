@@ -11,12 +11,14 @@ recorded as skipped, with the reason, never dropped or scored 0. Summaries are l
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evalkit.arglists import parse_list
 from evalkit.checkpoint_check import load_tokenizer, read_config
+from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
 from evalkit.pipeline import (
     Averages,
@@ -267,10 +269,15 @@ class RulerBenchmark:
         self._tokenizers: dict[Path, object] = {}
 
     def _tokenizer(self, ref: CheckpointRef):
+        return self._tokenizer_at(ref.path)
+
+    def _tokenizer_at(self, path: Path):
         """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
-        if ref.path not in self._tokenizers:
-            self._tokenizers[ref.path] = load_tokenizer(ref.path)
-        return self._tokenizers[ref.path]
+        if path not in self._tokenizers:
+            self._tokenizers[path] = load_tokenizer(path)
+            if self.settings.encoding != STANDARD:
+                print(f"{anchor_note(self._tokenizers[path])} for {path}", file=sys.stderr)
+        return self._tokenizers[path]
 
     def settings_record(self) -> dict:
         return asdict(self.settings)
@@ -305,6 +312,8 @@ class RulerBenchmark:
         summary["provenance"]["data_keys"] = {
             _cell_name(row): result.extra["data_key"] for result in results for row in result.rows
         }
+        if self.settings.encoding != STANDARD:  # which token the documents shared, and why
+            summary["provenance"]["anchor"] = anchor_record(self._tokenizer_at(Path(summary["checkpoint"])))
         return _with_earlier_cells(summary, earlier)
 
     def average(self, rows: list[dict]) -> Averages:

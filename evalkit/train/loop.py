@@ -23,6 +23,7 @@ import evalkit
 from evalkit.attention import PackedSequence
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
 from evalkit.storage import atomic_write_text, check_output_dir, output_lock, refuse_foreign
@@ -303,8 +304,12 @@ def _train(
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
     distributed.barrier(ctx)
 
+    anchored = config.paradigm.value == "anchor"
+    if anchored and ctx.is_main:
+        print(anchor_note(tokenizer), file=sys.stderr)
     meta_base = {
         "paradigm": config.paradigm.value,
+        **({"anchor_token": anchor_record(tokenizer)} if anchored else {}),
         "config": config.to_dict(),
         "data_fingerprint": source.fingerprint,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
