@@ -33,17 +33,43 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, fsync, then rename over it (mode as open() would give)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Errors writing `path` name it: os.write, fsync and libraries (safetensors' StorageFull) raise
+    without a file name, and "no space left" alone does not say which disk is full (the cache, or --out)."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        yield
+    except OSError as err:
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
+    except Exception as err:
+        if disk_full_error(err) is not None:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from err
+        raise
+
+
+def disk_full_advice(path: str | Path) -> str:
+    """What to free or change when writing `path` found the disk full: the cache is not --out."""
+    cache = cache_root().expanduser().resolve()
+    target = Path(path).expanduser().resolve()
+    if target == cache or cache in target.parents:
+        return f"free some space on the disk of the cache {cache}, or set EVALKIT_CACHE to a directory on another disk"
+    return "free some space on that disk (or choose another --out)"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

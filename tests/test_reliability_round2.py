@@ -8,6 +8,7 @@ on disk.
 """
 
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -445,3 +446,36 @@ def test_training_under_the_anchor_paradigm_records_its_anchor(tmp_path, capsys)
     (checkpoint,) = out.glob("step-*")
     meta = json.loads((checkpoint / "meta.json").read_text())
     assert meta["anchor_token"] == {"id": added_token_id("</s>"), **EOS_ANCHOR}
+
+
+# ------------------------------------------------ 9. a full disk names the path that failed
+
+
+def test_a_full_disk_names_the_file_and_tells_the_cache_from_out(tmp_path, capsys, monkeypatch):
+    """ENOSPC injected where the data reaches the disk (fsync raises it with no file name, as the
+    kernel does): the error names the file, and says EVALKIT_CACHE when the full disk was the cache's."""
+    import errno
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    monkeypatch.setenv("EVALKIT_CACHE", str(cache))
+    ckpt = copy_tiny_base(tmp_path / "run" / "step-1")
+    args = ["ruler", ckpt, "--tasks", "niah_single_1", "--lengths", "512", "--samples", "1", "--out", out]
+    real_fsync = os.fsync
+
+    def full(under: Path):
+        def fsync(fd):
+            if Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(under):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_fsync(fd)
+
+        return fsync
+
+    monkeypatch.setattr(os, "fsync", full(cache))
+    line = error_line(evalkit_here(capsys, *args))
+    assert f"no space left on the device writing {cache}/ruler/" in line, line
+    assert "EVALKIT_CACHE" in line and "--out" not in line, line
+
+    monkeypatch.setattr(os, "fsync", full(out))  # the cache has room now; --out is full
+    line = error_line(evalkit_here(capsys, *args))
+    assert f"no space left on the device writing {out}/run/step-1/ruler/niah_single_1/512.jsonl" in line, line
+    assert "--out" in line and "EVALKIT_CACHE" not in line, line

@@ -13,7 +13,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.storage import disk_full_error
+from evalkit.storage import disk_full_advice, disk_full_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
 COMMAND_MODULES = ("train", "checkpoints", "bench", "probe", "ruler", "general", "leaderboard", "quickstart")
@@ -40,10 +40,12 @@ def main() -> None:
         full = disk_full_error(err)
         if full is None:
             raise
-        where = f" writing {full.filename}" if getattr(full, "filename", None) else ""
+        path = getattr(full, "filename", None)
+        where = f" writing {path}" if path else ""
+        advice = disk_full_advice(path) if path else "free some space (or choose another --out)"
         typer.echo(
-            f"error: no space left on the device{where}: free some space (or choose another --out) and "
-            "rerun the same command; what finished before is kept and resumes",
+            f"error: no space left on the device{where}: {advice}, and rerun the same command; what finished "
+            "before is kept and resumes",
             err=True,
         )
         sys.exit(2)

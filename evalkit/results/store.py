@@ -22,6 +22,7 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.results.checkpoints import CheckpointRef
+from evalkit.storage import naming
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
 
@@ -106,7 +107,7 @@ class SampleLog:
         if not records:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
+        with naming(self.path), self.path.open("a", encoding="utf-8") as handle:
             for record in records:
                 record = {**record, "data_key": self.data_key}
                 record[CHECKSUM] = record_checksum(record)

@@ -18,7 +18,7 @@ import torch
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.errors import UserError
 from evalkit.results.checkpoints import STEP_DIR
-from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
 
 TRAINER_STATE = "trainer_state.pt"
 META = "meta.json"
@@ -76,7 +76,8 @@ def write_checkpoint(
     weights = dict(model_state)
     if getattr(model.config, "tie_word_embeddings", False):
         weights.pop(_output_embedding_key(model), None)  # stored once, as the input embedding
-    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+    with naming(tmp / "model.safetensors"):
+        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
     model.config.save_pretrained(tmp)
     config_path = tmp / "config.json"
     config = json.loads(config_path.read_text())
@@ -86,7 +87,8 @@ def write_checkpoint(
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    torch.save(trainer_state, tmp / TRAINER_STATE)
+    with naming(tmp / TRAINER_STATE):
+        torch.save(trainer_state, tmp / TRAINER_STATE)
     atomic_write_json(tmp / META, meta)  # last: its presence marks the checkpoint complete
     if final.exists():
         shutil.rmtree(final)

@@ -26,7 +26,7 @@ from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
-from evalkit.storage import atomic_write_text, check_output_dir, output_lock, refuse_foreign
+from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed
 from evalkit.train.config import TrainConfig, check_inputs
@@ -338,7 +338,7 @@ def _train(
                     "tokens_per_s": tokens_per_s,
                     "tokens_seen": tokens_seen,
                 }
-                with (run_dir / METRICS).open("a") as log:
+                with naming(run_dir / METRICS), (run_dir / METRICS).open("a") as log:
                     log.write(json.dumps(record) + "\n")
             progress.update(step, loss, tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
