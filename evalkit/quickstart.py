@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from evalkit.errors import UserError
-from evalkit.results.leaderboard import write_leaderboard
+from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
 from evalkit.storage import check_output_dir, output_lock
 
 QUICK_RECIPE = "tiny-long"
@@ -70,6 +70,7 @@ def check_plan(plan: QuickstartPlan) -> None:
     if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
         raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
     check_output_dir(plan.out)
+    check_leaderboard_outputs(plan.out / "leaderboard.md")  # replaced at the end: never a file of the user's
     check_output_dir(plan.runs_dir, "--runs")
 
 

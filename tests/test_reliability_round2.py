@@ -479,3 +479,12 @@ def test_a_full_disk_names_the_file_and_tells_the_cache_from_out(tmp_path, capsy
     line = error_line(evalkit_here(capsys, *args))
     assert f"no space left on the device writing {out}/run/step-1/ruler/niah_single_1/512.jsonl" in line, line
     assert "--out" in line and "EVALKIT_CACHE" not in line, line
+
+
+def test_quickstart_refuses_a_leaderboard_of_the_users_before_training(tmp_path, capsys):
+    out = tmp_path / "q"
+    out.mkdir()
+    (out / "leaderboard.md").write_text("# my notes\n")
+    line = error_line(evalkit_here(capsys, "quickstart", "--out", out, "--runs", tmp_path / "runs"))
+    assert str(out / "leaderboard.md") in line and "not written by evalkit" in line, line
+    assert [p.name for p in out.iterdir()] == ["leaderboard.md"] and not (tmp_path / "runs").exists()

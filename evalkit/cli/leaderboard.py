@@ -8,9 +8,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.storage import check_output_dir, check_output_file, refuse_foreign
-
-PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures
+from evalkit.storage import check_output_dir, check_output_file
 
 
 @app.command("leaderboard")
@@ -22,7 +20,7 @@ def leaderboard_command(
     plots: Path = typer.Option(None, "--plots", help="Directory for the PNG/SVG plots (default: plots/ beside --out)."),
 ) -> None:
     """Write leaderboards and plots from stored results, never re-running."""
-    from evalkit.results.leaderboard import write_leaderboard
+    from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
 
     chosen = dirs or [d for d in (Path("results/ruler"), Path("results/general")) if d.is_dir()]
     if not chosen:
@@ -32,11 +30,7 @@ def leaderboard_command(
             raise UserError(f"results directory {directory} does not exist")
     check_output_file(out)
     check_output_dir(plots or out.parent / "plots", "--plots")
-    refuse_foreign([out])
-    figures = [
-        (plots or out.parent / "plots") / f"{name}{suffix}" for name in PLOT_STEMS for suffix in (".png", ".svg")
-    ]
-    refuse_foreign(figures, "--plots")
+    check_leaderboard_outputs(out, plots)
     board = write_leaderboard(chosen, out, plots)
     typer.echo(board.read_text())
     typer.echo(f"wrote {board} and its plots in {plots or board.parent / 'plots'}", err=True)

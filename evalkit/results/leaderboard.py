@@ -475,6 +475,18 @@ def build_markdown(dirs: list[Path]) -> tuple[str, list[dict], list[dict]]:
     return "\n".join(parts), ruler, general
 
 
+PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures, .png and .svg
+
+
+def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
+    """Before any work: the markdown and figures write_leaderboard replaces are none of the user's."""
+    from evalkit.storage import refuse_foreign
+
+    refuse_foreign([out])
+    plots_dir = plots_dir or out.parent / "plots"
+    refuse_foreign([plots_dir / f"{stem}{suffix}" for stem in PLOT_STEMS for suffix in (".png", ".svg")], "--plots")
+
+
 def write_leaderboard(dirs: list[Path], out: Path, plots_dir: Path | None = None) -> Path:
     """The leaderboard markdown at `out`, its plots in plots_dir (default: plots/ beside it)."""
     import os
