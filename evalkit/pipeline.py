@@ -212,6 +212,18 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
         benchmark.check(ref)
         folder = checkpoint_dir(out, ref)
         refuse_foreign([folder / summary_name(benchmark.name), folder / failed_name(benchmark.name)])
+        _refuse_other_format(folder / summary_name(benchmark.name))
+
+
+def _refuse_other_format(path: Path) -> None:
+    """A summary of another format would be replaced (its cells lost) by this version's: refused."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    reason = not_understood(path, stored)
+    if reason is not None:
+        raise UserError(f"{path} is of another format ({reason}); it is not replaced: choose another --out")
 
 
 def check_tokenizer(ref: CheckpointRef) -> None:

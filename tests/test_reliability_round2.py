@@ -280,6 +280,17 @@ def test_the_leaderboard_leaves_out_summaries_of_another_format_with_a_note(tmp_
     assert "1 left out" in line and "schema_version is '2.0'" in line, line
 
 
+def test_a_run_does_not_replace_a_summary_of_another_format(tmp_path, capsys):
+    ckpt = copy_tiny_base(tmp_path / "run" / "step-1")
+    out = tmp_path / "out"
+    future = write_summary(out, ruler_summary("run", 99.0, schema_version=999))
+    before = future.read_text()
+    args = ["ruler", ckpt, "--tasks", "niah_single_1", "--lengths", "512", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args))
+    assert str(future) in line and "schema_version is 999" in line and "not replaced" in line, line
+    assert future.read_text() == before
+
+
 def test_a_rerun_does_not_reuse_a_summary_of_another_format(tmp_path):
     from evalkit.pipeline import SCHEMA_VERSION, read_summary
 
