@@ -338,15 +338,16 @@ def written_by_evalkit(path: Path) -> bool:
 
 
 def _is_record_log(lines: list[str]) -> bool:
-    """Every line a JSON object with a step (training metrics) or an index (samples), but a torn last one."""
-    lines = [line for line in lines if line.strip()]
-    for position, line in enumerate(lines):
+    """Lines of JSON objects with a step (training metrics) or an index (samples), at least one; a
+    line that does not parse is a torn or damaged line of such a log (its reader says which), but
+    a JSON line of another shape, or no record at all, is someone else's file."""
+    records = 0
+    for line in lines:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            if position == len(lines) - 1 and position > 0:
-                return True  # the torn last line of a killed run, after records of its own
-            return False
+            continue
         if not isinstance(record, dict) or not ("step" in record or "index" in record):
             return False
-    return True
+        records += 1
+    return records > 0
