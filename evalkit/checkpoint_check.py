@@ -18,6 +18,7 @@ inside transformers or safetensors. Every evalkit loader (the hf engine, the pro
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -29,16 +30,35 @@ from evalkit.errors import UserError
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# Read while a tokenizer or a generation config is loaded; config.json is read_config's.
+CHECKPOINT_JSON = (
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "generation_config.json",
+)
 KEYS_SHOWN = 3  # weight names quoted in an error: enough to see the pattern, short enough for one line
 
 
 def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
     """Refuse, before loading, what would load wrongly or fail with a traceback; returns config.json."""
     path = Path(path)
-    config = read_config(path)
-    _check_custom_code(path, config, trust_remote_code)
+    config = check_config_files(path, trust_remote_code=trust_remote_code)
     for file in weight_files(path):
         _check_safetensors(file)
+        check_finite_weights(file)
+    return config
+
+
+def check_config_files(path: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """config.json, and every JSON file a tokenizer reads, read as transformers will; one line
+    naming the file on any fault. Returns config.json."""
+    config = read_config(path)
+    _check_custom_code(path, config, trust_remote_code)
+    check_json_files(path)
+    load_config(path, trust_remote_code=trust_remote_code)
     return config
 
 
@@ -69,6 +89,72 @@ def read_config(path: Path) -> dict[str, Any]:
             f"{file} must hold a JSON object, not {type(config).__name__}; restore it from the checkpoint's source"
         )
     return config
+
+
+def check_json_files(path: Path) -> None:
+    """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it
+    (transformers' own errors for these rarely say which file it was reading)."""
+    for name in CHECKPOINT_JSON:
+        file = Path(path) / name
+        if not file.is_file():
+            continue
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
+
+
+def load_config(path: str | Path, *, trust_remote_code: bool = False):
+    """transformers' config of a local checkpoint; whatever its validation raises (a field of the
+    wrong type, an unknown model_type) becomes one line naming config.json."""
+    from transformers import AutoConfig
+
+    file = Path(path) / "config.json"
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as err:  # transformers and huggingface_hub raise many kinds here
+        raise UserError(
+            f"{file} is not a valid config: {one_line(err)}; restore it from the checkpoint's source"
+        ) from None
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
+    """AutoTokenizer of a local checkpoint; any error in reading it becomes one line naming the file."""
+    from transformers import AutoTokenizer
+
+    if (Path(path) / "config.json").is_file():  # AutoTokenizer reads it too, and would fail on it
+        check_config_files(Path(path), trust_remote_code=trust_remote_code)
+    else:
+        check_json_files(Path(path))
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as err:  # tokenizers, sentencepiece and transformers raise many kinds on a bad file
+        raise UserError(
+            f"cannot load the tokenizer from {_faulty_tokenizer_file(Path(path))}: {one_line(err)}; "
+            "restore the tokenizer files from the checkpoint's source"
+        ) from None
+
+
+def _faulty_tokenizer_file(path: Path) -> Path:
+    """Which file a failed tokenizer load most likely choked on: tokenizer.json if the tokenizers
+    library cannot read it alone, else tokenizer_config.json (the class, the special tokens)."""
+    fast = path / "tokenizer.json"
+    if fast.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(fast))
+        except Exception:  # any failure to read it alone puts the fault there
+            return fast
+    return path / "tokenizer_config.json"
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """An error's message on one line (its type when it has none), cut to `limit` characters:
+    libraries spread one fault over several lines (pydantic-style validation errors)."""
+    text = " ".join(str(err).split())
+    text = text or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _check_custom_code(path: Path, config: dict[str, Any], trust_remote_code: bool) -> None:
@@ -130,6 +216,38 @@ def _check_safetensors(file: Path) -> None:
             pass
     except (SafetensorError, OSError) as err:
         raise UserError(f"{file} is truncated or corrupt ({err}); copy it again from its source") from None
+
+
+def check_finite_weights(file: Path) -> None:
+    """Refuse a weight file holding a NaN or an infinity: such a model scores (every prediction
+    empty, or garbage) as if it were merely bad. Checked once per version of the file."""
+    stat = file.stat()
+    found = _non_finite_weights(str(file), stat.st_size, stat.st_mtime_ns)
+    if found:
+        shown = ", ".join(f"{name} ({count:,} values)" for name, count in found[:KEYS_SHOWN])
+        more = f", … {len(found) - KEYS_SHOWN} more tensors" if len(found) > KEYS_SHOWN else ""
+        raise UserError(
+            f"{file} holds NaN or infinite weights: {shown}{more}; evalkit does not score a model with non-finite "
+            "weights: use an earlier checkpoint, or re-save this one from a healthy model"
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _non_finite_weights(file: str, _size: int, _mtime_ns: int) -> list[tuple[str, int]]:
+    """(tensor name, count of non-finite values) for each floating tensor of `file` that has any;
+    read one tensor at a time, so the memory held is one tensor's. Size and mtime key the cache."""
+    import torch
+    from safetensors import safe_open
+
+    found = []
+    with safe_open(file, framework="pt") as weights:
+        for name in weights.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            tensor = weights.get_tensor(name)
+            if tensor.is_floating_point():
+                bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+                if bad:
+                    found.append((name, bad))
+    return found
 
 
 def check_loading_info(path: str | Path, info: dict[str, Any], *, allowed_unexpected: Iterable[str] = ()) -> None:

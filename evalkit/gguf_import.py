@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
+from evalkit.gguf_header import check_declared_sizes
 from evalkit.precision import check_dtype, torch_dtype
 from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
 
@@ -112,6 +113,7 @@ def _gguf_file_type(path: Path) -> str | None:
         from gguf import GGUFReader, LlamaFileType
     except ImportError:
         raise UserError("reading GGUF needs the gguf package: pip install 'evalkit[gguf]'") from None
+    check_declared_sizes(path)  # gguf's reader trusts the header's counts; nothing may read it before this
     try:
         reader = GGUFReader(str(path))
     except Exception as err:  # numpy/struct errors on a short or inconsistent file

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 
 # ASCII digits only: str.isdigit() also accepts '²' or '١', which int() then refuses or reads
@@ -30,8 +31,8 @@ def length_label(length: int) -> str:
 
 
 def parse_lengths(text: str) -> list[int]:
-    """A comma-separated list of lengths, e.g. '4k,8k,16384'."""
-    parts = [part for part in text.split(",") if part.strip()]
-    if not parts:
+    """A comma-separated list of lengths, e.g. '4k,8k,16384', each once (4k,4096 is one length)."""
+    lengths = parse_list(text, parse_length)
+    if not lengths:
         raise UserError(f"no lengths given ({text!r}): use a comma-separated list such as 4k,8k")
-    return [parse_length(part) for part in parts]
+    return lengths

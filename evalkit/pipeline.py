@@ -29,7 +29,14 @@ from evalkit.errors import Skipped, UserError
 from evalkit.provenance import command_line, stamp, stamp_of
 from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
 from evalkit.results.store import checkpoint_dir
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import (
+    atomic_write_json,
+    atomic_write_text,
+    check_output_dir,
+    disk_full_error,
+    output_lock,
+    refuse_foreign,
+)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -38,8 +45,31 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 BENCHMARKS = {"ruler": "RULER", "general": "General tasks"}
 
 
+# The format of every file the pipeline writes (summaries, failure records, averages). Raised when
+# a reader of the old format would misread the new one; readers skip, with a note, a higher one.
+SCHEMA_VERSION = 1
+
+
 def summary_name(benchmark: str) -> str:
     return f"{benchmark}-summary.json"
+
+
+def not_understood(path: Path, record: Any, suffix: str = "-summary.json") -> str | None:
+    """Why this evalkit cannot read the stored record at `path` (<benchmark><suffix>) as its own
+    format, or None: a schema_version it does not know, or a benchmark other than its file name's.
+    A record without schema_version is of version 1 (written before versions were recorded)."""
+    if not isinstance(record, dict):
+        return f"it holds a JSON {type(record).__name__}, not an evalkit record"
+    version = record.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        return (
+            f"its schema_version is {version!r} and this evalkit reads versions 1 to {SCHEMA_VERSION} "
+            "(written by another evalkit version: read it with that one)"
+        )
+    expected = path.name[: -len(suffix)] if path.name.endswith(suffix) else None
+    if "benchmark" in record and expected is not None and record["benchmark"] != expected:
+        return f"its benchmark is {record['benchmark']!r}, but its file name says {expected!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -175,9 +205,25 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
         if value is not None and value < 1:
             raise UserError(f"{option} must be at least 1, got {value}")
     check_output_dir(out)
+    averages = [out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"]
+    refuse_foreign(averages)  # what this request may replace: never a file of the user's
     for ref in refs:
         check_tokenizer(ref)
         benchmark.check(ref)
+        folder = checkpoint_dir(out, ref)
+        refuse_foreign([folder / summary_name(benchmark.name), folder / failed_name(benchmark.name)])
+        _refuse_other_format(folder / summary_name(benchmark.name))
+
+
+def _refuse_other_format(path: Path) -> None:
+    """A summary of another format would be replaced (its cells lost) by this version's: refused."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    reason = not_understood(path, stored)
+    if reason is not None:
+        raise UserError(f"{path} is of another format ({reason}); it is not replaced: choose another --out")
 
 
 def check_tokenizer(ref: CheckpointRef) -> None:
@@ -203,16 +249,52 @@ def run_benchmark(
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is written.
     with output_lock(out):
-        summaries = []
+        summaries, failed, first_error = [], [], None
         for ref in refs:
             on_checkpoint(ref)
-            summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine))
+            try:
+                summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine))
+            except Exception as err:  # one broken checkpoint must not end a sweep over the others
+                if disk_full_error(err) is not None:
+                    raise  # every later checkpoint would fail the same way
+                failed.append(record_failure(benchmark, ref, out, err))
+                first_error = first_error or err
+                log(f"failed: {ref.run} step {ref.step} ({ref.path}): {failed[-1]['reason']}; going on with the rest")
         rows = [row for summary in summaries for row in summary["rows"]]
         skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
         run = EvaluationRun(summaries, rows, skipped)
         if avg and rows:
             run.averages, run.files = write_averages(benchmark, rows, out)
+    if failed and len(refs) == 1:
+        raise first_error  # no sweep to go on with: the error itself, as for any command
+    if failed:
+        raise UserError(_failures_message(failed, len(refs), out))
     return run
+
+
+def failed_name(benchmark: str) -> str:
+    return f"{benchmark}-failed.json"
+
+
+def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exception) -> dict[str, Any]:
+    """<out>/<run>/step-<N>/<name>-failed.json: the checkpoint and the one-line reason it failed
+    (the leaderboard lists it); removed when the checkpoint is later evaluated in full."""
+    from evalkit.checkpoint_check import one_line
+
+    reason = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {one_line(err)}"
+    record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "run": ref.run, "step": ref.step}
+    record["checkpoint"] = str(ref.path)
+    record.update(reason=reason, provenance={**stamp(), "command": command_line()})
+    atomic_write_json(checkpoint_dir(out, ref) / failed_name(benchmark.name), record)
+    return record
+
+
+def _failures_message(failed: list[dict[str, Any]], total: int, out: Path) -> str:
+    first = failed[0]
+    return (
+        f"{len(failed)} of {total} checkpoints failed (each recorded as {failed_name(first['benchmark'])} under "
+        f"{out}, the others evaluated); first: {first['run']} step {first['step']}: {first['reason']}"
+    )
 
 
 def evaluate_checkpoint(
@@ -243,6 +325,7 @@ def evaluate_checkpoint(
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
         engine_info = (earlier.get("provenance") or {}).get("engine")
     summary = {
+        "schema_version": SCHEMA_VERSION,
         "benchmark": benchmark.name,
         "run": ref.run,
         "step": ref.step,
@@ -258,6 +341,7 @@ def evaluate_checkpoint(
     }
     summary = benchmark.finish_summary(summary, results, earlier)
     atomic_write_json(path, summary)
+    (path.parent / failed_name(benchmark.name)).unlink(missing_ok=True)  # an earlier failure, now mended
     return summary
 
 
@@ -267,7 +351,9 @@ def read_summary(path: Path) -> dict[str, Any] | None:
         earlier = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return earlier if isinstance(earlier, dict) and isinstance(earlier.get("rows"), list) else None
+    if not_understood(path, earlier) is not None:  # another format: neither its stamp nor its engine is reused
+        return None
+    return earlier if isinstance(earlier.get("rows"), list) else None
 
 
 def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> dict[str, Any]:
@@ -282,7 +368,8 @@ def write_averages(benchmark: Benchmark, rows: list[dict[str, Any]], out: Path) 
     averages = benchmark.average(rows)
     json_path, markdown_path = out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"
     provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
-    atomic_write_json(json_path, {"benchmark": benchmark.name, "averages": averages.records, "provenance": provenance})
+    averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
+    atomic_write_json(json_path, {**averaged, "provenance": provenance})
     title = BENCHMARKS.get(benchmark.name, benchmark.name)
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
     atomic_write_text(

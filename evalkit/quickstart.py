@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from evalkit.errors import UserError
-from evalkit.results.leaderboard import write_leaderboard
+from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
 from evalkit.storage import check_output_dir, output_lock
 
 QUICK_RECIPE = "tiny-long"
@@ -97,6 +97,7 @@ def check_plan(plan: QuickstartPlan) -> None:
     if plan.probe not in PROBE_MODELS:
         raise UserError(f"--probe must be one of {', '.join(PROBE_MODELS)}, got {plan.probe!r}")
     check_output_dir(plan.out)
+    check_leaderboard_outputs(plan.out / "leaderboard.md")  # replaced at the end: never a file of the user's
     check_output_dir(plan.runs_dir, "--runs")
 
 

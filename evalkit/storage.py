@@ -4,12 +4,13 @@ replacing only evalkit's own outputs, and the cache directory."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,17 +33,43 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, fsync, then rename over it (mode as open() would give)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Errors writing `path` name it: os.write, fsync and libraries (safetensors' StorageFull) raise
+    without a file name, and "no space left" alone does not say which disk is full (the cache, or --out)."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        yield
+    except OSError as err:
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
+    except Exception as err:
+        if disk_full_error(err) is not None:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from err
+        raise
+
+
+def disk_full_advice(path: str | Path) -> str:
+    """What to free or change when writing `path` found the disk full: the cache is not --out."""
+    cache = cache_root().expanduser().resolve()
+    target = Path(path).expanduser().resolve()
+    if target == cache or cache in target.parents:
+        return f"free some space on the disk of the cache {cache}, or set EVALKIT_CACHE to a directory on another disk"
+    return "free some space on that disk (or choose another --out)"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -251,3 +278,76 @@ def _take(handle: TextIO, directory: Path) -> None:
     handle.truncate()
     handle.write(f"{os.getpid()}\n")  # for the message a second process prints
     handle.flush()
+
+
+def disk_full_error(err: BaseException) -> BaseException | None:
+    """The error in `err`'s chain that says the disk (or quota) is full: an OSError with ENOSPC or
+    EDQUOT, or a library's wrapper of one (safetensors reports "StorageFull" in its message)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return current
+        if "StorageFull" in str(current) or "No space left on device" in str(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# The first line of each markdown file evalkit writes (the leaderboard, --avg tables, probe summaries).
+OWN_MARKDOWN_TITLES = ("# Leaderboard", "# BF16 RoPE probe: ")
+OWN_MARKDOWN_SUFFIX = ", averaged over checkpoints"
+
+
+def refuse_foreign(paths: Iterable[Path], option: str = "--out") -> None:
+    """Before any work: every path among `paths` that exists must be a file (or checkpoint) that
+    evalkit wrote, recognised by its content, since the command is about to replace, rewrite or
+    delete it; a file of the user's there is refused with one line and left as it is."""
+    for path in paths:
+        if path.exists() and not written_by_evalkit(path):
+            raise UserError(
+                f"{path} is in the way and was not written by evalkit; evalkit never replaces or truncates a file "
+                f"it did not write: move it away, or choose another {option}"
+            )
+
+
+def written_by_evalkit(path: Path) -> bool:
+    """Whether `path` looks as evalkit writes it: a JSON record with provenance or schema_version, a
+    JSONL of step or sample records, a markdown report of evalkit's, a matplotlib figure, or a
+    checkpoint directory with its meta.json (an empty directory holds nothing to lose)."""
+    try:
+        if path.is_dir():
+            return (path / "meta.json").is_file() or not any(path.iterdir())
+        if path.suffix == ".json":
+            record = json.loads(path.read_text(encoding="utf-8"))
+            return isinstance(record, dict) and ("provenance" in record or "schema_version" in record)
+        if path.suffix == ".jsonl":
+            return _is_record_log(path.read_text(encoding="utf-8").splitlines())
+        if path.suffix == ".md":
+            first = path.read_text(encoding="utf-8").partition("\n")[0]
+            return first.startswith(OWN_MARKDOWN_TITLES) or (
+                first.startswith("# ") and first.endswith(OWN_MARKDOWN_SUFFIX)
+            )
+        if path.suffix in (".png", ".svg"):
+            with open(path, "rb") as handle:
+                return b"matplotlib" in handle.read(1 << 16).lower()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def _is_record_log(lines: list[str]) -> bool:
+    """Lines of JSON objects with a step (training metrics) or an index (samples), at least one; a
+    line that does not parse is a torn or damaged line of such a log (its reader says which), but
+    a JSON line of another shape, or no record at all, is someone else's file."""
+    records = 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or not ("step" in record or "index" in record):
+            return False
+        records += 1
+    return records > 0

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.markdown import markdown_table
 from evalkit.precision import long_dtype_name
@@ -62,15 +63,13 @@ class EvalBenchRow:
 
 
 def parse_engines(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    names = parse_list(text)
     unknown = [name for name in names if name not in ENGINE_VARIANTS]
     if unknown or not names:
         raise UserError(
             f"unknown engine variant(s) {', '.join(unknown) or '(none given)'}; "
             f"choose from: {', '.join(ENGINE_VARIANTS)}"
         )
-    if len(set(names)) != len(names):
-        raise UserError(f"--engines lists a variant twice: {text}")
     return names
 
 

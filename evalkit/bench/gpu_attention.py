@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.arglists import parse_list
 from evalkit.attention import Paradigm, document_attention, document_mask, pack
 from evalkit.bench.result_log import ResultLog
 from evalkit.markdown import markdown_table
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     log = ResultLog(results)
     log.write("machine", device=torch.cuda.get_device_name(0), torch=torch.__version__)
     ok, correctness = check_correctness(log)
-    timings = time_paradigms(log, [int(n) for n in args.lengths.split(",")])
+    timings = time_paradigms(log, parse_list(args.lengths, int))
     lines = [
         f"# GPU attention check\n\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}\n",
         "## Correctness\n",

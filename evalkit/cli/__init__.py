@@ -13,6 +13,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
+from evalkit.storage import disk_full_advice, disk_full_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
 COMMAND_MODULES = ("train", "checkpoints", "bench", "probe", "ruler", "general", "leaderboard", "compare", "quickstart")
@@ -36,13 +37,15 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as err:
-        full = _disk_full(err)
+        full = disk_full_error(err)
         if full is None:
             raise
-        where = f" writing {full.filename}" if getattr(full, "filename", None) else ""
+        path = getattr(full, "filename", None)
+        where = f" writing {path}" if path else ""
+        advice = disk_full_advice(path) if path else "free some space (or choose another --out)"
         typer.echo(
-            f"error: no space left on the device{where}: free some space (or choose another --out) and "
-            "rerun the same command; what finished before is kept and resumes",
+            f"error: no space left on the device{where}: {advice}, and rerun the same command; what finished "
+            "before is kept and resumes",
             err=True,
         )
         sys.exit(2)
@@ -50,20 +53,3 @@ def main() -> None:
 
 def _exit_on_sigterm(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
-
-
-def _disk_full(err: BaseException) -> BaseException | None:
-    """The error in `err`'s chain that says the disk (or quota) is full: an OSError with ENOSPC or
-    EDQUOT, or a library's wrapper of one (safetensors reports "StorageFull" in its message)."""
-    import errno
-
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return current
-        if "StorageFull" in str(current) or "No space left on device" in str(current):
-            return current
-        current = current.__cause__ or current.__context__
-    return None

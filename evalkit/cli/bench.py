@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from evalkit.arglists import parse_list
 from evalkit.cli.app import bench_app, check_positive, publish
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
@@ -43,13 +44,13 @@ def bench_attention(
         if not torch.cuda.is_available():
             raise UserError("--device cuda but no CUDA device is visible; use --device cpu")
     try:
-        chosen = [Paradigm.parse(p.strip()) for p in paradigms.split(",") if p.strip()] or None
+        chosen = parse_list(paradigms, Paradigm.parse) or None
     except ValueError as err:
         raise UserError(str(err)) from None
     if chosen and not all(p.masks_documents for p in chosen):
         raise UserError("full is the baseline and always timed; list only document-masked paradigms")
     runnable = available_implementations(device)
-    chosen_impls = [i.strip() for i in impls.split(",") if i.strip()] or None
+    chosen_impls = parse_list(impls) or None
     for impl in chosen_impls or []:
         if impl not in runnable:
             raise UserError(
@@ -121,8 +122,10 @@ def bench_ruler_data(
     else:
         from transformers import AutoTokenizer
 
+        from evalkit.checkpoint_check import load_tokenizer
+
         try:
-            tok = AutoTokenizer.from_pretrained(tokenizer)
+            tok = load_tokenizer(tokenizer) if Path(tokenizer).is_dir() else AutoTokenizer.from_pretrained(tokenizer)
         except (OSError, ValueError) as err:
             raise UserError(f"could not load a tokenizer from {tokenizer!r}: {str(err).splitlines()[0]}") from None
         described = tokenizer
@@ -204,7 +207,7 @@ def bench_train(
     check_positive({"--steps": steps}, out)
 
     try:
-        chosen = [Paradigm.parse(p.strip()) for p in paradigms.split(",") if p.strip()] or list(Paradigm)
+        chosen = parse_list(paradigms, Paradigm.parse) or list(Paradigm)
     except ValueError as err:
         raise UserError(str(err)) from None
     from rich.console import Console

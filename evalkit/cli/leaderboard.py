@@ -30,7 +30,7 @@ def leaderboard_command(
     ),
 ) -> None:
     """Write leaderboards and plots from stored results, never re-running."""
-    from evalkit.results.leaderboard import write_export, write_leaderboard
+    from evalkit.results.leaderboard import check_leaderboard_outputs, write_export, write_leaderboard
 
     if form not in ("md", "csv", "json"):
         raise UserError(f"--format must be md, csv or json, got {form!r}")
@@ -52,6 +52,7 @@ def leaderboard_command(
         return
     check_output_file(out)
     check_output_dir(plots or out.parent / "plots", "--plots")
+    check_leaderboard_outputs(out, plots)
     board = write_leaderboard(chosen, out, plots, threshold, threshold_from)
     typer.echo(board.read_text())
     typer.echo(f"wrote {board} and its plots in {plots or board.parent / 'plots'}", err=True)

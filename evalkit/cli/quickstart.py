@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from evalkit.arglists import parse_list
 from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
@@ -50,7 +51,7 @@ def quickstart_command(
     from evalkit.quickstart import QuickstartPlan, run_quickstart
 
     try:
-        chosen = tuple(Paradigm.parse(p.strip()).value for p in paradigms.split(",") if p.strip())
+        chosen = tuple(p.value for p in parse_list(paradigms, Paradigm.parse))
     except ValueError as err:
         raise UserError(str(err)) from None
     if max_steps < 0:

@@ -54,7 +54,7 @@ import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.hf import register_grouped_sdpa
-from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained
+from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
@@ -229,8 +229,6 @@ class HFEngine(PackedEngine):
         threads: int | None = None,
         trust_remote_code: bool = False,
     ) -> None:
-        from transformers import AutoTokenizer
-
         self.model_path = checkpoint_directory(model_path, "the hf engine")
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
@@ -257,9 +255,7 @@ class HFEngine(PackedEngine):
         self.packed_attention = packed_attention
         self.prefill = prefill
         self.stats = GenerationStats()
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
-        )
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
         self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
         self._eos_ids = _eos_token_ids(self.tokenizer, self.model)
@@ -285,6 +281,7 @@ class HFEngine(PackedEngine):
             "threads": self.threads or torch.get_num_threads(),
             "device": str(self.device),
             "tokenizer_fingerprint": self._fingerprint,
+            "anchor_token": tok.anchor_record(self.tokenizer),  # of packed requests (--encoding anchor)
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }

@@ -98,6 +98,20 @@ def anchor_token_id(tokenizer) -> int:
     return prefix_token_id(tokenizer)
 
 
+def anchor_record(tokenizer) -> dict:
+    """Which token is the anchor and why, as every summary, engine info and checkpoint that uses
+    an anchor records it: it changes what is measured, so it is never left implicit."""
+    token_id = anchor_token_id(tokenizer)
+    why = "BOS" if tokenizer.bos_token_id is not None else "EOS: the tokenizer has no BOS"
+    return {"id": token_id, "token": tokenizer.convert_ids_to_tokens(token_id), "why": why}
+
+
+def anchor_note(tokenizer) -> str:
+    """The one line a command prints to stderr where it uses an anchor."""
+    anchor = anchor_record(tokenizer)
+    return f"note: the anchor token is {anchor['token']!r} (id {anchor['id']}, {anchor['why']})"
+
+
 def packed_layout(tokenizer, documents: Sequence[str | Sequence[int]], question: str | Sequence[int]) -> PackedLayout:
     """Lay documents out exactly as `evalkit.attention.pack(..., paradigm="anchor")`, then the question."""
     if tokenizer.eos_token_id is None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory
+from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
@@ -290,8 +290,6 @@ class VLLMEngine(PackedEngine):
         trust_remote_code: bool = False,
         packed: bool = False,
     ) -> None:
-        from transformers import AutoConfig, AutoTokenizer
-
         _check_plugin_installed()
         _check_positive(
             batch_size=batch_size, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size
@@ -313,10 +311,8 @@ class VLLMEngine(PackedEngine):
         self.rope = rope
         self.position_shift = position_shift
         self.packed = packed
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-        config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust_remote_code)
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
+        config = load_config(self.model_path, trust_remote_code=trust_remote_code)
         self.max_length = context_window(config, max_length)
         self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
         if packed:
@@ -450,6 +446,7 @@ class VLLMEngine(PackedEngine):
             "enable_prefix_caching": self._facts["enable_prefix_caching"],
             "vllm_max_model_len": self._facts["max_model_len"],
             "tokenizer_fingerprint": self._fingerprint,
+            **({"anchor_token": tok.anchor_record(self.tokenizer)} if self.packed else {}),
             "vllm": vllm.__version__,
             "transformers": transformers.__version__,
             "torch": torch.__version__,

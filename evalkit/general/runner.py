@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.general.errors import RequestsExceedWindow
 from evalkit.pipeline import (
@@ -44,7 +45,7 @@ from evalkit.pipeline import (
 from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import checkpoint_dir
-from evalkit.storage import atomic_write_json, atomic_write_text
+from evalkit.storage import atomic_write_json, atomic_write_text, refuse_foreign
 
 DEFAULT_OUT = Path("results/general")
 RESULT_DIR = "general"
@@ -85,7 +86,7 @@ class TaskPlan:
 
 def parse_tasks(text: str) -> list[str]:
     """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped)."""
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    names = parse_list(text)
     if not names:
         raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
     return names
@@ -369,6 +370,7 @@ def _truncated(lm) -> dict[str, dict[str, int]]:
 def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
     """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
     path = _record_path(directory, plan.name)
+    refuse_foreign([path])  # a stale record is replaced below: never a file of the user's
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

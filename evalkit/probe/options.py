@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
 from evalkit.precision import DTYPE_NAMES as DTYPES
@@ -26,8 +27,7 @@ RANDOM_INIT_DTYPE = "bf16"  # the paper's third condition: the architecture fres
 
 
 def _names(value: str | Sequence[str], allowed: Sequence[str], option: str) -> tuple[str, ...]:
-    items = [part.strip().lower() for part in value.split(",")] if isinstance(value, str) else list(value)
-    items = [item for item in items if item]
+    items = parse_list(value, str.lower)
     for item in items:
         if item not in allowed:
             raise UserError(f"--{option}: unknown value {item!r}; use a comma-separated subset of {','.join(allowed)}")
@@ -37,7 +37,7 @@ def _names(value: str | Sequence[str], allowed: Sequence[str], option: str) -> t
 
 
 def _shifts(value: str | Sequence[int], option: str) -> tuple[int, ...]:
-    parts = [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else list(value)
+    parts = parse_list(value)
     shifts = []
     for part in parts:
         try:

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import torch
 
-from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained
+from evalkit.checkpoint_check import (
+    check_checkpoint,
+    checkpoint_directory,
+    load_config,
+    load_pretrained,
+    load_tokenizer,
+)
 from evalkit.errors import UserError
 from evalkit.precision import resolve_device, torch_dtype
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
@@ -20,7 +26,7 @@ from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
 from evalkit.probe.windows import declared_windows, describe_window, model_window
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
@@ -48,21 +54,11 @@ def attention_window(config) -> int:
 
 
 def _load_config(checkpoint: Path):
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(checkpoint)
-    except (OSError, ValueError, KeyError) as error:
-        raise UserError(f"cannot read {checkpoint}/config.json: {str(error).splitlines()[0]}") from None
+    return load_config(checkpoint)
 
 
 def _load_tokenizer(checkpoint: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError, TypeError) as error:
-        raise UserError(f"cannot load the tokenizer of {checkpoint}: {str(error).splitlines()[0]}") from None
+    return load_tokenizer(checkpoint)
 
 
 @contextmanager
@@ -306,6 +302,7 @@ def run_probe(
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
     check_output_dir(Path(out_dir))  # before the measurement, not when its results are written
+    refuse_foreign(output_paths(kind, Path(out_dir)).values())  # replaced when done: never a file of the user's
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)

@@ -126,6 +126,7 @@ def checkpoint_meta(path: Path) -> dict:
         "step",
         "tokens_seen",
         "paradigm",
+        "anchor_token",
         "config",
         "precision",
         "data_fingerprint",

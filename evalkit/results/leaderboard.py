@@ -29,7 +29,7 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
-from evalkit.pipeline import BENCHMARKS, summary_name
+from evalkit.pipeline import BENCHMARKS, failed_name, not_understood, summary_name
 from evalkit.results.aggregate import per_checkpoint_length_means
 from evalkit.results.schema import ResultRow, describe_checkpoint, summary_rows
 from evalkit.ruler.encoding import STANDARD, row_encoding, series
@@ -37,6 +37,7 @@ from evalkit.ruler.encoding import STANDARD, row_encoding, series
 RULER_SUMMARY = summary_name("ruler")
 GENERAL_SUMMARY = summary_name("general")
 SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary file ends so
+FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
@@ -55,11 +56,18 @@ class RunInfo:
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
-def find_summaries(dirs: list[Path], name: str) -> list[dict]:
-    """Every summary file `name` under `dirs`, each read once, at most one per (run, step)."""
+def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
+    """Every summary file `name` under `dirs`, each read once, at most one per (run, step). A file
+    of another format (a newer schema_version, another benchmark than its name) is left out, with
+    a line saying why added to `notes`: tabling it as if it were current could only mislead."""
     found: dict[tuple[str, int], tuple[Path, dict]] = {}
     for path in _summary_paths(dirs, name):
         summary = _read_summary(path)
+        reason = not_understood(path, summary)
+        if reason is not None:
+            if notes is not None:
+                notes.append(f"- {path}: not read: {reason}")
+            continue
         key = (summary["run"], summary["step"])
         if key in found:
             raise UserError(_duplicate_message(key, found[key], (path, summary)))
@@ -85,6 +93,8 @@ def _read_summary(path: Path) -> dict:
         summary = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"cannot read {path}: {err}") from None
+    if not_understood(path, summary) is not None:
+        return summary  # find_summaries leaves it out, with the reason
     shaped = isinstance(summary, dict) and isinstance(summary.get("run"), str) and isinstance(summary.get("rows"), list)
     if not shaped:
         raise UserError(f"{path} is not an evalkit summary (no run or rows); remove it or rerun that checkpoint")
@@ -393,7 +403,7 @@ def provenance_notes(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def other_benchmarks(dirs: list[Path]) -> dict[str, list[dict]]:
+def other_benchmarks(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
     """Summaries of benchmarks other than RULER and lm-eval tasks, by benchmark name."""
     names = {
         path.name[: -len(SUMMARY_SUFFIX)]
@@ -401,7 +411,7 @@ def other_benchmarks(dirs: list[Path]) -> dict[str, list[dict]]:
         for path in Path(directory).rglob(f"*{SUMMARY_SUFFIX}")
         if path.name not in (RULER_SUMMARY, GENERAL_SUMMARY)
     }
-    found = {name: find_summaries(dirs, summary_name(name)) for name in sorted(names)}
+    found = {name: find_summaries(dirs, summary_name(name), notes) for name in sorted(names)}
     return {name: summaries for name, summaries in found.items() if summaries}
 
 
@@ -450,16 +460,33 @@ def effective_length_table(
     return markdown_table(["run", "effective length", "95% interval (bootstrap, seed 0)"], table), threshold
 
 
+def failure_notes(dirs: list[Path]) -> str:
+    """One line per checkpoint a sweep recorded as failed (<name>-failed.json), with its reason."""
+    lines = []
+    for path in sorted({p.resolve() for d in dirs for p in Path(d).rglob(f"*{FAILED_SUFFIX}")}):
+        try:
+            record = json.loads(path.read_text())
+            reason = not_understood(path, record, FAILED_SUFFIX)
+            line = f"- {record['run']} step {record['step']} ({record['benchmark']}): {record['reason']}"
+            line = line if reason is None else f"- {path}: not read: {reason}"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            line = f"- {path}: a failure record that cannot be read"
+        lines.append(line.replace("\n", " "))
+    return "\n".join(lines)
+
+
 def build_markdown(
     dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None
 ) -> tuple[str, list[dict], list[dict]]:
-    ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY))
-    general = find_summaries(dirs, GENERAL_SUMMARY)
-    others = other_benchmarks(dirs)
+    unread: list[str] = []
+    ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY, unread))
+    general = find_summaries(dirs, GENERAL_SUMMARY, unread)
+    others = other_benchmarks(dirs, unread)
     if not ruler and not general and not others:
+        left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise UserError(
-            f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX} under {', '.join(map(str, dirs))}; "
-            "run evalkit ruler/general first"
+            f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX} under {', '.join(map(str, dirs))}"
+            f"{left_out}; run evalkit ruler/general first"
         )
     parts = ["# Leaderboard", ""]
     if ruler:
@@ -496,6 +523,11 @@ def build_markdown(
         title = BENCHMARKS.get(name, name)
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
         parts += [f"## {title} (mean over checkpoints ± stderr)", "", benchmark_table(rows), ""]
+    if unread:
+        parts += ["## Not read (another format; not in any table)", "", "\n".join(unread), ""]
+    failures = failure_notes(dirs)
+    if failures:
+        parts += ["## Failed checkpoints (not scored; rerun them once mended)", "", failures, ""]
     everything = ruler + general + [summary for summaries in others.values() for summary in summaries]
     parts += ["## Provenance", "", provenance_notes(everything), "", ""]
     return "\n".join(parts), ruler, general
@@ -537,6 +569,18 @@ def write_export(dirs: list[Path], out: Path, form: str) -> Path:
         writer.writerows(rows)
         atomic_write_text(out, text.getvalue())
     return out
+
+
+PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures, .png and .svg
+
+
+def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
+    """Before any work: the markdown and figures write_leaderboard replaces are none of the user's."""
+    from evalkit.storage import refuse_foreign
+
+    refuse_foreign([out])
+    plots_dir = plots_dir or out.parent / "plots"
+    refuse_foreign([plots_dir / f"{stem}{suffix}" for stem in PLOT_STEMS for suffix in (".png", ".svg")], "--plots")
 
 
 def write_leaderboard(

@@ -22,6 +22,7 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.results.checkpoints import CheckpointRef
+from evalkit.storage import naming
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
 
@@ -41,10 +42,16 @@ class SampleLog:
 
     def _load(self) -> None:
         kept, dropped, checked_before = [], False, False
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, start=1):
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:  # the half-written last line of a killed run
+            except json.JSONDecodeError:
+                if number < len(lines) and line.strip():  # only a killed run's last line is torn
+                    raise UserError(
+                        f"{self.path}:{number} is not a sample record (not written by evalkit?); move the file "
+                        "away, or delete that line, and rerun"
+                    ) from None
                 dropped = True
                 continue
             checked_before |= self._verify(record, number, checked_before)
@@ -100,7 +107,7 @@ class SampleLog:
         if not records:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
+        with naming(self.path), self.path.open("a", encoding="utf-8") as handle:
             for record in records:
                 record = {**record, "data_key": self.data_key}
                 record[CHECKSUM] = record_checksum(record)

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
+
+from evalkit.checkpoint_check import one_line
+from evalkit.errors import UserError
 
 _SENTINEL = "\u2063EVALKIT_RULER_INPUT\u2063"
 
@@ -31,15 +35,21 @@ class PromptFormat:
     @classmethod
     def from_chat_template(cls, tokenizer) -> PromptFormat:
         """The tokenizer's chat template around one user turn, generation prompt open."""
-        from evalkit.errors import UserError
-
         if not getattr(tokenizer, "chat_template", None):
             raise UserError("this tokenizer has no chat template: use the base prompt format")
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
-        )
-        if text.count(_SENTINEL) != 1:
-            raise UserError("the chat template does not place the user message exactly once")
+        try:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+            )
+        except Exception as err:  # jinja's TemplateError, SecurityError (sandbox), or the template's own raise
+            raise UserError(
+                f"the chat template in {chat_template_file(tokenizer)} cannot be rendered "
+                f"({type(err).__name__}: {one_line(err)}); fix it or use --prompt-format base"
+            ) from None
+        if not isinstance(text, str) or text.count(_SENTINEL) != 1:
+            raise UserError(
+                f"the chat template in {chat_template_file(tokenizer)} does not place the user message exactly once"
+            )
         before, between = text.split(_SENTINEL)
         bos = getattr(tokenizer, "bos_token", None)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
@@ -48,3 +58,15 @@ class PromptFormat:
 
 
 BASE = PromptFormat()
+
+
+def chat_template_file(tokenizer) -> Path | str:
+    """The file a tokenizer's chat template was read from, as transformers looks for it: a
+    chat_template.jinja beside the tokenizer, else chat_template.json, else tokenizer_config.json."""
+    folder = Path(getattr(tokenizer, "name_or_path", "") or ".")
+    if not folder.is_dir():
+        return f"the tokenizer {tokenizer.name_or_path!r}"
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (folder / name).is_file():
+            return folder / name
+    return folder / "tokenizer_config.json"

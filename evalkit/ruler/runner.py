@@ -11,12 +11,15 @@ recorded as skipped, with the reason, never dropped or scored 0. Summaries are l
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalkit.checkpoint_check import read_config
+from evalkit.arglists import parse_list
+from evalkit.checkpoint_check import load_tokenizer, read_config
+from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
 from evalkit.pipeline import (
     Averages,
@@ -88,7 +91,7 @@ class RulerSettings:
 def parse_tasks(text: str) -> list[str]:
     if text.strip().lower() == "all":
         return list(TASKS)
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    names = parse_list(text)
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
         raise UserError(
@@ -268,12 +271,15 @@ class RulerBenchmark:
         self._tokenizers: dict[Path, object] = {}
 
     def _tokenizer(self, ref: CheckpointRef):
-        """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
-        if ref.path not in self._tokenizers:
-            from transformers import AutoTokenizer
+        return self._tokenizer_at(ref.path)
 
-            self._tokenizers[ref.path] = AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
-        return self._tokenizers[ref.path]
+    def _tokenizer_at(self, path: Path):
+        """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
+        if path not in self._tokenizers:
+            self._tokenizers[path] = load_tokenizer(path)
+            if self.settings.encoding != STANDARD:
+                print(f"{anchor_note(self._tokenizers[path])} for {path}", file=sys.stderr)
+        return self._tokenizers[path]
 
     def settings_record(self) -> dict:
         return asdict(self.settings)
@@ -308,6 +314,8 @@ class RulerBenchmark:
         summary["provenance"]["data_keys"] = {
             _cell_name(row): result.extra["data_key"] for result in results for row in result.rows
         }
+        if self.settings.encoding != STANDARD:  # which token the documents shared, and why
+            summary["provenance"]["anchor"] = anchor_record(self._tokenizer_at(Path(summary["checkpoint"])))
         return _with_earlier_cells(summary, earlier)
 
     def average(self, rows: list[dict]) -> Averages:

@@ -20,7 +20,7 @@ import torch
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.errors import UserError
 from evalkit.results.checkpoints import STEP_DIR
-from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
 
 TRAINER_STATE = "trainer_state.pt"
 META = "meta.json"
@@ -91,7 +91,8 @@ def write_checkpoint(
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
         weights = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in weights.items()}
-    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+    with naming(tmp / "model.safetensors"):
+        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
     model.config.save_pretrained(tmp)
     config_path = tmp / "config.json"
     config = json.loads(config_path.read_text())
@@ -103,7 +104,8 @@ def write_checkpoint(
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    torch.save(trainer_state, tmp / TRAINER_STATE)
+    with naming(tmp / TRAINER_STATE):
+        torch.save(trainer_state, tmp / TRAINER_STATE)
     atomic_write_json(tmp / META, meta)  # last: its presence marks the checkpoint complete
     if final.exists():
         shutil.rmtree(final)

@@ -23,9 +23,10 @@ import evalkit
 from evalkit.attention import PackedSequence
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
-from evalkit.storage import atomic_write_text, check_output_dir, output_lock
+from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed
 from evalkit.train.config import TrainConfig, check_inputs
@@ -299,6 +300,9 @@ def _train(
     check_inputs(config)
     run_dir = config.run_dir()
     check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
+    # The log is rewritten on start and step-N directories replaced on save: never a file of the user's.
+    steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)] if run_dir.is_dir() else []
+    refuse_foreign([run_dir / METRICS, *sorted(steps)])
     per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
     if remainder or per_process % config.micro_batch:
         raise UserError(
@@ -333,8 +337,12 @@ def _train(
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
     distributed.wait_for_rank0(ctx)
 
+    anchored = config.paradigm.value == "anchor"
+    if anchored and ctx.is_main:
+        print(anchor_note(tokenizer), file=sys.stderr)
     meta_base = {
         "paradigm": config.paradigm.value,
+        **({"anchor_token": anchor_record(tokenizer)} if anchored else {}),
         "config": config.to_dict(),
         # the precision of training, stated apart from the config: what the leaderboard shows
         "precision": {"dtype": config.dtype, "rope": config.rope_precision if config.dtype == "bf16" else "fp32"},
@@ -365,7 +373,7 @@ def _train(
                     "tokens_per_s": tokens_per_s,
                     "tokens_seen": tokens_seen,
                 }
-                with (run_dir / METRICS).open("a") as log:
+                with naming(run_dir / METRICS), (run_dir / METRICS).open("a") as log:
                     log.write(json.dumps(record) + "\n")
             progress.update(step, loss, tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:

@@ -31,6 +31,10 @@ def load_tokenizer(config: TrainConfig):
         from evalkit.corpus import builtin_tokenizer
 
         return builtin_tokenizer(config.data.vocab_size)
+    if Path(name).is_dir():  # a local checkpoint: any fault in its files is one line naming the file
+        from evalkit.checkpoint_check import load_tokenizer as load_checkpoint_tokenizer
+
+        return load_checkpoint_tokenizer(name, trust_remote_code=config.model.trust_remote_code)
     from transformers import AutoTokenizer
 
     try:

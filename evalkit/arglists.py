@@ -1,0 +1,25 @@
+"""Comma-separated lists as users write them (--lengths, --tasks, --paradigms, --dtypes, ...).
+
+Every command reads its lists through `parse_list`, so they all behave alike: blanks are
+dropped and each value is kept once, in the order first given, compared after parsing (4k and
+4096 are one length). A list built by a shell loop that repeats a value must not score or store
+a cell twice (a summary holding one cell twice is refused by the leaderboard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def parse_list(value: str | Iterable, parse: Callable[[str], T] = str.strip) -> list[T]:
+    """`value` split at commas (or an iterable of items), each item parsed, duplicates dropped."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    parsed = [parse(item.strip()) if isinstance(item, str) else item for item in items if _given(item)]
+    return list(dict.fromkeys(parsed))
+
+
+def _given(item: object) -> bool:
+    return not isinstance(item, str) or bool(item.strip())
