@@ -2,38 +2,44 @@
 
 llama.cpp's converter is not a dependency, so the file is written with the gguf package the way
 it would: tensors under llama.cpp's names (gguf's own name map), Gemma's norms stored as w + 1,
-a byte-level BPE vocabulary (256 byte tokens, three specials, one merge). The source model is
+sentencepiece vocabulary with byte fallback, as Gemma's files have. The source model is
 returned too: an import is checked against it tensor for tensor.
 """
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 # Gemma 3 text: five sliding layers (window 8) to one global, as llama.cpp's Gemma 3 files have
 # them (the pattern of 6 is implied by the architecture; GGUF stores only the window).
 GEMMA3 = dict(
-    vocab_size=260,
+    vocab_size=329,
     hidden_size=32,
     intermediate_size=64,
     num_hidden_layers=6,
     num_attention_heads=2,
     num_key_value_heads=1,
-    head_dim=16,
+    head_dim=32,  # vLLM's CPU attention serves head sizes from 32
     sliding_window=8,
-    max_position_embeddings=256,
+    max_position_embeddings=1024,
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
     bos_token_id=2,
     eos_token_id=1,
     pad_token_id=0,
+    initializer_range=0.2,  # spread-out logits: greedy choices are clear, not near-ties
 )
 
 
-def byte_level_vocabulary() -> list[str]:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return ["<pad>", "<eos>", "<bos>", *bytes_to_unicode().values(), "\u0120t"]
+def sentencepiece_vocabulary() -> tuple[list[str], list[int]]:
+    """(tokens, llama.cpp token types): specials, 256 byte-fallback tokens, letters and a few
+    merged pieces, as a Gemma GGUF spells its vocabulary ("\u2581" for a space)."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    byte_tokens = [f"<0x{value:02X}>" for value in range(256)]
+    pieces = ["\u2581", *string.ascii_letters, *string.digits, ".", ",", "\u2581t", "he", "\u2581the", "\u2581a"]
+    types = [3, 3, 3, 2] + [6] * len(byte_tokens) + [1] * len(pieces)  # control, unknown, byte, normal
+    return specials + byte_tokens + pieces, types
 
 
 def write_gemma3_gguf(path: Path, seed: int = 0):
@@ -59,11 +65,13 @@ def write_gemma3_gguf(path: Path, seed: int = 0):
     writer.add_layer_norm_rms_eps(spec["rms_norm_eps"])
     writer.add_rope_freq_base(spec["rope_theta"])
     writer.add_sliding_window(spec["sliding_window"])
-    tokens = byte_level_vocabulary()
-    writer.add_tokenizer_model("gpt2")
+    tokens, types = sentencepiece_vocabulary()
+    assert len(tokens) == spec["vocab_size"]
+    writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
-    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))  # 3: control, 1: normal
-    writer.add_token_merges(["\u0120 t"])
+    writer.add_token_scores([-float(index) for index in range(len(tokens))])
+    writer.add_token_types(types)
+    writer.add_unk_token_id(3)
     writer.add_bos_token_id(spec["bos_token_id"])
     writer.add_eos_token_id(spec["eos_token_id"])
     writer.add_pad_token_id(spec["pad_token_id"])
