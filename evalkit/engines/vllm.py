@@ -705,14 +705,14 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
     text = config.get_text_config()
     window = getattr(text, "sliding_window", None)
     windowed = bool(window) and getattr(text, "use_sliding_window", True) is not False and window < max_length
+    from evalkit.attention.features import unsupported_attention_features
+
     problems = {
         f"sliding-window attention (a {window}-token window)": windowed,
-        "ALiBi": bool(getattr(text, "alibi", False)) or getattr(text, "position_embedding_type", "") == "alibi",
-        "logit soft-capping": bool(getattr(text, "attn_logit_softcapping", None)),
-        "attention sinks": getattr(text, "model_type", "") == "gpt_oss",
         "fp32 on CUDA (FlashAttention serves bf16 and fp16)": device == "cuda" and dtype == "fp32",
     }
-    return [name for name, present in problems.items() if present]
+    # what no evalkit attention path reproduces (soft-capping, ALiBi, sinks...): checked in one place
+    return unsupported_attention_features(config) + [name for name, present in problems.items() if present]
 
 
 def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 import evalkit
 from evalkit.attention import PackedSequence
+from evalkit.attention.features import layer_windows
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
@@ -50,13 +51,16 @@ class MaskedLMLoss(torch.nn.Module):
     embedding/head weights, which the root unit gathers only inside the root's forward.
     """
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module, window_anchor: str = "window"):
         super().__init__()
         self.lm = lm
+        self.window_anchor = window_anchor  # how the anchor meets sliding layers' windows (attention.masks)
 
     def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
         decoder = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = decoder(input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids).last_hidden_state
+        hidden = decoder(
+            input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids, window_anchor=self.window_anchor
+        ).last_hidden_state
         targets_mask = loss_mask[:, 1:]
         hidden = hidden[:, :-1][targets_mask]
         targets = input_ids[:, 1:][targets_mask]
@@ -242,7 +246,7 @@ def build_training(config: TrainConfig, tokenizer, ctx: distributed.DistContext)
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model = distributed.shard(MaskedLMLoss(lm), ctx)
+    model = distributed.shard(MaskedLMLoss(lm, config.model.window_anchor), ctx)
     model.train()
     o = config.optim
     optimizer = torch.optim.AdamW(
@@ -302,6 +306,8 @@ def _train(
 
     meta_base = {
         "paradigm": config.paradigm.value,
+        # the attention trained: each layer's window as the saved config declares it, and the anchor's reading
+        "attention": {"layer_windows": layer_windows(model.lm.config), "window_anchor": config.model.window_anchor},
         "config": config.to_dict(),
         "data_fingerprint": source.fingerprint,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from evalkit.attention import register_hf_attention
+from evalkit.attention.features import check_attention_supported
 from evalkit.attention.kernels import default_implementation
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
@@ -76,6 +77,11 @@ def _scratch_config(config: TrainConfig, tokenizer):
 
 def _set_rope_theta(hf_config, theta: float) -> None:
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if any(isinstance(value, dict) for value in params.values()):  # Gemma 3: a RoPE base per layer type
+        raise UserError(
+            f"model.rope_theta={theta} is one base, and this model declares one per layer type "
+            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); leave it unset: model.rope_theta=null"
+        )
     params.setdefault("rope_type", "default")
     params["rope_theta"] = theta
     hf_config.rope_parameters = params
@@ -96,6 +102,7 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device):
             check_checkpoint(m.path, trust_remote_code=m.trust_remote_code)
         try:
             hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+            check_attention_supported(hf_config, "evalkit train")  # before any weight is read
             if m.rope_theta is not None:
                 _set_rope_theta(hf_config, m.rope_theta)
             if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
@@ -110,6 +117,4 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device):
             )
         except OSError as err:
             raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
-    if getattr(model.config, "sliding_window", None):
-        model.config.sliding_window = None
-    return model.to(device)
+    return model.to(device)  # sliding windows and per-layer RoPE as declared: evalkit's attention applies them
