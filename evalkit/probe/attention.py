@@ -7,7 +7,9 @@ activation dtype, softmax in FP32, probabilities cast back to the activation dty
 |P_k − P_0| and the first-key-column logit difference |A_k[:, 0] − A_0[:, 0]| into a
 `ShiftRecorder`, and returns the ordinary attention output, so the next layer sees what it
 would have seen. Rows are processed in blocks, so no layer's full S×S map is ever held, let
-alone all layers' maps.
+alone all layers' maps. A sliding layer attends within its window, as the model's own mask has
+it (transformers hands the layer its window); the sums are also kept per layer type (sliding
+and full layers), since global layers are where long-distance RoPE error can show.
 
 Shape legend: B copies in the batch, H query heads, Hkv key/value heads, G = H // Hkv query
 heads per key/value head, R query rows of a block, S keys (the sequence length), D head dim.
@@ -42,6 +44,9 @@ class ShiftRecorder:
     column_sums: torch.Tensor = field(init=False)
     first_logit_sums: torch.Tensor = field(init=False)
     layers_seen: set[int] = field(init=False, default_factory=set)
+    # the same sums over the layers of one type only ("full_attention", "sliding_attention")
+    column_sums_by_type: dict[str, torch.Tensor] = field(init=False, default_factory=dict)
+    first_logit_sums_by_type: dict[str, torch.Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.column_sums = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
@@ -62,22 +67,34 @@ class ShiftRecorder:
             raise RuntimeError(f"layer {layer_idx} attended twice in one forward pass")
         self.layers_seen.add(layer_idx)
 
-    def add_block(self, probs_BHRS: torch.Tensor, logits_first_BHR: torch.Tensor) -> None:
+    def add_block(
+        self, probs_BHRS: torch.Tensor, logits_first_BHR: torch.Tensor, layer_type: str = "full_attention"
+    ) -> None:
         """Add one block of query rows; a block ending at row r sees keys [0, r), the columns it fills."""
         shifted, reference = probs_BHRS[1:].float(), probs_BHRS[:1].float()
         keys = probs_BHRS.shape[-1]
-        self.column_sums[:, :keys] += (shifted - reference).abs().sum(dim=(1, 2), dtype=torch.float64)
+        columns = (shifted - reference).abs().sum(dim=(1, 2), dtype=torch.float64)
         first = logits_first_BHR.float()
-        self.first_logit_sums += (first[1:] - first[:1]).abs().sum(dim=(1, 2), dtype=torch.float64)
+        first_logit = (first[1:] - first[:1]).abs().sum(dim=(1, 2), dtype=torch.float64)
+        self.column_sums[:, :keys] += columns
+        self.first_logit_sums += first_logit
+        if layer_type not in self.column_sums_by_type:
+            self.column_sums_by_type[layer_type] = torch.zeros_like(self.column_sums)
+            self.first_logit_sums_by_type[layer_type] = torch.zeros_like(self.first_logit_sums)
+        self.column_sums_by_type[layer_type][:, :keys] += columns
+        self.first_logit_sums_by_type[layer_type] += first_logit
 
-    def normalised_columns(self) -> torch.Tensor:
-        """[K, S] float64: column j weighted by n_j = 1 / (its number of unmasked entries) = 1 / (S − j)."""
+    def normalised_columns(self, layer_type: str | None = None) -> torch.Tensor:
+        """[K, S] float64: column j weighted by n_j = 1 / (S − j), the paper's weight (of full causal
+        attention, kept for sliding layers too so that the per-type sums add up to the total)."""
         unmasked = torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.device)
-        return self.column_sums / unmasked
+        sums = self.column_sums if layer_type is None else self.column_sums_by_type[layer_type]
+        return sums / unmasked
 
-    def first_logit_means(self) -> torch.Tensor:
+    def first_logit_means(self, layer_type: str | None = None) -> torch.Tensor:
         """[K] float64: D_logit = (1/S) Σ_i Σ_(l,h) |ΔA_i1|."""
-        return self.first_logit_sums / self.seq_len
+        sums = self.first_logit_sums if layer_type is None else self.first_logit_sums_by_type[layer_type]
+        return sums / self.seq_len
 
 
 def _row_blocks(seq_len: int, batch: int, heads: int, block_elements: int) -> list[tuple[int, int]]:
@@ -91,14 +108,17 @@ def _grouped(query_BHRD: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query_BHRD.view(b, kv_heads, h // kv_heads, r, d)
 
 
-def _block_probabilities(query_BHRD, key_BHkvSD, scaling: float, row_start: int):
-    """Logits and probabilities of one block of query rows, computed as eager attention does."""
+def _block_probabilities(query_BHRD, key_BHkvSD, scaling: float, row_start: int, window: int | None = None):
+    """Logits and probabilities of one block of query rows, computed as eager attention does
+    (a sliding layer's keys limited to its window: row i sees keys j with i − j < window)."""
     b, h, r, _ = query_BHRD.shape
     kv_heads, keys = key_BHkvSD.shape[1], key_BHkvSD.shape[2]
     logits = torch.matmul(_grouped(query_BHRD, kv_heads), key_BHkvSD.unsqueeze(2).transpose(-1, -2))
     logits_BHRS = logits.reshape(b, h, r, keys) * scaling  # rounded twice in the activation dtype, as eager does
     rows = torch.arange(row_start, row_start + r, device=logits.device)
     future = torch.arange(keys, device=logits.device)[None, :] > rows[:, None]
+    if window is not None:
+        future = future | (rows[:, None] - torch.arange(keys, device=logits.device)[None, :] >= window)
     masked = logits_BHRS.masked_fill(future, float("-inf"))
     probs_BHRS = torch.softmax(masked, dim=-1, dtype=torch.float32).to(query_BHRD.dtype)
     return logits_BHRS, probs_BHRS
@@ -124,8 +144,8 @@ def probe_attention_forward(
     if dropout and module.training:
         raise ValueError("the probe attention has no dropout: call the model in eval mode")
     batch, heads, seq_len, head_dim = query.shape
-    if sliding_window is not None and sliding_window < seq_len:
-        raise ValueError(f"the probe measures full causal attention; this layer slides a {sliding_window}-token window")
+    window = sliding_window if sliding_window is not None and sliding_window < seq_len else None
+    layer_type = "full_attention" if sliding_window is None else "sliding_attention"
     if probe_recorder is not None:
         probe_recorder.check_inputs(module.layer_idx, query, key)
     # Under the fp32 RoPE variant q and k arrive rotated in FP32: this cast is their one rounding.
@@ -136,9 +156,9 @@ def probe_attention_forward(
     out_BHSD = torch.empty_like(query)
     for start, stop in _row_blocks(seq_len, batch, heads, block_elements):
         # Causality: rows below `stop` never see keys at or beyond it, so the block stops there.
-        logits, probs = _block_probabilities(query[:, :, start:stop], key[:, :, :stop], scaling, start)
+        logits, probs = _block_probabilities(query[:, :, start:stop], key[:, :, :stop], scaling, start, window)
         if probe_recorder is not None:
-            probe_recorder.add_block(probs, logits[..., 0])
+            probe_recorder.add_block(probs, logits[..., 0], layer_type)
         values = value[:, :, :stop].unsqueeze(2)
         out = torch.matmul(_grouped(probs, kv_heads), values)
         out_BHSD[:, :, start:stop] = out.reshape(batch, heads, stop - start, head_dim)

@@ -9,7 +9,7 @@ q·k/sqrt(d), the logits the softmax sees. Both are averaged over the texts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,9 @@ class ShiftMeasurement:
     columns: torch.Tensor  # [T] float64: the n_j-weighted difference per key column, mean over texts
     per_text_total: torch.Tensor  # [N] float64: D of each text (the sum of its columns)
     per_text_logit_first: torch.Tensor  # [N] float64: D_logit of each text
+    # D and D_logit of each text over the layers of one type only (models with sliding layers)
+    per_text_total_by_type: dict[str, torch.Tensor] = field(default_factory=dict)
+    per_text_logit_first_by_type: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_texts(self) -> int:
@@ -119,6 +122,8 @@ def measure_shifts(
     columns = {d: torch.zeros(seq_len, dtype=torch.float64) for d in delta1s}
     totals = {d: torch.zeros(n_texts, dtype=torch.float64) for d in delta1s}
     logits = {d: torch.zeros(n_texts, dtype=torch.float64) for d in delta1s}
+    totals_by_type: dict[int, dict[str, torch.Tensor]] = {d: {} for d in delta1s}
+    logits_by_type: dict[int, dict[str, torch.Tensor]] = {d: {} for d in delta1s}
     with rope_precision(model, rope):
         for text_index, token_ids in enumerate(texts_NT):
             if progress is not None:
@@ -131,6 +136,14 @@ def measure_shifts(
                     columns[delta1] += normalised[k] / n_texts
                     totals[delta1][text_index] = normalised[k].sum()
                     logits[delta1][text_index] = first_logit[k]
+                for layer_type in recorder.column_sums_by_type:
+                    by_type = recorder.normalised_columns(layer_type).sum(dim=1).cpu()
+                    first_by_type = recorder.first_logit_means(layer_type).cpu()
+                    for k, delta1 in enumerate(shifts):
+                        totals_by_type[delta1].setdefault(layer_type, torch.zeros(n_texts, dtype=torch.float64))
+                        logits_by_type[delta1].setdefault(layer_type, torch.zeros(n_texts, dtype=torch.float64))
+                        totals_by_type[delta1][layer_type][text_index] = by_type[k]
+                        logits_by_type[delta1][layer_type][text_index] = first_by_type[k]
     return [
         ShiftMeasurement(
             delta1=d,
@@ -139,6 +152,8 @@ def measure_shifts(
             columns=columns[d],
             per_text_total=totals[d],
             per_text_logit_first=logits[d],
+            per_text_total_by_type=totals_by_type[d],
+            per_text_logit_first_by_type=logits_by_type[d],
         )
         for d in delta1s
     ]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.attention.features import check_attention_supported
 from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained
 from evalkit.errors import UserError
 from evalkit.precision import resolve_device, torch_dtype
@@ -27,18 +28,20 @@ MEASUREMENT = {
     "first_token_share": "attn_diff_column at j = 1 over attn_diff",
     "logit_diff_first": "D_logit = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| (Eq. 5), A = q·k/sqrt(d) in the "
     "activation dtype: the 1/sqrt(d) scale is included, as the softmax sees it",
+    "attn_diff_layer_type": "attn_diff over the layers of one `layer_type` only (models with sliding layers)",
+    "logit_diff_first_layer_type": "logit_diff_first over the layers of one `layer_type` only",
     "attention": "post-softmax probabilities of every layer and head as transformers' eager attention computes them "
     "(logits in the activation dtype, softmax in FP32, cast back); value = mean over texts, std = their spread",
 }
 
 
 def attention_window(config) -> int:
-    """The longest sequence the model attends over in full: its context, or a shorter sliding window."""
+    """The longest sequence the model takes: its context. Sliding layers are measured within their
+    own windows (the probe applies each layer's as the model does), so they do not bound it."""
     window = getattr(config, "max_position_embeddings", None)
     if not window:
         raise UserError(f"the checkpoint's config ({config.model_type}) states no max_position_embeddings")
-    sliding = getattr(config, "sliding_window", None)  # set for Mistral; Qwen2 sets it only when it slides
-    return min(window, sliding) if sliding else window
+    return window
 
 
 def _load_config(checkpoint: Path):
@@ -117,9 +120,20 @@ def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: 
     def row(metric: str, value: float, std: float | None = None, column: int | None = None) -> dict:
         return {"metric": metric, **base, "column": column, "value": value, "std": std}
 
+    by_type = []  # models with sliding layers: the same sums over each layer type's layers
+    if len(found.per_text_total_by_type) > 1:
+        for layer_type, values in sorted(found.per_text_logit_first_by_type.items()):
+            by_type.append(
+                {**row("logit_diff_first_layer_type", float(values.mean()), _std(values)), "layer_type": layer_type}
+            )
+        if kind != "length":
+            for layer_type, values in sorted(found.per_text_total_by_type.items()):
+                by_type.append(
+                    {**row("attn_diff_layer_type", float(values.mean()), _std(values)), "layer_type": layer_type}
+                )
     if kind == "length":
-        return [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first))]
-    rows = [row("attn_diff", found.total, _std(found.per_text_total))]
+        return [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first)), *by_type]
+    rows = [row("attn_diff", found.total, _std(found.per_text_total)), *by_type]
     if kind == "tokens":
         rows += [row("attn_diff_column", float(v), column=j) for j, v in enumerate(found.columns.tolist(), start=1)]
         rows.append(row("first_token_share", found.first_token_share))
@@ -285,6 +299,7 @@ def run_probe(
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)
+    check_attention_supported(config, "evalkit probe")  # soft-capping, sinks...: refused before any text is read
     plan = probe_options.plan(kind, attention_window(config))
     tokenizer = _load_tokenizer(checkpoint)
     source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))
