@@ -117,4 +117,19 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device):
             )
         except OSError as err:
             raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
+    _check_windows_with(attn, model.config, config)
     return model.to(device)  # sliding windows and per-layer RoPE as declared: evalkit's attention applies them
+
+
+def _check_windows_with(attn: str, hf_config, config: TrainConfig) -> None:
+    """flash counts a window inside each regrouped document: with the anchor prepended, or with
+    interleaved documents, that is not the model's window (attention.kernels); refused here,
+    before the first step, rather than inside it."""
+    from evalkit.attention.features import layer_windows
+
+    windowed = any(w is not None and w < config.seq_len for w in layer_windows(hf_config))
+    if attn == "evalkit_flash" and windowed and (config.paradigm.has_anchor or config.paradigm.interleaves):
+        raise UserError(
+            f"model.attention=flash cannot apply this model's sliding windows under {config.paradigm}; "
+            "use model.attention=flex (or auto)"
+        )

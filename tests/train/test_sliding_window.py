@@ -156,3 +156,16 @@ def test_a_model_whose_attention_evalkit_cannot_reproduce_is_refused_before_any_
 def test_one_rope_base_is_refused_on_a_model_with_one_per_layer_type(bases, tmp_path):
     with pytest.raises(UserError, match="declares one per layer type"):
         train(continued(bases["gemma3"], tmp_path / "run", "anchor", 2, "model.rope_theta=500000"), show_progress=False)
+
+
+def test_flash_with_windows_under_the_anchor_is_refused_before_the_first_step(tmp_path):
+    from evalkit.corpus import builtin_tokenizer
+    from evalkit.train.model import _check_windows_with
+
+    windowed = gemma3_config(64, builtin_tokenizer())
+    base = tmp_path / "base"
+    for paradigm in ("anchor", "intra_doc_interleaved"):
+        with pytest.raises(UserError, match="flash cannot apply this model's sliding windows"):
+            _check_windows_with("evalkit_flash", windowed, continued(base, tmp_path / "run", paradigm, 2))
+    for paradigm, attn in (("intra_doc", "evalkit_flash"), ("anchor", "evalkit_flex")):
+        _check_windows_with(attn, windowed, continued(base, tmp_path / "run", paradigm, 2))
