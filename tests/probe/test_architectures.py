@@ -89,6 +89,8 @@ def test_on_a_sliding_window_model_each_layer_is_measured_within_its_window(text
     rows = measurement_rows("shift", found, "pretrained", "bf16", "cast")
     layer_rows = {(r["metric"], r["layer_type"]) for r in rows if "layer_type" in r}
     assert ("attn_diff_layer_type", "sliding_attention") in layer_rows and len(layer_rows) == 4
+    (rotated_in_fp32,) = measure_shifts(model, texts, [16], 0, rope="fp32")  # both RoPE bases' tables in FP32
+    assert rotated_in_fp32.total > 0 and set(rotated_in_fp32.per_text_total_by_type) == set(by_type)
 
 
 def test_a_mistral_window_is_applied_in_every_layer(texts):
