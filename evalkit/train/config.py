@@ -256,6 +256,9 @@ def _check_model_attention(config: TrainConfig) -> None:
     except (OSError, ValueError):
         return  # build_model reports an unreadable checkpoint in its own words
     check_attention_supported(hf_config, "evalkit train")
+    from evalkit.train.model import check_rope_theta
+
+    check_rope_theta(hf_config, config.model.rope_theta)
 
 
 # ----------------------------------------------------------------------------- building from dicts

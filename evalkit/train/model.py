@@ -75,13 +75,20 @@ def _scratch_config(config: TrainConfig, tokenizer):
     return hf_config
 
 
-def _set_rope_theta(hf_config, theta: float) -> None:
+def check_rope_theta(hf_config, theta: float | None) -> None:
+    """One RoPE base (model.rope_theta) cannot stand for a model's several, one per layer type."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    if any(isinstance(value, dict) for value in params.values()):  # Gemma 3: a RoPE base per layer type
+    per_layer_type = any(isinstance(value, dict) for value in params.values())  # Gemma 3
+    if theta is not None and per_layer_type:
         raise UserError(
             f"model.rope_theta={theta} is one base, and this model declares one per layer type "
             f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); leave it unset: model.rope_theta=null"
         )
+
+
+def _set_rope_theta(hf_config, theta: float) -> None:
+    check_rope_theta(hf_config, theta)
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
     params.setdefault("rope_type", "default")
     params["rope_theta"] = theta
     hf_config.rope_parameters = params

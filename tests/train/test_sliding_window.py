@@ -156,6 +156,7 @@ def test_a_model_whose_attention_evalkit_cannot_reproduce_is_refused_before_any_
 def test_one_rope_base_is_refused_on_a_model_with_one_per_layer_type(bases, tmp_path):
     with pytest.raises(UserError, match="declares one per layer type"):
         train(continued(bases["gemma3"], tmp_path / "run", "anchor", 2, "model.rope_theta=500000"), show_progress=False)
+    assert not (tmp_path / "run").exists()  # refused before any work
 
 
 def test_flash_with_windows_under_the_anchor_is_refused_before_the_first_step(tmp_path):
