@@ -74,10 +74,13 @@ def _load_dequantized(path: Path):
 
 
 def _plain_config(model):
-    """The model's config without the GGUF quantization settings: what the saved weights are."""
+    """The model's config without the GGUF quantization settings: what the saved weights are,
+    with the `architectures` field save_pretrained would write. A GGUF-loaded config has none,
+    and without it readers guess the model class (vLLM resolves Gemma 3 as a pooling model)."""
     config = model.config.__class__.from_dict(model.config.to_dict())
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    config.architectures = [type(model).__name__]
     return config
 
 

@@ -49,7 +49,8 @@ def imported_smollm2(gguf: Path, dtype: str = "fp32") -> Path:
 
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    destination = root / f"smollm2-135m-{file_sha256(gguf)[:16]}-{dtype}"
+    # "-arch": imports since `evalkit import` writes config.json's architectures (older ones lack it)
+    destination = root / f"smollm2-135m-{file_sha256(gguf)[:16]}-{dtype}-arch"
     with open(root / ".import.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released by the OS if this process dies
         if not (destination / META).is_file():

@@ -4,6 +4,7 @@ The success path needs a real GGUF model: tests/real/test_real_import.py. These 
 the gguf package (a dev dependency), which writes the small GGUF files used here.
 """
 
+import json
 import subprocess
 import sys
 
@@ -92,3 +93,35 @@ def test_a_bad_dtype(tmp_path):
     source = tmp_path / "odd.gguf"
     write_gguf(source, "llama")
     assert_one_line_error(evalkit_import(source, tmp_path / "dest", "--dtype", "int8"), "choose one of: bf16, fp32")
+
+
+def test_a_non_llama_import_writes_what_save_pretrained_would(tmp_path):
+    """A tiny Gemma 3 GGUF (sliding layers mixed with a global one): config.json equals what
+    transformers' own save_pretrained writes for the same config (architectures included, which
+    readers like vLLM need to pick the model class), and the weights are the source model's."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.gguf_models import write_gemma3_gguf
+
+    source = tmp_path / "tiny-gemma3.gguf"
+    original = write_gemma3_gguf(source)
+    dest = tmp_path / "imported"
+    result = evalkit_import(source, dest, "--dtype", "fp32")
+    assert result.returncode == 0, result.stderr
+    written = json.loads((dest / "config.json").read_text())
+    assert written["architectures"] == ["Gemma3ForCausalLM"]
+    assert written["sliding_window"] == 8 and written["layer_types"] == original.config.layer_types
+
+    bare = AutoConfig.from_pretrained(dest)
+    bare.architectures = None  # what the GGUF reader hands over: let save_pretrained fill it in
+    reference = tmp_path / "reference"
+    AutoModelForCausalLM.from_config(bare).save_pretrained(reference)
+    assert written == json.loads((reference / "config.json").read_text())
+
+    weights = load_file(dest / "model.safetensors")
+    expected = {k: v for k, v in original.state_dict().items() if k != "lm_head.weight"}
+    assert sorted(weights) == sorted(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-6, msg=key)

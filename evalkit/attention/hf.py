@@ -3,6 +3,8 @@
 After `register_hf_attention()`, load or build a model with `attn_implementation="evalkit"`
 (or "evalkit_blocked", "evalkit_dense", "evalkit_flex", "evalkit_varlen" (flash) to pin one) and call it
 with `position_ids=` and `doc_ids=` (from `pack`); doc_ids=None gives plain causal attention.
+Sliding layers keep their window (`window_anchor="window"|"sink"` says how the anchor meets it,
+attention.masks); other attention features are checked before a model is used (attention.features).
 transformers forwards unknown keyword arguments of the model call down to the attention
 function, which is how doc_ids reach every layer without patched model files.
 """
@@ -27,12 +29,30 @@ HF_NAMES: dict[str, str] = {hf_name(name): name for name in ("auto", *IMPLEMENTA
 
 
 def _attention_forward(impl: str):
-    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, doc_ids=None, **kwargs):
+    def forward(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        scaling=None,
+        dropout=0.0,
+        doc_ids=None,
+        window_anchor="window",
+        **kwargs,
+    ):
         if dropout and module.training:
             raise ValueError("evalkit attention does not implement attention dropout; set attention_dropout=0")
-        if kwargs.get("sliding_window"):
-            raise ValueError("evalkit attention does not implement sliding-window attention")
-        out = document_attention(query, key, value, doc_ids, scale=scaling, impl=impl)
+        # transformers hands each sliding layer its window (None on global layers); evalkit
+        # applies it on top of the document rule, the anchor meeting it as window_anchor says.
+        window = kwargs.get("sliding_window") or None
+        if kwargs.get("softcap") or kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+            raise ValueError(
+                "evalkit attention does not implement soft-capping or attention sinks (attention.features)"
+            )
+        out = document_attention(
+            query, key, value, doc_ids, scale=scaling, impl=impl, window=window, anchor=window_anchor
+        )
         return out.transpose(1, 2).contiguous(), None
 
     forward.__name__ = f"evalkit_{impl}_attention_forward"

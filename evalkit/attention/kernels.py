@@ -12,6 +12,10 @@ queries, Sk keys, D head dim, N tokens of a varlen (flattened, regrouped) layout
 
 All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D], doc_ids [B, Sk] or None, and return
 [B, Hq, Sq, D]. With Sq < Sk the queries are the last Sq keys (decoding with a KV cache).
+A layer's sliding window (`window`, with `anchor` saying how the anchor meets it: masks.py)
+applies on top of the document rule in every implementation; flash serves windows on
+anchor-free, contiguous documents only (its window counts positions within each regrouped
+sequence, where a prepended anchor is not at its real distance).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from evalkit.attention.masks import document_mask
+from evalkit.attention.masks import check_window, document_mask
 from evalkit.attention.packing import ANCHOR_DOC_ID
 
 IMPLEMENTATIONS = ("dense", "blocked", "flex", "flash")
@@ -98,15 +102,33 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: to
 # ----------------------------------------------------------------------------- dense
 
 
-def dense_attention(q, k, v, doc_ids=None, *, scale=None):
+def _effective_window(window: int | None, kv_len: int) -> int | None:
+    """None when the window cannot cut anything at this length (no query is W keys from key 0)."""
+    return window if window is not None and window < kv_len else None
+
+
+def _window_mask(q_pos, k_pos, k_is_anchor, window: int | None, anchor: str):
+    """Bool [Lq, Lk] causal mask of one segment from the tokens' sequence positions, with the
+    window (masks.py's rule); None where plain bottom-right causality is the whole rule."""
+    if window is None or int(q_pos.max()) - int(k_pos.min()) < window:
+        return None
+    distance = q_pos[:, None] - k_pos[None, :]
+    seen = distance < window
+    if anchor == "sink":
+        seen = seen | k_is_anchor[None, :]
+    return (distance >= 0) & seen
+
+
+def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
     """SDPA with the materialised reference mask."""
     sq, sk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    if doc_ids is None and sq == sk:
+    window = _effective_window(window, sk)
+    if doc_ids is None and sq == sk and window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if doc_ids is not None and doc_ids.dim() == 1:
         doc_ids = doc_ids.unsqueeze(0)
-    mask = document_mask(doc_ids, sk, sq)
+    mask = document_mask(doc_ids, sk, sq, window=window, anchor=anchor)
     if mask.dim() == 3:
         mask = mask.unsqueeze(1)  # [B, 1, Sq, Sk], broadcast over heads
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
@@ -131,7 +153,15 @@ def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
     return all(last - first + 1 == n for first, last, n in bounds) and sum(n for *_, n in bounds) == length
 
 
-def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gqa: bool):
+def _segment_sdpa(q, k, v, q_pos, k_pos, k_is_anchor, scale, gqa, window, anchor):
+    """One segment's causal SDPA [1, H, L, D], windowed when the window cuts into it."""
+    mask = _window_mask(q_pos, k_pos, k_is_anchor, window, anchor)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
+
+
+def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gqa: bool, doc_row, window, anchor):
     """Sq == Sk: one causal SDPA per document, anchor rows in front.
 
     Every key has its query here, so each document runs as [anchor rows, document rows] on
@@ -151,8 +181,19 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
             q, k, v = (p[i] for p in pieces)
             if seg.num_prefix:
                 q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))
-            out = F.scaled_dot_product_attention(
-                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, scale=scale, enable_gqa=gqa
+            positions = seg.k_index  # the rows here are [anchor, document]: their positions in order
+            is_anchor = doc_row[positions] == ANCHOR_DOC_ID
+            out = _segment_sdpa(
+                q.unsqueeze(0),
+                k.unsqueeze(0),
+                v.unsqueeze(0),
+                positions,
+                positions,
+                is_anchor,
+                scale,
+                gqa,
+                window,
+                anchor,
             )
             outputs.append(out[0, :, seg.num_prefix :])
         return torch.cat(outputs, dim=1)
@@ -163,8 +204,10 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
     lengths = [seg.k_index.numel() for seg in segments]
     q_seg, k_seg, v_seg = (t.index_select(1, gather).unsqueeze(0).split(lengths, dim=2) for t in (q_row, k_row, v_row))
     outputs = [
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-        for q, k, v in zip(q_seg, k_seg, v_seg)
+        _segment_sdpa(
+            q, k, v, seg.k_index, seg.k_index, doc_row[seg.k_index] == ANCHOR_DOC_ID, scale, gqa, window, anchor
+        )
+        for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)
     ]
     row_of_position = torch.empty(length, dtype=torch.long)  # each position's own (non-duplicate) row
     start = 0
@@ -174,7 +217,9 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
     return torch.cat(outputs, dim=2)[0].index_select(1, row_of_position.to(device))
 
 
-def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: int, scale, gqa: bool):
+def _blocked_row_decode(
+    q_row, k_row, v_row, segments: list[Segment], offset: int, scale, gqa: bool, doc_row, window, anchor
+):
     """Sq < Sk (a KV cache): few queries, so an explicit bottom-right mask per document is cheap."""
     parts = []
     for seg in segments:
@@ -182,7 +227,11 @@ def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: in
         q_seg = q_row.index_select(1, seg.q_index.to(q_row.device)).unsqueeze(0)
         k_seg = k_row.index_select(1, k_idx).unsqueeze(0)
         v_seg = v_row.index_select(1, k_idx).unsqueeze(0)
-        mask = (seg.k_index[None, :] <= (seg.q_index + offset)[:, None]).to(q_row.device)
+        q_pos = seg.q_index + offset
+        mask = _window_mask(q_pos, seg.k_index, doc_row[seg.k_index] == ANCHOR_DOC_ID, window, anchor)
+        if mask is None:
+            mask = seg.k_index[None, :] <= q_pos[:, None]
+        mask = mask.to(q_row.device)
         parts.append(
             F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale, enable_gqa=gqa)[0]
         )
@@ -190,13 +239,14 @@ def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: in
     return torch.cat(parts, dim=1).index_select(1, _inverse(q_order).to(q_row.device))
 
 
-def blocked_attention(q, k, v, doc_ids=None, *, scale=None):
+def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
     """Per-document causal SDPA, skipping every cross-document block: the CPU training path."""
     batch, _, sq, _ = q.shape
     sk = k.shape[2]
     gqa = q.shape[1] != k.shape[1]
+    window = _effective_window(window, sk)
     if doc_ids is None:
-        return dense_attention(q, k, v, None, scale=scale)
+        return dense_attention(q, k, v, None, scale=scale, window=window)
     if batch == 1:  # views, not unbind/stack: each of those costs a full-size copy in backward
         q_rows, k_rows, v_rows = ([t.squeeze(0)] for t in (q, k, v))
     else:
@@ -204,10 +254,11 @@ def blocked_attention(q, k, v, doc_ids=None, *, scale=None):
     outputs = []
     for doc_row, q_row, k_row, v_row in zip(_rows(doc_ids, batch), q_rows, k_rows, v_rows):
         segments = document_segments(doc_row, sk, sq)
+        row = doc_row.cpu()
         if sq == sk:
-            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, scale, gqa))
+            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, scale, gqa, row, window, anchor))
         else:
-            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, scale, gqa))
+            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, scale, gqa, row, window, anchor))
     return outputs[0].unsqueeze(0) if batch == 1 else torch.stack(outputs)
 
 
@@ -266,7 +317,9 @@ def _flash_varlen_func() -> Callable:
     return flash_attn_varlen_func
 
 
-def flash_attention(q, k, v, doc_ids=None, *, scale=None, varlen_func: Callable | None = None):
+def flash_attention(
+    q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window", varlen_func: Callable | None = None
+):
     """Regroup tokens by document, run a varlen causal kernel, scatter back.
 
     varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
@@ -282,6 +335,10 @@ def flash_attention(q, k, v, doc_ids=None, *, scale=None, varlen_func: Callable 
     batch, hq, sq, dim = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     layout = varlen_layout(doc_ids, batch, sk, sq)
+    window = _effective_window(window, sk)
+    window_options = {} if window is None else {"window_size": (window - 1, 0)}  # flash-attn: keys i-left..i
+    if window is not None:
+        _check_flash_window(doc_ids, batch, sk, sq)
     device = q.device
     q_flat = q.transpose(1, 2).reshape(batch * sq, hq, dim)
     k_flat = k.transpose(1, 2).reshape(batch * sk, hkv, dim)
@@ -297,19 +354,44 @@ def flash_attention(q, k, v, doc_ids=None, *, scale=None, varlen_func: Callable 
         max_seqlen_k=layout.max_seqlen_k,
         softmax_scale=scale,
         causal=True,
+        **window_options,
     )
     out = out.index_select(0, layout.inverse_q().to(device))
     return out.reshape(batch, sq, hq, dim).transpose(1, 2)
 
 
+def _check_flash_window(doc_ids, batch: int, kv_len: int, q_len: int) -> None:
+    """flash's window counts positions inside each regrouped sequence: exact only where every
+    sequence is one contiguous run of the row's tokens (no anchor prepended, no interleaving)."""
+    for doc_row in _rows(doc_ids, batch):
+        segments = document_segments(doc_row, kv_len, q_len)
+        keys = [seg.k_index for seg in segments]
+        if any(seg.num_prefix for seg in segments) or any(int(k[-1] - k[0]) + 1 != k.numel() for k in keys):
+            raise ValueError(
+                "the flash implementation cannot combine a sliding window with the anchor or interleaved "
+                "documents; use flex (CUDA) or blocked"
+            )
+
+
 def varlen_reference(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, causal=False
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
 ):
     """Pure-torch emulation of flash_attn_varlen_func's documented semantics.
 
     q [Nq, Hq, D], k/v [Nk, Hkv, D]; sequence i is q[cu_q[i]:cu_q[i+1]] over k[cu_k[i]:cu_k[i+1]];
     grouped-query heads map query head h to kv head h // (Hq / Hkv); with causal=True and more
-    keys than queries the mask is aligned to the bottom-right corner.
+    keys than queries the mask is aligned to the bottom-right corner; window_size (left, right),
+    -1 for unbounded, keeps key j for query i when i' - left <= j <= i' + right, i' being i
+    aligned bottom-right.
     """
     outputs = []
     group = q.shape[1] // k.shape[1]
@@ -318,10 +400,16 @@ def varlen_reference(
         ks = k[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
         vs = v[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
         lq, lk = qs.shape[1], ks.shape[1]
-        mask = None
+        aligned, keys = torch.arange(lk - lq, lk)[:, None], torch.arange(lk)[None, :]
+        mask = torch.ones(lq, lk, dtype=torch.bool)
         if causal:
-            mask = torch.arange(lk)[None, :] <= torch.arange(lk - lq, lk)[:, None]
-            mask = mask.to(q.device)
+            mask &= keys <= aligned
+        left, right = window_size
+        if left >= 0:
+            mask &= keys >= aligned - left
+        if right >= 0:
+            mask &= keys <= aligned + right
+        mask = mask.to(q.device)
         outputs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
     return torch.cat(outputs)
 
@@ -340,25 +428,27 @@ class _BlockMaskCache:
         self._doc_ids: torch.Tensor | None = None
         self._mask = None
 
-    def get(self, doc_ids, batch: int, q_len: int, kv_len: int, device):
-        key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape))
+    def get(self, doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
+        shape = None if doc_ids is None else tuple(doc_ids.shape)
+        key = (batch, q_len, kv_len, str(device), shape, window, anchor)
         same_ids = (doc_ids is None and self._doc_ids is None) or (
             doc_ids is not None and self._doc_ids is not None and torch.equal(doc_ids, self._doc_ids)
         )
         if key != self._key or not same_ids:
-            self._mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device)
+            self._mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
             self._key, self._doc_ids = key, None if doc_ids is None else doc_ids.clone()
         return self._mask
 
 
-def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device):
+def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = kv_len - q_len
     if doc_ids is None:
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return q_idx + offset >= kv_idx
+            causal = q_idx + offset >= kv_idx
+            return causal if window is None else causal & (q_idx + offset - kv_idx < window)
 
         return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
 
@@ -366,9 +456,17 @@ def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device):
     if doc.dim() == 1:
         doc = doc.unsqueeze(0).expand(batch, -1).contiguous()
 
-    def mask_mod(b, h, q_idx, kv_idx):
+    def document_rule(b, h, q_idx, kv_idx):
         same_doc = doc[b, q_idx + offset] == doc[b, kv_idx]
         return (q_idx + offset >= kv_idx) & (same_doc | (doc[b, kv_idx] == ANCHOR_DOC_ID))
+
+    def windowed_rule(b, h, q_idx, kv_idx):
+        seen = q_idx + offset - kv_idx < window
+        if anchor == "sink":
+            seen = seen | (doc[b, kv_idx] == ANCHOR_DOC_ID)
+        return document_rule(b, h, q_idx, kv_idx) & seen
+
+    mask_mod = document_rule if window is None else windowed_rule
 
     return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
 
@@ -454,7 +552,7 @@ def recompile_limit() -> int:
     return int(getattr(config, "recompile_limit", None) or config.cache_size_limit)
 
 
-def flex_attention(q, k, v, doc_ids=None, *, scale=None):
+def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
     """FlexAttention with the document rule as mask_mod (backward needs CUDA)."""
     import warnings
 
@@ -462,7 +560,8 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None):
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
-    block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device)
+    window = _effective_window(window, k.shape[2])
+    block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
     gqa = q.shape[1] != k.shape[1]
     function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
     with warnings.catch_warnings():
@@ -528,17 +627,21 @@ def document_attention(
     *,
     scale: float | None = None,
     impl: str = "auto",
+    window: int | None = None,
+    anchor: str = "window",
 ) -> torch.Tensor:
-    """Attention under the document rule (masks.py) with the chosen implementation.
+    """Attention under the document rule (masks.py) with the chosen implementation, within the
+    layer's sliding `window` when given (`anchor`: how the anchor meets it, masks.ANCHOR_MODES).
 
     q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D],
     computed in one dtype (kernel_dtype: the autocast dtype under autocast) whatever the caller's.
     """
     _check_shapes(q, k, v, doc_ids)
     q, k, v = one_dtype(q, k, v)
+    check_window(window, anchor)
     name = default_implementation(q.device) if impl == "auto" else impl
     if name not in _FUNCTIONS:
         raise ValueError(
             f"unknown attention implementation {impl!r}; choose auto or one of: {', '.join(IMPLEMENTATIONS)}"
         )
-    return _FUNCTIONS[name](q, k, v, doc_ids, scale=scale)
+    return _FUNCTIONS[name](q, k, v, doc_ids, scale=scale, window=window, anchor=anchor)

@@ -8,6 +8,15 @@ column j and a query row i (True = may attend):
 
 When there are fewer queries than keys (decoding with a KV cache) the queries are the last keys:
 causality is aligned bottom-right.
+
+A layer with a sliding window W (transformers' rule: a key is seen while i - j < W, distances
+in sequence positions) adds, in every paradigm:
+
+    and  (i - j < W  or  (anchor == "sink" and doc[j] == ANCHOR_DOC_ID))
+
+ANCHOR_MODES: "window" (the default) keeps the model's own mask: the anchor is seen only while
+it is within the window, as any other key; "sink" keeps the anchor visible to every query, as
+an attention sink (StreamingLLM's reading), which the model's own mask never had.
 """
 
 from __future__ import annotations
@@ -16,9 +25,27 @@ import torch
 
 from evalkit.attention.packing import ANCHOR_DOC_ID, PackedSequence
 
+ANCHOR_MODES = ("window", "sink")
 
-def document_mask(doc_ids: torch.Tensor | None, kv_len: int, q_len: int | None = None) -> torch.Tensor:
-    """Bool mask [..., q_len, kv_len] for key doc ids `doc_ids` [..., kv_len] (None: plain causal)."""
+
+def check_window(window: int | None, anchor: str = "window") -> None:
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"a sliding window is a positive number of tokens, got {window!r}")
+    if anchor not in ANCHOR_MODES:
+        raise ValueError(f"anchor under a window must be one of {', '.join(ANCHOR_MODES)}, got {anchor!r}")
+
+
+def document_mask(
+    doc_ids: torch.Tensor | None,
+    kv_len: int,
+    q_len: int | None = None,
+    *,
+    window: int | None = None,
+    anchor: str = "window",
+) -> torch.Tensor:
+    """Bool mask [..., q_len, kv_len] for key doc ids `doc_ids` [..., kv_len] (None: plain causal),
+    with a sliding window of `window` tokens when given (see the module docstring)."""
+    check_window(window, anchor)
     q_len = kv_len if q_len is None else q_len
     if q_len > kv_len:
         raise ValueError(f"more queries ({q_len}) than keys ({kv_len})")
@@ -26,15 +53,22 @@ def document_mask(doc_ids: torch.Tensor | None, kv_len: int, q_len: int | None =
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
     k_pos = torch.arange(kv_len, device=device)
     causal = k_pos[None, :] <= q_pos[:, None]
+    in_window = None if window is None else (q_pos[:, None] - k_pos[None, :]) < window
     if doc_ids is None:
-        return causal
+        return causal if in_window is None else causal & in_window
     if doc_ids.shape[-1] != kv_len:
         raise ValueError(f"doc_ids has {doc_ids.shape[-1]} entries for {kv_len} keys")
     doc_k = doc_ids[..., None, :]
     doc_q = doc_ids[..., kv_len - q_len :, None]
-    return causal & ((doc_q == doc_k) | (doc_k == ANCHOR_DOC_ID))
+    allowed = causal & ((doc_q == doc_k) | (doc_k == ANCHOR_DOC_ID))
+    if in_window is None:
+        return allowed
+    if anchor == "sink":
+        in_window = in_window | (doc_k == ANCHOR_DOC_ID)
+    return allowed & in_window
 
 
-def reference_mask(packed: PackedSequence) -> torch.Tensor:
-    """Bool [S, S]: True where query row i may attend key column j under the window's paradigm."""
-    return document_mask(packed.attention_doc_ids(), packed.seq_len)
+def reference_mask(packed: PackedSequence, window: int | None = None, anchor: str = "window") -> torch.Tensor:
+    """Bool [S, S]: True where query row i may attend key column j under the window's paradigm
+    (and a layer's sliding window, when given)."""
+    return document_mask(packed.attention_doc_ids(), packed.seq_len, window=window, anchor=anchor)

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
+from evalkit.attention.features import check_attention_supported, layer_windows
 from evalkit.attention.hf import register_grouped_sdpa
 from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
@@ -265,6 +266,10 @@ class HFEngine(PackedEngine):
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
         self._plain_cache = _has_plain_cache(self._new_cache())
+        # Sliding layers count their window in cache slots: the padding holes of a batch of packed
+        # requests (after short documents, before short questions) would take window slots, so
+        # such models take their packed requests one at a time.
+        self._packed_one_by_one = any(w is not None and w < self.max_length for w in layer_windows(self.model.config))
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -414,7 +419,7 @@ class HFEngine(PackedEngine):
         check_max_new_tokens(max_new_tokens)
         layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
         outputs: list[str] = [""] * len(layouts)
-        for batch in self._length_sorted_batches([len(layout.input_ids) for layout in layouts]):
+        for batch in self._packed_batches(layouts):
             state = self._prefill_packed([layouts[i] for i in batch])
             for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, list(stop or []))):
                 outputs[i] = text
@@ -425,11 +430,19 @@ class HFEngine(PackedEngine):
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
         layouts = [self._checked_layout(request, 0) for request in requests]
         logits: list[torch.Tensor] = [torch.empty(0)] * len(layouts)
-        for batch in self._length_sorted_batches([len(layout.input_ids) for layout in layouts]):
+        for batch in self._packed_batches(layouts):
             state = self._prefill_packed([layouts[i] for i in batch])
             for row, i in enumerate(batch):
                 logits[i] = state.logits[row].float().log_softmax(-1).cpu()  # as vLLM returns them
         return torch.stack(logits)
+
+    def _packed_batches(self, layouts: list[tok.PackedLayout]) -> list[list[int]]:
+        """Batches of packed requests; refuses a model whose attention evalkit's cannot reproduce."""
+        check_attention_supported(self.model.config, "packed (anchor) requests on the hf engine")
+        batches = self._length_sorted_batches([len(layout.input_ids) for layout in layouts])
+        if self._packed_one_by_one:
+            return [[i] for batch in batches for i in batch]
+        return batches
 
     def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:
         """Documents under document attention, then the question under causal attention over all of them."""

@@ -34,7 +34,12 @@ import json
 import math
 import multiprocessing
 import os
+import re
+import sys
+import tempfile
+import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +214,66 @@ class _ProcessReplica:
             self.process.terminate()
 
 
+# ---------------------------------------------------------------------- vLLM's own log
+
+
+def _new_log_path() -> Path:
+    """Where this engine's vLLM processes write their output (EVALKIT_VLLM_LOG_DIR, or the temp directory)."""
+    folder = Path(os.environ.get("EVALKIT_VLLM_LOG_DIR") or Path(tempfile.gettempdir()) / "evalkit-vllm-logs")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+@contextmanager
+def _output_into(path: Path):
+    """This process's stdout and stderr (file descriptors, so vLLM's engine-core processes started
+    meanwhile inherit them for their whole life) go to `path` until the block ends."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+# "ValueError: ...", also as vLLM's processes log it:
+# "(Worker pid=12) ERROR 12-01 16:49:58 [multiproc_executor.py:953] ValueError: ..."
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\([^)]*\)\s*)?(?:[A-Z]+ \S+ \S+ \[[^\]]*\]\s*)?((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit): .*)$"
+)
+_WRAPPERS = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "initialization failed due to an exception in a background process",
+    "See root cause above",
+)
+
+
+def start_failure_cause(log_path: Path, err: BaseException) -> str:
+    """The root cause of a failed start, in one line: the last exception vLLM's processes logged
+    that is not vLLM's own "initialization failed" wrapper, else the exception raised here."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    causes = [m.group(1).strip() for line in lines if (m := _EXCEPTION_LINE.match(line.strip()))]
+    causes = [cause for cause in causes if not any(wrapper in cause for wrapper in _WRAPPERS)]
+    if causes:
+        cause = causes[-1]
+        return cause if len(cause) <= 400 else cause[:400] + "..."
+    # Raised in this process, so not in the log: its first lines (pydantic puts the cause on the third)
+    text = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])
+    return f"{type(err).__name__}: {text[:400]}" if text else type(err).__name__
+
+
 def _config_facts(vllm_config) -> dict[str, Any]:
     """The parts of vLLM's resolved configuration the engine checks and records."""
     return {
@@ -332,7 +397,16 @@ class VLLMEngine(PackedEngine):
                 trust_remote_code=trust_remote_code,
             ),
         )
-        self._replicas = self._start_replicas(self._environment(config))
+        self.log_path = _new_log_path()
+        with _output_into(self.log_path):
+            try:
+                self._replicas = self._start_replicas(self._environment(config))
+            except UserError:
+                raise
+            except Exception as err:  # vLLM raises many kinds; its root cause is in its own log
+                raise UserError(
+                    f"vLLM failed to start: {start_failure_cause(self.log_path, err)}; its log: {self.log_path}"
+                ) from None
         self._facts = self._checked_facts()
 
     # ------------------------------------------------------------------ start-up
@@ -628,14 +702,14 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
     text = config.get_text_config()
     window = getattr(text, "sliding_window", None)
     windowed = bool(window) and getattr(text, "use_sliding_window", True) is not False and window < max_length
+    from evalkit.attention.features import unsupported_attention_features
+
     problems = {
         f"sliding-window attention (a {window}-token window)": windowed,
-        "ALiBi": bool(getattr(text, "alibi", False)) or getattr(text, "position_embedding_type", "") == "alibi",
-        "logit soft-capping": bool(getattr(text, "attn_logit_softcapping", None)),
-        "attention sinks": getattr(text, "model_type", "") == "gpt_oss",
         "fp32 on CUDA (FlashAttention serves bf16 and fp16)": device == "cuda" and dtype == "fp32",
     }
-    return [name for name, present in problems.items() if present]
+    # what no evalkit attention path reproduces (soft-capping, ALiBi, sinks...): checked in one place
+    return unsupported_attention_features(config) + [name for name, present in problems.items() if present]
 
 
 def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.attention.features import check_attention_supported
 from evalkit.checkpoint_check import (
     check_checkpoint,
     checkpoint_directory,
@@ -306,6 +307,7 @@ def run_probe(
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)
+    check_attention_supported(config, "evalkit probe")  # the one check every command shares
     plan = probe_options.plan(kind, attention_window(config), describe_window(config))
     tokenizer = _load_tokenizer(checkpoint)
     source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))

@@ -115,6 +115,23 @@ def check_window(ref: CheckpointRef, settings: RulerSettings) -> None:
         )
 
 
+def check_packed_attention(ref: CheckpointRef, settings: RulerSettings) -> None:
+    """Before any model is loaded: the anchor encoding runs on evalkit's attention, which must
+    reproduce the model's (attention.features); vLLM's packed backend has no sliding windows."""
+    from transformers import AutoConfig
+
+    from evalkit.attention.features import check_attention_supported, layer_windows
+
+    config = AutoConfig.from_pretrained(ref.path, local_files_only=True)
+    check_attention_supported(config, f"--encoding {settings.encoding}")
+    windows = [w for w in layer_windows(config) if w is not None and w < max(settings.lengths)]
+    if windows and settings.engine == "vllm":
+        raise UserError(
+            f"--encoding {settings.encoding} on the vllm engine: evalkit's packed backend has no sliding-window "
+            f"attention and {ref.path} has {len(windows)} layers with a {min(windows)}-token window; use --engine hf"
+        )
+
+
 def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
@@ -286,6 +303,8 @@ class RulerBenchmark:
 
     def check(self, ref: CheckpointRef) -> None:
         check_window(ref, self.settings)
+        if self.settings.encoding != STANDARD:
+            check_packed_attention(ref, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]

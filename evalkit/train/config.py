@@ -41,6 +41,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     # evalkit implementation: auto (blocked on CPU, flex on CUDA) | blocked | flex | flash | dense
     attention: str = "auto"
+    # how the anchor meets a sliding layer's window: "window" (the model's own mask: seen while within
+    # the window) | "sink" (always seen); see evalkit.attention.masks. Recorded in each checkpoint's meta.
+    window_anchor: str = "window"
     trust_remote_code: bool = False
 
 
@@ -153,6 +156,10 @@ class TrainConfig:
                 f"unknown model.attention {self.model.attention!r}",
             ),
             (
+                self.model.window_anchor in ("window", "sink"),
+                f"model.window_anchor must be window or sink, got {self.model.window_anchor!r}",
+            ),
+            (
                 self.optim.schedule in ("constant", "cosine"),
                 f"optim.schedule must be constant or cosine, got {self.optim.schedule!r}",
             ),
@@ -254,6 +261,26 @@ def check_inputs(config: TrainConfig) -> None:
     if source != "builtin" and _looks_local(source) and not Path(source).expanduser().exists():
         kind = "data file" if source.endswith(".jsonl") else "data source"
         raise UserError(f"{kind} {source} does not exist (a .jsonl file, a datasets directory or a hub name)")
+    _check_model_attention(config)
+
+
+def _check_model_attention(config: TrainConfig) -> None:
+    """A local checkpoint whose attention evalkit cannot reproduce is refused before the data is read."""
+    folder = Path(config.model.path).expanduser() if config.model.path else None
+    if folder is None or not (folder / "config.json").is_file():
+        return  # built from scratch, or a hub name: build_model checks the config it loads
+    from transformers import AutoConfig
+
+    from evalkit.attention.features import check_attention_supported
+
+    try:
+        hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError):
+        return  # build_model reports an unreadable checkpoint in its own words
+    check_attention_supported(hf_config, "evalkit train")
+    from evalkit.train.model import check_rope_theta
+
+    check_rope_theta(hf_config, config.model.rope_theta)
 
 
 # ----------------------------------------------------------------------------- building from dicts

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 import evalkit
 from evalkit.attention import PackedSequence
+from evalkit.attention.features import layer_windows
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines.tokens import anchor_note, anchor_record
@@ -51,13 +52,16 @@ class MaskedLMLoss(torch.nn.Module):
     embedding/head weights, which the root unit gathers only inside the root's forward.
     """
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module, window_anchor: str = "window"):
         super().__init__()
         self.lm = lm
+        self.window_anchor = window_anchor  # how the anchor meets sliding layers' windows (attention.masks)
 
     def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
         decoder = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = decoder(input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids).last_hidden_state
+        hidden = decoder(
+            input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids, window_anchor=self.window_anchor
+        ).last_hidden_state
         targets_mask = loss_mask[:, 1:]
         hidden = hidden[:, :-1][targets_mask]
         targets = input_ids[:, 1:][targets_mask]
@@ -256,7 +260,7 @@ def build_training(
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model = distributed.shard(MaskedLMLoss(lm), ctx, config.dtype)
+    model = distributed.shard(MaskedLMLoss(lm, config.model.window_anchor), ctx, config.dtype)
     if ctx.distributed:
         distributed.materialize(model, ctx.device)
     model.train()
@@ -343,6 +347,8 @@ def _train(
     meta_base = {
         "paradigm": config.paradigm.value,
         **({"anchor_token": anchor_record(tokenizer)} if anchored else {}),
+        # the attention trained: each layer's window as the saved config declares it, and the anchor's reading
+        "attention": {"layer_windows": layer_windows(model.lm.config), "window_anchor": config.model.window_anchor},
         "config": config.to_dict(),
         # the precision of training, stated apart from the config: what the leaderboard shows
         "precision": {"dtype": config.dtype, "rope": config.rope_precision if config.dtype == "bf16" else "fp32"},

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from evalkit.attention import register_hf_attention
+from evalkit.attention.features import check_attention_supported
 from evalkit.attention.hf import hf_name, set_rope_precision
 from evalkit.attention.kernels import default_implementation
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
@@ -79,7 +80,19 @@ def _scratch_config(config: TrainConfig, tokenizer):
     return hf_config
 
 
+def check_rope_theta(hf_config, theta: float | None) -> None:
+    """One RoPE base (model.rope_theta) cannot stand for a model's several, one per layer type."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    per_layer_type = any(isinstance(value, dict) for value in params.values())  # Gemma 3
+    if theta is not None and per_layer_type:
+        raise UserError(
+            f"model.rope_theta={theta} is one base, and this model declares one per layer type "
+            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); leave it unset: model.rope_theta=null"
+        )
+
+
 def _set_rope_theta(hf_config, theta: float) -> None:
+    check_rope_theta(hf_config, theta)
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     params.setdefault("rope_type", "default")
     params["rope_theta"] = theta
@@ -94,6 +107,7 @@ def _checkpoint_config(config: TrainConfig):
     if Path(m.path).is_dir():  # before AutoConfig, which fails on a broken config.json with a traceback
         check_checkpoint(m.path, trust_remote_code=m.trust_remote_code)
     hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+    check_attention_supported(hf_config, "evalkit train")  # before any weight is read
     if m.rope_theta is not None:
         _set_rope_theta(hf_config, m.rope_theta)
     if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
@@ -137,8 +151,7 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights
             )
     except OSError as err:
         raise UserError(f"could not load model {m.path!r}: {str(err).splitlines()[0]}") from None
-    if getattr(model.config, "sliding_window", None):
-        model.config.sliding_window = None
+    _check_windows_with(attn, model.config, config)  # sliding windows and per-layer RoPE as declared
     try:
         set_rope_precision(model, config.rope_precision)
     except ValueError as err:
@@ -156,3 +169,17 @@ def _model_without_weights(hf_config, attn: str, trust_remote_code: bool):
         )
     model.tie_weights()  # on meta the tie is skipped at construction; FSDP must see one shared parameter
     return model
+
+
+def _check_windows_with(attn: str, hf_config, config: TrainConfig) -> None:
+    """flash counts a window inside each regrouped document: with the anchor prepended, or with
+    interleaved documents, that is not the model's window (attention.kernels); refused here,
+    before the first step, rather than inside it."""
+    from evalkit.attention.features import layer_windows
+
+    windowed = any(w is not None and w < config.seq_len for w in layer_windows(hf_config))
+    if attn == hf_name("flash") and windowed and (config.paradigm.has_anchor or config.paradigm.interleaves):
+        raise UserError(
+            f"model.attention=flash cannot apply this model's sliding windows under {config.paradigm}; "
+            "use model.attention=flex (or auto)"
+        )

@@ -115,7 +115,9 @@ def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_s
     windowed = MistralConfig(sliding_window=1024)
     assert packed_support_problems(windowed, "bf16", "cpu", 4096) == ["sliding-window attention (a 1024-token window)"]
     assert packed_support_problems(windowed, "bf16", "cpu", 1024) == []  # a window as wide as every context is none
-    assert "logit soft-capping" in packed_support_problems(Gemma2Config(), "bf16", "cpu", 4096)
+    assert "attention logit soft-capping (attn_logit_softcapping=50.0)" in packed_support_problems(
+        Gemma2Config(), "bf16", "cpu", 4096
+    )
 
 
 def test_an_engine_used_as_a_context_manager_is_closed_however_its_block_ends(checkpoint, monkeypatch):

@@ -28,6 +28,7 @@ def test_import_writes_a_plain_checkpoint_with_its_source(smollm2, smollm2_file)
         config["vocab_size"],
     ) == ("llama", 30, 9, 3, 8192, 49152)
     assert config["tie_word_embeddings"] is True
+    assert config["architectures"] == ["LlamaForCausalLM"]  # as save_pretrained writes it
     assert (smollm2 / "tokenizer.json").is_file() and (smollm2 / "model.safetensors").is_file()
 
 

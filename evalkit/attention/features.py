@@ -1,0 +1,55 @@
+"""What a model's config declares about attention, checked in one place against what evalkit's
+attention paths reproduce (the trainer, the probe, and packed requests on both engines).
+
+evalkit replaces only the attention kernel inside an unmodified transformers model: what the
+model computes before it (QK-norm, RoPE with a base per layer type, the query scaling) stays
+the model's own and is kept as declared. The kernel itself implements causal softmax attention
+under the paradigms' document rule and each layer's sliding window. Everything else a config
+may declare that changes the attention scores is refused here, in one line, before any work.
+"""
+
+from __future__ import annotations
+
+from evalkit.errors import UserError
+
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+def layer_windows(config) -> list[int | None]:
+    """Each layer's sliding window as the model applies it (None: global attention)."""
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    if getattr(text, "use_sliding_window", True) is False:
+        window = None
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is None:  # Mistral: one window, on every layer
+        return [window or None] * int(text.num_hidden_layers)
+    return [window if kind == "sliding_attention" and window else None for kind in layer_types]
+
+
+def unsupported_attention_features(config) -> list[str]:
+    """What this config declares that evalkit's attention does not reproduce (empty: nothing)."""
+    text = config.get_text_config()
+    softcap = getattr(text, "attn_logit_softcapping", None)
+    chunk = getattr(text, "attention_chunk_size", None)
+    other_layers = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
+    alibi = bool(getattr(text, "alibi", False)) or getattr(text, "position_embedding_type", "") == "alibi"
+    problems = {
+        f"attention logit soft-capping (attn_logit_softcapping={softcap})": bool(softcap),
+        "ALiBi position biases": alibi or getattr(text, "model_type", "") in ("bloom", "mpt"),
+        "attention sinks (learned per-head sink logits)": getattr(text, "model_type", "") == "gpt_oss",
+        "bidirectional attention (use_bidirectional_attention)": bool(getattr(text, "use_bidirectional_attention", 0)),
+        f"chunked attention (attention_chunk_size={chunk})": bool(chunk),
+        f"layers of type {', '.join(other_layers)}": bool(other_layers),
+    }
+    return [name for name, present in problems.items() if present]
+
+
+def check_attention_supported(config, what: str) -> None:
+    """A one-line UserError naming every unsupported feature `what` (a command) would need."""
+    problems = unsupported_attention_features(config)
+    if problems:
+        raise UserError(
+            f"{what} cannot reproduce this model's attention exactly: {'; '.join(problems)} "
+            "(evalkit's attention is causal softmax attention with per-layer sliding windows)"
+        )

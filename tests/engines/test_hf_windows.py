@@ -1,0 +1,125 @@
+"""Packed (anchor) requests on a sliding-window model, hf engine: the answers of greedy decoding
+without a cache under masks written here from the definition, one per layer type (documents see
+themselves and the anchor, the rest sees all before it; sliding layers only the last W tokens,
+the anchor included: the model's own mask). A model with attention evalkit cannot reproduce is
+refused in one line, before the model is loaded where the command can tell (RULER's check)."""
+
+import pytest
+import torch
+from transformers import Gemma2Config, Gemma3TextConfig
+
+from evalkit.engines import PackedRequest, get_engine
+from evalkit.engines import tokens as tok
+from evalkit.errors import UserError
+from tests.engines.conftest import decode
+
+WINDOW = 12
+DOCUMENTS = [
+    "The grass is green. The sky is blue. The sun is yellow. " * 2,
+    "One of the special magic numbers for alpha is: 7. " * 2,
+    "Memorize the numbers. The sky is blue. " * 2,
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.2, attention_dropout=0.0,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("gemma3")
+    AutoModelForCausalLM.from_config(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def definition_masks(layout: tok.PackedLayout, length: int) -> dict[str, torch.Tensor]:
+    n = layout.num_document_tokens
+    doc = torch.tensor(layout.doc_ids)
+    full = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        for j in range(i + 1):
+            document_row = i < n
+            full[i, j] = not document_row or doc[i] == doc[j] or doc[j] == 0  # 0: the anchor
+    distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]
+    return {"full_attention": full[None, None], "sliding_attention": (full & (distance < WINDOW))[None, None]}
+
+
+def greedy_under_masks(model, ids: list[int], max_new_tokens: int, eos: set[int], layout) -> list[int]:
+    """Greedy decoding the slow way: the whole sequence re-run per token, one mask per layer type."""
+    sequence, generated = list(ids), []
+    for _ in range(max_new_tokens):
+        masks = definition_masks(layout, len(sequence))
+        positions = torch.arange(len(sequence))[None]
+        logits = model(input_ids=torch.tensor([sequence]), position_ids=positions, attention_mask=masks).logits
+        token = int(logits[0, -1].argmax())
+        if token in eos:
+            break
+        generated.append(token)
+        sequence.append(token)
+    return generated
+
+
+def test_packed_answers_on_a_windowed_model_equal_greedy_decoding_under_the_definition(gemma3, tokenizer):
+    engine = get_engine("hf", gemma3, dtype="fp32", device="cpu", batch_size=2)  # batching: one by one inside
+    requests = [
+        PackedRequest(DOCUMENTS, " What is the special magic number for alpha? The number is"),
+        PackedRequest(DOCUMENTS[:2], " Which color is the sky?"),
+        PackedRequest(DOCUMENTS[1:], " Tell me the number."),
+    ]
+    answers = engine.generate_packed(requests, 10)
+    logits = engine.logits_packed(requests)
+    model = engine.model
+    model.set_attn_implementation("sdpa")
+    for request, answer, row in zip(requests, answers, logits):
+        layout = tok.packed_layout(tokenizer, request.documents, request.question)
+        assert layout.num_document_tokens > 2 * WINDOW  # the window cuts into documents and the anchor
+        n = len(layout.input_ids)
+        with torch.no_grad():
+            reference = model(
+                input_ids=torch.tensor([layout.input_ids]),
+                position_ids=torch.arange(n)[None],
+                attention_mask=definition_masks(layout, n),
+            ).logits[0, -1]
+        torch.testing.assert_close(row, reference.log_softmax(-1), atol=1e-4, rtol=0)
+        expected = greedy_under_masks(model, layout.input_ids, 10, {tokenizer.eos_token_id}, layout)
+        assert expected and answer == decode(tokenizer, expected)
+
+
+def test_packed_requests_refuse_attention_evalkit_cannot_reproduce(tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                          num_key_value_heads=1, head_dim=32, intermediate_size=64)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    engine = get_engine("hf", tmp_path, dtype="fp32", device="cpu", attention="eager")  # Gemma 2 has no sdpa
+    assert engine.generate(["The sky is"], 2)  # plain prompts: transformers' own attention serves them
+    with pytest.raises(UserError, match="attention logit soft-capping"):
+        engine.generate_packed([PackedRequest(DOCUMENTS[:1], " Which?")], 2)
+
+
+def test_ruler_anchor_encoding_refuses_before_loading_a_model(gemma3, tmp_path, tokenizer):
+    """RULER's check reads config.json only: soft-capping on any engine, windows on vLLM's packed backend."""
+    from transformers import AutoModelForCausalLM
+
+    from evalkit.results.checkpoints import CheckpointRef
+    from evalkit.ruler.runner import RulerSettings, check_packed_attention
+
+    anchor = dict(tasks=["niah_single_1"], lengths=[256], encoding="anchor")
+    check_packed_attention(CheckpointRef("g3", 1, gemma3), RulerSettings(**anchor))  # hf: windows are served
+    with pytest.raises(
+        UserError, match="no sliding-window attention .* 2 layers with a 12-token window; use --engine hf"
+    ):
+        check_packed_attention(CheckpointRef("g3", 1, gemma3), RulerSettings(**anchor, engine="vllm"))
+    config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                          num_key_value_heads=1, head_dim=32, intermediate_size=64)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="--encoding anchor cannot reproduce this model's attention exactly"):
+        check_packed_attention(CheckpointRef("g2", 1, tmp_path), RulerSettings(**anchor))
