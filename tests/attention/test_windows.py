@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, Paradigm, document_attention, kernels, varlen_reference
-from tests.attention.conftest import naive_attention
 from tests.attention.test_kernels import batch_of_packs, qkv
+from tests.helpers import naive_attention
 
 ON_CUDA = torch.cuda.is_available()
 ANCHOR_FREE = [p for p in Paradigm if not p.has_anchor and not p.interleaves]

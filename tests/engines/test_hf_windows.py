@@ -11,7 +11,7 @@ from transformers import Gemma2Config, Gemma3TextConfig
 from evalkit.engines import PackedRequest, get_engine
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
-from tests.engines.conftest import decode
+from tests.helpers import decode
 
 WINDOW = 12
 DOCUMENTS = [

@@ -118,7 +118,7 @@ def test_evalkit_attention_on_windowed_layers_equals_transformers_own_mask(bases
     from transformers import AutoModelForCausalLM
 
     from evalkit.attention import Paradigm
-    from tests.attention.conftest import random_pack
+    from tests.helpers import random_pack
 
     model = AutoModelForCausalLM.from_pretrained(bases[arch], attn_implementation="sdpa").eval()
     ids = torch.randint(10, 90, (1, 96), generator=torch.Generator().manual_seed(1))
