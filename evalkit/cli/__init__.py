@@ -15,7 +15,7 @@ from evalkit.cli.app import app
 from evalkit.errors import UserError
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
-COMMAND_MODULES = ("train", "checkpoints", "bench", "probe", "ruler", "general", "leaderboard", "quickstart")
+COMMAND_MODULES = ("train", "checkpoints", "bench", "probe", "ruler", "general", "merge", "leaderboard", "quickstart")
 for _module in COMMAND_MODULES:
     importlib.import_module(f"evalkit.cli.{_module}")
 
