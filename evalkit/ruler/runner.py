@@ -273,6 +273,10 @@ class RulerBenchmark:
             self._tokenizers[ref.path] = AutoTokenizer.from_pretrained(ref.path, local_files_only=True)
         return self._tokenizers[ref.path]
 
+    def __getstate__(self) -> dict:
+        """What travels to a Ray worker: not the tokenizer cache (each worker loads its own)."""
+        return {**self.__dict__, "_tokenizers": {}}
+
     def settings_record(self) -> dict:
         return asdict(self.settings)
 

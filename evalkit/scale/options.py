@@ -21,6 +21,10 @@ def make_executor(name: str, ray_address: str | None):
         if ray_address is not None:
             raise UserError("--ray-address needs --executor ray")
         return None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("--executor ray needs Ray: pip install 'evalkit[ray]'")
     from evalkit.scale.ray_executor import RayExecutor
 
     return RayExecutor(address=ray_address)
