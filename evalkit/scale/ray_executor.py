@@ -77,7 +77,9 @@ class RayExecutor:
             status.update(ray.get(reporter.snapshot.remote()))
             for ref in ready:
                 group = pending.pop(ref)
-                group.collect(_result(ray, ref, group))
+                answer = _result(ray, ref, group)
+                attempts = ray.get(reporter.snapshot.remote())["attempts"]
+                group.collect(answer, attempts.get(group.name, 1))
                 status.finished(group)
 
 
@@ -88,10 +90,10 @@ class Group:
         self.ref, self.units, self.work = ref, units, work
         self.name = f"{ref.run}/step-{ref.step}#{units[0].label()}"
 
-    def collect(self, answer: tuple[list, dict | None]) -> None:
+    def collect(self, answer: tuple[list, dict | None], attempt: int) -> None:
         outcomes, engine_info = answer
         for unit, result, skip, worker in outcomes:
-            self.work.outcomes[unit] = Outcome(result, skip, worker, engine_info)
+            self.work.outcomes[unit] = Outcome(result, skip, {**worker, "attempt": attempt}, engine_info)
 
 
 def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
@@ -120,7 +122,9 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, o
 
     context = ray.get_runtime_context()
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "node": context.get_node_id()[:12]}
-    worker["attempt"] = ray.get(reporter.started.remote(name, worker))
+    # Not waited for: a task blocked in ray.get lends its CPU to another task, which would
+    # start more workers than the cluster has CPUs. The driver reads the attempt from the reporter.
+    reporter.started.remote(name, worker)
     outcomes = []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in units:
@@ -166,6 +170,7 @@ class Status:
     def __init__(self, log, groups: int) -> None:
         self.log, self.groups, self.done = log, groups, 0
         self.attempts: dict[str, int] = {}
+        self.finished_groups: set[str] = set()
         self.last = time.monotonic()
         self.snapshot: dict = {"workers": {}, "units": {}}
 
@@ -178,8 +183,9 @@ class Status:
             self.attempts[group] = attempts
         if time.monotonic() - self.last >= STATUS_EVERY_S:
             self.last = time.monotonic()
-            rates = "; ".join(f"{_who(w)} {self.rate(g):.1f} samples/s" for g, w in snapshot["workers"].items())
-            self.log(f"ray: {self.done}/{self.groups} groups done; {rates}")
+            working = {g: w for g, w in snapshot["workers"].items() if g not in self.finished_groups}
+            rates = "; ".join(f"{_who(w)} {self.rate(g):.1f} samples/s" for g, w in working.items())
+            self.log(f"ray: {self.done}/{self.groups} groups done; {rates or 'workers starting'}")
 
     def rate(self, group: str) -> float:
         entries = [e for e in self.snapshot["units"].values() if e["group"] == group and "done" in e]
@@ -189,6 +195,7 @@ class Status:
 
     def finished(self, group: Group) -> None:
         self.done += 1
+        self.finished_groups.add(group.name)
         worker = group.work.outcomes[group.units[0]].answered_by
         self.log(
             f"ray: {group.ref.run} step {group.ref.step}: {len(group.units)} units done on {_who(worker)} "
