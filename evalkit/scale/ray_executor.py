@@ -55,8 +55,10 @@ class RayExecutor:
         """Join the cluster (or start a local one with no address); True when this call did."""
         if ray.is_initialized():
             return False
+        from evalkit.scale.ray_start import init_ray
+
         try:
-            ray.init(address=self.address, **self.init_options)
+            init_ray(address=self.address, **self.init_options)
         except ConnectionError as err:
             raise UserError(f"cannot reach the Ray cluster at {self.address}: {err}; check --ray-address") from None
         return True
