@@ -186,8 +186,11 @@ class _RayReplica:
     def _get(reference):
         import ray
 
+        from evalkit.scale.ray_start import exit_status_kept
+
         try:
-            return ray.get(reference)
+            with exit_status_kept():
+                return ray.get(reference)
         except ray.exceptions.RayTaskError as err:
             raise RuntimeError(f"vLLM replica failed: {type(err.cause).__name__}: {err.cause}") from None
         except ray.exceptions.RayActorError as err:

@@ -30,6 +30,7 @@ from typing import Any
 
 from evalkit.errors import Skipped, UserError
 from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
+from evalkit.scale.ray_start import exit_status_kept, init_ray
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
 STATUS_EVERY_S = 10.0  # the driver's progress line
@@ -55,8 +56,6 @@ class RayExecutor:
         """Join the cluster (or start a local one with no address); True when this call did."""
         if ray.is_initialized():
             return False
-        from evalkit.scale.ray_start import init_ray
-
         try:
             init_ray(address=self.address, **self.init_options)
         except ConnectionError as err:
@@ -74,6 +73,10 @@ class RayExecutor:
         }
         log(f"ray: {sum(len(g.units) for g in groups)} units in {len(groups)} groups on {_describe(ray)}")
         status = Status(log, len(groups))
+        with exit_status_kept():
+            self._wait(ray, pending, reporter, status)
+
+    def _wait(self, ray, pending: dict, reporter, status: Status) -> None:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             status.update(ray.get(reporter.snapshot.remote()))

@@ -107,3 +107,46 @@ def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster,
     assert sorted(r["index"] for r in records) == list(range(40))
     summary = json.loads(next((tmp_path / "ray").rglob("ruler-summary.json")).read_text())
     assert summary["provenance"]["answered_by"]["niah_single_1 @ 1024"]["attempt"] == 2
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
+    """`kill` (SIGTERM) to `evalkit ruler --executor ray` mid-sweep: exit 143 (Ray's own handler
+    would abort, and Ray turns the handler's exit into status 1), no Ray process left behind;
+    the rerun completes from the logs."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.scale.helpers import SHIPPED
+
+    out = tmp_path / "out"
+    run = str(SHIPPED / "tiny-long-full-shipped")
+    command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", run, "--lengths", "1k",
+               "--tasks", "niah_single_1", "--samples", "40", "--executor", "ray", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not any("evaluate_group" in " ".join(p.cmdline()) for p in _descendants(process.pid)):
+        assert time.monotonic() < deadline and process.poll() is None, "no Ray worker started"
+        time.sleep(0.5)
+    family = {p.pid for p in _descendants(process.pid)}
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+        assert time.monotonic() < deadline, "a Ray process outlived the driver"
+        time.sleep(1)
+    assert subprocess.run(command, env=env, capture_output=True, timeout=300).returncode == 0
+    records = [json.loads(line) for path in out.rglob("*.jsonl") for line in path.read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == sorted(list(range(40)) * 2)  # two checkpoints, each sample once
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
