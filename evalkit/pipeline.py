@@ -243,17 +243,27 @@ def run_benchmark(
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
     open_engine: Callable[..., Any] | None = None,
+    shard: Any = None,
+    executor: Any = None,
 ) -> EvaluationRun:
-    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring)."""
+    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring).
+
+    `shard` (evalkit.scale.plan.Shard): only that shard's units; `executor` (evalkit.scale):
+    computes the units elsewhere first (a Ray cluster), this loop then writes the summaries."""
+    from evalkit.scale.plan import plan_work
+
     out = Path(out)
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is written.
     with output_lock(out):
+        work = plan_work(benchmark, refs, shard)
+        if executor is not None:
+            executor.run(benchmark, work, out, progress=progress, log=log, open_engine=open_engine)
         summaries, failed, first_error = [], [], None
-        for ref in refs:
+        for ref, checkpoint_work in work.checkpoints:
             on_checkpoint(ref)
             try:
-                summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine))
+                summaries.append(evaluate_checkpoint(benchmark, ref, out, progress, log, open_engine, checkpoint_work))
             except Exception as err:  # one broken checkpoint must not end a sweep over the others
                 if disk_full_error(err) is not None:
                     raise  # every later checkpoint would fail the same way
@@ -304,22 +314,37 @@ def evaluate_checkpoint(
     progress: Progress = lambda _unit, _done, _total: None,
     log: Callable[[str], None] = lambda _line: None,
     open_engine: Callable[..., Any] | None = None,
+    work: Any = None,
 ) -> dict[str, Any]:
-    """Every unit of one checkpoint; writes and returns its summary."""
-    results, skipped = [], []
+    """Every unit of one checkpoint (`work`, evalkit.scale.plan.CheckpointWork: only its units,
+    some computed elsewhere); writes and returns its summary."""
+    results, skipped, answered = [], [], []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
-        for unit in benchmark.units():
+        for unit in benchmark.units() if work is None else work.units:
+            elsewhere = work.outcomes.get(unit) if work is not None else None
+            if elsewhere is not None and elsewhere.skip is not None:
+                skipped.append(elsewhere.skip)
+                log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {elsewhere.skip['reason']}")
+                continue
+            if elsewhere is not None:
+                results.append(elsewhere.result)
+                answered.append((unit, len(elsewhere.result.rows)))
+                continue
             stored = benchmark.stored(ref, unit, out)
             if stored is not None:
                 log(f"{unit.label()}: already scored with these settings, kept")
                 results.append(stored)
+                answered.append((unit, len(stored.rows)))
                 continue
             try:
                 results.append(benchmark.evaluate(engine, ref, unit, out, progress))
+                answered.append((unit, len(results[-1].rows)))
             except Skipped as why:
                 skipped.append({**unit.fields(), "reason": why.reason, **why.details})
                 log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {why.reason}")
         engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
+        if engine_info is None and work is not None:  # computed on a Ray worker
+            engine_info = work.engine_info()
     path = checkpoint_dir(out, ref) / summary_name(benchmark.name)
     earlier = read_summary(path)
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
@@ -337,6 +362,7 @@ def evaluate_checkpoint(
             "checkpoint_meta": checkpoint_meta(ref.path),
             "engine": engine_info,
             "settings": benchmark.settings_record(),
+            **(work.provenance(answered) if work is not None else {}),
         },
     }
     summary = benchmark.finish_summary(summary, results, earlier)

@@ -8,6 +8,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
+from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
 
 
 @app.command("general")
@@ -50,6 +51,9 @@ def general_command(
         None, "--include-path", help="More folders of lm-eval task YAMLs (tasks/ is always included)."
     ),
     out: Path = typer.Option(Path("results/general"), "--out", help="Results directory."),
+    shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
+    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
+    ray_address: str = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from rich.console import Console
@@ -65,6 +69,7 @@ def general_command(
         "max_length": max_length,
         **({"dtype": dtype} if dtype else {}),
     }
+    scale = scale_options(shard, executor, ray_address, avg)
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = run_general(
         refs,
@@ -82,6 +87,8 @@ def general_command(
         ),
         on_checkpoint=lambda ref: console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})"),
         log=console.print,
+        shard=scale[0],
+        executor=scale[1],
     )
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")

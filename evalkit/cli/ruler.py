@@ -9,6 +9,7 @@ import typer
 from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
+from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
 from evalkit.storage import check_output_dir
 
 
@@ -67,6 +68,9 @@ def ruler_command(
         512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
     ),
     out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
+    shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
+    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
+    ray_address: str = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
@@ -93,13 +97,14 @@ def ruler_command(
         doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
+    scale = scale_options(shard, executor, ray_address, avg)
     check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
-    run = _run_with_progress(console, refs, settings, out, avg)
+    run = _run_with_progress(console, refs, settings, out, avg, scale)
     _report_ruler(console, run, out)
 
 
-def _run_with_progress(console, refs, settings, out: Path, avg: bool):
+def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(None, None)):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from evalkit.ruler.runner import run_ruler
@@ -120,7 +125,15 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool):
             bar.update(tasks[key], completed=done)
 
         return run_ruler(
-            refs, settings, out, progress=progress, on_checkpoint=on_checkpoint, avg=avg, log=console.print
+            refs,
+            settings,
+            out,
+            progress=progress,
+            on_checkpoint=on_checkpoint,
+            avg=avg,
+            log=console.print,
+            shard=scale[0],
+            executor=scale[1],
         )
 
 

@@ -20,10 +20,11 @@ tokens; the extra slot only ever holds the one sampled token, never a fed one, s
 stay below max_length. Requests that do not fit max_length are refused (or skipped) by the
 base class, never truncated.
 
-data_parallel_size > 1 runs that many independent vLLM replicas in child processes, each on
-its own tensor_parallel_size devices; each gets a contiguous slice of the requests sorted by token
-ids (prefix-cache neighbours stay together) and answers are returned in request
-order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
+data_parallel_size > 1 runs that many independent vLLM replicas as Ray actors (as lm-eval does;
+the Ray instance of the process, else a local one started and stopped with the engine), each on
+its own tensor_parallel_size GPUs (one CPU on a CPU machine); each gets a contiguous slice of the
+requests sorted by token ids (prefix-cache neighbours stay together) and answers are returned in
+request order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import atexit
 import importlib.metadata
 import json
 import math
-import multiprocessing
 import os
 import re
 import sys
@@ -145,73 +145,104 @@ def _select_cpu_backend(packed: bool) -> None:
         select_cpu_backend(packed=packed)
 
 
-def _replica_main(connection, llm_options: dict[str, Any], environment: dict[str, str], packed: bool) -> None:
-    """A data-parallel replica: one LLM on its own devices, answering batches until told to stop."""
-    try:
-        _apply_environment(environment, packed=packed)
-        replica = _LocalReplica(llm_options)
-        connection.send(("ready", _config_facts(replica.vllm_config())))
-    except Exception as err:  # noqa: BLE001 - any failure goes to the parent, which raises it
-        connection.send(("error", f"{type(err).__name__}: {err}"))
-        return
-    try:
-        while (message := connection.recv())[0] != "stop":
-            try:
-                replica.submit(*message[1:])
-                connection.send(("answers", replica.collect()))
-            except Exception as err:  # noqa: BLE001 - as above: the parent raises it
-                connection.send(("error", f"{type(err).__name__}: {err}"))
-    finally:
-        replica.close()  # vLLM's engine-core processes would outlive this one otherwise
-
-
-class _ProcessReplica:
-    """A replica in a child process (spawned: vLLM starts its own processes and CUDA contexts).
-
-    Construction starts the process and returns at once (replicas start side by side);
-    `wait_ready` returns vLLM's resolved configuration facts once the replica's LLM exists.
-    """
+class _ReplicaActor:
+    """A data-parallel replica in a Ray actor process (as lm-eval runs its vLLM replicas): one LLM
+    on the actor's own devices (Ray sets CUDA_VISIBLE_DEVICES for the GPUs it assigns)."""
 
     def __init__(self, llm_options: dict[str, Any], environment: dict[str, str], packed: bool) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.connection, child = context.Pipe()
-        # Not a daemon: vLLM starts processes of its own, which daemons may not.
-        self.process = context.Process(target=_replica_main, args=(child, llm_options, environment, packed))
-        self.process.start()
-        self.facts: dict[str, Any] | None = None
-        # Python joins non-daemon children at exit: a replica never told to stop would hang it.
-        atexit.register(self.close)
+        _apply_environment(environment, packed=packed)  # before vLLM starts, as in this process
+        self.replica = _LocalReplica(llm_options)
 
-    def wait_ready(self) -> dict[str, Any]:
-        self.facts = self._receive("ready")
-        return self.facts
+    def facts(self) -> dict[str, Any]:
+        return _config_facts(self.replica.vllm_config())
 
-    def _receive(self, expected: str):
-        try:
-            kind, payload = self.connection.recv()
-        except EOFError:
-            raise RuntimeError(f"vLLM replica exited (status {self.process.exitcode})") from None
-        if kind == "error":
-            raise RuntimeError(f"vLLM replica failed: {payload}")
-        if kind != expected:
-            raise RuntimeError(f"vLLM replica sent {kind!r}, expected {expected!r}")
-        return payload
-
-    def submit(self, prompts: list[dict], params: list) -> None:
-        self.connection.send(("run", prompts, params))
-
-    def collect(self) -> list[_Answer]:
-        return self._receive("answers")
+    def answer(self, prompts: list[dict], params: list) -> list[_Answer]:
+        self.replica.submit(prompts, params)
+        return self.replica.collect()
 
     def close(self) -> None:
-        if self.process.is_alive():
-            try:
-                self.connection.send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass  # it is exiting already
-            self.process.join(timeout=120)
-        if self.process.is_alive():
-            self.process.terminate()
+        self.replica.close()  # vLLM's engine-core processes would outlive the actor otherwise
+
+
+class _RayReplica:
+    """The driver's handle on one _ReplicaActor: started at construction (replicas start side by
+    side), `wait_ready` returns vLLM's resolved configuration facts once its LLM exists."""
+
+    def __init__(self, llm_options: dict[str, Any], environment: dict[str, str], packed: bool, resources: dict) -> None:
+        import ray
+
+        actor = ray.remote(_ReplicaActor).options(max_restarts=0, **resources)
+        self.actor = actor.remote(llm_options, environment, packed)
+        self.facts: dict[str, Any] | None = None
+        self._pending = None
+        atexit.register(self.close)  # a replica never told to stop is stopped with this process
+
+    def wait_ready(self) -> dict[str, Any]:
+        self.facts = self._get(self.actor.facts.remote())
+        return self.facts
+
+    def submit(self, prompts: list[dict], params: list) -> None:
+        self._pending = self.actor.answer.remote(prompts, params)
+
+    def collect(self) -> list[_Answer]:
+        return self._get(self._pending)
+
+    @staticmethod
+    def _get(reference):
+        import ray
+
+        from evalkit.scale.ray_start import exit_status_kept
+
+        try:
+            with exit_status_kept():
+                return ray.get(reference)
+        except ray.exceptions.RayTaskError as err:
+            raise RuntimeError(f"vLLM replica failed: {type(err.cause).__name__}: {err.cause}") from None
+        except ray.exceptions.RayActorError as err:
+            raise RuntimeError(f"vLLM replica exited ({type(err).__name__})") from None
+
+    def close(self) -> None:
+        """Stop the replica's vLLM (its engine-core processes), then the actor; idempotent."""
+        import ray
+
+        if self.actor is None or not ray.is_initialized():
+            return
+        actor, self.actor = self.actor, None
+        try:
+            ray.get(actor.close.remote(), timeout=120)
+        except Exception:  # noqa: BLE001 - a replica already gone: killed below all the same
+            pass
+        ray.kill(actor)
+
+
+def _connect_ray() -> bool:
+    """Join the Ray instance of this process (a Ray executor's worker, a user's ray.init), else
+    start a local one; True when started here (and so shut down with the engine)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("data_parallel_size > 1 runs its replicas as Ray actors: pip install 'evalkit[ray]'") from None
+    from evalkit.scale.ray_start import init_ray
+
+    if ray.is_initialized():
+        return False
+    init_ray(include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def _replica_resources(device: str, replicas: int, per_replica: int) -> dict[str, Any]:
+    """What each replica holds: per_replica GPUs on CUDA (checked against the visible ones), else
+    one CPU (CPU replicas share the machine, as vLLM's CPU workers bind their own threads)."""
+    if device != "cuda":
+        return {"num_cpus": 1}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = len(visible.split(",")) if visible else torch.cuda.device_count()
+    if count < replicas * per_replica:
+        raise UserError(
+            f"data_parallel_size {replicas} x tensor_parallel_size {per_replica} needs {replicas * per_replica} GPUs; "
+            f"{count} are visible"
+        )
+    return {"num_gpus": per_replica}
 
 
 # ---------------------------------------------------------------------- vLLM's own log
@@ -461,28 +492,27 @@ class VLLMEngine(PackedEngine):
         return environment
 
     def _start_replicas(self, environment: dict[str, str]) -> list:
+        self._ray_started_here = False
         if self.data_parallel_size == 1:
             _apply_environment(environment, packed=self.packed)
             return [_LocalReplica(self._options)]
-        device_groups = _device_groups(self.device, self.data_parallel_size, self.tensor_parallel_size)
+        resources = _replica_resources(self.device, self.data_parallel_size, self.tensor_parallel_size)
+        self._ray_started_here = _connect_ray()
         replicas = []
         try:
-            for devices in device_groups:
-                replica_environment = dict(environment)
-                if devices is not None:
-                    replica_environment["CUDA_VISIBLE_DEVICES"] = devices
-                replicas.append(_ProcessReplica(self._options, replica_environment, self.packed))
+            for _ in range(self.data_parallel_size):
+                replicas.append(_RayReplica(self._options, environment, self.packed, resources))
             for replica in replicas:
                 replica.wait_ready()
         except BaseException:
-            for replica in replicas:
-                replica.close()
+            self._replicas = replicas
+            self.close()
             raise
         return replicas
 
     def _checked_facts(self) -> dict[str, Any]:
         replica = self._replicas[0]
-        facts = replica.facts if isinstance(replica, _ProcessReplica) else _config_facts(replica.vllm_config())
+        facts = replica.facts if isinstance(replica, _RayReplica) else _config_facts(replica.vllm_config())
         if self.packed and facts["use_v2_model_runner"]:
             raise UserError(
                 "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
@@ -491,9 +521,15 @@ class VLLMEngine(PackedEngine):
         return facts
 
     def close(self) -> None:
-        """Stop the replicas (the in-process engine is released with the object)."""
-        for replica in self._replicas:
+        """Stop the replicas (the in-process engine is released with the object), and the local
+        Ray instance if this engine started it."""
+        for replica in getattr(self, "_replicas", []):
             replica.close()
+        if getattr(self, "_ray_started_here", False):
+            import ray
+
+            ray.shutdown()
+            self._ray_started_here = False
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -743,17 +779,3 @@ def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     per_token = 2 * text.num_hidden_layers * heads * head_dim * DTYPE_BYTES[dtype]
     return max(1, math.ceil(per_token * window * batch_size / 2**30))
-
-
-def _device_groups(device: str, replicas: int, per_replica: int) -> list[str | None]:
-    """CUDA_VISIBLE_DEVICES of each data-parallel replica (None on CPU: they share the machine)."""
-    if device != "cuda":
-        return [None] * replicas
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-    if len(devices) < replicas * per_replica:
-        raise UserError(
-            f"data_parallel_size {replicas} x tensor_parallel_size {per_replica} needs {replicas * per_replica} GPUs; "
-            f"{len(devices)} are visible"
-        )
-    return [",".join(devices[i * per_replica : (i + 1) * per_replica]) for i in range(replicas)]

@@ -107,8 +107,11 @@ def run_general(
     progress: Progress = lambda _task, _done, _total: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
+    shard=None,
+    executor=None,
 ) -> EvaluationRun:
-    """Score every checkpoint on every task (see the module docstring); writes and returns the results."""
+    """Score every checkpoint on every task (see the module docstring); writes and returns the results.
+    `shard` and `executor`: see evalkit.scale."""
     from evalkit.general.catalog import TaskCatalog, default_include_paths
 
     if not tasks:
@@ -134,6 +137,8 @@ def run_general(
             progress=lambda unit, done, total: progress(unit.task, done, total),
             on_checkpoint=on_checkpoint,
             log=log,
+            shard=shard,
+            executor=executor,
         )
 
 

@@ -298,6 +298,10 @@ class RulerBenchmark:
                 print(f"{anchor_note(self._tokenizers[path])} for {path}", file=sys.stderr)
         return self._tokenizers[path]
 
+    def __getstate__(self) -> dict:
+        """What travels to a Ray worker: not the tokenizer cache (each worker loads its own)."""
+        return {**self.__dict__, "_tokenizers": {}}
+
     def settings_record(self) -> dict:
         return asdict(self.settings)
 
@@ -311,6 +315,10 @@ class RulerBenchmark:
 
     def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> None:
         return None
+
+    def unit_cost(self, unit: Unit) -> float:
+        """Estimated tokens, for balancing shards and workers: every sample is about `length` long."""
+        return unit.length * self.settings.num_samples
 
     def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         unit_progress = lambda done, total: progress(unit, done, total)  # noqa: E731
@@ -421,8 +429,11 @@ def run_ruler(
     *,
     avg: bool = False,
     log: Callable[[str], None] = lambda _line: None,
+    shard=None,
+    executor=None,
 ) -> EvaluationRun:
-    """RULER on every checkpoint through the one pipeline (which takes `out`'s lock); returns its run."""
+    """RULER on every checkpoint through the one pipeline (which takes `out`'s lock); returns its run.
+    `shard` and `executor`: see evalkit.scale."""
     return run_benchmark(
         RulerBenchmark(settings),
         refs,
@@ -431,4 +442,6 @@ def run_ruler(
         progress=lambda unit, done, total: progress(unit.task, unit.length, done, total),
         on_checkpoint=on_checkpoint,
         log=log,
+        shard=shard,
+        executor=executor,
     )

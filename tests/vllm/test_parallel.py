@@ -1,6 +1,6 @@
 """tensor_parallel_size and data_parallel_size reach vLLM and change nothing in the answers.
 
-Data parallelism runs two replicas in child processes; tensor parallelism splits every layer's
+Data parallelism runs two replicas as Ray actors; tensor parallelism splits every layer's
 heads over two workers, each with its own packed-request tracker. On a CPU, vLLM needs its
 OpenMP threads bound by hand for two workers (VLLM_CPU_OMP_THREADS_BIND), one core each.
 Several engine starts: marked slow. Needs vLLM.
@@ -40,3 +40,49 @@ def test_parallel_engines_answer_like_the_hf_engine(checkpoint, hf_engine, two_c
         )
     finally:
         stop_vllm_engine(engine)
+
+
+SERVE_UNTIL_TERMINATED = """
+import signal, sys
+from evalkit.cli import _exit_on_sigterm
+from evalkit.engines import get_engine
+signal.signal(signal.SIGTERM, _exit_on_sigterm)  # as the evalkit command does
+engine = get_engine("vllm", sys.argv[1], dtype="fp32", batch_size=4, data_parallel_size=2)
+try:
+    print("ready", flush=True)
+    while True:
+        engine.generate(["The grass is green."] * 4, 8)
+finally:
+    engine.close()
+"""
+
+
+def test_sigterm_stops_both_replicas_and_their_vllm_processes(checkpoint, two_cpu_workers, tmp_path):
+    """SIGTERM to a process serving data_parallel_size 2: it exits 143 and leaves no replica
+    (Ray actor) and no vLLM engine-core process running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from .test_cli import engine_core_pids
+
+    before = engine_core_pids()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVE_UNTIL_TERMINATED, str(checkpoint)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip
+    assert process.stdout.readline().strip() == "ready", "the engine did not start"
+    started = engine_core_pids() - before
+    family = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+    assert len(started & family) >= 2, "two replicas, each with its engine core, under the serving process"
+    time.sleep(3)  # mid-request
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=180) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+        assert time.monotonic() < deadline, "a replica or vLLM process outlived the serving process"
+        time.sleep(1)

@@ -1,0 +1,21 @@
+"""`evalkit merge`: join the outputs of a sweep's shards into one results directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli.app import app
+
+
+@app.command("merge")
+def merge_command(
+    outputs: list[Path] = typer.Argument(..., help="The --out directories of every shard (--shard I/N) of one sweep."),
+    out: Path = typer.Option(..., "--out", help="A new or empty directory for the merged results."),
+) -> None:
+    """Join the shard outputs of one sweep (per-sample logs and summaries) as if one run wrote them."""
+    from evalkit.scale.merge import merge_shards
+
+    counts = merge_shards(outputs, out)
+    typer.echo(f"merged {counts['shards']} shards: {counts['summaries']} summaries, {counts['files']} files into {out}")

@@ -1,0 +1,199 @@
+"""`evalkit merge`: join the outputs of a sweep's shards (`--shard I/N`, one --out each) into one.
+
+Every file of every shard is copied to the same place in the destination (per-sample logs,
+per-task records); each checkpoint's summaries are joined into one, their result rows and
+skips back in the benchmark's unit order, so the merged output reads as the unsharded run
+would have written it (`evalkit leaderboard`, or a local rerun into it that computes nothing).
+Refused with one line, before anything is written: shards of different sweeps (another plan),
+the same shard twice or two shards holding one unit or file, an incomplete set, an output
+that is not a shard's. The destination is built beside itself and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import UserError
+from evalkit.pipeline import read_summary
+from evalkit.storage import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
+
+SUMMARY_SUFFIX = "-summary.json"
+
+
+def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
+    """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted."""
+    inputs, dest = [Path(p) for p in inputs], Path(dest)
+    _check_paths(inputs, dest)
+    summaries = _read_shard_summaries(inputs)
+    _check_one_sweep(summaries)
+    merged = {rel: _merge_checkpoint(rel, found) for rel, found in summaries.items()}
+    _check_complete(summaries, merged)
+    copies = _files_to_copy(inputs)
+    tmp = new_directory_beside(dest)
+    try:
+        for rel, source in copies.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, tmp / rel)
+        for rel, summary in merged.items():
+            atomic_write_json(tmp / rel, summary)
+        move_into_place(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"shards": len(inputs), "summaries": len(merged), "files": len(copies)}
+
+
+def _check_paths(inputs: list[Path], dest: Path) -> None:
+    if not inputs:
+        raise UserError("no shard output given: evalkit merge OUT0 OUT1 ... --out DEST")
+    for path in inputs:
+        if not path.is_dir():
+            raise UserError(f"{path} is not a directory; give the --out directories of the shard runs")
+        if path.resolve() == dest.resolve() or dest.resolve().is_relative_to(path.resolve()):
+            raise UserError(f"--out {dest} is (inside) the shard output {path}; give a new directory")
+    check_output_dir(dest)
+    if dest.is_dir() and any(dest.iterdir()):
+        raise UserError(f"--out {dest} is not empty; give a new or empty directory for the merged results")
+    if len({p.resolve() for p in inputs}) < len(inputs):
+        raise UserError("a shard output is given twice; give each shard's --out once")
+
+
+def _summary_files(directory: Path) -> list[Path]:
+    """<run>/step-<N>/<benchmark>-summary.json: the per-checkpoint summaries (not --avg's files)."""
+    return sorted(p for p in directory.glob(f"*/step-*/*{SUMMARY_SUFFIX}") if p.is_file())
+
+
+def _read_shard_summaries(inputs: list[Path]) -> dict[Path, list[tuple[Path, dict]]]:
+    found: dict[Path, list[tuple[Path, dict]]] = {}
+    for directory in inputs:
+        files = _summary_files(directory)
+        if not files:
+            raise UserError(f"{directory} holds no evalkit summary (<run>/step-<N>/*{SUMMARY_SUFFIX})")
+        for path in files:
+            summary = read_summary(path)
+            if summary is None or not isinstance((summary.get("provenance") or {}).get("shard"), dict):
+                raise UserError(f"{path} is not a shard's summary (written without --shard); merge only shard outputs")
+            found.setdefault(path.relative_to(directory), []).append((directory, summary))
+    return found
+
+
+def _shard(summary: dict) -> dict[str, Any]:
+    return summary["provenance"]["shard"]
+
+
+def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]]) -> None:
+    """One plan (same checkpoints, units, settings, shard count) and one output per shard index."""
+    by_benchmark: dict[str, tuple[Path, dict]] = {}
+    index_from: dict[tuple[str, int], Path] = {}
+    for found in summaries.values():
+        for directory, summary in found:
+            shard, name = _shard(summary), summary.get("benchmark")
+            first = by_benchmark.setdefault(name, (directory, shard))
+            if (shard["plan"], shard["count"]) != (first[1]["plan"], first[1]["count"]):
+                raise UserError(
+                    f"conflicting shards: {directory} and {first[0]} come from different sweeps (other "
+                    "checkpoints, units, settings or shard count); merge the shards of one sweep"
+                )
+            owner = index_from.setdefault((name, shard["index"]), directory)
+            if owner != directory:
+                raise UserError(
+                    f"overlapping shards: {owner} and {directory} are both shard {shard['index']}/{shard['count']}"
+                )
+
+
+def _position(order: list[dict], entry: dict) -> int:
+    """The index of the unit a skip record belongs to (its task, and length where units have one)."""
+    for i, fields in enumerate(order):
+        if all(entry.get(key) == value for key, value in fields.items()):
+            return i
+    raise UserError(f"a skip record ({entry.get('task')}) matches none of its shard's units; not an evalkit summary?")
+
+
+def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
+    """One checkpoint's summaries (one per shard that had any of its units) joined into one."""
+    found = sorted(found, key=lambda item: _shard(item[1])["index"])
+    blocks: dict[int, tuple[Path, list]] = {}
+    skips: dict[int, tuple[Path, dict]] = {}
+    for directory, summary in found:
+        shard, rows = _shard(summary), summary["rows"]
+        if sum(count for _, count in shard["units"]) != len(rows):
+            raise UserError(
+                f"{directory / rel} holds rows beyond its shard's units (an earlier run's cells?); "
+                "merge shards run into fresh --out directories"
+            )
+        start = 0
+        for position, count in shard["units"]:
+            _claim(blocks, skips, position, directory, rel)
+            blocks[position] = (directory, rows[start : start + count])
+            start += count
+        for skip in summary["skipped"]:
+            position = _position(shard["unit_order"], skip)
+            _claim(blocks, skips, position, directory, rel)
+            skips[position] = (directory, skip)
+    merged = json.loads(json.dumps(found[0][1]))  # a deep copy of the first shard's summary
+    merged["rows"] = [row for position in sorted(blocks) for row in blocks[position][1]]
+    merged["skipped"] = [skips[position][1] for position in sorted(skips)]
+    for key, value in found[0][1].items():  # a benchmark's own per-unit tables (general: "tasks")
+        if isinstance(value, dict) and key not in ("provenance",):
+            merged[key] = {k: v for _, summary in found for k, v in (summary.get(key) or {}).items()}
+    provenance = merged["provenance"]
+    for key in ("data_keys", "answered_by"):
+        joined = {k: v for _, summary in found for k, v in (summary["provenance"].get(key) or {}).items()}
+        if joined:
+            provenance[key] = joined
+    shard = provenance.pop("shard")
+    provenance["merged_shards"] = [
+        {"shard": f"{_shard(s)['index']}/{shard['count']}", "from": str(d), "created": s["provenance"].get("created")}
+        for d, s in found
+    ]
+    merged["_units_merged"] = len(blocks) + len(skips)
+    return merged
+
+
+def _claim(blocks: dict, skips: dict, position: int, directory: Path, rel: Path) -> None:
+    earlier = blocks.get(position, skips.get(position))
+    if earlier is not None:
+        raise UserError(f"overlapping shards: {earlier[0]} and {directory} both hold a unit of {rel.parent}")
+
+
+def _check_complete(summaries: dict, merged: dict[Path, dict]) -> None:
+    """Every unit of the sweep present once (a missing shard, or a shard still running, is refused)."""
+    by_benchmark: dict[str, list] = {}
+    for summary in merged.values():
+        by_benchmark.setdefault(summary["benchmark"], []).append(summary.pop("_units_merged"))
+    for name, counts in by_benchmark.items():
+        any_summary = next(s for found in summaries.values() for _, s in found if s.get("benchmark") == name)
+        expected, shard = _shard(any_summary)["plan_units"], _shard(any_summary)
+        seen = sorted({_shard(s)["index"] for found in summaries.values() for _, s in found})
+        if sum(counts) != expected:
+            raise UserError(
+                f"incomplete {name} sweep: {sum(counts)} of its {expected} units are here (shards "
+                f"{', '.join(map(str, seen))} of {shard['count']}); pass every shard's --out, each finished"
+            )
+
+
+def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
+    """Every file under the shard outputs but their summaries, lock, --avg files and temporaries;
+    one path held by two shards is refused unless both hold the same bytes."""
+    copies: dict[Path, Path] = {}
+    owner: dict[Path, Path] = {}
+    for directory in inputs:
+        summaries = set(_summary_files(directory))
+        for path in sorted(directory.rglob("*")):
+            rel = path.relative_to(directory)
+            if not path.is_file() or path in summaries or _not_merged(rel):
+                continue
+            if rel in copies and copies[rel].read_bytes() != path.read_bytes():
+                raise UserError(f"overlapping shards: {owner[rel]} and {directory} both hold {rel}, unequal")
+            copies.setdefault(rel, path)
+            owner.setdefault(rel, directory)
+    return copies
+
+
+def _not_merged(rel: Path) -> bool:
+    name = rel.name
+    top_level_average = len(rel.parts) == 1 and "-avg." in name  # a shard's partial --avg
+    return name == LOCK_NAME or name.startswith(".") or top_level_average

@@ -1,0 +1,267 @@
+"""`--executor ray`: the pipeline's units computed on a Ray cluster's workers.
+
+    driver (this process, holding --out's lock)            workers (any node; --out on a shared file system)
+      plan: each checkpoint's units in groups ──task──▶  one engine per group (a model loaded once per worker)
+                                                          each unit: benchmark.evaluate ─▶ its own per-sample
+                                                          log / task record, appended or written atomically
+      results, skips, who answered ◀──────────────────── (a Skipped unit is a value, never a failure)
+      the pipeline's own loop writes every summary (one writer), as if it had computed the units
+
+One writer per file across hosts, without trusting a lock on a shared file system (flock and
+NFS locks do not hold across hosts on many): the driver holds --out's lock on its own host and
+assigns every unit to exactly one group; a worker writes only its group's units' files; only
+the driver writes summaries. Ray starts a retry of a group only after its worker is gone (a
+process killed, a node declared dead), and the retry resumes from the per-sample log, whose torn
+last line (if any) is dropped on reading: nothing lost, nothing twice. A unit skipped for a
+user error (does not fit, missing data) comes back as a skip and is not retried; an error in
+evalkit is raised in the driver as it would be locally. A killed driver takes its groups with
+it (Ray cancels a dead owner's tasks); a rerun of the same command resumes from the logs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import Skipped, UserError
+from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
+from evalkit.scale.ray_start import exit_status_kept, init_ray
+
+MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
+STATUS_EVERY_S = 10.0  # the driver's progress line
+
+
+class RayExecutor:
+    def __init__(self, address: str | None = None, **init_options: Any) -> None:
+        self.address, self.init_options = address, init_options
+
+    def run(self, benchmark, work: WorkPlan, out: Path, *, progress=None, log=print, open_engine=None) -> None:
+        """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes."""
+        ray = _import_ray()
+        started_here = self._connect(ray)
+        try:
+            groups = plan_groups(benchmark, work, out, _worker_slots(ray, benchmark))
+            if groups:
+                self._run_groups(ray, benchmark, groups, out, log, open_engine)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+    def _connect(self, ray) -> bool:
+        """Join the cluster (or start a local one with no address); True when this call did."""
+        if ray.is_initialized():
+            return False
+        try:
+            init_ray(address=self.address, **self.init_options)
+        except ConnectionError as err:
+            raise UserError(f"cannot reach the Ray cluster at {self.address}: {err}; check --ray-address") from None
+        return True
+
+    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine) -> None:
+        reporter = ray.remote(Reporter).options(num_cpus=0).remote()
+        resources = _resources(ray, benchmark)
+        task = ray.remote(evaluate_group).options(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)
+        shipped = _for_workers(benchmark)
+        pending = {
+            task.remote(shipped, group.ref, group.units, str(out), group.name, reporter, open_engine): group
+            for group in groups
+        }
+        log(f"ray: {sum(len(g.units) for g in groups)} units in {len(groups)} groups on {_describe(ray)}")
+        status = Status(log, len(groups))
+        with exit_status_kept():
+            self._wait(ray, pending, reporter, status)
+
+    def _wait(self, ray, pending: dict, reporter, status: Status) -> None:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            status.update(ray.get(reporter.snapshot.remote()))
+            for ref in ready:
+                group = pending.pop(ref)
+                answer = _result(ray, ref, group)
+                attempts = ray.get(reporter.snapshot.remote())["attempts"]
+                group.collect(answer, attempts.get(group.name, 1))
+                status.finished(group)
+
+
+class Group:
+    """Some units of one checkpoint, evaluated by one worker with one engine."""
+
+    def __init__(self, ref, units: list, work) -> None:
+        self.ref, self.units, self.work = ref, units, work
+        self.name = f"{ref.run}/step-{ref.step}#{units[0].label()}"
+
+    def collect(self, answer: tuple[list, dict | None], attempt: int) -> None:
+        outcomes, engine_info = answer
+        for unit, result, skip, worker in outcomes:
+            self.work.outcomes[unit] = Outcome(result, skip, {**worker, "attempt": attempt}, engine_info)
+
+
+def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
+    """Each checkpoint's units not yet stored, in as many groups as keep every worker busy (one
+    per checkpoint when there are as many checkpoints as workers), balanced by estimated tokens."""
+    todo = [
+        (ref, checkpoint, [u for u in checkpoint.units if benchmark.stored(ref, u, out) is None])
+        for ref, checkpoint in work.checkpoints
+    ]
+    todo = [item for item in todo if item[2]]
+    per_checkpoint = max(1, math.ceil(slots / max(1, len(todo))))
+    groups = []
+    for ref, checkpoint, units in todo:
+        count = min(per_checkpoint, len(units))
+        owner = assign_shards([unit_cost(benchmark, u) for u in units], count)
+        for g in range(count):
+            groups.append(Group(ref, [u for u, o in zip(units, owner) if o == g], checkpoint))
+    return groups
+
+
+def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, open_engine=None):
+    """On a worker: one engine for the group's units (built only if a unit has work left)."""
+    import ray
+
+    from evalkit.pipeline import LazyEngine
+
+    context = ray.get_runtime_context()
+    worker = {"host": socket.gethostname(), "pid": os.getpid(), "node": context.get_node_id()[:12]}
+    # Not waited for: a task blocked in ray.get lends its CPU to another task, which would
+    # start more workers than the cluster has CPUs. The driver reads the attempt from the reporter.
+    reporter.started.remote(name, worker)
+    outcomes = []
+    with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
+        for unit in units:
+            began = time.monotonic()
+            report = lambda u, done, total: reporter.progress.remote(name, u.label(), done, total)  # noqa: E731
+            try:
+                result = benchmark.evaluate(engine, ref, unit, Path(out), report)
+                outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
+            except Skipped as why:  # a user error: recorded, never retried
+                outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
+        engine_info = engine.info()
+    return outcomes, engine_info
+
+
+class Reporter:
+    """A Ray actor the workers tell what they do; the driver reads it for its one progress view."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = {}
+        self.workers: dict[str, dict] = {}
+        self.units: dict[str, dict] = {}
+
+    def started(self, group: str, worker: dict) -> int:
+        self.attempts[group] = self.attempts.get(group, 0) + 1
+        self.workers[group] = worker
+        return self.attempts[group]
+
+    def progress(self, group: str, unit: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        entry = self.units.setdefault(f"{group}|{unit}", {"first": done, "since": now, "group": group, "unit": unit})
+        if done < entry["first"]:  # a retry started this unit over from its log
+            entry.update(first=done, since=now)
+        entry.update(done=done, total=total, at=now)
+
+    def snapshot(self) -> dict:
+        return {"attempts": dict(self.attempts), "workers": dict(self.workers), "units": dict(self.units)}
+
+
+class Status:
+    """The driver's progress: a line every STATUS_EVERY_S (groups done, samples/s per worker),
+    one per finished group, one per retry."""
+
+    def __init__(self, log, groups: int) -> None:
+        self.log, self.groups, self.done = log, groups, 0
+        self.attempts: dict[str, int] = {}
+        self.finished_groups: set[str] = set()
+        self.last = time.monotonic()
+        self.snapshot: dict = {"workers": {}, "units": {}}
+
+    def update(self, snapshot: dict) -> None:
+        self.snapshot = snapshot
+        for group, attempts in snapshot["attempts"].items():
+            if attempts > self.attempts.get(group, 1):
+                worker = snapshot["workers"][group]
+                self.log(f"ray: {group} retried (attempt {attempts}, now on {_who(worker)}): its worker died")
+            self.attempts[group] = attempts
+        if time.monotonic() - self.last >= STATUS_EVERY_S:
+            self.last = time.monotonic()
+            working = {g: w for g, w in snapshot["workers"].items() if g not in self.finished_groups}
+            rates = "; ".join(f"{_who(w)} {self.rate(g):.1f} samples/s" for g, w in working.items())
+            self.log(f"ray: {self.done}/{self.groups} groups done; {rates or 'workers starting'}")
+
+    def rate(self, group: str) -> float:
+        entries = [e for e in self.snapshot["units"].values() if e["group"] == group and "done" in e]
+        samples = sum(e["done"] - e["first"] for e in entries)
+        seconds = sum(e["at"] - e["since"] for e in entries)
+        return samples / seconds if seconds > 0 else 0.0
+
+    def finished(self, group: Group) -> None:
+        self.done += 1
+        self.finished_groups.add(group.name)
+        worker = group.work.outcomes[group.units[0]].answered_by
+        self.log(
+            f"ray: {group.ref.run} step {group.ref.step}: {len(group.units)} units done on {_who(worker)} "
+            f"({self.done}/{self.groups} groups)"
+        )
+
+
+def _who(worker: dict) -> str:
+    return f"{worker.get('host')}:{worker.get('pid')}"
+
+
+def _result(ray, ref, group: Group):
+    """The group's answer; a failure in evalkit is raised here as the driver's own (a UserError as one line)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause
+        if isinstance(cause, UserError):
+            raise UserError(str(cause)) from None
+        if isinstance(cause, BaseException):
+            raise cause from err
+        raise
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as err:
+        raise UserError(
+            f"{group.name}: its worker died {MAX_RETRIES + 1} times ({type(err).__name__}); "
+            "rerun the same command to resume from the per-sample logs"
+        ) from None
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--executor ray needs Ray: pip install 'evalkit[ray]'") from None
+    return ray
+
+
+def _for_workers(benchmark):
+    """The benchmark as it travels to the workers: its log goes to the worker's output (forwarded
+    to the driver by Ray), not the driver's console, which does not travel."""
+    shipped = copy.copy(benchmark)
+    if hasattr(shipped, "log"):
+        shipped.log = print
+    return shipped
+
+
+def _resources(ray, benchmark) -> dict[str, Any]:
+    """One engine per worker: GPUs as many as its tensor-parallel size on a GPU cluster, else one CPU."""
+    if ray.cluster_resources().get("GPU", 0) > 0:
+        return {"num_gpus": int(benchmark.engine.settings.get("tensor_parallel_size") or 1), "num_cpus": 1}
+    return {"num_cpus": 1}
+
+
+def _worker_slots(ray, benchmark) -> int:
+    resources, need = ray.cluster_resources(), _resources(ray, benchmark)
+    key = "GPU" if "num_gpus" in need else "CPU"
+    return max(1, int(resources.get(key, 1) // need.get(f"num_{key.lower()}s", 1)))
+
+
+def _describe(ray) -> str:
+    resources = ray.cluster_resources()
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    gpus = f", {int(resources['GPU'])} GPUs" if resources.get("GPU") else ""
+    return f"{nodes} node(s), {int(resources.get('CPU', 0))} CPUs{gpus}"

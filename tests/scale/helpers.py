@@ -1,0 +1,52 @@
+"""What the scale-out tests share: a tiny sweep of the shipped checkpoints, and how two outputs are compared."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from evalkit import cli
+
+SHIPPED = Path(__file__).parents[2] / "evalkit" / "checkpoints" / "tiny-long"
+TASKS = ["niah_single_1", "niah_single_2", "qa_1"]  # qa_1 without --qa-dir: a user-error skip
+
+
+def tiny_refs(runs: tuple[str, ...] = ("tiny-long-full-shipped",)):
+    from evalkit.results.checkpoints import resolve_checkpoints
+
+    return resolve_checkpoints([str(SHIPPED / run) for run in runs])
+
+
+def tiny_settings(samples: int = 3, tasks=TASKS):
+    from evalkit.ruler.runner import RulerSettings
+
+    return RulerSettings(tasks=list(tasks), lengths=[1024], num_samples=samples)
+
+
+def outputs_of(out: Path) -> tuple[dict, dict]:
+    """(summaries without the fields a run's time and place decide, per-sample logs as bytes), by path."""
+    summaries, logs = {}, {}
+    for path in sorted(Path(out).rglob("*")):
+        rel = str(path.relative_to(out))
+        if path.name.endswith("-summary.json"):
+            summary = json.loads(path.read_text())
+            provenance = summary["provenance"]
+            kept = {k: provenance.get(k) for k in ("checkpoint_meta", "engine", "settings", "data_keys")}
+            summaries[rel] = {"rows": summary["rows"], "skipped": summary["skipped"], "provenance": kept}
+        elif path.suffix == ".jsonl":
+            logs[rel] = path.read_bytes()
+    return summaries, logs
+
+
+def run_cli(args: list[str]) -> int:
+    """evalkit's entry point in this process (a subprocess would re-import torch): its exit status."""
+    old = sys.argv
+    sys.argv = ["evalkit", *args]
+    try:
+        cli.main()
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    finally:
+        sys.argv = old
+    return 0

@@ -1,0 +1,152 @@
+"""--executor ray on a local Ray cluster this module starts (2 CPUs) and stops: the same records
+as a local run, a worker killed mid-unit (kill -9) retried with nothing lost or twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from evalkit.ruler.runner import run_ruler
+from tests.scale.helpers import outputs_of, run_cli, tiny_refs, tiny_settings
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster of this process (its raylet and workers are its descendants)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def executor():
+    from evalkit.scale.ray_executor import RayExecutor
+
+    return RayExecutor()
+
+
+def test_ray_run_equals_a_local_run_record_for_record(cluster, tmp_path):
+    refs, settings = tiny_refs(), tiny_settings()
+    local = run_ruler(refs, settings, tmp_path / "local")
+    lines: list[str] = []
+    remote = run_ruler(refs, settings, tmp_path / "ray", executor=executor(), log=lines.append)
+    assert remote.rows == local.rows and remote.skipped == local.skipped and local.skipped
+    assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
+    assert any(line.startswith("ray: 6 units in 2 groups") for line in lines)  # one group per checkpoint
+
+    summary_path = next((tmp_path / "ray").rglob("ruler-summary.json"))
+    summary = json.loads(summary_path.read_text())
+    answered = summary["provenance"]["answered_by"]
+    assert set(answered) == {"niah_single_1 @ 1024", "niah_single_2 @ 1024", "qa_1 @ 1024"}
+    assert {w["attempt"] for w in answered.values()} == {1}  # the qa_1 skip (a user error) was not retried
+    assert len({w["pid"] for w in answered.values()}) == 1  # a checkpoint's units on one worker, one engine
+
+    # A rerun (a driver killed after the workers finished) computes nothing and keeps the stamp.
+    run_ruler(refs, settings, tmp_path / "ray", executor=executor())
+    assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
+    rerun = json.loads(summary_path.read_text())
+    assert rerun["provenance"]["created"] == summary["provenance"]["created"]
+
+    board = tmp_path / "board.md"
+    assert run_cli(["leaderboard", str(tmp_path / "ray"), "--out", str(board)]) == 0
+    assert "tiny-long-full-shipped" in board.read_text()
+
+
+def _group_workers():
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):  # only what this test's cluster started
+        try:
+            if "evaluate_group" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster, tmp_path):
+    refs = tiny_refs()[-1:]  # one checkpoint, one unit: one group, one worker
+    settings = tiny_settings(samples=40, tasks=["niah_single_1"])  # two chunks of 32 and 8
+    log_path = tmp_path / "ray" / refs[0].run / f"step-{refs[0].step}" / "ruler" / "niah_single_1" / "1024.jsonl"
+    lines: list[str] = []
+    failure: list[BaseException] = []
+
+    def drive():
+        try:
+            run_ruler(refs, settings, tmp_path / "ray", executor=executor(), log=lines.append)
+        except BaseException as err:  # noqa: BLE001 - raised again in the test's thread
+            failure.append(err)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    deadline = time.monotonic() + 240
+    while not (log_path.is_file() and log_path.read_text().count("\n") >= 32):
+        assert time.monotonic() < deadline and driver.is_alive(), (failure, lines)
+        time.sleep(0.02)
+    victims = _group_workers()
+    assert len(victims) == 1
+    killed_at = log_path.read_text().count("\n")
+    os.kill(victims[0].pid, signal.SIGKILL)
+    driver.join(timeout=300)
+    assert not failure and not driver.is_alive(), failure
+    assert killed_at == 32  # mid-unit: the first chunk durable, the second not yet
+    assert any("retried (attempt 2" in line for line in lines), lines
+
+    run_ruler(refs, settings, tmp_path / "local")
+    killed, local = outputs_of(tmp_path / "ray"), outputs_of(tmp_path / "local")
+    assert killed == local  # every sample once, in order, with the same predictions
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == list(range(40))
+    summary = json.loads(next((tmp_path / "ray").rglob("ruler-summary.json")).read_text())
+    assert summary["provenance"]["answered_by"]["niah_single_1 @ 1024"]["attempt"] == 2
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
+    """`kill` (SIGTERM) to `evalkit ruler --executor ray` mid-sweep: exit 143 (Ray's own handler
+    would abort, and Ray turns the handler's exit into status 1), no Ray process left behind;
+    the rerun completes from the logs."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.scale.helpers import SHIPPED
+
+    out = tmp_path / "out"
+    run = str(SHIPPED / "tiny-long-full-shipped")
+    command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", run, "--lengths", "1k",
+               "--tasks", "niah_single_1", "--samples", "40", "--executor", "ray", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not any("evaluate_group" in " ".join(p.cmdline()) for p in _descendants(process.pid)):
+        assert time.monotonic() < deadline and process.poll() is None, "no Ray worker started"
+        time.sleep(0.5)
+    family = {p.pid for p in _descendants(process.pid)}
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+        assert time.monotonic() < deadline, "a Ray process outlived the driver"
+        time.sleep(1)
+    assert subprocess.run(command, env=env, capture_output=True, timeout=300).returncode == 0
+    records = [json.loads(line) for path in out.rglob("*.jsonl") for line in path.read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == sorted(list(range(40)) * 2)  # two checkpoints, each sample once
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
