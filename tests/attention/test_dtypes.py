@@ -150,9 +150,9 @@ def kernel_inputs_and_projections(precision: str, position_offset: int):
     ]
     blocked = kernels._FUNCTIONS["blocked"]
 
-    def spy(q, k, v, doc_ids, scale=None):
+    def spy(q, k, v, doc_ids, scale=None, **window):
         captured.setdefault("kernel", (q, k))
-        return blocked(q, k, v, doc_ids, scale=scale)
+        return blocked(q, k, v, doc_ids, scale=scale, **window)
 
     batch = anchor_batch(position_offset=position_offset)
     kernels._FUNCTIONS["blocked"] = spy
