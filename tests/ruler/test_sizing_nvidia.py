@@ -271,7 +271,7 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
 
     seen = []
 
-    def capture(console, refs, settings, out, avg):
+    def capture(console, refs, settings, out, avg, scale=(None, None)):
         seen.append(settings)
         raise SystemExit(0)
 
