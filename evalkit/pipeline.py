@@ -318,6 +318,8 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Every unit of one checkpoint (`work`, evalkit.scale.plan.CheckpointWork: only its units,
     some computed elsewhere); writes and returns its summary."""
+    if work is not None and work.failure is not None:
+        raise work.failure  # computed elsewhere and failed there: the sweep records it
     results, skipped, answered = [], [], []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in benchmark.units() if work is None else work.units:

@@ -57,6 +57,9 @@ class CheckpointWork:
     positions: dict  # Unit -> index in benchmark.units()
     shard: dict[str, Any] | None = None
     outcomes: dict = field(default_factory=dict)  # Unit -> Outcome
+    # An error that ended this checkpoint's units elsewhere (a broken checkpoint on a Ray worker):
+    # raised by the pipeline for this checkpoint alone, which records it and goes on with the rest.
+    failure: BaseException | None = None
 
     def provenance(self, answered: list) -> dict[str, Any]:
         """What the summary records: the shard and, per result row block, its unit's position

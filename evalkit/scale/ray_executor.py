@@ -13,9 +13,10 @@ assigns every unit to exactly one group; a worker writes only its group's units'
 the driver writes summaries. Ray starts a retry of a group only after its worker is gone (a
 process killed, a node declared dead), and the retry resumes from the per-sample log, whose torn
 last line (if any) is dropped on reading: nothing lost, nothing twice. A unit skipped for a
-user error (does not fit, missing data) comes back as a skip and is not retried; an error in
-evalkit is raised in the driver as it would be locally. A killed driver takes its groups with
-it (Ray cancels a dead owner's tasks); a rerun of the same command resumes from the logs.
+user error (does not fit, missing data) comes back as a skip and is not retried; any other error
+(a broken checkpoint) fails that checkpoint alone, recorded by the pipeline as in a local sweep.
+A killed driver takes its groups with it (Ray cancels a dead owner's tasks); a rerun of the same
+command resumes from the logs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from evalkit.errors import Skipped, UserError
 from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
 from evalkit.scale.ray_start import exit_status_kept, init_ray
+from evalkit.storage import disk_full_error
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
 STATUS_EVERY_S = 10.0  # the driver's progress line
@@ -82,7 +84,14 @@ class RayExecutor:
             status.update(ray.get(reporter.snapshot.remote()))
             for ref in ready:
                 group = pending.pop(ref)
-                answer = _result(ray, ref, group)
+                try:
+                    answer = _result(ray, ref, group)
+                except Exception as err:  # this checkpoint failed: the others go on, as in a local sweep
+                    if disk_full_error(err) is not None:
+                        raise  # every later unit would fail the same way
+                    group.work.failure = group.work.failure or err
+                    status.failed(group, err)
+                    continue
                 attempts = ray.get(reporter.snapshot.remote())["attempts"]
                 group.collect(answer, attempts.get(group.name, 1))
                 status.finished(group)
@@ -197,6 +206,11 @@ class Status:
         samples = sum(e["done"] - e["first"] for e in entries)
         seconds = sum(e["at"] - e["since"] for e in entries)
         return samples / seconds if seconds > 0 else 0.0
+
+    def failed(self, group: Group, err: BaseException) -> None:
+        self.done += 1
+        self.finished_groups.add(group.name)
+        self.log(f"ray: {group.ref.run} step {group.ref.step} failed: {str(err).splitlines()[0]}")
 
     def finished(self, group: Group) -> None:
         self.done += 1

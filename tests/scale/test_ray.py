@@ -12,7 +12,7 @@ import time
 import pytest
 
 from evalkit.ruler.runner import run_ruler
-from tests.scale.helpers import outputs_of, run_cli, tiny_refs, tiny_settings
+from tests.scale.helpers import SHIPPED, outputs_of, run_cli, tiny_refs, tiny_settings
 
 ray = pytest.importorskip("ray")
 
@@ -150,3 +150,27 @@ def _descendants(pid: int) -> list:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
+
+
+def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(cluster, tmp_path):
+    """As a local sweep (tests/test_reliability_round2.py): the broken checkpoint's failure record,
+    the good ones' summaries equal to a local run of them alone, one line naming the failure."""
+    import shutil
+
+    from evalkit.errors import UserError
+    from evalkit.results.checkpoints import resolve_checkpoints
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(SHIPPED / "tiny-long-full-shipped", sweep)
+    bad = sweep / "step-550" / "model.safetensors"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    settings = tiny_settings(samples=2, tasks=["niah_single_1"])
+    refs = resolve_checkpoints([str(sweep)])
+    with pytest.raises(UserError, match="1 of 2 checkpoints failed.*truncated or corrupt"):
+        run_ruler(refs, settings, tmp_path / "ray", executor=executor())
+    record = json.loads((tmp_path / "ray" / "sweep" / "step-550" / "ruler-failed.json").read_text())
+    assert record["step"] == 550 and "truncated or corrupt" in record["reason"]
+    assert not (tmp_path / "ray" / "sweep" / "step-550" / "ruler-summary.json").exists()
+
+    run_ruler([r for r in refs if r.step == 600], settings, tmp_path / "local")
+    assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
