@@ -143,6 +143,55 @@ def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
     assert sorted(r["index"] for r in records) == sorted(list(range(40)) * 2)  # two checkpoints, each sample once
 
 
+@pytest.mark.slow
+def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
+    """kill -9 of `evalkit ruler --executor ray` (and of every process it started) while its
+    workers write: the rerun recomputes nothing stored, loses nothing, and its outputs equal an
+    uninterrupted local run's, record for record."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    out = tmp_path / "out"
+    run = str(SHIPPED / "tiny-long-full-shipped")
+    command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", run, "--lengths", "1k",
+               "--tasks", "niah_single_1", "--samples", "40", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    process = subprocess.Popen([*command, "--executor", "ray"], env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not any(path.read_text().count("\n") >= 8 for path in out.rglob("*.jsonl")):
+        assert time.monotonic() < deadline and process.poll() is None, "no samples written"
+        time.sleep(0.2)
+    family = [process.pid, *(p.pid for p in _descendants(process.pid))]
+    for pid in family:  # every process this test started, by id (Ray's own may leave the group)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+        assert time.monotonic() < deadline, "a process outlived its kill"
+        time.sleep(0.5)
+    before = {path: path.read_bytes() for path in out.rglob("*.jsonl")}
+    assert 8 <= sum(text.count(b"\n") for text in before.values()) < 80  # killed mid-sweep
+
+    rerun = subprocess.run([*command, "--executor", "local"], env=env, capture_output=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
+    straight = tmp_path / "straight"
+    refs = tiny_refs()
+    run_ruler(refs, tiny_settings(samples=40, tasks=["niah_single_1"]), straight)
+    assert outputs_of(out)[1] == outputs_of(straight)[1]  # every per-sample log, byte for byte
+    assert outputs_of(out)[0].keys() == outputs_of(straight)[0].keys()
+    for rel, summary in outputs_of(out)[0].items():
+        assert summary["rows"] == outputs_of(straight)[0][rel]["rows"]
+    for path, text in before.items():  # what was stored was kept (appended to, never redone)
+        complete = text[: text.rfind(b"\n") + 1]
+        assert path.read_bytes().startswith(complete)
+
+
 def _descendants(pid: int) -> list:
     import psutil
 
