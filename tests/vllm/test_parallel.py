@@ -42,6 +42,21 @@ def test_parallel_engines_answer_like_the_hf_engine(checkpoint, hf_engine, two_c
         stop_vllm_engine(engine)
 
 
+def test_two_data_parallel_replicas_answer_as_one_replica(checkpoint, two_cpu_workers):
+    """The replicas (Ray actors) against one vLLM engine of the same settings, directly: the same
+    greedy texts and packed log-probabilities, in the requests' order."""
+    many = PROMPTS * 3  # more requests than replicas, so the split and the reassembly both count
+    answers = {}
+    for replicas in (1, 2):
+        engine = start_vllm_engine(checkpoint, batch_size=4, packed=True, data_parallel_size=replicas)
+        try:
+            answers[replicas] = (engine.generate(many, 10), engine.logits_packed(PACKED))
+        finally:
+            stop_vllm_engine(engine)
+    assert answers[2][0] == answers[1][0]
+    torch.testing.assert_close(answers[2][1], answers[1][1], atol=LOGPROB_ATOL, rtol=0)
+
+
 SERVE_UNTIL_TERMINATED = """
 import signal, sys
 from evalkit.cli import _exit_on_sigterm
