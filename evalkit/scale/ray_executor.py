@@ -58,6 +58,8 @@ class RayExecutor:
         """Join the cluster (or start a local one with no address); True when this call did."""
         if ray.is_initialized():
             return False
+        if self.address:
+            _check_reachable(self.address)
         try:
             init_ray(address=self.address, **self.init_options)
         except ConnectionError as err:
@@ -241,6 +243,20 @@ def _result(ray, ref, group: Group):
         raise UserError(
             f"{group.name}: its worker died {MAX_RETRIES + 1} times ({type(err).__name__}); "
             "rerun the same command to resume from the per-sample logs"
+        ) from None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT that answers no connection is one line now: ray.init would retry it for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise UserError(
+            f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__} within "
+            f"{timeout_s:.0f} s); check --ray-address (the head node's HOST:PORT, as `ray start --head` printed it)"
         ) from None
 
 

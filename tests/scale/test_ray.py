@@ -223,3 +223,18 @@ def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(
 
     run_ruler([r for r in refs if r.step == 600], settings, tmp_path / "local")
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
+
+
+def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
+    """No cluster at --ray-address: refused within seconds (ray.init alone retries for minutes)."""
+    import socket
+
+    from evalkit.errors import UserError
+    from evalkit.scale.ray_executor import RayExecutor
+
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(UserError, match=f"cannot reach the Ray cluster at 127.0.0.1:{port} .* within 5 s"):
+        run_ruler(tiny_refs(), tiny_settings(), tmp_path / "out", executor=RayExecutor(address=f"127.0.0.1:{port}"))
+    assert not any((tmp_path / "out").rglob("*.json"))
