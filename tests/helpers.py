@@ -173,3 +173,20 @@ def probe_model(config, dtype: torch.dtype, seed: int = 0):
     model = AutoModel.from_config(config, dtype=dtype, attn_implementation=PROBE_ATTENTION).eval()
     model.load_state_dict(weights)
     return model
+
+
+def run_cli(args: list[str]) -> int:
+    """evalkit's entry point in this process (a subprocess would re-import torch): its exit status."""
+    import sys
+
+    from evalkit import cli
+
+    old = sys.argv
+    sys.argv = ["evalkit", *args]
+    try:
+        cli.main()
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    finally:
+        sys.argv = old
+    return 0

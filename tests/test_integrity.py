@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from evalkit import cli
 from evalkit.errors import UserError
 from evalkit.results.store import SampleLog
 from evalkit.ruler import cache as cache_module
 from evalkit.ruler import cache_path, dumps_jsonl, generate, load_or_generate, loads_jsonl
+from tests.helpers import run_cli
 
 TASK, LENGTH, N = "niah_single_1", 1024, 3
 SHIPPED = (
@@ -214,19 +214,6 @@ def test_ruler_refuses_an_edited_record_in_one_line(tmp_path, capsys):
     assert err.strip().splitlines()[-1].startswith(f"error: {log}:2 does not match its checksum")
     assert err.count("error:") == 1 and "Traceback" not in err  # one line after the progress, no traceback
     assert (log.parents[2] / "ruler-summary.json").read_text() == summary  # the edited score reached nothing
-
-
-def run_cli(args: list[str]) -> int:
-    """evalkit's entry point in this process (a subprocess would re-import torch): its exit status."""
-    old = sys.argv
-    sys.argv = ["evalkit", *args]
-    try:
-        cli.main()
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    finally:
-        sys.argv = old
-    return 0
 
 
 # ---------------------------------------------------------------------- the leaderboard

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from evalkit import cli
+from tests.helpers import run_cli  # noqa: F401  (the scale tests take it from here)
 
 SHIPPED = Path(__file__).parents[2] / "evalkit" / "checkpoints" / "tiny-long"
 TASKS = ["niah_single_1", "niah_single_2", "qa_1"]  # qa_1 without --qa-dir: a user-error skip
@@ -40,16 +39,3 @@ def outputs_of(out: Path) -> tuple[dict, dict]:
         elif path.suffix == ".jsonl":
             logs[rel] = path.read_bytes()
     return summaries, logs
-
-
-def run_cli(args: list[str]) -> int:
-    """evalkit's entry point in this process (a subprocess would re-import torch): its exit status."""
-    old = sys.argv
-    sys.argv = ["evalkit", *args]
-    try:
-        cli.main()
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    finally:
-        sys.argv = old
-    return 0
