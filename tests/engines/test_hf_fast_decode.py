@@ -19,12 +19,41 @@ import torch
 from evalkit.engines import get_engine
 from evalkit.engines.base import PackedRequest
 from tests.helpers import build_checkpoint, decode, greedy_without_cache
-from tests.ruler.conftest import qa_dir  # noqa: F401  (the fixture: tiny SQuAD/HotpotQA files)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "evalkit/checkpoints/tiny-long"
 SHIPPED_RUNS = ("tiny-long-anchor-shipped", "tiny-long-full-shipped", "tiny-long-intra_doc-shipped")
 # Every RULER task kind (ruler/kinds.py) at 1K; cwe at 2K, the shortest it fits with this tokenizer.
 ONE_TASK_PER_KIND = (("niah_multikey_1", 1024), ("vt", 1024), ("cwe", 2048), ("fwe", 1024), ("qa_1", 1024))
+
+
+@pytest.fixture(scope="module")
+def qa_dir(tmp_path_factory) -> Path:
+    """A small SQuAD v2 dev file in the real format (qa_1's dataset), from offline prose."""
+    import json
+    import re
+
+    from evalkit.corpus import prose_documents
+
+    folder = tmp_path_factory.mktemp("qa")
+    docs = [re.sub(r"\s+", " ", doc)[:500] for doc in prose_documents()[:80]]
+    articles = []
+    for a in range(20):
+        paragraphs = []
+        for p in range(4):
+            context = docs[a * 4 + p]
+            answer = context.split()[5]
+            qas = [
+                {
+                    "id": f"{a}-{p}",
+                    "question": f"Which word is sixth in {a}-{p}?",
+                    "is_impossible": False,
+                    "answers": [{"text": answer, "answer_start": context.index(answer)}],
+                }
+            ]
+            paragraphs.append({"context": context, "qas": qas})
+        articles.append({"title": f"Article {a}", "paragraphs": paragraphs})
+    (folder / "dev-v2.0.json").write_text(json.dumps({"version": "v2.0", "data": articles}))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +104,7 @@ def ruler_prompts(path: Path, task: str, length: int, qa_files: Path, cache_dir:
 
 
 @pytest.mark.parametrize("run", SHIPPED_RUNS)
-def test_shipped_checkpoints_answer_every_ruler_kind_at_1k_identically(run, qa_dir, ruler_cache):  # noqa: F811
+def test_shipped_checkpoints_answer_every_ruler_kind_at_1k_identically(run, qa_dir, ruler_cache):
     from evalkit.ruler.spec import task_spec
 
     path = _shipped_checkpoint(run)
@@ -91,7 +120,7 @@ def test_shipped_checkpoints_answer_every_ruler_kind_at_1k_identically(run, qa_d
         assert_same_answers(path, answers, batch_size=8)
 
 
-def test_padded_prefill_and_packed_requests_decode_identically(qa_dir, ruler_cache):  # noqa: F811
+def test_padded_prefill_and_packed_requests_decode_identically(qa_dir, ruler_cache):
     path = _shipped_checkpoint("tiny-long-anchor-shipped")
     prompts = ruler_prompts(path, "niah_single_1", 1024, qa_dir, ruler_cache)
     assert_same_answers(path, lambda engine: engine.generate(prompts, 40), batch_size=3, prefill="padded")
@@ -159,7 +188,7 @@ def test_fast_decode_false_reaches_the_engine_from_the_command_line(checkpoint):
 
 
 @pytest.mark.real
-def test_real_smollm2_answers_identically(smollm2, qa_dir, tmp_path):  # noqa: F811
+def test_real_smollm2_answers_identically(smollm2, qa_dir, tmp_path):
     """30 layers, 9 query heads over 3 key-value heads, RoPE base 1e5: the grouped SDPA at decoding."""
     prompts = ruler_prompts(smollm2, "niah_single_1", 1024, qa_dir, tmp_path)
     assert_same_answers(smollm2, lambda engine: engine.generate(prompts, 24), batch_size=4)
