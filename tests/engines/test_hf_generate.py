@@ -92,7 +92,9 @@ def test_bf16_engine_generates(checkpoint):
 
 def test_padded_prefill_rows_get_the_positions_they_would_have_alone(checkpoint, monkeypatch):
     """RoPE makes a shifted row almost equal in fp32, which hides wrong positions; in bf16 they matter."""
-    engine = engine_for(checkpoint, batch_size=len(PROMPTS), prefill="padded")
+    # Decoding through model.forward, where the spy sees it (the fast step's positions are checked
+    # by its logits equalling these, test_hf_fast_decode.py).
+    engine = engine_for(checkpoint, batch_size=len(PROMPTS), prefill="padded", fast_decode=False)
     calls = []
     original = engine.model.forward
 
