@@ -9,12 +9,19 @@ a cell twice (a summary holding one cell twice is refused by the leaderboard).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
 
-def parse_list(value: str | Iterable, parse: Callable[[str], T] = str.strip) -> list[T]:
+# Items of an iterable that are not strings are taken as already parsed: they pass through as they are.
+@overload
+def parse_list(value: str | Iterable[T]) -> list[str | T]: ...
+@overload
+def parse_list(value: str | Iterable[str | T], parse: Callable[[str], T]) -> list[T]: ...
+
+
+def parse_list(value: str | Iterable, parse: Callable[[str], Any] = str.strip) -> list[Any]:
     """`value` split at commas (or an iterable of items), each item parsed, duplicates dropped."""
     items = value.split(",") if isinstance(value, str) else list(value)
     parsed = [parse(item.strip()) if isinstance(item, str) else item for item in items if _given(item)]

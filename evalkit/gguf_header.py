@@ -87,7 +87,7 @@ def _walk(cursor: _Cursor, file_size: int) -> None:
         key = cursor.string("a metadata key")
         (value_type,) = cursor.unpack("<I", "a metadata value type")
         value = _skip_value(cursor, value_type, key.decode("utf-8", "replace"), depth=0)
-        if key == b"general.alignment" and value_type == 4:
+        if key == b"general.alignment" and value_type == 4 and value is not None:  # uint32s are returned
             alignment = value
     if alignment <= 0 or alignment & (alignment - 1):
         raise _Corrupt(f"general.alignment is {alignment}, not a power of two")

@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timezone
 from functools import cache
 from pathlib import Path
+from typing import cast
 
 import evalkit
 
@@ -125,7 +126,8 @@ def command_line() -> str:
 def provenance_lines(info: dict[str, object] | None = None) -> list[str]:
     """Markdown lines naming the machine and the evalkit commit behind a report."""
     info = info or stamp()
-    machine_line = ", ".join(f"{k} {v}" for k, v in info["machine"].items())
+    machine = cast(dict, info["machine"])  # a stamp's machine is the dict machine() returns
+    machine_line = ", ".join(f"{k} {v}" for k, v in machine.items())
     return [
         f"Machine: {machine_line}",
         "",

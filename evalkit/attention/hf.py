@@ -101,7 +101,8 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     for module in modules:
         for handle in getattr(module, "_evalkit_rope_hooks", []):
             handle.remove()  # setting it again replaces the earlier setting
-        module._evalkit_rope_hooks = [module.register_forward_hook(_rope_precision_hook(precision))]
+        # (ignore: torch types what a Module's attributes may be set to as Tensor | Module)
+        module._evalkit_rope_hooks = [module.register_forward_hook(_rope_precision_hook(precision))]  # type: ignore[assignment]
 
 
 def _no_padding_mask(*, attention_mask=None, **_kwargs):

@@ -180,7 +180,8 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
         for i, seg in enumerate(segments):
             q, k, v = (p[i] for p in pieces)
             if seg.num_prefix:
-                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))
+                # (ignore: anchors are None only when no document has a prefix; segment 0 is the anchor's own)
+                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))  # type: ignore[list-item]
             positions = seg.k_index  # the rows here are [anchor, document]: their positions in order
             is_anchor = doc_row[positions] == ANCHOR_DOC_ID
             out = _segment_sdpa(
@@ -517,7 +518,7 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
     if key not in _compiled_flex:
         frame = _flex_frame()
         compiled = torch.compile(frame, dynamic=dynamic, backend=COMPILE_BACKEND)
-        compiled.frame = frame  # what flex_compile_counts reads Dynamo's cache from
+        compiled.frame = frame  # type: ignore[attr-defined]  # a function attribute: flex_compile_counts reads it
         _compiled_flex[key] = compiled
     return _compiled_flex[key]
 
@@ -532,7 +533,8 @@ def flex_compile_counts() -> dict[tuple, int]:
     (recompile_limit()) applies to, one function at a time."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    return {key: len(_debug_get_cache_entry_list(fn.frame.__code__)) for key, fn in _compiled_flex.items()}
+    # (ignore: .frame is an attribute flex_attention_function sets on each function it compiles)
+    return {key: len(_debug_get_cache_entry_list(fn.frame.__code__)) for key, fn in _compiled_flex.items()}  # type: ignore[attr-defined]
 
 
 def fail_on_recompile_limit() -> None:

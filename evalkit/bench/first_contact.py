@@ -117,7 +117,8 @@ def _probe_model(impl: str, device: str):
         max_position_embeddings=4096,
         attention_dropout=0.0,
     )
-    model = LlamaForCausalLM(config).to(device)  # fp32: the trainer's master weights
+    # (ignore: transformers wraps PreTrainedModel.to with functools.wraps, which mypy types as unbound)
+    model = LlamaForCausalLM(config).to(device)  # type: ignore[arg-type]  # fp32: the trainer's master weights
     model.set_attn_implementation(hf_name(impl))
     return model
 
@@ -156,7 +157,7 @@ def probe_dtypes(log: ResultLog, device: str) -> bool:
     batch = {
         "input_ids": packed.input_ids[None].to(device),
         "position_ids": packed.position_ids[None].to(device),
-        "doc_ids": packed.attention_doc_ids()[None].to(device),
+        "doc_ids": packed.doc_ids[None].to(device),
     }
     ok = True
     impls = available_implementations(device)
@@ -233,7 +234,7 @@ def flex_against_dense(log: ResultLog, device: str, sizes: Sizes) -> bool:
     ok = True
     for length in sizes.attention_lengths:
         docs = [[5] * n for n in document_lengths(length, max(16, length // 16), seed=length)]
-        doc_ids = pack(docs, length, "anchor", bos_id=1, eos_id=2).attention_doc_ids()[None].to(device)
+        doc_ids = pack(docs, length, "anchor", bos_id=1, eos_id=2).doc_ids[None].to(device)
         g = torch.Generator(device="cpu").manual_seed(length)
         q, k, v = (torch.randn(1, h, length, dim, generator=g).to(device, torch.bfloat16) for h in (hq, hkv, hkv))
         gout = torch.randn(1, hq, length, dim, generator=g).to(device, torch.bfloat16)
@@ -245,7 +246,8 @@ def flex_against_dense(log: ResultLog, device: str, sizes: Sizes) -> bool:
             _sync(device)
             started = time.perf_counter()
             with torch.set_grad_enabled(backward):
-                out = document_attention(*leaves, doc_ids, impl=impl)
+                # (ignore: mypy cannot count the list; leaves are q, k, v)
+                out = document_attention(*leaves, doc_ids, impl=impl)  # type: ignore[call-arg, arg-type]
                 grads = torch.autograd.grad(out, leaves, gout) if backward else ref_grads
             _sync(device)
             out_error, grad_error = _errors(out, grads, ref_out, ref_grads)
@@ -362,7 +364,11 @@ def _machine(device: str) -> dict:
 
     import transformers
 
-    info = {"device": device, "torch": torch.__version__, "transformers": transformers.__version__}
+    info: dict[str, str | None] = {
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     info["python"] = platform.python_version()
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)

@@ -79,7 +79,7 @@ def general_command(
         limit=limit,
         engine=engine,
         engine_settings=settings,
-        include_path=include_path,
+        include_path=include_path,  # type: ignore[arg-type]  # only read there: list[str] is safe
         avg=avg,
         too_long=too_long,
         progress=lambda task, done, total: (

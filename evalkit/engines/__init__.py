@@ -50,7 +50,7 @@ def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
     """The engine `name` over the checkpoint at `model_path`; settings are the engine's keyword options."""
     cls = engine_class(name)
     _check_settings(name, cls, settings)
-    return cls(model_path, **settings)
+    return cls(model_path, **settings)  # type: ignore[call-arg]  # every engine's constructor takes the path
 
 
 def engine_class(name: str) -> type[Engine]:
@@ -66,7 +66,7 @@ def engine_class(name: str) -> type[Engine]:
     return getattr(importlib.import_module(entry.module), entry.class_name)
 
 
-def _check_settings(name: str, engine_class: type, settings: dict) -> None:
+def _check_settings(name: str, engine_class: type[Engine], settings: dict) -> None:
     """A UserError naming unknown settings, rather than a TypeError from deep inside a constructor."""
     parameters = inspect.signature(engine_class.__init__).parameters
     known = [p for p, spec in parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY]

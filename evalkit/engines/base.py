@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, overload
 
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
@@ -57,7 +57,7 @@ class PackedRequest:
     itself and the anchor only; the question and all generated tokens attend to everything.
     """
 
-    documents: list[Prompt]
+    documents: Sequence[Prompt]
     question: Prompt
 
 
@@ -126,7 +126,7 @@ class Engine(ABC):
         check_max_new_tokens(max_new_tokens)
         encoded = [self._checked_prompt(self.encode(p), max_new_tokens, on_overflow) for p in prompts]
         runnable = [i for i, ids in enumerate(encoded) if ids is not None]
-        texts = self._generate_tokens([encoded[i] for i in runnable], max_new_tokens, list(stop or []))
+        texts = self._generate_tokens([ids for ids in encoded if ids is not None], max_new_tokens, list(stop or []))
         outputs: list[str | None] = [None] * len(encoded)
         for i, text in zip(runnable, texts):
             outputs[i] = text
@@ -143,9 +143,18 @@ class Engine(ABC):
         requests = [tok.encode_pair(self.tokenizer, context, continuation) for context, continuation in pairs]
         return self.loglikelihood_tokens(requests, on_overflow=on_overflow)
 
+    @overload
+    def loglikelihood_tokens(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: Literal["error"] = "error"
+    ) -> list[tuple[float, bool]]: ...
+    @overload
+    def loglikelihood_tokens(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy
+    ) -> list[tuple[float, bool] | None]: ...
+
     def loglikelihood_tokens(
         self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy = "error"
-    ) -> list[tuple[float, bool] | None]:
+    ) -> list[Any]:  # None entries only under on_overflow="skip", as the overloads say
         """(sum of log p(continuation ids | context ids), every continuation token is the argmax).
 
         A request that needs more than max_length tokens of input raises a UserError naming the
@@ -153,17 +162,17 @@ class Engine(ABC):
         its entry is None. An empty continuation scores (0.0, True): log p(nothing) = 0.
         """
         _check_overflow_policy(on_overflow)
-        requests = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
-        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        pairs = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
+        results: list[tuple[float, bool] | None] = [None] * len(pairs)
         to_score = []
-        for i, (context, continuation) in enumerate(requests):
+        for i, (context, continuation) in enumerate(pairs):
             if not context:
                 raise ValueError("a loglikelihood request needs at least one context token to condition on")
             if not continuation:
                 results[i] = (0.0, True)
             elif self._pair_fits(context, continuation, on_overflow):
                 to_score.append(i)
-        for i, result in zip(to_score, self._score_tokens([requests[i] for i in to_score])):
+        for i, result in zip(to_score, self._score_tokens([pairs[i] for i in to_score])):
             results[i] = result
         return results
 

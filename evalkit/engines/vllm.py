@@ -172,7 +172,8 @@ class _RayReplica:
         import ray
 
         actor = ray.remote(_ReplicaActor).options(max_restarts=0, **resources)
-        self.actor = actor.remote(llm_options, environment, packed)
+        # Any: Ray types an actor's methods without .remote unless each is decorated with @ray.method
+        self.actor: Any = actor.remote(llm_options, environment, packed)
         self.facts: dict[str, Any] | None = None
         self._pending = None
         atexit.register(self.close)  # a replica never told to stop is stopped with this process
@@ -513,6 +514,8 @@ class VLLMEngine(PackedEngine):
     def _checked_facts(self) -> dict[str, Any]:
         replica = self._replicas[0]
         facts = replica.facts if isinstance(replica, _RayReplica) else _config_facts(replica.vllm_config())
+        if facts is None:  # set by wait_ready, which _start_replicas calls for every replica
+            raise RuntimeError("a vLLM replica's facts were read before it was ready")
         if self.packed and facts["use_v2_model_runner"]:
             raise UserError(
                 "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
@@ -677,7 +680,8 @@ class VLLMEngine(PackedEngine):
 def _continuation_score(answer: _Answer, context_length: int, continuation: list[int]) -> tuple[float, bool]:
     """(sum log p(continuation), all greedy): prompt positions score all but the last token."""
     total, greedy = 0.0, True
-    for logprob, rank in answer.prompt_scores[context_length:]:
+    # (ignore: only position 0, never a continuation's, has no score)
+    for logprob, rank in answer.prompt_scores[context_length:]:  # type: ignore[misc]
         total += logprob
         greedy = greedy and rank == 1
     total += answer.first_step[continuation[-1]]
@@ -737,7 +741,7 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
     FlashAttention backend, which serves bf16 and fp16 only."""
     text = config.get_text_config()
     window = getattr(text, "sliding_window", None)
-    windowed = bool(window) and getattr(text, "use_sliding_window", True) is not False and window < max_length
+    windowed = bool(window and getattr(text, "use_sliding_window", True) is not False and window < max_length)
     from evalkit.attention.features import unsupported_attention_features
 
     problems = {

@@ -57,7 +57,9 @@ class TaskCatalog:
         # defined in the include paths (evalkit's fixtures, a user's folder of tasks).
         manager = TaskManager(include_path=include_paths, include_defaults=False) if include_paths else None
         self.complete = manager is None or not set(names) <= set(manager.all_tasks)
-        self.manager = TaskManager(include_path=include_paths or None) if self.complete else manager
+        if manager is None or self.complete:
+            manager = TaskManager(include_path=include_paths or None)
+        self.manager = manager
 
     def check(self, names: list[str]) -> None:
         for name in names:

@@ -43,7 +43,7 @@ class RequestsExceedWindow(TaskCannotRun):
             f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "
             "longer window, or the engine's max_length setting"
         )
-        self.details = self.counts()  # kept in the skip record: reports count the requests that did not fit
+        self.details = dict(self.counts())  # kept in the skip record: reports count the requests that did not fit
 
     def counts(self) -> dict[str, int]:
         """What a skip record keeps, so that reports can count the requests that did not fit."""

@@ -205,7 +205,8 @@ def probe_attention_forward(
     _refuse_what_the_probe_does_not_compute(module, _kwargs)
     batch, heads, seq_len, head_dim = query.shape
     if probe_recorder is not None:
-        probe_recorder.check_inputs(module.layer_idx, query, key, sliding_window)
+        # (ignore: layer_idx is an int; torch types Module attributes as Tensor | Module)
+        probe_recorder.check_inputs(module.layer_idx, query, key, sliding_window)  # type: ignore[arg-type]
     # Under the fp32 RoPE variant q and k arrive rotated in FP32: this cast is their one rounding.
     query, key = query.to(value.dtype), key.to(value.dtype)
     scaling = head_dim**-0.5 if scaling is None else scaling
@@ -221,7 +222,8 @@ def probe_attention_forward(
         )
         if probe_recorder is not None:
             first = _first_key_logits(logits, start, key_start, sliding_window)
-            probe_recorder.add_block(module.layer_idx, probs, key_start, first)
+            # (ignore: layer_idx is an int; torch types Module attributes as Tensor | Module)
+            probe_recorder.add_block(module.layer_idx, probs, key_start, first)  # type: ignore[arg-type]
         values = value[:, :, key_start:stop].unsqueeze(2)
         out = torch.matmul(_grouped(probs, kv_heads), values)
         out_BHSD[:, :, start:stop] = out.reshape(batch, heads, stop - start, head_dim)

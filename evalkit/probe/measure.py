@@ -73,7 +73,8 @@ def _check_model(model: torch.nn.Module) -> None:
 
 
 def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
-    return model.get_input_embeddings().weight.dtype
+    # (ignore: torch types a Module's attributes, here HF's get_input_embeddings, as Tensor | Module)
+    return model.get_input_embeddings().weight.dtype  # type: ignore[operator]
 
 
 @torch.inference_mode()

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
     from transformers import AutoModel
 
     register_probe_attention()
-    common = {"dtype": torch_dtype(dtype), "attn_implementation": PROBE_ATTENTION}
+    common: dict[str, Any] = {"dtype": torch_dtype(dtype), "attn_implementation": PROBE_ATTENTION}
     if condition == "random_init":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from evalkit.checkpoint_check import check_checkpoint
 from evalkit.errors import UserError
 from evalkit.results.checkpoints import STEP_DIR
 from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TRAINER_STATE = "trainer_state.pt"
 META = "meta.json"
@@ -58,7 +62,7 @@ def remove_partial(run_dir: Path) -> None:
         shutil.rmtree(child, ignore_errors=True)
 
 
-def _output_embedding_key(model: torch.nn.Module) -> str | None:
+def _output_embedding_key(model: PreTrainedModel) -> str | None:
     head = model.get_output_embeddings()
     for name, module in model.named_modules():
         if module is head:
@@ -87,7 +91,9 @@ def write_checkpoint(
     tmp.mkdir(parents=True)
     weights = dict(model_state)
     if getattr(model.config, "tie_word_embeddings", False):
-        weights.pop(_output_embedding_key(model), None)  # stored once, as the input embedding
+        head_key = _output_embedding_key(model)
+        if head_key is not None:
+            weights.pop(head_key, None)  # stored once, as the input embedding
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
         weights = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in weights.items()}

@@ -17,10 +17,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from evalkit.train.loop import MaskedLMLoss
 
 
 @dataclass
@@ -97,14 +100,14 @@ def mixed_precision_policy(dtype: str):
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
-def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
+def shard(model: MaskedLMLoss, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
     """FSDP2 over the loss wrapper: each decoder layer its own unit, the root holds embeddings, norm, head."""
     if not ctx.distributed:
         return model
     from torch.distributed.fsdp import fully_shard
 
     policy = mixed_precision_policy(dtype)
-    for layer in model.lm.base_model.layers:
+    for layer in cast(torch.nn.ModuleList, model.lm.base_model.layers):  # HF decoders hold them in one
         if policy is None:
             fully_shard(layer)
         else:
@@ -145,7 +148,10 @@ def full_model_state(model: torch.nn.Module, ctx: DistContext) -> dict[str, torc
     """Unsharded weights on CPU, keyed by parameter name, in any world size."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = get_model_state_dict(model, options=_full_options(cpu_offload=ctx.distributed))
+    # A model's state dict holds only tensors (the type's other members are for optimizer states).
+    state = cast(
+        dict[str, torch.Tensor], get_model_state_dict(model, options=_full_options(cpu_offload=ctx.distributed))
+    )
     return {k: v.detach().cpu() for k, v in state.items()}
 
 

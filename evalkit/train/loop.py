@@ -14,6 +14,7 @@ import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ from evalkit.train.config import TrainConfig, check_inputs
 from evalkit.train.data import DocumentSource, WindowStream, domain_tag_ids, open_source
 from evalkit.train.model import build_model, load_tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 LOSS_CHUNK = 4096  # target tokens per chunk of the output projection (bounds logits memory)
 METRICS = "metrics.jsonl"
 
@@ -52,7 +56,7 @@ class MaskedLMLoss(torch.nn.Module):
     embedding/head weights, which the root unit gathers only inside the root's forward.
     """
 
-    def __init__(self, lm: torch.nn.Module, window_anchor: str = "window"):
+    def __init__(self, lm: PreTrainedModel, window_anchor: str = "window"):
         super().__init__()
         self.lm = lm
         self.window_anchor = window_anchor  # how the anchor meets sliding layers' windows (attention.masks)
@@ -73,7 +77,7 @@ class MaskedLMLoss(torch.nn.Module):
         return total
 
 
-def collate(windows: list[PackedSequence], device: torch.device) -> dict[str, torch.Tensor]:
+def collate(windows: list[PackedSequence], device: torch.device) -> dict[str, torch.Tensor | None]:
     doc_ids = None
     if windows[0].paradigm.masks_documents:
         doc_ids = torch.stack([w.doc_ids for w in windows]).to(device)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.train.config import TrainConfig
@@ -43,7 +44,7 @@ ACTIVATION_BYTES = {"bf16": (42, 10, 12), "fp32": (44, 12, 24)}
 
 # The paper's base models (their published config.json), for recipes naming a hub model
 # that is not on this machine.
-KNOWN_ARCHITECTURES = {
+KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {  # Architecture's fields
     "meta-llama/Llama-2-7b-hf": dict(
         hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000, tied=False
     ),

@@ -99,14 +99,14 @@ def _set_rope_theta(hf_config, theta: float) -> None:
     hf_config.rope_parameters = params
 
 
-def _checkpoint_config(config: TrainConfig):
-    """The HF config of model.path, with this run's RoPE base and window."""
+def _checkpoint_config(config: TrainConfig, path: str):
+    """The HF config of the checkpoint at `path` (model.path), with this run's RoPE base and window."""
     from transformers import AutoConfig
 
     m = config.model
-    if Path(m.path).is_dir():  # before AutoConfig, which fails on a broken config.json with a traceback
-        check_checkpoint(m.path, trust_remote_code=m.trust_remote_code)
-    hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+    if Path(path).is_dir():  # before AutoConfig, which fails on a broken config.json with a traceback
+        check_checkpoint(path, trust_remote_code=m.trust_remote_code)
+    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
     check_attention_supported(hf_config, "evalkit train")  # before any weight is read
     if m.rope_theta is not None:
         _set_rope_theta(hf_config, m.rope_theta)
@@ -134,7 +134,7 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights
         if m.path is None:
             hf_config = _scratch_config(config, tokenizer)
         else:
-            hf_config = _checkpoint_config(config)
+            hf_config = _checkpoint_config(config, m.path)
         if not weights:
             model = _model_without_weights(hf_config, attn, m.trust_remote_code)
         elif m.path is None:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import torch
 
 from evalkit.markdown import markdown_row, markdown_table
-from evalkit.train.synthetic import PHRASINGS, copy_example, retrieval_example
+from evalkit.train.synthetic import PHRASINGS, RetrievalExample, copy_example, retrieval_example
 
 
 def retrieval_kind(phrasing: str) -> str:
@@ -31,7 +31,7 @@ def retrieval_kind(phrasing: str) -> str:
     return "retrieval" if phrasing == "plain" else f"retrieval-{phrasing}"
 
 
-EXAMPLES = {
+EXAMPLES: dict[str, Callable[[int, int, int], RetrievalExample]] = {
     **{retrieval_kind(phrasing): partial(retrieval_example, phrasing=phrasing) for phrasing in PHRASINGS},
     "copy": copy_example,
 }
@@ -89,7 +89,8 @@ def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+    # (ignore: transformers wraps PreTrainedModel.to with functools.wraps, which mypy types as unbound)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()  # type: ignore[arg-type]
 
     def forward(input_ids: torch.Tensor):
         return model(input_ids.to(device))

@@ -99,7 +99,8 @@ def _filler(rng: random.Random, chars: int) -> list[str]:
         return [line] * max(1, chars // (len(line) + 1))
     sentences = _sentences()
     start = rng.randrange(len(sentences))
-    out, size = [], 0
+    out: list[str] = []
+    size = 0
     while size < chars:
         sentence = sentences[(start + len(out)) % len(sentences)]
         out.append(sentence)
