@@ -77,7 +77,8 @@ def generate(
 
     Sample i depends on (seed, task, length, i) and the data, never on `num_samples`. `first`:
     samples 0..k-1 generated before with the same arguments (a cache file); only the rest are
-    generated, and the result equals a fresh call's.
+    generated, and the result equals a fresh call's (unless this tokenizer's piece counts do not
+    add up: then only the new samples are tokenised in full, the stored ones are kept).
 
     Raises TaskDataMissing when the task's data is not available and TaskDoesNotFit (with the
     minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full.
@@ -101,7 +102,8 @@ def generate(
             f"{task}: this tokenizer's counts do not add up piece by piece; tokenising every prompt in full (slower)",
             stacklevel=2,
         )
-        return _fit_samples(generator, range(num_samples), exact=True, sizing=sizing)  # stored ones too
+        # The stored ones stay as they are: answers stored for them must keep meaning them.
+        return first + _fit_samples(generator, missing, exact=True, sizing=sizing)
     except (TooLong, TaskDoesNotFit):
         needed = _smallest_length(spec, counter, int(length), int(seed), fmt, num_samples, data)
         raise TaskDoesNotFit(task, length, needed) from None

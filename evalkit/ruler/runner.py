@@ -75,11 +75,10 @@ class RulerSettings:
     max_length: int | None = None
     sizing: str = DEFAULT_SIZING  # "exact" or "nvidia" (evalkit.ruler.fitting); keyed into data and sample logs
     prompt_format: str = "base"  # "base": the task text as is; "chat": inside the tokenizer's chat template
-    # "standard": one causal prompt; "anchor": documents apart (evalkit.ruler.encoding). A cell of its own.
+    # "standard": one causal prompt; "anchor": documents apart (evalkit.ruler.encoding), of about
+    # doc_tokens tokens each. A cell of its own: each row names its encoding.
     encoding: str = setting(STANDARD, role=SELECTION)
-    doc_tokens: int = setting(
-        DEFAULT_DOC_TOKENS, role=SELECTION
-    )  # anchor encoding: about this many tokens per document
+    doc_tokens: int = setting(DEFAULT_DOC_TOKENS, role=SELECTION)
     engine_args: dict[str, Any] = field(default_factory=dict)  # --engine-arg: more engine settings, checked
 
     def __post_init__(self) -> None:
