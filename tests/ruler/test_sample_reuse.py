@@ -64,6 +64,12 @@ def test_growing_computes_only_new_samples_and_shrinking_none(tmp_path, answered
     assert answered == [] and shrunk["rows"] == pilot["rows"]  # the first 3 of 6, nothing computed
     assert len(log_records(tmp_path / "grown")) == 6  # the other answers stay stored for later
 
+    from evalkit.results.samples import load_series  # `evalkit compare` reads the 3 the summary scored
+
+    (series,) = load_series([str(tmp_path / "grown")]).values()
+    (cells,) = series.checkpoints.values()
+    assert [len(samples) for samples in cells.values()] == [3]
+
 
 def test_settings_that_change_answers_are_answered_anew_batch_size_is_not(tmp_path, answered):
     out = tmp_path / "out"
