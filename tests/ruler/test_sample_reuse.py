@@ -143,3 +143,22 @@ def test_results_stored_by_an_older_evalkit_are_reused_not_recomputed(tmp_path, 
                 assert row["n"] == samples and row["score"] == pytest.approx(by_hand, abs=0.005)
                 if samples == 30:
                     assert row in stored["rows"]  # the very row the older evalkit wrote
+
+
+def test_a_cache_file_named_with_its_count_by_an_older_evalkit_is_carried_over(small_tokenizer, tmp_path, monkeypatch):
+    import evalkit.ruler.generation as generation
+    from evalkit.ruler.cache import cache_path, dumps_entry, legacy_data_key
+
+    four = generate("vt", small_tokenizer, 2048, 4)
+    new = cache_path("vt", small_tokenizer, 2048, 42, tmp_path)
+    old = new.parent / f"2048-n4-s42-{legacy_data_key('vt', 2048, 4, 42)}.jsonl"  # as evalkit named it then
+    old.parent.mkdir(parents=True)
+    old.write_text(dumps_entry(four))
+    (new.parent / f"2048-n9-s42-{'0' * 20}.jsonl").write_text(dumps_entry(four))  # another key's: never read
+
+    asked = []
+    real = generation.generate
+    monkeypatch.setattr(generation, "generate", lambda *a, **k: asked.append(len(k.get("first", ()))) or real(*a, **k))
+    assert load_or_generate("vt", small_tokenizer, 2048, 3, cache_dir=tmp_path) == four[:3] and asked == []
+    six = load_or_generate("vt", small_tokenizer, 2048, 6, cache_dir=tmp_path)
+    assert asked == [4] and six == real("vt", small_tokenizer, 2048, 6) and new.is_file()
