@@ -57,7 +57,7 @@ def test_an_edited_cache_entry_is_regenerated_and_warned_about_once(
 ):
     expected = generate(TASK, tokenizer, LENGTH, N)  # straight from the generator, no cache
     load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
-    path = cache_path(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
+    path = cache_path(TASK, tokenizer, LENGTH, cache_dir=tmp_path)
     header, *lines = path.read_text().splitlines()
     lines[1] = with_changed_answer(lines[1])
     path.write_text("\n".join([header, *lines]) + "\n")
@@ -75,7 +75,7 @@ def test_an_edited_cache_entry_is_regenerated_and_warned_about_once(
 
 def test_a_cache_entry_whose_checksum_line_was_edited_is_regenerated(tokenizer, tmp_path, fresh_warnings):
     expected = load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
-    path = cache_path(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
+    path = cache_path(TASK, tokenizer, LENGTH, cache_dir=tmp_path)
     lines = sample_lines(path)
     edited = [with_changed_answer(lines[0]), *lines[1:]]
     # The edit with a checksum recomputed the wrong way (over the raw text, not the samples' content).
@@ -86,7 +86,7 @@ def test_a_cache_entry_whose_checksum_line_was_edited_is_regenerated(tokenizer, 
 
 def test_only_content_counts_not_key_order_or_spacing(tokenizer, tmp_path, monkeypatch):
     expected = load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
-    path = cache_path(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path)
+    path = cache_path(TASK, tokenizer, LENGTH, cache_dir=tmp_path)
     header = path.read_text().splitlines()[0]
     reordered = [
         json.dumps(dict(reversed(list(json.loads(line).items()))), indent=None, separators=(", ", ": "))
@@ -103,7 +103,7 @@ def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(
     expected = {task: generate(task, tokenizer, LENGTH, N) for task in (TASK, "niah_single_2")}
     for task, samples in expected.items():  # the old format: sample lines only, and one answer edited
         edited = [dataclasses.replace(samples[0], outputs=["1234567"]), *samples[1:]]
-        path = cache_path(task, tokenizer, LENGTH, N, cache_dir=tmp_path)
+        path = cache_path(task, tokenizer, LENGTH, cache_dir=tmp_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dumps_jsonl(edited))
     capsys.readouterr()
@@ -113,7 +113,7 @@ def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == 1 and "without a checksum" in warnings[0]  # once for the whole old cache
     for task, samples in expected.items():  # rewritten in the new format
-        path = cache_path(task, tokenizer, LENGTH, N, cache_dir=tmp_path)
+        path = cache_path(task, tokenizer, LENGTH, cache_dir=tmp_path)
         assert cache_module.read_entry(path, N) == samples and loads_jsonl("\n".join(sample_lines(path))) == samples
 
 

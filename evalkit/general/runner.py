@@ -18,19 +18,19 @@ for sampling) is recorded as skipped with a one-line reason, and the other tasks
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.general.errors import RequestsExceedWindow
+from evalkit.identity import EXECUTION, SELECTION, identity_key, setting
 from evalkit.pipeline import (
     Averages,
     EngineChoice,
@@ -53,8 +53,6 @@ SUMMARY = summary_name("general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
 TOO_LONG_CHOICES = ("task", "documents", "middle")
-# Engine settings that change speed, not what is measured: a rerun with another batch size keeps results.
-EXECUTION_ONLY_SETTINGS = ("batch_size", "device")
 # lm-eval warns once per task when the shots differ from the YAML; evalkit records the shots of every task.
 REDUNDANT_LM_EVAL_WARNINGS = ("Overwriting default num_fewshot",)
 
@@ -63,15 +61,20 @@ Progress = Callable[[str, int, int], None]  # (task, requests done, requests tot
 
 @dataclass
 class GeneralSettings:
-    """What the user asked for; recorded with every result."""
+    """What the user asked for; recorded with every result. A stored task result is reused when
+    its key (evalkit.identity: every field but those marked otherwise) matches."""
 
-    tasks: list[str]
-    num_fewshot: int | None = None
+    tasks: list[str] = setting(role=SELECTION)
+    num_fewshot: int | None = None  # keyed as the shots in effect (the task's standard when None)
     limit: float | None = None
     engine: str = "hf"
-    engine_settings: dict[str, Any] = field(default_factory=dict)
-    include_paths: list[str] = field(default_factory=list)
-    too_long: str = "task"  # a document over the window skips its task, itself ("documents") or its middle
+    # The engine's keyword settings; batch size and device change speed, not what is measured.
+    engine_settings: dict[str, Any] = setting(default_factory=dict, execution_keys=("batch_size", "device"))
+    # Where lm-eval finds task files: paths of this checkout, not keyed (a task is keyed by its name).
+    include_paths: list[str] = setting(default_factory=list, role=EXECUTION)
+    # A document over the window skips its task, itself ("documents") or its middle; keyed only
+    # when not "task", so records stored before the choice existed still hold.
+    too_long: str = setting("task", keyed_since_default=True)
 
 
 @dataclass(frozen=True)
@@ -240,19 +243,7 @@ def _check_limit(limit: float | None) -> None:
 
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
     shots, source = catalog.fewshot(name, settings.num_fewshot)
-    measured = {
-        key: value for key, value in sorted(settings.engine_settings.items()) if key not in EXECUTION_ONLY_SETTINGS
-    }
-    identity = {
-        "task": name,
-        "num_fewshot": shots,
-        "limit": settings.limit,
-        "engine": settings.engine,
-        "engine_settings": measured,
-    }
-    if settings.too_long != "task":  # only the other choice keys in: records stored before it existed still hold
-        identity["too_long"] = settings.too_long
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    key = identity_key(settings, task=name, num_fewshot=shots)
     return TaskPlan(name, shots, source, key)
 
 

@@ -171,7 +171,8 @@ def _ruler_cells(summary: dict, directory: Path):
         log = (
             directory / "ruler" / row["task"] / (f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl")
         )
-        records = _read_log(log)
+        count = row.get("n")  # a log may hold more samples than the cell averages (its first n)
+        records = [r for r in _read_log(log) if count is None or int(r["index"]) < int(count)]
         samples = {
             int(r["index"]): Sample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
             for r in records

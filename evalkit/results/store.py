@@ -3,8 +3,9 @@
     <out>/<run>/step-<N>/ruler/<task>/<length>.jsonl   one line per finished sample (appended, fsynced)
     <out>/<run>/step-<N>/ruler-summary.json            long-form rows + provenance (atomic)
 
-A per-sample log is the unit of resumption: a rerun reads it, keeps the lines made from the
-same data (same data key) and computes only the samples that are missing.
+A per-sample log is the unit of resumption: a rerun reads it, keeps the lines made under the
+same key (RULER: the sample's data and every setting that changes an answer, not the sample
+count) and computes only the samples that are missing.
 
 Each record carries `sha`, the sha256 of its own canonical JSON without that field: a record
 edited by hand (an answer or a score changed) no longer matches it, and loading the log refuses
@@ -34,8 +35,10 @@ def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
 class SampleLog:
     """Append-only JSONL of finished samples, keyed by sample index, for one (task, length)."""
 
-    def __init__(self, path: Path, data_key: str):
-        self.path, self.data_key = Path(path), data_key
+    def __init__(self, path: Path, data_key: str, aliases: set[str] | frozenset[str] = frozenset()):
+        """`aliases`: older keys of the same data and settings (an earlier evalkit's form of the
+        key); their records are kept, carried over to `data_key` (checksum renewed) on load."""
+        self.path, self.data_key, self.aliases = Path(path), data_key, frozenset(aliases)
         self.records: dict[int, dict[str, Any]] = {}
         if self.path.is_file():
             self._load()
@@ -55,6 +58,10 @@ class SampleLog:
                 dropped = True
                 continue
             checked_before |= self._verify(record, number, checked_before)
+            if record.get("data_key") in self.aliases:  # verified above: carried over to this key
+                record = {**record, "data_key": self.data_key}
+                record[CHECKSUM] = record_checksum(record)
+                line, dropped = json.dumps(record, ensure_ascii=False), True  # the file is rewritten
             if record.get("data_key") != self.data_key:  # made from other data: recompute
                 dropped = True
                 continue

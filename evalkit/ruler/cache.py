@@ -1,10 +1,14 @@
 """Generated samples on disk, reused across runs: zero generation work on a rerun.
 
 The file name carries a hash of everything that decides the data: generator version,
-tokenizer fingerprint, task and its templates, length, number of samples, seed, prompt format,
-the data files the task reads, the sizing and the generator's module constants (kinds.py). The
-same key always gives byte-identical files. The default sizing ("exact") and constants equal to
-version 1's add nothing to the key, so keys made before either was keyed in still hold.
+tokenizer fingerprint, task and its templates, length, seed, prompt format, the data files the
+task reads, the sizing and the generator's module constants (kinds.py). Not the number of
+samples: sample i draws from its own seed (seed, task, i), so it is the same in a request of
+any size. One file holds the samples 0..N-1 asked for so far; a request for fewer is served
+its first ones, a request for more generates only the missing ones and rewrites the file
+(files named with their count, written before the count left the key, are read once and
+carried over). The same key and count always give byte-identical files. The default sizing
+("exact") and constants equal to version 1's add nothing to the key.
 
 A cache file is a header line, {"format": "evalkit-ruler-cache", "samples": N, "sha256": ...},
 then one sample per line. The checksum covers the samples' canonical JSON (Sample.to_json), so
@@ -54,22 +58,7 @@ def _data_identity(task: str, essays, qa_dir) -> list:
     return []
 
 
-def cache_key(
-    task: str,
-    tokenizer,
-    length: int,
-    num_samples: int,
-    seed: int,
-    *,
-    essays=None,
-    qa_dir=None,
-    prompt_format: PromptFormat | None = None,
-    exact_lengths: bool = False,
-    sizing: str = DEFAULT_SIZING,
-) -> tuple[str, str]:
-    """(tokenizer fingerprint, hash of everything else that decides the data)."""
-    from evalkit.corpus import tokenizer_fingerprint
-
+def _key_fields(task: str, length: int, seed: int, essays, qa_dir, prompt_format, exact_lengths, sizing) -> dict:
     spec = task_spec(task)
     fmt = prompt_format or BASE
     fields = {
@@ -79,7 +68,6 @@ def cache_key(
         "params": dict(spec.params),
         "templates": [spec.template, spec.answer_prefix, spec.max_new_tokens, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT],
         "length": int(length),
-        "num_samples": int(num_samples),
         "seed": int(seed),
         "format": fmt.cache_token(),
         "data": _data_identity(task, essays, qa_dir),
@@ -90,16 +78,60 @@ def cache_key(
     changed = changed_constants_digest(spec.kind)
     if changed is not None:  # likewise: the generator's constants key in once they differ from version 1's
         fields["constants"] = changed
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return tokenizer_fingerprint(tokenizer), digest
+    return fields
+
+
+def _digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cache_key(
+    task: str,
+    tokenizer,
+    length: int,
+    seed: int = DEFAULT_SEED,
+    *,
+    essays=None,
+    qa_dir=None,
+    prompt_format: PromptFormat | None = None,
+    exact_lengths: bool = False,
+    sizing: str = DEFAULT_SIZING,
+) -> tuple[str, str]:
+    """(tokenizer fingerprint, hash of everything else that decides the data). Not the number of
+    samples: sample i is the same whatever the count (each draws from its own seed), so one key
+    holds them all and a longer request extends what is stored."""
+    from evalkit.corpus import tokenizer_fingerprint
+
+    fields = _key_fields(task, length, seed, essays, qa_dir, prompt_format, exact_lengths, sizing)
+    return tokenizer_fingerprint(tokenizer), _digest(fields)
+
+
+def legacy_data_key(task: str, length: int, num_samples: int, seed: int = DEFAULT_SEED, **data) -> str:
+    """The data key evalkit wrote before the count left it (the count hashed in): what the sample
+    logs and summaries stored by those versions carry, recognised by the runner as the same data."""
+    fields = _key_fields(
+        task,
+        length,
+        seed,
+        data.get("essays"),
+        data.get("qa_dir"),
+        data.get("prompt_format"),
+        data.get("exact_lengths", False),
+        data.get("sizing", DEFAULT_SIZING),
+    )
+    return _digest({**fields, "num_samples": int(num_samples)})
 
 
 def cache_path(
-    task: str, tokenizer, length: int, num_samples: int, seed: int = DEFAULT_SEED, cache_dir: Path | None = None, **data
+    task: str, tokenizer, length: int, seed: int = DEFAULT_SEED, cache_dir: Path | None = None, **data
 ) -> Path:
-    fingerprint, digest = cache_key(task, tokenizer, length, num_samples, seed, **data)
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "ruler"
-    return root / fingerprint / task / f"{length}-n{num_samples}-s{seed}-{digest}.jsonl"
+    """The one file of (task, length, seed, data) for this tokenizer, whatever number of samples it holds."""
+    fingerprint, digest = cache_key(task, tokenizer, length, seed, **data)
+    return _root(cache_dir) / fingerprint / task / f"{length}-s{seed}-{digest}.jsonl"
+
+
+def _root(cache_dir: Path | None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else cache_root() / "ruler"
 
 
 CACHE_FORMAT = "evalkit-ruler-cache"
@@ -124,8 +156,9 @@ def dumps_entry(samples: list[Sample]) -> str:
     return json.dumps(header, sort_keys=True) + "\n" + dumps_jsonl(samples)
 
 
-def read_entry(path: Path, num_samples: int) -> list[Sample]:
-    """The samples of a cache file whose header and checksum hold; StaleEntry otherwise."""
+def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
+    """The samples of a cache file whose header and checksum hold (and, given `num_samples`,
+    that holds exactly that many); StaleEntry otherwise."""
     damaged = StaleEntry(
         f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it", str(path)
     )
@@ -144,7 +177,10 @@ def read_entry(path: Path, num_samples: int) -> list[Sample]:
         samples = loads_jsonl(rest)
     except (ValueError, KeyError, TypeError):  # not sample lines any more
         raise damaged from None
-    if len(samples) != num_samples or header.get("sha256") != samples_checksum(samples):
+    expected = header.get("samples") if num_samples is None else num_samples
+    if len(samples) != expected or header.get("sha256") != samples_checksum(samples):
+        raise damaged
+    if [sample.index for sample in samples] != list(range(len(samples))):  # served by position: 0..n-1
         raise damaged
     return samples
 
@@ -177,19 +213,44 @@ def load_or_generate(
     cache_dir: Path | None = None,
     **data,
 ) -> list[Sample]:
-    """The cached samples when present, else generated, written atomically, and returned.
+    """The first `num_samples` samples: served from the cache file when it holds that many (a
+    prefix of a longer file), else the stored ones extended by generating only those missing,
+    written atomically, and returned.
 
     `data` takes generate's keywords: essays=, qa_dir=, prompt_format=, exact_lengths=, sizing=.
     """
     from evalkit.ruler.generation import generate
     from evalkit.storage import atomic_write_text
 
-    path = cache_path(task, tokenizer, length, num_samples, seed, cache_dir, **data)
-    if path.is_file():
-        try:
-            return read_entry(path, num_samples)
-        except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
-            _warn_once(why.kind, f"warning: {why}")
-    samples = generate(task, tokenizer, length, num_samples, seed, **data)
+    path = cache_path(task, tokenizer, length, seed, cache_dir, **data)
+    stored = _stored_samples(path) if path.is_file() else _legacy_samples(path, task, length, seed, data)
+    if len(stored) >= num_samples:
+        return stored[:num_samples]
+    samples = generate(task, tokenizer, length, num_samples, seed, first=stored, **data)
     atomic_write_text(path, dumps_entry(samples))
     return samples
+
+
+def _stored_samples(path: Path) -> list[Sample]:
+    try:
+        return read_entry(path)
+    except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
+        _warn_once(why.kind, f"warning: {why}")
+        return []
+
+
+def _legacy_samples(path: Path, task: str, length: int, seed: int, data: dict) -> list[Sample]:
+    """The longest valid file of the same data written before the count left the key (named
+    <length>-n<count>-s<seed>-<key with the count>.jsonl beside `path`), or []."""
+    best: list[Sample] = []
+    for candidate in path.parent.glob(f"{length}-n*-s{seed}-*.jsonl"):
+        count, _, digest = candidate.stem[len(f"{length}-n") :].partition(f"-s{seed}-")
+        if not count.isdigit() or int(count) <= len(best):
+            continue
+        if digest != legacy_data_key(task, length, int(count), seed, **data):
+            continue
+        try:
+            best = read_entry(candidate, int(count))
+        except StaleEntry:
+            continue
+    return best

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 
 from evalkit.ruler.context import Context
@@ -70,8 +71,14 @@ def generate(
     prompt_format: PromptFormat | None = None,
     exact_lengths: bool = False,
     sizing: str = DEFAULT_SIZING,
+    first: Sequence[Sample] = (),
 ) -> list[Sample]:
     """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens.
+
+    Sample i depends on (seed, task, length, i) and the data, never on `num_samples`. `first`:
+    samples 0..k-1 generated before with the same arguments (a cache file); only the rest are
+    generated, and the result equals a fresh call's (unless this tokenizer's piece counts do not
+    add up: then only the new samples are tokenised in full, the stored ones are kept).
 
     Raises TaskDataMissing when the task's data is not available and TaskDoesNotFit (with the
     minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full.
@@ -82,29 +89,35 @@ def generate(
     fmt = prompt_format or BASE
     counter = counter_for(tokenizer, fmt.add_special_tokens)
     data = {"essays": essays, "qa_dir": qa_dir}
+    first = list(first[:num_samples])
     try:
-        generator, plans = _plans(spec, counter, int(length), int(seed), fmt, num_samples, data)
+        generator = _generator(spec, counter, int(length), int(seed), fmt, data)
+        missing = range(len(first), num_samples)
         if exact_lengths:
-            return _fit_samples(generator, plans, exact=True, sizing=sizing)
-        samples = _fit_samples(generator, plans, exact=False, sizing=sizing)
+            return first + _fit_samples(generator, missing, exact=True, sizing=sizing)
+        samples = first + _fit_samples(generator, missing, exact=False, sizing=sizing)
         if _composed_counts_hold(generator.ctx, samples):
             return samples
         warnings.warn(
             f"{task}: this tokenizer's counts do not add up piece by piece; tokenising every prompt in full (slower)",
             stacklevel=2,
         )
-        fresh = [generator.plan(index) for index in range(num_samples)]
-        return _fit_samples(generator, fresh, exact=True, sizing=sizing)
+        # The stored ones stay as they are: answers stored for them must keep meaning them.
+        return first + _fit_samples(generator, missing, exact=True, sizing=sizing)
     except (TooLong, TaskDoesNotFit):
         needed = _smallest_length(spec, counter, int(length), int(seed), fmt, num_samples, data)
         raise TaskDoesNotFit(task, length, needed) from None
 
 
-def _plans(spec, counter, length, seed, fmt, num_samples, data):
+def _generator(spec, counter, length, seed, fmt, data):
     ctx = Context(spec, counter, length, seed, fmt, data["essays"], data["qa_dir"])
     if ctx.budget <= 0:
         raise TaskDoesNotFit(spec.name, length, spec.max_new_tokens + 1, "the generation budget alone fills it")
-    generator = _task_generator(ctx)
+    return _task_generator(ctx)
+
+
+def _plans(spec, counter, length, seed, fmt, num_samples, data):
+    generator = _generator(spec, counter, length, seed, fmt, data)
     return generator, [generator.plan(index) for index in range(num_samples)]
 
 
@@ -132,14 +145,16 @@ def _measure(ctx: Context, plan: Plan, exact: bool):
     return lambda size: compose_count(counter, plan.items(size))
 
 
-def _fit_samples(generator, plans: list[Plan], exact: bool, sizing: str) -> list[Sample]:
-    """Every plan sized and written out: each on its own (exact), or from one shared size (nvidia)."""
+def _fit_samples(generator, indices: range, exact: bool, sizing: str) -> list[Sample]:
+    """The samples at `indices`, each sized and written out: on its own (exact), or from one
+    shared size searched on sample 0 (nvidia), whichever samples are asked for."""
     ctx = generator.ctx
-    if sizing != "nvidia" or not plans:
-        return [_fit_sample(ctx, plan, index, exact) for index, plan in enumerate(plans)]
+    if sizing != "nvidia" or not indices:
+        return [_fit_sample(ctx, generator.plan(index), index, exact) for index in indices]
     coarse = generator.coarse()
-    start = shared_size(plans[0], ctx.budget, _measure(ctx, plans[0], exact), coarse)
-    return [_fit_sample(ctx, plan, index, exact, start, coarse.step) for index, plan in enumerate(plans)]
+    first = generator.plan(0)
+    start = shared_size(first, ctx.budget, _measure(ctx, first, exact), coarse)
+    return [_fit_sample(ctx, generator.plan(index), index, exact, start, coarse.step) for index in indices]
 
 
 def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool, start: int | None = None, step: int = 1) -> Sample:

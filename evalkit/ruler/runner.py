@@ -21,6 +21,7 @@ from evalkit.arglists import parse_list
 from evalkit.checkpoint_check import load_tokenizer, read_config
 from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
+from evalkit.identity import COUNT, EXECUTION, SELECTION, identity, identity_key, setting, stored_identity
 from evalkit.pipeline import (
     Averages,
     EngineChoice,
@@ -28,13 +29,14 @@ from evalkit.pipeline import (
     LazyEngine,
     Unit,
     UnitResult,
+    read_summary,
     run_benchmark,
     summary_name,
 )
 from evalkit.provenance import stamp
 from evalkit.results.checkpoints import CheckpointRef
 from evalkit.results.store import SampleLog, checkpoint_dir
-from evalkit.ruler.cache import cache_key, load_or_generate
+from evalkit.ruler.cache import cache_key, legacy_data_key, load_or_generate
 from evalkit.ruler.encoding import (
     DEFAULT_DOC_TOKENS,
     STANDARD,
@@ -56,20 +58,27 @@ CHUNK = 32  # samples generated between durable appends: a kill loses at most on
 
 @dataclass
 class RulerSettings:
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    lengths: list[int] = field(default_factory=lambda: [4096])
-    num_samples: int = DEFAULT_NUM_SAMPLES
+    """What the user asked for. Every field decides a result's identity unless marked otherwise
+    (evalkit.identity): which cells (tasks, lengths, the encoding each row names), how many of a
+    cell's samples are averaged (num_samples: no sample's answer depends on it, so stored ones
+    are reused at any count), and the batch size (speed only)."""
+
+    tasks: list[str] = setting(default_factory=lambda: list(TASKS), role=SELECTION)
+    lengths: list[int] = setting(default_factory=lambda: [4096], role=SELECTION)
+    num_samples: int = setting(DEFAULT_NUM_SAMPLES, role=COUNT)
     seed: int = DEFAULT_SEED
     essays: str | None = None
     qa_dir: str | None = None
     engine: str = "hf"
     dtype: str | None = None
-    batch_size: int = 8
+    batch_size: int = setting(8, role=EXECUTION)
     max_length: int | None = None
     sizing: str = DEFAULT_SIZING  # "exact" or "nvidia" (evalkit.ruler.fitting); keyed into data and sample logs
     prompt_format: str = "base"  # "base": the task text as is; "chat": inside the tokenizer's chat template
-    encoding: str = STANDARD  # "standard": one causal prompt; "anchor": documents apart (evalkit.ruler.encoding)
-    doc_tokens: int = DEFAULT_DOC_TOKENS  # anchor encoding: about this many tokens per document
+    # "standard": one causal prompt; "anchor": documents apart (evalkit.ruler.encoding), of about
+    # doc_tokens tokens each. A cell of its own: each row names its encoding.
+    encoding: str = setting(STANDARD, role=SELECTION)
+    doc_tokens: int = setting(DEFAULT_DOC_TOKENS, role=SELECTION)
     engine_args: dict[str, Any] = field(default_factory=dict)  # --engine-arg: more engine settings, checked
 
     def __post_init__(self) -> None:
@@ -136,6 +145,44 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
+def sample_key(data_key: str, settings: RulerSettings) -> str:
+    """What a stored answer must match to be reused: its sample's data (data_key, count-free), the
+    encoding, and every setting that changes an answer (evalkit.identity; not the count, not the
+    batch size), so another dtype, engine or window is answered anew, a larger count is not."""
+    label = encoding_label(settings.encoding, settings.doc_tokens)
+    return identity_key(settings, with_count=False, data=data_key, encoding=label)
+
+
+def _legacy_log_key(folder: Path, task: str, length: int, settings: RulerSettings, data: dict) -> str | None:
+    """The key under which evalkit before count-free keys logged this cell's answers, when the
+    checkpoint's summary shows they were made alike: the same data (its data key for its count)
+    and the same settings but for the count and batch size. Those answers are reused."""
+    legacy = _legacy_cells(read_summary(folder / SUMMARY))
+    cell = _cell_name(
+        {"task": task, "length": length, "encoding": settings.encoding, "doc_tokens": settings.doc_tokens}
+    )
+    logged, stored = legacy["data_keys"].get(cell), legacy["settings"]
+    count = stored.get("num_samples")
+    if logged is None or not isinstance(count, int):
+        return None
+    if stored_identity(RulerSettings, stored, with_count=False) != identity(settings, with_count=False):
+        return None
+    if logged != legacy_data_key(task, length, count, settings.seed, **data):
+        return None  # other data: not this cell's answers
+    return log_key(logged, settings.encoding, settings.doc_tokens)
+
+
+def _legacy_cells(summary: dict | None) -> dict:
+    """{"settings", "data_keys"} of the cells whose logs are keyed as before count-free keys: every
+    cell of a summary written then (it has no "legacy_cells"), else what a later summary carried on."""
+    provenance = (summary or {}).get("provenance") or {}
+    if "legacy_cells" in provenance:
+        return provenance["legacy_cells"]
+    if summary is None:
+        return {"settings": {}, "data_keys": {}}
+    return {"settings": provenance.get("settings") or {}, "data_keys": dict(provenance.get("data_keys") or {})}
+
+
 def prompt_format(tokenizer, name: str) -> PromptFormat:
     """base: the sample's text as is; chat: inside the tokenizer's chat template (one line if it has none)."""
     return PromptFormat.from_chat_template(tokenizer) if name == "chat" else BASE
@@ -167,11 +214,12 @@ def _evaluate_task(
     fmt = prompt_format(tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
     samples = load_or_generate(task, tokenizer, length, settings.num_samples, settings.seed, **data)
-    _, data_key = cache_key(task, tokenizer, length, settings.num_samples, settings.seed, **data)
+    _, data_key = cache_key(task, tokenizer, length, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_name = f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl"  # encodings never share a log
-    log_path = checkpoint_dir(out, ref) / "ruler" / task / log_name
-    log = SampleLog(log_path, log_key(data_key, settings.encoding, settings.doc_tokens))
+    folder = checkpoint_dir(out, ref)
+    legacy = _legacy_log_key(folder, task, length, settings, data)
+    log = SampleLog(folder / "ruler" / task / log_name, sample_key(data_key, settings), aliases={legacy} - {None})
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:
@@ -199,7 +247,7 @@ def _evaluate_task(
             ]
         )
         progress(len(samples) - len(todo) + start + len(chunk), len(samples))
-    records = log.ordered()
+    records = [log.records[s.index] for s in samples]  # the first num_samples: a log may hold more
     predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
     row = {
         "run": ref.run,
@@ -341,6 +389,10 @@ class RulerBenchmark:
         summary["provenance"]["data_keys"] = {
             _cell_name(row): result.extra["data_key"] for result in results for row in result.rows
         }
+        # Cells of an older evalkit's summary this run did not evaluate: their logs stay recognisable.
+        legacy, touched = _legacy_cells(earlier), {_cell_name(e) for e in summary["rows"] + summary["skipped"]}
+        kept = {cell: key for cell, key in legacy["data_keys"].items() if cell not in touched}
+        summary["provenance"]["legacy_cells"] = {"settings": legacy["settings"] if kept else {}, "data_keys": kept}
         if self.settings.encoding != STANDARD:  # which token the documents shared, and why
             summary["provenance"]["anchor"] = anchor_record(self._tokenizer_at(Path(summary["checkpoint"])))
         return _with_earlier_cells(summary, earlier)
@@ -357,28 +409,9 @@ class RulerBenchmark:
         )
 
 
-# What must match for an earlier summary's (task, length, encoding) cells to stand beside this
-# run's: everything that decides the data or the answers. Tasks, lengths and the encoding (a
-# cell of its own, with its documents' size in the row) are what may differ.
-_CELL_SETTINGS = (
-    "num_samples",
-    "seed",
-    "essays",
-    "qa_dir",
-    "engine",
-    "dtype",
-    "batch_size",
-    "max_length",
-    "sizing",
-    "prompt_format",
-    "engine_args",
-)
-_CELL_DEFAULTS = {
-    "sizing": "exact",
-    "prompt_format": "base",
-    "engine_args": {},
-}  # what summaries written before the setting meant
-_CELL_ENGINE = ("engine", "model_path", "dtype", "batch_size", "max_length", "tokenizer_fingerprint")
+# What the engine resolved from the settings and the checkpoint, which must match too for an earlier
+# summary's cells to stand beside this run's (the settings' identity says the rest: evalkit.identity).
+_CELL_ENGINE = ("engine", "model_path", "dtype", "max_length", "tokenizer_fingerprint")
 
 
 def _cell(entry: dict) -> tuple[str, int, str]:
@@ -393,16 +426,16 @@ def _cell_name(row: dict) -> str:
 
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     """The summary plus the earlier summary's cells (task, length) that this run did not touch,
-    when both were evaluated alike: `--lengths 1k` then `--lengths 2k` into one --out keeps both.
+    when both were evaluated alike (the same identity, count included: one summary, one count):
+    `--lengths 1k` then `--lengths 2k` into one --out keeps both.
     Cells evaluated otherwise are dropped (their samples stay in their logs)."""
     if earlier is None:
         return summary
     now, then = summary["provenance"], earlier.get("provenance") or {}
     then_settings = then.get("settings") or {}
-    alike = all(
-        now["settings"].get(k, _CELL_DEFAULTS.get(k)) == then_settings.get(k, _CELL_DEFAULTS.get(k))
-        for k in _CELL_SETTINGS
-    ) and all((now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE)
+    alike = stored_identity(RulerSettings, now["settings"]) == stored_identity(RulerSettings, then_settings) and all(
+        (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE
+    )
     touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
     kept_rows = [row for row in earlier["rows"] if _cell(row) not in touched]
     kept_skips = [s for s in earlier.get("skipped", []) if _cell(s) not in touched]

@@ -18,7 +18,7 @@ def test_sample_json_round_trip():
 
 def test_second_load_reads_the_file_and_generates_nothing(tokenizer, tmp_path, monkeypatch):
     first = load_or_generate("niah_single_1", tokenizer, 2048, 3, cache_dir=tmp_path)
-    path = cache_path("niah_single_1", tokenizer, 2048, 3, cache_dir=tmp_path)
+    path = cache_path("niah_single_1", tokenizer, 2048, cache_dir=tmp_path)
     _, samples = path.read_text().split("\n", 1)  # a checksum header, then the samples
     assert path.is_file() and loads_jsonl(samples) == first and cache_module.read_entry(path, 3) == first
 
@@ -30,21 +30,20 @@ def test_second_load_reads_the_file_and_generates_nothing(tokenizer, tmp_path, m
 
 
 def test_the_key_covers_what_decides_the_data(tokenizer, small_tokenizer, tmp_path, monkeypatch):
-    base = cache_path("fwe", tokenizer, 4096, 10, 42, tmp_path)
+    base = cache_path("fwe", tokenizer, 4096, 42, tmp_path)
     others = {
-        cache_path("fwe", tokenizer, 4096, 10, 43, tmp_path),
-        cache_path("fwe", tokenizer, 8192, 10, 42, tmp_path),
-        cache_path("fwe", tokenizer, 4096, 11, 42, tmp_path),
-        cache_path("fwe", small_tokenizer, 4096, 10, 42, tmp_path),
-        cache_path("cwe", tokenizer, 4096, 10, 42, tmp_path),
-        cache_path("fwe", tokenizer, 4096, 10, 42, tmp_path, exact_lengths=True),
+        cache_path("fwe", tokenizer, 4096, 43, tmp_path),
+        cache_path("fwe", tokenizer, 8192, 42, tmp_path),
+        cache_path("fwe", small_tokenizer, 4096, 42, tmp_path),
+        cache_path("cwe", tokenizer, 4096, 42, tmp_path),
+        cache_path("fwe", tokenizer, 4096, 42, tmp_path, exact_lengths=True),
     }
-    assert base not in others and len(others) == 6
-    assert cache_path("niah_single_2", tokenizer, 4096, 10, 42, tmp_path) != cache_path(
-        "niah_single_2", tokenizer, 4096, 10, 42, tmp_path, essays="Some other essay. It has sentences."
+    assert base not in others and len(others) == 5
+    assert cache_path("niah_single_2", tokenizer, 4096, 42, tmp_path) != cache_path(
+        "niah_single_2", tokenizer, 4096, 42, tmp_path, essays="Some other essay. It has sentences."
     )
     monkeypatch.setattr(cache_module, "GENERATOR_VERSION", 999)
-    assert cache_path("fwe", tokenizer, 4096, 10, 42, tmp_path) != base
+    assert cache_path("fwe", tokenizer, 4096, 42, tmp_path) != base
 
 
 SCRIPT = """

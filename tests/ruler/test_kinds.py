@@ -26,14 +26,14 @@ def test_constants_are_those_of_version_1(kind):
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_changing_a_generator_constant_changes_the_cache_key(kind, tokenizer, monkeypatch):
     task = ONE_TASK_PER_KIND[kind]
-    before = cache_key(task, tokenizer, 2048, 4, 1)
+    before = cache_key(task, tokenizer, 2048, 1)
     module = kinds_module._module(kind)
     name, value = next(iter(module.DATA_CONSTANTS.items()))
     monkeypatch.setattr(module, "DATA_CONSTANTS", {**module.DATA_CONSTANTS, name: (value, "changed")})
-    after = cache_key(task, tokenizer, 2048, 4, 1)
+    after = cache_key(task, tokenizer, 2048, 1)
     assert after[0] == before[0] and after[1] != before[1]
     monkeypatch.undo()
-    assert cache_key(task, tokenizer, 2048, 4, 1) == before
+    assert cache_key(task, tokenizer, 2048, 1) == before
 
 
 def test_a_generator_comes_from_the_registry(tokenizer, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.ruler import SPECS, TASKS, dumps_jsonl, generate, load_or_generate
 from evalkit.ruler import generation as generate_module
-from evalkit.ruler.cache import cache_key, cache_path
+from evalkit.ruler.cache import cache_key, cache_path, legacy_data_key
 from evalkit.ruler.fitting import Coarse, TooLong, shared_size, step_down
 from evalkit.ruler.runner import RulerSettings
 from evalkit.ruler.spec import GENERATOR_VERSION, NOISE_LINE
@@ -53,10 +53,12 @@ def documents(sample) -> int:
 
 
 def test_exact_cache_keys_are_unchanged(tokenizer):
+    """The keys stored before --sizing existed (count included: their legacy form, which the runner
+    recognises in old sample logs) still come out the same."""
     assert GENERATOR_VERSION == 1, "the stored keys and hashes are version 1's: record the new ones"
     for (task, length), (_, digest) in EXACT_BEFORE.items():
-        assert cache_key(task, tokenizer, length, 6, 3)[1] == digest
-        assert cache_key(task, tokenizer, length, 6, 3, sizing="exact")[1] == digest
+        assert legacy_data_key(task, length, 6, 3) == digest
+        assert legacy_data_key(task, length, 6, 3, sizing="exact") == digest
 
 
 def test_exact_samples_are_byte_identical_to_before(tokenizer):
@@ -184,11 +186,11 @@ def test_nvidia_full_tokenisation_fallback_keeps_the_sizing(tokenizer, monkeypat
 
 def test_cache_keys_and_files_differ_between_sizings(tokenizer, tmp_path):
     task, length = "niah_multikey_1", 2048
-    exact_key = cache_key(task, tokenizer, length, 5, 42)
-    nvidia_key = cache_key(task, tokenizer, length, 5, 42, sizing="nvidia")
+    exact_key = cache_key(task, tokenizer, length, 42)
+    nvidia_key = cache_key(task, tokenizer, length, 42, sizing="nvidia")
     assert exact_key[0] == nvidia_key[0] and exact_key[1] != nvidia_key[1]
-    assert cache_path(task, tokenizer, length, 5, cache_dir=tmp_path) != cache_path(
-        task, tokenizer, length, 5, cache_dir=tmp_path, sizing="nvidia"
+    assert cache_path(task, tokenizer, length, cache_dir=tmp_path) != cache_path(
+        task, tokenizer, length, cache_dir=tmp_path, sizing="nvidia"
     )
     exact = load_or_generate(task, tokenizer, length, 5, cache_dir=tmp_path)
     nvidia = load_or_generate(task, tokenizer, length, 5, cache_dir=tmp_path, sizing="nvidia")
@@ -204,9 +206,9 @@ def test_settings_key_the_sizing_into_the_sample_log(tokenizer):
     assert asdict(nvidia)["sizing"] == "nvidia" and asdict(exact)["sizing"] == "exact"
 
     def data_key(settings):
-        return cache_key("fwe", tokenizer, 1024, settings.num_samples, settings.seed, **settings.data_options())[1]
+        return cache_key("fwe", tokenizer, 1024, settings.seed, **settings.data_options())[1]
 
-    assert data_key(exact) == cache_key("fwe", tokenizer, 1024, exact.num_samples, exact.seed)[1]
+    assert data_key(exact) == cache_key("fwe", tokenizer, 1024, exact.seed)[1]
     assert data_key(nvidia) != data_key(exact)
 
 
@@ -216,7 +218,7 @@ def test_unknown_sizing_is_a_user_error(tokenizer):
     with pytest.raises(UserError, match="choose from exact, nvidia"):
         generate("fwe", tokenizer, 1024, 2, sizing="nvidea")
     with pytest.raises(UserError):
-        cache_key("fwe", tokenizer, 1024, 2, 42, sizing="nvidea")
+        cache_key("fwe", tokenizer, 1024, 42, sizing="nvidea")
 
 
 class EchoEngine:
@@ -238,14 +240,17 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
 
     from evalkit.pipeline import EngineChoice, LazyEngine
     from evalkit.results.checkpoints import CheckpointRef
-    from evalkit.ruler.runner import _evaluate_task, _prompt_hash
+    from evalkit.ruler.runner import _evaluate_task, _prompt_hash, sample_key
 
     ref = CheckpointRef("run", 1, tmp_path / "ckpt")
     log = tmp_path / "out" / "run" / "step-1" / "ruler" / "niah_multikey_1" / "2048.jsonl"
 
+    def settings_for(sizing: str) -> RulerSettings:
+        return RulerSettings(tasks=["niah_multikey_1"], lengths=[2048], num_samples=4, sizing=sizing)
+
     def evaluate(sizing: str):
         engine = EchoEngine(tokenizer)
-        settings = RulerSettings(tasks=["niah_multikey_1"], lengths=[2048], num_samples=4, sizing=sizing)
+        settings = settings_for(sizing)
         unit_engine = LazyEngine(EngineChoice(), ref.path, lambda *_a, **_k: engine)
         row = _evaluate_task(
             unit_engine, tokenizer, ref, "niah_multikey_1", 2048, settings, tmp_path / "out", lambda *_: None
@@ -257,7 +262,7 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
     assert exact_row["data_key"] != nvidia_row["data_key"]
     assert len(nvidia_prompts) == 4 and nvidia_prompts != exact_prompts  # nothing reused from the exact run
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {r["data_key"] for r in records} == {nvidia_row["data_key"]}
+    assert {r["data_key"] for r in records} == {sample_key(nvidia_row["data_key"], settings_for("nvidia"))}
     assert [r["prompt_sha"] for r in records] == [_prompt_hash(p) for p in nvidia_prompts]
     assert evaluate("nvidia")[1] == []  # a rerun with the same sizing computes nothing
 

@@ -1,0 +1,66 @@
+"""A stored lm-eval task record is reused when its key matches: the key is read from
+GeneralSettings' fields (evalkit.identity), and records written by earlier evalkit versions
+(the committed results/smollm2-135m/general run) still match it."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from evalkit.general.runner import GeneralSettings, _plan
+
+STORED = Path(__file__).resolve().parents[2] / "results" / "smollm2-135m" / "general" / "smollm2-135m" / "step-0"
+
+
+class StoredShots:
+    """The catalog's one answer the key needs: the shots asked for, as each record says (None:
+    the task's own default, which lm-eval chose)."""
+
+    def __init__(self, records: dict[str, dict]):
+        self.records = records
+
+    def fewshot(self, name: str, asked):
+        return (self.records[name]["num_fewshot_asked"] if asked is None else asked), "recorded"
+
+
+def stored_records() -> dict[str, dict]:
+    records = [json.loads(p.read_text()) for p in (STORED / "general").glob("*.json") if ".lm_eval." not in p.name]
+    assert records, f"no stored task records under {STORED}"
+    return {record["task"]: record for record in records}
+
+
+def key(settings: GeneralSettings, records: dict[str, dict], task: str) -> str:
+    return _plan(StoredShots(records), task, settings).key
+
+
+@pytest.mark.parametrize("task", sorted(stored_records()))
+def test_records_of_an_older_evalkit_keep_their_key(task):
+    records = stored_records()
+    stored = records[task]["provenance"]["settings"]  # written before too_long existed: its default
+    settings = GeneralSettings(**stored)
+    assert key(settings, records, task) == records[task]["key"]
+
+    engine = stored["engine_settings"]
+    faster = dataclasses.replace(settings, engine_settings={**engine, "batch_size": 64, "device": "cpu"})
+    moved = dataclasses.replace(settings, include_paths=["/elsewhere/tasks"])
+    assert key(faster, records, task) == key(moved, records, task) == records[task]["key"]  # speed, place: reused
+    for changed in (
+        {"engine_settings": {**engine, "dtype": "bf16"}},
+        {"engine_settings": {**engine, "max_length": 4096}},
+        {"limit": 3},
+        {"too_long": "documents"},
+        {"engine": "vllm"},
+    ):
+        assert key(dataclasses.replace(settings, **changed), records, task) != records[task]["key"], changed
+
+
+def test_stored_settings_missing_a_field_read_it_as_its_default():
+    from evalkit.identity import identity, stored_identity
+    from evalkit.ruler.runner import RulerSettings
+
+    now = RulerSettings(tasks=["vt"], lengths=[1024], num_samples=20, batch_size=64)
+    old_record = {"num_samples": 20, "seed": 42, "engine": "hf", "batch_size": 8, "tasks": ["fwe"]}  # no sizing etc.
+    assert stored_identity(RulerSettings, old_record) == identity(now)  # tasks, lengths, batch size: not identity
+    assert "num_samples" in identity(now) and "num_samples" not in identity(now, with_count=False)
+    assert stored_identity(RulerSettings, {**old_record, "seed": 1}) != identity(now)

@@ -1,0 +1,164 @@
+"""Stored answers are reused whatever the sample count: growing a pilot computes only the new
+samples, shrinking computes nothing, and either equals a fresh run of that count. A setting
+that changes answers (seed, window) is answered anew; one that changes speed (batch size) is
+not. Old stored results (written while the count was in the data key) are reused as they are.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import evalkit.engines
+from evalkit.results.checkpoints import resolve_checkpoints
+from evalkit.ruler import generate, load_or_generate
+from evalkit.ruler.runner import RulerSettings, run_ruler
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
+STORED = ROOT / "results" / "anchor-encoding" / "ruler" / "tiny-long-anchor-shipped" / "step-600"
+TASK, LENGTH = "niah_single_1", 1024
+
+
+@pytest.fixture
+def answered(monkeypatch):
+    """Every prompt an engine is asked to answer, in order (real engines, counted)."""
+    prompts: list = []
+    real = evalkit.engines.get_engine
+
+    def counting(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        generate_ = engine.generate
+        engine.generate = lambda batch, *a, **k: prompts.extend(batch) or generate_(batch, *a, **k)
+        return engine
+
+    monkeypatch.setattr(evalkit.engines, "get_engine", counting)
+    return prompts
+
+
+def evaluate(out: Path, samples: int, **changes) -> dict:
+    settings = RulerSettings(tasks=[TASK], lengths=[LENGTH], num_samples=samples, dtype="fp32", **changes)
+    (summary,) = run_ruler(resolve_checkpoints([str(SHIPPED)]), settings, out).summaries
+    return summary
+
+
+def log_records(out: Path) -> dict[int, dict]:
+    path = out / "tiny-long-anchor-shipped" / "step-600" / "ruler" / TASK / f"{LENGTH}.jsonl"
+    return {record["index"]: record for record in map(json.loads, path.read_text().splitlines())}
+
+
+def test_growing_computes_only_new_samples_and_shrinking_none(tmp_path, answered):
+    pilot = evaluate(tmp_path / "grown", 3)
+    assert len(answered) == 3 and pilot["rows"][0]["n"] == 3
+
+    grown = evaluate(tmp_path / "grown", 6)
+    assert len(answered) == 6  # exactly the 3 new samples were answered
+    fresh = evaluate(tmp_path / "fresh", 6)
+    assert len(answered) == 12 and answered[3:6] == answered[9:12]  # the fresh run's samples 3..5
+    assert grown["rows"] == fresh["rows"] and grown["rows"][0]["n"] == 6
+    assert log_records(tmp_path / "grown") == log_records(tmp_path / "fresh")  # record for record
+
+    del answered[:]
+    shrunk = evaluate(tmp_path / "grown", 3)
+    assert answered == [] and shrunk["rows"] == pilot["rows"]  # the first 3 of 6, nothing computed
+    assert len(log_records(tmp_path / "grown")) == 6  # the other answers stay stored for later
+
+    from evalkit.results.samples import load_series  # `evalkit compare` reads the 3 the summary scored
+
+    (series,) = load_series([str(tmp_path / "grown")]).values()
+    (cells,) = series.checkpoints.values()
+    assert [len(samples) for samples in cells.values()] == [3]
+
+
+def test_settings_that_change_answers_are_answered_anew_batch_size_is_not(tmp_path, answered):
+    out = tmp_path / "out"
+    first = evaluate(out, 2)
+    assert len(answered) == 2
+
+    del answered[:]
+    again = evaluate(out, 2, batch_size=1)  # execution only
+    assert answered == [] and again["rows"] == first["rows"]
+
+    for changed in ({"seed": 7}, {"max_length": 2048}):
+        del answered[:]
+        evaluate(out, 2, **changed)
+        assert len(answered) == 2, changed
+
+
+def test_samples_of_every_kind_do_not_depend_on_the_count(small_tokenizer, qa_dir, tmp_path, monkeypatch):
+    from evalkit.ruler.spec import TASKS
+
+    for task in TASKS:
+        six = generate(task, small_tokenizer, 2048, 6, qa_dir=qa_dir)
+        assert generate(task, small_tokenizer, 2048, 3, qa_dir=qa_dir) == six[:3], task
+        assert generate(task, small_tokenizer, 2048, 6, qa_dir=qa_dir, first=six[:2]) == six, task
+        for sizing in ("nvidia",):
+            nvidia = generate(task, small_tokenizer, 2048, 5, qa_dir=qa_dir, sizing=sizing)
+            assert generate(task, small_tokenizer, 2048, 5, qa_dir=qa_dir, sizing=sizing, first=nvidia[:1]) == nvidia
+
+    # The cache: a longer request extends the one file (only the missing samples generated), a
+    # shorter one is served its prefix without generating anything.
+    import evalkit.ruler.generation as generation
+
+    asked = []
+    real = generation.generate
+    monkeypatch.setattr(generation, "generate", lambda *a, **k: asked.append(len(k.get("first", ()))) or real(*a, **k))
+    three = load_or_generate("fwe", small_tokenizer, 2048, 3, cache_dir=tmp_path)
+    seven = load_or_generate("fwe", small_tokenizer, 2048, 7, cache_dir=tmp_path)
+    assert asked == [0, 3] and seven[:3] == three and seven == real("fwe", small_tokenizer, 2048, 7)
+    assert load_or_generate("fwe", small_tokenizer, 2048, 5, cache_dir=tmp_path) == seven[:5] and asked == [0, 3]
+    assert len(list(tmp_path.rglob("*.jsonl"))) == 1
+
+
+def string_match_all(prediction: str, references: list[str]) -> float:
+    """RULER's per-sample metric, by hand (ruler.md): share of references found, case-insensitive."""
+    text = "".join("\n" if ord(c) < 32 else c for c in prediction.strip()).lower()
+    return 100 * sum(r.lower() in text for r in references) / len(references)
+
+
+def test_results_stored_by_an_older_evalkit_are_reused_not_recomputed(tmp_path, monkeypatch):
+    """The committed results/anchor-encoding run (30 samples per cell, the count in its data keys):
+    the same cells at 10 and at 30 samples, standard and anchor encoded, come from its logs."""
+    out = tmp_path / "out"
+    shutil.copytree(STORED, out / "tiny-long-anchor-shipped" / "step-600")
+    stored = json.loads((STORED / "ruler-summary.json").read_text())
+
+    def no_engine(*_args, **_kwargs):
+        raise AssertionError("an engine was built for answers already stored")
+
+    monkeypatch.setattr(evalkit.engines, "get_engine", no_engine)
+    ref = resolve_checkpoints([str(SHIPPED)])
+    for encoding in ("standard", "anchor"):
+        for samples in (10, 30, 10):
+            settings = RulerSettings(
+                tasks=["niah_single_1", "vt"], lengths=[1024], num_samples=samples, encoding=encoding, doc_tokens=128
+            )
+            (summary,) = run_ruler(ref, settings, out).summaries
+            for row in summary["rows"]:
+                name = f"{row['task']}/1024{'' if encoding == 'standard' else '.anchor-128'}.jsonl"
+                lines = (STORED / "ruler" / name).read_text().splitlines()
+                records = [json.loads(line) for line in lines][:samples]
+                by_hand = sum(string_match_all(r["prediction"], r["references"]) for r in records) / samples
+                assert row["n"] == samples and row["score"] == pytest.approx(by_hand, abs=0.005)
+                if samples == 30:
+                    assert row in stored["rows"]  # the very row the older evalkit wrote
+
+
+def test_a_cache_file_named_with_its_count_by_an_older_evalkit_is_carried_over(small_tokenizer, tmp_path, monkeypatch):
+    import evalkit.ruler.generation as generation
+    from evalkit.ruler.cache import cache_path, dumps_entry, legacy_data_key
+
+    four = generate("vt", small_tokenizer, 2048, 4)
+    new = cache_path("vt", small_tokenizer, 2048, 42, tmp_path)
+    old = new.parent / f"2048-n4-s42-{legacy_data_key('vt', 2048, 4, 42)}.jsonl"  # as evalkit named it then
+    old.parent.mkdir(parents=True)
+    old.write_text(dumps_entry(four))
+    (new.parent / f"2048-n9-s42-{'0' * 20}.jsonl").write_text(dumps_entry(four))  # another key's: never read
+
+    asked = []
+    real = generation.generate
+    monkeypatch.setattr(generation, "generate", lambda *a, **k: asked.append(len(k.get("first", ()))) or real(*a, **k))
+    assert load_or_generate("vt", small_tokenizer, 2048, 3, cache_dir=tmp_path) == four[:3] and asked == []
+    six = load_or_generate("vt", small_tokenizer, 2048, 6, cache_dir=tmp_path)
+    assert asked == [4] and six == real("vt", small_tokenizer, 2048, 6) and new.is_file()
