@@ -544,7 +544,7 @@ class HFEngine(PackedEngine):
 
         growing = _growing_layer_class()
         for i, layer in enumerate(getattr(cache, "layers", [])):
-            if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
+            if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None and layer.keys.numel():
                 cache.layers[i] = growing(layer.keys, layer.values, room)
 
     def _decode_step(self, state, next_tokens: torch.Tensor):
@@ -654,7 +654,7 @@ def _has_plain_cache(cache) -> bool:
     """Whether every layer's cache is plain full attention: K/V of every position, nothing else kept."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(cache, "layers", None)
+    layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 

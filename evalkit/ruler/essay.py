@@ -67,8 +67,9 @@ def _essays_from_json(path: Path) -> str:
         texts = [
             item if isinstance(item, str) else (item or {}).get("text") or (item or {}).get("content") for item in data
         ]
-        if texts and all(isinstance(text, str) for text in texts):
-            return "\n\n".join(texts)
+        strings = [text for text in texts if isinstance(text, str)]
+        if strings and len(strings) == len(texts):
+            return "\n\n".join(strings)
     raise EssayError(f'essay file {path} must hold {{"text": ...}}, a list of strings, or a list of {{"text": ...}}')
 
 
@@ -99,6 +100,8 @@ class EssayStream(GrowingStream):
         super().__init__(counter, " ")
         self.words = essay_words(text)
         self._cycle_starts = sentence_starts(self.words)
+        self._starts: np.ndarray | None = None
+        self._starts_upto = 0
 
     def _next_block(self, start: int, size: int) -> list[str]:
         words, total = self.words, len(self.words)
@@ -111,8 +114,7 @@ class EssayStream(GrowingStream):
     def sentence_starts(self, n: int) -> np.ndarray:
         """Word indices < n that begin a sentence, over as many repeats of the essay as n spans."""
         total = len(self.words)
-        have = getattr(self, "_starts", None)
-        if have is None or self._starts_upto < n:
+        if self._starts is None or self._starts_upto < n:
             cycles = max(1, -(-2 * n // total))
             self._starts = (np.arange(cycles)[:, None] * total + self._cycle_starts[None, :]).ravel()
             self._starts_upto = cycles * total

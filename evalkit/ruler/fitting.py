@@ -105,6 +105,7 @@ def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, hi
                 good = probe
             else:
                 bad, step = probe, step * 2
+    assert good is not None and bad is not None  # both ends of the bracket were found above
     while bad - good > 1:
         middle = (good + bad) // 2
         if fits(middle):

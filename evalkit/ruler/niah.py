@@ -14,9 +14,9 @@ import numpy as np
 
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import SPACED_LEFT, Item, TokenCounter, compose_count
-from evalkit.ruler.essay import essay_stream, load_essay_text
+from evalkit.ruler.essay import EssayStream, essay_stream, load_essay_text
 from evalkit.ruler.fitting import Coarse
-from evalkit.ruler.layout import GrowingStream, RepeatedLine, stream_items
+from evalkit.ruler.layout import GrowingStream, RepeatedLine, Stream, stream_items
 from evalkit.ruler.spec import NIAH_NEEDLE, NOISE_LINE
 from evalkit.ruler.words import random_value, wonderwords_list
 
@@ -126,8 +126,8 @@ class DistractorStream(GrowingStream):
         tokens = (key_tokens + pool.counts[values]).tolist()
         self._parts.extend(zip(tokens, pool.tails[values].tolist()))
         self._rest.extend(tokens)
-        start = self.start
-        return [start + key + value for key, value in zip(key_pieces, value_pieces)]
+        prefix = self.start
+        return [prefix + key + value for key, value in zip(key_pieces, value_pieces)]
 
     def split(self, j: int) -> tuple[str, int]:
         self.ensure(j + 1)
@@ -213,10 +213,13 @@ class NiahPlan:
         self.head = ctx.head(task.head)
         self.tail = ctx.tail(task.tail_template.format(type_needle_v=task.type_shown, query=query), self.prefix)
         self.position_seed = ctx.seed_for(index, "positions")
+        self.stream: Stream
+        self.max_size: int | None
         if task.kind == "essay":
             self.stream, self.min_size, self.max_size = task.stream, 1, None
             self.depths = rng.sample(DEPTHS, len(needles))
         elif task.kind == "noise":
+            assert task.noise is not None  # built for the noise haystack
             self.stream, self.min_size, self.max_size = task.noise, len(needles), None
         else:
             self.stream = DistractorStream(ctx, ctx.seed_for(index, "distractors"), set(keys), task.pools)
@@ -225,6 +228,7 @@ class NiahPlan:
     def _insertions(self, size: int) -> list[tuple[int, str]]:
         if self.task.kind == "essay":
             # Needles go before the sentence at each depth, in order of depth (niah.py).
+            assert isinstance(self.stream, EssayStream)
             starts = self.stream.sentence_starts(size)
             count = len(starts)
             spots = sorted(int(count * (depth / 100)) for depth in self.depths)
@@ -242,8 +246,10 @@ class NiahPlan:
 
     def guess(self, budget: int) -> int:
         fixed = self.estimate(self.min_size)
+        per_unit: float
         if isinstance(self.stream, RepeatedLine):
             per_unit = self.stream.per_unit
         else:
+            assert isinstance(self.stream, GrowingStream)
             per_unit = self.stream.average(self.stream.block_size)
         return self.min_size + max(0, int((budget - fixed) / max(per_unit, 1e-9)))

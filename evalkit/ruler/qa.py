@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +36,11 @@ DATASET_NAMES = {"squad": "SQuAD v2 dev", "hotpotqa": "HotpotQA dev distractor"}
 # trailing whitespace tokenises differently), then ` {k}:`, then `\n` and the text after the colon.
 DOCUMENT_START = "\n\nDocument"
 DATA_CONSTANTS = {"DOCUMENT_START": DOCUMENT_START}  # keyed into the cache (evalkit.ruler.kinds)
+
+
+def _constant(text: str) -> Callable[[], str]:
+    """A block's render function for text already built."""
+    return lambda: text
 
 
 @dataclass(frozen=True)
@@ -216,9 +222,9 @@ class QaPlan:
             text = f"Document {k}:\n{documents[doc]}"
             tail = text[-LEFT_CONTEXT_CHARS:]
             if k == 1:  # the template's blank line precedes the first document
-                items.append(Block("Document", label + body, tail, lambda text=text: text))
+                items.append(Block("Document", label + body, tail, _constant(text)))
             else:
-                items.append(Block(DOCUMENT_START, label + body, tail, lambda text=text: "\n\n" + text))
+                items.append(Block(DOCUMENT_START, label + body, tail, _constant("\n\n" + text)))
         items.append(self.tail)
         return items
 

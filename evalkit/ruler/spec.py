@@ -111,7 +111,7 @@ class TaskSpec:
 
 
 def _niah(name: str, haystack: str, key: str, value: str, keys: int = 1, values: int = 1, queries: int = 1):
-    params = {"haystack": haystack, "key_type": key, "value_type": value}
+    params: dict[str, str | int] = {"haystack": haystack, "key_type": key, "value_type": value}
     # niah.py: the number of keys is raised to the number of queries.
     params.update(num_keys=max(keys, queries), num_values=values, num_queries=queries)
     return TaskSpec(name, "niah", "all", MappingProxyType(params))
