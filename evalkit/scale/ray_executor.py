@@ -8,11 +8,13 @@
       the pipeline's own loop writes every summary (one writer), as if it had computed the units
 
 One writer per file across hosts, without trusting a lock on a shared file system (flock and
-NFS locks do not hold across hosts on many): the driver holds --out's lock on its own host and
-assigns every unit to exactly one group; a worker writes only its group's units' files; only
-the driver writes summaries. Ray starts a retry of a group only after its worker is gone (a
-process killed, a node declared dead), and the retry resumes from the per-sample log, whose torn
-last line (if any) is dropped on reading: nothing lost, nothing twice. A unit skipped for a
+NFS locks do not hold across hosts on many): the driver holds --out's lease (evalkit.scale.lease)
+and assigns every unit to exactly one group; a worker claims its group and writes only its
+group's units' files, each write fenced by its claim; only the driver writes summaries. A group
+is retried when its worker is gone (Ray's retry: a process killed, a node declared dead) or its
+claim lapsed (the driver's: a worker paused or cut off, whose writes the new claim fences off);
+the retry resumes from the per-sample log, whose torn last line (if any) is dropped on reading
+and whose first record of a sample stands: nothing lost, nothing twice. A unit skipped for a
 user error (does not fit, missing data) comes back as a skip and is not retried; any other error
 (a broken checkpoint) fails that checkpoint alone, recorded by the pipeline as in a local sweep.
 A killed driver takes its groups with it (Ray cancels a dead owner's tasks); a rerun of the same
