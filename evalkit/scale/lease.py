@@ -26,7 +26,13 @@ moment between `check()` and the write: a worker paused exactly there can still 
 batch of complete records after its replacement started. Those are records of the same samples
 from the same data, and the sample log's reader keeps the first record of each sample index:
 nothing is counted twice and nothing is lost (the replacement computes every sample it did not
-find in the log). Summaries are written only by the driver, fenced by its own lease.
+find in the log). Summaries are written only by the driver, fenced by its own lease; a driver
+paused in the same instant can replace a summary once more, with one computed from the same logs.
+
+Assumed of the shared file system: O_EXCL creation and rename are atomic (local file systems,
+NFSv3 and later, Lustre, GPFS, CephFS), and listing a directory or opening a file shows what
+other hosts created or renamed there (NFS close-to-open consistency). Appends of two hosts to
+one file are not atomic on NFS; only the instant above could make two hosts append at once.
 """
 
 from __future__ import annotations
@@ -73,12 +79,14 @@ def lease_timeout() -> float:
 
 
 def host_identity() -> dict[str, str]:
-    """This host's name and boot id: a pid means this process only on the same host and boot."""
+    """This host's name, boot id and pid namespace: a pid names the same process only where all
+    three agree (two containers of one kernel share the boot id, not the pid namespace)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
-        boot = ""
-    return {"host": socket.gethostname(), "boot_id": boot}
+        boot = namespace = ""
+    return {"host": socket.gethostname(), "boot_id": boot, "pid_ns": namespace}
 
 
 def _numbered(directory: Path, pattern: re.Pattern) -> list[int]:
@@ -145,11 +153,11 @@ class _Beating:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.timeout / 4):
-            if not self.still_mine():
-                self.lost.set()
-                return
-            self.record["beats"] += 1
             try:
+                if not self.still_mine():
+                    self.lost.set()
+                    return
+                self.record["beats"] += 1
                 atomic_write_json(self.path, self.record)
             except OSError:
                 continue  # a passing error of the shared file system: the next renewal tries again
@@ -230,7 +238,7 @@ def _taken_over_possible(path: Path, timeout: float, log: Callable[[str], None],
     if holder is not None and holder.get("released"):
         return True
     me = host_identity()
-    if holder is not None and (holder.get("host"), holder.get("boot_id")) == (me["host"], me["boot_id"]):
+    if holder is not None and all(holder.get(key) == value for key, value in me.items()):
         return not _pid_runs(int(holder.get("pid", 0)), holder.get("started"))
     log(
         f"{out}: {describe(holder or {})} held its lease; watching for up to {timeout:g} s "

@@ -53,7 +53,14 @@ def test_a_dead_drivers_lease_on_this_host_is_taken_over_at_once(tmp_path):
 
 def _fake_holder(out: Path, host: str, beats: bool, timeout: float):
     """Generation 1 as a driver of another host wrote it; renewed from a thread when `beats`."""
-    record = {"host": host, "boot_id": "x", "pid": 4242, "started": None, "since": "2026-12-01 10:00:00 UTC"}
+    record = {
+        "host": host,
+        "boot_id": "x",
+        "pid_ns": "x",
+        "pid": 4242,
+        "started": None,
+        "since": "2026-12-01 10:00:00 UTC",
+    }
     record.update(beats=0, released=False)
     path = out / leases.LEASE_DIR / "driver-1.lease"
     assert leases._create_exclusive(path, record)
