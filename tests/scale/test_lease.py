@@ -218,3 +218,59 @@ def test_two_drivers_at_once_without_flock_one_proceeds_the_other_is_refused(tmp
     raced, alone = outputs_of(out), outputs_of(single)
     assert raced[1] == alone[1] and raced[1]  # the per-sample logs, byte for byte
     assert {k: v["rows"] for k, v in raced[0].items()} == {k: v["rows"] for k, v in alone[0].items()}
+
+
+_DRIVER_ON_HOST = """
+import os, sys
+import evalkit.scale.lease as lease
+import evalkit.storage
+evalkit.storage._take = lambda handle, directory: None  # a file system where flock does not hold
+lease.host_identity = lambda: {"host": os.environ["FAKE_HOST"], "boot_id": "b", "pid_ns": "n"}
+from evalkit.cli import main
+sys.argv = ["evalkit", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_driver_paused_past_its_lease_is_taken_over_and_then_writes_nothing_more(tmp_path):
+    """Two drivers "on two hosts" over one --out: A paused (SIGSTOP) mid-unit longer than the lease
+    timeout, B takes the lease over and completes the sweep; A resumed (SIGCONT) stops with one
+    line and writes not one more line; the logs equal a single run's."""
+    import signal
+
+    out = tmp_path / "out"
+    run = str(SHIPPED / "tiny-long-full-shipped" / "step-600")
+    command = [sys.executable, "-c", _DRIVER_ON_HOST, "ruler", "--ckpts", run, "--lengths", "1k",
+               "--tasks", "niah_single_1", "--samples", "40", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", leases.TIMEOUT_ENV: "2"}
+    log_path = out / "tiny-long-full-shipped" / "step-600" / "ruler" / "niah_single_1" / "1024.jsonl"
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    a = subprocess.Popen(command, env={**env, "FAKE_HOST": "node-a"}, **pipes)
+    try:
+        deadline = time.monotonic() + 240
+        while not (log_path.is_file() and log_path.read_text().count("\n") >= 32):  # the first chunk of 32
+            assert time.monotonic() < deadline and a.poll() is None, a.communicate()
+            time.sleep(0.02)
+        os.kill(a.pid, signal.SIGSTOP)
+        assert log_path.read_text().count("\n") == 32  # paused mid-unit
+        b = subprocess.run(command, env={**env, "FAKE_HOST": "node-b"}, timeout=300, **pipes)
+        assert b.returncode == 0, b.stderr
+        assert "host node-a pid" in b.stdout + b.stderr  # it watched A's lease before taking it over
+        completed = log_path.read_bytes()
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    _, a_err = a.communicate(timeout=120)
+    assert a.returncode == 2, a_err
+    errors = [line for line in a_err.splitlines() if line.startswith("error:")]  # after its progress bar
+    assert len(errors) == 1 and "host node-b pid" in errors[0] and "took over" in errors[0], a_err
+    assert a_err.rstrip().endswith(errors[0]) and "Traceback" not in a_err
+    assert log_path.read_bytes() == completed  # A wrote nothing more
+
+    from evalkit.ruler.runner import run_ruler
+
+    single = tmp_path / "single"
+    run_ruler([r for r in tiny_refs() if r.step == 600], tiny_settings(samples=40, tasks=["niah_single_1"]), single)
+    raced, alone = outputs_of(out), outputs_of(single)
+    assert raced[1] == alone[1]  # the per-sample logs, byte for byte
+    assert {k: v["rows"] for k, v in raced[0].items()} == {k: v["rows"] for k, v in alone[0].items()}
