@@ -225,6 +225,9 @@ def acquire_driver_lease(out: Path, timeout: float | None = None, log: Callable[
         generation = newest + 1
         if not _create_exclusive(directory / f"driver-{generation}.lease", record):
             continue  # another newcomer took this generation first: judge that holder instead
+        if max(_numbered(directory, _DRIVER)) != generation:  # a slow newcomer's number, pruned and passed
+            (directory / f"driver-{generation}.lease").unlink(missing_ok=True)
+            continue
         for older in _numbered(directory, _DRIVER):
             if older < generation:  # only ever older ones: the newest decides who holds the lease
                 (directory / f"driver-{older}.lease").unlink(missing_ok=True)
