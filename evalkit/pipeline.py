@@ -250,15 +250,17 @@ def run_benchmark(
 
     `shard` (evalkit.scale.plan.Shard): only that shard's units; `executor` (evalkit.scale):
     computes the units elsewhere first (a Ray cluster), this loop then writes the summaries."""
+    from evalkit.scale.lease import driver_lease
     from evalkit.scale.plan import plan_work
 
     out = Path(out)
     check_request(benchmark, refs, out)
-    # Taken after the checks (a refused request leaves no trace in `out`), before any result is written.
-    with output_lock(out):
+    # Taken after the checks (a refused request leaves no trace in `out`), before any result is
+    # written. The flock holds on one host; the lease across hosts of a shared file system.
+    with output_lock(out), driver_lease(out, log) as lease:
         work = plan_work(benchmark, refs, shard)
         if executor is not None:
-            executor.run(benchmark, work, out, progress=progress, log=log, open_engine=open_engine)
+            executor.run(benchmark, work, out, progress=progress, log=log, open_engine=open_engine, lease=lease)
         summaries, failed, first_error = [], [], None
         for ref, checkpoint_work in work.checkpoints:
             on_checkpoint(ref)

@@ -12,6 +12,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,10 +42,32 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
+            check_fences()
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+# What a durable write must check first where another host may have taken over this writer's
+# files (evalkit.scale.lease: a driver lease, a worker's group claim); empty in a plain run.
+_FENCES: ContextVar[tuple[Callable[[], None], ...]] = ContextVar("evalkit_fences", default=())
+
+
+@contextmanager
+def fenced(check: Callable[[], None]) -> Iterator[None]:
+    """Within the block, every atomic write and sample-log append first calls `check`, which
+    raises when this process may no longer write (evalkit.scale.lease)."""
+    token = _FENCES.set((*_FENCES.get(), check))
+    try:
+        yield
+    finally:
+        _FENCES.reset(token)
+
+
+def check_fences() -> None:
+    for check in _FENCES.get():
+        check()
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.results.checkpoints import CheckpointRef
-from evalkit.storage import naming
+from evalkit.storage import check_fences, naming
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
 
@@ -115,6 +115,7 @@ class SampleLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with naming(self.path), self.path.open("a", encoding="utf-8") as handle:
+            check_fences()  # a worker whose claim was taken over stops here (evalkit.scale.lease)
             for record in records:
                 record = {**record, "data_key": self.data_key}
                 record[CHECKSUM] = record_checksum(record)

@@ -196,4 +196,5 @@ def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
 def _not_merged(rel: Path) -> bool:
     name = rel.name
     top_level_average = len(rel.parts) == 1 and "-avg." in name  # a shard's partial --avg
-    return name == LOCK_NAME or name.startswith(".") or top_level_average
+    hidden = any(part.startswith(".") for part in rel.parts)  # temporaries, the lease directory
+    return name == LOCK_NAME or hidden or top_level_average

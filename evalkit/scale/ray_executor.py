@@ -8,11 +8,13 @@
       the pipeline's own loop writes every summary (one writer), as if it had computed the units
 
 One writer per file across hosts, without trusting a lock on a shared file system (flock and
-NFS locks do not hold across hosts on many): the driver holds --out's lock on its own host and
-assigns every unit to exactly one group; a worker writes only its group's units' files; only
-the driver writes summaries. Ray starts a retry of a group only after its worker is gone (a
-process killed, a node declared dead), and the retry resumes from the per-sample log, whose torn
-last line (if any) is dropped on reading: nothing lost, nothing twice. A unit skipped for a
+NFS locks do not hold across hosts on many): the driver holds --out's lease (evalkit.scale.lease)
+and assigns every unit to exactly one group; a worker claims its group and writes only its
+group's units' files, each write fenced by its claim; only the driver writes summaries. A group
+is retried when its worker is gone (Ray's retry: a process killed, a node declared dead) or its
+claim lapsed (the driver's: a worker paused or cut off, whose writes the new claim fences off);
+the retry resumes from the per-sample log, whose torn last line (if any) is dropped on reading
+and whose first record of a sample stands: nothing lost, nothing twice. A unit skipped for a
 user error (does not fit, missing data) comes back as a skip and is not retried; any other error
 (a broken checkpoint) fails that checkpoint alone, recorded by the pipeline as in a local sweep.
 A killed driver takes its groups with it (Ray cancels a dead owner's tasks); a rerun of the same
@@ -30,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import Skipped, UserError
+from evalkit.scale.lease import ClaimWatch, LeaseLost, claim_group
 from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
 from evalkit.scale.ray_start import exit_status_kept, init_ray
-from evalkit.storage import disk_full_error
+from evalkit.storage import disk_full_error, fenced
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
 STATUS_EVERY_S = 10.0  # the driver's progress line
@@ -42,14 +45,17 @@ class RayExecutor:
     def __init__(self, address: str | None = None, **init_options: Any) -> None:
         self.address, self.init_options = address, init_options
 
-    def run(self, benchmark, work: WorkPlan, out: Path, *, progress=None, log=print, open_engine=None) -> None:
-        """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes."""
+    def run(
+        self, benchmark, work: WorkPlan, out: Path, *, progress=None, log=print, open_engine=None, lease=None
+    ) -> None:
+        """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes.
+        `lease` (evalkit.scale.lease.DriverLease): the driver's, under which workers claim their groups."""
         ray = _import_ray()
         started_here = self._connect(ray)
         try:
             groups = plan_groups(benchmark, work, out, _worker_slots(ray, benchmark))
             if groups:
-                self._run_groups(ray, benchmark, groups, out, log, open_engine)
+                self._run_groups(ray, benchmark, groups, out, log, open_engine, lease)
         finally:
             if started_here:
                 ray.shutdown()
@@ -66,37 +72,72 @@ class RayExecutor:
             raise UserError(f"cannot reach the Ray cluster at {self.address}: {err}; check --ray-address") from None
         return True
 
-    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine) -> None:
+    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine, lease) -> None:
         reporter = ray.remote(Reporter).options(num_cpus=0).remote()
         resources = _resources(ray, benchmark)
         task = ray.remote(evaluate_group).options(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)
         shipped = _for_workers(benchmark)
-        pending = {
-            task.remote(shipped, group.ref, group.units, str(out), group.name, reporter, open_engine): group
-            for group in groups
-        }
+        claims = (lease.generation, lease.timeout) if lease is not None else None
+
+        def submit(group: Group):
+            return task.remote(shipped, group.ref, group.units, str(out), group.name, reporter, open_engine, claims)
+
+        pending = {submit(group): group for group in groups}
         log(f"ray: {sum(len(g.units) for g in groups)} units in {len(groups)} groups on {_describe(ray)}")
         status = Status(log, len(groups))
+        watch = ClaimWatch(out, *claims) if claims is not None else None
         with exit_status_kept():
-            self._wait(ray, pending, reporter, status)
+            self._wait(ray, pending, reporter, status, watch, submit)
 
-    def _wait(self, ray, pending: dict, reporter, status: Status) -> None:
+    def _wait(self, ray, pending: dict, reporter, status: Status, watch: ClaimWatch | None, submit) -> None:
+        """Until every group is answered. A group may have several live attempts: Ray's own retry
+        of a dead worker, and the driver's of a worker whose claim lapsed (paused, cut off, but not
+        known dead to Ray); the first answer counts, a superseded attempt's LeaseLost is dropped."""
+        resubmitted: dict[str, int] = {}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             status.update(ray.get(reporter.snapshot.remote()))
             for ref in ready:
                 group = pending.pop(ref)
+                if group.done:
+                    continue
                 try:
                     answer = _result(ray, ref, group)
+                except LeaseLost:
+                    if not any(other is group for other in pending.values()):
+                        raise  # no attempt of it left here: another driver took over --out
+                    continue
                 except Exception as err:  # this checkpoint failed: the others go on, as in a local sweep
                     if disk_full_error(err) is not None:
                         raise  # every later unit would fail the same way
                     group.work.failure = group.work.failure or err
+                    group.done = True
                     status.failed(group, err)
                     continue
-                attempts = ray.get(reporter.snapshot.remote())["attempts"]
-                group.collect(answer, attempts.get(group.name, 1))
+                group.collect(answer, ray.get(reporter.snapshot.remote())["attempts"].get(group.name, 1))
+                group.done = True
                 status.finished(group)
+            for ref in [ref for ref, group in pending.items() if group.done]:
+                del pending[ref]  # a superseded attempt (a paused worker): its answer is not needed
+            if watch is not None:
+                self._retry_lapsed(pending, watch, status, submit, resubmitted)
+
+    def _retry_lapsed(self, pending: dict, watch: ClaimWatch, status: Status, submit, resubmitted: dict) -> None:
+        """A group whose worker stopped renewing its claim for the lease timeout is started again
+        elsewhere; the new attempt's claim fences the old worker off its files."""
+        for group in {id(g): g for g in pending.values()}.values():
+            attempt = watch.lapsed(group.name)
+            if attempt is None:
+                continue
+            if resubmitted.get(group.name, 0) >= MAX_RETRIES:
+                continue  # Ray's own retries, and the end of the run, remain
+            resubmitted[group.name] = resubmitted.get(group.name, 0) + 1
+            watch.forget(group.name)
+            pending[submit(group)] = group
+            status.log(
+                f"ray: {group.name}: attempt {attempt} renewed no claim for {watch.timeout:g} s "
+                "(its worker paused or cut off); started again elsewhere"
+            )
 
 
 class Group:
@@ -105,11 +146,13 @@ class Group:
     def __init__(self, ref, units: list, work) -> None:
         self.ref, self.units, self.work = ref, units, work
         self.name = f"{ref.run}/step-{ref.step}#{units[0].label()}"
+        self.done = False
 
     def collect(self, answer: tuple[list, dict | None], attempt: int) -> None:
+        """The worker's own claim attempt, when it claimed one, else the reporter's count of starts."""
         outcomes, engine_info = answer
         for unit, result, skip, worker in outcomes:
-            self.work.outcomes[unit] = Outcome(result, skip, {**worker, "attempt": attempt}, engine_info)
+            self.work.outcomes[unit] = Outcome(result, skip, {"attempt": attempt, **worker}, engine_info)
 
 
 def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
@@ -130,24 +173,39 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
     return groups
 
 
-def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, open_engine=None):
-    """On a worker: one engine for the group's units (built only if a unit has work left)."""
+def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, open_engine=None, claims=None):
+    """On a worker: one engine for the group's units (built only if a unit has work left).
+    `claims` (the driver's lease generation, the lease timeout): the group is claimed first, and
+    every write of its files checks that this attempt is still the newest (evalkit.scale.lease)."""
     import ray
-
-    from evalkit.pipeline import LazyEngine
 
     context = ray.get_runtime_context()
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "node": context.get_node_id()[:12]}
     # Not waited for: a task blocked in ray.get lends its CPU to another task, which would
     # start more workers than the cluster has CPUs. The driver reads the attempt from the reporter.
     reporter.started.remote(name, worker)
+    if claims is None:
+        return _evaluate_units(benchmark, ref, units, Path(out), name, reporter, open_engine, worker)
+    generation, timeout = claims
+    claim = claim_group(Path(out), generation, name, timeout, worker)
+    try:
+        with fenced(claim.check):
+            worker = {**worker, "attempt": claim.attempt}
+            return _evaluate_units(benchmark, ref, units, Path(out), name, reporter, open_engine, worker)
+    finally:
+        claim.stop()
+
+
+def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter, open_engine, worker: dict):
+    from evalkit.pipeline import LazyEngine
+
     outcomes = []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in units:
             began = time.monotonic()
             report = lambda u, done, total: reporter.progress.remote(name, u.label(), done, total)  # noqa: E731
             try:
-                result = benchmark.evaluate(engine, ref, unit, Path(out), report)
+                result = benchmark.evaluate(engine, ref, unit, out, report)
                 outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
             except Skipped as why:  # a user error: recorded, never retried
                 outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
@@ -195,7 +253,9 @@ class Status:
         for group, attempts in snapshot["attempts"].items():
             if attempts > self.attempts.get(group, 1):
                 worker = snapshot["workers"][group]
-                self.log(f"ray: {group} retried (attempt {attempts}, now on {_who(worker)}): its worker died")
+                self.log(
+                    f"ray: {group} retried (attempt {attempts}, now on {_who(worker)}): its worker died or went silent"
+                )
             self.attempts[group] = attempts
         if time.monotonic() - self.last >= STATUS_EVERY_S:
             self.last = time.monotonic()
@@ -234,6 +294,8 @@ def _result(ray, ref, group: Group):
         return ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         cause = err.cause
+        if isinstance(cause, LeaseLost):
+            raise LeaseLost(str(cause)) from None
         if isinstance(cause, UserError):
             raise UserError(str(cause)) from None
         if isinstance(cause, BaseException):

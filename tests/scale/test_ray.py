@@ -110,6 +110,60 @@ def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster,
 
 
 @pytest.mark.slow
+def test_a_worker_paused_past_its_lease_writes_nothing_more_after_its_group_is_retried(cluster, tmp_path, monkeypatch):
+    """SIGSTOP of a worker mid-unit (alive to Ray, as a cut-off node is until declared dead):
+    its claim lapses, the driver starts its group again elsewhere, the sweep completes; then
+    SIGCONT: the resumed worker finds its claim superseded and writes not one more line."""
+    import psutil
+
+    monkeypatch.setenv("EVALKIT_LEASE_TIMEOUT", "3")
+    refs = tiny_refs()[-1:]
+    settings = tiny_settings(samples=40, tasks=["niah_single_1"])  # two chunks of 32 and 8
+    log_path = tmp_path / "ray" / refs[0].run / f"step-{refs[0].step}" / "ruler" / "niah_single_1" / "1024.jsonl"
+    lines: list[str] = []
+    failure: list[BaseException] = []
+
+    def drive():
+        try:
+            run_ruler(refs, settings, tmp_path / "ray", executor=executor(), log=lines.append)
+        except BaseException as err:  # noqa: BLE001 - raised again in the test's thread
+            failure.append(err)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    deadline = time.monotonic() + 240
+    while not (log_path.is_file() and log_path.read_text().count("\n") >= 32):
+        assert time.monotonic() < deadline and driver.is_alive(), (failure, lines)
+        time.sleep(0.02)
+    victims = _group_workers()
+    assert len(victims) == 1
+    paused = victims[0]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        paused_at = log_path.read_text().count("\n")
+        driver.join(timeout=300)
+        assert not failure and not driver.is_alive(), (failure, lines)
+        assert any("renewed no claim for 3 s" in line for line in lines), lines
+        completed = log_path.read_bytes()
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    assert paused_at == 32  # paused mid-unit: its second chunk not yet written
+    deadline = time.monotonic() + 120
+    while "evaluate_group" in " ".join(psutil.Process(paused.pid).cmdline()):  # its task ends (LeaseLost)
+        assert time.monotonic() < deadline, "the resumed worker never finished its task"
+        time.sleep(0.2)
+    assert log_path.read_bytes() == completed  # the resumed worker wrote nothing more
+
+    run_ruler(refs, settings, tmp_path / "local")
+    assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")  # record for record
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == list(range(40))  # each sample stored once
+    summary = json.loads(next((tmp_path / "ray").rglob("ruler-summary.json")).read_text())
+    answered = summary["provenance"]["answered_by"]["niah_single_1 @ 1024"]
+    assert answered["attempt"] == 2 and answered["pid"] != paused.pid
+
+
+@pytest.mark.slow
 def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
     """`kill` (SIGTERM) to `evalkit ruler --executor ray` mid-sweep: exit 143 (Ray's own handler
     would abort, and Ray turns the handler's exit into status 1), no Ray process left behind;
