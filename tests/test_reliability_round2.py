@@ -401,7 +401,7 @@ def test_the_leaderboard_never_replaces_a_markdown_file_of_the_users(tmp_path, c
 
 
 def test_a_sample_log_with_a_foreign_line_is_refused_not_truncated(tmp_path):
-    from evalkit.results.store import SampleLog
+    from evalkit.sample_log import SampleLog
 
     log = tmp_path / "512.jsonl"
     log.write_text("not a record\nnot one either\n")

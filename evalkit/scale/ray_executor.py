@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import Skipped, UserError
+from evalkit.ray_start import exit_status_kept, init_ray
 from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
-from evalkit.scale.ray_start import exit_status_kept, init_ray
 from evalkit.storage import disk_full_error
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
@@ -134,7 +134,7 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, o
     """On a worker: one engine for the group's units (built only if a unit has work left)."""
     import ray
 
-    from evalkit.pipeline import LazyEngine
+    from evalkit.lazy_engine import LazyEngine
 
     context = ray.get_runtime_context()
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "node": context.get_node_id()[:12]}
