@@ -38,8 +38,8 @@ LAYERS = (
 # Module circles allowed, each with its reason. None may be a package cycle.
 ALLOWED_MODULE_CIRCLES: dict[frozenset[str], str] = {
     frozenset({"evalkit.train.config", "evalkit.train.model"}): (
-        "config validation calls model.check_rope_theta lazily, model builds from a TrainConfig: one concern "
-        "(the training recipe's model) split over two modules of one package, never imported at module level twice"
+        "train/config.py validates a recipe's RoPE with model.check_rope_theta, imported inside that check, and "
+        "model.py builds from a TrainConfig: one package's two halves of the recipe's model, left to train/"
     ),
 }
 

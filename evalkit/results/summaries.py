@@ -69,7 +69,7 @@ def _read_summary(path: Path) -> dict:
     try:
         summary["step"] = int(summary["step"])
         cells = [_row_cell(row, summary) for row in summary_rows(summary)]
-    except (KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError):  # AttributeError: a provenance that is no record
         raise UserError(f"{path} has a malformed step or row; remove it or rerun that checkpoint") from None
     if None in cells:
         raise UserError(
