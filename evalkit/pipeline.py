@@ -13,8 +13,8 @@ the run that computed the scores, not of a rerun that read them back), --avg and
 
 A benchmark is a small protocol (Benchmark below): its units, how a unit is found on disk, how
 it is evaluated, how its rows are averaged over checkpoints, and what else its summary keeps.
-Adding one is a module implementing it plus an entry in BENCHMARKS (tests/test_pipeline.py
-runs a toy benchmark through every part of the pipeline).
+Adding one is a module implementing it (tests/test_pipeline.py runs a toy benchmark through every
+part of the pipeline); its rows are evalkit.result_format.ResultRow, which the leaderboard reads.
 """
 
 from __future__ import annotations
@@ -25,10 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from evalkit.checkpoint_refs import CheckpointRef, checkpoint_meta
 from evalkit.errors import Skipped, UserError
+from evalkit.lazy_engine import EngineChoice, LazyEngine
 from evalkit.provenance import command_line, stamp, stamp_of
-from evalkit.results.checkpoints import CheckpointRef, checkpoint_meta
-from evalkit.results.store import checkpoint_dir
+from evalkit.result_format import (
+    SCHEMA_VERSION,
+    ResultRow,
+    failed_name,
+    not_understood,
+    read_summary,
+    row_record,
+    summary_name,
+    summary_rows,
+)
+from evalkit.sample_log import checkpoint_dir
 from evalkit.storage import (
     atomic_write_json,
     atomic_write_text,
@@ -39,37 +50,6 @@ from evalkit.storage import (
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-# The registry: every benchmark's name (its files are <name>-summary.json, <name>-avg.*) and the
-# title its tables carry in reports and the leaderboard. A benchmark missing here is titled by its name.
-BENCHMARKS = {"ruler": "RULER", "general": "General tasks"}
-
-
-# The format of every file the pipeline writes (summaries, failure records, averages). Raised when
-# a reader of the old format would misread the new one; readers skip, with a note, a higher one.
-SCHEMA_VERSION = 1
-
-
-def summary_name(benchmark: str) -> str:
-    return f"{benchmark}-summary.json"
-
-
-def not_understood(path: Path, record: Any, suffix: str = "-summary.json") -> str | None:
-    """Why this evalkit cannot read the stored record at `path` (<benchmark><suffix>) as its own
-    format, or None: a schema_version it does not know, or a benchmark other than its file name's.
-    A record without schema_version is of version 1 (written before versions were recorded)."""
-    if not isinstance(record, dict):
-        return f"it holds a JSON {type(record).__name__}, not an evalkit record"
-    version = record.get("schema_version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
-        return (
-            f"its schema_version is {version!r} and this evalkit reads versions 1 to {SCHEMA_VERSION} "
-            "(written by another evalkit version: read it with that one)"
-        )
-    expected = path.name[: -len(suffix)] if path.name.endswith(suffix) else None
-    if "benchmark" in record and expected is not None and record["benchmark"] != expected:
-        return f"its benchmark is {record['benchmark']!r}, but its file name says {expected!r}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -92,18 +72,10 @@ class UnitResult:
     of it (`extra`), whether anything was computed now, and the engine that computed it when
     the result was read back from disk (no engine is built for a stored result)."""
 
-    rows: list[dict[str, Any]]
+    rows: list[ResultRow]
     extra: dict[str, Any] = field(default_factory=dict)
     computed: bool = True
     stored_engine_info: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """The engine every checkpoint is evaluated with: its registry name and keyword settings."""
-
-    name: str = "hf"
-    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,6 +94,7 @@ class Benchmark(Protocol):
     """What a benchmark tells the pipeline; everything else is the pipeline's."""
 
     name: str  # summaries are <name>-summary.json, averages <name>-avg.json/.md
+    title: str  # what its tables are headed with in reports and the leaderboard ("RULER")
     engine: EngineChoice
 
     def settings_record(self) -> dict[str, Any]:
@@ -141,40 +114,7 @@ class Benchmark(Protocol):
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
         """The summary with the benchmark's own fields added (earlier: the summary on disk, if any)."""
 
-    def average(self, rows: list[dict[str, Any]]) -> Averages: ...
-
-
-class LazyEngine:
-    """The checkpoint's engine, built on first `get()`: a checkpoint whose units are all on disk
-    already loads no model. Closed (if built) when the block ends, before the next checkpoint's
-    engine starts: two vLLM engines would not fit one GPU."""
-
-    def __init__(self, choice: EngineChoice, path: Path, open_engine: Callable[..., Any] | None = None) -> None:
-        self.choice, self.path = choice, path
-        self._open = open_engine
-        self._engine = None
-
-    def get(self):
-        if self._engine is None:
-            if self._open is None:
-                from evalkit.engines import get_engine
-
-                self._open = get_engine
-            self._engine = self._open(self.choice.name, self.path, **self.choice.settings)
-        return self._engine
-
-    def info(self) -> dict[str, Any] | None:
-        return self._engine.engine_info() if self._engine is not None else None
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-
-    def __enter__(self) -> LazyEngine:
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.close()
+    def average(self, rows: list[ResultRow]) -> Averages: ...
 
 
 @dataclass
@@ -183,9 +123,12 @@ class EvaluationRun:
 
     summaries: list[dict[str, Any]]
     rows: list[dict[str, Any]]
-    skipped: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]  # rows: the summaries' stored rows (evalkit.result_format.row_record)
     averages: Averages | None = None
     files: dict[str, Path] = field(default_factory=dict)
+
+    def result_rows(self) -> list[ResultRow]:
+        return [row for summary in self.summaries for row in summary_rows(summary)]
 
 
 def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) -> None:
@@ -276,16 +219,12 @@ def run_benchmark(
         skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
         run = EvaluationRun(summaries, rows, skipped)
         if avg and rows:
-            run.averages, run.files = write_averages(benchmark, rows, out)
+            run.averages, run.files = write_averages(benchmark, run.result_rows(), out)
     if failed and len(refs) == 1:
         raise first_error  # no sweep to go on with: the error itself, as for any command
     if failed:
         raise UserError(_failures_message(failed, len(refs), out))
     return run
-
-
-def failed_name(benchmark: str) -> str:
-    return f"{benchmark}-failed.json"
 
 
 def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exception) -> dict[str, Any]:
@@ -356,10 +295,11 @@ def evaluate_checkpoint(
     summary = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": benchmark.name,
+        "title": getattr(benchmark, "title", benchmark.name),
         "run": ref.run,
         "step": ref.step,
         "checkpoint": str(ref.path),
-        "rows": [row for result in results for row in result.rows],
+        "rows": [row_record(row) for result in results for row in result.rows],
         "skipped": skipped,
         "provenance": {
             **_stamp_of_the_scores(earlier, any(result.computed for result in results)),
@@ -375,17 +315,6 @@ def evaluate_checkpoint(
     return summary
 
 
-def read_summary(path: Path) -> dict[str, Any] | None:
-    """The summary stored at `path`, or None when there is none (or it is not one)."""
-    try:
-        earlier = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not_understood(path, earlier) is not None:  # another format: neither its stamp nor its engine is reused
-        return None
-    return earlier if isinstance(earlier.get("rows"), list) else None
-
-
 def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> dict[str, Any]:
     """Version, commit, time and machine of the run that computed the scores: a rerun that only
     reads them back keeps the earlier summary's stamp instead of claiming them as its own."""
@@ -393,14 +322,14 @@ def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> 
     return kept or stamp()  # no whole stamp to keep: this run's
 
 
-def write_averages(benchmark: Benchmark, rows: list[dict[str, Any]], out: Path) -> tuple[Averages, dict[str, Path]]:
+def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tuple[Averages, dict[str, Path]]:
     """--avg, for every benchmark alike: <out>/<name>-avg.json (records) and .md (the table)."""
     averages = benchmark.average(rows)
     json_path, markdown_path = out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"
     provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
     averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
     atomic_write_json(json_path, {**averaged, "provenance": provenance})
-    title = BENCHMARKS.get(benchmark.name, benchmark.name)
+    title = getattr(benchmark, "title", benchmark.name)
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
     atomic_write_text(
         markdown_path,

@@ -80,7 +80,7 @@ class QuickstartPlan:
 
 def check_plan(plan: QuickstartPlan) -> None:
     """What the later stages would refuse only after training has run, refused before it."""
-    from evalkit.results.checkpoints import check_last
+    from evalkit.checkpoint_refs import check_last
 
     check_last(plan.last)
     counts = {
@@ -150,8 +150,8 @@ def shipped_runs(recipe: str) -> list[Path]:
     For evalkit's own recipes that is evalkit/checkpoints/<recipe>/; a recipe of one's own
     at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
     """
+    from evalkit.checkpoint_refs import STEP_DIR
     from evalkit.package_data import recipe_folder
-    from evalkit.results.checkpoints import STEP_DIR
     from evalkit.train.config import resolve_recipe
 
     path = resolve_recipe(recipe)
@@ -198,7 +198,7 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
         _took(console, t)
     if shipped:
         console.print(f"evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
-    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.checkpoint_refs import resolve_checkpoints
 
     refs = resolve_checkpoints([str(run) for run in shipped + own], last=plan.last)
     t = _stage(console, done, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
@@ -372,12 +372,15 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
+    from evalkit.length_averages import RunAverage, length_averages
     from evalkit.markdown import markdown_table
-    from evalkit.results.aggregate import RunAverage, length_averages
-    from evalkit.results.leaderboard import find_summaries
+    from evalkit.result_format import summary_rows
+    from evalkit.results.summaries import find_summaries
     from evalkit.ruler.runner import SUMMARY
 
-    averages = length_averages([row for summary in find_summaries([ruler_dir], SUMMARY) for row in summary["rows"]])
+    averages = length_averages(
+        [row for summary in find_summaries([ruler_dir], SUMMARY) for row in summary_rows(summary)]
+    )
     scored = {a.run for a in averages if a.mean > 0}
     zero = sorted({a.run for a in averages} - scored)
     by_run: dict[str, dict[int, RunAverage]] = {}

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import Skipped, UserError
-from evalkit.pipeline import Averages, EngineChoice, Unit, UnitResult, run_benchmark, summary_name
-from evalkit.results.checkpoints import CheckpointRef
-from evalkit.results.store import checkpoint_dir
+from evalkit.lazy_engine import EngineChoice
+from evalkit.pipeline import Averages, Unit, UnitResult, run_benchmark
+from evalkit.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.sample_log import checkpoint_dir
 
 
 class FakeEngine:
@@ -40,6 +42,7 @@ class ToyBenchmark:
     """Two scored tasks and one that cannot run; a unit's result is stored as <task>.json."""
 
     name = "toy"
+    title = "Toy benchmark"
 
     def __init__(self, tasks=("short", "long", "needs-data")):
         self.tasks = list(tasks)
@@ -63,27 +66,28 @@ class ToyBenchmark:
         if not path.is_file():
             return None
         record = json.loads(path.read_text())
-        return UnitResult(record["rows"], computed=False, stored_engine_info=record["engine"])
+        rows = [read_row(self.name, row) for row in record["rows"]]
+        return UnitResult(rows, computed=False, stored_engine_info=record["engine"])
 
     def evaluate(self, engine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         if unit.task == "needs-data":
             raise Skipped("needs a data file that is not here", wanted="data.json")
         answer = engine.get().generate(unit.task)
         progress(unit, 1, 1)
-        row = {"run": ref.run, "step": ref.step, "task": unit.task, "metric": "chars", "value": float(len(answer))}
+        row = ResultRow(self.name, ref.run, ref.step, unit.task, "chars", float(len(answer)))
         path = self._file(ref, unit, out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rows": [row], "engine": engine.info()}))
+        path.write_text(json.dumps({"rows": [row_record(row)], "engine": engine.info()}))
         return UnitResult([row])
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
         summary["toy_units"] = len(results)
         return summary
 
-    def average(self, rows: list[dict]) -> Averages:
+    def average(self, rows: list[ResultRow]) -> Averages:
         by_task: dict[str, list[float]] = {}
         for row in rows:
-            by_task.setdefault(row["task"], []).append(row["value"])
+            by_task.setdefault(row.task, []).append(row.value)
         records = [
             {"task": task, "mean": statistics.fmean(v), "std": statistics.pstdev(v)} for task, v in by_task.items()
         ]
@@ -177,7 +181,7 @@ def test_avg_writes_one_json_and_one_markdown_for_any_benchmark(two_checkpoints,
     assert stored["benchmark"] == "toy" and stored["averages"] == run.averages.records
     assert stored["provenance"]["settings"] == {"tasks": ["short", "long", "needs-data"]}
     markdown = (out / "toy-avg.md").read_text()
-    assert markdown.startswith("# toy, averaged over checkpoints")
+    assert markdown.startswith("# Toy benchmark, averaged over checkpoints")
     assert "toy conditions" in markdown and "| short | 5.0 ± 2.0 |" in markdown
     assert run.files == {"averages_json": out / "toy-avg.json", "averages_markdown": out / "toy-avg.md"}
 
@@ -235,16 +239,16 @@ def test_a_new_benchmark_reaches_the_leaderboard_through_the_one_schema(two_chec
     run_benchmark(ToyBenchmark(), two_checkpoints, out, open_engine=opener([], {"step-1": "abc", "step-2": "abcdefg"}))
     markdown, ruler, general = build_markdown([out])
     assert ruler == [] and general == []
-    # Its own section, titled by its name (not in the registry), one column per task/metric:
+    # Its own section, with the title its summaries record, one column per task/metric:
     # the mean over the two checkpoints, (3 + 7) / 2 = 5, and what the run was evaluated on.
-    assert "## toy (mean over checkpoints ± stderr)" in markdown
+    assert "## Toy benchmark (mean over checkpoints ± stderr)" in markdown
     assert "| run | paradigm | model | data | long chars | short chars |" in markdown
     assert "| toy-run | anchor | ? | ? | 5.0000 | 5.0000 |" in markdown
     assert "- toy toy-run: engine fake" in markdown
 
 
 def test_stored_summaries_of_both_shapes_read_as_one_schema():
-    from evalkit.results.schema import ResultRow, summary_rows
+    from evalkit.result_format import summary_rows
 
     meta = {"paradigm": "anchor", "config": {"model": {"arch": "llama", "num_layers": 4, "hidden_size": 256},
                                              "data": {"source": "builtin"}}}  # fmt: skip
@@ -278,7 +282,7 @@ def test_stored_summaries_of_both_shapes_read_as_one_schema():
 
 def test_the_repositorys_stored_summaries_still_load():
     """Every summary under results/ (written by earlier versions) reads into the schema."""
-    from evalkit.results.schema import summary_rows
+    from evalkit.result_format import summary_rows
 
     root = Path(__file__).resolve().parents[1] / "results"
     paths = sorted(root.rglob("*-summary.json"))
@@ -288,3 +292,28 @@ def test_the_repositorys_stored_summaries_still_load():
         rows = summary_rows(summary)
         assert len(rows) == len(summary["rows"]) and all(row.run == summary["run"] for row in rows)
         assert all(row.metric and (row.value is None or isinstance(row.value, float)) for row in rows)
+
+
+def test_rows_written_now_read_back_as_the_rows_the_benchmark_made():
+    """row_record (what a summary stores) and read_row (the one reader) are inverses for this
+    version's rows, RULER's anchor-encoded cells and lm-eval's rows alike, with RULER's stored
+    layout kept (`score`, as version 1 readers of RULER's value expect) beside its metric."""
+    from evalkit.result_format import SCHEMA_VERSION, export_record, summary_rows
+
+    made = [
+        ResultRow("ruler", "r", 2, "qa_1", "string_match_part", 40.0, 1.0, 20, length=1024, encoding="standard"),
+        ResultRow("ruler", "r", 2, "vt", "string_match_all", 5.0, 2.0, 20, length=1024, encoding="anchor",
+                  doc_tokens=128, documents=7.5),
+        ResultRow("general", "r", 2, "mmlu_anatomy", "acc", 0.25, None, 135, requested="mmlu", filter="none",
+                  num_fewshot=5),
+        ResultRow("toy", "r", 2, "short", "chars", 3.0),
+    ]  # fmt: skip
+    records = [row_record(row) for row in made]
+    assert records[0] == {"run": "r", "step": 2, "task": "qa_1", "metric": "string_match_part", "length": 1024,
+                          "score": 40.0, "stderr": 1.0, "n": 20}  # fmt: skip
+    assert records[1]["encoding"] == "anchor" and records[1]["doc_tokens"] == 128 and records[1]["documents"] == 7.5
+    assert [read_row(row.benchmark, record) for row, record in zip(made, records)] == made
+    summary = {"schema_version": SCHEMA_VERSION, "benchmark": "ruler", "run": "r", "step": 2, "rows": records[:2]}
+    assert summary_rows(summary) == made[:2]
+    assert made[1].series() == "r [anchor, 128-token docs]" and made[0].series() == "r"
+    assert export_record(made[1])["encoding"] == "anchor-128" and "doc_tokens" not in export_record(made[1])

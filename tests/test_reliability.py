@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalkit.errors import UserError
-from evalkit.results.store import SampleLog
+from evalkit.sample_log import SampleLog
 from evalkit.storage import LOCK_NAME, output_lock
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 

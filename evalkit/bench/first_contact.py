@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.bench.result_log import ResultLog, read_results
+from evalkit.result_log import ResultLog, read_results
 
 RESULTS = "first-contact.jsonl"
 REPORT = "first-contact.md"

@@ -25,8 +25,8 @@ import torch
 
 from evalkit.arglists import parse_list
 from evalkit.attention import Paradigm, document_attention, document_mask, pack
-from evalkit.bench.result_log import ResultLog
 from evalkit.markdown import markdown_table
+from evalkit.result_log import ResultLog
 
 
 def _naive(q, k, v, mask):

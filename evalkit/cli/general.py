@@ -58,9 +58,9 @@ def general_command(
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from rich.console import Console
 
+    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.general import checkpoint_table, parse_tasks, run_general
-    from evalkit.results.checkpoints import resolve_checkpoints
 
     console = Console(stderr=True)
     settings = {
@@ -92,7 +92,7 @@ def general_command(
     )
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
-    typer.echo(checkpoint_table(run.rows))
+    typer.echo(checkpoint_table(run.result_rows()))
     if run.averages is not None:
         typer.echo("\n" + run.averages.table)
     console.print(f"results in {out}")

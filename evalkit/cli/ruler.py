@@ -75,8 +75,8 @@ def ruler_command(
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
 
+    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.results.checkpoints import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, parse_tasks
 
     console = Console(stderr=True)
@@ -138,11 +138,11 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
 
 
 def _report_ruler(console, run, out: Path) -> None:
-    from evalkit.results.tables import checkpoint_table
+    from evalkit.length_averages import checkpoint_table
 
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
-    typer.echo(checkpoint_table(run.rows))
+    typer.echo(checkpoint_table(run.result_rows()))
     if run.averages is not None:
         typer.echo("\n" + run.averages.table)
         console.print(f"wrote {run.files['averages_markdown']}")

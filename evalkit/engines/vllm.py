@@ -192,7 +192,7 @@ class _RayReplica:
     def _get(reference):
         import ray
 
-        from evalkit.scale.ray_start import exit_status_kept
+        from evalkit.ray_start import exit_status_kept
 
         try:
             with exit_status_kept():
@@ -223,7 +223,7 @@ def _connect_ray() -> bool:
         import ray
     except ImportError:
         raise UserError("data_parallel_size > 1 runs its replicas as Ray actors: pip install 'evalkit[ray]'") from None
-    from evalkit.scale.ray_start import init_ray
+    from evalkit.ray_start import init_ray
 
     if ray.is_initialized():
         return False

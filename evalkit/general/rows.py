@@ -1,7 +1,7 @@
-"""lm-eval's result JSON as evalkit's long-form rows, and its per-sample log in compact form.
+"""lm-eval's result JSON as evalkit's long-form rows (ResultRow), and its per-sample log in compact form.
 
 lm-eval keys a metric as "<metric>,<filter>" and its error as "<metric>_stderr,<filter>"; a row
-gives each dimension its own field instead:
+gives each dimension its own field instead (stored as evalkit.result_format.row_record writes it):
 
     {"run", "step", "requested", "task", "metric", "filter", "value", "stderr", "n", "num_fewshot"}
 
@@ -16,10 +16,12 @@ import math
 import numbers
 from typing import Any
 
+from evalkit.result_format import ResultRow
+
 STDERR_MARK = "_stderr"
 
 
-def result_rows(results: dict[str, Any], requested: str, run: str, step: int) -> list[dict[str, Any]]:
+def result_rows(results: dict[str, Any], requested: str, run: str, step: int) -> list[ResultRow]:
     """One row per (task or group, metric, filter) of an lm-eval result, groups and members alike."""
     rows = []
     for task, entry in results["results"].items():
@@ -29,21 +31,22 @@ def result_rows(results: dict[str, Any], requested: str, run: str, step: int) ->
                 continue
             metric, filter_name = metric_filter
             rows.append(
-                {
-                    "run": run,
-                    "step": step,
-                    "requested": requested,
-                    "task": task,
-                    "metric": metric,
-                    "filter": filter_name,
-                    "value": _finite_or_none(value),
-                    "stderr": _finite_or_none(entry.get(f"{metric}{STDERR_MARK},{filter_name}")),
-                    "n": _sample_count(results, task),
-                    "num_fewshot": results.get("n-shot", {}).get(task),
-                }
+                ResultRow(
+                    "general",
+                    run,
+                    step,
+                    task,
+                    metric,
+                    _finite_or_none(value),
+                    _finite_or_none(entry.get(f"{metric}{STDERR_MARK},{filter_name}")),
+                    _sample_count(results, task),
+                    requested=requested,
+                    filter=filter_name,
+                    num_fewshot=results.get("n-shot", {}).get(task),
+                )
             )
     # The number the user asked for first, then its members in lm-eval's order.
-    return sorted(rows, key=lambda row: row["task"] != requested)
+    return sorted(rows, key=lambda row: row.task != requested)
 
 
 def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -28,23 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.arglists import parse_list
+from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import UserError
 from evalkit.general.errors import RequestsExceedWindow
 from evalkit.identity import EXECUTION, SELECTION, identity_key, setting
-from evalkit.pipeline import (
-    Averages,
-    EngineChoice,
-    EvaluationRun,
-    LazyEngine,
-    Unit,
-    UnitResult,
-    check_request,
-    run_benchmark,
-    summary_name,
-)
+from evalkit.lazy_engine import EngineChoice, LazyEngine
+from evalkit.pipeline import Averages, EvaluationRun, Unit, UnitResult, check_request, run_benchmark
 from evalkit.provenance import stamp
-from evalkit.results.checkpoints import CheckpointRef
-from evalkit.results.store import checkpoint_dir
+from evalkit.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.sample_log import checkpoint_dir
 from evalkit.storage import atomic_write_json, atomic_write_text, refuse_foreign
 
 DEFAULT_OUT = Path("results/general")
@@ -149,6 +141,7 @@ class GeneralBenchmark:
     """lm-eval tasks as a benchmark of the one pipeline (evalkit.pipeline): a unit is a requested task."""
 
     name = "general"
+    title = "General tasks"
 
     def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
         self.settings, self.log = settings, log
@@ -176,7 +169,7 @@ class GeneralBenchmark:
         if record is None:
             return None
         engine_info = record.get("provenance", {}).get("engine")
-        return UnitResult(record["rows"], {"record": record, "resumed": True}, False, engine_info)
+        return UnitResult(_rows(record), {"record": record, "resumed": True}, False, engine_info)
 
     def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         directory = checkpoint_dir(out, ref) / RESULT_DIR
@@ -194,7 +187,7 @@ class GeneralBenchmark:
                 f"{task} ({ref.run} step {ref.step}): {cut['documents_truncated']} of {cut['documents']} "
                 f"documents cut in the middle to the window of {cut['window']} tokens (--too-long middle)"
             )
-        return UnitResult(record["rows"], {"record": record, "resumed": False})
+        return UnitResult(_rows(record), {"record": record, "resumed": False})
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
         provenance = summary.pop("provenance")
@@ -202,7 +195,7 @@ class GeneralBenchmark:
         summary["provenance"] = {**provenance, "lm_eval_version": _lm_eval_version()}
         return summary
 
-    def average(self, rows: list[dict[str, Any]]) -> Averages:
+    def average(self, rows: list[ResultRow]) -> Averages:
         from evalkit.general.tables import average_table, run_averages
 
         averages = run_averages(rows)
@@ -215,6 +208,11 @@ class GeneralBenchmark:
             "Mean ± population std over the checkpoints listed."
         )
         return Averages(averages, average_table(averages), conditions)
+
+
+def _rows(record: dict[str, Any]) -> list[ResultRow]:
+    """A task record's rows (stored as the summary stores them) as ResultRows."""
+    return [read_row("general", row) for row in record["rows"]]
 
 
 # ---------------------------------------------------------------------- checks and plans
@@ -301,7 +299,7 @@ def _evaluate_task(
         "fewshot_source": plan.fewshot_source,
         "num_fewshot": results.get("n-shot", {}).get(plan.name),  # what lm-eval used (None for a tag: see rows)
         "limit": settings.limit,
-        "rows": result_rows(results, plan.name, ref.run, ref.step),
+        "rows": [row_record(row) for row in result_rows(results, plan.name, ref.run, ref.step)],
         **({"over_window": over_window} if over_window else {}),  # --too-long documents: per task, what was left out
         **({"truncated_middle": cut} if (cut := _truncated(lm)) else {}),  # --too-long middle: per task, what was cut
         "files": {"lm_eval": f"{stem}.lm_eval.json", "samples": f"{stem}.samples.jsonl"},

@@ -8,23 +8,25 @@ a run as the mean (and spread) over its last checkpoints. Tables show what the u
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from evalkit.markdown import markdown_table
+from evalkit.result_format import ResultRow
 
 AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot")
 
 
-def run_averages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_averages(rows: list[ResultRow]) -> list[dict[str, Any]]:
     """Per run and (requested, task, metric, filter, shots): mean and population std over checkpoints.
 
     Each average names the steps it covers: a checkpoint where a task was skipped is absent from
     that task's average, and says so, rather than counted as zero.
     """
     values: dict[tuple, dict[int, float]] = {}
-    for row in sorted(rows, key=lambda r: (r["run"], r["step"])):
-        if row["value"] is not None:
-            values.setdefault(tuple(row[k] for k in AVERAGE_KEY), {})[row["step"]] = row["value"]
+    for row in sorted(rows, key=lambda r: (r.run, r.step)):
+        if row.value is not None:
+            values.setdefault(tuple(getattr(row, k) for k in AVERAGE_KEY), {})[row.step] = row.value
     averages = []
     for key, by_step in values.items():
         scores = [by_step[step] for step in sorted(by_step)]
@@ -40,26 +42,27 @@ def run_averages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return averages
 
 
-def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows (or averages) of the names the user asked for; a tag has no row of its own: all its tasks."""
-    own = {row["requested"] for row in rows if row["task"] == row["requested"]}
-    return [row for row in rows if row["task"] == row["requested"] or row["requested"] not in own]
+def headline(rows: list, get: Callable[[Any, str], Any] = getattr) -> list:
+    """The rows (or, with get=dict.get, averages) of the names the user asked for; a tag has no
+    row of its own: all its tasks."""
+    own = {get(row, "requested") for row in rows if get(row, "task") == get(row, "requested")}
+    return [row for row in rows if get(row, "task") == get(row, "requested") or get(row, "requested") not in own]
 
 
-def checkpoint_table(rows: list[dict[str, Any]]) -> str:
+def checkpoint_table(rows: list[ResultRow]) -> str:
     """One line per checkpoint, task and metric: value ± stderr, documents scored, shots."""
     return markdown_table(
         ["run", "step", "task", "metric", "value", "stderr", "n", "shots"],
         [
             (
-                row["run"],
-                row["step"],
-                row["task"],
-                _metric_label(row),
-                _number(row["value"]),
-                _number(row["stderr"]),
-                row["n"] if row["n"] is not None else "–",
-                _shots(row),
+                row.run,
+                row.step,
+                row.task,
+                _metric_label(row.metric, row.filter),
+                _number(row.value),
+                _number(row.stderr),
+                row.n if row.n is not None else "–",
+                _shots(row.num_fewshot),
             )
             for row in headline(rows)
         ],
@@ -75,22 +78,22 @@ def average_table(averages: list[dict[str, Any]]) -> str:
                 avg["run"],
                 ", ".join(str(step) for step in avg["steps"]),
                 avg["task"],
-                _metric_label(avg),
+                _metric_label(avg["metric"], avg["filter"]),
                 f"{avg['mean']:.4f} ± {avg['std']:.4f}",
-                _shots(avg),
+                _shots(avg["num_fewshot"]),
             )
-            for avg in headline(averages)
+            for avg in headline(averages, dict.get)
         ],
     )
 
 
-def _metric_label(row: dict[str, Any]) -> str:
-    return row["metric"] if row["filter"] == "none" else f"{row['metric']} ({row['filter']})"
+def _metric_label(metric: str, filter_name: str | None) -> str:
+    return metric if filter_name == "none" else f"{metric} ({filter_name})"
 
 
 def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:.4f}"
 
 
-def _shots(row: dict[str, Any]) -> str:
-    return "–" if row["num_fewshot"] is None else str(row["num_fewshot"])
+def _shots(num_fewshot: int | None) -> str:
+    return "–" if num_fewshot is None else str(num_fewshot)

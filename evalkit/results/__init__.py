@@ -1,2 +1,2 @@
-"""Results: which checkpoints a command means, the per-sample logs and summaries it writes,
-and (later) the aggregates and leaderboards read back from them without re-running anything."""
+"""Stored results read back, never re-run: summaries under directories, leaderboards, plots and
+comparisons, all from evalkit.result_format's ResultRows (this package imports no benchmark)."""

@@ -22,25 +22,32 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.length_averages import per_checkpoint_length_means
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
-from evalkit.pipeline import BENCHMARKS, failed_name, not_understood, summary_name
-from evalkit.results.aggregate import per_checkpoint_length_means
-from evalkit.results.schema import ResultRow, describe_checkpoint, summary_rows
-from evalkit.ruler.encoding import STANDARD, row_encoding, series
+from evalkit.result_format import (
+    EXPORT_FIELDS,
+    STANDARD,
+    ResultRow,
+    describe_checkpoint,
+    encoding_label,
+    export_record,
+    not_understood,
+    series_name,
+    summary_name,
+    summary_rows,
+)
+from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, SUMMARY_SUFFIX, find_summaries
 
-RULER_SUMMARY = summary_name("ruler")
-GENERAL_SUMMARY = summary_name("general")
-SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary file ends so
-FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
+ColumnValues = dict[tuple[str, str], list[tuple[float, float | None]]]  # (run, column) -> (value, stderr)s
 
 
 @dataclass
@@ -56,109 +63,24 @@ class RunInfo:
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
-def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
-    """Every summary file `name` under `dirs`, each read once, at most one per (run, step). A file
-    of another format (a newer schema_version, another benchmark than its name) is left out, with
-    a line saying why added to `notes`: tabling it as if it were current could only mislead."""
-    found: dict[tuple[str, int], tuple[Path, dict]] = {}
-    for path in _summary_paths(dirs, name):
-        summary = _read_summary(path)
-        reason = not_understood(path, summary)
-        if reason is not None:
-            if notes is not None:
-                notes.append(f"- {path}: not read: {reason}")
-            continue
-        key = (summary["run"], summary["step"])
-        if key in found:
-            raise UserError(_duplicate_message(key, found[key], (path, summary)))
-        found[key] = (path, summary)
-    return [summary for _, summary in found.values()]
-
-
-def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
-    """The files in directory order, a file reached through two given directories only once."""
-    seen: set[Path] = set()
-    paths = []
-    for directory in dirs:
-        for path in sorted(Path(directory).rglob(name)):
-            if path.resolve() not in seen:
-                seen.add(path.resolve())
-                paths.append(path)
-    return paths
-
-
-def _read_summary(path: Path) -> dict:
-    """A summary with run, step and rows that all belong to that checkpoint, once per cell."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}") from None
-    if not_understood(path, summary) is not None:
-        return summary  # find_summaries leaves it out, with the reason
-    shaped = isinstance(summary, dict) and isinstance(summary.get("run"), str) and isinstance(summary.get("rows"), list)
-    if not shaped:
-        raise UserError(f"{path} is not an evalkit summary (no run or rows); remove it or rerun that checkpoint")
-    try:
-        summary["step"] = int(summary["step"])
-        cells = [_row_cell(row, summary) for row in summary["rows"]]
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"{path} has a malformed step or row; remove it or rerun that checkpoint") from None
-    if None in cells:
-        raise UserError(
-            f"{path} holds rows of another checkpoint than {summary['run']} step {summary['step']}; "
-            "remove it or rerun that checkpoint"
-        )
-    twice = sorted((cell for cell, count in Counter(cells).items() if count > 1), key=str)
-    if twice:
-        raise UserError(f"{path} holds {' '.join(map(str, twice[0]))} twice; remove it or rerun that checkpoint")
-    return summary
-
-
-def _row_cell(row: dict, summary: dict) -> tuple | None:
-    """The cell a row scores, None when the row names another checkpoint than its file.
-
-    RULER rows are cells (task, length, encoding); other rows (requested, task, metric, filter, length),
-    since an lm-eval group's member is scored once under each requested group that holds it."""
-    if row["run"] != summary["run"] or int(row["step"]) != summary["step"]:
-        return None
-    if "length" in row and "metric" not in row:  # RULER's shape
-        float(row["score"])  # a score that is not a number is malformed
-        label = row_encoding(row)
-        return (row["task"], int(row["length"])) + (() if label == STANDARD else (label,))
-    return (row.get("requested"), row["task"], row["metric"], row.get("filter"), row.get("length"))
-
-
-def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:
-    """One line naming both files, and the evalkit versions when they differ."""
-    (path_a, a), (path_b, b) = first, second
-    versions = {_version(a), _version(b)}
-    differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
-    return (
-        f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
-        "pass only one of the directories, or move one file away"
-    )
-
-
-def _version(summary: dict) -> str:
-    provenance = summary.get("provenance") or {}
-    return f"{provenance.get('evalkit_version', '?')} ({provenance.get('git_hash', '?')})"
-
-
 def encoding_series(ruler: list[dict]) -> list[dict]:
     """Each RULER summary as one summary per encoding it holds (--encoding anchor beside the
-    standard cells), its run named as the series (evalkit.ruler.encoding.series): every table
-    and plot then shows the two encodings as two rows, never averaged together."""
+    standard cells), its run named as the series (ResultRow.series) and its rows ResultRows:
+    every table and plot then shows the two encodings as two rows, never averaged together."""
     split = []
     for summary in ruler:
-        rows: dict[str, list[dict]] = defaultdict(list)
+        rows: dict[str, list[ResultRow]] = defaultdict(list)
         skips: dict[str, list[dict]] = defaultdict(list)
-        for row in summary["rows"]:
-            rows[row_encoding(row)].append(row)
+        for row in summary_rows(summary):
+            rows[row.encoding_label()].append(row)
         for skip in summary.get("skipped", []):
-            skips[row_encoding(skip)].append(skip)
+            skips[encoding_label(skip.get("encoding"), skip.get("doc_tokens"))].append(skip)
         for label in sorted(set(rows) | set(skips), key=lambda label: (label != STANDARD, label)):
-            entries = rows.get(label) or skips[label]
-            name = series({**entries[0], "run": summary["run"]})
+            if rows.get(label):
+                encoding, doc_tokens = rows[label][0].encoding, rows[label][0].doc_tokens
+            else:
+                encoding, doc_tokens = skips[label][0].get("encoding"), skips[label][0].get("doc_tokens")
+            name = series_name(summary["run"], encoding, doc_tokens)
             split.append(
                 {
                     **summary,
@@ -170,9 +92,9 @@ def encoding_series(ruler: list[dict]) -> list[dict]:
     return split
 
 
-def _renamed(row: dict, name: str) -> dict:
+def _renamed(row: ResultRow, name: str) -> ResultRow:
     """A row under its series' name; its encoding is in the name now, so it reads as standard."""
-    return {**{k: v for k, v in row.items() if k not in ("encoding", "doc_tokens")}, "run": name}
+    return replace(row, run=name, encoding=STANDARD, doc_tokens=None)
 
 
 def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
@@ -208,7 +130,7 @@ class Cell:
     tasks: int
 
 
-def ruler_cells(rows: list[dict]) -> dict[tuple[str, int], Cell]:
+def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], Cell]:
     """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average."""
     per_run: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
     for (run, _step, length), (mean, tasks) in per_checkpoint_length_means(rows).items():
@@ -235,7 +157,7 @@ def _best(values: dict[str, float]) -> set[str]:
     return set(leaders) if len(leaders) == 1 else set()
 
 
-def ruler_table(rows: list[dict], infos: dict[str, RunInfo]) -> str:
+def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo]) -> str:
     cells = ruler_cells(rows)
     runs = sorted(infos)
     lengths = sorted({length for _, length in cells})
@@ -296,15 +218,15 @@ def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
     return {run for run, info in infos.items() if json.dumps(info.settings, sort_keys=True, default=list) != common}
 
 
-def per_task_table(rows: list[dict]) -> str:
+def per_task_table(rows: list[ResultRow]) -> str:
     """(run, task) rows, one column per length: the mean over the run's checkpoints, or, for a
     run of one checkpoint, its score ± the standard error over its samples (when recorded).
 
     Read from the same one-score-per-cell rows as ruler_table (find_summaries refuses a
     checkpoint twice), so the mean over a length's tasks here is the main table's value."""
-    cells: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    cells: dict[tuple[str, str, int], list[ResultRow]] = defaultdict(list)
     for row in rows:
-        cells[(row["run"], row["task"], int(row["length"]))].append(row)
+        cells[(row.run, row.task, int(row.length))].append(row)
     lengths = sorted({n for _, _, n in cells})
     table = []
     for run, task in sorted({(r, t) for r, t, _ in cells}):
@@ -313,10 +235,10 @@ def per_task_table(rows: list[dict]) -> str:
     return markdown_table(["run", "task", *map(_label, lengths)], table)
 
 
-def _task_cell(rows: list[dict]) -> str:
-    if len(rows) == 1 and rows[0].get("stderr") is not None:
-        return f"{float(rows[0]['score']):.2f} ± {float(rows[0]['stderr']):.2f}"
-    return f"{statistics.fmean(float(row['score']) for row in rows):.2f}"
+def _task_cell(rows: list[ResultRow]) -> str:
+    if len(rows) == 1 and rows[0].stderr is not None:
+        return f"{rows[0].value:.2f} ± {rows[0].stderr:.2f}"
+    return f"{statistics.fmean(row.value for row in rows):.2f}"
 
 
 def skipped_notes(infos: dict[str, RunInfo]) -> str:
@@ -353,14 +275,28 @@ def general_table(general: list[dict]) -> str:
     return benchmark_table(headline_rows(general))
 
 
+def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues:
+    """(run, column) -> each checkpoint's (value, stderr): one column per task/metric (and length)."""
+    values: ColumnValues = defaultdict(list)
+    for row in rows:
+        column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
+        values[(row.run, column)].append((float(row.value), row.stderr))
+    return values
+
+
+def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
+    """run -> step -> the checkpoint's RULER average over lengths (of its per-length task averages)."""
+    per_step: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows).items():
+        per_step[run][step].append(mean)
+    return {run: {step: statistics.fmean(means) for step, means in steps.items()} for run, steps in per_step.items()}
+
+
 def benchmark_table(rows: list[ResultRow]) -> str:
     """Any benchmark's rows: one line per run, one column per task/metric (and length, where
     there is one), each the mean over the run's checkpoints ± the mean of their stderrs."""
     described = {row.run: tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
-    values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
-    for row in rows:
-        column = f"{row.task} {row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.run, column)].append((float(row.value), row.stderr))
+    values = benchmark_cells(rows)
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     table = []
@@ -416,7 +352,7 @@ def other_benchmarks(dirs: list[Path], notes: list[str] | None = None) -> dict[s
 
 
 def effective_length_table(
-    dirs: list[Path], rows: list[dict], threshold: float | None = None, threshold_from: str | None = None
+    dirs: list[Path], rows: list[ResultRow], threshold: float | None = None, threshold_from: str | None = None
 ) -> tuple[str, float]:
     """Each run's effective length (evalkit.results.compare): the point from the table's own means,
     the 95% interval from the bootstrap over the per-sample logs, "–" where the logs are not there."""
@@ -520,7 +456,7 @@ def build_markdown(
     if general:
         parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
     for name, summaries in others.items():
-        title = BENCHMARKS.get(name, name)
+        title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), name)  # the benchmark's own
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
         parts += [f"## {title} (mean over checkpoints ± stderr)", "", benchmark_table(rows), ""]
     if unread:
@@ -545,9 +481,8 @@ def export_rows(dirs: list[Path]) -> list[ResultRow]:
 
 
 def write_export(dirs: list[Path], out: Path, form: str) -> Path:
-    """--format csv|json: long-form rows, one per number, the schema's fields (ResultRow) as columns."""
+    """--format csv|json: long-form rows, one per number, the schema's fields (EXPORT_FIELDS) as columns."""
     import csv
-    import dataclasses
     import io
     import math
 
@@ -557,9 +492,9 @@ def write_export(dirs: list[Path], out: Path, form: str) -> Path:
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
     rows = [
         {key: None if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
-        for row in map(dataclasses.asdict, export_rows([d for d in dirs if d.is_dir()]))
+        for row in map(export_record, export_rows([d for d in dirs if d.is_dir()]))
     ]
-    fields = [f.name for f in dataclasses.fields(ResultRow)]
+    fields = list(EXPORT_FIELDS)
     if form == "json":
         atomic_write_json(out, {"fields": fields, "rows": rows, "provenance": stamp()})
     else:
@@ -601,10 +536,11 @@ def write_leaderboard(
     written = []
     if ruler:
         rows = [row for summary in ruler for row in summary["rows"]]
-        written += plots.ruler_vs_length(rows, plots_dir / "ruler-vs-length")
-        written += plots.ruler_vs_step(rows, plots_dir / "ruler-vs-step")
+        cells = {key: (cell.mean, cell.std) for key, cell in ruler_cells(rows).items()}
+        written += plots.ruler_vs_length(cells, plots_dir / "ruler-vs-length")
+        written += plots.ruler_vs_step(checkpoint_means(rows), plots_dir / "ruler-vs-step")
     if general:
-        written += plots.general_bars(general, plots_dir / "general")
+        written += plots.general_bars(benchmark_cells(headline_rows(general), "\n"), plots_dir / "general")
     figures = [p for p in written if p.suffix == ".png"]
     if figures:
         markdown += "## Plots\n\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"

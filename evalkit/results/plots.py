@@ -1,15 +1,14 @@
-"""Leaderboard plots (matplotlib, Agg; PNG and SVG): RULER vs length, RULER vs step, general bars."""
+"""Leaderboard plots (matplotlib, Agg; PNG and SVG): RULER vs length, RULER vs step, general bars.
+
+Each takes the values the leaderboard's tables computed (evalkit.results.leaderboard), never rows."""
 
 from __future__ import annotations
 
 import io
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 from evalkit.lengths import length_label
-from evalkit.results.aggregate import per_checkpoint_length_means
-from evalkit.results.leaderboard import headline_rows, ruler_cells
 from evalkit.storage import atomic_write_bytes, atomic_write_text
 
 
@@ -32,15 +31,15 @@ def _pyplot():
     return plt
 
 
-def ruler_vs_length(rows: list[dict], stem: Path) -> list[Path]:
-    """One line per run: the checkpoint mean at each length, the band one std either side."""
+def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Path) -> list[Path]:
+    """One line per run: the checkpoint mean at each length, the band one std either side
+    (`cells`: (run, length) -> (mean, std) over the run's checkpoints)."""
     plt = _pyplot()
-    cells = ruler_cells(rows)
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     for run in sorted({run for run, _ in cells}):
         lengths = sorted(n for r, n in cells if r == run)
-        means = [cells[(run, n)].mean for n in lengths]
-        stds = [cells[(run, n)].std for n in lengths]
+        means = [cells[(run, n)][0] for n in lengths]
+        stds = [cells[(run, n)][1] for n in lengths]
         (line,) = axes.plot(lengths, means, marker="o", label=run)
         axes.fill_between(
             lengths,
@@ -66,16 +65,14 @@ def ruler_vs_length(rows: list[dict], stem: Path) -> list[Path]:
     return paths
 
 
-def ruler_vs_step(rows: list[dict], stem: Path) -> list[Path]:
-    """The paper's Fig. 4 view: each checkpoint's RULER average (over lengths) against its step."""
+def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Path]:
+    """The paper's Fig. 4 view: each checkpoint's RULER average (over lengths) against its step
+    (`per_step`: run -> step -> that average)."""
     plt = _pyplot()
-    per_step: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows).items():
-        per_step[run][step].append(mean)
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     for run in sorted(per_step):
         steps = sorted(per_step[run])
-        axes.plot(steps, [statistics.fmean(per_step[run][s]) for s in steps], marker="o", label=run)
+        axes.plot(steps, [per_step[run][s] for s in steps], marker="o", label=run)
     axes.set(
         xlabel="training step",
         ylabel="RULER score (average over lengths)",
@@ -89,12 +86,10 @@ def ruler_vs_step(rows: list[dict], stem: Path) -> list[Path]:
     return paths
 
 
-def general_bars(general: list[dict], stem: Path) -> list[Path]:
-    """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers."""
+def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]], stem: Path) -> list[Path]:
+    """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers
+    (`values`: (run, column) -> each checkpoint's (value, stderr))."""
     plt = _pyplot()
-    values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
-    for row in headline_rows(general):
-        values[(row.run, f"{row.task}\n{row.metric}")].append((float(row.value), row.stderr))
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     figure, axes = plt.subplots(figsize=(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2), 4.2))

@@ -4,7 +4,7 @@
     <out>/<run>/step-<N>/general/<task>.samples.jsonl              lm-eval: doc_id, doc/target/prompt hashes, metrics
 
 Everything is keyed by series and cell: a series is one line of the leaderboard (a run, or a run
-under another encoding: `evalkit.ruler.encoding.series`), a cell one number of it (a task at a
+under another encoding: `ResultRow.series`), a cell one number of it (a task at a
 length for RULER, a task's metric under a filter for lm-eval). Each sample carries its identity
 (RULER: its reference answers; lm-eval: the document's and target's hashes) and its prompt hash:
 two checkpoints answered the same sample when the index and the identity agree. Nothing is
@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.results.leaderboard import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries
-from evalkit.results.schema import describe_checkpoint, ruler_metric
-from evalkit.results.store import CHECKSUM, record_checksum
-from evalkit.ruler.encoding import STANDARD, row_encoding, series
+from evalkit.result_format import STANDARD, describe_checkpoint, summary_rows
+from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries
+from evalkit.sample_log import CHECKSUM, record_checksum
 
 
 @dataclass(frozen=True, order=True)
@@ -165,21 +164,17 @@ def _summary_dirs(root: Path, name: str) -> dict[tuple[str, int], Path]:
 
 
 def _ruler_cells(summary: dict, directory: Path):
-    for row in summary["rows"]:
-        label = row_encoding(row)
-        length = int(row["length"])
-        log = (
-            directory / "ruler" / row["task"] / (f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl")
-        )
-        count = row.get("n")  # a log may hold more samples than the cell averages (its first n)
-        records = [r for r in _read_log(log) if count is None or int(r["index"]) < int(count)]
+    for row in summary_rows(summary):
+        label, length = row.encoding_label(), row.length
+        log = directory / "ruler" / row.task / (f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl")
+        # a log may hold more samples than the cell averages (its first n)
+        records = [r for r in _read_log(log) if row.n is None or int(r["index"]) < row.n]
         samples = {
             int(r["index"]): Sample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
             for r in records
         }
-        _check_mean(log, samples, float(row["score"]), row.get("n"), scale_digits=2)
-        cell = Cell("ruler", row["task"], length, ruler_metric(row["task"]))
-        yield series({**row, "run": summary["run"]}), cell, samples
+        _check_mean(log, samples, row.value, row.n, scale_digits=2)
+        yield row.series(), Cell("ruler", row.task, length, row.metric), samples
 
 
 def _general_cells(summary: dict, directory: Path):
@@ -196,15 +191,14 @@ def _general_cells(summary: dict, directory: Path):
                     per_task.setdefault(key, {})[int(record["doc_id"])] = Sample(
                         float(value), identity, record.get("prompt_hash")
                     )
-    for row in summary["rows"]:
-        key = (row["task"], row["metric"], row.get("filter"))
-        samples = per_task.get(key)
-        if row.get("value") is None or not samples:
+    for row in summary_rows(summary):
+        samples = per_task.get((row.task, row.metric, row.filter))
+        if row.value is None or not samples:
             continue
         mean = math.fsum(s.score for s in samples.values()) / len(samples)
-        if not math.isclose(mean, float(row["value"]), rel_tol=1e-9, abs_tol=1e-9):
+        if not math.isclose(mean, row.value, rel_tol=1e-9, abs_tol=1e-9):
             continue  # not a mean over documents (a group's aggregate, a corpus-level metric)
-        yield summary["run"], Cell("general", row["task"], row.get("length"), row["metric"], row.get("filter")), samples
+        yield summary["run"], Cell("general", row.task, row.length, row.metric, row.filter), samples
 
 
 def _read_log(path: Path) -> list[dict]:

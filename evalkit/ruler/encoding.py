@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import Skipped, UserError
+from evalkit.result_format import STANDARD, encoding_label
 
-if TYPE_CHECKING:  # the labels below are read by the leaderboard, which should not load the generators
+if TYPE_CHECKING:
     from evalkit.ruler.sample import Sample
     from evalkit.ruler.spec import TaskSpec
 
-STANDARD, ANCHOR = "standard", "anchor"
+ANCHOR = "anchor"
 ENCODINGS = (STANDARD, ANCHOR)
 DEFAULT_DOC_TOKENS = 512
 QA_DOCUMENT_BREAK = "\n\nDocument "  # qa contexts join their "Document k:\n..." blocks with a blank line
@@ -56,25 +57,9 @@ def check_encoding(encoding: str, doc_tokens: int, prompt_format: str) -> None:
         raise UserError("--encoding anchor reads the base prompt: drop --prompt-format chat")
 
 
-def encoding_label(encoding: str | None, doc_tokens: int | None) -> str:
-    """ "standard", or "anchor-512" (documents of about 512 tokens): what a row was encoded as."""
-    if encoding in (None, STANDARD):
-        return STANDARD
-    return f"{encoding}-{doc_tokens}"
-
-
 def row_encoding(row: dict) -> str:
     """The encoding label of a stored RULER row (rows written before the option are standard)."""
     return encoding_label(row.get("encoding"), row.get("doc_tokens"))
-
-
-def series(row: dict) -> str:
-    """The name a row is tabled and averaged under: its run, or its run and its encoding, so
-    the two encodings of one checkpoint stand side by side and never average together."""
-    label = row_encoding(row)
-    if label == STANDARD:
-        return row["run"]
-    return f"{row['run']} [{row.get('encoding')}, {row.get('doc_tokens')}-token docs]"
 
 
 def log_key(data_key: str, encoding: str, doc_tokens: int) -> str:

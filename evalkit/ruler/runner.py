@@ -5,7 +5,7 @@ engine, the summary, skips and --avg): its unit is a task at a length. For each 
 cached samples for the checkpoint's tokenizer (evalkit.ruler.load_or_generate), greedy answers to
 those not yet in the sample log, then the task score. A task whose data is missing or that cannot fit a length is
 recorded as skipped, with the reason, never dropped or scored 0. Summaries are long-form rows
-(run, step, task, length, score, n) with provenance; --avg reduces them per run.
+(run, step, task, metric, length, score, n) with provenance; --avg reduces them per run.
 """
 
 from __future__ import annotations
@@ -19,23 +19,14 @@ from typing import Any
 
 from evalkit.arglists import parse_list
 from evalkit.checkpoint_check import load_tokenizer, read_config
+from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
 from evalkit.identity import COUNT, EXECUTION, SELECTION, identity, identity_key, setting, stored_identity
-from evalkit.pipeline import (
-    Averages,
-    EngineChoice,
-    EvaluationRun,
-    LazyEngine,
-    Unit,
-    UnitResult,
-    read_summary,
-    run_benchmark,
-    summary_name,
-)
+from evalkit.lazy_engine import EngineChoice, LazyEngine
+from evalkit.pipeline import Averages, EvaluationRun, Unit, UnitResult, run_benchmark
 from evalkit.provenance import stamp
-from evalkit.results.checkpoints import CheckpointRef
-from evalkit.results.store import SampleLog, checkpoint_dir
+from evalkit.result_format import ResultRow, read_row, read_summary, row_record, summary_name
 from evalkit.ruler.cache import cache_key, legacy_data_key, load_or_generate
 from evalkit.ruler.encoding import (
     DEFAULT_DOC_TOKENS,
@@ -50,6 +41,7 @@ from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
+from evalkit.sample_log import SampleLog, checkpoint_dir
 
 SUMMARY = summary_name("ruler")
 PROMPT_FORMATS = ("base", "chat")
@@ -206,8 +198,9 @@ def _evaluate_task(
     settings: RulerSettings,
     out: Path,
     progress: Callable[[int, int], None],
-) -> dict:
-    """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log.
+) -> tuple[ResultRow, str, int]:
+    """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log:
+    its row, its data key and how many samples were generated now.
 
     The samples, their data key and the log need only the checkpoint's tokenizer; the engine is
     built when a sample is left to answer, so a unit whose log is complete loads no model."""
@@ -249,21 +242,26 @@ def _evaluate_task(
         progress(len(samples) - len(todo) + start + len(chunk), len(samples))
     records = [log.records[s.index] for s in samples]  # the first num_samples: a log may hold more
     predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
-    row = {
-        "run": ref.run,
-        "step": ref.step,
-        "task": task,
-        "length": length,
-        "score": score(task, predictions, references),
-        "stderr": standard_error(task, predictions, references),
-        "n": len(records),
-        "data_key": data_key,
-        "generated": len(todo),
-    }
-    if label != STANDARD:  # which encoding, and how many documents a sample became on average
-        row.update(encoding=settings.encoding, doc_tokens=settings.doc_tokens)
-        row["documents"] = round(sum(r["documents"] for r in records) / len(records), 2)
-    return row
+    encoded = {}
+    if label != STANDARD:  # documents of what size, and how many a sample became on average
+        encoded = {
+            "doc_tokens": settings.doc_tokens,
+            "documents": round(sum(r["documents"] for r in records) / len(records), 2),
+        }
+    row = ResultRow(
+        "ruler",
+        ref.run,
+        ref.step,
+        task,
+        task_spec(task).metric_name,
+        score(task, predictions, references),
+        standard_error(task, predictions, references),
+        len(records),
+        length=length,
+        encoding=settings.encoding,
+        **encoded,
+    )
+    return row, data_key, len(todo)
 
 
 Answers = Callable[[list], tuple[list[str], list[dict]]]  # samples -> (predictions, extra record fields)
@@ -324,6 +322,7 @@ class RulerBenchmark:
     """
 
     name = "ruler"
+    title = "RULER"
 
     def __init__(self, settings: RulerSettings) -> None:
         self.settings = settings
@@ -371,7 +370,7 @@ class RulerBenchmark:
     def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         unit_progress = lambda done, total: progress(unit, done, total)  # noqa: E731
         try:
-            row = _evaluate_task(
+            row, data_key, generated = _evaluate_task(
                 engine, self._tokenizer(ref), ref, unit.task, unit.length, self.settings, out, unit_progress
             )
         except Skipped as why:
@@ -382,12 +381,11 @@ class RulerBenchmark:
                     "doc_tokens": self.settings.doc_tokens,
                 }
             raise
-        data_key, generated = row.pop("data_key"), row.pop("generated")
         return UnitResult([row], {"data_key": data_key}, computed=bool(generated))
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
         summary["provenance"]["data_keys"] = {
-            _cell_name(row): result.extra["data_key"] for result in results for row in result.rows
+            _cell_name(row_record(row)): result.extra["data_key"] for result in results for row in result.rows
         }
         # Cells of an older evalkit's summary this run did not evaluate: their logs stay recognisable.
         legacy, touched = _legacy_cells(earlier), {_cell_name(e) for e in summary["rows"] + summary["skipped"]}
@@ -397,9 +395,8 @@ class RulerBenchmark:
             summary["provenance"]["anchor"] = anchor_record(self._tokenizer_at(Path(summary["checkpoint"])))
         return _with_earlier_cells(summary, earlier)
 
-    def average(self, rows: list[dict]) -> Averages:
-        from evalkit.results.aggregate import length_averages
-        from evalkit.results.tables import average_table
+    def average(self, rows: list[ResultRow]) -> Averages:
+        from evalkit.length_averages import average_table, length_averages
 
         records = [asdict(average) for average in length_averages(rows)]
         return Averages(
@@ -437,7 +434,8 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
         (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE
     )
     touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
-    kept_rows = [row for row in earlier["rows"] if _cell(row) not in touched]
+    version = earlier.get("schema_version", 1)  # kept rows are rewritten in this version's shape
+    kept_rows = [row_record(read_row("ruler", row, version)) for row in earlier["rows"] if _cell(row) not in touched]
     kept_skips = [s for s in earlier.get("skipped", []) if _cell(s) not in touched]
     if not alike or not (kept_rows or kept_skips):
         return summary

@@ -109,6 +109,11 @@ class TaskSpec:
     def max_new_tokens(self) -> int:
         return TEMPLATES[self.kind][2]
 
+    @property
+    def metric_name(self) -> str:
+        """The metric a result row names, as NVIDIA's scorer calls it: string_match_all or string_match_part."""
+        return f"string_match_{self.metric}"
+
 
 def _niah(name: str, haystack: str, key: str, value: str, keys: int = 1, values: int = 1, queries: int = 1):
     params: dict[str, str | int] = {"haystack": haystack, "key_type": key, "value_type": value}

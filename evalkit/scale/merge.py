@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.pipeline import read_summary
+from evalkit.result_format import read_summary
 from evalkit.storage import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
 
 SUMMARY_SUFFIX = "-summary.json"

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import UserError
-from evalkit.results.checkpoints import CheckpointRef
 
 
 @dataclass(frozen=True)

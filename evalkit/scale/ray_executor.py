@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import Skipped, UserError
+from evalkit.ray_start import exit_status_kept, init_ray
 from evalkit.scale.lease import ClaimWatch, LeaseLost, claim_group
 from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
-from evalkit.scale.ray_start import exit_status_kept, init_ray
 from evalkit.storage import disk_full_error, fenced
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
@@ -197,7 +197,7 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, o
 
 
 def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter, open_engine, worker: dict):
-    from evalkit.pipeline import LazyEngine
+    from evalkit.lazy_engine import LazyEngine
 
     outcomes = []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:

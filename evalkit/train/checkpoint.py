@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from evalkit.checkpoint_check import check_checkpoint
+from evalkit.checkpoint_refs import STEP_DIR, step_dir_name
 from evalkit.errors import UserError
-from evalkit.results.checkpoints import STEP_DIR
 from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ MASTER_WEIGHTS = "master_weights"  # trainer_state key: the fp32 weights when mo
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / f"step-{step}"
+    return Path(run_dir) / step_dir_name(step)
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

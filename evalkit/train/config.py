@@ -21,6 +21,7 @@ import yaml
 
 from evalkit.attention import Paradigm
 from evalkit.attention.hf import ROPE_PRECISIONS
+from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.errors import UserError
 from evalkit.package_data import CONFIG_DIR, recipe_folder
 from evalkit.train.synthetic import PHRASINGS
@@ -267,7 +268,7 @@ def check_inputs(config: TrainConfig) -> None:
 def _check_model_attention(config: TrainConfig) -> None:
     """A local checkpoint whose attention evalkit cannot reproduce is refused before the data is read."""
     folder = Path(config.model.path).expanduser() if config.model.path else None
-    if folder is None or not (folder / "config.json").is_file():
+    if folder is None or not is_checkpoint(folder):
         return  # built from scratch, or a hub name: build_model checks the config it loads
     from transformers import AutoConfig
 

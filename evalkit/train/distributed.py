@@ -17,13 +17,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from evalkit.train.loop import MaskedLMLoss
 
 
 @dataclass
@@ -100,14 +97,16 @@ def mixed_precision_policy(dtype: str):
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
-def shard(model: MaskedLMLoss, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
-    """FSDP2 over the loss wrapper: each decoder layer its own unit, the root holds embeddings, norm, head."""
+def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
+    """FSDP2 over the loss wrapper (train.loop.MaskedLMLoss, not imported: loop.py imports this
+    module): each decoder layer its own unit, the root holds embeddings, norm, head."""
     if not ctx.distributed:
         return model
     from torch.distributed.fsdp import fully_shard
 
     policy = mixed_precision_policy(dtype)
-    for layer in cast(torch.nn.ModuleList, model.lm.base_model.layers):  # HF decoders hold them in one
+    decoder = cast(Any, model).lm.base_model
+    for layer in cast(torch.nn.ModuleList, decoder.layers):  # HF decoders hold them in one
         if policy is None:
             fully_shard(layer)
         else:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.markdown import markdown_row, markdown_table
 from evalkit.train.synthetic import PHRASINGS, RetrievalExample, copy_example, retrieval_example
 
@@ -104,7 +105,7 @@ def _expand(paths: Sequence[Path]) -> list[Path]:
 
     out = []
     for path in paths:
-        steps = [] if (path / "config.json").is_file() else complete_checkpoints(path) if path.is_dir() else []
+        steps = [] if is_checkpoint(path) else complete_checkpoints(path) if path.is_dir() else []
         out += [ckpt for _, ckpt in steps] or [path]
     return out
 
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     checkpoints = _expand(args.checkpoints)
-    missing = [str(p) for p in checkpoints if not (p / "config.json").is_file()]
+    missing = [str(p) for p in checkpoints if not is_checkpoint(p)]
     if missing:
         print(f"error: not a checkpoint (no config.json): {', '.join(missing)}", file=sys.stderr)
         return 2

@@ -109,7 +109,7 @@ def test_ruler_anchor_encoding_refuses_before_loading_a_model(gemma3, tmp_path, 
     """RULER's check reads config.json only: soft-capping on any engine, windows on vLLM's packed backend."""
     from transformers import AutoModelForCausalLM
 
-    from evalkit.results.checkpoints import CheckpointRef
+    from evalkit.checkpoint_refs import CheckpointRef
     from evalkit.ruler.runner import RulerSettings, check_packed_attention
 
     anchor = dict(tasks=["niah_single_1"], lengths=[256], encoding="anchor")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import evalkit.engines
+from evalkit.checkpoint_refs import resolve_checkpoints
 from evalkit.errors import UserError
 from evalkit.general import run_general
 from evalkit.general.catalog import TASKS_DIR, hub_offline
 from evalkit.general.tables import average_table
-from evalkit.results.checkpoints import resolve_checkpoints
 
 from .conftest import RUN, engine_for
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from evalkit.checkpoint_refs import resolve_checkpoints
 from evalkit.errors import UserError
-from evalkit.results.checkpoints import resolve_checkpoints
 
 SETTINGS = {"tasks": ["niah_single_1", "vt", "cwe"], "num_samples": 10, "seed": 42}
 
@@ -212,6 +212,7 @@ def test_resolve_checkpoints(tmp_path):
 
 
 def test_per_task_cells_show_the_standard_error_of_a_single_checkpoint():
+    from evalkit.result_format import read_row
     from evalkit.results.leaderboard import per_task_table
 
     rows = [
@@ -220,6 +221,7 @@ def test_per_task_cells_show_the_standard_error_of_a_single_checkpoint():
         {"run": "two", "step": 9, "task": "vt", "length": 1024, "score": 20.0, "stderr": 4.0, "n": 20},
         {"run": "old", "step": 1, "task": "vt", "length": 1024, "score": 7.5, "n": 20},  # written before stderr
     ]
+    rows = [read_row("ruler", row, version=1) for row in rows]
     lines = per_task_table(rows).splitlines()
     assert lines[2:] == ["| old | vt | 7.50 |", "| one | vt | 15.00 ± 8.19 |", "| two | vt | 15.00 |"]
 
@@ -319,7 +321,7 @@ def test_export_refuses_an_unknown_format(results):
     ],
 )
 def test_the_model_column_shows_the_training_precision(config, precision, shown):
-    from evalkit.results.schema import describe_checkpoint
+    from evalkit.result_format import describe_checkpoint
 
     summary = ruler_summary("run", 10, {("vt", 512): 50})
     meta = summary["provenance"]["checkpoint_meta"]

@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from evalkit.attention import document_mask
+from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.engines import get_engine
 from evalkit.engines import tokens as tok
 from evalkit.errors import Skipped, UserError
-from evalkit.pipeline import EngineChoice, LazyEngine
-from evalkit.results.checkpoints import CheckpointRef
+from evalkit.lazy_engine import EngineChoice, LazyEngine
+from evalkit.result_format import ResultRow
 from evalkit.ruler import generate
-from evalkit.ruler.encoding import series, split_sample
+from evalkit.ruler.encoding import split_sample
 from evalkit.ruler.runner import RulerSettings, _evaluate_task
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import task_spec
@@ -107,7 +108,7 @@ def test_anchor_answers_equal_greedy_decoding_under_the_reference_mask(task, lon
     engine = get_engine("hf", path, dtype="fp32", device="cpu", batch_size=2)
     settings = RulerSettings(tasks=[task], lengths=[1024], num_samples=3, encoding="anchor", doc_tokens=150)
     ref = CheckpointRef("tiny", 1, path)
-    row = _evaluate_task(built(engine), engine.tokenizer, ref, task, 1024, settings, tmp_path, lambda *_: None)
+    row, _, _ = _evaluate_task(built(engine), engine.tokenizer, ref, task, 1024, settings, tmp_path, lambda *_: None)
     log = tmp_path / "tiny" / "step-1" / "ruler" / task / "1024.anchor-150.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     spec = task_spec(task)
@@ -124,7 +125,7 @@ def test_anchor_answers_equal_greedy_decoding_under_the_reference_mask(task, lon
         )
         assert record["prediction"] == decode(engine.tokenizer, expected)
         assert record["documents"] == len(split.documents) and record["packed_tokens"] == len(layout.input_ids)
-    assert row["encoding"] == "anchor" and row["doc_tokens"] == 150 and row["n"] == 3
+    assert row.encoding == "anchor" and row.doc_tokens == 150 and row.n == 3
 
 
 def test_a_length_at_the_window_is_skipped_with_the_reason(long_checkpoint, tmp_path):
@@ -175,7 +176,9 @@ def test_both_encodings_in_one_summary_and_two_leaderboard_rows(long_checkpoint,
     assert set(summary["provenance"]["data_keys"]) == {
         "niah_single_1@1024", "niah_single_1@1024@anchor-128", "fwe@1024", "fwe@1024@anchor-128"
     }  # fmt: skip
-    anchor_run = series({"run": summary["run"], "encoding": "anchor", "doc_tokens": 128})
+    anchor_run = ResultRow(
+        "ruler", summary["run"], 0, "vt", "string_match_all", 0.0, encoding="anchor", doc_tokens=128
+    ).series()
     board = subprocess.run(
         [*EVALKIT, "leaderboard", str(out), "--out", str(tmp_path / "board.md")], capture_output=True, text=True
     )

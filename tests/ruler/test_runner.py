@@ -108,7 +108,7 @@ def test_stored_results_and_skips_load_no_model(tiny_run, tmp_path, monkeypatch)
     """A rerun over complete sample logs, and a task skipped for missing data or size, answer
     from the tokenizer alone: the engine is never built, and the summary is the first one's."""
     import evalkit.engines
-    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     (ref,) = resolve_checkpoints([str(tiny_run / "step-4")])
@@ -201,7 +201,7 @@ def with_chat_template(checkpoint: Path, destination: Path) -> Path:
 
 def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_path, monkeypatch):
     import evalkit.engines
-    from evalkit.results.checkpoints import resolve_checkpoints
+    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     chat_checkpoint = with_chat_template(sorted(tiny_run.glob("step-*"))[-1], tmp_path / "chat-run" / "step-4")
@@ -245,3 +245,30 @@ def test_chat_prompt_format_without_a_template_is_one_line(tiny_run, tmp_path):
     assert "no chat template" in result.stderr
     result = ruler("--ckpts", str(tiny_run), "--prompt-format", "instruct", "--out", str(tmp_path / "out2"))
     assert result.returncode == 2 and "--prompt-format must be one of base, chat" in result.stderr
+
+
+def test_cells_kept_from_a_version_1_summary_are_stored_in_this_versions_shape():
+    """An --out written before RULER rows named their metric (schema_version 1), extended by a run
+    at another length: the kept rows gain their metric, so the merged summary reads as one version."""
+    from evalkit.result_format import SCHEMA_VERSION, summary_rows
+    from evalkit.ruler.runner import _with_earlier_cells
+
+    def provenance(length: int) -> dict:
+        settings = {"tasks": ["niah_single_1", "qa_1"], "lengths": [length], "num_samples": 2}
+        return {"settings": settings, "engine": {"engine": "hf"}, "data_keys": {f"qa_1@{length}": "k"}}
+
+    cell = {"run": "r", "step": 1, "task": "qa_1", "stderr": 1.0, "n": 2}
+    earlier = {"run": "r", "step": 1, "skipped": [], "provenance": provenance(512),  # as evalkit 0.1 wrote it
+               "rows": [{**cell, "length": 512, "score": 40.0}]}  # fmt: skip
+    now = {"schema_version": SCHEMA_VERSION, "benchmark": "ruler", "run": "r", "step": 1, "skipped": [],
+           "provenance": provenance(1024),
+           "rows": [{**cell, "metric": "string_match_part", "length": 1024, "score": 60.0}]}  # fmt: skip
+    merged = _with_earlier_cells(now, earlier)
+    assert [(r["length"], r["metric"], r["score"]) for r in merged["rows"]] == [
+        (512, "string_match_part", 40.0),  # qa_1 is scored by string_match_part (RULER's qa metric)
+        (1024, "string_match_part", 60.0),
+    ]
+    assert [(row.length, row.metric, row.value) for row in summary_rows(merged)] == [
+        (512, "string_match_part", 40.0),
+        (1024, "string_match_part", 60.0),
+    ]

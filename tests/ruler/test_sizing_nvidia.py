@@ -238,8 +238,8 @@ class EchoEngine:
 def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_path):
     import json
 
-    from evalkit.pipeline import EngineChoice, LazyEngine
-    from evalkit.results.checkpoints import CheckpointRef
+    from evalkit.checkpoint_refs import CheckpointRef
+    from evalkit.lazy_engine import EngineChoice, LazyEngine
     from evalkit.ruler.runner import _evaluate_task, _prompt_hash, sample_key
 
     ref = CheckpointRef("run", 1, tmp_path / "ckpt")
@@ -252,17 +252,17 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
         engine = EchoEngine(tokenizer)
         settings = settings_for(sizing)
         unit_engine = LazyEngine(EngineChoice(), ref.path, lambda *_a, **_k: engine)
-        row = _evaluate_task(
+        _, data_key, _ = _evaluate_task(
             unit_engine, tokenizer, ref, "niah_multikey_1", 2048, settings, tmp_path / "out", lambda *_: None
         )
-        return row, engine.generated
+        return data_key, engine.generated
 
-    exact_row, exact_prompts = evaluate("exact")
-    nvidia_row, nvidia_prompts = evaluate("nvidia")
-    assert exact_row["data_key"] != nvidia_row["data_key"]
+    exact_key, exact_prompts = evaluate("exact")
+    nvidia_key, nvidia_prompts = evaluate("nvidia")
+    assert exact_key != nvidia_key
     assert len(nvidia_prompts) == 4 and nvidia_prompts != exact_prompts  # nothing reused from the exact run
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {r["data_key"] for r in records} == {sample_key(nvidia_row["data_key"], settings_for("nvidia"))}
+    assert {r["data_key"] for r in records} == {sample_key(nvidia_key, settings_for("nvidia"))}
     assert [r["prompt_sha"] for r in records] == [_prompt_hash(p) for p in nvidia_prompts]
     assert evaluate("nvidia")[1] == []  # a rerun with the same sizing computes nothing
 
@@ -270,9 +270,8 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
 def test_cli_sizing_option_reaches_the_settings(monkeypatch):
     from typer.testing import CliRunner
 
-    from evalkit import cli
+    from evalkit import checkpoint_refs, cli
     from evalkit.cli import ruler as ruler_command
-    from evalkit.results import checkpoints
 
     seen = []
 
@@ -281,7 +280,7 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(ruler_command, "_run_with_progress", capture)
-    monkeypatch.setattr(checkpoints, "resolve_checkpoints", lambda paths, last=None: [])
+    monkeypatch.setattr(checkpoint_refs, "resolve_checkpoints", lambda paths, last=None: [])
     for args, sizing in (([], "exact"), (["--sizing", "nvidia"], "nvidia")):
         result = CliRunner().invoke(cli.app, ["ruler", "--ckpts", "x", "--tasks", "fwe", *args])
         assert result.exit_code == 0, result.output

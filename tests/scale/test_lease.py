@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.errors import UserError
-from evalkit.results.store import SampleLog
+from evalkit.sample_log import SampleLog
 from evalkit.scale import lease as leases
 from evalkit.storage import atomic_write_json, fenced
 from tests.scale.helpers import SHIPPED, outputs_of, tiny_refs, tiny_settings

@@ -260,8 +260,8 @@ def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(
     the good ones' summaries equal to a local run of them alone, one line naming the failure."""
     import shutil
 
+    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.errors import UserError
-    from evalkit.results.checkpoints import resolve_checkpoints
 
     sweep = tmp_path / "sweep"
     shutil.copytree(SHIPPED / "tiny-long-full-shipped", sweep)

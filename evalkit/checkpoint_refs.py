@@ -16,7 +16,7 @@ from pathlib import Path
 
 from evalkit.errors import UserError
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)$")  # the one step-directory rule: step-<N>, written by step_dir_name
 
 
 @dataclass(frozen=True, order=True)
@@ -26,7 +26,13 @@ class CheckpointRef:
     path: Path
 
 
-def _is_checkpoint(path: Path) -> bool:
+def step_dir_name(step: int) -> str:
+    """The directory of a run's checkpoint at `step`, and of its results under an --out directory."""
+    return f"step-{step}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    """The one "is this a checkpoint" check: a directory holding an HF config.json."""
     return (path / "config.json").is_file()
 
 
@@ -47,7 +53,7 @@ def _run_checkpoints(run_dir: Path) -> list[CheckpointRef]:
     found = []
     for child in sorted(run_dir.iterdir()):
         match = STEP_DIR.match(child.name)
-        if match and _is_checkpoint(child):
+        if match and is_checkpoint(child):
             found.append(CheckpointRef(run_dir.name, int(match.group(1)), child.resolve()))
     return found
 
@@ -74,7 +80,7 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
         if not matches:
             raise UserError(f"{pattern} matches nothing")
         for path in matches:
-            if _is_checkpoint(path):
+            if is_checkpoint(path):
                 run = path.parent.name if STEP_DIR.match(path.name) else path.name
                 refs.append(CheckpointRef(run, _step_of(path), path.resolve()))
             elif path.is_dir() and (found := _run_checkpoints(path)):

@@ -21,15 +21,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from evalkit.checkpoint_refs import CheckpointRef, step_dir_name
 from evalkit.errors import UserError
-from evalkit.results.checkpoints import CheckpointRef
 from evalkit.storage import check_fences, naming
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
 
 
 def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
-    return Path(out_dir) / ref.run / f"step-{ref.step}"
+    return Path(out_dir) / ref.run / step_dir_name(ref.step)
 
 
 class SampleLog:

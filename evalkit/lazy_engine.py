@@ -1,0 +1,50 @@
+"""The engine a benchmark asks for (name and settings), built only when a unit needs it
+(evalkit.pipeline, the Ray executor)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine every checkpoint is evaluated with: its registry name and keyword settings."""
+
+    name: str = "hf"
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class LazyEngine:
+    """The checkpoint's engine, built on first `get()`: a checkpoint whose units are all on disk
+    already loads no model. Closed (if built) when the block ends, before the next checkpoint's
+    engine starts: two vLLM engines would not fit one GPU."""
+
+    def __init__(self, choice: EngineChoice, path: Path, open_engine: Callable[..., Any] | None = None) -> None:
+        self.choice, self.path = choice, path
+        self._open = open_engine
+        self._engine = None
+
+    def get(self):
+        if self._engine is None:
+            if self._open is None:
+                from evalkit.engines import get_engine
+
+                self._open = get_engine
+            self._engine = self._open(self.choice.name, self.path, **self.choice.settings)
+        return self._engine
+
+    def info(self) -> dict[str, Any] | None:
+        return self._engine.engine_info() if self._engine is not None else None
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+
+    def __enter__(self) -> LazyEngine:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()

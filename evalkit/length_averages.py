@@ -1,0 +1,95 @@
+"""Averages over stored results: per length over tasks, then over a run's checkpoints, and their tables.
+
+The paper's recommendation (Fig. 4): RULER swings between nearby checkpoints, so a run is
+reported as the mean (and spread) over its last checkpoints of the per-length task average.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from evalkit.lengths import length_label
+from evalkit.markdown import markdown_table
+from evalkit.result_format import ResultRow
+
+
+@dataclass
+class RunAverage:
+    run: str
+    length: int
+    mean: float
+    std: float  # population std over checkpoints (0 for one checkpoint)
+    checkpoints: list[int]
+    tasks: list[str]
+
+
+def per_checkpoint_length_means(rows: list[ResultRow]) -> dict[tuple[str, int, int], tuple[float, list[str]]]:
+    """(run, step, length) -> (unweighted mean over tasks, the tasks) from long-form rows with a length.
+
+    An anchor-encoded row counts under its series (ResultRow.series: its run and encoding): the
+    two encodings of a checkpoint are two series, never averaged together."""
+    groups: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
+    for row in rows:
+        groups[(row.series(), row.step, int(row.length))][row.task] = float(row.value)
+    return {key: (statistics.fmean(scores.values()), sorted(scores)) for key, scores in groups.items()}
+
+
+def length_averages(rows: list[ResultRow]) -> list[RunAverage]:
+    """Per run and length: mean and std over checkpoints of the per-checkpoint task average.
+
+    Checkpoints of one run must have scored the same tasks at a length; a ValueError says which
+    differ rather than averaging unlike things.
+    """
+    by_run: dict[tuple[str, int], list[tuple[int, float, list[str]]]] = defaultdict(list)
+    for (run, step, length), (mean, tasks) in per_checkpoint_length_means(rows).items():
+        by_run[(run, length)].append((step, mean, tasks))
+    averages = []
+    for (run, length), entries in sorted(by_run.items()):
+        entries.sort()
+        task_sets = {tuple(tasks) for _, _, tasks in entries}
+        if len(task_sets) > 1:
+            raise ValueError(
+                f"run {run} at length {length}: its checkpoints scored different task sets {sorted(task_sets)}"
+            )
+        means = [mean for _, mean, _ in entries]
+        averages.append(
+            RunAverage(
+                run,
+                length,
+                statistics.fmean(means),
+                statistics.pstdev(means),
+                [step for step, _, _ in entries],
+                list(entries[0][2]),
+            )
+        )
+    return averages
+
+
+def checkpoint_table(rows: list[ResultRow]) -> str:
+    """One row per checkpoint: the task average at each length, and their mean."""
+    means = per_checkpoint_length_means(rows)
+    lengths = sorted({length for _, _, length in means})
+    table = []
+    for run, step in sorted({(run, step) for run, step, _ in means}):
+        cells = [means.get((run, step, n)) for n in lengths]
+        values = [cell[0] for cell in cells if cell is not None]
+        text = [f"{cell[0]:.2f}" if cell else "–" for cell in cells]
+        avg = f"{sum(values) / len(values):.2f}" if values else "–"
+        table.append([run, step, *text, avg])
+    return markdown_table(["run", "step", *map(length_label, lengths), "avg"], table)
+
+
+def average_table(rows: list[ResultRow]) -> str:
+    """One row per run: mean ± std over its checkpoints of the per-length task average."""
+    averages = length_averages(rows)
+    lengths = sorted({a.length for a in averages})
+    table = []
+    for run in sorted({a.run for a in averages}):
+        by_length = {a.length: a for a in averages if a.run == run}
+        steps = sorted({s for a in by_length.values() for s in a.checkpoints})
+        cells = [f"{by_length[n].mean:.2f} ± {by_length[n].std:.2f}" if n in by_length else "–" for n in lengths]
+        means = [a.mean for a in by_length.values()]
+        table.append([run, ", ".join(map(str, steps)), *cells, f"{sum(means) / len(means):.2f}"])
+    return markdown_table(["run", "checkpoints", *map(length_label, lengths), "avg"], table)

@@ -1,0 +1,231 @@
+"""The format of every result file evalkit writes, and the one typed row every benchmark produces.
+
+A benchmark constructs a `ResultRow` for each number it computes; the pipeline writes it into
+the checkpoint's summary with `row_record` (the on-disk shape below), and every reader of stored
+results (the leaderboard, its plots, compare, scripts) reads it back through `summary_rows`, which
+maps every shape any evalkit version wrote onto one typed row per number:
+
+    ResultRow(benchmark="ruler", run="anchor", step=2000, task="niah_single_1", metric="string_match_all",
+              value=98.2, stderr=0.6, n=500, length=4096, encoding="standard", paradigm="anchor", ...)
+
+No dimension is packed into a string: a RULER length and encoding, an lm-eval filter and the shots
+are fields.
+
+Stored rows (`schema_version` of the summary; a summary without one is of version 1):
+- RULER (benchmark "ruler"; a summary without a benchmark field is RULER's, as the first ones
+  were): run, step, task, metric, length, score (the value), stderr, n; an anchor-encoded cell
+  adds encoding, doc_tokens and documents. Version 1 rows carry no metric: RULER scored qa_1 and
+  qa_2 by string_match_part and its other tasks by string_match_all (`_V1_RULER_METRICS`).
+- every other benchmark: run, step, requested, task, metric, filter, value, stderr, n,
+  num_fewshot (and length where it has one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The format of every file the pipeline writes (summaries, failure records, averages). Raised when
+# a reader of the old format would misread the new one; readers skip, with a note, a higher one.
+# Version 2: RULER rows name their metric (version 1 readers took a row with a metric for lm-eval's).
+SCHEMA_VERSION = 2
+
+STANDARD = "standard"  # the encoding of a RULER cell evaluated as one causal prompt
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    benchmark: str
+    run: str
+    step: int
+    task: str
+    metric: str
+    value: float | None  # None: the benchmark produced no number (lm-eval's NaN)
+    stderr: float | None = None
+    n: int | None = None  # samples or documents behind the value
+    length: int | None = None  # RULER: the context length in tokens
+    encoding: str | None = None  # RULER: "standard", or "anchor" (documents encoded apart; ruler.encoding)
+    requested: str | None = None  # lm-eval: the name asked for (mmlu, for the row of mmlu_anatomy)
+    filter: str | None = None  # lm-eval: the answer filter ("none")
+    num_fewshot: int | None = None
+    paradigm: str = "?"  # from the checkpoint's meta.json, as the summary recorded it
+    model: str = "?"
+    data: str = "?"
+    doc_tokens: int | None = None  # RULER, anchor encoding: about this many tokens per document
+    documents: float | None = None  # RULER, anchor encoding: documents per sample, on average
+
+    def encoding_label(self) -> str | None:
+        """ "standard", "anchor-512" (documents of about 512 tokens), or None for a row without encodings."""
+        return None if self.encoding is None else encoding_label(self.encoding, self.doc_tokens)
+
+    def series(self) -> str:
+        return series_name(self.run, self.encoding, self.doc_tokens)
+
+
+# The columns of `evalkit leaderboard --format csv|json`, in this order.
+EXPORT_FIELDS = (
+    "benchmark", "run", "step", "task", "metric", "value", "stderr", "n", "length", "encoding",
+    "requested", "filter", "num_fewshot", "paradigm", "model", "data",
+)  # fmt: skip
+
+# Version 1 RULER rows carry no metric: the metric RULER scored each of its tasks by then.
+_V1_RULER_METRICS = {
+    **dict.fromkeys(
+        ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+         "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"),
+        "string_match_all",
+    ),
+    "qa_1": "string_match_part",
+    "qa_2": "string_match_part",
+}  # fmt: skip
+
+
+def encoding_label(encoding: str | None, doc_tokens: int | None) -> str:
+    """ "standard", or "anchor-512" (documents of about 512 tokens): what a row was encoded as."""
+    if encoding in (None, STANDARD):
+        return STANDARD
+    return f"{encoding}-{doc_tokens}"
+
+
+def series_name(run: str, encoding: str | None, doc_tokens: int | None) -> str:
+    """The name a RULER row (or skip) is tabled and averaged under: its run, or its run and its
+    encoding, so the two encodings of one checkpoint stand side by side and never average together."""
+    if encoding in (None, STANDARD):
+        return run
+    return f"{run} [{encoding}, {doc_tokens}-token docs]"
+
+
+def export_record(row: ResultRow) -> dict[str, Any]:
+    """A row as `--format csv|json` writes it: EXPORT_FIELDS, the encoding as its label."""
+    return {name: row.encoding_label() if name == "encoding" else getattr(row, name) for name in EXPORT_FIELDS}
+
+
+def row_record(row: ResultRow) -> dict[str, Any]:
+    """The row as a summary stores it (the module docstring's shapes, of this version)."""
+    if row.benchmark == "ruler":
+        record = {"run": row.run, "step": row.step, "task": row.task, "metric": row.metric, "length": row.length}
+        record.update(score=row.value, stderr=row.stderr, n=row.n)
+        if row.encoding not in (None, STANDARD):
+            record.update(encoding=row.encoding, doc_tokens=row.doc_tokens, documents=row.documents)
+        return record
+    record = {"run": row.run, "step": row.step, "requested": row.requested, "task": row.task, "metric": row.metric}
+    record.update(filter=row.filter, value=row.value, stderr=row.stderr, n=row.n, num_fewshot=row.num_fewshot)
+    return {**record, **({"length": row.length} if row.length is not None else {})}
+
+
+def summary_rows(summary: dict[str, Any]) -> list[ResultRow]:
+    """Every number of a stored summary as a ResultRow, whichever evalkit version wrote it."""
+    benchmark = summary.get("benchmark") or "ruler"
+    version = summary.get("schema_version", 1)
+    paradigm, model, data = describe_checkpoint(summary)
+    described = {"paradigm": paradigm, "model": model, "data": data}
+    return [read_row(benchmark, record, version, described) for record in summary.get("rows", [])]
+
+
+def read_row(
+    benchmark: str, record: dict[str, Any], version: int = SCHEMA_VERSION, described: dict[str, str] | None = None
+) -> ResultRow:
+    """One stored row as a ResultRow (`described`: the checkpoint's paradigm, model and data)."""
+    common = {
+        "benchmark": benchmark,
+        "run": record["run"],
+        "step": int(record["step"]),
+        "task": record["task"],
+        "stderr": _float(record.get("stderr")),
+        "n": record.get("n"),
+        **(described or {}),
+    }
+    if benchmark == "ruler":
+        metric = record["metric"] if version >= 2 else _V1_RULER_METRICS.get(record["task"], "score")
+        return ResultRow(
+            metric=metric,
+            value=float(record["score"]),
+            length=int(record["length"]),
+            encoding=record.get("encoding") or STANDARD,
+            doc_tokens=record.get("doc_tokens"),
+            documents=record.get("documents"),
+            **common,
+        )
+    return ResultRow(
+        metric=record["metric"],
+        value=_float(record.get("value")),
+        length=record.get("length"),
+        requested=record.get("requested"),
+        filter=record.get("filter"),
+        num_fewshot=record.get("num_fewshot"),
+        **common,
+    )
+
+
+def summary_name(benchmark: str) -> str:
+    return f"{benchmark}-summary.json"
+
+
+def failed_name(benchmark: str) -> str:
+    return f"{benchmark}-failed.json"
+
+
+def not_understood(path: Path, record: Any, suffix: str = "-summary.json") -> str | None:
+    """Why this evalkit cannot read the stored record at `path` (<benchmark><suffix>) as its own
+    format, or None: a schema_version it does not know, or a benchmark other than its file name's.
+    A record without schema_version is of version 1 (written before versions were recorded)."""
+    if not isinstance(record, dict):
+        return f"it holds a JSON {type(record).__name__}, not an evalkit record"
+    version = record.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        return (
+            f"its schema_version is {version!r} and this evalkit reads versions 1 to {SCHEMA_VERSION} "
+            "(written by another evalkit version: read it with that one)"
+        )
+    expected = path.name[: -len(suffix)] if path.name.endswith(suffix) else None
+    if "benchmark" in record and expected is not None and record["benchmark"] != expected:
+        return f"its benchmark is {record['benchmark']!r}, but its file name says {expected!r}"
+    return None
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The summary stored at `path`, or None when there is none (or it is not one)."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not_understood(path, earlier) is not None:  # another format: neither its stamp nor its engine is reused
+        return None
+    return earlier if isinstance(earlier.get("rows"), list) else None
+
+
+def describe_checkpoint(summary: dict[str, Any]) -> tuple[str, str, str]:
+    """(paradigm, model, data) from the checkpoint's meta.json as recorded in the summary."""
+    meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
+    if isinstance(meta.get("source"), dict):  # an `evalkit import`: a pretrained model, not trained here
+        return "pretrained", str(meta.get("model", "?")), f"{meta['source'].get('file_type') or 'GGUF'} import"
+    config = meta.get("config") or {}
+    model = config.get("model") or {}
+    if model.get("path"):
+        model_text = Path(model["path"]).name
+    elif model:
+        model_text = f"{model.get('arch', '?')} {model.get('num_layers', '?')}x{model.get('hidden_size', '?')}"
+    else:
+        model_text = "?"
+    precision = training_precision(meta)
+    if precision:
+        model_text = f"{model_text} ({precision})"
+    data = (config.get("data") or {}).get("source", "?")
+    return meta.get("paradigm", "?"), model_text, data
+
+
+def training_precision(meta: dict[str, Any]) -> str:
+    """ "bf16, RoPE fp32" for a run trained under bf16 autocast, "" for an fp32 run (the model text
+    as before). A bf16 run from before the rope_precision setting rotated in fp32: transformers'
+    fp32 cos/sin promoted q and k (README, GPU section)."""
+    config = meta.get("config") or {}
+    if config.get("dtype") != "bf16":
+        return ""
+    rope = (meta.get("precision") or {}).get("rope") or config.get("rope_precision") or "fp32"
+    return f"bf16, RoPE {rope}"
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)

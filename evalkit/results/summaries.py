@@ -1,0 +1,111 @@
+"""The stored summaries under results directories, read once each and at most one per checkpoint.
+
+Every table is computed from the same rows: one score per (run, step, task, length). A
+checkpoint (run, step) may therefore come from one summary only: the same (run, step) in two
+summary files (two results directories given together, or a copy inside one) is refused with
+both files named, whether or not they agree in evalkit version, settings or engine, since
+merging them could only pick one file's scores or average the two, silently. Giving the same
+file twice (overlapping directories) is not a duplicate: each file is read once. A summary whose
+rows name another checkpoint, or hold one cell twice, is refused the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from evalkit.errors import UserError
+from evalkit.result_format import STANDARD, ResultRow, failed_name, not_understood, summary_name, summary_rows
+
+RULER_SUMMARY = summary_name("ruler")
+GENERAL_SUMMARY = summary_name("general")
+SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary file ends so
+FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
+
+
+def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
+    """Every summary file `name` under `dirs`, each read once, at most one per (run, step). A file
+    of another format (a newer schema_version, another benchmark than its name) is left out, with
+    a line saying why added to `notes`: tabling it as if it were current could only mislead."""
+    found: dict[tuple[str, int], tuple[Path, dict]] = {}
+    for path in _summary_paths(dirs, name):
+        summary = _read_summary(path)
+        reason = not_understood(path, summary)
+        if reason is not None:
+            if notes is not None:
+                notes.append(f"- {path}: not read: {reason}")
+            continue
+        key = (summary["run"], summary["step"])
+        if key in found:
+            raise UserError(_duplicate_message(key, found[key], (path, summary)))
+        found[key] = (path, summary)
+    return [summary for _, summary in found.values()]
+
+
+def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
+    """The files in directory order, a file reached through two given directories only once."""
+    seen: set[Path] = set()
+    paths = []
+    for directory in dirs:
+        for path in sorted(Path(directory).rglob(name)):
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                paths.append(path)
+    return paths
+
+
+def _read_summary(path: Path) -> dict:
+    """A summary with run, step and rows that all belong to that checkpoint, once per cell."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"cannot read {path}: {err}") from None
+    if not_understood(path, summary) is not None:
+        return summary  # find_summaries leaves it out, with the reason
+    shaped = isinstance(summary, dict) and isinstance(summary.get("run"), str) and isinstance(summary.get("rows"), list)
+    if not shaped:
+        raise UserError(f"{path} is not an evalkit summary (no run or rows); remove it or rerun that checkpoint")
+    try:
+        summary["step"] = int(summary["step"])
+        cells = [_row_cell(row, summary) for row in summary_rows(summary)]
+    except (AttributeError, KeyError, TypeError, ValueError):  # AttributeError: a provenance that is no record
+        raise UserError(f"{path} has a malformed step or row; remove it or rerun that checkpoint") from None
+    if None in cells:
+        raise UserError(
+            f"{path} holds rows of another checkpoint than {summary['run']} step {summary['step']}; "
+            "remove it or rerun that checkpoint"
+        )
+    twice = sorted((cell for cell, count in Counter(cells).items() if count > 1), key=str)
+    if twice:
+        raise UserError(f"{path} holds {' '.join(map(str, twice[0]))} twice; remove it or rerun that checkpoint")
+    return summary
+
+
+def _row_cell(row: ResultRow, summary: dict) -> tuple | None:
+    """The cell a row scores, None when the row names another checkpoint than its file.
+
+    RULER rows are cells (task, length, encoding); other rows (requested, task, metric, filter, length),
+    since an lm-eval group's member is scored once under each requested group that holds it."""
+    if row.run != summary["run"] or row.step != summary["step"]:
+        return None
+    if row.benchmark == "ruler":
+        label = row.encoding_label()
+        return (row.task, row.length) + (() if label == STANDARD else (label,))
+    return (row.requested, row.task, row.metric, row.filter, row.length)
+
+
+def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:
+    """One line naming both files, and the evalkit versions when they differ."""
+    (path_a, a), (path_b, b) = first, second
+    versions = {_version(a), _version(b)}
+    differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
+    return (
+        f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
+        "pass only one of the directories, or move one file away"
+    )
+
+
+def _version(summary: dict) -> str:
+    provenance = summary.get("provenance") or {}
+    return f"{provenance.get('evalkit_version', '?')} ({provenance.get('git_hash', '?')})"
