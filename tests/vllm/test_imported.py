@@ -8,7 +8,8 @@ import pytest
 
 from evalkit.errors import UserError
 
-from .conftest import requires_vllm, start_vllm_engine, stop_vllm_engine
+from . import agreement
+from .conftest import ENGINE_DTYPE, requires_vllm, start_vllm_engine, stop_vllm_engine
 
 pytestmark = requires_vllm
 PROMPTS = ["The grass is green and the sky", "Once upon a time, there", "1, 2, 3, 4,", "tttt t t"]
@@ -28,15 +29,18 @@ def imported_gemma3(tmp_path_factory):
 def test_an_imported_gemma3_serves_like_the_hf_engine(imported_gemma3):
     from evalkit.engines import get_engine
 
-    hf_engine = get_engine("hf", imported_gemma3, dtype="fp32", device="cpu", batch_size=4)
+    hf_engine = get_engine("hf", imported_gemma3, dtype=ENGINE_DTYPE, device="cpu", batch_size=4)
     prompts = [prompt * 4 for prompt in PROMPTS]  # beyond the 8-token window of the sliding layers
     engine = start_vllm_engine(imported_gemma3, batch_size=4)
     try:
         assert engine.engine_info()["model_class"] == "Gemma3ForCausalLM"
         answers = engine.generate(prompts, 24)
+        if ENGINE_DTYPE == "bf16":  # teacher-forced (agreement.py: free-running bf16 texts part)
+            assert agreement.plain_agreement(engine, hf_engine.model, [engine.encode(p) for p in prompts], 24) == []
     finally:
         stop_vllm_engine(engine)
-    assert answers == hf_engine.generate(prompts, 24)
+    if ENGINE_DTYPE == "fp32":
+        assert answers == hf_engine.generate(prompts, 24)
     assert len(set(answers)) > 1  # not one degenerate answer for every prompt
 
 

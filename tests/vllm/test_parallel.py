@@ -13,7 +13,8 @@ import torch
 
 from evalkit.engines import PackedRequest
 
-from .conftest import LOGPROB_ATOL, requires_vllm, start_vllm_engine, stop_vllm_engine
+from . import agreement
+from .conftest import ENGINE_DTYPE, LOGPROB_ATOL, requires_vllm, start_vllm_engine, stop_vllm_engine
 
 pytestmark = [requires_vllm, pytest.mark.slow]
 
@@ -30,10 +31,14 @@ def two_cpu_workers(monkeypatch):
 
 
 @pytest.mark.parametrize("setting", ["data_parallel_size", "tensor_parallel_size"])
-def test_parallel_engines_answer_like_the_hf_engine(checkpoint, hf_engine, two_cpu_workers, setting):
+def test_parallel_engines_answer_like_the_hf_engine(checkpoint, hf_engine, tokenizer, two_cpu_workers, setting):
     engine = start_vllm_engine(checkpoint, batch_size=4, packed=True, **{setting: 2})
     try:
         assert engine.engine_info()[setting] == 2
+        if ENGINE_DTYPE == "bf16":  # teacher-forced (agreement.py: free-running bf16 texts part)
+            assert agreement.plain_agreement(engine, hf_engine.model, [engine.encode(p) for p in PROMPTS], 10) == []
+            assert agreement.packed_agreement(engine, hf_engine, tokenizer, PACKED, 10) == []
+            return
         assert engine.generate(PROMPTS, 10) == hf_engine.generate(PROMPTS, 10)
         torch.testing.assert_close(
             engine.logits_packed(PACKED), hf_engine.logits_packed(PACKED).log_softmax(-1), atol=LOGPROB_ATOL, rtol=0

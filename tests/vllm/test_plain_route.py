@@ -12,7 +12,8 @@ from evalkit.errors import UserError
 from evalkit.ruler import load_or_generate
 from evalkit.ruler.spec import task_spec
 
-from .conftest import requires_vllm, start_vllm_engine, stop_vllm_engine
+from . import agreement
+from .conftest import ENGINE_DTYPE, requires_vllm, start_vllm_engine, stop_vllm_engine
 
 pytestmark = requires_vllm
 
@@ -24,6 +25,9 @@ def plain_answers_equal_hf(engine, hf_engine, tokenizer) -> None:
     for task in ("niah_single_1", "niah_multivalue"):
         prompts = [s.input + s.answer_prefix for s in load_or_generate(task, tokenizer, 512, 3, 42)]
         budget = task_spec(task).max_new_tokens
+        if ENGINE_DTYPE == "bf16":  # teacher-forced (agreement.py: free-running bf16 texts part)
+            assert agreement.plain_agreement(engine, hf_engine.model, [engine.encode(p) for p in prompts], budget) == []
+            continue
         assert engine.generate(prompts, budget) == hf_engine.generate(prompts, budget)
 
 
@@ -52,7 +56,10 @@ def test_plain_then_packed_then_plain_engines_select_their_backends(checkpoint, 
         assert (info["packed"], info["model_runner"]) == (True, "V1")
         assert info["attention_backend"] == EVALKIT_CPU_BACKEND
         request = PackedRequest(["The grass is green.", "The sky is blue."], " Which color?")
-        assert packed.generate_packed([request], 8) == hf_engine.generate_packed([request], 8)
+        if ENGINE_DTYPE == "bf16":
+            assert agreement.packed_agreement(packed, hf_engine, tokenizer, [request], 8) == []
+        else:
+            assert packed.generate_packed([request], 8) == hf_engine.generate_packed([request], 8)
     finally:
         stop_vllm_engine(packed)
 
