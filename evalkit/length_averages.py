@@ -32,7 +32,9 @@ def per_checkpoint_length_means(rows: list[ResultRow]) -> dict[tuple[str, int, i
     two encodings of a checkpoint are two series, never averaged together."""
     groups: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
     for row in rows:
-        groups[(row.series(), row.step, int(row.length))][row.task] = float(row.value)
+        if row.length is None or row.value is None:  # not a row of a length (the docstring's rows have both)
+            continue
+        groups[(row.series(), row.step, row.length)][row.task] = row.value
     return {key: (statistics.fmean(scores.values()), sorted(scores)) for key, scores in groups.items()}
 
 

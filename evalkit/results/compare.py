@@ -303,7 +303,7 @@ def compare(
             if pairing == "require" and not found.pairing.startswith("paired"):
                 raise UserError(f"{b} vs {a}, {cell.label()}{_at(cell)}: cannot pair, {found.pairing}")
             differences.append(found)
-        for length in sorted({c.length for c in shared if c.benchmark == "ruler"}):
+        for length in sorted({c.length for c in shared if c.benchmark == "ruler" and c.length is not None}):
             cells = [c for c in shared if c.benchmark == "ruler" and c.length == length]
             averages.append(_difference(boot, a, b, cells, "average"))
     for family in (differences, averages):

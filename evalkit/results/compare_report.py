@@ -32,7 +32,7 @@ def _marked(d: Difference) -> str:
 
 def summary_table(comparison: Comparison) -> str:
     """One row per pair, one column per length: the task average's difference and its 95% interval."""
-    lengths = sorted({d.length for d in comparison.averages})
+    lengths = sorted({d.length for d in comparison.averages if d.length is not None})
     rows = []
     for a, b in dict.fromkeys((d.baseline, d.other) for d in comparison.averages):
         by_length = {d.length: d for d in comparison.averages if (d.baseline, d.other) == (a, b)}
@@ -143,15 +143,17 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))
     for offset, (a, b) in enumerate(pairs):
-        entries = sorted((d for d in comparison.averages if (d.baseline, d.other) == (a, b)), key=lambda d: d.length)
+        entries = sorted(
+            (d for d in comparison.averages if (d.baseline, d.other) == (a, b)), key=lambda d: d.length or 0
+        )
         shift = 2 ** ((offset - (len(pairs) - 1) / 2) * 0.04)  # side by side on the log axis
-        xs = [d.length * shift for d in entries]
+        xs = [(d.length or 0) * shift for d in entries]
         ys = [d.difference for d in entries]
         errors = [[d.difference - d.low for d in entries], [d.high - d.difference for d in entries]]
         axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=f"{b} − {a}")
     axes.axhline(0, color="grey", linewidth=0.8)
     axes.set_xscale("log", base=2)
-    lengths = sorted({d.length for d in comparison.averages})
+    lengths = sorted({d.length for d in comparison.averages if d.length is not None})
     axes.set_xticks(lengths, [length_label(n) for n in lengths])
     axes.minorticks_off()
     axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",

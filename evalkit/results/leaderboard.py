@@ -69,8 +69,8 @@ def encoding_series(ruler: list[dict]) -> list[dict]:
     every table and plot then shows the two encodings as two rows, never averaged together."""
     split = []
     for summary in ruler:
-        rows: dict[str, list[ResultRow]] = defaultdict(list)
-        skips: dict[str, list[dict]] = defaultdict(list)
+        rows: dict[str | None, list[ResultRow]] = defaultdict(list)
+        skips: dict[str | None, list[dict]] = defaultdict(list)
         for row in summary_rows(summary):
             rows[row.encoding_label()].append(row)
         for skip in summary.get("skipped", []):
@@ -226,7 +226,8 @@ def per_task_table(rows: list[ResultRow]) -> str:
     checkpoint twice), so the mean over a length's tasks here is the main table's value."""
     cells: dict[tuple[str, str, int], list[ResultRow]] = defaultdict(list)
     for row in rows:
-        cells[(row.run, row.task, int(row.length))].append(row)
+        if row.length is not None:  # every RULER row has one
+            cells[(row.run, row.task, row.length)].append(row)
     lengths = sorted({n for _, _, n in cells})
     table = []
     for run, task in sorted({(r, t) for r, t, _ in cells}):
@@ -238,7 +239,7 @@ def per_task_table(rows: list[ResultRow]) -> str:
 def _task_cell(rows: list[ResultRow]) -> str:
     if len(rows) == 1 and rows[0].stderr is not None:
         return f"{rows[0].value:.2f} ± {rows[0].stderr:.2f}"
-    return f"{statistics.fmean(row.value for row in rows):.2f}"
+    return f"{statistics.fmean(row.value for row in rows if row.value is not None):.2f}"
 
 
 def skipped_notes(infos: dict[str, RunInfo]) -> str:
@@ -279,8 +280,10 @@ def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues
     """(run, column) -> each checkpoint's (value, stderr): one column per task/metric (and length)."""
     values: ColumnValues = defaultdict(list)
     for row in rows:
+        if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
+            continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.run, column)].append((float(row.value), row.stderr))
+        values[(row.run, column)].append((row.value, row.stderr))
     return values
 
 
@@ -387,7 +390,7 @@ def effective_length_table(
         logged = (
             boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells())
         )
-        found = effective_length(boot, run, threshold) if logged else None
+        found = effective_length(boot, run, threshold) if boot is not None and logged else None
         if found is None:
             spread = f"– ({unusable})"
         else:

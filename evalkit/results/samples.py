@@ -173,6 +173,7 @@ def _ruler_cells(summary: dict, directory: Path):
             int(r["index"]): Sample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
             for r in records
         }
+        assert row.value is not None  # RULER rows always carry a score
         _check_mean(log, samples, row.value, row.n, scale_digits=2)
         yield row.series(), Cell("ruler", row.task, length, row.metric), samples
 

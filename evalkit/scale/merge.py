@@ -90,7 +90,7 @@ def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]]) -> None:
     index_from: dict[tuple[str, int], Path] = {}
     for found in summaries.values():
         for directory, summary in found:
-            shard, name = _shard(summary), summary.get("benchmark")
+            shard, name = _shard(summary), summary.get("benchmark") or "ruler"  # as result_format reads it
             first = by_benchmark.setdefault(name, (directory, shard))
             if (shard["plan"], shard["count"]) != (first[1]["plan"], first[1]["count"]):
                 raise UserError(

@@ -69,7 +69,7 @@ class CheckpointWork:
             record["shard"] = {
                 **self.shard,
                 "units": [[self.positions[unit], rows] for unit, rows in answered],
-                "unit_order": [unit.fields() for unit in sorted(self.positions, key=self.positions.get)],
+                "unit_order": [unit.fields() for unit in sorted(self.positions, key=lambda unit: self.positions[unit])],
             }
         workers = {unit.label(): o.answered_by for unit, o in self.outcomes.items() if o.answered_by}
         if workers:

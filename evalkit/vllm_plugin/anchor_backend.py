@@ -101,7 +101,8 @@ class AnchorMetadataBuilderMixin:
     supports_update_block_table: bool = False
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        # A mixin: the stock builder follows in the bases.
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)  # type: ignore[misc]
         rows = packed_rows()
         plans = plan_document_queries(common_attn_metadata, rows, self.anchor_impl) if rows else []
         setattr(metadata, METADATA_FIELD, plans)
@@ -112,6 +113,11 @@ class AnchorAttentionImplMixin:
     """Put before a stock AttentionImpl in the bases: stock forward, then the document rows."""
 
     anchor_impl: ClassVar[str] = "blocked"
+    # Set by the stock AttentionImpl that follows this mixin in the bases.
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    scale: float
     _evalkit_layout: LearnedLayout | None = None
     _evalkit_views: tuple | None = None  # (the cache tensor's identity, its views)
     _evalkit_workspace: PrefixWorkspace | None = None

@@ -86,7 +86,7 @@ def _affine_strides(offsets_BHD: torch.Tensor) -> tuple[int, int, int] | None:
     ]
     grids = torch.meshgrid(*(torch.arange(n) for n in offsets_BHD.shape), indexing="ij")
     predicted = base + sum(grid * stride for grid, stride in zip(grids, strides))
-    return tuple(strides) if torch.equal(predicted, offsets_BHD) else None
+    return (strides[0], strides[1], strides[2]) if torch.equal(predicted, offsets_BHD) else None
 
 
 def _probe_digit(num_elements: int, digit: int, shape: tuple[int, ...], dtype, device) -> torch.Tensor:

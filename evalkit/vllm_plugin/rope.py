@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,7 +59,7 @@ def rope_options_from_config(hf_config) -> RopeOptions:
     )
 
 
-def fp32_cos_sin_table(rotary: nn.Module, num_positions: int) -> torch.Tensor:
+def fp32_cos_sin_table(rotary: Any, num_positions: int) -> torch.Tensor:
     """[num_positions, rotary_dim] FP32 cos|sin table computed by the rotary module's own formula."""
     sized = copy.copy(rotary)  # a shallow copy: the module itself keeps its size
     sized.max_position_embeddings = num_positions
@@ -68,7 +69,9 @@ def fp32_cos_sin_table(rotary: nn.Module, num_positions: int) -> torch.Tensor:
 class ServingRotaryEmbedding(nn.Module):
     """Stands in for a vLLM rotary embedding: same call, (positions, query, key) -> (query, key)."""
 
-    def __init__(self, original: nn.Module, options: RopeOptions, num_positions: int) -> None:
+    cos_sin_fp32: torch.Tensor  # a buffer (variant fp32)
+
+    def __init__(self, original: Any, options: RopeOptions, num_positions: int) -> None:  # vLLM's RotaryEmbedding
         super().__init__()
         if type(original).__name__ not in EXTENDABLE_ROTARY_CLASSES:
             raise NotImplementedError(
@@ -118,7 +121,7 @@ def install_rope_options(model: nn.Module, options: RopeOptions, max_model_len: 
     owners = [module for module in model.modules() if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
     replacements: dict[int, ServingRotaryEmbedding] = {}
     for owner in owners:
-        rotary = owner.rotary_emb
+        rotary: Any = owner.rotary_emb  # a vLLM rotary embedding (untyped here)
         if isinstance(rotary, ServingRotaryEmbedding):
             continue
         if id(rotary) not in replacements:  # (a replacement resizes the shared original's table)
