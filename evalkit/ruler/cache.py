@@ -2,7 +2,7 @@
 
 The file name carries a hash of everything that decides the data: generator version,
 tokenizer fingerprint, task and its templates, length, seed, prompt format, the data files the
-task reads, the sizing and the generator's module constants (kinds.py). Not the number of
+task reads, the sizing and the generator's module constants (kinds/). Not the number of
 samples: sample i draws from its own seed (seed, task, i), so it is the same in a request of
 any size. One file holds the samples 0..N-1 asked for so far; a request for fewer is served
 its first ones, a request for more generates only the missing ones and rewrites the file
@@ -51,7 +51,7 @@ def _data_identity(task: str, essays, qa_dir) -> list:
             return _file_identity(Path(essays))
         return ["text", hashlib.sha256(str(essays).encode()).hexdigest()]
     if spec.kind == "qa":
-        from evalkit.ruler.qa import dataset_path
+        from evalkit.ruler.kinds.qa import dataset_path
 
         path = dataset_path(spec.params["dataset"], qa_dir)
         return _file_identity(path) if path is not None else [None]

@@ -86,7 +86,7 @@ def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> 
 
 def _template_parts(text: str, spec: TaskSpec) -> tuple[str, str, str]:
     """(instruction, context, question) of a sample's text, by its task's template."""
-    from evalkit.ruler.niah import singular
+    from evalkit.ruler.kinds.niah import singular
 
     templates = [spec.template, singular(spec.template)] if spec.kind == "niah" else [spec.template]
     for template in templates:

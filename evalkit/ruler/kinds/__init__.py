@@ -7,7 +7,7 @@ regenerated, never served stale.
 
 Adding a task:
 - of an existing kind: one TaskSpec in spec.py (its params are keyed into the cache already);
-- of a new kind: a module with a generator class (built with a Context; see niah.py) and a
+- of a new kind: a module with a generator class (built with a Context; see kinds/niah.py) and a
   DATA_CONSTANTS dict of every module-level value its samples depend on, its template in
   spec.TEMPLATES, and one TaskKind below. tests/ruler/test_kinds.py checks that every kind is
   registered and keyed.
@@ -32,11 +32,11 @@ class TaskKind:
 KINDS = {
     kind.name: kind
     for kind in (
-        TaskKind("niah", "evalkit.ruler.niah", "NiahTask"),
-        TaskKind("variable_tracking", "evalkit.ruler.vt", "VariableTrackingTask"),
-        TaskKind("common_words_extraction", "evalkit.ruler.cwe", "CommonWordsTask"),
-        TaskKind("freq_words_extraction", "evalkit.ruler.fwe", "FrequentWordsTask"),
-        TaskKind("qa", "evalkit.ruler.qa", "QaTask"),
+        TaskKind("niah", "evalkit.ruler.kinds.niah", "NiahTask"),
+        TaskKind("variable_tracking", "evalkit.ruler.kinds.vt", "VariableTrackingTask"),
+        TaskKind("common_words_extraction", "evalkit.ruler.kinds.cwe", "CommonWordsTask"),
+        TaskKind("freq_words_extraction", "evalkit.ruler.kinds.fwe", "FrequentWordsTask"),
+        TaskKind("qa", "evalkit.ruler.kinds.qa", "QaTask"),
     )
 }
 
