@@ -1,16 +1,25 @@
-"""RULER's generators, one per task kind, and the module constants each one's data depends on.
+"""RULER's task kinds: one module per kind (its generator and what only it knows), and their registry.
 
 A task (spec.py) names its kind; the kind names the module and class that generate its samples
 and the constants in that module that shape them (needle depths, hop counts, noise words). Those
 constants are part of the cache key (cache.py): change one and cached samples of that kind are
 regenerated, never served stale.
 
+What else differs by kind, a kind's module says through optional functions, each asked through
+its TaskKind (the default, where the module has none, in brackets):
+- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its samples read,
+  keyed into the cache (niah's essays, qa's datasets) [none: it reads no file];
+- prompt_templates(spec) -> list[str]: the templates a sample's text may follow, to find its
+  context in (niah's singular rewrite) [the task's template];
+- context_documents(context) -> list[str] | None: the context as documents of its own, for
+  --encoding anchor (qa's "Document k:" blocks) [None: cut into pieces of about --doc-tokens].
+
 Adding a task:
 - of an existing kind: one TaskSpec in spec.py (its params are keyed into the cache already);
-- of a new kind: a module with a generator class (built with a Context; see kinds/niah.py) and a
-  DATA_CONSTANTS dict of every module-level value its samples depend on, its template in
-  spec.TEMPLATES, and one TaskKind below. tests/ruler/test_kinds.py checks that every kind is
-  registered and keyed.
+- of a new kind: a module here with a generator class (built with a Context; see niah.py), a
+  DATA_CONSTANTS dict of every module-level value its samples depend on and whichever of the
+  functions above it needs, its template in spec.TEMPLATES, and one TaskKind below.
+  tests/ruler/test_kinds.py checks that every kind is registered and keyed.
 """
 
 from __future__ import annotations
@@ -19,7 +28,12 @@ import hashlib
 import importlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from evalkit.ruler.spec import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +41,24 @@ class TaskKind:
     name: str
     module: str  # imported on first use
     generator: str  # the class in `module` that makes samples from a Context
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
+        """The identity of the data files `spec`'s samples read with these options (see the docstring)."""
+        hook = getattr(self.load(), "data_identity", None)
+        return hook(spec, essays, qa_dir) if hook is not None else []
+
+    def prompt_templates(self, spec: TaskSpec) -> list[str]:
+        """The templates a sample of `spec` may follow (see the docstring)."""
+        hook = getattr(self.load(), "prompt_templates", None)
+        return hook(spec) if hook is not None else [spec.template]
+
+    def context_documents(self, context: str) -> list[str] | None:
+        """The context's own documents, or None to have it cut by tokens (see the docstring)."""
+        hook = getattr(self.load(), "context_documents", None)
+        return hook(context) if hook is not None else None
 
 
 KINDS = {
@@ -52,8 +84,21 @@ CONSTANTS_DIGESTS_AT_V1 = {
 }
 
 
+def task_kind(spec: TaskSpec) -> TaskKind:
+    """The registered kind of a task."""
+    return KINDS[spec.kind]
+
+
+def file_identity(path: Path) -> list:
+    """Cheap identity of a data file a kind reads (no hashing of large files on every run)."""
+    if not path.is_file():
+        return [str(path), None]
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
 def _module(kind: str) -> ModuleType:
-    return importlib.import_module(KINDS[kind].module)
+    return KINDS[kind].load()
 
 
 def generator_class(kind: str) -> type:
