@@ -2,7 +2,7 @@
 
 The file name carries a hash of everything that decides the data: generator version,
 tokenizer fingerprint, task and its templates, length, seed, prompt format, the data files the
-task reads, the sizing and the generator's module constants (kinds.py). Not the number of
+task reads, the sizing and the generator's module constants (kinds/). Not the number of
 samples: sample i draws from its own seed (seed, task, i), so it is the same in a request of
 any size. One file holds the samples 0..N-1 asked for so far; a request for fewer is served
 its first ones, a request for more generates only the missing ones and rewrites the file
@@ -25,52 +25,25 @@ import sys
 from pathlib import Path
 
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
-from evalkit.ruler.kinds import changed_constants_digest
+from evalkit.ruler.kinds import changed_constants_digest, task_kind
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample, dumps_jsonl, loads_jsonl
-from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT, task_spec
+from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT, TaskSpec, as_spec
 from evalkit.storage import cache_root
 
 
-def _file_identity(path: Path) -> list:
-    """Cheap identity of a data file (no hashing of large files on every run)."""
-    if not path.is_file():
-        return [str(path), None]
-    stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
-
-
-def _data_identity(task: str, essays, qa_dir) -> list:
-    spec = task_spec(task)
-    if spec.kind == "niah" and spec.params["haystack"] == "essay":
-        if essays is None:
-            return ["builtin-prose"]
-        from evalkit.ruler.essay import _looks_like_path
-
-        if isinstance(essays, Path) or _looks_like_path(str(essays)):
-            return _file_identity(Path(essays))
-        return ["text", hashlib.sha256(str(essays).encode()).hexdigest()]
-    if spec.kind == "qa":
-        from evalkit.ruler.qa import dataset_path
-
-        path = dataset_path(spec.params["dataset"], qa_dir)
-        return _file_identity(path) if path is not None else [None]
-    return []
-
-
-def _key_fields(task: str, length: int, seed: int, essays, qa_dir, prompt_format, exact_lengths, sizing) -> dict:
-    spec = task_spec(task)
+def _key_fields(spec: TaskSpec, length: int, seed: int, essays, qa_dir, prompt_format, exact_lengths, sizing) -> dict:
     fmt = prompt_format or BASE
     fields = {
         "version": GENERATOR_VERSION,
-        "task": task,
+        "task": spec.name,
         "kind": spec.kind,
         "params": dict(spec.params),
         "templates": [spec.template, spec.answer_prefix, spec.max_new_tokens, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT],
         "length": int(length),
         "seed": int(seed),
         "format": fmt.cache_token(),
-        "data": _data_identity(task, essays, qa_dir),
+        "data": task_kind(spec).data_identity(spec, essays, qa_dir),
         "exact": bool(exact_lengths),
     }
     if check_sizing(sizing) != DEFAULT_SIZING:  # only other sizings key in: exact keys stay as they were
@@ -86,7 +59,7 @@ def _digest(fields: dict) -> str:
 
 
 def cache_key(
-    task: str,
+    task: str | TaskSpec,
     tokenizer,
     length: int,
     seed: int = DEFAULT_SEED,
@@ -99,18 +72,18 @@ def cache_key(
 ) -> tuple[str, str]:
     """(tokenizer fingerprint, hash of everything else that decides the data). Not the number of
     samples: sample i is the same whatever the count (each draws from its own seed), so one key
-    holds them all and a longer request extends what is stored."""
+    holds them all and a longer request extends what is stored. `task`: its name or its TaskSpec."""
     from evalkit.corpus import tokenizer_fingerprint
 
-    fields = _key_fields(task, length, seed, essays, qa_dir, prompt_format, exact_lengths, sizing)
+    fields = _key_fields(as_spec(task), length, seed, essays, qa_dir, prompt_format, exact_lengths, sizing)
     return tokenizer_fingerprint(tokenizer), _digest(fields)
 
 
-def legacy_data_key(task: str, length: int, num_samples: int, seed: int = DEFAULT_SEED, **data) -> str:
+def legacy_data_key(task: str | TaskSpec, length: int, num_samples: int, seed: int = DEFAULT_SEED, **data) -> str:
     """The data key evalkit wrote before the count left it (the count hashed in): what the sample
     logs and summaries stored by those versions carry, recognised by the runner as the same data."""
     fields = _key_fields(
-        task,
+        as_spec(task),
         length,
         seed,
         data.get("essays"),
@@ -123,11 +96,12 @@ def legacy_data_key(task: str, length: int, num_samples: int, seed: int = DEFAUL
 
 
 def cache_path(
-    task: str, tokenizer, length: int, seed: int = DEFAULT_SEED, cache_dir: Path | None = None, **data
+    task: str | TaskSpec, tokenizer, length: int, seed: int = DEFAULT_SEED, cache_dir: Path | None = None, **data
 ) -> Path:
     """The one file of (task, length, seed, data) for this tokenizer, whatever number of samples it holds."""
-    fingerprint, digest = cache_key(task, tokenizer, length, seed, **data)
-    return _root(cache_dir) / fingerprint / task / f"{length}-s{seed}-{digest}.jsonl"
+    spec = as_spec(task)
+    fingerprint, digest = cache_key(spec, tokenizer, length, seed, **data)
+    return _root(cache_dir) / fingerprint / spec.name / f"{length}-s{seed}-{digest}.jsonl"
 
 
 def _root(cache_dir: Path | None) -> Path:
@@ -205,7 +179,7 @@ def _warn_once(kind: str, message: str) -> None:
 
 
 def load_or_generate(
-    task: str,
+    task: str | TaskSpec,
     tokenizer,
     length: int,
     num_samples: int,
@@ -217,16 +191,18 @@ def load_or_generate(
     prefix of a longer file), else the stored ones extended by generating only those missing,
     written atomically, and returned.
 
-    `data` takes generate's keywords: essays=, qa_dir=, prompt_format=, exact_lengths=, sizing=.
+    `task`: its name or its TaskSpec. `data` takes generate's keywords: essays=, qa_dir=,
+    prompt_format=, exact_lengths=, sizing=.
     """
     from evalkit.ruler.generation import generate
     from evalkit.storage import atomic_write_text
 
-    path = cache_path(task, tokenizer, length, seed, cache_dir, **data)
-    stored = _stored_samples(path) if path.is_file() else _legacy_samples(path, task, length, seed, data)
+    spec = as_spec(task)
+    path = cache_path(spec, tokenizer, length, seed, cache_dir, **data)
+    stored = _stored_samples(path) if path.is_file() else _legacy_samples(path, spec, length, seed, data)
     if len(stored) >= num_samples:
         return stored[:num_samples]
-    samples = generate(task, tokenizer, length, num_samples, seed, first=stored, **data)
+    samples = generate(spec, tokenizer, length, num_samples, seed, first=stored, **data)
     atomic_write_text(path, dumps_entry(samples))
     return samples
 
@@ -239,7 +215,7 @@ def _stored_samples(path: Path) -> list[Sample]:
         return []
 
 
-def _legacy_samples(path: Path, task: str, length: int, seed: int, data: dict) -> list[Sample]:
+def _legacy_samples(path: Path, spec: TaskSpec, length: int, seed: int, data: dict) -> list[Sample]:
     """The longest valid file of the same data written before the count left the key (named
     <length>-n<count>-s<seed>-<key with the count>.jsonl beside `path`), or []."""
     best: list[Sample] = []
@@ -247,7 +223,7 @@ def _legacy_samples(path: Path, task: str, length: int, seed: int, data: dict) -
         count, _, digest = candidate.stem[len(f"{length}-n") :].partition(f"-s{seed}-")
         if not count.isdigit() or int(count) <= len(best):
             continue
-        if digest != legacy_data_key(task, length, int(count), seed, **data):
+        if digest != legacy_data_key(spec, length, int(count), seed, **data):
             continue
         try:
             best = read_entry(candidate, int(count))

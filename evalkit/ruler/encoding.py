@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from evalkit.errors import Skipped, UserError
 from evalkit.result_format import STANDARD, encoding_label
+from evalkit.ruler.kinds import task_kind
 
 if TYPE_CHECKING:
     from evalkit.ruler.sample import Sample
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 ANCHOR = "anchor"
 ENCODINGS = (STANDARD, ANCHOR)
 DEFAULT_DOC_TOKENS = 512
-QA_DOCUMENT_BREAK = "\n\nDocument "  # qa contexts join their "Document k:\n..." blocks with a blank line
 BOUNDARIES = ("\n", ". ", " ")  # where a context may be cut, in order of preference
 
 
@@ -72,10 +72,10 @@ def log_key(data_key: str, encoding: str, doc_tokens: int) -> str:
 def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> Split:
     """Documents and question of one sample (see the module docstring); Skipped when its text
     does not follow the task's template (a sample file written by something else)."""
-    head, context, tail = _template_parts(sample.input, spec)
-    if spec.kind == "qa":
-        pieces = _qa_documents(context)
-    else:
+    kind = task_kind(spec)
+    head, context, tail = _template_parts(sample.input, spec, kind.prompt_templates(spec))
+    pieces = kind.context_documents(context)
+    if pieces is None:
         pieces = _cut(context, tokenizer, doc_tokens)
     documents = [head, *pieces] if head.strip() else pieces
     split = Split(_merge_blank(documents), tail + sample.answer_prefix)
@@ -84,11 +84,8 @@ def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> 
     return split
 
 
-def _template_parts(text: str, spec: TaskSpec) -> tuple[str, str, str]:
-    """(instruction, context, question) of a sample's text, by its task's template."""
-    from evalkit.ruler.niah import singular
-
-    templates = [spec.template, singular(spec.template)] if spec.kind == "niah" else [spec.template]
+def _template_parts(text: str, spec: TaskSpec, templates: list[str]) -> tuple[str, str, str]:
+    """(instruction, context, question) of a sample's text, by the first of its task's templates it follows."""
     for template in templates:
         match = _template_regex(template).fullmatch(text)
         if match:
@@ -106,11 +103,6 @@ def _template_regex(template: str) -> re.Pattern:
         last = field.end()
     pattern.append(re.escape(template[last:]))
     return re.compile("".join(pattern), re.DOTALL)
-
-
-def _qa_documents(context: str) -> list[str]:
-    parts = context.split(QA_DOCUMENT_BREAK)
-    return [parts[0]] + [QA_DOCUMENT_BREAK + part for part in parts[1:]]
 
 
 def _cut(text: str, tokenizer, doc_tokens: int) -> list[str]:

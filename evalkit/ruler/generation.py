@@ -25,7 +25,7 @@ from evalkit.ruler.fitting import DEFAULT_SIZING, Plan, TooLong, check_sizing, f
 from evalkit.ruler.kinds import generator_class
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample
-from evalkit.ruler.spec import DEFAULT_SEED, task_spec
+from evalkit.ruler.spec import DEFAULT_SEED, TaskSpec, as_spec
 
 _COUNTERS: weakref.WeakKeyDictionary[object, dict[bool, TokenCounter]] = weakref.WeakKeyDictionary()
 
@@ -60,7 +60,7 @@ def _task_generator(ctx: Context):
 
 
 def generate(
-    task: str,
+    task: str | TaskSpec,
     tokenizer,
     length: int,
     num_samples: int,
@@ -73,7 +73,8 @@ def generate(
     sizing: str = DEFAULT_SIZING,
     first: Sequence[Sample] = (),
 ) -> list[Sample]:
-    """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens.
+    """`num_samples` samples of `task` (its name or its TaskSpec) whose prompts plus generation budget
+    fit in `length` tokens.
 
     Sample i depends on (seed, task, length, i) and the data, never on `num_samples`. `first`:
     samples 0..k-1 generated before with the same arguments (a cache file); only the rest are
@@ -85,7 +86,7 @@ def generate(
     `sizing`: "exact" (each sample as large as fits) or "nvidia" (NVIDIA's once-per-length size).
     """
     check_sizing(sizing)
-    spec = task_spec(task)
+    spec = as_spec(task)
     fmt = prompt_format or BASE
     counter = counter_for(tokenizer, fmt.add_special_tokens)
     data = {"essays": essays, "qa_dir": qa_dir}
@@ -99,14 +100,15 @@ def generate(
         if _composed_counts_hold(generator.ctx, samples):
             return samples
         warnings.warn(
-            f"{task}: this tokenizer's counts do not add up piece by piece; tokenising every prompt in full (slower)",
+            f"{spec.name}: this tokenizer's counts do not add up piece by piece; "
+            "tokenising every prompt in full (slower)",
             stacklevel=2,
         )
         # The stored ones stay as they are: answers stored for them must keep meaning them.
         return first + _fit_samples(generator, missing, exact=True, sizing=sizing)
     except (TooLong, TaskDoesNotFit):
         needed = _smallest_length(spec, counter, int(length), int(seed), fmt, num_samples, data)
-        raise TaskDoesNotFit(task, length, needed) from None
+        raise TaskDoesNotFit(spec.name, length, needed) from None
 
 
 def _generator(spec, counter, length, seed, fmt, data):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from evalkit.ruler.spec import task_spec
+from evalkit.ruler.spec import TaskSpec, as_spec
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
@@ -31,32 +31,38 @@ def match_part(prediction: str, references: Sequence[str]) -> float:
     return max(1.0 if ref.lower() in text else 0.0 for ref in references)
 
 
-def sample_score(task: str, prediction: str, references: Sequence[str]) -> float:
-    """One sample's score on 0..100 (unrounded), with the task's metric."""
+def _metric(spec: TaskSpec):
+    return match_part if spec.metric == "part" else match_all
+
+
+def sample_score(task: str | TaskSpec, prediction: str, references: Sequence[str]) -> float:
+    """One sample's score on 0..100 (unrounded), with the task's metric (`task`: its name or its TaskSpec)."""
+    spec = as_spec(task)
     if not references:
-        raise ValueError(f"{task}: a sample has no reference answers")
-    metric = match_part if task_spec(task).metric == "part" else match_all
-    return 100.0 * metric(prediction, references)
+        raise ValueError(f"{spec.name}: a sample has no reference answers")
+    return 100.0 * _metric(spec)(prediction, references)
 
 
-def score(task: str, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+def score(task: str | TaskSpec, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """The task's score on 0..100, rounded to 2 decimals as NVIDIA rounds it."""
+    spec = as_spec(task)
     if len(predictions) != len(references):
-        raise ValueError(f"{task}: {len(predictions)} predictions for {len(references)} reference lists")
+        raise ValueError(f"{spec.name}: {len(predictions)} predictions for {len(references)} reference lists")
     if not predictions:
-        raise ValueError(f"{task}: no predictions to score")
-    metric = match_part if task_spec(task).metric == "part" else match_all
+        raise ValueError(f"{spec.name}: no predictions to score")
+    metric = _metric(spec)
     for refs in references:
         if not refs:
-            raise ValueError(f"{task}: a sample has no reference answers")
+            raise ValueError(f"{spec.name}: a sample has no reference answers")
     # Same order of operations as NVIDIA (sum / n * 100, then round) so ties round alike.
     return round(sum(metric(p, r) for p, r in zip(predictions, references)) / len(predictions) * 100, 2)
 
 
-def standard_error(task: str, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+def standard_error(task: str | TaskSpec, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """The standard error of the task's score (0..100): the sample standard deviation of the
     per-sample scores over the square root of their number; 0 for a single sample."""
-    values = [sample_score(task, p, r) for p, r in zip(predictions, references)]
+    spec = as_spec(task)
+    values = [sample_score(spec, p, r) for p, r in zip(predictions, references)]
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)

@@ -40,7 +40,7 @@ from evalkit.ruler.encoding import (
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
-from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, task_spec
+from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
 from evalkit.sample_log import SampleLog, checkpoint_dir
 
 SUMMARY = summary_name("ruler")
@@ -145,13 +145,13 @@ def sample_key(data_key: str, settings: RulerSettings) -> str:
     return identity_key(settings, with_count=False, data=data_key, encoding=label)
 
 
-def _legacy_log_key(folder: Path, task: str, length: int, settings: RulerSettings, data: dict) -> str | None:
+def _legacy_log_key(folder: Path, spec: TaskSpec, length: int, settings: RulerSettings, data: dict) -> str | None:
     """The key under which evalkit before count-free keys logged this cell's answers, when the
     checkpoint's summary shows they were made alike: the same data (its data key for its count)
     and the same settings but for the count and batch size. Those answers are reused."""
     legacy = _legacy_cells(read_summary(folder / SUMMARY))
     cell = _cell_name(
-        {"task": task, "length": length, "encoding": settings.encoding, "doc_tokens": settings.doc_tokens}
+        {"task": spec.name, "length": length, "encoding": settings.encoding, "doc_tokens": settings.doc_tokens}
     )
     logged, stored = legacy["data_keys"].get(cell), legacy["settings"]
     count = stored.get("num_samples")
@@ -159,7 +159,7 @@ def _legacy_log_key(folder: Path, task: str, length: int, settings: RulerSetting
         return None
     if stored_identity(RulerSettings, stored, with_count=False) != identity(settings, with_count=False):
         return None
-    if logged != legacy_data_key(task, length, count, settings.seed, **data):
+    if logged != legacy_data_key(spec, length, count, settings.seed, **data):
         return None  # other data: not this cell's answers
     return log_key(logged, settings.encoding, settings.doc_tokens)
 
@@ -203,20 +203,21 @@ def _evaluate_task(
     its row, its data key and how many samples were generated now.
 
     The samples, their data key and the log need only the checkpoint's tokenizer; the engine is
-    built when a sample is left to answer, so a unit whose log is complete loads no model."""
+    built when a sample is left to answer, so a unit whose log is complete loads no model.
+    The task's spec is resolved here, once, and passed to the cache, the generators and the metric."""
+    spec = task_spec(task)
     fmt = prompt_format(tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
-    samples = load_or_generate(task, tokenizer, length, settings.num_samples, settings.seed, **data)
-    _, data_key = cache_key(task, tokenizer, length, settings.seed, **data)
+    samples = load_or_generate(spec, tokenizer, length, settings.num_samples, settings.seed, **data)
+    _, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_name = f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl"  # encodings never share a log
     folder = checkpoint_dir(out, ref)
-    legacy = _legacy_log_key(folder, task, length, settings, data)
-    log = SampleLog(folder / "ruler" / task / log_name, sample_key(data_key, settings), aliases={legacy} - {None})
+    legacy = _legacy_log_key(folder, spec, length, settings, data)
+    log = SampleLog(folder / "ruler" / spec.name / log_name, sample_key(data_key, settings), aliases={legacy} - {None})
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:
-        spec = task_spec(task)
         if label == STANDARD:
             answer = _standard_answers(engine.get(), fmt, spec, length)
         else:
@@ -232,7 +233,7 @@ def _evaluate_task(
                     "length": s.length,
                     "prediction": p,
                     "references": s.outputs,
-                    "score": sample_score(task, p, s.outputs),
+                    "score": sample_score(spec, p, s.outputs),
                     "prompt_sha": _prompt_hash(prompt),
                     **extra,
                 }
@@ -252,10 +253,10 @@ def _evaluate_task(
         "ruler",
         ref.run,
         ref.step,
-        task,
-        task_spec(task).metric_name,
-        score(task, predictions, references),
-        standard_error(task, predictions, references),
+        spec.name,
+        spec.metric_name,
+        score(spec, predictions, references),
+        standard_error(spec, predictions, references),
         len(records),
         length=length,
         encoding=settings.encoding,
@@ -267,7 +268,7 @@ def _evaluate_task(
 Answers = Callable[[list], tuple[list[str], list[dict]]]  # samples -> (predictions, extra record fields)
 
 
-def _standard_answers(engine, fmt: PromptFormat, spec, length: int) -> Answers:
+def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) -> Answers:
     """Greedy answers to each sample's prompt as one causal sequence."""
 
     def answer(chunk: list) -> tuple[list[str], list[dict]]:
@@ -283,7 +284,7 @@ def _standard_answers(engine, fmt: PromptFormat, spec, length: int) -> Answers:
     return answer
 
 
-def _anchor_answers(engine, spec, length: int, samples: list, doc_tokens: int) -> Answers:
+def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_tokens: int) -> Answers:
     """Greedy answers to each sample read as packed documents behind one anchor (ruler.encoding).
 
     Every sample is split and laid out before anything is computed: one that does not fit the

@@ -153,3 +153,8 @@ def task_spec(task: str) -> TaskSpec:
     if task not in SPECS:
         raise UserError(f"unknown RULER task {task!r}: choose from {', '.join(TASKS)}")
     return SPECS[task]
+
+
+def as_spec(task: str | TaskSpec) -> TaskSpec:
+    """A task's spec from its name, or the spec itself: resolved once where a unit starts, then passed down."""
+    return task if isinstance(task, TaskSpec) else task_spec(task)

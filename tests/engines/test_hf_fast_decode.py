@@ -22,7 +22,7 @@ from tests.helpers import build_checkpoint, decode, greedy_without_cache
 
 SHIPPED = Path(__file__).resolve().parents[2] / "evalkit/checkpoints/tiny-long"
 SHIPPED_RUNS = ("tiny-long-anchor-shipped", "tiny-long-full-shipped", "tiny-long-intra_doc-shipped")
-# Every RULER task kind (ruler/kinds.py) at 1K; cwe at 2K, the shortest it fits with this tokenizer.
+# Every RULER task kind (ruler/kinds/) at 1K; cwe at 2K, the shortest it fits with this tokenizer.
 ONE_TASK_PER_KIND = (("niah_multikey_1", 1024), ("vt", 1024), ("cwe", 2048), ("fwe", 1024), ("qa_1", 1024))
 
 

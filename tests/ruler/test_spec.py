@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from evalkit.ruler import SPECS, TASKS
-from evalkit.ruler.niah import DEPTHS, singular
+from evalkit.ruler.kinds.niah import DEPTHS, singular
 from evalkit.ruler.spec import NIAH_NEEDLE, NOISE_LINE, TEMPLATES
 
 

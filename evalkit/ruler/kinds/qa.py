@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,7 +25,11 @@ from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item
 from evalkit.ruler.errors import TaskDataMissing
 from evalkit.ruler.fitting import Coarse
+from evalkit.ruler.kinds import file_identity
 from evalkit.ruler.spec import QA_PREFIX, QA_TEMPLATE
+
+if TYPE_CHECKING:
+    from evalkit.ruler.spec import TaskSpec
 
 # Accepted file names per dataset: the official release name first, then NVIDIA's download name.
 DATASET_FILES = {
@@ -36,6 +41,7 @@ DATASET_NAMES = {"squad": "SQuAD v2 dev", "hotpotqa": "HotpotQA dev distractor"}
 # trailing whitespace tokenises differently), then ` {k}:`, then `\n` and the text after the colon.
 DOCUMENT_START = "\n\nDocument"
 DATA_CONSTANTS = {"DOCUMENT_START": DOCUMENT_START}  # keyed into the cache (evalkit.ruler.kinds)
+DOCUMENT_BREAK = "\n\nDocument "  # a context joins its "Document k:\n..." blocks with a blank line
 
 
 def _constant(text: str) -> Callable[[], str]:
@@ -67,6 +73,18 @@ def dataset_path(dataset: str, qa_dir: str | Path | None) -> Path | None:
         if (Path(qa_dir) / name).is_file():
             return Path(qa_dir) / name
     return Path(qa_dir) / names[0]
+
+
+def data_identity(spec: TaskSpec, essays, qa_dir) -> list:
+    """The task's dataset file in qa_dir ([None] when no qa_dir is given)."""
+    path = dataset_path(spec.params["dataset"], qa_dir)
+    return file_identity(path) if path is not None else [None]
+
+
+def context_documents(context: str) -> list[str]:
+    """A context's documents for --encoding anchor: the text before the first, then each "Document k:" block."""
+    parts = context.split(DOCUMENT_BREAK)
+    return [parts[0]] + [DOCUMENT_BREAK + part for part in parts[1:]]
 
 
 def _missing(ctx: Context, why: str) -> TaskDataMissing:

@@ -8,21 +8,44 @@ between lines at uniformly drawn line positions.
 
 from __future__ import annotations
 
+import hashlib
 import random
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import SPACED_LEFT, Item, TokenCounter, compose_count
-from evalkit.ruler.essay import EssayStream, essay_stream, load_essay_text
+from evalkit.ruler.essay import EssayStream, _looks_like_path, essay_stream, load_essay_text
 from evalkit.ruler.fitting import Coarse
+from evalkit.ruler.kinds import file_identity
 from evalkit.ruler.layout import GrowingStream, RepeatedLine, Stream, stream_items
 from evalkit.ruler.spec import NIAH_NEEDLE, NOISE_LINE
 from evalkit.ruler.words import random_value, wonderwords_list
 
+if TYPE_CHECKING:
+    from evalkit.ruler.spec import TaskSpec
+
 # np.round(np.linspace(0, 100, 40)).astype(int) in niah.py; no point lies on a .5 tie.
 DEPTHS = tuple(round(k * 100 / 39) for k in range(40))
 DATA_CONSTANTS = {"DEPTHS": DEPTHS}  # keyed into the cache (evalkit.ruler.kinds)
+
+
+def data_identity(spec: TaskSpec, essays, qa_dir) -> list:
+    """An essay haystack's essays (the built-in prose, a file, or text given as is); other haystacks read none."""
+    if spec.params["haystack"] != "essay":
+        return []
+    if essays is None:
+        return ["builtin-prose"]
+    if isinstance(essays, Path) or _looks_like_path(str(essays)):
+        return file_identity(Path(essays))
+    return ["text", hashlib.sha256(str(essays).encode()).hexdigest()]
+
+
+def prompt_templates(spec: TaskSpec) -> list[str]:
+    """The task's template, and its singular rewrite (one value of one key asked for)."""
+    return [spec.template, singular(spec.template)]
 
 
 def singular(text: str) -> str:

@@ -1,0 +1,118 @@
+"""RULER's task kinds: one module per kind (its generator and what only it knows), and their registry.
+
+A task (spec.py) names its kind; the kind names the module and class that generate its samples
+and the constants in that module that shape them (needle depths, hop counts, noise words). Those
+constants are part of the cache key (cache.py): change one and cached samples of that kind are
+regenerated, never served stale.
+
+What else differs by kind, a kind's module says through optional functions, each asked through
+its TaskKind (the default, where the module has none, in brackets):
+- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its samples read,
+  keyed into the cache (niah's essays, qa's datasets) [none: it reads no file];
+- prompt_templates(spec) -> list[str]: the templates a sample's text may follow, to find its
+  context in (niah's singular rewrite) [the task's template];
+- context_documents(context) -> list[str] | None: the context as documents of its own, for
+  --encoding anchor (qa's "Document k:" blocks) [None: cut into pieces of about --doc-tokens].
+
+Adding a task:
+- of an existing kind: one TaskSpec in spec.py (its params are keyed into the cache already);
+- of a new kind: a module here with a generator class (built with a Context; see niah.py), a
+  DATA_CONSTANTS dict of every module-level value its samples depend on and whichever of the
+  functions above it needs, its template in spec.TEMPLATES, and one TaskKind below.
+  tests/ruler/test_kinds.py checks that every kind is registered and keyed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from evalkit.ruler.spec import TaskSpec
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    name: str
+    module: str  # imported on first use
+    generator: str  # the class in `module` that makes samples from a Context
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
+        """The identity of the data files `spec`'s samples read with these options (see the docstring)."""
+        hook = getattr(self.load(), "data_identity", None)
+        return hook(spec, essays, qa_dir) if hook is not None else []
+
+    def prompt_templates(self, spec: TaskSpec) -> list[str]:
+        """The templates a sample of `spec` may follow (see the docstring)."""
+        hook = getattr(self.load(), "prompt_templates", None)
+        return hook(spec) if hook is not None else [spec.template]
+
+    def context_documents(self, context: str) -> list[str] | None:
+        """The context's own documents, or None to have it cut by tokens (see the docstring)."""
+        hook = getattr(self.load(), "context_documents", None)
+        return hook(context) if hook is not None else None
+
+
+KINDS = {
+    kind.name: kind
+    for kind in (
+        TaskKind("niah", "evalkit.ruler.kinds.niah", "NiahTask"),
+        TaskKind("variable_tracking", "evalkit.ruler.kinds.vt", "VariableTrackingTask"),
+        TaskKind("common_words_extraction", "evalkit.ruler.kinds.cwe", "CommonWordsTask"),
+        TaskKind("freq_words_extraction", "evalkit.ruler.kinds.fwe", "FrequentWordsTask"),
+        TaskKind("qa", "evalkit.ruler.kinds.qa", "QaTask"),
+    )
+}
+
+# The digest of each kind's DATA_CONSTANTS when they joined the cache key (generator version 1).
+# A kind whose constants still hash to this adds nothing to its keys, so the keys of samples
+# cached (and of results stored) before keep holding; any change to a constant changes the key.
+CONSTANTS_DIGESTS_AT_V1 = {
+    "niah": "9b9eaabb348075487834",
+    "variable_tracking": "3c4f239107f719801d88",
+    "common_words_extraction": "ba6be521d78352c1c89f",
+    "freq_words_extraction": "423643e8daa21558084d",
+    "qa": "fefe1b66693c666a44d0",
+}
+
+
+def task_kind(spec: TaskSpec) -> TaskKind:
+    """The registered kind of a task."""
+    return KINDS[spec.kind]
+
+
+def file_identity(path: Path) -> list:
+    """Cheap identity of a data file a kind reads (no hashing of large files on every run)."""
+    if not path.is_file():
+        return [str(path), None]
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _module(kind: str) -> ModuleType:
+    return KINDS[kind].load()
+
+
+def generator_class(kind: str) -> type:
+    """The class that generates samples of this kind."""
+    return getattr(_module(kind), KINDS[kind].generator)
+
+
+def constants_digest(kind: str) -> str:
+    """A hash of the module constants that shape this kind's samples."""
+    constants = _module(kind).DATA_CONSTANTS
+    return hashlib.sha256(json.dumps(constants, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+
+
+def changed_constants_digest(kind: str) -> str | None:
+    """constants_digest(kind) if it differs from the one recorded at version 1, else None."""
+    digest = constants_digest(kind)
+    return None if digest == CONSTANTS_DIGESTS_AT_V1[kind] else digest
