@@ -11,8 +11,9 @@ output directory, a tokenizer beside every checkpoint) before anything is loaded
 lock, the engine's lifecycle, skip records, the summary file and its provenance (the stamp of
 the run that computed the scores, not of a rerun that read them back), --avg and progress.
 
-A benchmark is a small protocol (Benchmark below): its units, how a unit is found on disk, how
-it is evaluated, how its rows are averaged over checkpoints, and what else its summary keeps.
+A benchmark is a subclass of Benchmark below: its units, how a unit is evaluated and how its
+rows are averaged over checkpoints; optionally its own request check, how a finished unit is
+found on disk, and what else its summary keeps. Progress reaches the caller as ProgressEvents.
 Adding one is a module implementing it (tests/test_pipeline.py runs a toy benchmark through every
 part of the pipeline); its rows are evalkit.result_format.ResultRow, which the leaderboard reads.
 """

@@ -318,3 +318,36 @@ def test_rows_written_now_read_back_as_the_rows_the_benchmark_made():
     assert summary_rows(summary) == made[:2]
     assert made[1].series() == "r [anchor, 128-token docs]" and made[0].series() == "r"
     assert export_record(made[1])["encoding"] == "anchor-128" and "doc_tokens" not in export_record(made[1])
+
+
+def test_finish_summary_returns_a_new_summary_and_leaves_the_pipelines_as_it_was():
+    """RULER's and lm-eval's own summary fields come in a new dict; the argument is not touched."""
+    import copy
+
+    from evalkit.general.runner import GeneralBenchmark, GeneralSettings, TaskDone
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+
+    def made(benchmark: str) -> dict:
+        settings = {"tasks": ["niah_single_1"], "lengths": [1024]}
+        return {"benchmark": benchmark, "run": "r", "step": 1, "checkpoint": "/c", "rows": [], "skipped": [],
+                "provenance": {"settings": settings, "engine": None}}  # fmt: skip
+
+    ruler_row = ResultRow("ruler", "r", 1, "niah_single_1", "string_match_all", 50.0, 1.0, 2, 1024, "standard")
+    ruler = RulerBenchmark(RulerSettings(tasks=["niah_single_1"], lengths=[1024]))
+    summary = made("ruler")
+    summary["rows"] = [row_record(ruler_row)]
+    before = copy.deepcopy(summary)
+    finished = ruler.finish_summary(summary, [UnitResult([ruler_row], "key-1")], None)
+    assert summary == before
+    assert finished["provenance"]["data_keys"] == {"niah_single_1@1024": "key-1"}
+
+    record = {"task": "t", "num_fewshot": 0, "fewshot_source": "given"}
+    general = GeneralBenchmark(GeneralSettings(tasks=["t"]))
+    summary = made("general")
+    before = copy.deepcopy(summary)
+    finished = general.finish_summary(summary, [UnitResult([], TaskDone(record, resumed=True))], None)
+    assert summary == before
+    assert list(finished)[-2:] == ["tasks", "provenance"]  # the order the summaries have always had
+    assert finished["tasks"] == {"t": {"num_fewshot": 0, "fewshot_source": "given", "file": "general/t.json",
+                                       "resumed": True}}  # fmt: skip
+    assert finished["provenance"]["lm_eval_version"]
