@@ -66,6 +66,17 @@ class GeneralSettings:
     # when not "task", so records stored before the choice existed still hold.
     too_long: str = setting("task", keyed_since_default=True)
 
+    def __post_init__(self) -> None:
+        """Validated once, here, before anything is loaded; a bad value is one line naming its option."""
+        if not self.tasks:
+            raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            raise UserError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
+        _check_limit(self.limit)
+        _check_too_long(self.too_long, self.limit)
+        if self.limit is not None and self.limit >= 1:
+            self.limit = int(self.limit)  # 10.0 from a CLI float is 10 documents
+
 
 @dataclass(frozen=True)
 class TaskPlan:
@@ -107,17 +118,10 @@ def run_general(
     `shard` and `executor`: see evalkit.scale."""
     from evalkit.general.catalog import default_include_paths
 
-    if not tasks:
-        raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
-    if num_fewshot is not None and num_fewshot < 0:
-        raise UserError(f"--num-fewshot must be 0 or more, got {num_fewshot}")
-    _check_limit(limit)
-    _check_too_long(too_long, limit)
-    limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
-    include_paths = [str(p) for p in default_include_paths(include_path)]
+    include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
     settings = GeneralSettings(
         list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), include_paths, too_long
-    )
+    )  # validated here, once
     with _quiet_lm_eval():
         return run_benchmark(
             GeneralBenchmark(settings, log),

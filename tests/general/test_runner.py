@@ -325,3 +325,24 @@ def test_the_request_is_checked_once_and_lm_eval_starts_only_after_the_pipelines
     with pytest.raises(UserError, match="has no tokenizer files"):
         run_general(resolve_checkpoints([str(bare)]), ["some_task"], out=tmp_path / "out2")
     assert catalogs == [["some_task"]]  # refused by the pipeline first: no lm-eval start
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"tasks": []}, "no task given"),
+        ({"num_fewshot": -1}, "--num-fewshot must be 0 or more, got -1"),
+        ({"limit": float("nan")}, "--limit must be a number of documents"),
+        ({"limit": 2.5}, "give a whole number of documents"),
+        ({"too_long": "all"}, "--too-long must be one of task, documents, middle"),
+        ({"too_long": "documents", "limit": 3}, "cannot be combined"),
+    ],
+)
+def test_general_settings_are_validated_where_they_are_made(given, message):
+    """One settings dataclass, validated once on construction (as RulerSettings), whoever builds it."""
+    from evalkit.general.runner import GeneralSettings
+
+    with pytest.raises(UserError, match=message):
+        GeneralSettings(**{"tasks": ["t"], **given})
+    limited = GeneralSettings(tasks=["t"], limit=10.0)
+    assert limited.limit == 10 and isinstance(limited.limit, int)  # a CLI float of whole documents
