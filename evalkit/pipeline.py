@@ -11,8 +11,9 @@ output directory, a tokenizer beside every checkpoint) before anything is loaded
 lock, the engine's lifecycle, skip records, the summary file and its provenance (the stamp of
 the run that computed the scores, not of a rerun that read them back), --avg and progress.
 
-A benchmark is a small protocol (Benchmark below): its units, how a unit is found on disk, how
-it is evaluated, how its rows are averaged over checkpoints, and what else its summary keeps.
+A benchmark is a subclass of Benchmark below: its units, how a unit is evaluated and how its
+rows are averaged over checkpoints; optionally its own request check, how a finished unit is
+found on disk, and what else its summary keeps. Progress reaches the caller as ProgressEvents.
 Adding one is a module implementing it (tests/test_pipeline.py runs a toy benchmark through every
 part of the pipeline); its rows are evalkit.result_format.ResultRow, which the leaderboard reads.
 """
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar
 
 from evalkit.checkpoint_refs import CheckpointRef, checkpoint_meta
 from evalkit.errors import Skipped, UserError
@@ -49,6 +50,7 @@ from evalkit.storage import (
     refuse_foreign,
 )
 
+Detail = TypeVar("Detail")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -67,13 +69,14 @@ class Unit:
 
 
 @dataclass
-class UnitResult:
-    """What scoring one unit produced: its long-form rows, whatever the benchmark's summary keeps
-    of it (`extra`), whether anything was computed now, and the engine that computed it when
-    the result was read back from disk (no engine is built for a stored result)."""
+class UnitResult(Generic[Detail]):
+    """What scoring one unit produced: its long-form rows, what the benchmark's summary keeps of it
+    (`detail`, of the benchmark's own type: RULER's data key, a general task's record), whether
+    anything was computed now, and the engine that computed it when the result was read back from
+    disk (no engine is built for a stored result)."""
 
     rows: list[ResultRow]
-    extra: dict[str, Any] = field(default_factory=dict)
+    detail: Detail | None = None
     computed: bool = True
     stored_engine_info: dict[str, Any] | None = None
 
@@ -87,34 +90,61 @@ class Averages:
     conditions: str = ""
 
 
-Progress = Callable[[Unit, int, int], None]  # (unit, done, total) in the benchmark's own counting
+@dataclass(frozen=True)
+class ProgressEvent:
+    """The one progress report from the pipeline to its caller (the CLI): `done` of `total` of a
+    unit on a checkpoint, counted as the benchmark counts its work (RULER: samples; lm-eval: requests)."""
+
+    ref: CheckpointRef
+    unit: Unit
+    done: int
+    total: int
 
 
-class Benchmark(Protocol):
-    """What a benchmark tells the pipeline; everything else is the pipeline's."""
+Progress = Callable[[ProgressEvent], None]
+UnitProgress = Callable[[int, int], None]  # what a benchmark reports while evaluating one unit: (done, total)
+
+
+class Benchmark:
+    """What a benchmark tells the pipeline; everything else is the pipeline's. A benchmark sets
+    `name`, `title`, `engine` and `settings` (its one settings dataclass, recorded in every
+    summary) and implements `units`, `evaluate` and `average`; the other members have defaults
+    that do nothing beyond the pipeline's own work."""
 
     name: str  # summaries are <name>-summary.json, averages <name>-avg.json/.md
     title: str  # what its tables are headed with in reports and the leaderboard ("RULER")
     engine: EngineChoice
+    settings: Any  # a dataclass instance: what the user asked for
+
+    def units(self) -> list[Unit]:
+        raise NotImplementedError
+
+    def evaluate(
+        self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
+    ) -> UnitResult:
+        """Score the unit (resuming from what is on disk), or raise Skipped with the reason."""
+        raise NotImplementedError
+
+    def average(self, rows: list[ResultRow]) -> Averages:
+        raise NotImplementedError
+
+    def check(self, refs: list[CheckpointRef]) -> None:
+        """Refuse (UserError) a request this benchmark cannot serve, once, after the pipeline's own
+        checks and before any model is loaded. By default, nothing more to check."""
+
+    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
+        """The unit's finished result with the same settings, read without an engine; by default
+        none (the benchmark's evaluate resumes from its own files)."""
+        return None
+
+    def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
+        """A new summary with the benchmark's own fields (earlier: the summary on disk, if any); the
+        argument is left as it was. By default, the summary as the pipeline made it."""
+        return summary
 
     def settings_record(self) -> dict[str, Any]:
         """What the user asked for, recorded in every summary."""
-
-    def check(self, ref: CheckpointRef) -> None:
-        """Refuse (UserError) a checkpoint this benchmark cannot evaluate, before any work."""
-
-    def units(self) -> list[Unit]: ...
-
-    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
-        """The unit's finished result with the same settings, read without an engine, or None."""
-
-    def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
-        """Score the unit (resuming from what is on disk), or raise Skipped with the reason."""
-
-    def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
-        """The summary with the benchmark's own fields added (earlier: the summary on disk, if any)."""
-
-    def average(self, rows: list[ResultRow]) -> Averages: ...
+        return asdict(self.settings)
 
 
 @dataclass
@@ -152,10 +182,10 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
     refuse_foreign(averages)  # what this request may replace: never a file of the user's
     for ref in refs:
         check_tokenizer(ref)
-        benchmark.check(ref)
         folder = checkpoint_dir(out, ref)
         refuse_foreign([folder / summary_name(benchmark.name), folder / failed_name(benchmark.name)])
         _refuse_other_format(folder / summary_name(benchmark.name))
+    benchmark.check(refs)
 
 
 def _refuse_other_format(path: Path) -> None:
@@ -182,7 +212,7 @@ def run_benchmark(
     out: Path,
     *,
     avg: bool = False,
-    progress: Progress = lambda _unit, _done, _total: None,
+    progress: Progress = lambda _event: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
     open_engine: Callable[..., Any] | None = None,
@@ -252,7 +282,7 @@ def evaluate_checkpoint(
     benchmark: Benchmark,
     ref: CheckpointRef,
     out: Path,
-    progress: Progress = lambda _unit, _done, _total: None,
+    progress: Progress = lambda _event: None,
     log: Callable[[str], None] = lambda _line: None,
     open_engine: Callable[..., Any] | None = None,
     work: Any = None,
@@ -280,7 +310,8 @@ def evaluate_checkpoint(
                 answered.append((unit, len(stored.rows)))
                 continue
             try:
-                results.append(benchmark.evaluate(engine, ref, unit, out, progress))
+                report = lambda done, total, unit=unit: progress(ProgressEvent(ref, unit, done, total))  # noqa: E731
+                results.append(benchmark.evaluate(engine, ref, unit, out, report))
                 answered.append((unit, len(results[-1].rows)))
             except Skipped as why:
                 skipped.append({**unit.fields(), "reason": why.reason, **why.details})

@@ -446,12 +446,12 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     settings = RulerSettings(tasks=list(BUILTIN_RULER_TASKS), lengths=lengths, num_samples=plan.samples)
-    last_shown: dict[tuple[str, int], int] = {}
+    last_shown: dict = {}  # Unit -> samples done when last reported
 
-    def progress(task: str, length: int, done: int, total: int) -> None:
-        if done == total and last_shown.get((task, length)) != total:
-            console.print(f"[dim]  {task} @ {length}: {total} samples[/dim]")
-        last_shown[(task, length)] = done
+    def progress(event) -> None:  # evalkit.pipeline.ProgressEvent
+        if event.done == event.total and last_shown.get(event.unit) != event.total:
+            console.print(f"[dim]  {event.unit.label()}: {event.total} samples[/dim]")
+        last_shown[event.unit] = event.done
 
     run = run_ruler(
         refs,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,10 @@ import pytest
 from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import Skipped, UserError
 from evalkit.lazy_engine import EngineChoice
-from evalkit.pipeline import Averages, Unit, UnitResult, run_benchmark
+from evalkit.pipeline import Averages, Benchmark, ProgressEvent, Unit, UnitResult, run_benchmark
 from evalkit.result_format import ResultRow, read_row, row_record, summary_name
 from evalkit.sample_log import checkpoint_dir
+from evalkit.storage import atomic_write_json
 
 
 class FakeEngine:
@@ -38,51 +40,45 @@ class FakeEngine:
         self.events.append(("close", self.path.name))
 
 
-class ToyBenchmark:
+@dataclass
+class ToySettings:
+    tasks: list[str] = field(default_factory=lambda: ["short", "long", "needs-data"])
+
+
+class ToyBenchmark(Benchmark):
     """Two scored tasks and one that cannot run; a unit's result is stored as <task>.json."""
 
-    name = "toy"
-    title = "Toy benchmark"
+    name, title = "toy", "Toy benchmark"
 
-    def __init__(self, tasks=("short", "long", "needs-data")):
-        self.tasks = list(tasks)
-        self.engine = EngineChoice("hf", {"batch_size": 2})
+    def __init__(self):
+        self.settings, self.engine = ToySettings(), EngineChoice("hf", {"batch_size": 2})
 
-    def settings_record(self) -> dict:
-        return {"tasks": self.tasks}
-
-    def check(self, ref: CheckpointRef) -> None:
-        if "refused" in ref.run:
-            raise UserError(f"{ref.path}: the toy benchmark refuses this run")
+    def check(self, refs: list[CheckpointRef]) -> None:
+        if any("refused" in ref.run for ref in refs):
+            raise UserError("the toy benchmark refuses this run")
 
     def units(self) -> list[Unit]:
-        return [Unit(task) for task in self.tasks]
-
-    def _file(self, ref: CheckpointRef, unit: Unit, out: Path) -> Path:
-        return checkpoint_dir(out, ref) / "toy" / f"{unit.task}.json"
+        return [Unit(task) for task in self.settings.tasks]
 
     def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
-        path = self._file(ref, unit, out)
+        path = checkpoint_dir(out, ref) / "toy" / f"{unit.task}.json"
         if not path.is_file():
             return None
         record = json.loads(path.read_text())
-        rows = [read_row(self.name, row) for row in record["rows"]]
-        return UnitResult(rows, computed=False, stored_engine_info=record["engine"])
+        return UnitResult([read_row(self.name, row) for row in record["rows"]], None, False, record["engine"])
 
     def evaluate(self, engine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
         if unit.task == "needs-data":
             raise Skipped("needs a data file that is not here", wanted="data.json")
         answer = engine.get().generate(unit.task)
-        progress(unit, 1, 1)
+        progress(1, 1)
         row = ResultRow(self.name, ref.run, ref.step, unit.task, "chars", float(len(answer)))
-        path = self._file(ref, unit, out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rows": [row_record(row)], "engine": engine.info()}))
+        record = {"rows": [row_record(row)], "engine": engine.info()}
+        atomic_write_json(checkpoint_dir(out, ref) / "toy" / f"{unit.task}.json", record)
         return UnitResult([row])
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
-        summary["toy_units"] = len(results)
-        return summary
+        return {**summary, "toy_units": len(results)}
 
     def average(self, rows: list[ResultRow]) -> Averages:
         by_task: dict[str, list[float]] = {}
@@ -119,10 +115,15 @@ def opener(events: list, answers: dict[str, str]):
 
 
 def test_summaries_skips_and_the_engine_lifecycle(two_checkpoints, tmp_path):
-    events, logged = [], []
+    events, logged, reported = [], [], []
     out = tmp_path / "out"
     answers = {"step-1": "abc", "step-2": "abcdefg"}
-    run = run_benchmark(ToyBenchmark(), two_checkpoints, out, open_engine=opener(events, answers), log=logged.append)
+    run = run_benchmark(
+        ToyBenchmark(), two_checkpoints, out, open_engine=opener(events, answers), log=logged.append,
+        progress=reported.append,
+    )  # fmt: skip
+    # One typed event per report, naming the checkpoint and the unit the benchmark reported on.
+    assert reported == [ProgressEvent(ref, Unit(task), 1, 1) for ref in two_checkpoints for task in ("short", "long")]
 
     # One engine per checkpoint, closed before the next one opens.
     assert [e[:2] for e in events] == [
@@ -317,3 +318,36 @@ def test_rows_written_now_read_back_as_the_rows_the_benchmark_made():
     assert summary_rows(summary) == made[:2]
     assert made[1].series() == "r [anchor, 128-token docs]" and made[0].series() == "r"
     assert export_record(made[1])["encoding"] == "anchor-128" and "doc_tokens" not in export_record(made[1])
+
+
+def test_finish_summary_returns_a_new_summary_and_leaves_the_pipelines_as_it_was():
+    """RULER's and lm-eval's own summary fields come in a new dict; the argument is not touched."""
+    import copy
+
+    from evalkit.general.runner import GeneralBenchmark, GeneralSettings, TaskDone
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+
+    def made(benchmark: str) -> dict:
+        settings = {"tasks": ["niah_single_1"], "lengths": [1024]}
+        return {"benchmark": benchmark, "run": "r", "step": 1, "checkpoint": "/c", "rows": [], "skipped": [],
+                "provenance": {"settings": settings, "engine": None}}  # fmt: skip
+
+    ruler_row = ResultRow("ruler", "r", 1, "niah_single_1", "string_match_all", 50.0, 1.0, 2, 1024, "standard")
+    ruler = RulerBenchmark(RulerSettings(tasks=["niah_single_1"], lengths=[1024]))
+    summary = made("ruler")
+    summary["rows"] = [row_record(ruler_row)]
+    before = copy.deepcopy(summary)
+    finished = ruler.finish_summary(summary, [UnitResult([ruler_row], "key-1")], None)
+    assert summary == before
+    assert finished["provenance"]["data_keys"] == {"niah_single_1@1024": "key-1"}
+
+    record = {"task": "t", "num_fewshot": 0, "fewshot_source": "given"}
+    general = GeneralBenchmark(GeneralSettings(tasks=["t"]))
+    summary = made("general")
+    before = copy.deepcopy(summary)
+    finished = general.finish_summary(summary, [UnitResult([], TaskDone(record, resumed=True))], None)
+    assert summary == before
+    assert list(finished)[-2:] == ["tasks", "provenance"]  # the order the summaries have always had
+    assert finished["tasks"] == {"t": {"num_fewshot": 0, "fewshot_source": "given", "file": "general/t.json",
+                                       "resumed": True}}  # fmt: skip
+    assert finished["provenance"]["lm_eval_version"]

@@ -82,8 +82,10 @@ def general_command(
         include_path=include_path,  # type: ignore[arg-type]  # only read there: list[str] is safe
         avg=avg,
         too_long=too_long,
-        progress=lambda task, done, total: (
-            console.print(f"[dim]  {task}: {done}/{total}[/dim]") if done == total else None
+        progress=lambda event: (
+            console.print(f"[dim]  {event.unit.task}: {event.done}/{event.total}[/dim]")
+            if event.done == event.total
+            else None
         ),
         on_checkpoint=lambda ref: console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})"),
         log=console.print,

@@ -118,11 +118,10 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
             tasks.clear()
             console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})")
 
-        def progress(task: str, length: int, done: int, total: int) -> None:
-            key = (task, length)
-            if key not in tasks:
-                tasks[key] = bar.add_task(f"  {task} @ {length}", total=total)
-            bar.update(tasks[key], completed=done)
+        def progress(event) -> None:  # evalkit.pipeline.ProgressEvent
+            if event.unit not in tasks:
+                tasks[event.unit] = bar.add_task(f"  {event.unit.label()}", total=event.total)
+            bar.update(tasks[event.unit], completed=event.done)
 
         return run_ruler(
             refs,

@@ -33,7 +33,7 @@ from evalkit.errors import UserError
 from evalkit.general.errors import RequestsExceedWindow
 from evalkit.identity import EXECUTION, SELECTION, identity_key, setting
 from evalkit.lazy_engine import EngineChoice, LazyEngine
-from evalkit.pipeline import Averages, EvaluationRun, Unit, UnitResult, check_request, run_benchmark
+from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
 from evalkit.provenance import stamp
 from evalkit.result_format import ResultRow, read_row, row_record, summary_name
 from evalkit.sample_log import checkpoint_dir
@@ -47,8 +47,6 @@ SUMMARY = summary_name("general")
 TOO_LONG_CHOICES = ("task", "documents", "middle")
 # lm-eval warns once per task when the shots differ from the YAML; evalkit records the shots of every task.
 REDUNDANT_LM_EVAL_WARNINGS = ("Overwriting default num_fewshot",)
-
-Progress = Callable[[str, int, int], None]  # (task, requests done, requests total)
 
 
 @dataclass
@@ -67,6 +65,17 @@ class GeneralSettings:
     # A document over the window skips its task, itself ("documents") or its middle; keyed only
     # when not "task", so records stored before the choice existed still hold.
     too_long: str = setting("task", keyed_since_default=True)
+
+    def __post_init__(self) -> None:
+        """Validated once, here, before anything is loaded; a bad value is one line naming its option."""
+        if not self.tasks:
+            raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            raise UserError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
+        _check_limit(self.limit)
+        _check_too_long(self.too_long, self.limit)
+        if self.limit is not None and self.limit >= 1:
+            self.limit = int(self.limit)  # 10.0 from a CLI float is 10 documents
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,7 @@ def run_general(
     include_path: list[str | Path] | None = None,
     avg: bool = False,
     too_long: str = "task",
-    progress: Progress = lambda _task, _done, _total: None,
+    progress: Progress = lambda _event: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
     shard=None,
@@ -107,29 +116,19 @@ def run_general(
 ) -> EvaluationRun:
     """Score every checkpoint on every task (see the module docstring); writes and returns the results.
     `shard` and `executor`: see evalkit.scale."""
-    from evalkit.general.catalog import TaskCatalog, default_include_paths
+    from evalkit.general.catalog import default_include_paths
 
-    if not tasks:
-        raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
-    if num_fewshot is not None and num_fewshot < 0:
-        raise UserError(f"--num-fewshot must be 0 or more, got {num_fewshot}")
-    _check_limit(limit)
-    _check_too_long(too_long, limit)
-    limit = int(limit) if limit is not None and limit >= 1 else limit  # 10.0 from a CLI float is 10 documents
-    settings = GeneralSettings(list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), [], too_long)
-    benchmark = GeneralBenchmark(settings, log)
-    check_request(benchmark, refs, Path(out))  # before the task catalog: a bad request costs no lm-eval start
-    include_paths = default_include_paths(include_path)
-    settings.include_paths = [str(p) for p in include_paths]
-    benchmark.catalog = TaskCatalog(include_paths, settings.tasks)
-    benchmark.catalog.check(settings.tasks)
+    include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
+    settings = GeneralSettings(
+        list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), include_paths, too_long
+    )  # validated here, once
     with _quiet_lm_eval():
         return run_benchmark(
-            benchmark,
+            GeneralBenchmark(settings, log),
             refs,
             Path(out),
             avg=avg,
-            progress=lambda unit, done, total: progress(unit.task, done, total),
+            progress=progress,
             on_checkpoint=on_checkpoint,
             log=log,
             shard=shard,
@@ -137,7 +136,15 @@ def run_general(
         )
 
 
-class GeneralBenchmark:
+@dataclass(frozen=True)
+class TaskDone:
+    """What a general task's result keeps for the summary: its record and whether it was read back."""
+
+    record: dict[str, Any]
+    resumed: bool
+
+
+class GeneralBenchmark(Benchmark):
     """lm-eval tasks as a benchmark of the one pipeline (evalkit.pipeline): a unit is a requested task."""
 
     name = "general"
@@ -146,15 +153,23 @@ class GeneralBenchmark:
     def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
         self.settings, self.log = settings, log
         self.engine = EngineChoice(settings.engine, settings.engine_settings)
-        self.catalog = None  # the TaskCatalog, set by run_general once the request is checked
+        self._catalog = None  # the TaskCatalog: lm-eval's start, made by the request's check
         self._plans: dict[str, TaskPlan] = {}
         self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
 
-    def settings_record(self) -> dict[str, Any]:
-        return asdict(self.settings)
+    @property
+    def catalog(self):
+        """lm-eval's tasks under the settings' include paths, made once (on first use: after the
+        pipeline's checks, so a request refused there costs no lm-eval start)."""
+        from evalkit.general.catalog import TaskCatalog
 
-    def check(self, ref: CheckpointRef) -> None:
-        """Nothing beyond the pipeline's checks: whether a task fits the window is known once it runs."""
+        if self._catalog is None:
+            self._catalog = TaskCatalog([Path(p) for p in self.settings.include_paths], self.settings.tasks)
+        return self._catalog
+
+    def check(self, refs: list[CheckpointRef]) -> None:
+        """Every task is one lm-eval knows; whether a task fits the window is known once it runs."""
+        self.catalog.check(self.settings.tasks)
 
     def units(self) -> list[Unit]:
         return [Unit(name) for name in self.settings.tasks]
@@ -169,13 +184,13 @@ class GeneralBenchmark:
         if record is None:
             return None
         engine_info = record.get("provenance", {}).get("engine")
-        return UnitResult(_rows(record), {"record": record, "resumed": True}, False, engine_info)
+        return UnitResult(_rows(record), TaskDone(record, resumed=True), False, engine_info)
 
-    def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
+    def evaluate(
+        self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
+    ) -> UnitResult[TaskDone]:
         directory = checkpoint_dir(out, ref) / RESULT_DIR
-        lm = _LazyEngineLM(
-            engine, self._lms, lambda done, total: progress(unit, done, total), self.settings.too_long == "middle"
-        )
+        lm = _LazyEngineLM(engine, self._lms, progress, self.settings.too_long == "middle")
         record = _evaluate_task(lm, self.catalog, self.plan(unit), self.settings, ref, directory)
         for task, left in record.get("over_window", {}).items():
             self.log(
@@ -187,13 +202,15 @@ class GeneralBenchmark:
                 f"{task} ({ref.run} step {ref.step}): {cut['documents_truncated']} of {cut['documents']} "
                 f"documents cut in the middle to the window of {cut['window']} tokens (--too-long middle)"
             )
-        return UnitResult(_rows(record), {"record": record, "resumed": False})
+        return UnitResult(_rows(record), TaskDone(record, resumed=False))
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
-        provenance = summary.pop("provenance")
-        summary["tasks"] = {result.extra["record"]["task"]: _task_entry(result) for result in results}
-        summary["provenance"] = {**provenance, "lm_eval_version": _lm_eval_version()}
-        return summary
+        kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
+        return {
+            **kept,
+            "tasks": {result.detail.record["task"]: _task_entry(result.detail) for result in results},
+            "provenance": {**summary["provenance"], "lm_eval_version": _lm_eval_version()},
+        }
 
     def average(self, rows: list[ResultRow]) -> Averages:
         from evalkit.general.tables import average_table, run_averages
@@ -372,16 +389,16 @@ def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
     return record if record.get("key") == plan.key else None
 
 
-def _task_entry(result: UnitResult) -> dict[str, Any]:
+def _task_entry(done: TaskDone) -> dict[str, Any]:
     """What the checkpoint's summary says of one task: its shots, its record file, whether it was resumed."""
-    record = result.extra["record"]
+    record = done.record
     return {
         **({"over_window": record["over_window"]} if record.get("over_window") else {}),
         **({"truncated_middle": record["truncated_middle"]} if record.get("truncated_middle") else {}),
         "num_fewshot": record["num_fewshot"],
         "fewshot_source": record["fewshot_source"],
         "file": f"{RESULT_DIR}/{_file_stem(record['task'])}.json",
-        "resumed": result.extra["resumed"],
+        "resumed": done.resumed,
     }
 
 

@@ -10,6 +10,7 @@ recorded as skipped, with the reason, never dropped or scored 0. Summaries are l
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import sys
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
 from evalkit.identity import COUNT, EXECUTION, SELECTION, identity, identity_key, setting, stored_identity
 from evalkit.lazy_engine import EngineChoice, LazyEngine
-from evalkit.pipeline import Averages, EvaluationRun, Unit, UnitResult, run_benchmark
+from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
 from evalkit.provenance import stamp
 from evalkit.result_format import ResultRow, read_row, read_summary, row_record, summary_name
 from evalkit.ruler.cache import cache_key, legacy_data_key, load_or_generate
@@ -315,7 +316,7 @@ def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_toke
     return answer
 
 
-class RulerBenchmark:
+class RulerBenchmark(Benchmark):
     """RULER as a benchmark of the one pipeline (evalkit.pipeline): a unit is a task at a length.
 
     A unit's data key depends on the checkpoint's tokenizer, so every unit is "evaluated" with
@@ -350,29 +351,26 @@ class RulerBenchmark:
         """What travels to a Ray worker: not the tokenizer cache (each worker loads its own)."""
         return {**self.__dict__, "_tokenizers": {}}
 
-    def settings_record(self) -> dict:
-        return asdict(self.settings)
-
-    def check(self, ref: CheckpointRef) -> None:
-        check_window(ref, self.settings)
-        if self.settings.encoding != STANDARD:
-            check_packed_attention(ref, self.settings)
+    def check(self, refs: list[CheckpointRef]) -> None:
+        for ref in refs:
+            check_window(ref, self.settings)
+            if self.settings.encoding != STANDARD:
+                check_packed_attention(ref, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
-
-    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> None:
-        return None
 
     def unit_cost(self, unit: Unit) -> float:
         """Estimated tokens, for balancing shards and workers: every sample is about `length` long."""
         return unit.length * self.settings.num_samples
 
-    def evaluate(self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
-        unit_progress = lambda done, total: progress(unit, done, total)  # noqa: E731
+    def evaluate(
+        self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
+    ) -> UnitResult[str]:
+        """The unit's row; its detail is the cell's data key, which the summary records."""
         try:
             row, data_key, generated = _evaluate_task(
-                engine, self._tokenizer(ref), ref, unit.task, unit.length, self.settings, out, unit_progress
+                engine, self._tokenizer(ref), ref, unit.task, unit.length, self.settings, out, progress
             )
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
@@ -382,11 +380,12 @@ class RulerBenchmark:
                     "doc_tokens": self.settings.doc_tokens,
                 }
             raise
-        return UnitResult([row], {"data_key": data_key}, computed=bool(generated))
+        return UnitResult([row], data_key, computed=bool(generated))
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
+        summary = copy.deepcopy(summary)  # the pipeline's stays as it made it
         summary["provenance"]["data_keys"] = {
-            _cell_name(row_record(row)): result.extra["data_key"] for result in results for row in result.rows
+            _cell_name(row_record(row)): result.detail for result in results for row in result.rows
         }
         # Cells of an older evalkit's summary this run did not evaluate: their logs stay recognisable.
         legacy, touched = _legacy_cells(earlier), {_cell_name(e) for e in summary["rows"] + summary["skipped"]}
@@ -456,7 +455,7 @@ def run_ruler(
     refs: list[CheckpointRef],
     settings: RulerSettings,
     out: Path,
-    progress: Callable[[str, int, int, int], None] = lambda *_: None,
+    progress: Progress = lambda _event: None,
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     *,
     avg: bool = False,
@@ -471,7 +470,7 @@ def run_ruler(
         refs,
         out,
         avg=avg,
-        progress=lambda unit, done, total: progress(unit.task, unit.length, done, total),
+        progress=progress,
         on_checkpoint=on_checkpoint,
         log=log,
         shard=shard,

@@ -203,7 +203,7 @@ def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter,
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in units:
             began = time.monotonic()
-            report = lambda u, done, total: reporter.progress.remote(name, u.label(), done, total)  # noqa: E731
+            report = lambda done, total, u=unit: reporter.progress.remote(name, u.label(), done, total)  # noqa: E731
             try:
                 result = benchmark.evaluate(engine, ref, unit, out, report)
                 outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))

@@ -288,3 +288,61 @@ def test_bad_requests_are_user_errors_before_any_work(tiny_run, tmp_path):
     with pytest.raises(UserError, match="not a directory"):
         run_general(refs, [MMLU_STYLE], out=tmp_path, include_path=[tmp_path / "no-such-folder"])
     assert not any(tmp_path.iterdir())
+
+
+def test_the_request_is_checked_once_and_lm_eval_starts_only_after_the_pipelines_checks(tmp_path, monkeypatch):
+    """The pipeline's checks run once (run_general no longer runs them ahead itself); the task
+    catalog (lm-eval's start) is made by the benchmark's own check, after them: a request the
+    pipeline refuses makes none."""
+    import evalkit.general.catalog
+    import evalkit.pipeline
+    from tests.scale.helpers import tiny_refs
+
+    checks, catalogs = [], []
+    real_check = evalkit.pipeline.check_tokenizer  # one call per checkpoint per run of the checks
+    monkeypatch.setattr(evalkit.pipeline, "check_tokenizer", lambda ref: (checks.append(ref), real_check(ref))[1])
+
+    class Catalog:
+        def __init__(self, include_paths, names):
+            catalogs.append(names)
+
+        def check(self, names):
+            pass
+
+        def fewshot(self, name, asked):  # the first unit's plan: far enough
+            raise UserError("stopped at the first unit")
+
+    monkeypatch.setattr(evalkit.general.catalog, "TaskCatalog", Catalog)
+    refs = tiny_refs()[:1]
+    with pytest.raises(UserError, match="stopped at the first unit"):
+        run_general(refs, ["some_task"], out=tmp_path / "out")
+    assert checks == refs and catalogs == [["some_task"]]
+
+    bare = tmp_path / "bare"
+    shutil.copytree(refs[0].path, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(UserError, match="has no tokenizer files"):
+        run_general(resolve_checkpoints([str(bare)]), ["some_task"], out=tmp_path / "out2")
+    assert catalogs == [["some_task"]]  # refused by the pipeline first: no lm-eval start
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"tasks": []}, "no task given"),
+        ({"num_fewshot": -1}, "--num-fewshot must be 0 or more, got -1"),
+        ({"limit": float("nan")}, "--limit must be a number of documents"),
+        ({"limit": 2.5}, "give a whole number of documents"),
+        ({"too_long": "all"}, "--too-long must be one of task, documents, middle"),
+        ({"too_long": "documents", "limit": 3}, "cannot be combined"),
+    ],
+)
+def test_general_settings_are_validated_where_they_are_made(given, message):
+    """One settings dataclass, validated once on construction (as RulerSettings), whoever builds it."""
+    from evalkit.general.runner import GeneralSettings
+
+    with pytest.raises(UserError, match=message):
+        GeneralSettings(**{"tasks": ["t"], **given})
+    limited = GeneralSettings(tasks=["t"], limit=10.0)
+    assert limited.limit == 10 and isinstance(limited.limit, int)  # a CLI float of whole documents
