@@ -234,7 +234,8 @@ def run_benchmark(
         work = plan_work(benchmark, refs, shard)
         if executor is not None:
             executor.run(benchmark, work, out, progress=progress, log=log, open_engine=open_engine, lease=lease)
-        summaries, failed, first_error = [], [], None
+        summaries, failed = [], []
+        first_error: Exception | None = None
         for ref, checkpoint_work in work.checkpoints:
             on_checkpoint(ref)
             try:
@@ -250,7 +251,7 @@ def run_benchmark(
         run = EvaluationRun(summaries, rows, skipped)
         if avg and rows:
             run.averages, run.files = write_averages(benchmark, run.result_rows(), out)
-    if failed and len(refs) == 1:
+    if failed and len(refs) == 1 and first_error is not None:
         raise first_error  # no sweep to go on with: the error itself, as for any command
     if failed:
         raise UserError(_failures_message(failed, len(refs), out))

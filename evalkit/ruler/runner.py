@@ -215,7 +215,11 @@ def _evaluate_task(
     log_name = f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl"  # encodings never share a log
     folder = checkpoint_dir(out, ref)
     legacy = _legacy_log_key(folder, spec, length, settings, data)
-    log = SampleLog(folder / "ruler" / spec.name / log_name, sample_key(data_key, settings), aliases={legacy} - {None})
+    log = SampleLog(
+        folder / "ruler" / spec.name / log_name,
+        sample_key(data_key, settings),
+        aliases=set() if legacy is None else {legacy},
+    )
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:
@@ -368,6 +372,7 @@ class RulerBenchmark(Benchmark):
         self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
     ) -> UnitResult[str]:
         """The unit's row; its detail is the cell's data key, which the summary records."""
+        assert unit.length is not None  # every RULER unit is a task at a length (units())
         try:
             row, data_key, generated = _evaluate_task(
                 engine, self._tokenizer(ref), ref, unit.task, unit.length, self.settings, out, progress
@@ -442,7 +447,9 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     order = {task: i for i, task in enumerate(TASKS)}
     cell = lambda entry: (int(entry["length"]), order.get(entry["task"], len(order)), row_encoding(entry) != STANDARD)  # noqa: E731
     settings = now["settings"]
-    settings["tasks"] = sorted({*settings["tasks"], *(then["settings"].get("tasks") or [])}, key=order.get)
+    settings["tasks"] = sorted(
+        {*settings["tasks"], *(then["settings"].get("tasks") or [])}, key=lambda task: order.get(task, len(order))
+    )
     settings["lengths"] = sorted({*settings["lengths"], *(then["settings"].get("lengths") or [])})
     now["data_keys"] = {**then.get("data_keys", {}), **now["data_keys"]}
     now["earlier_cells_stamp"] = {key: then.get(key) for key in stamp()}  # who scored the cells kept

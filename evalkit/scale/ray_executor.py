@@ -199,7 +199,7 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, o
 def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter, open_engine, worker: dict):
     from evalkit.lazy_engine import LazyEngine
 
-    outcomes = []
+    outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in units:
             began = time.monotonic()
