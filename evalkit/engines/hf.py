@@ -635,14 +635,10 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
 
 def _eos_token_ids(tokenizer, model) -> set[int]:
     """Every id that ends a generation: the tokenizer's EOS and those of the generation/model config."""
-    ids: set[int] = set()
+    from evalkit.engines.tokens import end_of_generation_ids
+
     configs = [model.config, getattr(model, "generation_config", None)]
-    for value in [tokenizer.eos_token_id, *(getattr(c, "eos_token_id", None) for c in configs if c is not None)]:
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return ids
+    return end_of_generation_ids(tokenizer.eos_token_id, *(getattr(c, "eos_token_id", None) for c in configs if c))
 
 
 def _pad_token_id(tokenizer) -> int:

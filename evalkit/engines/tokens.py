@@ -135,3 +135,15 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """`text` up to (not including) the earliest occurrence of any non-empty stop string."""
     cuts = [index for s in stop if s and (index := text.find(s)) >= 0]
     return text[: min(cuts)] if cuts else text
+
+
+def end_of_generation_ids(*eos_values) -> set[int]:
+    """Every id that ends a generation, from `eos_token_id` values as tokenizers and configs hold
+    them (an id, a list of ids, or None): both engines stop on the same ids."""
+    ids: set[int] = set()
+    for value in eos_values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids

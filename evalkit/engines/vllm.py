@@ -767,13 +767,9 @@ def _eos_token_ids(tokenizer, config, path: Path) -> set[int]:
     generation_config = path / "generation_config.json"
     if generation_config.is_file():
         values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
-    ids: set[int] = set()
-    for value in values:
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return ids
+    from evalkit.engines.tokens import end_of_generation_ids
+
+    return end_of_generation_ids(*values)
 
 
 def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float:

@@ -6,14 +6,14 @@ import io
 import math
 from pathlib import Path
 
+from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
 from evalkit.results.compare import Comparison, Difference, records
 
 
 def length_label(length: int | None) -> str:
-    if length is None:
-        return "–"
-    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
+    """evalkit.lengths' label, and "–" for a cell without a length (a general task)."""
+    return "–" if length is None else label_of_length(length)
 
 
 def _signed(value: float) -> str:

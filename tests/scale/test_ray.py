@@ -8,6 +8,8 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +74,21 @@ def _group_workers():
     return found
 
 
-def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster, tmp_path):
+@dataclass
+class _MidUnit:
+    """A Ray sweep of one 40-sample unit (two chunks, 32 then 8) running in a thread, returned
+    once its first chunk is durable: the caller acts on the group's one worker."""
+
+    refs: list
+    settings: object
+    log_path: Path
+    driver: threading.Thread
+    lines: list[str]
+    failure: list[BaseException]
+    worker: object  # psutil.Process of the group's worker
+
+
+def _sweep_until_the_first_chunk(tmp_path: Path) -> _MidUnit:
     refs = tiny_refs()[-1:]  # one checkpoint, one unit: one group, one worker
     settings = tiny_settings(samples=40, tasks=["niah_single_1"])  # two chunks of 32 and 8
     log_path = tmp_path / "ray" / refs[0].run / f"step-{refs[0].step}" / "ruler" / "niah_single_1" / "1024.jsonl"
@@ -93,6 +109,13 @@ def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster,
         time.sleep(0.02)
     victims = _group_workers()
     assert len(victims) == 1
+    return _MidUnit(refs, settings, log_path, driver, lines, failure, victims[0])
+
+
+def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster, tmp_path):
+    sweep = _sweep_until_the_first_chunk(tmp_path)
+    refs, settings, log_path, driver = sweep.refs, sweep.settings, sweep.log_path, sweep.driver
+    lines, failure, victims = sweep.lines, sweep.failure, [sweep.worker]
     killed_at = log_path.read_text().count("\n")
     os.kill(victims[0].pid, signal.SIGKILL)
     driver.join(timeout=300)
@@ -117,26 +140,9 @@ def test_a_worker_paused_past_its_lease_writes_nothing_more_after_its_group_is_r
     import psutil
 
     monkeypatch.setenv("EVALKIT_LEASE_TIMEOUT", "3")
-    refs = tiny_refs()[-1:]
-    settings = tiny_settings(samples=40, tasks=["niah_single_1"])  # two chunks of 32 and 8
-    log_path = tmp_path / "ray" / refs[0].run / f"step-{refs[0].step}" / "ruler" / "niah_single_1" / "1024.jsonl"
-    lines: list[str] = []
-    failure: list[BaseException] = []
-
-    def drive():
-        try:
-            run_ruler(refs, settings, tmp_path / "ray", executor=executor(), log=lines.append)
-        except BaseException as err:  # noqa: BLE001 - raised again in the test's thread
-            failure.append(err)
-
-    driver = threading.Thread(target=drive)
-    driver.start()
-    deadline = time.monotonic() + 240
-    while not (log_path.is_file() and log_path.read_text().count("\n") >= 32):
-        assert time.monotonic() < deadline and driver.is_alive(), (failure, lines)
-        time.sleep(0.02)
-    victims = _group_workers()
-    assert len(victims) == 1
+    sweep = _sweep_until_the_first_chunk(tmp_path)
+    refs, settings, log_path, driver = sweep.refs, sweep.settings, sweep.log_path, sweep.driver
+    lines, failure, victims = sweep.lines, sweep.failure, [sweep.worker]
     paused = victims[0]
     os.kill(paused.pid, signal.SIGSTOP)
     try:
