@@ -21,6 +21,7 @@ part of the pipeline); its rows are evalkit.result_format.ResultRow, which the l
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -105,32 +106,35 @@ Progress = Callable[[ProgressEvent], None]
 UnitProgress = Callable[[int, int], None]  # what a benchmark reports while evaluating one unit: (done, total)
 
 
-class Benchmark:
+class Benchmark(ABC):
     """What a benchmark tells the pipeline; everything else is the pipeline's. A benchmark sets
     `name`, `title`, `engine` and `settings` (its one settings dataclass, recorded in every
-    summary) and implements `units`, `evaluate` and `average`; the other members have defaults
-    that do nothing beyond the pipeline's own work."""
+    summary) and implements `units`, `evaluate` and `average` (abstract: a benchmark missing one
+    cannot be built); the other members have defaults that do nothing beyond the pipeline's own work."""
 
     name: str  # summaries are <name>-summary.json, averages <name>-avg.json/.md
     title: str  # what its tables are headed with in reports and the leaderboard ("RULER")
     engine: EngineChoice
     settings: Any  # a dataclass instance: what the user asked for
 
+    @abstractmethod
     def units(self) -> list[Unit]:
-        raise NotImplementedError
+        """The units to evaluate on every checkpoint, in order."""
 
+    @abstractmethod
     def evaluate(
         self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
     ) -> UnitResult:
         """Score the unit (resuming from what is on disk), or raise Skipped with the reason."""
-        raise NotImplementedError
 
+    @abstractmethod
     def average(self, rows: list[ResultRow]) -> Averages:
-        raise NotImplementedError
+        """`--avg`: the rows averaged over checkpoints, with their tables."""
 
     def check(self, refs: list[CheckpointRef]) -> None:
         """Refuse (UserError) a request this benchmark cannot serve, once, after the pipeline's own
         checks and before any model is loaded. By default, nothing more to check."""
+        return None
 
     def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
         """The unit's finished result with the same settings, read without an engine; by default

@@ -351,3 +351,15 @@ def test_finish_summary_returns_a_new_summary_and_leaves_the_pipelines_as_it_was
     assert finished["tasks"] == {"t": {"num_fewshot": 0, "fewshot_source": "given", "file": "general/t.json",
                                        "resumed": True}}  # fmt: skip
     assert finished["provenance"]["lm_eval_version"]
+
+
+def test_a_benchmark_missing_a_required_method_cannot_be_built():
+    class NoAverage(Benchmark):
+        def units(self):
+            return []
+
+        def evaluate(self, engine, ref, unit, out, progress):
+            raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="average"):
+        NoAverage()
