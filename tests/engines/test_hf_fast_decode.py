@@ -18,7 +18,7 @@ import torch
 
 from evalkit.engines import get_engine
 from evalkit.engines.base import PackedRequest
-from tests.helpers import build_checkpoint, decode, greedy_without_cache
+from tests.helpers import build_checkpoint, decode, greedy_without_cache, write_qa_files
 
 SHIPPED = Path(__file__).resolve().parents[2] / "evalkit/checkpoints/tiny-long"
 SHIPPED_RUNS = ("tiny-long-anchor-shipped", "tiny-long-full-shipped", "tiny-long-intra_doc-shipped")
@@ -28,32 +28,8 @@ ONE_TASK_PER_KIND = (("niah_multikey_1", 1024), ("vt", 1024), ("cwe", 2048), ("f
 
 @pytest.fixture(scope="module")
 def qa_dir(tmp_path_factory) -> Path:
-    """A small SQuAD v2 dev file in the real format (qa_1's dataset), from offline prose."""
-    import json
-    import re
-
-    from evalkit.corpus import prose_documents
-
-    folder = tmp_path_factory.mktemp("qa")
-    docs = [re.sub(r"\s+", " ", doc)[:500] for doc in prose_documents()[:80]]
-    articles = []
-    for a in range(20):
-        paragraphs = []
-        for p in range(4):
-            context = docs[a * 4 + p]
-            answer = context.split()[5]
-            qas = [
-                {
-                    "id": f"{a}-{p}",
-                    "question": f"Which word is sixth in {a}-{p}?",
-                    "is_impossible": False,
-                    "answers": [{"text": answer, "answer_start": context.index(answer)}],
-                }
-            ]
-            paragraphs.append({"context": context, "qas": qas})
-        articles.append({"title": f"Article {a}", "paragraphs": paragraphs})
-    (folder / "dev-v2.0.json").write_text(json.dumps({"version": "v2.0", "data": articles}))
-    return folder
+    """SQuAD v2 dev (qa_1's dataset) and HotpotQA files in the real formats, from offline prose."""
+    return write_qa_files(tmp_path_factory.mktemp("qa"))
 
 
 @pytest.fixture(scope="module")
