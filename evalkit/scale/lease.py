@@ -119,7 +119,20 @@ def _read(path: Path) -> dict[str, Any] | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return record if isinstance(record, dict) else None
+    return record if _well_formed(record) else None
+
+
+def _well_formed(record: Any) -> bool:
+    """A record this module could have written: one edited or damaged into other types reads as
+    unreadable (watched for the timeout, then taken over), never as a crash."""
+    if not isinstance(record, dict):
+        return False
+    pid, started = record.get("pid", 0), record.get("started")
+    return (
+        isinstance(pid, int)
+        and not isinstance(pid, bool)
+        and (started is None or (isinstance(started, int) and not isinstance(started, bool)))
+    )
 
 
 def _pid_runs(pid: int, started: int | None) -> bool:

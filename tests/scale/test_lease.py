@@ -91,6 +91,22 @@ def test_a_silent_driver_on_another_host_is_taken_over_after_the_timeout(tmp_pat
     taken.release()
 
 
+@pytest.mark.parametrize("damage", ["garbage{", '{"pid": "abc", "started": "x"}', "[1, 2]"])
+def test_a_damaged_lease_file_is_watched_then_taken_over_never_a_crash(tmp_path, damage):
+    """A lease file edited or damaged (not JSON, or a record of the wrong types, on this host's
+    own identity too) reads as unreadable: watched for the timeout, then taken over."""
+    directory = tmp_path / leases.LEASE_DIR
+    directory.mkdir()
+    record = damage
+    if damage.startswith('{"pid"'):  # this host's identity, so the pid would be judged at once
+        record = json.dumps({**leases.host_identity(), **json.loads(damage)})
+    (directory / "driver-1.lease").write_text(record)
+    lines: list[str] = []
+    taken = leases.acquire_driver_lease(tmp_path, timeout=0.5, log=lines.append)
+    assert taken.generation == 2 and any("watching" in line for line in lines), lines
+    taken.release()
+
+
 def _race(out: str, start, results) -> None:
     start.wait()
     try:
