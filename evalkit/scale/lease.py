@@ -1,12 +1,12 @@
 """One writer per results directory and per group of units across hosts, without flock.
 
 flock (and NFS byte-range locks) cannot be trusted across hosts on many shared file systems, so
-this module relies only on two operations that NFSv3+ and every local file system make atomic:
-creating a file with O_CREAT|O_EXCL (exactly one creator of a name succeeds) and rename over an
-existing file (a reader sees the old or the new content, never a mix). It never compares the
-clocks of two hosts: a holder proves it lives by a counter it raises every `timeout / 4`
-seconds, and an observer declares it dead when the counter stays unchanged for `timeout`
-seconds on the observer's own monotonic clock.
+this module relies only on operations that NFSv3+ and every local file system make atomic:
+creating a name with link(2) or O_CREAT|O_EXCL (exactly one creator of a name succeeds; a lease is
+linked in whole, so it is never seen half-written) and rename over an existing file (a reader sees
+the old or the new content, never a mix). It never compares the clocks of two hosts: a holder
+proves it lives by a counter it raises every `timeout / 4` seconds, and an observer declares it
+dead when the counter stays unchanged for `timeout` seconds on the observer's own monotonic clock.
 
     <out>/.evalkit-lease/driver-<g>.lease               generation g of the driver lease: host, pid,
                                                         since, beats (raised by the holder), released
@@ -29,7 +29,7 @@ nothing is counted twice and nothing is lost (the replacement computes every sam
 find in the log). Summaries are written only by the driver, fenced by its own lease; a driver
 paused in the same instant can replace a summary once more, with one computed from the same logs.
 
-Assumed of the shared file system: O_EXCL creation and rename are atomic (local file systems,
+Assumed of the shared file system: link, O_EXCL creation and rename are atomic (local file systems,
 NFSv3 and later, Lustre, GPFS, CephFS), and listing a directory or opening a file shows what
 other hosts created or renamed there (NFS close-to-open consistency). Appends of two hosts to
 one file are not atomic on NFS; only the instant above could make two hosts append at once.
@@ -37,6 +37,7 @@ one file are not atomic on NFS; only the instant above could make two hosts appe
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -58,6 +59,7 @@ TIMEOUT_ENV = "EVALKIT_LEASE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
 _DRIVER = re.compile(r"^driver-(\d+)\.lease$")
 _CLAIM = re.compile(r"^claim-(\d+)\.lease$")
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # what link(2) says on such file systems
 
 
 class LeaseLost(UserError):
@@ -100,16 +102,48 @@ def _numbered(directory: Path, pattern: re.Pattern) -> list[int]:
 
 
 def _create_exclusive(path: Path, record: dict[str, Any]) -> bool:
-    """Create `path` holding `record`; False when it exists already (another creator won).
+    """Create `path` holding the whole of `record`; False when it exists already (another creator won).
+
+    The record is written to a private name first and linked to `path` (link(2) fails on an existing
+    name, like O_EXCL): `path` never exists half-written, so a racing newcomer never reads an empty
+    lease and never mistakes a holder being born for one that stopped renewing. Where the file system
+    has no hard links, O_EXCL creation (a short window where the name is empty; readers wait it out).
     Not fsynced: the creation is what counts, and a host that crashes ends its holder anyway."""
     with naming(path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        private = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}")
+        _write_record(private, record)
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            return _link(private, path)
+        except OSError as error:
+            if error.errno not in _NO_HARD_LINKS:
+                raise
+            return _create_with_o_excl(path, record)
+        finally:
+            private.unlink(missing_ok=True)
+
+
+def _write_record(path: Path, record: dict[str, Any]) -> None:
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+
+def _link(private: Path, path: Path) -> bool:
+    try:
+        os.link(private, path)
+    except FileExistsError:
+        # NFS: a retried link whose first reply was lost says "exists" though it made the link;
+        # the private file's link count tells (2: this link is ours).
+        return os.stat(private).st_nlink == 2
+    return True
+
+
+def _create_with_o_excl(path: Path, record: dict[str, Any]) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
     return True
 
 
@@ -120,6 +154,14 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return record if _well_formed(record) else None
+
+
+def _read_once_written(path: Path, grace: float) -> dict[str, Any] | None:
+    """`_read`, waiting up to `grace` s for a record being written (O_EXCL creation's empty moment)."""
+    deadline = time.monotonic() + grace
+    while (record := _read(path)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return record
 
 
 def _well_formed(record: Any) -> bool:
@@ -250,7 +292,7 @@ def acquire_driver_lease(out: Path, timeout: float | None = None, log: Callable[
 
 def _taken_over_possible(path: Path, timeout: float, log: Callable[[str], None], out: Path) -> bool:
     """Whether the lease in `path` is free: released, or its holder dead (see the module docstring)."""
-    holder = _read(path)
+    holder = _read_once_written(path, grace=min(1.0, timeout / 8))
     if holder is not None and holder.get("released"):
         return True
     me = host_identity()

@@ -4,11 +4,13 @@ one newcomer), and a group's claim fencing a superseded worker off its sample lo
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +107,77 @@ def test_a_damaged_lease_file_is_watched_then_taken_over_never_a_crash(tmp_path,
     taken = leases.acquire_driver_lease(tmp_path, timeout=0.5, log=lines.append)
     assert taken.generation == 2 and any("watching" in line for line in lines), lines
     taken.release()
+
+
+def test_a_lease_being_created_is_never_seen_half_written(tmp_path, monkeypatch):
+    """A newcomer racing the holder's birth read its empty lease as a silent holder and printed
+    "watching" (CI, stop 33). The record is written under a private name and linked in whole: while
+    the holder's write is slowed, its lease's name does not exist; once it does, it reads whole."""
+    path = tmp_path / leases.LEASE_DIR / "driver-1.lease"
+    writing, finish = threading.Event(), threading.Event()
+    real_write = leases._write_record
+
+    def slowed(target: Path, record: dict) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text('{"host": ')  # the creator is mid-write ...
+        writing.set()
+        finish.wait(timeout=30)  # ... for as long as the test looks
+        real_write(target, record)
+
+    monkeypatch.setattr(leases, "_write_record", slowed)
+    creator = threading.Thread(target=leases._create_exclusive, args=(path, {"pid": 7, "beats": 0}))
+    creator.start()
+    assert writing.wait(timeout=30)
+    assert not path.exists() and leases._numbered(path.parent, leases._DRIVER) == []
+    finish.set()
+    creator.join(timeout=30)
+    assert leases._read(path) == {"pid": 7, "beats": 0}
+    assert [p.name for p in path.parent.iterdir()] == ["driver-1.lease"]  # the private name is gone
+
+
+def test_without_hard_links_the_lease_is_created_with_o_excl(tmp_path, monkeypatch):
+    def no_links(_source, _target):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(leases.os, "link", no_links)
+    path = tmp_path / leases.LEASE_DIR / "driver-1.lease"
+    assert leases._create_exclusive(path, {"pid": 1})
+    assert not leases._create_exclusive(path, {"pid": 2})  # one creator of a name, still
+    assert leases._read(path) == {"pid": 1} and [p.name for p in path.parent.iterdir()] == ["driver-1.lease"]
+
+
+def test_a_link_whose_reply_was_lost_counts_as_made_and_a_taken_name_as_taken(tmp_path, monkeypatch):
+    """NFS can answer a retried link "exists" though its first try made it: the private file's
+    link count tells the two apart."""
+    real_link = os.link
+
+    def link_then_lose_the_reply(source, target):
+        real_link(source, target)
+        raise FileExistsError(errno.EEXIST, "File exists")
+
+    path = tmp_path / leases.LEASE_DIR / "driver-1.lease"
+    monkeypatch.setattr(leases.os, "link", link_then_lose_the_reply)
+    assert leases._create_exclusive(path, {"pid": 1})
+    monkeypatch.setattr(leases.os, "link", real_link)
+    assert not leases._create_exclusive(path, {"pid": 2}) and leases._read(path) == {"pid": 1}
+
+
+def test_an_empty_lease_filled_in_a_moment_is_judged_by_its_record_not_watched(tmp_path):
+    """Where a lease is created with O_EXCL (no hard links) its name is empty for a moment: the
+    newcomer waits that moment out and judges the record (here a live holder on this host: refused
+    at once), instead of watching a "silent" holder for the whole timeout."""
+    directory = tmp_path / leases.LEASE_DIR
+    directory.mkdir()
+    path = directory / "driver-1.lease"
+    path.write_text("")
+    record = {**leases.host_identity(), "pid": os.getpid(), "started": leases._process_start(os.getpid())}
+    record.update(since="2026-12-01 10:00:00 UTC", beats=0, released=False)
+    threading.Timer(0.2, lambda: path.write_text(json.dumps(record))).start()
+    lines: list[str] = []
+    began = time.monotonic()
+    with pytest.raises(UserError, match=f"pid {os.getpid()} since 2026-12-01"):
+        leases.acquire_driver_lease(tmp_path, timeout=20, log=lines.append)
+    assert lines == [] and time.monotonic() - began < 5
 
 
 def _race(out: str, start, results) -> None:
