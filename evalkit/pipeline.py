@@ -50,23 +50,10 @@ from evalkit.storage import (
     output_lock,
     refuse_foreign,
 )
+from evalkit.unit_store import Unit, UnitStore
 
 Detail = TypeVar("Detail")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One thing a benchmark scores on a checkpoint: a task, at a length where lengths apply."""
-
-    task: str
-    length: int | None = None
-
-    def label(self) -> str:
-        return self.task if self.length is None else f"{self.task} @ {self.length}"
-
-    def fields(self) -> dict[str, Any]:
-        return {"task": self.task, **({"length": self.length} if self.length is not None else {})}
 
 
 @dataclass
@@ -122,10 +109,9 @@ class Benchmark(ABC):
         """The units to evaluate on every checkpoint, in order."""
 
     @abstractmethod
-    def evaluate(
-        self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
-    ) -> UnitResult:
-        """Score the unit (resuming from what is on disk), or raise Skipped with the reason."""
+    def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
+        """Score the unit on the store's checkpoint (`store.ref`), resuming from what its files in
+        `store` hold, or raise Skipped with the reason."""
 
     @abstractmethod
     def average(self, rows: list[ResultRow]) -> Averages:
@@ -136,9 +122,9 @@ class Benchmark(ABC):
         checks and before any model is loaded. By default, nothing more to check."""
         return None
 
-    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
-        """The unit's finished result with the same settings, read without an engine; by default
-        none (the benchmark's evaluate resumes from its own files)."""
+    def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
+        """The unit's finished result with the same settings, read from `store` without an engine;
+        by default none (the benchmark's evaluate resumes from the store's files itself)."""
         return None
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
@@ -308,7 +294,8 @@ def evaluate_checkpoint(
                 results.append(elsewhere.result)
                 answered.append((unit, len(elsewhere.result.rows)))
                 continue
-            stored = benchmark.stored(ref, unit, out)
+            store = UnitStore(out, ref, benchmark.name, unit)
+            stored = benchmark.stored(unit, store)
             if stored is not None:
                 log(f"{unit.label()}: already scored with these settings, kept")
                 results.append(stored)
@@ -316,7 +303,7 @@ def evaluate_checkpoint(
                 continue
             try:
                 report = lambda done, total, unit=unit: progress(ProgressEvent(ref, unit, done, total))  # noqa: E731
-                results.append(benchmark.evaluate(engine, ref, unit, out, report))
+                results.append(benchmark.evaluate(engine, unit, store, report))
                 answered.append((unit, len(results[-1].rows)))
             except Skipped as why:
                 skipped.append({**unit.fields(), "reason": why.reason, **why.details})

@@ -32,6 +32,7 @@ LAYERS = (
     ),
     ("storage", "ray_start", "result_log"),  # atomic writes and the lock; Ray start-up; a device check's log
     ("checkpoint_refs", "sample_log", "result_format", "length_averages", "gguf_import"),  # what results are made of
+    ("unit_store",),  # a benchmark's unit and where its files live: for the pipeline and its executors
     ("attention", "corpus"),
     ("vllm_plugin",),
     ("engines",),

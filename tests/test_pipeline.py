@@ -18,9 +18,8 @@ import pytest
 from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import Skipped, UserError
 from evalkit.lazy_engine import EngineChoice
-from evalkit.pipeline import Averages, Benchmark, ProgressEvent, Unit, UnitResult, run_benchmark
+from evalkit.pipeline import Averages, Benchmark, ProgressEvent, Unit, UnitResult, UnitStore, run_benchmark
 from evalkit.result_format import ResultRow, read_row, row_record, summary_name
-from evalkit.sample_log import checkpoint_dir
 from evalkit.storage import atomic_write_json
 
 
@@ -60,21 +59,21 @@ class ToyBenchmark(Benchmark):
     def units(self) -> list[Unit]:
         return [Unit(task) for task in self.settings.tasks]
 
-    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
-        path = checkpoint_dir(out, ref) / "toy" / f"{unit.task}.json"
+    def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
+        path = store.file(".json")
         if not path.is_file():
             return None
         record = json.loads(path.read_text())
         return UnitResult([read_row(self.name, row) for row in record["rows"]], None, False, record["engine"])
 
-    def evaluate(self, engine, ref: CheckpointRef, unit: Unit, out: Path, progress) -> UnitResult:
+    def evaluate(self, engine, unit: Unit, store: UnitStore, progress) -> UnitResult:
         if unit.task == "needs-data":
             raise Skipped("needs a data file that is not here", wanted="data.json")
         answer = engine.get().generate(unit.task)
         progress(1, 1)
-        row = ResultRow(self.name, ref.run, ref.step, unit.task, "chars", float(len(answer)))
+        row = ResultRow(self.name, store.ref.run, store.ref.step, unit.task, "chars", float(len(answer)))
         record = {"rows": [row_record(row)], "engine": engine.info()}
-        atomic_write_json(checkpoint_dir(out, ref) / "toy" / f"{unit.task}.json", record)
+        atomic_write_json(store.file(".json"), record)
         return UnitResult([row])
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:
@@ -191,7 +190,7 @@ def test_a_failing_unit_still_closes_the_engine(two_checkpoints, tmp_path):
     events = []
 
     class Failing(ToyBenchmark):
-        def evaluate(self, engine, ref, unit, out, progress):
+        def evaluate(self, engine, unit, store, progress):
             engine.get()
             raise RuntimeError("a unit failed")
 
@@ -345,7 +344,7 @@ def test_finish_summary_returns_a_new_summary_and_leaves_the_pipelines_as_it_was
     general = GeneralBenchmark(GeneralSettings(tasks=["t"]))
     summary = made("general")
     before = copy.deepcopy(summary)
-    finished = general.finish_summary(summary, [UnitResult([], TaskDone(record, resumed=True))], None)
+    finished = general.finish_summary(summary, [UnitResult([], TaskDone(record, True, "general/t.json"))], None)
     assert summary == before
     assert list(finished)[-2:] == ["tasks", "provenance"]  # the order the summaries have always had
     assert finished["tasks"] == {"t": {"num_fewshot": 0, "fewshot_source": "given", "file": "general/t.json",
@@ -358,7 +357,7 @@ def test_a_benchmark_missing_a_required_method_cannot_be_built():
         def units(self):
             return []
 
-        def evaluate(self, engine, ref, unit, out, progress):
+        def evaluate(self, engine, unit, store, progress):
             raise AssertionError("never called")
 
     with pytest.raises(TypeError, match="average"):

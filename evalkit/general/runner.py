@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -36,11 +35,10 @@ from evalkit.lazy_engine import EngineChoice, LazyEngine
 from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
 from evalkit.provenance import stamp
 from evalkit.result_format import ResultRow, read_row, row_record, summary_name
-from evalkit.sample_log import checkpoint_dir
 from evalkit.storage import atomic_write_json, atomic_write_text, refuse_foreign
+from evalkit.unit_store import UnitStore
 
 DEFAULT_OUT = Path("results/general")
-RESULT_DIR = "general"
 SUMMARY = summary_name("general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
@@ -142,6 +140,7 @@ class TaskDone:
 
     record: dict[str, Any]
     resumed: bool
+    file: str = ""  # the record's file, relative to the checkpoint's folder of results
 
 
 class GeneralBenchmark(Benchmark):
@@ -179,19 +178,19 @@ class GeneralBenchmark(Benchmark):
             self._plans[unit.task] = _plan(self.catalog, unit.task, self.settings)
         return self._plans[unit.task]
 
-    def stored(self, ref: CheckpointRef, unit: Unit, out: Path) -> UnitResult | None:
-        record = _stored_record(checkpoint_dir(out, ref) / RESULT_DIR, self.plan(unit))
+    def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
+        record = _stored_record(store, self.plan(unit))
         if record is None:
             return None
         engine_info = record.get("provenance", {}).get("engine")
-        return UnitResult(_rows(record), TaskDone(record, resumed=True), False, engine_info)
+        return UnitResult(_rows(record), TaskDone(record, True, _in_checkpoint(store)), False, engine_info)
 
     def evaluate(
-        self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
+        self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress
     ) -> UnitResult[TaskDone]:
-        directory = checkpoint_dir(out, ref) / RESULT_DIR
+        ref = store.ref
         lm = _LazyEngineLM(engine, self._lms, progress, self.settings.too_long == "middle")
-        record = _evaluate_task(lm, self.catalog, self.plan(unit), self.settings, ref, directory)
+        record = _evaluate_task(lm, self.catalog, self.plan(unit), self.settings, store)
         for task, left in record.get("over_window", {}).items():
             self.log(
                 f"{task} ({ref.run} step {ref.step}): {left['documents_over_window']} of {left['documents']} "
@@ -202,7 +201,7 @@ class GeneralBenchmark(Benchmark):
                 f"{task} ({ref.run} step {ref.step}): {cut['documents_truncated']} of {cut['documents']} "
                 f"documents cut in the middle to the window of {cut['window']} tokens (--too-long middle)"
             )
-        return UnitResult(_rows(record), TaskDone(record, resumed=False))
+        return UnitResult(_rows(record), TaskDone(record, False, _in_checkpoint(store)))
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
         kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
@@ -292,7 +291,7 @@ class _LazyEngineLM:
 
 
 def _evaluate_task(
-    engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: GeneralSettings, ref: CheckpointRef, directory: Path
+    engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: GeneralSettings, store: UnitStore
 ) -> dict[str, Any]:
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
     from evalkit.general.rows import compact_samples, result_rows
@@ -302,9 +301,9 @@ def _evaluate_task(
         lm = engine.for_task(plan.name)
         results, over_window = _run_lm_eval(lm, tasks, catalog, plan, settings)
     samples = compact_samples(results.pop("samples", None) or {})
-    stem = _file_stem(plan.name)
-    atomic_write_text(directory / f"{stem}.samples.jsonl", "".join(_json_line(s) for s in samples))
-    atomic_write_text(directory / f"{stem}.lm_eval.json", _json_text(results))
+    ref, samples_file, lm_eval_file = store.ref, store.file(".samples.jsonl"), store.file(".lm_eval.json")
+    atomic_write_text(samples_file, "".join(_json_line(s) for s in samples))
+    atomic_write_text(lm_eval_file, _json_text(results))
     record = {
         "benchmark": "general",
         "run": ref.run,
@@ -319,7 +318,7 @@ def _evaluate_task(
         "rows": [row_record(row) for row in result_rows(results, plan.name, ref.run, ref.step)],
         **({"over_window": over_window} if over_window else {}),  # --too-long documents: per task, what was left out
         **({"truncated_middle": cut} if (cut := _truncated(lm)) else {}),  # --too-long middle: per task, what was cut
-        "files": {"lm_eval": f"{stem}.lm_eval.json", "samples": f"{stem}.samples.jsonl"},
+        "files": {"lm_eval": lm_eval_file.name, "samples": samples_file.name},
         "provenance": {
             **stamp(),
             "engine": lm.engine.engine_info(),
@@ -328,7 +327,7 @@ def _evaluate_task(
             "task_versions": results.get("versions", {}),
         },
     }
-    atomic_write_json(_record_path(directory, plan.name), record)
+    atomic_write_json(store.file(".json"), record)
     return record
 
 
@@ -378,9 +377,9 @@ def _truncated(lm) -> dict[str, dict[str, int]]:
     }
 
 
-def _stored_record(directory: Path, plan: TaskPlan) -> dict[str, Any] | None:
+def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
     """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
-    path = _record_path(directory, plan.name)
+    path = store.file(".json")
     refuse_foreign([path])  # a stale record is replaced below: never a file of the user's
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -404,7 +403,7 @@ def _task_entry(done: TaskDone) -> dict[str, Any]:
         **({"truncated_middle": record["truncated_middle"]} if record.get("truncated_middle") else {}),
         "num_fewshot": record["num_fewshot"],
         "fewshot_source": record["fewshot_source"],
-        "file": f"{RESULT_DIR}/{_file_stem(record['task'])}.json",
+        "file": done.file,
         "resumed": done.resumed,
     }
 
@@ -412,13 +411,9 @@ def _task_entry(done: TaskDone) -> dict[str, Any]:
 # ---------------------------------------------------------------------- small helpers
 
 
-def _record_path(directory: Path, task: str) -> Path:
-    return directory / f"{_file_stem(task)}.json"
-
-
-def _file_stem(task: str) -> str:
-    """A task name as a file name: lm-eval names are identifiers, but a stray '/' must not make a folder."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", task)
+def _in_checkpoint(store: UnitStore) -> str:
+    """The unit's record file as the summary names it: relative to the checkpoint's folder."""
+    return store.file(".json").relative_to(store.folder.parent).as_posix()
 
 
 def _json_text(data: Any) -> str:

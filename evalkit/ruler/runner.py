@@ -27,7 +27,7 @@ from evalkit.identity import COUNT, EXECUTION, SELECTION, identity, identity_key
 from evalkit.lazy_engine import EngineChoice, LazyEngine
 from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
 from evalkit.provenance import stamp
-from evalkit.result_format import ResultRow, read_row, read_summary, row_record, summary_name
+from evalkit.result_format import ResultRow, read_row, row_record, summary_name
 from evalkit.ruler.cache import cache_key, legacy_data_key, load_or_generate
 from evalkit.ruler.encoding import (
     DEFAULT_DOC_TOKENS,
@@ -42,7 +42,8 @@ from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
-from evalkit.sample_log import SampleLog, checkpoint_dir
+from evalkit.sample_log import SampleLog
+from evalkit.unit_store import UnitStore
 
 SUMMARY = summary_name("ruler")
 PROMPT_FORMATS = ("base", "chat")
@@ -146,11 +147,13 @@ def sample_key(data_key: str, settings: RulerSettings) -> str:
     return identity_key(settings, with_count=False, data=data_key, encoding=label)
 
 
-def _legacy_log_key(folder: Path, spec: TaskSpec, length: int, settings: RulerSettings, data: dict) -> str | None:
+def _legacy_log_key(
+    summary: dict | None, spec: TaskSpec, length: int, settings: RulerSettings, data: dict
+) -> str | None:
     """The key under which evalkit before count-free keys logged this cell's answers, when the
     checkpoint's summary shows they were made alike: the same data (its data key for its count)
     and the same settings but for the count and batch size. Those answers are reused."""
-    legacy = _legacy_cells(read_summary(folder / SUMMARY))
+    legacy = _legacy_cells(summary)
     cell = _cell_name(
         {"task": spec.name, "length": length, "encoding": settings.encoding, "doc_tokens": settings.doc_tokens}
     )
@@ -193,11 +196,9 @@ def _fed(engine, fmt: PromptFormat, sample) -> str | list[int]:
 def _evaluate_task(
     engine: LazyEngine,
     tokenizer,
-    ref,
-    task: str,
-    length: int,
+    spec: TaskSpec,
     settings: RulerSettings,
-    out: Path,
+    store: UnitStore,
     progress: Callable[[int, int], None],
 ) -> tuple[ResultRow, str, int]:
     """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log:
@@ -205,21 +206,18 @@ def _evaluate_task(
 
     The samples, their data key and the log need only the checkpoint's tokenizer; the engine is
     built when a sample is left to answer, so a unit whose log is complete loads no model.
-    The task's spec is resolved here, once, and passed to the cache, the generators and the metric."""
-    spec = task_spec(task)
+    The task's spec is resolved once, by the benchmark, and passed to the cache, the generators
+    and the metric."""
+    ref, length = store.ref, store.unit.length
+    assert length is not None  # every RULER unit is a task at a length (RulerBenchmark.units)
     fmt = prompt_format(tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
     samples = load_or_generate(spec, tokenizer, length, settings.num_samples, settings.seed, **data)
     _, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
-    log_name = f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl"  # encodings never share a log
-    folder = checkpoint_dir(out, ref)
-    legacy = _legacy_log_key(folder, spec, length, settings, data)
-    log = SampleLog(
-        folder / "ruler" / spec.name / log_name,
-        sample_key(data_key, settings),
-        aliases=set() if legacy is None else {legacy},
-    )
+    log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
+    legacy = _legacy_log_key(store.summary(), spec, length, settings, data)
+    log = SampleLog(log_file, sample_key(data_key, settings), aliases=set() if legacy is None else {legacy})
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:
@@ -338,6 +336,7 @@ class RulerBenchmark(Benchmark):
         if settings.encoding != STANDARD and settings.engine == "vllm":
             engine_settings["packed"] = True  # evalkit's attention backend, for the packed requests
         self.engine = EngineChoice(settings.engine, engine_settings)
+        self._specs = {task: task_spec(task) for task in settings.tasks}  # each task resolved once
         self._tokenizers: dict[Path, object] = {}
 
     def _tokenizer(self, ref: CheckpointRef):
@@ -368,14 +367,11 @@ class RulerBenchmark(Benchmark):
         """Estimated tokens, for balancing shards and workers: every sample is about `length` long."""
         return unit.length * self.settings.num_samples
 
-    def evaluate(
-        self, engine: LazyEngine, ref: CheckpointRef, unit: Unit, out: Path, progress: UnitProgress
-    ) -> UnitResult[str]:
+    def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult[str]:
         """The unit's row; its detail is the cell's data key, which the summary records."""
-        assert unit.length is not None  # every RULER unit is a task at a length (units())
         try:
             row, data_key, generated = _evaluate_task(
-                engine, self._tokenizer(ref), ref, unit.task, unit.length, self.settings, out, progress
+                engine, self._tokenizer(store.ref), self._specs[unit.task], self.settings, store, progress
             )
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell

@@ -36,6 +36,7 @@ from evalkit.ray_start import exit_status_kept, init_ray
 from evalkit.scale.lease import ClaimWatch, LeaseLost, claim_group
 from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
 from evalkit.storage import disk_full_error, fenced
+from evalkit.unit_store import UnitStore
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
 STATUS_EVERY_S = 10.0  # the driver's progress line
@@ -159,7 +160,11 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
     """Each checkpoint's units not yet stored, in as many groups as keep every worker busy (one
     per checkpoint when there are as many checkpoints as workers), balanced by estimated tokens."""
     todo = [
-        (ref, checkpoint, [u for u in checkpoint.units if benchmark.stored(ref, u, out) is None])
+        (
+            ref,
+            checkpoint,
+            [u for u in checkpoint.units if benchmark.stored(u, UnitStore(out, ref, benchmark.name, u)) is None],
+        )
         for ref, checkpoint in work.checkpoints
     ]
     todo = [item for item in todo if item[2]]
@@ -205,7 +210,7 @@ def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter,
             began = time.monotonic()
             report = lambda done, total, u=unit: reporter.progress.remote(name, u.label(), done, total)  # noqa: E731
             try:
-                result = benchmark.evaluate(engine, ref, unit, out, report)
+                result = benchmark.evaluate(engine, unit, UnitStore(out, ref, benchmark.name, unit), report)
                 outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
             except Skipped as why:  # a user error: recorded, never retried
                 outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
