@@ -25,6 +25,18 @@ def parse_length(text: str) -> int:
     return int(digits) * (1024 if k else 1)
 
 
+MIN_WINDOW = 2  # tokens: one of prompt (a BOS at least) and one generated or scored
+
+
+def check_max_length(value: int | None, option: str = "--max-length") -> None:
+    """The one bound of a window setting, for every place that takes one (the pipeline's request
+    check, an engine built from Python): at least a prompt token and a generated one."""
+    if value is not None and value < MIN_WINDOW:
+        raise UserError(
+            f"{option} must be at least {MIN_WINDOW} tokens (a prompt token and a generated one), got {value}"
+        )
+
+
 def length_label(length: int) -> str:
     """The label of a length in tables and plots: 4096 -> '4K', 1000 -> '1000' (k = 1024, as parsed)."""
     return f"{length // 1024}K" if length % 1024 == 0 else str(length)

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from evalkit.checkpoint_refs import CheckpointRef, checkpoint_meta
 from evalkit.errors import Skipped, UserError
 from evalkit.lazy_engine import EngineChoice, LazyEngine
+from evalkit.lengths import check_max_length
 from evalkit.provenance import command_line, stamp, stamp_of
 from evalkit.result_format import (
     SCHEMA_VERSION,
@@ -163,10 +164,10 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
         raise UserError(f"unknown engine {choice.name!r}; choose one of: {', '.join(ENGINE_NAMES)}")
     if choice.settings.get("dtype") is not None:
         check_dtype(choice.settings["dtype"])
-    for option, key in (("--batch-size", "batch_size"), ("--max-length", "max_length")):
-        value = choice.settings.get(key)
-        if value is not None and value < 1:
-            raise UserError(f"{option} must be at least 1, got {value}")
+    batch_size = choice.settings.get("batch_size")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+    check_max_length(choice.settings.get("max_length"))
     check_output_dir(out)
     averages = [out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"]
     refuse_foreign(averages)  # what this request may replace: never a file of the user's

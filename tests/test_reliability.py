@@ -727,7 +727,12 @@ def test_an_unwritable_output_directory_is_refused_without_running_as_another_us
     [
         (["ruler", "--lengths", "512", "--samples", "0"], "--samples and --batch-size must be at least 1"),
         (["ruler", "--lengths", "512", "--batch-size", "0"], "--samples and --batch-size must be at least 1"),
-        (["ruler", "--lengths", "512", "--max-length", "0"], "--max-length must be a positive number"),
+        (["ruler", "--lengths", "512", "--max-length", "0"], "--max-length must be at least 2 tokens"),
+        (["ruler", "--lengths", "512", "--max-length", "1"], "--max-length must be at least 2 tokens"),
+        (
+            ["general", "--tasks", "evalkit_fixture_hellaswag_style", "--max-length", "1"],
+            "--max-length must be at least 2",
+        ),
         (
             ["general", "--tasks", "evalkit_fixture_hellaswag_style", "--batch-size", "0"],
             "--batch-size must be at least 1",

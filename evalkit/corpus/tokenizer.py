@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from pathlib import Path
 
 from evalkit.corpus.prose import prose_documents
@@ -66,8 +67,27 @@ def builtin_tokenizer(vocab_size: int = 2048, cache_dir: Path | None = None):
     return PreTrainedTokenizerFast.from_pretrained(directory)
 
 
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (its checks, fingerprint)
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of everything that decides token ids: vocabulary, merges, normalisation, specials."""
+    """A hash of everything that decides token ids: vocabulary, merges, normalisation, specials.
+
+    Computed once per tokenizer object (serialising a 150k-token vocabulary takes about a second,
+    and RULER keys every task at every length by it); recomputed if tokens were added or the
+    specials changed since."""
+    checks = (len(tokenizer), tokenizer.bos_token, tokenizer.eos_token)
+    try:
+        known = _FINGERPRINTS.get(tokenizer)
+    except TypeError:  # an object that cannot be weakly referenced: not remembered
+        known = None
+    if known is not None and known[0] == checks:
+        return known[1]
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
     payload = json.dumps({"backend": backend, "bos": tokenizer.bos_token, "eos": tokenizer.eos_token}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    fingerprint = hashlib.sha256(payload.encode()).hexdigest()[:16]
+    try:
+        _FINGERPRINTS[tokenizer] = (checks, fingerprint)
+    except TypeError:
+        pass
+    return fingerprint

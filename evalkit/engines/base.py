@@ -19,8 +19,15 @@ from typing import Any, ClassVar, Literal, overload
 
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
+from evalkit.lengths import check_max_length
 
 OVERFLOW_POLICIES = ("error", "skip")
+
+# What every engine's engine_info() holds that it resolved from the checkpoint and its settings and
+# that decides an answer (the path, the precision, the window, the tokenizer): results made under
+# other values of these are other results. Kept here, beside the interface every engine implements,
+# and checked against each engine's info by its tests; the rest of an info says how it ran.
+RESULT_FACTS = ("engine", "model_path", "dtype", "max_length", "tokenizer_fingerprint")
 
 Prompt = str | Sequence[int]
 OverflowPolicy = Literal["error", "skip"]
@@ -29,8 +36,7 @@ OverflowPolicy = Literal["error", "skip"]
 def context_window(config, max_length: int | None) -> int:
     """The engine's window: the max_length setting, else the model's max_position_embeddings."""
     if max_length is not None:
-        if max_length < 2:
-            raise UserError(f"max_length must be at least 2, got {max_length}")
+        check_max_length(max_length, "max_length")
         return max_length
     trained = getattr(config.get_text_config(), "max_position_embeddings", None)
     if trained is None:

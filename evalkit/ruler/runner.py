@@ -21,6 +21,7 @@ from typing import Any
 from evalkit.arglists import parse_list
 from evalkit.checkpoint_check import load_tokenizer, read_config
 from evalkit.checkpoint_refs import CheckpointRef
+from evalkit.engines.base import RESULT_FACTS
 from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
 from evalkit.identity import COUNT, EXECUTION, SELECTION, identity, identity_key, setting, stored_identity
@@ -84,8 +85,6 @@ class RulerSettings:
             raise UserError(
                 f"--samples and --batch-size must be at least 1, got {self.num_samples} and {self.batch_size}"
             )
-        if self.max_length is not None and self.max_length < 1:
-            raise UserError(f"--max-length must be a positive number of tokens, got {self.max_length}")
 
     def data_options(self) -> dict:
         return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
@@ -184,10 +183,10 @@ def prompt_format(tokenizer, name: str) -> PromptFormat:
     return PromptFormat.from_chat_template(tokenizer) if name == "chat" else BASE
 
 
-def _fed(engine, fmt: PromptFormat, sample) -> str | list[int]:
-    """What the engine is given: base prompts as text (the engine adds the tokenizer's specials);
-    chat prompts as token ids, since a template that writes the BOS itself must not get a second."""
-    text = fmt.render(sample.input, sample.answer_prefix)
+def _fed(engine, fmt: PromptFormat, text: str) -> str | list[int]:
+    """What the engine is given for a rendered prompt: base prompts as text (the engine adds the
+    tokenizer's specials); chat prompts as token ids, since a template that writes the BOS itself
+    must not get a second."""
     if fmt is BASE:
         return text
     return engine.tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]
@@ -227,8 +226,8 @@ def _evaluate_task(
             answer = _anchor_answers(engine.get(), spec, length, samples, settings.doc_tokens)
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start : start + CHUNK]
-        prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]
-        predictions, extras = answer(chunk)
+        prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]  # rendered once: fed and hashed
+        predictions, extras = answer(chunk, prompts)
         log.append(
             [
                 {
@@ -268,14 +267,15 @@ def _evaluate_task(
     return row, data_key, len(todo)
 
 
-Answers = Callable[[list], tuple[list[str], list[dict]]]  # samples -> (predictions, extra record fields)
+# (samples, their rendered prompts) -> (predictions, extra record fields)
+Answers = Callable[[list, list[str]], tuple[list[str], list[dict]]]
 
 
 def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) -> Answers:
     """Greedy answers to each sample's prompt as one causal sequence."""
 
-    def answer(chunk: list) -> tuple[list[str], list[dict]]:
-        fed_prompts = [_fed(engine, fmt, s) for s in chunk]
+    def answer(chunk: list, prompts: list[str]) -> tuple[list[str], list[dict]]:
+        fed_prompts = [_fed(engine, fmt, text) for text in prompts]
         for sample, prompt in zip(chunk, fed_prompts):
             fed = engine.count_tokens(prompt)
             if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
@@ -310,7 +310,7 @@ def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_toke
             f"window of {engine.max_length} (evaluate a shorter length, larger --doc-tokens, or pass --max-length)"
         )
 
-    def answer(chunk: list) -> tuple[list[str], list[dict]]:
+    def answer(chunk: list, _prompts: list[str]) -> tuple[list[str], list[dict]]:
         predictions = engine.generate_packed([requests[s.index] for s in chunk], spec.max_new_tokens)
         extras = [{"documents": sizes[s.index][0], "packed_tokens": sizes[s.index][1]} for s in chunk]
         return predictions, extras
@@ -407,11 +407,6 @@ class RulerBenchmark(Benchmark):
         )
 
 
-# What the engine resolved from the settings and the checkpoint, which must match too for an earlier
-# summary's cells to stand beside this run's (the settings' identity says the rest: evalkit.identity).
-_CELL_ENGINE = ("engine", "model_path", "dtype", "max_length", "tokenizer_fingerprint")
-
-
 def _cell(entry: dict) -> tuple[str, int, str]:
     """A summary's cell: task, length and encoding (a row or a skip written before encodings: standard)."""
     return (entry["task"], int(entry["length"]), row_encoding(entry))
@@ -431,8 +426,10 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
         return summary
     now, then = summary["provenance"], earlier.get("provenance") or {}
     then_settings = then.get("settings") or {}
+    # The same settings' identity (evalkit.identity), and the same facts the engine resolved from them
+    # and the checkpoint (engines.base.RESULT_FACTS), for an earlier summary's cells to stand beside these.
     alike = stored_identity(RulerSettings, now["settings"]) == stored_identity(RulerSettings, then_settings) and all(
-        (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in _CELL_ENGINE
+        (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in RESULT_FACTS
     )
     touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
     version = earlier.get("schema_version", 1)  # kept rows are rewritten in this version's shape

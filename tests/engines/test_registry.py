@@ -73,6 +73,9 @@ def test_engine_info_records_what_a_result_needs(checkpoint, tokenizer):
     assert info["max_length"] == MAX_POSITIONS == engine.max_length
     assert (info["attention"], info["packed_attention"]) == ("sdpa", "evalkit")
     assert info["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
+    from evalkit.engines.base import RESULT_FACTS
+
+    assert all(info.get(fact) is not None for fact in RESULT_FACTS)  # what results are compared by
 
 
 def test_max_length_setting_overrides_the_config(checkpoint):

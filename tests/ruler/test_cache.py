@@ -67,3 +67,19 @@ def test_two_processes_write_byte_identical_files(hash_seeds, tmp_path, qa_dir, 
         outputs.append({p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.jsonl"))})
     assert len(outputs[0]) >= 12  # every task but cwe, which does not fit 3000 with this tokenizer
     assert outputs[0] == outputs[1]
+
+
+def test_the_tokenizer_fingerprint_is_remembered_per_tokenizer_and_renewed_when_it_changes(small_tokenizer):
+    """RULER keys every task at every length by the tokenizer's fingerprint: computed once per
+    tokenizer object, and computed again for one whose tokens or specials changed since."""
+    import copy
+
+    from evalkit.corpus import tokenizer as fingerprints
+
+    tokenizer = copy.deepcopy(small_tokenizer)
+    first = fingerprints.tokenizer_fingerprint(tokenizer)
+    assert fingerprints._FINGERPRINTS[tokenizer][1] == first
+    assert fingerprints.tokenizer_fingerprint(copy.deepcopy(tokenizer)) == first  # a fresh object, computed anew
+    tokenizer.add_tokens(["<|a-token-of-this-test|>"])
+    grown = fingerprints.tokenizer_fingerprint(tokenizer)
+    assert grown != first and grown == fingerprints.tokenizer_fingerprint(copy.deepcopy(tokenizer))

@@ -27,6 +27,7 @@ from evalkit.ruler.encoding import split_sample
 from evalkit.ruler.runner import RulerSettings, _evaluate_task
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import task_spec
+from evalkit.unit_store import Unit, UnitStore
 from tests.helpers import build_checkpoint, copy_with_config, decode, greedy_without_cache
 
 BUILT_IN = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multivalue", "vt", "fwe"]
@@ -108,7 +109,8 @@ def test_anchor_answers_equal_greedy_decoding_under_the_reference_mask(task, lon
     engine = get_engine("hf", path, dtype="fp32", device="cpu", batch_size=2)
     settings = RulerSettings(tasks=[task], lengths=[1024], num_samples=3, encoding="anchor", doc_tokens=150)
     ref = CheckpointRef("tiny", 1, path)
-    row, _, _ = _evaluate_task(built(engine), engine.tokenizer, ref, task, 1024, settings, tmp_path, lambda *_: None)
+    store = UnitStore(tmp_path, ref, "ruler", Unit(task, 1024))
+    row, _, _ = _evaluate_task(built(engine), engine.tokenizer, task_spec(task), settings, store, lambda *_: None)
     log = tmp_path / "tiny" / "step-1" / "ruler" / task / "1024.anchor-150.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     spec = task_spec(task)
@@ -140,16 +142,8 @@ def test_a_length_at_the_window_is_skipped_with_the_reason(long_checkpoint, tmp_
     )  # fmt: skip
     engine.max_length = longest + 128 - 1
     with pytest.raises(Skipped, match="anchor encoding adds one EOS per document"):
-        _evaluate_task(
-            built(engine),
-            engine.tokenizer,
-            CheckpointRef("tiny", 1, path),
-            "niah_single_1",
-            1024,
-            settings,
-            tmp_path,
-            lambda *_: None,
-        )
+        store = UnitStore(tmp_path, CheckpointRef("tiny", 1, path), "ruler", Unit("niah_single_1", 1024))
+        _evaluate_task(built(engine), engine.tokenizer, task_spec("niah_single_1"), settings, store, lambda *_: None)
 
 
 def test_bad_encoding_settings_are_one_line():

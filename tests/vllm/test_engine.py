@@ -168,6 +168,9 @@ def test_engine_info_records_the_settings(engine, tokenizer, checkpoint):
     assert info["vllm_max_model_len"] == MAX_POSITIONS + 1
     assert info["model_path"] == str(checkpoint.resolve())
     assert info["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
+    from evalkit.engines.base import RESULT_FACTS
+
+    assert all(info.get(fact) is not None for fact in RESULT_FACTS)  # what results are compared by
 
 
 # ---------------------------------------------------------------------- packed requests
