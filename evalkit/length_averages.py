@@ -2,6 +2,8 @@
 
 The paper's recommendation (Fig. 4): RULER swings between nearby checkpoints, so a run is
 reported as the mean (and spread) over its last checkpoints of the per-length task average.
+`over_checkpoints` is that last step, the one mean ± std every average over checkpoints uses
+(RULER's here and in the leaderboard, lm-eval tasks' in evalkit.general.tables).
 """
 
 from __future__ import annotations
@@ -13,6 +15,20 @@ from dataclasses import dataclass
 from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
 from evalkit.result_format import ResultRow
+
+
+@dataclass(frozen=True)
+class Spread:
+    mean: float
+    std: float  # population std over checkpoints (0 for one checkpoint)
+    steps: list[int]
+
+
+def over_checkpoints(by_step: dict[int, float]) -> Spread:
+    """Mean and population std of one score over a run's checkpoints (step -> value): the
+    checkpoints are the population reported, not a sample of a larger one."""
+    values = [by_step[step] for step in sorted(by_step)]
+    return Spread(statistics.fmean(values), statistics.pstdev(values), sorted(by_step))
 
 
 @dataclass
@@ -38,34 +54,27 @@ def per_checkpoint_length_means(rows: list[ResultRow]) -> dict[tuple[str, int, i
     return {key: (statistics.fmean(scores.values()), sorted(scores)) for key, scores in groups.items()}
 
 
-def length_averages(rows: list[ResultRow]) -> list[RunAverage]:
+def length_averages(rows: list[ResultRow], *, same_tasks: bool = True) -> list[RunAverage]:
     """Per run and length: mean and std over checkpoints of the per-checkpoint task average.
 
-    Checkpoints of one run must have scored the same tasks at a length; a ValueError says which
-    differ rather than averaging unlike things.
+    `same_tasks`: checkpoints of one run must have scored the same tasks at a length; a
+    ValueError says which differ rather than averaging unlike things (--avg). The leaderboard,
+    which shows whatever is stored, passes False: the average then names the tasks of the
+    checkpoint that scored most.
     """
-    by_run: dict[tuple[str, int], list[tuple[int, float, list[str]]]] = defaultdict(list)
+    by_run: dict[tuple[str, int], dict[int, tuple[float, list[str]]]] = defaultdict(dict)
     for (run, step, length), (mean, tasks) in per_checkpoint_length_means(rows).items():
-        by_run[(run, length)].append((step, mean, tasks))
+        by_run[(run, length)][step] = (mean, tasks)
     averages = []
-    for (run, length), entries in sorted(by_run.items()):
-        entries.sort()
-        task_sets = {tuple(tasks) for _, _, tasks in entries}
-        if len(task_sets) > 1:
+    for (run, length), by_step in sorted(by_run.items()):
+        task_sets = {tuple(tasks) for _, tasks in by_step.values()}
+        if same_tasks and len(task_sets) > 1:
             raise ValueError(
                 f"run {run} at length {length}: its checkpoints scored different task sets {sorted(task_sets)}"
             )
-        means = [mean for _, mean, _ in entries]
-        averages.append(
-            RunAverage(
-                run,
-                length,
-                statistics.fmean(means),
-                statistics.pstdev(means),
-                [step for step, _, _ in entries],
-                list(entries[0][2]),
-            )
-        )
+        spread = over_checkpoints({step: mean for step, (mean, _) in by_step.items()})
+        most = max((tasks for _, tasks in by_step.values()), key=len)
+        averages.append(RunAverage(run, length, spread.mean, spread.std, spread.steps, list(most)))
     return averages
 
 

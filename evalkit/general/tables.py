@@ -7,10 +7,10 @@ a run as the mean (and spread) over its last checkpoints. Tables show what the u
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
+from evalkit.length_averages import over_checkpoints
 from evalkit.markdown import markdown_table
 from evalkit.result_format import ResultRow
 
@@ -29,14 +29,14 @@ def run_averages(rows: list[ResultRow]) -> list[dict[str, Any]]:
             values.setdefault(tuple(getattr(row, k) for k in AVERAGE_KEY), {})[row.step] = row.value
     averages = []
     for key, by_step in values.items():
-        scores = [by_step[step] for step in sorted(by_step)]
+        spread = over_checkpoints(by_step)
         averages.append(
             {
                 **dict(zip(AVERAGE_KEY, key)),
-                "mean": statistics.fmean(scores),
-                "std": statistics.pstdev(scores),
-                "steps": sorted(by_step),
-                "num_checkpoints": len(scores),
+                "mean": spread.mean,
+                "std": spread.std,
+                "steps": spread.steps,
+                "num_checkpoints": len(spread.steps),
             }
         )
     return averages

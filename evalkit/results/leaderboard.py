@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.length_averages import per_checkpoint_length_means
+from evalkit.length_averages import length_averages, per_checkpoint_length_means
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.result_format import (
@@ -131,18 +131,12 @@ class Cell:
 
 
 def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], Cell]:
-    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average."""
-    per_run: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
-    for (run, _step, length), (mean, tasks) in per_checkpoint_length_means(rows).items():
-        per_run[(run, length)].append((mean, len(tasks)))
+    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average (the one
+    computation of --avg, evalkit.length_averages, without its demand that every checkpoint scored
+    the same tasks: the leaderboard shows what is stored)."""
     return {
-        key: Cell(
-            statistics.fmean(m for m, _ in values),
-            statistics.pstdev(m for m, _ in values),
-            len(values),
-            max(t for _, t in values),
-        )
-        for key, values in per_run.items()
+        (average.run, average.length): Cell(average.mean, average.std, len(average.checkpoints), len(average.tasks))
+        for average in length_averages(rows, same_tasks=False)
     }
 
 

@@ -329,3 +329,25 @@ def test_the_model_column_shows_the_training_precision(config, precision, shown)
     if precision:
         meta["precision"] = precision
     assert describe_checkpoint(summary) == ("anchor", shown, "builtin")
+
+
+def test_leaderboard_cells_and_avg_are_one_computation_and_only_avg_demands_the_same_tasks():
+    """Checkpoint 1 scored two tasks at 512, checkpoint 2 three. --avg refuses to average unlike
+    things; the leaderboard shows the stored mean over checkpoints of each one's task average."""
+    from evalkit.length_averages import length_averages
+    from evalkit.result_format import ResultRow
+    from evalkit.results.leaderboard import ruler_cells
+
+    def row(step: int, task: str, value: float) -> ResultRow:
+        return ResultRow("ruler", "r", step, task, "string_match_all", value, 0.0, 10, length=512)
+
+    rows = [row(1, "vt", 40.0), row(1, "cwe", 60.0), row(2, "vt", 60.0), row(2, "cwe", 70.0), row(2, "fwe", 80.0)]
+    with pytest.raises(ValueError, match="different task sets"):
+        length_averages(rows)
+    cell = ruler_cells(rows)[("r", 512)]
+    # checkpoint 1: (40 + 60) / 2 = 50; checkpoint 2: (60 + 70 + 80) / 3 = 70; mean 60, population std 10
+    assert (cell.mean, cell.std, cell.checkpoints, cell.tasks) == (pytest.approx(60.0), pytest.approx(10.0), 2, 3)
+    alike = [r for r in rows if r.task != "fwe"]  # both checkpoints: vt and cwe; 50 and 65
+    (average,) = length_averages(alike)
+    assert (average.mean, average.std, average.checkpoints) == (pytest.approx(57.5), pytest.approx(7.5), [1, 2])
+    assert (ruler_cells(alike)[("r", 512)].mean, ruler_cells(alike)[("r", 512)].std) == (average.mean, average.std)
