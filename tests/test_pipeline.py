@@ -362,3 +362,20 @@ def test_a_benchmark_missing_a_required_method_cannot_be_built():
 
     with pytest.raises(TypeError, match="average"):
         NoAverage()
+
+
+def test_the_unit_store_names_the_files_every_earlier_run_wrote(tmp_path):
+    """The layouts RULER and lm-eval tasks wrote before the pipeline owned them, written out by hand:
+    a rerun finds every stored sample log and task record where it always was."""
+    ref = CheckpointRef("run-a", 600, tmp_path / "ckpt")
+    ruler = UnitStore(tmp_path, ref, "ruler", Unit("niah_single_1", 4096))
+    assert ruler.file(".jsonl") == tmp_path / "run-a" / "step-600" / "ruler" / "niah_single_1" / "4096.jsonl"
+    assert ruler.file(".anchor-128.jsonl").name == "4096.anchor-128.jsonl"
+    general = UnitStore(tmp_path, ref, "general", Unit("mmlu/abstract algebra"))
+    assert (
+        general.file(".lm_eval.json")
+        == tmp_path / "run-a" / "step-600" / "general" / "mmlu_abstract_algebra.lm_eval.json"
+    )
+    assert general.summary() is None
+    atomic_write_json(tmp_path / "run-a" / "step-600" / "general-summary.json", {"rows": []})
+    assert general.summary() == {"rows": []} and ruler.summary() is None

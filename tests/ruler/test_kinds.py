@@ -89,12 +89,13 @@ def test_per_kind_behaviour_comes_from_the_kinds_module(tokenizer, monkeypatch):
 
 
 def test_a_unit_resolves_its_spec_once(tokenizer, tmp_path, monkeypatch):
-    """_evaluate_task looks its task up once and passes the spec to the cache, the generator and the
+    """RULER looks a task up once (the benchmark, when built) and passes the spec to the cache, the generator and the
     metrics (not once per sample); an engine that echoes the prompt finds every needle: 100."""
     import evalkit.ruler.runner as runner
     import evalkit.ruler.spec as spec_module
     from evalkit.checkpoint_refs import CheckpointRef
     from evalkit.lazy_engine import EngineChoice, LazyEngine
+    from evalkit.unit_store import Unit, UnitStore
 
     class Echo:
         def count_tokens(self, prompt):
@@ -113,9 +114,18 @@ def test_a_unit_resolves_its_spec_once(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr(spec_module, "SPECS", CountedSpecs(spec_module.SPECS))
     engine = LazyEngine(EngineChoice("hf"), tmp_path, open_engine=lambda *_a, **_k: Echo())
     settings = runner.RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=3)
-    ref = CheckpointRef("run", 1, tmp_path)
-    row, _, generated = runner._evaluate_task(
-        engine, tokenizer, ref, "niah_single_1", 512, settings, tmp_path, lambda *_: None
+    benchmark = runner.RulerBenchmark(settings)  # resolves each task's spec, once
+    benchmark._tokenizers[tmp_path] = tokenizer
+    unit = Unit("niah_single_1", 512)
+    result = benchmark.evaluate(
+        engine, unit, UnitStore(tmp_path, CheckpointRef("run", 1, tmp_path), "ruler", unit), lambda *_: None
     )
     assert lookups == ["niah_single_1"]
-    assert (row.task, row.metric, row.value, row.n, generated) == ("niah_single_1", "string_match_all", 100.0, 3, 3)
+    (row,) = result.rows
+    assert (row.task, row.metric, row.value, row.n, result.computed) == (
+        "niah_single_1",
+        "string_match_all",
+        100.0,
+        3,
+        True,
+    )

@@ -241,6 +241,8 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
     from evalkit.checkpoint_refs import CheckpointRef
     from evalkit.lazy_engine import EngineChoice, LazyEngine
     from evalkit.ruler.runner import _evaluate_task, _prompt_hash, sample_key
+    from evalkit.ruler.spec import task_spec
+    from evalkit.unit_store import Unit, UnitStore
 
     ref = CheckpointRef("run", 1, tmp_path / "ckpt")
     log = tmp_path / "out" / "run" / "step-1" / "ruler" / "niah_multikey_1" / "2048.jsonl"
@@ -252,9 +254,9 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
         engine = EchoEngine(tokenizer)
         settings = settings_for(sizing)
         unit_engine = LazyEngine(EngineChoice(), ref.path, lambda *_a, **_k: engine)
-        _, data_key, _ = _evaluate_task(
-            unit_engine, tokenizer, ref, "niah_multikey_1", 2048, settings, tmp_path / "out", lambda *_: None
-        )
+        store = UnitStore(tmp_path / "out", ref, "ruler", Unit("niah_multikey_1", 2048))
+        spec = task_spec("niah_multikey_1")
+        _, data_key, _ = _evaluate_task(unit_engine, tokenizer, spec, settings, store, lambda *_: None)
         return data_key, engine.generated
 
     exact_key, exact_prompts = evaluate("exact")
