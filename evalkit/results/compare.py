@@ -323,7 +323,7 @@ def _lengths(one: Series) -> list[int]:
 
 def length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
     """Per length: the series' task average (point) and its replicates."""
-    cells = [c for c in boot.series[name].cells() if c.benchmark == "ruler"]
+    cells = sorted(c for c in boot.series[name].cells() if c.benchmark == "ruler")  # one order: the same digits
     found = {}
     for length in _lengths(boot.series[name]):
         at = [c for c in cells if c.length == length]

@@ -335,3 +335,28 @@ def test_a_run_in_a_ruler_and_a_general_directory_is_one_series(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr
     assert "| full | 1K | [1K, 1K] |" in board.read_text()
+
+
+def test_the_json_is_the_same_whatever_the_processs_hash_seed(tmp_path):
+    """A length's task average was taken over a set of cells in hash order, so compare.json's last
+    digits moved between runs of the same command; the cells are averaged in their sorted order."""
+    import os
+    import pathlib
+
+    out = tmp_path / "results"
+    tasks = ["niah_single_1", "niah_single_2", "vt", "cwe", "fwe", "qa_1", "qa_2"]
+    for run, shift in (("full", 0), ("anchor", 1)):
+        for k, task in enumerate(tasks):
+            correct = [(i * (k + 2) + shift) % 3 != 0 for i in range(7 + k)]  # sevenths, ninths, ...
+            write_checkpoint(out, run, 1, task, 1024, correct)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    made = []
+    for seed in ("1", "2", "3", "4"):
+        command = [sys.executable, "-m", "evalkit.cli", "compare", str(out), "--baseline", "full",
+                   "--replicates", "200", "--out", str(tmp_path / f"cmp-{seed}")]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root, env=env)
+        assert done.returncode == 0, done.stderr
+        record = json.loads((tmp_path / f"cmp-{seed}" / "compare.json").read_text())
+        made.append({key: value for key, value in record.items() if key not in ("provenance", "command", "created")})
+    assert all(other == made[0] for other in made[1:])
