@@ -224,7 +224,7 @@ def run_benchmark(
     with output_lock(out), driver_lease(out, log) as lease:
         work = plan_work(benchmark, refs, shard)
         if executor is not None:
-            executor.run(benchmark, work, out, progress=progress, log=log, open_engine=open_engine, lease=lease)
+            executor.run(benchmark, work, out, log=log, open_engine=open_engine, lease=lease)  # progress: its log lines
         summaries, failed = [], []
         first_error: Exception | None = None
         for ref, checkpoint_work in work.checkpoints:

@@ -46,11 +46,10 @@ class RayExecutor:
     def __init__(self, address: str | None = None, **init_options: Any) -> None:
         self.address, self.init_options = address, init_options
 
-    def run(
-        self, benchmark, work: WorkPlan, out: Path, *, progress=None, log=print, open_engine=None, lease=None
-    ) -> None:
+    def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None, lease=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes.
-        `lease` (evalkit.scale.lease.DriverLease): the driver's, under which workers claim their groups."""
+        `lease` (evalkit.scale.lease.DriverLease): the driver's, under which workers claim their groups.
+        Progress is `log`'s lines (Status): groups done and each worker's samples/s, every 10 s."""
         ray = _import_ray()
         started_here = self._connect(ray)
         try:
