@@ -1,8 +1,8 @@
 """Generated samples on disk, reused across runs: zero generation work on a rerun.
 
 The file name carries a hash of everything that decides the data: generator version,
-tokenizer fingerprint, task and its templates, length, seed, prompt format, the data files the
-task reads, the sizing and the generator's module constants (kinds/). Not the number of
+tokenizer fingerprint, task and its templates, length, seed, prompt format, the content of the
+data files the task reads, the sizing and the generator's module constants (kinds/). Not the number of
 samples: sample i draws from its own seed (seed, task, i), so it is the same in a request of
 any size. One file holds the samples 0..N-1 asked for so far; a request for fewer is served
 its first ones, a request for more generates only the missing ones and rewrites the file
@@ -32,7 +32,9 @@ from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOI
 from evalkit.storage import cache_root
 
 
-def _key_fields(spec: TaskSpec, length: int, seed: int, essays, qa_dir, prompt_format, exact_lengths, sizing) -> dict:
+def _key_fields(
+    spec: TaskSpec, length: int, seed: int, essays, qa_dir, prompt_format, exact_lengths, sizing, by_location=False
+) -> dict:
     fmt = prompt_format or BASE
     fields = {
         "version": GENERATOR_VERSION,
@@ -43,7 +45,7 @@ def _key_fields(spec: TaskSpec, length: int, seed: int, essays, qa_dir, prompt_f
         "length": int(length),
         "seed": int(seed),
         "format": fmt.cache_token(),
-        "data": task_kind(spec).data_identity(spec, essays, qa_dir),
+        "data": task_kind(spec).data_identity(spec, essays, qa_dir, by_location),
         "exact": bool(exact_lengths),
     }
     if check_sizing(sizing) != DEFAULT_SIZING:  # only other sizings key in: exact keys stay as they were
@@ -69,13 +71,15 @@ def cache_key(
     prompt_format: PromptFormat | None = None,
     exact_lengths: bool = False,
     sizing: str = DEFAULT_SIZING,
+    by_location: bool = False,
 ) -> tuple[str, str]:
     """(tokenizer fingerprint, hash of everything else that decides the data). Not the number of
     samples: sample i is the same whatever the count (each draws from its own seed), so one key
-    holds them all and a longer request extends what is stored. `task`: its name or its TaskSpec."""
+    holds them all and a longer request extends what is stored. `task`: its name or its TaskSpec.
+    `by_location`: with data files identified as before content hashes (kinds.file_identity)."""
     from evalkit.corpus import tokenizer_fingerprint
 
-    fields = _key_fields(as_spec(task), length, seed, essays, qa_dir, prompt_format, exact_lengths, sizing)
+    fields = _key_fields(as_spec(task), length, seed, essays, qa_dir, prompt_format, exact_lengths, sizing, by_location)
     return tokenizer_fingerprint(tokenizer), _digest(fields)
 
 
@@ -91,6 +95,7 @@ def legacy_data_key(task: str | TaskSpec, length: int, num_samples: int, seed: i
         data.get("prompt_format"),
         data.get("exact_lengths", False),
         data.get("sizing", DEFAULT_SIZING),
+        by_location=True,  # those versions identified data files by location
     )
     return _digest({**fields, "num_samples": int(num_samples)})
 

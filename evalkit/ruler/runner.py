@@ -146,6 +146,16 @@ def sample_key(data_key: str, settings: RulerSettings) -> str:
     return identity_key(settings, with_count=False, data=data_key, encoding=label)
 
 
+def _earlier_log_keys(store: UnitStore, spec: TaskSpec, tokenizer, settings: RulerSettings, data: dict) -> set[str]:
+    """The keys an earlier evalkit logged this cell's answers under, for the same data and settings:
+    with its data files identified by location (before content hashes), and before count-free keys."""
+    length = store.unit.length
+    assert length is not None  # a RULER unit is a task at a length
+    _, located = cache_key(spec, tokenizer, length, settings.seed, by_location=True, **data)
+    before_count_free = _legacy_log_key(store.summary(), spec, length, settings, data)
+    return {sample_key(located, settings), *([before_count_free] if before_count_free is not None else [])}
+
+
 def _legacy_log_key(
     summary: dict | None, spec: TaskSpec, length: int, settings: RulerSettings, data: dict
 ) -> str | None:
@@ -215,8 +225,8 @@ def _evaluate_task(
     _, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
-    legacy = _legacy_log_key(store.summary(), spec, length, settings, data)
-    log = SampleLog(log_file, sample_key(data_key, settings), aliases=set() if legacy is None else {legacy})
+    key = sample_key(data_key, settings)
+    log = SampleLog(log_file, key, aliases=_earlier_log_keys(store, spec, tokenizer, settings, data) - {key})
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:

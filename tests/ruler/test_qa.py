@@ -63,3 +63,72 @@ def test_a_file_in_the_wrong_format_is_reported(tokenizer, tmp_path):
     (tmp_path / "dev-v2.0.json").write_text(json.dumps({"data": [{"title": "x"}]}))
     with pytest.raises(TaskDataMissing, match="not in the SQuAD v2 dev format"):
         generate("qa_1", tokenizer, 4096, 2, qa_dir=tmp_path)
+
+
+def test_the_data_key_follows_the_files_content_not_where_it_lies(tokenizer, qa_dir, tmp_path):
+    """A QA file copied elsewhere (or staged anew on each node of a cluster: another path, another
+    mtime) is the same data, with the same key; one byte changed is other data."""
+    import os
+    import shutil
+
+    from evalkit.ruler.cache import cache_key
+
+    copy = tmp_path / "staged"
+    shutil.copytree(qa_dir, copy)
+    for path in copy.iterdir():
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    here = cache_key("qa_1", tokenizer, 1024, qa_dir=str(qa_dir))
+    assert cache_key("qa_1", tokenizer, 1024, qa_dir=str(copy)) == here
+    squad = copy / "dev-v2.0.json"
+    squad.write_bytes(squad.read_bytes().replace(b"?", b"!", 1))
+    assert cache_key("qa_1", tokenizer, 1024, qa_dir=str(copy)) != here
+    assert cache_key("qa_2", tokenizer, 1024, qa_dir=str(copy)) == cache_key(
+        "qa_2", tokenizer, 1024, qa_dir=str(qa_dir)
+    )
+
+
+def test_answers_logged_under_the_files_location_are_reused(tokenizer, qa_dir, tmp_path):
+    """Sample logs written before content keys carry a data key made from the QA file's path, size
+    and mtime: a rerun carries them over to the content key and computes nothing."""
+    from evalkit.checkpoint_refs import CheckpointRef
+    from evalkit.lazy_engine import EngineChoice, LazyEngine
+    from evalkit.ruler.cache import cache_key
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings, sample_key
+    from evalkit.sample_log import record_checksum
+    from evalkit.unit_store import Unit, UnitStore
+
+    class Echo:
+        calls = 0
+
+        def count_tokens(self, prompt):
+            return len(tokenizer(prompt)["input_ids"])
+
+        def generate(self, prompts, max_new_tokens):
+            Echo.calls += 1
+            return ["an answer"] * len(prompts)
+
+    settings = RulerSettings(tasks=["qa_1"], lengths=[1024], num_samples=3, qa_dir=str(qa_dir))
+    benchmark = RulerBenchmark(settings)
+    benchmark._tokenizers[tmp_path] = tokenizer
+    unit = Unit("qa_1", 1024)
+    store = UnitStore(tmp_path / "out", CheckpointRef("run", 1, tmp_path), "ruler", unit)
+
+    def evaluate():
+        engine = LazyEngine(EngineChoice("hf"), tmp_path, open_engine=lambda *_a, **_k: Echo())
+        return benchmark.evaluate(engine, unit, store, lambda *_: None)
+
+    first = evaluate()
+    assert Echo.calls == 1 and first.computed
+    data = {**settings.data_options(), "prompt_format": None}
+    _, located = cache_key("qa_1", tokenizer, 1024, settings.seed, by_location=True, **data)
+    log = store.file(".jsonl")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert located != cache_key("qa_1", tokenizer, 1024, settings.seed, **data)[1]  # the two identities differ
+    for record in records:  # as the evalkit before content keys wrote them
+        record["data_key"] = sample_key(located, settings)
+        record["sha"] = record_checksum({k: v for k, v in record.items() if k != "sha"})
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    again = evaluate()
+    assert Echo.calls == 1 and not again.computed and again.rows == first.rows
+    _, content = cache_key("qa_1", tokenizer, 1024, settings.seed, **data)
+    assert {json.loads(line)["data_key"] for line in log.read_text().splitlines()} == {sample_key(content, settings)}

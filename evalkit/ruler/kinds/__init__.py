@@ -7,8 +7,9 @@ regenerated, never served stale.
 
 What else differs by kind, a kind's module says through optional functions, each asked through
 its TaskKind (the default, where the module has none, in brackets):
-- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its samples read,
-  keyed into the cache (niah's essays, qa's datasets) [none: it reads no file];
+- data_identity(spec, essays, qa_dir, by_location) -> list: the identity of the data files its
+  samples read, keyed into the cache (niah's essays, qa's datasets: file_identity) [none: it
+  reads no file];
 - prompt_templates(spec) -> list[str]: the templates a sample's text may follow, to find its
   context in (niah's singular rewrite) [the task's template];
 - context_documents(context) -> list[str] | None: the context as documents of its own, for
@@ -24,6 +25,7 @@ Adding a task:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -45,10 +47,11 @@ class TaskKind:
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
-    def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
-        """The identity of the data files `spec`'s samples read with these options (see the docstring)."""
+    def data_identity(self, spec: TaskSpec, essays, qa_dir, by_location: bool = False) -> list:
+        """The identity of the data files `spec`'s samples read with these options (see the
+        docstring); `by_location`: as evalkit keyed it before content hashes (file_identity)."""
         hook = getattr(self.load(), "data_identity", None)
-        return hook(spec, essays, qa_dir) if hook is not None else []
+        return hook(spec, essays, qa_dir, by_location) if hook is not None else []
 
     def prompt_templates(self, spec: TaskSpec) -> list[str]:
         """The templates a sample of `spec` may follow (see the docstring)."""
@@ -89,12 +92,26 @@ def task_kind(spec: TaskSpec) -> TaskKind:
     return KINDS[spec.kind]
 
 
-def file_identity(path: Path) -> list:
-    """Cheap identity of a data file a kind reads (no hashing of large files on every run)."""
+def file_identity(path: Path, *, by_location: bool = False) -> list:
+    """The identity of a data file a kind reads: the sha256 of its content, so a copy elsewhere, or
+    the same file staged anew on each node of a cluster, is the same data (hashed once per process
+    while its size and mtime stay the same). `by_location`: the identity evalkit keyed by before
+    (its path, size and mtime), for recognising what was stored under those keys."""
     if not path.is_file():
         return [str(path), None]
     stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+    if by_location:
+        return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+    return ["sha256", _content_sha256(path.resolve(), stat.st_size, stat.st_mtime_ns)]
+
+
+@functools.lru_cache(maxsize=64)
+def _content_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _module(kind: str) -> ModuleType:
