@@ -7,6 +7,10 @@ metadata (dataclasses.field(metadata=...), written with `setting` below) gives i
     SELECTION  which units are evaluated (tasks, lengths): each unit names its own, no identity
     COUNT      how many of a unit's samples are averaged: the unit's score depends on it, no one
                sample's answer does, so a stored sample is reused at any count
+    LOCATION   where input files are read from (RULER's --qa-dir, --essays): what they hold is
+               keyed by its content where it is used (RULER's data key), so two paths to the same
+               content are one identity; the field counts as at its default (keys made with it at
+               its default are unchanged; `with_locations` gives the keys made before, path included)
 
 Stored settings are compared field by field, a field missing from an older record standing for
 its default (read from the dataclass), so adding a setting keeps every stored result valid. A
@@ -22,7 +26,7 @@ import json
 from typing import Any
 
 ROLE = "evalkit.identity"  # the metadata key holding a field's role
-RESULT, EXECUTION, SELECTION, COUNT = "result", "execution", "selection", "count"
+RESULT, EXECUTION, SELECTION, COUNT, LOCATION = "result", "execution", "selection", "count", "location"
 _LATE = "evalkit.identity.late"  # metadata: keyed only when not at its default
 _EXECUTION_KEYS = "evalkit.identity.execution_keys"  # metadata: a dict field's execution-only keys
 
@@ -64,27 +68,38 @@ def _fields(cls: type, roles: tuple[str, ...]) -> list[dataclasses.Field]:
     return [field for field in dataclasses.fields(cls) if _role(field) in roles]
 
 
-def identity(settings: Any, *, with_count: bool = True) -> dict[str, Any]:
-    """The settings' fields that decide a result: every RESULT field, and COUNT fields unless
-    `with_count` is False (the identity of one sample's answer)."""
-    roles = (RESULT, COUNT) if with_count else (RESULT,)
-    return {field.name: _value(field, getattr(settings, field.name)) for field in _fields(type(settings), roles)}
+def identity(settings: Any, *, with_count: bool = True, with_locations: bool = False) -> dict[str, Any]:
+    """The settings' fields that decide a result: every RESULT field, COUNT fields unless
+    `with_count` is False (the identity of one sample's answer), and LOCATION fields at their
+    default (their actual values with `with_locations`: the identity evalkit keyed by before)."""
+    roles = (RESULT, COUNT, LOCATION) if with_count else (RESULT, LOCATION)
+    return {
+        field.name: _value(field, getattr(settings, field.name))
+        if with_locations or _role(field) != LOCATION
+        else _default(field)
+        for field in _fields(type(settings), roles)
+    }
 
 
 def stored_identity(cls: type, record: dict[str, Any] | None, *, with_count: bool = True) -> dict[str, Any]:
     """identity() of settings stored as a dict (asdict) by this or an older evalkit: a field it
     does not hold stands for the field's default."""
     record = record or {}
-    roles = (RESULT, COUNT) if with_count else (RESULT,)
-    return {field.name: _value(field, record.get(field.name, _default(field))) for field in _fields(cls, roles)}
+    roles = (RESULT, COUNT, LOCATION) if with_count else (RESULT, LOCATION)
+    return {
+        field.name: _default(field)
+        if _role(field) == LOCATION
+        else _value(field, record.get(field.name, _default(field)))
+        for field in _fields(cls, roles)
+    }
 
 
-def identity_key(settings: Any, *, with_count: bool = True, **more: Any) -> str:
+def identity_key(settings: Any, *, with_count: bool = True, with_locations: bool = False, **more: Any) -> str:
     """A 16-hex hash of identity() plus `more`, without late fields at their default."""
     fields = {field.name: field for field in dataclasses.fields(type(settings))}
     chosen = {
         name: value
-        for name, value in identity(settings, with_count=with_count).items()
+        for name, value in identity(settings, with_count=with_count, with_locations=with_locations).items()
         if not (fields[name].metadata.get(_LATE) and value == _value(fields[name], _default(fields[name])))
     }
     return hashlib.sha256(json.dumps({**chosen, **more}, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -24,7 +24,7 @@ from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.engines.base import RESULT_FACTS
 from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
-from evalkit.identity import COUNT, EXECUTION, SELECTION, identity, identity_key, setting, stored_identity
+from evalkit.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity, identity_key, setting, stored_identity
 from evalkit.lazy_engine import EngineChoice, LazyEngine
 from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
 from evalkit.provenance import stamp
@@ -62,8 +62,9 @@ class RulerSettings:
     lengths: list[int] = setting(default_factory=lambda: [4096], role=SELECTION)
     num_samples: int = setting(DEFAULT_NUM_SAMPLES, role=COUNT)
     seed: int = DEFAULT_SEED
-    essays: str | None = None
-    qa_dir: str | None = None
+    # Where the data files are read from; their content is keyed (the data key), not their place.
+    essays: str | None = setting(None, role=LOCATION)
+    qa_dir: str | None = setting(None, role=LOCATION)
     engine: str = "hf"
     dtype: str | None = None
     batch_size: int = setting(8, role=EXECUTION)
@@ -138,12 +139,13 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def sample_key(data_key: str, settings: RulerSettings) -> str:
+def sample_key(data_key: str, settings: RulerSettings, with_locations: bool = False) -> str:
     """What a stored answer must match to be reused: its sample's data (data_key, count-free), the
     encoding, and every setting that changes an answer (evalkit.identity; not the count, not the
-    batch size), so another dtype, engine or window is answered anew, a larger count is not."""
+    batch size, not where the data files lie), so another dtype, engine or window is answered
+    anew, a larger count is not. `with_locations`: the key as made before, the files' paths in it."""
     label = encoding_label(settings.encoding, settings.doc_tokens)
-    return identity_key(settings, with_count=False, data=data_key, encoding=label)
+    return identity_key(settings, with_count=False, with_locations=with_locations, data=data_key, encoding=label)
 
 
 def _earlier_log_keys(store: UnitStore, spec: TaskSpec, tokenizer, settings: RulerSettings, data: dict) -> set[str]:
@@ -153,7 +155,8 @@ def _earlier_log_keys(store: UnitStore, spec: TaskSpec, tokenizer, settings: Rul
     assert length is not None  # a RULER unit is a task at a length
     _, located = cache_key(spec, tokenizer, length, settings.seed, by_location=True, **data)
     before_count_free = _legacy_log_key(store.summary(), spec, length, settings, data)
-    return {sample_key(located, settings), *([before_count_free] if before_count_free is not None else [])}
+    located_key = sample_key(located, settings, with_locations=True)  # data and settings both by location
+    return {located_key, *([before_count_free] if before_count_free is not None else [])}
 
 
 def _legacy_log_key(

@@ -64,3 +64,24 @@ def test_stored_settings_missing_a_field_read_it_as_its_default():
     assert stored_identity(RulerSettings, old_record) == identity(now)  # tasks, lengths, batch size: not identity
     assert "num_samples" in identity(now) and "num_samples" not in identity(now, with_count=False)
     assert stored_identity(RulerSettings, {**old_record, "seed": 1}) != identity(now)
+
+
+def test_a_location_field_is_no_part_of_the_identity_and_keeps_the_keys_made_at_its_default():
+    """LOCATION: where input files lie (their content is keyed where it is read). Two paths are one
+    identity; a key made with the field at its default (None) is the key made before the role
+    existed, the field then hashed as None like any other."""
+    import hashlib
+
+    from evalkit.identity import LOCATION, identity, identity_key, setting, stored_identity
+
+    @dataclasses.dataclass
+    class Settings:
+        seed: int = 1
+        data_dir: str | None = setting(None, role=LOCATION)
+
+    assert identity(Settings(data_dir="/a")) == identity(Settings(data_dir="/b")) == {"seed": 1, "data_dir": None}
+    assert identity(Settings(data_dir="/a"), with_locations=True) == {"seed": 1, "data_dir": "/a"}
+    assert stored_identity(Settings, {"seed": 1, "data_dir": "/a"}) == identity(Settings())
+    by_hand = hashlib.sha256(json.dumps({"data_dir": None, "seed": 1}, sort_keys=True).encode()).hexdigest()[:16]
+    assert identity_key(Settings()) == identity_key(Settings(data_dir="/a")) == by_hand
+    assert identity_key(Settings(data_dir="/a"), with_locations=True) != by_hand
