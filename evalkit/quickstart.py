@@ -31,19 +31,6 @@ QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
 QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
 FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
-BUILTIN_RULER_TASKS = (
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-)
 
 
 PROBE_MODELS = ("auto", "tiny", "none")  # auto: the real pretrained model when installed, else the tiny base
@@ -442,10 +429,18 @@ def _write_claims(path: Path, lines: list[str]) -> Path:
     return path
 
 
+def _builtin_ruler_tasks() -> list[str]:
+    """RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's
+    (qa_1, qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have)."""
+    from evalkit.ruler.spec import TASKS, task_spec
+
+    return [task for task in TASKS if task_spec(task).kind != "qa"]
+
+
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
-    settings = RulerSettings(tasks=list(BUILTIN_RULER_TASKS), lengths=lengths, num_samples=plan.samples)
+    settings = RulerSettings(tasks=_builtin_ruler_tasks(), lengths=lengths, num_samples=plan.samples)
     last_shown: dict = {}  # Unit -> samples done when last reported
 
     def progress(event) -> None:  # evalkit.pipeline.ProgressEvent
