@@ -140,7 +140,7 @@ class TaskDone:
 
     record: dict[str, Any]
     resumed: bool
-    file: str = ""  # the record's file, relative to the checkpoint's folder of results
+    file: str  # the record's file, relative to the checkpoint's folder of results (the summary names it)
 
 
 class GeneralBenchmark(Benchmark):
