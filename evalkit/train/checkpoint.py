@@ -49,11 +49,29 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def newest_resumable(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint that holds a trainer state."""
-    for _step, path in reversed(complete_checkpoints(run_dir)):
-        if (path / TRAINER_STATE).is_file():
-            return path
-    return None
+    """The checkpoint --resume continues from: the newest complete one, which must hold its trainer
+    state; None when the run has no checkpoint (it starts at step 0).
+
+    Never an older one silently, nor step 0 over existing checkpoints: either would train again over
+    the newer checkpoints and prune them, though the run did not write them this time (an export, a
+    copy without its trainer state, a user's own step-N). Refused instead, saying what to do.
+    """
+    checkpoints = complete_checkpoints(run_dir)
+    if not checkpoints:
+        return None
+    newest = checkpoints[-1][1]
+    if (newest / TRAINER_STATE).is_file():
+        return newest
+    older = [path for _step, path in checkpoints[:-1] if (path / TRAINER_STATE).is_file()]
+    fix = (
+        f"move {newest} aside to resume from {older[-1]}"
+        if older
+        else f"start a new run from its weights with --set model.path={newest} and another --out"
+    )
+    raise UserError(
+        f"cannot resume {run_dir}: its newest checkpoint {newest} has no {TRAINER_STATE} (the optimizer, "
+        f"data position and RNG needed to continue exactly); restore that file, or {fix}; nothing was changed"
+    )
 
 
 def remove_partial(run_dir: Path) -> None:

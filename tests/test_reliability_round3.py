@@ -1,0 +1,74 @@
+"""Reliability, third round: a resume that cannot resume exactly, shards of two different
+checkpoints under one name, a checkpoint reached twice through a symlink, settings checked once
+before any checkpoint, messages that say what was found and what to do, foreign logs, and a
+checkpoint served with the attention it was trained under.
+
+As in the earlier rounds, each case drives the CLI (in this process where that is enough) and
+checks what a user sees (exit status, one `error:` line, no traceback) and what is left on disk.
+"""
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli
+from tests.test_reliability import error_line
+from tests.test_reliability_round2 import evalkit_here
+from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file under `directory` with its content's digest: to show that nothing was touched."""
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+# ------------------------------------------------- 1. --resume without a trainer state
+
+
+@pytest.fixture(scope="module")
+def two_checkpoint_run(tmp_path_factory) -> Path:
+    """A micro run of 4 steps: step-2 (no trainer state, pruned) and step-4 (with it)."""
+    from tests.train.helpers import micro_args
+
+    out = tmp_path_factory.mktemp("resume") / "run"
+    assert run_quietly(micro_args(out, max_steps=4)) == 0
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-2", "step-4"]
+    return out
+
+
+def run_quietly(args: list[str]) -> int:
+    """The CLI in this process, for a module-scoped fixture (which cannot have capsys)."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        return run_cli(args)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.parametrize("older_has_state", [False, True])
+def test_resume_refuses_a_newest_checkpoint_without_trainer_state_and_touches_nothing(
+    two_checkpoint_run, tmp_path, capsys, older_has_state
+):
+    from tests.train.helpers import micro_args
+
+    run = shutil.copytree(two_checkpoint_run, tmp_path / "run")
+    if older_has_state:  # the newest lost its trainer state; an older one still has one
+        shutil.copy2(run / "step-4" / "trainer_state.pt", run / "step-2" / "trainer_state.pt")
+    (run / "step-4" / "trainer_state.pt").unlink()
+    before = snapshot(run)
+    result = evalkit_here(capsys, *micro_args(run, max_steps=8), "--resume")
+    line = error_line(result)
+    assert f"{run / 'step-4'} has no trainer_state.pt" in line
+    if older_has_state:
+        assert f"move {run / 'step-4'} aside to resume from {run / 'step-2'}" in line
+    else:
+        assert f"--set model.path={run / 'step-4'}" in line
+    assert snapshot(run) == before  # metrics.jsonl kept, no checkpoint pruned, nothing new
