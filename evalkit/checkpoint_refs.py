@@ -8,7 +8,9 @@ are stored and averaged.
 
 from __future__ import annotations
 
+import functools
 import glob
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -143,3 +145,43 @@ def checkpoint_meta(path: Path) -> dict:
         "dtype",
     )
     return {key: data[key] for key in keep if key in data}
+
+
+WEIGHTS_SAMPLES = 16  # evenly spaced blocks read from each weights file
+WEIGHTS_SAMPLE_BYTES = 1 << 16
+
+
+def weights_fingerprint(path: Path) -> str | None:
+    """What identifies a checkpoint's weights, whatever its directory or run name: a sha256 over each
+    *.safetensors file's name, size, header (tensor names, dtypes, shapes) and 16 blocks of 64 KiB
+    spread over its data. Two trainings differ in every tensor, so in every block; a copy is the same.
+    Cheap (1 MiB read per file, not the whole file) and read once per process. None without weights
+    in safetensors (nothing to identify them by)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    try:
+        for file in files:
+            stat = file.stat()
+            digest.update(
+                f"{file.name}\0{_file_fingerprint(file.resolve(), stat.st_size, stat.st_mtime_ns)}\0".encode()
+            )
+    except OSError:
+        return None  # unreadable here: the loader says why, in its own words
+    return digest.hexdigest()[:20]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_fingerprint(file: Path, size: int, _mtime_ns: int) -> str:
+    digest = hashlib.sha256(str(size).encode())
+    with file.open("rb") as handle:
+        # The header: an 8-byte length, then that much JSON (clamped: a crafted length reads the file)
+        header_length = int.from_bytes(handle.read(8), "little")
+        digest.update(handle.read(min(header_length, size)))
+        start = min(8 + header_length, size)
+        step = max(1, (size - start) // WEIGHTS_SAMPLES)
+        for offset in range(start, size, step):
+            handle.seek(offset)
+            digest.update(handle.read(WEIGHTS_SAMPLE_BYTES))
+    return digest.hexdigest()

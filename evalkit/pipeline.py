@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from evalkit.checkpoint_refs import CheckpointRef, checkpoint_meta
+from evalkit.checkpoint_refs import CheckpointRef, checkpoint_meta, weights_fingerprint
 from evalkit.errors import Skipped, UserError
 from evalkit.lazy_engine import EngineChoice, LazyEngine
 from evalkit.lengths import check_max_length
@@ -328,6 +328,7 @@ def evaluate_checkpoint(
         "provenance": {
             **_stamp_of_the_scores(earlier, any(result.computed for result in results)),
             "checkpoint_meta": checkpoint_meta(ref.path),
+            "weights": weights_fingerprint(ref.path),  # what merge checks shards of one checkpoint by
             "engine": engine_info,
             "settings": benchmark.settings_record(),
             **(work.provenance(answered) if work is not None else {}),

@@ -115,6 +115,7 @@ def _position(order: list[dict], entry: dict) -> int:
 def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
     """One checkpoint's summaries (one per shard that had any of its units) joined into one."""
     found = sorted(found, key=lambda item: _shard(item[1])["index"])
+    _check_same_weights(found)
     blocks: dict[int, tuple[Path, list]] = {}
     skips: dict[int, tuple[Path, dict]] = {}
     for directory, summary in found:
@@ -151,6 +152,22 @@ def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
     ]
     merged["_units_merged"] = len(blocks) + len(skips)
     return merged
+
+
+def _check_same_weights(found: list[tuple[Path, dict]]) -> None:
+    """Shards of one run name and step must have evaluated the same weights: the plan knows checkpoints
+    by name only, so shards run over two directories of one name (another run's weights under it)
+    would merge into one checkpoint's scores. A summary written before the record existed is not
+    checked (it has none)."""
+    recorded = [summary for _, summary in found if summary["provenance"].get("weights") is not None]
+    for summary in recorded[1:]:
+        first = recorded[0]
+        if summary["provenance"]["weights"] != first["provenance"]["weights"]:
+            raise UserError(
+                f"conflicting shards: {first['run']} step {first['step']} is different weights in "
+                f"{first['checkpoint']} and {summary['checkpoint']}; evaluate one checkpoint directory in "
+                "every shard (or give the runs different names)"
+            )
 
 
 def _claim(blocks: dict, skips: dict, position: int, directory: Path, rel: Path) -> None:
