@@ -13,6 +13,7 @@ import glob
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,11 +92,31 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
                 raise UserError(
                     f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints"
                 )
-    unique = sorted(set(refs))
+    unique = sorted(_one_per_directory(refs))
     _check_run_names(unique)
     if last is not None:
         unique = [ref for ref in unique if ref in _newest_per_run(unique, last)]
     return unique
+
+
+def _one_per_directory(refs: list[CheckpointRef]) -> set[CheckpointRef]:
+    """One ref per checkpoint directory, by its real path: a symlink (runs/latest -> myrun) matched
+    by a glob beside its target is the same checkpoint, not a second run. The first spelling given
+    keeps its name; each other name skipped is said in one stderr line (a checkpoint named twice
+    alike is silent: nothing to tell)."""
+    kept: dict[Path, CheckpointRef] = {}
+    skipped: dict[tuple[str, str], list[int]] = {}  # (name skipped, name kept): the steps
+    for ref in refs:
+        first = kept.setdefault(ref.path, ref)
+        if first.run != ref.run:
+            skipped.setdefault((ref.run, first.run), []).append(ref.step)
+    for (name, kept_name), steps in skipped.items():
+        print(
+            f"note: {name} (step {', '.join(map(str, sorted(set(steps))))}) is the same checkpoint directory "
+            f"as {kept_name} (a symlink?): skipped, evaluated once as {kept_name}",
+            file=sys.stderr,
+        )
+    return set(kept.values())
 
 
 def check_last(last: int | None) -> None:

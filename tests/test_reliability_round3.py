@@ -107,3 +107,27 @@ def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, c
     # The same weights in another directory (a copy staged on another node) are the same checkpoint.
     merged = evalkit_here(capsys, "merge", tmp_path / "shard0-a", tmp_path / "shard1-a-copy", "--out", tmp_path / "m")
     assert merged.returncode == 0, merged.stderr
+
+
+# --------------------------------------------------- 3. a checkpoint reached twice
+
+
+def test_a_symlinked_run_beside_its_target_is_evaluated_once(tmp_path, capsys):
+    from tests.scale.helpers import SHIPPED
+
+    runs = tmp_path / "runs"
+    shutil.copytree(SHIPPED / "tiny-long-full-shipped" / "step-600", runs / "myrun" / "step-600")
+    (runs / "latest").symlink_to("myrun")
+    out = tmp_path / "out"
+    args = ["ruler", "--ckpts", f"{runs}/*/", "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1"]
+    result = evalkit_here(capsys, *args, "--out", out)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "same checkpoint directory" in line]
+    # glob order: runs/latest comes first and keeps its name; myrun is the spelling skipped
+    assert notes == [
+        "note: myrun (step 600) is the same checkpoint directory as latest (a symlink?): "
+        "skipped, evaluated once as latest"
+    ]
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/step-*/ruler-summary.json")) == [
+        "latest/step-600/ruler-summary.json"
+    ]
