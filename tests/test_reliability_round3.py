@@ -131,3 +131,44 @@ def test_a_symlinked_run_beside_its_target_is_evaluated_once(tmp_path, capsys):
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/step-*/ruler-summary.json")) == [
         "latest/step-600/ruler-summary.json"
     ]
+
+
+# ------------------------------------------------------- 4. a malformed --ray-address
+
+
+def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, capsys):
+    from tests.scale.helpers import SHIPPED
+
+    out = tmp_path / "out"
+    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args, "--executor", "ray", "--ray-address", "nosuchhost"))
+    assert "--ray-address 'nosuchhost' is not a Ray address" in line
+    assert "HOST:PORT" in line and "ray://HOST:10001" in line and "auto" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("address", "valid"),
+    [
+        ("nosuchhost", False),
+        ("host:", False),
+        ("host:port", False),
+        ("http://host:6379", False),
+        ("head-node:6379", True),
+        ("10.0.0.5:6379", True),
+        ("[::1]:6379", True),
+        ("ray://head-node:10001", True),
+        ("ray://head-node", True),  # Ray Client's default port
+        ("auto", True),
+    ],
+)
+def test_ray_address_forms(address, valid):
+    from evalkit.errors import UserError
+    from evalkit.scale.options import check_ray_address
+
+    if valid:
+        check_ray_address(address)
+    else:
+        with pytest.raises(UserError, match="is not a Ray address"):
+            check_ray_address(address)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from evalkit.errors import UserError
 
 EXECUTORS = ("local", "ray")
@@ -23,11 +25,27 @@ def make_executor(name: str, ray_address: str | None):
         return None
     import importlib.util
 
+    check_ray_address(ray_address)
     if importlib.util.find_spec("ray") is None:
         raise UserError("--executor ray needs Ray: pip install 'evalkit[ray]'")
     from evalkit.scale.ray_executor import RayExecutor
 
     return RayExecutor(address=ray_address)
+
+
+# What ray.init takes: the head's HOST:PORT (a name, IPv4 or [IPv6]), ray://HOST[:PORT] (Ray Client),
+# or a keyword: "auto" (the cluster this node joined), "local" (start one here).
+_HOST = r"(\[[0-9a-fA-F:]+\]|[^\s:/\[\]]+)"
+RAY_ADDRESS = re.compile(rf"^(ray://{_HOST}(:\d+)?|{_HOST}:\d+|auto|local)$")
+
+
+def check_ray_address(address: str | None) -> None:
+    """A malformed --ray-address is one line before any work, not Ray's "Invalid address format" traceback."""
+    if address is not None and not RAY_ADDRESS.match(address):
+        raise UserError(
+            f"--ray-address {address!r} is not a Ray address: give the head node's HOST:PORT (as `ray start "
+            "--head` printed it, e.g. 10.0.0.5:6379), ray://HOST:10001 (Ray Client), or auto (this node's cluster)"
+        )
 
 
 def scale_options(shard: str | None, executor: str, ray_address: str | None, avg: bool):
