@@ -154,7 +154,7 @@ class EvaluationRun:
 
 def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) -> None:
     """Everything a user can get wrong, before any model or data is loaded or anything written."""
-    from evalkit.engines import ENGINE_NAMES
+    from evalkit.engines import ENGINE_NAMES, check_engine_settings
     from evalkit.precision import check_dtype
 
     if not refs:
@@ -168,6 +168,7 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
     check_max_length(choice.settings.get("max_length"))
+    check_engine_settings(choice.name, choice.settings)  # once: a bad value is not each checkpoint's failure
     check_output_dir(out)
     averages = [out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"]
     refuse_foreign(averages)  # what this request may replace: never a file of the user's

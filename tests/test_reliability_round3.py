@@ -172,3 +172,26 @@ def test_ray_address_forms(address, valid):
     else:
         with pytest.raises(UserError, match="is not a Ray address"):
             check_ray_address(address)
+
+
+# ------------------------------------------ 5. a bad engine setting is the user's, said once
+
+
+@pytest.mark.parametrize("value", ["sdpa=1", "no_such_kernel", "evalkit_sdpa"])
+def test_a_bad_attention_setting_is_one_line_before_any_checkpoint(tmp_path, capsys, value):
+    from tests.scale.helpers import SHIPPED
+
+    out = tmp_path / "out"
+    run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
+    args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args, "--engine-arg", f"attention={value}"))
+    assert f"got {value!r}" in line or f"attention={value!r}" in line
+    assert "sdpa" in line and "eager" in line  # what to use instead
+    assert not out.exists()  # no ruler-failed.json, nothing at all
+
+
+@pytest.mark.parametrize("value", ["sdpa", "eager"])
+def test_transformers_attention_names_pass_the_check(value):
+    from evalkit.engines import check_engine_settings
+
+    check_engine_settings("hf", {"attention": value, "batch_size": 2})

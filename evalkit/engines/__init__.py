@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from evalkit.engines.base import Engine, PackedEngine, PackedRequest
 from evalkit.errors import UserError
@@ -53,6 +54,17 @@ def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
     return cls(model_path, **settings)  # type: ignore[call-arg]  # every engine's constructor takes the path
 
 
+def check_engine_settings(name: str, settings: dict[str, Any]) -> None:
+    """Before a sweep: the settings' names and the values the engine judges without a checkpoint.
+    An engine whose package is missing is not imported here: building it says so."""
+    entry = _ENGINES.get(name)
+    if entry is None or entry.requirement and importlib.util.find_spec(entry.requirement) is None:
+        return
+    cls = engine_class(name)
+    _check_settings(name, cls, settings)
+    cls.check_settings(settings)
+
+
 def engine_class(name: str) -> type[Engine]:
     """The class of the engine `name`, its module imported now; a UserError when it cannot be had."""
     entry = _ENGINES.get(name)
@@ -82,6 +94,7 @@ __all__ = [
     "PackedEngine",
     "PackedRequest",
     "check_dtype",
+    "check_engine_settings",
     "engine_class",
     "get_engine",
 ]

@@ -76,6 +76,11 @@ class Engine(ABC):
 
     # ------------------------------------------------------------------ what engines implement
 
+    @classmethod
+    def check_settings(cls, settings: dict[str, Any]) -> None:  # noqa: B027  (a hook, empty by default)
+        """Refuse (UserError) a setting's value no checkpoint could run with, before any is loaded:
+        a bad setting is the user's error, said once, not every checkpoint's failure."""
+
     @abstractmethod
     def engine_info(self) -> dict[str, Any]:
         """Facts a result must record: engine, dtype, batch size, max length, attention, device,

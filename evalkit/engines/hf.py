@@ -58,7 +58,7 @@ import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.features import check_attention_supported, layer_windows
-from evalkit.attention.hf import register_grouped_sdpa
+from evalkit.attention.hf import GROUPED_SDPA, register_grouped_sdpa
 from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
@@ -243,22 +243,14 @@ class HFEngine(PackedEngine):
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
         self.dtype = check_dtype(dtype or ("bf16" if self.device.type == "cuda" else "fp32"))
-        if batch_size < 1:
-            raise UserError(f"batch_size must be at least 1, got {batch_size}")
+        _check_settings(
+            batch_size=batch_size,
+            attention=attention,
+            packed_attention=packed_attention,
+            prefill=prefill,
+            threads=threads,
+        )
         self.batch_size = batch_size
-        register_hf_attention()
-        if attention in HF_NAMES:
-            raise UserError(
-                f"attention={attention!r} cannot run plain prompts: they are left-padded and evalkit's "
-                "implementations take no padding mask; use sdpa (or eager, flash_attention_2) for attention "
-                "and choose the evalkit implementation of packed requests with packed_attention"
-            )
-        if packed_attention not in HF_NAMES:
-            raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
-        if prefill not in PREFILL_MODES:
-            raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
-        if threads is not None and threads < 1:
-            raise UserError(f"threads must be at least 1, got {threads}")
         self.threads = threads
         self.attention = attention
         self.packed_attention = packed_attention
@@ -280,6 +272,10 @@ class HFEngine(PackedEngine):
         self._packed_one_by_one = any(w is not None and w < self.max_length for w in layer_windows(self.model.config))
         self.fast_decode = fast_decode
         self._fast_decoder, self._decode_path_reason = self._choose_decode_path(fast_decode)
+
+    @classmethod
+    def check_settings(cls, settings: dict[str, Any]) -> None:
+        _check_settings(**{key: settings[key] for key in _CHECKED_SETTINGS if settings.get(key) is not None})
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -604,6 +600,48 @@ class HFEngine(PackedEngine):
 
 
 # ---------------------------------------------------------------------- loading
+
+
+_CHECKED_SETTINGS = ("batch_size", "attention", "packed_attention", "prefill", "threads")
+
+
+def _check_settings(
+    *,
+    batch_size: int | None = None,
+    attention: str | None = None,
+    packed_attention: str | None = None,
+    prefill: str | None = None,
+    threads: int | None = None,
+) -> None:
+    """The settings a checkpoint has no say in (None: not given), refused with one line: once before
+    a sweep (HFEngine.check_settings) and again by each engine built."""
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"batch_size must be at least 1, got {batch_size}")
+    register_hf_attention()
+    if attention is not None:
+        _check_plain_attention(attention)
+    if packed_attention is not None and packed_attention not in HF_NAMES:
+        raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
+    if prefill is not None and prefill not in PREFILL_MODES:
+        raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
+    if threads is not None and threads < 1:
+        raise UserError(f"threads must be at least 1, got {threads}")
+
+
+def _check_plain_attention(attention: str) -> None:
+    """transformers' own names (eager and its attention registry's), but evalkit's: those take no padding mask."""
+    if attention in HF_NAMES:
+        raise UserError(
+            f"attention={attention!r} cannot run plain prompts: they are left-padded and evalkit's "
+            "implementations take no padding mask; use sdpa (or eager, flash_attention_2) for attention "
+            "and choose the evalkit implementation of packed requests with packed_attention"
+        )
+    from transformers import AttentionInterface
+
+    internal = {*HF_NAMES, GROUPED_SDPA}  # evalkit's own registrations
+    known = ["eager", *(name for name in AttentionInterface().valid_keys() if name not in internal)]
+    if attention not in known:
+        raise UserError(f"attention must be one of transformers' {', '.join(known)}, got {attention!r}")
 
 
 def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
