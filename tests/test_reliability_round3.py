@@ -195,3 +195,22 @@ def test_transformers_attention_names_pass_the_check(value):
     from evalkit.engines import check_engine_settings
 
     check_engine_settings("hf", {"attention": value, "batch_size": 2})
+
+
+# ----------------------------------------------------------------- 6. an empty shard
+
+
+@pytest.mark.parametrize("command", ["ruler", "general"])
+def test_an_empty_shard_is_not_a_failure_and_says_why(tmp_path, capsys, command):
+    from tests.scale.helpers import SHIPPED
+
+    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    one_unit = {
+        "ruler": ["--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1"],
+        "general": ["--tasks", "arc_easy", "--limit", "1"],
+    }[command]
+    result = evalkit_here(capsys, command, "--ckpts", ckpt, *one_unit, "--shard", "2/3", "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "shard 2/3 holds no unit of this sweep (more shards than units)" in result.stderr
+    assert "reasons above" not in result.stderr and "error" not in result.stderr
+    assert not list((tmp_path / "out").rglob("*.json"))  # no summary, no failure record

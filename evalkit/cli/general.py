@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from evalkit.cli.app import app
-from evalkit.errors import UserError
+from evalkit.cli.app import app, nothing_scored
 from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
 
 
@@ -92,8 +91,8 @@ def general_command(
         shard=scale[0],
         executor=scale[1],
     )
-    if not run.rows:
-        raise UserError("no task produced a score (all skipped); see the reasons above")
+    if nothing_scored(run, scale[0]):
+        return
     typer.echo(checkpoint_table(run.result_rows()))
     if run.averages is not None:
         typer.echo("\n" + run.averages.table)

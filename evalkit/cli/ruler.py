@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from evalkit.cli.app import app
-from evalkit.errors import UserError
+from evalkit.cli.app import app, nothing_scored
 from evalkit.lengths import parse_lengths
 from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
 from evalkit.storage import check_output_dir
@@ -101,7 +100,7 @@ def ruler_command(
     check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = _run_with_progress(console, refs, settings, out, avg, scale)
-    _report_ruler(console, run, out)
+    _report_ruler(console, run, out, scale[0])
 
 
 def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(None, None)):
@@ -136,11 +135,11 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
         )
 
 
-def _report_ruler(console, run, out: Path) -> None:
+def _report_ruler(console, run, out: Path, shard=None) -> None:
     from evalkit.length_averages import checkpoint_table
 
-    if not run.rows:
-        raise UserError("no task produced a score (all skipped); see the reasons above")
+    if nothing_scored(run, shard):
+        return
     typer.echo(checkpoint_table(run.result_rows()))
     if run.averages is not None:
         typer.echo("\n" + run.averages.table)
