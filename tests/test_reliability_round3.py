@@ -214,3 +214,26 @@ def test_an_empty_shard_is_not_a_failure_and_says_why(tmp_path, capsys, command)
     assert "shard 2/3 holds no unit of this sweep (more shards than units)" in result.stderr
     assert "reasons above" not in result.stderr and "error" not in result.stderr
     assert not list((tmp_path / "out").rglob("*.json"))  # no summary, no failure record
+
+
+# ------------------------------------------- 7. a leaderboard of failed checkpoints only
+
+
+def test_a_leaderboard_of_failed_checkpoints_only_names_the_failure_records(tmp_path, capsys):
+    from tests.scale.helpers import SHIPPED
+    from tests.test_reliability import truncate_weights
+
+    run = shutil.copytree(SHIPPED / "tiny-long-full-shipped", tmp_path / "runs" / "broken")
+    for step in ("step-550", "step-600"):
+        truncate_weights(run / step)
+    out = tmp_path / "results"
+    args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    assert "2 of 2 checkpoints failed" in error_line(evalkit_here(capsys, *args))
+    records = [out / "broken" / step / "ruler-failed.json" for step in ("step-550", "step-600")]
+    assert all(record.is_file() for record in records)
+    for form in ("csv", "json", "md"):
+        board = tmp_path / f"board.{form}"
+        line = error_line(evalkit_here(capsys, "leaderboard", out, "--format", form, "--out", board))
+        assert "but 2 failure records" in line and all(str(record) in line for record in records), line
+        assert "run evalkit ruler/general first" not in line
+        assert not board.exists()

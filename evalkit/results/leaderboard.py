@@ -393,10 +393,29 @@ def effective_length_table(
     return markdown_table(["run", "effective length", "95% interval (bootstrap, seed 0)"], table), threshold
 
 
+def failure_records(dirs: list[Path]) -> list[Path]:
+    """The <name>-failed.json files a sweep left under `dirs` (one per checkpoint that failed)."""
+    return sorted({p.resolve() for d in dirs for p in Path(d).rglob(f"*{FAILED_SUFFIX}")})
+
+
+def nothing_to_show(found_none: str, dirs: list[Path]) -> UserError:
+    """No result to show: when failure records are there instead, say how many and where (every
+    checkpoint failed: rerunning is not "first"), else that nothing was run yet."""
+    where = ", ".join(map(str, dirs))
+    records = failure_records(dirs)
+    if not records:
+        return UserError(f"{found_none} under {where}; run evalkit ruler/general first")
+    shown = ", ".join(map(str, records[:3])) + (f" and {len(records) - 3} more" if len(records) > 3 else "")
+    return UserError(
+        f"{found_none} under {where}, but {len(records)} failure record{'s' if len(records) > 1 else ''} "
+        f"({shown}): those checkpoints failed; each record gives the reason: mend them and rerun"
+    )
+
+
 def failure_notes(dirs: list[Path]) -> str:
     """One line per checkpoint a sweep recorded as failed (<name>-failed.json), with its reason."""
     lines = []
-    for path in sorted({p.resolve() for d in dirs for p in Path(d).rglob(f"*{FAILED_SUFFIX}")}):
+    for path in failure_records(dirs):
         try:
             record = json.loads(path.read_text())
             reason = not_understood(path, record, FAILED_SUFFIX)
@@ -417,10 +436,7 @@ def build_markdown(
     others = other_benchmarks(dirs, unread)
     if not ruler and not general and not others:
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
-        raise UserError(
-            f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX} under {', '.join(map(str, dirs))}"
-            f"{left_out}; run evalkit ruler/general first"
-        )
+        raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
     parts = ["# Leaderboard", ""]
     if ruler:
         rows = [row for s in ruler for row in s["rows"]]
@@ -471,9 +487,7 @@ def export_rows(dirs: list[Path]) -> list[ResultRow]:
     names = [RULER_SUMMARY, GENERAL_SUMMARY] + [summary_name(name) for name in other_benchmarks(dirs)]
     rows = [row for name in names for summary in find_summaries(dirs, name) for row in summary_rows(summary)]
     if not rows:
-        raise UserError(
-            f"no *{SUMMARY_SUFFIX} with rows under {', '.join(map(str, dirs))}; run evalkit ruler/general first"
-        )
+        raise nothing_to_show(f"no *{SUMMARY_SUFFIX} with rows", dirs)
     return rows
 
 
