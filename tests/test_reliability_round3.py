@@ -237,3 +237,26 @@ def test_a_leaderboard_of_failed_checkpoints_only_names_the_failure_records(tmp_
         assert "but 2 failure records" in line and all(str(record) in line for record in records), line
         assert "run evalkit ruler/general first" not in line
         assert not board.exists()
+
+
+# ------------------------------------ 8. compare says which summary it could not read
+
+
+def test_compare_names_a_summary_of_a_future_schema_it_left_out(tmp_path, capsys):
+    import json
+
+    from tests.scale.helpers import SHIPPED
+
+    out = tmp_path / "results"
+    runs = [SHIPPED / "tiny-long-full-shipped", SHIPPED / "tiny-long-anchor-shipped"]  # two checkpoints each
+    args = ["--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    assert evalkit_here(capsys, "ruler", "--ckpts", *runs, *args).returncode == 0
+    future = out / "tiny-long-anchor-shipped" / "step-550" / "ruler-summary.json"
+    summary = json.loads(future.read_text())
+    future.write_text(json.dumps({**summary, "schema_version": 99}))
+
+    result = evalkit_here(capsys, "compare", out, "--replicates", "100", "--out", tmp_path / "cmp")
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and f"{future}: not read: its schema_version is 99" in notes[0], result.stderr
+    assert f"{future}: not read" in (tmp_path / "cmp" / "compare.md").read_text()

@@ -49,7 +49,10 @@ def compare_command(
         raise UserError("give --threshold or --threshold-from, not both")
     if out is not None:
         check_output_dir(out)
-    series = load_series(paths)
+    unread: list[str] = []
+    series = load_series(paths, unread)
+    for line in unread:  # a run read from part of its checkpoints must say which it did not read
+        typer.echo(f"note: {line.removeprefix('- ')}; left out of the comparison", err=True)
     order = list(series)
     if only:
         order = [name.strip() for name in only.split(",") if name.strip()]
@@ -83,6 +86,8 @@ def compare_command(
     )
     command = command_line()
     text = compare_report.markdown(result, command)
+    if unread:  # as the leaderboard lists them: the report itself says what it left out
+        text += "\n## Not read (another format; not compared)\n\n" + "\n".join(unread) + "\n"
     typer.echo(text)
     if out is not None:
         from evalkit.storage import atomic_write_json, atomic_write_text

@@ -68,14 +68,15 @@ class Series:
         return {cell for cells in self.checkpoints.values() for cell in cells}
 
 
-def load_series(arguments: list[str]) -> dict[str, Series]:
+def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
     """Every series under the given `[LABEL=]PATH` arguments, by name.
 
     A LABEL names the series of its path (a path holding one series), or prefixes each of them
     (`LABEL: series`); the same series name from two arguments is refused, asking for labels.
     The same LABEL given again pools: its directories' samples count as more samples of the same
     checkpoints (evaluations with another --seed), the k-th directory's sample i being sample
-    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other."""
+    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other.
+    A summary of another format is left out, a line saying which and why added to `notes`."""
     found: dict[str, Series] = {}
     places: dict[str, int] = {}
     for argument in arguments:
@@ -83,7 +84,7 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
         place = places.get(label, 0) if label else 0
         if label:
             places[label] = place + 1
-        here = read_directory(path, place)
+        here = read_directory(path, place, notes)
         if not here:
             raise UserError(
                 f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {path}; "
@@ -132,14 +133,14 @@ def _split_argument(argument: str) -> tuple[str | None, Path]:
     return None, Path(argument)
 
 
-def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
+def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -> dict[str, Series]:
     """The series whose summaries lie under `path`, with their per-sample scores, each sample
     keyed (place, index): `place` tells pooled directories apart (load_series)."""
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells)):
-        summaries = find_summaries([path], name)
+        summaries = find_summaries([path], name, notes)
         directories = _summary_dirs(path, name) if summaries else {}
         for summary in summaries:
             directory = directories[(summary["run"], int(summary["step"]))]
