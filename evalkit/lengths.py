@@ -21,8 +21,19 @@ def parse_length(text: str) -> int:
         raise UserError(f"could not read length {text!r}: use a positive integer such as 4096 or 4k")
     # Digits counted before int(): a thousand-digit number is refused without being converted.
     if len(digits) > len(str(MAX_LENGTH)) or int(digits) * (1024 if k else 1) > MAX_LENGTH:
-        raise UserError(f"length {text!r} is above evalkit's limit of {MAX_LENGTH} tokens")
+        raise LengthBeyondLimit(text)
     return int(digits) * (1024 if k else 1)
+
+
+class LengthBeyondLimit(UserError):
+    """A length no model's window reaches. A command that knows the model says its window instead."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        super().__init__(
+            f"length {text!r} is above evalkit's limit of {MAX_LENGTH} tokens, beyond any model's window: give "
+            "lengths within the model's window (its config.json max_position_embeddings), or up to --max-length"
+        )
 
 
 MIN_WINDOW = 2  # tokens: one of prompt (a BOS at least) and one generated or scored

@@ -260,3 +260,22 @@ def test_compare_names_a_summary_of_a_future_schema_it_left_out(tmp_path, capsys
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and f"{future}: not read: its schema_version is 99" in notes[0], result.stderr
     assert f"{future}: not read" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
+# ------------------------------------- 9. a length beyond the limit: the model's window
+
+
+def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(tmp_path, capsys):
+    import json
+
+    from tests.scale.helpers import SHIPPED
+
+    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    window = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "4k,1000000000", "--out", tmp_path]
+    line = error_line(evalkit_here(capsys, *args))
+    assert f"length 1000000000 is beyond the window of {ckpt} ({window} tokens, its max_position_embeddings)" in line
+    assert "--max-length" in line and "evalkit's limit" not in line
+    line = error_line(evalkit_here(capsys, *args, "--max-length", "8192"))
+    assert "length 1000000000 is beyond --max-length 8192" in line
+    assert not list(tmp_path.iterdir())

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 from evalkit.cli.app import app, nothing_scored
-from evalkit.lengths import parse_lengths
+from evalkit.errors import UserError
+from evalkit.lengths import LengthBeyondLimit, parse_lengths
 from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
 from evalkit.storage import check_output_dir
 
@@ -79,9 +80,13 @@ def ruler_command(
     from evalkit.ruler.runner import RulerSettings, parse_tasks
 
     console = Console(stderr=True)
+    try:
+        parsed_lengths = parse_lengths(lengths)
+    except LengthBeyondLimit as err:  # the model is known: say its window, not evalkit's limit
+        raise _beyond_window(err, [*(ckpts or []), *(paths or [])], max_length) from None
     settings = RulerSettings(
         tasks=parse_tasks(tasks),
-        lengths=parse_lengths(lengths),
+        lengths=parsed_lengths,
         num_samples=samples,
         seed=seed,
         essays=essays,
@@ -101,6 +106,19 @@ def ruler_command(
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = _run_with_progress(console, refs, settings, out, avg, scale)
     _report_ruler(console, run, out, scale[0])
+
+
+def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | None) -> UserError:
+    """A length above evalkit's limit, said against the first checkpoint's window (the limit's own
+    message when the checkpoints cannot be resolved: their error comes once the length is mended)."""
+    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.ruler.runner import beyond_window
+
+    try:
+        ref = resolve_checkpoints(paths)[0]
+        return beyond_window(err.text, ref, max_length)
+    except UserError:
+        return err
 
 
 def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(None, None)):

@@ -105,17 +105,30 @@ def parse_tasks(text: str) -> list[str]:
 
 def check_window(ref: CheckpointRef, settings: RulerSettings) -> None:
     """Before any work: the checkpoint's window is long enough for every length asked for."""
+    too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
+    if too_long:
+        raise beyond_window(str(too_long[0]), ref, settings.max_length)
+
+
+def window_of(ref: CheckpointRef, max_length: int | None) -> int:
+    """The window lengths must fit: --max-length, else the checkpoint's max_position_embeddings."""
     config = read_config(ref.path)
     config = config.get("text_config", config)
-    window = settings.max_length or config.get("max_position_embeddings")
+    window = max_length or config.get("max_position_embeddings")
     if window is None:
         raise UserError(f"{ref.path}/config.json has no max_position_embeddings; pass --max-length")
-    too_long = [n for n in settings.lengths if n > window]
-    if too_long:
-        raise UserError(
-            f"length {too_long[0]} is beyond the window of {ref.path} ({window} tokens); "
-            "drop it or pass --max-length to evaluate beyond the trained window (never truncated)"
-        )
+    return int(window)
+
+
+def beyond_window(length: str, ref: CheckpointRef, max_length: int | None) -> UserError:
+    """A length beyond the window: which window (the model's, or --max-length's) and what to do."""
+    window = window_of(ref, max_length)
+    if max_length:
+        return UserError(f"length {length} is beyond --max-length {window}; drop it or raise --max-length")
+    return UserError(
+        f"length {length} is beyond the window of {ref.path} ({window} tokens, its max_position_embeddings); "
+        "drop it or pass --max-length to evaluate beyond the trained window (never truncated)"
+    )
 
 
 def check_packed_attention(ref: CheckpointRef, settings: RulerSettings) -> None:
