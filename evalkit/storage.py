@@ -337,16 +337,15 @@ def refuse_foreign(paths: Iterable[Path], option: str = "--out") -> None:
 
 def written_by_evalkit(path: Path) -> bool:
     """Whether `path` looks as evalkit writes it: a JSON record with provenance or schema_version, a
-    JSONL of step or sample records, a markdown report of evalkit's, a matplotlib figure, or a
-    checkpoint directory with its meta.json (an empty directory holds nothing to lose)."""
+    markdown report of evalkit's, a matplotlib figure, or a checkpoint directory with its meta.json
+    (an empty directory holds nothing to lose). A JSONL log is not judged by its lines (other
+    trainers log {"step", "loss"} too): training's log by its run's marker (train.checkpoint)."""
     try:
         if path.is_dir():
             return (path / "meta.json").is_file() or not any(path.iterdir())
         if path.suffix == ".json":
             record = json.loads(path.read_text(encoding="utf-8"))
             return isinstance(record, dict) and ("provenance" in record or "schema_version" in record)
-        if path.suffix == ".jsonl":
-            return _is_record_log(path.read_text(encoding="utf-8").splitlines())
         if path.suffix == ".md":
             first = path.read_text(encoding="utf-8").partition("\n")[0]
             return first.startswith(OWN_MARKDOWN_TITLES) or (
@@ -358,19 +357,3 @@ def written_by_evalkit(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
-
-
-def _is_record_log(lines: list[str]) -> bool:
-    """Lines of JSON objects with a step (training metrics) or an index (samples), at least one; a
-    line that does not parse is a torn or damaged line of such a log (its reader says which), but
-    a JSON line of another shape, or no record at all, is someone else's file."""
-    records = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or not ("step" in record or "index" in record):
-            return False
-        records += 1
-    return records > 0

@@ -279,3 +279,62 @@ def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(t
     line = error_line(evalkit_here(capsys, *args, "--max-length", "8192"))
     assert "length 1000000000 is beyond --max-length 8192" in line
     assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------- 10. another trainer's metrics log
+
+OTHER_TRAINERS_LOGS = {
+    # HF Trainer's log_history entries, as its callbacks write them one per line
+    "hf-trainer": [
+        {"loss": 2.3046, "grad_norm": 1.8125, "learning_rate": 4.9e-05, "epoch": 0.01, "step": 10},
+        {"loss": 2.1187, "grad_norm": 1.6875, "learning_rate": 4.8e-05, "epoch": 0.02, "step": 20},
+    ],
+    # torchtitan's metrics, as a JSONL logger of its metric names would write them
+    "torchtitan": [
+        {
+            "step": 10,
+            "loss_metrics/global_avg_loss": 7.81,
+            "loss_metrics/global_max_loss": 7.95,
+            "throughput(tps)": 8123.4,
+            "memory/max_reserved(GiB)": 21.3,
+        },
+        {
+            "step": 20,
+            "loss_metrics/global_avg_loss": 6.92,
+            "loss_metrics/global_max_loss": 7.1,
+            "throughput(tps)": 8201.0,
+            "memory/max_reserved(GiB)": 21.3,
+        },
+    ],  # fmt: skip
+    "plain": [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4}],
+}
+
+
+@pytest.mark.parametrize("trainer", list(OTHER_TRAINERS_LOGS))
+@pytest.mark.parametrize("resume", [False, True])
+def test_another_trainers_metrics_log_is_refused_and_left_as_it_is(tmp_path, capsys, trainer, resume):
+    import json
+
+    from tests.train.helpers import micro_args
+
+    out = tmp_path / "run"
+    out.mkdir()
+    text = "".join(json.dumps(record) + "\n" for record in OTHER_TRAINERS_LOGS[trainer])
+    (out / "metrics.jsonl").write_text(text)
+    line = error_line(evalkit_here(capsys, *micro_args(out, max_steps=2), *(["--resume"] if resume else [])))
+    assert str(out / "metrics.jsonl") in line and "not written by evalkit" in line, line
+    assert (out / "metrics.jsonl").read_text() == text
+    assert [p.name for p in out.iterdir()] == ["metrics.jsonl"]  # nothing written
+
+
+def test_a_run_from_before_the_marker_is_still_evalkits(two_checkpoint_run, tmp_path, capsys):
+    """Runs trained before evalkit-run.json existed are recognised by their checkpoints' meta.json;
+    resuming one marks it."""
+    from tests.train.helpers import losses, micro_args
+
+    run = shutil.copytree(two_checkpoint_run, tmp_path / "run")
+    assert (run / "evalkit-run.json").is_file()  # written when the run started
+    (run / "evalkit-run.json").unlink()
+    result = evalkit_here(capsys, *micro_args(run, max_steps=6), "--resume")
+    assert result.returncode == 0, result.stderr
+    assert len(losses(run)) == 6 and (run / "evalkit-run.json").is_file()

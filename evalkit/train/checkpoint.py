@@ -21,6 +21,7 @@ import torch
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.checkpoint_refs import STEP_DIR, step_dir_name
 from evalkit.errors import UserError
+from evalkit.provenance import stamp
 from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
 
 if TYPE_CHECKING:
@@ -29,6 +30,48 @@ if TYPE_CHECKING:
 TRAINER_STATE = "trainer_state.pt"
 META = "meta.json"
 MASTER_WEIGHTS = "master_weights"  # trainer_state key: the fp32 weights when model.safetensors is bf16
+
+
+RUN_MARKER = "evalkit-run.json"  # in a run directory: evalkit's trainer made it (its log is evalkit's)
+
+
+def mark_run(run_dir: Path) -> None:
+    """Say that evalkit trains this run directory, once, when it starts: what makes its metrics log
+    evalkit's to rewrite (a resume truncates it), whatever other trainers' logs look like."""
+    marker = Path(run_dir) / RUN_MARKER
+    if not marker.exists():
+        atomic_write_json(marker, {"written_by": "evalkit", "schema_version": 1, "provenance": stamp()})
+
+
+def is_evalkit_run(run_dir: Path) -> bool:
+    """A run directory evalkit's trainer made: its marker, or (runs from before the marker) a
+    checkpoint whose meta.json evalkit's trainer wrote (it records evalkit_version)."""
+    try:
+        marker = json.loads((Path(run_dir) / RUN_MARKER).read_text(encoding="utf-8"))
+        if isinstance(marker, dict) and marker.get("written_by") == "evalkit":
+            return True
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    return any(_written_by_evalkits_trainer(path / META) for _step, path in complete_checkpoints(run_dir))
+
+
+def _written_by_evalkits_trainer(meta: Path) -> bool:
+    try:
+        record = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and "evalkit_version" in record and "step" in record
+
+
+def refuse_foreign_log(log: Path) -> None:
+    """Before any work: a metrics log in a run directory evalkit did not make is another trainer's
+    (or the user's), never truncated or rewritten."""
+    if log.exists() and not is_evalkit_run(log.parent):
+        raise UserError(
+            f"{log} is in the way and was not written by evalkit (its directory has no {RUN_MARKER} nor an "
+            "evalkit checkpoint); evalkit never replaces or truncates a file it did not write: move it away, or "
+            "choose another --out (an evalkit run that saved no checkpoint yet: delete it and start again)"
+        )
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -310,7 +310,8 @@ def _train(
     check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
     # The log is rewritten on start and step-N directories replaced on save: never a file of the user's.
     steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)] if run_dir.is_dir() else []
-    refuse_foreign([run_dir / METRICS, *sorted(steps)])
+    ckpt.refuse_foreign_log(run_dir / METRICS)  # by the run's marker: other trainers log {"step", "loss"} too
+    refuse_foreign(sorted(steps))
     per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
     if remainder or per_process % config.micro_batch:
         raise UserError(
@@ -340,6 +341,7 @@ def _train(
         step, tokens_seen = state["step"], state["tokens_seen"]
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.mark_run(run_dir)
         ckpt.remove_partial(run_dir)
         if (run_dir / METRICS).is_file():
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
