@@ -164,3 +164,38 @@ def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0
     grouped = query.reshape(batch, key.shape[1], groups, head_dim)
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
+
+
+# ---------------------------------------------------------------------- the sink reading, after the documents
+
+ANCHOR_SINK_SDPA = "evalkit_anchor_sink_sdpa"
+
+
+def register_anchor_sink_sdpa() -> str:
+    """Register transformers' SDPA with the anchor (key 0) visible to every query of a sliding
+    layer beyond its window: the question and the decoded tokens of a packed request on a model
+    trained with window_anchor="sink" (attention.masks). Valid for one unpadded row whose cache
+    holds every key from the anchor on (the hf engine's packed requests on windowed models).
+    Returns the name to set."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
+    AttentionMaskInterface.register(ANCHOR_SINK_SDPA, sdpa_mask)
+    return ANCHOR_SINK_SDPA
+
+
+def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if kwargs.get("sliding_window") and attention_mask is not None:
+        attention_mask = _anchor_visible(attention_mask)  # None: every earlier key is visible already
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def _anchor_visible(mask: torch.Tensor) -> torch.Tensor:
+    """`mask` [B, 1, Q, K] (bool: True attends; float: 0 attends) with key 0, the anchor, attended by
+    every query (it precedes them all: causality holds). A copy: layers may share the mask."""
+    mask = mask.clone()
+    mask[..., 0] = True if mask.dtype == torch.bool else 0.0
+    return mask

@@ -58,8 +58,9 @@ import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.features import check_attention_supported, layer_windows
-from evalkit.attention.hf import GROUPED_SDPA, register_grouped_sdpa
+from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa
 from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
+from evalkit.checkpoint_refs import trained_window_anchor
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
@@ -270,6 +271,10 @@ class HFEngine(PackedEngine):
         # requests (after short documents, before short questions) would take window slots, so
         # such models take their packed requests one at a time.
         self._packed_one_by_one = any(w is not None and w < self.max_length for w in layer_windows(self.model.config))
+        # How the anchor meets those windows, as the checkpoint was trained (meta.json); "sink" keeps it
+        # visible beyond them, which transformers' own masks and sliding caches never do (_packed_reading).
+        self.window_anchor = trained_window_anchor(self.model_path)
+        self._sink_beyond_windows = self.window_anchor == "sink" and self._packed_one_by_one
         self.fast_decode = fast_decode
         self._fast_decoder, self._decode_path_reason = self._choose_decode_path(fast_decode)
 
@@ -288,6 +293,7 @@ class HFEngine(PackedEngine):
             "max_length": self.max_length,
             "attention": self.attention,
             "packed_attention": self.packed_attention,
+            "window_anchor": self.window_anchor,  # the reading packed requests are served under (the checkpoint's)
             "prefill": self.prefill,
             "threads": self.threads or torch.get_num_threads(),
             "decode_path": "fast" if self._fast_decoder is not None else "transformers",
@@ -439,9 +445,10 @@ class HFEngine(PackedEngine):
         layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
         outputs: list[str] = [""] * len(layouts)
         for batch in self._packed_batches(layouts):
-            state = self._prefill_packed([layouts[i] for i in batch])
-            for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, list(stop or []))):
-                outputs[i] = text
+            with self._packed_reading():
+                state = self._prefill_packed([layouts[i] for i in batch])
+                for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, list(stop or []))):
+                    outputs[i] = text
         return outputs
 
     @torch.inference_mode()
@@ -450,7 +457,8 @@ class HFEngine(PackedEngine):
         layouts = [self._checked_layout(request, 0) for request in requests]
         logits: list[torch.Tensor] = [torch.empty(0)] * len(layouts)
         for batch in self._packed_batches(layouts):
-            state = self._prefill_packed([layouts[i] for i in batch])
+            with self._packed_reading():
+                state = self._prefill_packed([layouts[i] for i in batch])
             for row, i in enumerate(batch):
                 logits[i] = state.logits[row].float().log_softmax(-1).cpu()  # as vLLM returns them
         return torch.stack(logits)
@@ -463,9 +471,21 @@ class HFEngine(PackedEngine):
             return [[i] for batch in batches for i in batch]
         return batches
 
+    @contextmanager
+    def _packed_reading(self) -> Iterator[None]:
+        """Under the sink reading on a windowed model, the question and decoded tokens see the anchor
+        beyond the window too (attention.hf.register_anchor_sink_sdpa, over a cache that keeps it);
+        the documents get it from evalkit's attention (window_anchor, _prefill_documents)."""
+        if not self._sink_beyond_windows:
+            yield
+            return
+        with self._attention_implementation(register_anchor_sink_sdpa()):
+            yield
+
     def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:
         """Documents under document attention, then the question under causal attention over all of them."""
-        cache = self._new_cache()
+        # A sliding layer's cache keeps only its window, the anchor gone: under the sink reading every key stays.
+        cache = self._new_cache(every_key=self._sink_beyond_windows)
         self._prefill_documents(layouts, cache)
         document_lengths = torch.tensor([layout.num_document_tokens for layout in layouts])
         width = int(document_lengths.max())
@@ -492,7 +512,15 @@ class HFEngine(PackedEngine):
         position_ids = torch.arange(width).expand(len(layouts), -1)  # continuous, the anchor at 0
         with self._attention_implementation(self.packed_attention):
             device = self.device
-            self._forward(input_ids.to(device), None, position_ids.to(device), cache=cache, doc_ids=doc_ids.to(device))
+            doc_ids = doc_ids.to(device)
+            self._forward(
+                input_ids.to(device),
+                None,
+                position_ids.to(device),
+                cache=cache,
+                doc_ids=doc_ids,
+                window_anchor=self.window_anchor,
+            )
 
     @contextmanager
     def _attention_implementation(self, name: str) -> Iterator[None]:
@@ -574,10 +602,12 @@ class HFEngine(PackedEngine):
         )
         return out.logits
 
-    def _new_cache(self):
+    def _new_cache(self, *, every_key: bool = False):
+        """transformers' cache for this model (sliding layers keep their window); `every_key`: plain
+        layers throughout, keeping every key (the masks still apply each layer's window)."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        return DynamicCache() if every_key else DynamicCache(config=self.model.config)
 
     def _left_padded(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """input_ids, attention_mask and position_ids [B, S] on the device, rows left-padded."""

@@ -413,6 +413,7 @@ class VLLMEngine(PackedEngine):
         self.max_length = context_window(config, max_length)
         self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
         if packed:
+            check_window_anchor(self.model_path, config, self.max_length)
             _check_packed_support(config, self.dtype, self.device, self.max_length)
         self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
@@ -750,6 +751,22 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
     }
     # what no evalkit attention path reproduces (soft-capping, ALiBi, sinks...): checked in one place
     return unsupported_attention_features(config) + [name for name, present in problems.items() if present]
+
+
+def check_window_anchor(model_path: Path, config, max_length: int) -> None:
+    """Before vLLM starts: packed requests on a checkpoint trained with model.window_anchor=sink (the
+    anchor visible beyond the sliding windows; meta.json) are refused where a window is shorter than
+    max_length, so the reading matters: vLLM's sliding-window attention is the window reading, and
+    evalkit's packed backend has no windows. The hf engine serves it."""
+    from evalkit.attention.features import layer_windows
+    from evalkit.checkpoint_refs import trained_window_anchor
+
+    windows = [w for w in layer_windows(config) if w is not None and w < max_length]
+    if windows and trained_window_anchor(model_path) == "sink":
+        raise UserError(
+            f"{model_path} was trained with model.window_anchor=sink (the anchor visible beyond its "
+            f"{min(windows)}-token window), a reading the vllm engine does not serve; use --engine hf"
+        )
 
 
 def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:

@@ -39,7 +39,8 @@ def gemma3(tmp_path_factory, tokenizer):
     return folder
 
 
-def definition_masks(layout: tok.PackedLayout, length: int) -> dict[str, torch.Tensor]:
+def definition_masks(layout: tok.PackedLayout, length: int, sink: bool = False) -> dict[str, torch.Tensor]:
+    """`sink`: the anchor (key 0) seen by every query beyond the window too (window_anchor="sink")."""
     n = layout.num_document_tokens
     doc = torch.tensor(layout.doc_ids)
     full = torch.zeros(length, length, dtype=torch.bool)
@@ -48,14 +49,17 @@ def definition_masks(layout: tok.PackedLayout, length: int) -> dict[str, torch.T
             document_row = i < n
             full[i, j] = not document_row or doc[i] == doc[j] or doc[j] == 0  # 0: the anchor
     distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]
-    return {"full_attention": full[None, None], "sliding_attention": (full & (distance < WINDOW))[None, None]}
+    seen = distance < WINDOW
+    if sink:
+        seen[:, 0] = True
+    return {"full_attention": full[None, None], "sliding_attention": (full & seen)[None, None]}
 
 
-def greedy_under_masks(model, ids: list[int], max_new_tokens: int, eos: set[int], layout) -> list[int]:
+def greedy_under_masks(model, ids: list[int], max_new_tokens: int, eos: set[int], layout, sink=False) -> list[int]:
     """Greedy decoding the slow way: the whole sequence re-run per token, one mask per layer type."""
     sequence, generated = list(ids), []
     for _ in range(max_new_tokens):
-        masks = definition_masks(layout, len(sequence))
+        masks = definition_masks(layout, len(sequence), sink)
         positions = torch.arange(len(sequence))[None]
         logits = model(input_ids=torch.tensor([sequence]), position_ids=positions, attention_mask=masks).logits
         token = int(logits[0, -1].argmax())
@@ -92,6 +96,38 @@ def test_packed_answers_on_a_windowed_model_equal_greedy_decoding_under_the_defi
         assert expected and answer == decode(tokenizer, expected)
 
 
+def test_a_checkpoint_trained_with_the_sink_reading_is_served_under_it(gemma3, tokenizer, tmp_path):
+    """meta.json says window_anchor=sink: the anchor stays visible beyond the window to documents,
+    question and decoded tokens alike; engine_info (so the summary) says so."""
+    import json
+    import shutil
+
+    sink = shutil.copytree(gemma3, tmp_path / "sink")
+    (sink / "meta.json").write_text(json.dumps({"step": 1, "attention": {"window_anchor": "sink"}}))
+    engine = get_engine("hf", sink, dtype="fp32", device="cpu", batch_size=2)
+    assert engine.engine_info()["window_anchor"] == "sink"
+    assert get_engine("hf", gemma3, dtype="fp32", device="cpu").engine_info()["window_anchor"] == "window"
+    requests = [
+        PackedRequest(DOCUMENTS, " What is the special magic number for alpha? The number is"),
+        PackedRequest(DOCUMENTS[1:], " Tell me the number."),
+    ]
+    answers = engine.generate_packed(requests, 10)
+    logits = engine.logits_packed(requests)
+    model = engine.model
+    model.set_attn_implementation("sdpa")
+    for request, answer, row in zip(requests, answers, logits):
+        layout = tok.packed_layout(tokenizer, request.documents, request.question)
+        n = len(layout.input_ids)
+        with torch.no_grad():
+            ids, positions = torch.tensor([layout.input_ids]), torch.arange(n)[None]
+            reference = model(input_ids=ids, position_ids=positions, attention_mask=definition_masks(layout, n, True))
+            windowed = model(input_ids=ids, position_ids=positions, attention_mask=definition_masks(layout, n))
+        torch.testing.assert_close(row, reference.logits[0, -1].log_softmax(-1), atol=1e-4, rtol=0)
+        assert not torch.allclose(row, windowed.logits[0, -1].log_softmax(-1), atol=1e-3)  # the readings differ
+        expected = greedy_under_masks(model, layout.input_ids, 10, {tokenizer.eos_token_id}, layout, sink=True)
+        assert expected and answer == decode(tokenizer, expected)
+
+
 def test_packed_requests_refuse_attention_evalkit_cannot_reproduce(tmp_path, tokenizer):
     from transformers import AutoModelForCausalLM
 
@@ -123,3 +159,22 @@ def test_ruler_anchor_encoding_refuses_before_loading_a_model(gemma3, tmp_path, 
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     with pytest.raises(UserError, match="--encoding anchor cannot reproduce this model's attention exactly"):
         check_packed_attention(CheckpointRef("g2", 1, tmp_path), RulerSettings(**anchor))
+
+
+def test_the_vllm_engine_refuses_the_sink_reading_before_starting(gemma3, tmp_path):
+    """vLLM serves the window reading only: packed requests on a sink-trained windowed checkpoint are
+    refused from config.json and meta.json alone (no vLLM needed to test it)."""
+    import json
+    import shutil
+
+    from transformers import AutoConfig
+
+    from evalkit.engines.vllm import check_window_anchor
+
+    config = AutoConfig.from_pretrained(gemma3)
+    check_window_anchor(gemma3, config, 512)  # no record: the window reading, served
+    sink = shutil.copytree(gemma3, tmp_path / "sink")
+    (sink / "meta.json").write_text(json.dumps({"step": 1, "attention": {"window_anchor": "sink"}}))
+    with pytest.raises(UserError, match="trained with model.window_anchor=sink .* 12-token window.*use --engine hf"):
+        check_window_anchor(sink, config, 512)
+    check_window_anchor(sink, config, WINDOW)  # no window shorter than the context: the readings agree
