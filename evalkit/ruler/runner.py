@@ -20,7 +20,7 @@ from typing import Any
 
 from evalkit.arglists import parse_list
 from evalkit.checkpoint_check import load_tokenizer, read_config
-from evalkit.checkpoint_refs import CheckpointRef
+from evalkit.checkpoint_refs import CheckpointRef, trained_window_anchor
 from evalkit.engines.base import RESULT_FACTS
 from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
@@ -152,13 +152,26 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def sample_key(data_key: str, settings: RulerSettings, with_locations: bool = False) -> str:
+def sample_key(data_key: str, settings: RulerSettings, with_locations: bool = False, **reading: str) -> str:
     """What a stored answer must match to be reused: its sample's data (data_key, count-free), the
     encoding, and every setting that changes an answer (evalkit.identity; not the count, not the
     batch size, not where the data files lie), so another dtype, engine or window is answered
-    anew, a larger count is not. `with_locations`: the key as made before, the files' paths in it."""
+    anew, a larger count is not. `with_locations`: the key as made before, the files' paths in it.
+    `reading`: the checkpoint's sink reading where it serves one (_served_reading; else none, the key
+    as before)."""
     label = encoding_label(settings.encoding, settings.doc_tokens)
-    return identity_key(settings, with_count=False, with_locations=with_locations, data=data_key, encoding=label)
+    return identity_key(
+        settings, with_count=False, with_locations=with_locations, data=data_key, encoding=label, **reading
+    )
+
+
+def _served_reading(ref: CheckpointRef, label: str) -> dict[str, str]:
+    """{"window_anchor": "sink"} for the anchor encoding of a checkpoint trained with the sink reading
+    (the hf engine serves it; answers logged before it did were made under the window reading, and
+    are not this reading's), else {}: every other key is unchanged."""
+    if label == STANDARD or trained_window_anchor(ref.path) != "sink":
+        return {}
+    return {"window_anchor": "sink"}
 
 
 def _earlier_log_keys(store: UnitStore, spec: TaskSpec, tokenizer, settings: RulerSettings, data: dict) -> set[str]:
@@ -241,8 +254,11 @@ def _evaluate_task(
     _, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
-    key = sample_key(data_key, settings)
-    log = SampleLog(log_file, key, aliases=_earlier_log_keys(store, spec, tokenizer, settings, data) - {key})
+    reading = _served_reading(ref, label)
+    key = sample_key(data_key, settings, **reading)
+    # Keys of earlier evalkit versions name answers of the window reading only: none is this one under sink.
+    earlier = set() if reading else _earlier_log_keys(store, spec, tokenizer, settings, data) - {key}
+    log = SampleLog(log_file, key, aliases=earlier)
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:

@@ -178,3 +178,37 @@ def test_the_vllm_engine_refuses_the_sink_reading_before_starting(gemma3, tmp_pa
     with pytest.raises(UserError, match="trained with model.window_anchor=sink .* 12-token window.*use --engine hf"):
         check_window_anchor(sink, config, 512)
     check_window_anchor(sink, config, WINDOW)  # no window shorter than the context: the readings agree
+
+
+def test_answers_logged_under_the_window_reading_are_not_reused_for_the_sink_reading(gemma3, tmp_path):
+    """RULER's anchor encoding logs its answers per checkpoint directory: once meta.json says the
+    checkpoint was trained with the sink reading, answers logged before (the window reading) are
+    answered anew, not read back; the window reading's own rerun still reads its answers back."""
+    import json
+    import shutil
+
+    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.ruler.runner import RulerSettings, run_ruler
+
+    checkpoint = shutil.copytree(gemma3, tmp_path / "run" / "step-1")
+    settings = RulerSettings(
+        tasks=["niah_single_1"], lengths=[384], num_samples=1, encoding="anchor", doc_tokens=64, dtype="fp32"
+    )
+    out = tmp_path / "out"
+    summary = out / "run" / "step-1" / "ruler-summary.json"
+
+    def engine_record() -> dict:
+        return json.loads(summary.read_text())["provenance"]["engine"]
+
+    run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
+    assert engine_record()["window_anchor"] == "window"
+    logs = sorted((out / "run" / "step-1" / "ruler").rglob("*.jsonl"))
+    first = [log.read_text() for log in logs]
+    run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
+    assert [log.read_text() for log in logs] == first  # read back, nothing answered
+    (checkpoint / "meta.json").write_text(json.dumps({"step": 1, "attention": {"window_anchor": "sink"}}))
+    run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
+    assert engine_record()["window_anchor"] == "sink"  # an engine was built and answered under the sink
+    keys = [{json.loads(line)["data_key"] for line in text.splitlines()} for text in first]
+    keys_now = [{json.loads(line)["data_key"] for line in log.read_text().splitlines()} for log in logs]
+    assert all(len(now) == 1 and not now & then for now, then in zip(keys_now, keys))  # the sink's answers only
