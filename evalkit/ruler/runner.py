@@ -152,7 +152,9 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def sample_key(data_key: str, settings: RulerSettings, with_locations: bool = False, **reading: str) -> str:
+def sample_key(
+    data_key: str, settings: RulerSettings, *, with_locations: bool = False, reading: dict[str, str] | None = None
+) -> str:
     """What a stored answer must match to be reused: its sample's data (data_key, count-free), the
     encoding, and every setting that changes an answer (evalkit.identity; not the count, not the
     batch size, not where the data files lie), so another dtype, engine or window is answered
@@ -161,7 +163,7 @@ def sample_key(data_key: str, settings: RulerSettings, with_locations: bool = Fa
     as before)."""
     label = encoding_label(settings.encoding, settings.doc_tokens)
     return identity_key(
-        settings, with_count=False, with_locations=with_locations, data=data_key, encoding=label, **reading
+        settings, with_count=False, with_locations=with_locations, data=data_key, encoding=label, **(reading or {})
     )
 
 
@@ -255,7 +257,7 @@ def _evaluate_task(
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
     reading = _served_reading(ref, label)
-    key = sample_key(data_key, settings, **reading)
+    key = sample_key(data_key, settings, reading=reading)
     # Keys of earlier evalkit versions name answers of the window reading only: none is this one under sink.
     earlier = set() if reading else _earlier_log_keys(store, spec, tokenizer, settings, data) - {key}
     log = SampleLog(log_file, key, aliases=earlier)
