@@ -338,3 +338,18 @@ def test_a_run_from_before_the_marker_is_still_evalkits(two_checkpoint_run, tmp_
     result = evalkit_here(capsys, *micro_args(run, max_steps=6), "--resume")
     assert result.returncode == 0, result.stderr
     assert len(losses(run)) == 6 and (run / "evalkit-run.json").is_file()
+
+
+def test_a_missing_engine_package_is_one_line_before_any_checkpoint(tmp_path, capsys):
+    import importlib.util
+
+    from tests.scale.helpers import SHIPPED
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the message is for environments without it")
+    out = tmp_path / "out"
+    run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
+    args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args, "--engine", "vllm"))
+    assert line.startswith("error: the vllm engine needs vllm, which is not installed: pip install")
+    assert not out.exists()

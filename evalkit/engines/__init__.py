@@ -55,11 +55,8 @@ def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
 
 
 def check_engine_settings(name: str, settings: dict[str, Any]) -> None:
-    """Before a sweep: the settings' names and the values the engine judges without a checkpoint.
-    An engine whose package is missing is not imported here: building it says so."""
-    entry = _ENGINES.get(name)
-    if entry is None or entry.requirement and importlib.util.find_spec(entry.requirement) is None:
-        return
+    """Before a sweep: the engine can be had (its package installed), and the settings' names and
+    the values it judges without a checkpoint: said once, not recorded as each checkpoint's failure."""
     cls = engine_class(name)
     _check_settings(name, cls, settings)
     cls.check_settings(settings)
