@@ -353,3 +353,21 @@ def test_a_missing_engine_package_is_one_line_before_any_checkpoint(tmp_path, ca
     line = error_line(evalkit_here(capsys, *args, "--engine", "vllm"))
     assert line.startswith("error: the vllm engine needs vllm, which is not installed: pip install")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"rope": "sideways"}, "rope must be one of"),
+        ({"position_shift": -1}, "position_shift must be non-negative, got -1"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be at least 1, got 0"),
+    ],
+)
+def test_the_vllm_engine_judges_its_settings_without_a_checkpoint(settings, message):
+    """What check_engine_settings asks the vllm engine before a sweep (vLLM itself is not needed)."""
+    from evalkit.engines.vllm import VLLMEngine
+    from evalkit.errors import UserError
+
+    VLLMEngine.check_settings({"rope": "cast", "position_shift": 0, "batch_size": 4})  # its defaults pass
+    with pytest.raises(UserError, match=message):
+        VLLMEngine.check_settings(settings)

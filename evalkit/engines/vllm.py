@@ -388,13 +388,13 @@ class VLLMEngine(PackedEngine):
         packed: bool = False,
     ) -> None:
         _check_plugin_installed()
-        _check_positive(
-            batch_size=batch_size, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size
+        _check_settings(
+            batch_size=batch_size,
+            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=data_parallel_size,
+            rope=rope,
+            position_shift=position_shift,
         )
-        if rope not in ROPE_VARIANTS:
-            raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
-        if position_shift < 0:
-            raise UserError(f"position_shift must be non-negative, got {position_shift}")
         self.model_path = checkpoint_directory(model_path, "the vllm engine")
         # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
         # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
@@ -441,6 +441,10 @@ class VLLMEngine(PackedEngine):
                     f"vLLM failed to start: {start_failure_cause(self.log_path, err)}; its log: {self.log_path}"
                 ) from None
         self._facts = self._checked_facts()
+
+    @classmethod
+    def check_settings(cls, settings: dict[str, Any]) -> None:
+        _check_settings(**{key: settings[key] for key in _CHECKED_SETTINGS if settings.get(key) is not None})
 
     # ------------------------------------------------------------------ start-up
 
@@ -687,6 +691,19 @@ def _continuation_score(answer: _Answer, context_length: int, continuation: list
         greedy = greedy and rank == 1
     total += answer.first_step[continuation[-1]]
     return total, greedy and answer.token_ids[:1] == continuation[-1:]
+
+
+_CHECKED_SETTINGS = ("batch_size", "tensor_parallel_size", "data_parallel_size", "rope", "position_shift")
+
+
+def _check_settings(rope: str | None = None, position_shift: int | None = None, **counts: int) -> None:
+    """The settings a checkpoint has no say in (None: not given), refused with one line: once before a
+    sweep (VLLMEngine.check_settings) and again by each engine built."""
+    _check_positive(**counts)
+    if rope is not None and rope not in ROPE_VARIANTS:
+        raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
+    if position_shift is not None and position_shift < 0:
+        raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
 
 def _check_positive(**settings: int) -> None:
