@@ -601,8 +601,10 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
 
 
 def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
-    """The one dtype attention runs in: autocast's when autocast is on for q's device, else the
-    promotion of the three (a caller passing one dtype keeps it).
+    """The one dtype attention runs in: autocast's when autocast is on for q's device, else v's
+    (a caller passing one dtype keeps it). v is never rotated, so it carries the model's compute
+    dtype, while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k
+    then runs in bf16, as the paper's text has it, not silently in fp32.
 
     Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
     fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
@@ -612,7 +614,7 @@ def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dty
     device_type = q.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
-    return torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return v.dtype
 
 
 def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from evalkit.errors import UserError
 from evalkit.provenance import git_hash
 from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import distributed
+from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, check_inputs
 from evalkit.train.data import DocumentSource, WindowStream, domain_tag_ids, open_source
 from evalkit.train.model import build_model, load_tokenizer
@@ -63,8 +63,12 @@ class MaskedLMLoss(torch.nn.Module):
 
     def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
         decoder = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = decoder(
-            input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids, window_anchor=self.window_anchor
+        hidden = decoder(  # use_cache=False: nothing decodes (transformers 5.17's cache would promote v to k's dtype)
+            input_ids=input_ids,
+            position_ids=position_ids,
+            doc_ids=doc_ids,
+            window_anchor=self.window_anchor,
+            use_cache=False,
         ).last_hidden_state
         targets_mask = loss_mask[:, 1:]
         hidden = hidden[:, :-1][targets_mask]
@@ -201,18 +205,27 @@ def optimizer_step(model, optimizer, windows: list[PackedSequence], config: Trai
     mine = windows[ctx.rank :: ctx.world_size]
     num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
     loss_sum = torch.zeros((), device=ctx.device)
-    for i in range(0, len(mine), config.micro_batch):
-        batch = collate(mine[i : i + config.micro_batch], ctx.device)
-        with autocast:
-            micro_loss = model(**batch)
-        # FSDP averages gradients over processes; scaling by world size makes it a sum.
-        (micro_loss * ctx.world_size / num_targets).backward()
-        loss_sum += micro_loss.detach()
+    with compute_weights(model, config, ctx):
+        for i in range(0, len(mine), config.micro_batch):
+            batch = collate(mine[i : i + config.micro_batch], ctx.device)
+            with autocast:
+                micro_loss = model(**batch)
+            # FSDP averages gradients over processes; scaling by world size makes it a sum.
+            (micro_loss * ctx.world_size / num_targets).backward()
+            loss_sum += micro_loss.detach()
     if config.optim.grad_clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
+
+
+def compute_weights(model, config: TrainConfig, ctx):
+    """The weights the step computes with: under bf16_full in one process, bf16 copies of the fp32
+    masters (regime.bf16_weights); distributed, FSDP2's policy makes them (distributed.shard)."""
+    if config.dtype == "bf16_full" and not ctx.distributed:
+        return regime.bf16_weights(model)
+    return nullcontext()
 
 
 def autocast_context(config: TrainConfig, device: torch.device):
@@ -267,6 +280,8 @@ def build_training(
     model = distributed.shard(MaskedLMLoss(lm, config.model.window_anchor), ctx, config.dtype)
     if ctx.distributed:
         distributed.materialize(model, ctx.device)
+    if config.dtype == "bf16_full":
+        regime.cast_buffers(model, config.rope_precision)
     model.train()
     o = config.optim
     optimizer = torch.optim.AdamW(
@@ -355,7 +370,7 @@ def _train(
         "attention": {"layer_windows": layer_windows(model.lm.config), "window_anchor": config.model.window_anchor},
         "config": config.to_dict(),
         # the precision of training, stated apart from the config: what the leaderboard shows
-        "precision": {"dtype": config.dtype, "rope": config.rope_precision if config.dtype == "bf16" else "fp32"},
+        "precision": regime.record(config.dtype, config.rope_precision),
         "data_fingerprint": source.fingerprint,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "evalkit_version": evalkit.__version__,
@@ -470,7 +485,7 @@ def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, token
             "rng": torch.get_rng_state(),
         }
         meta = {"step": step, "tokens_seen": tokens_seen, **meta_base}
-        weights_dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        weights_dtype = torch.bfloat16 if config.dtype in regime.BF16_DTYPES else torch.float32
         ckpt.write_checkpoint(
             run_dir, step, model.lm, tokenizer, model_state, trainer_state, meta, weights_dtype=weights_dtype
         )

@@ -318,6 +318,11 @@ def test_export_refuses_an_unknown_format(results):
             {"dtype": "bf16", "rope": "bf16"},
             "llama 4x256 (bf16, RoPE bf16)",
         ),
+        (  # the released regime: bf16 weights, buffers and residual
+            {"dtype": "bf16_full", "rope_precision": "bf16"},
+            {"dtype": "bf16_full", "rope": "bf16", "weights": "bf16", "residual": "bf16"},
+            "llama 4x256 (bf16 full, RoPE bf16)",
+        ),
     ],
 )
 def test_the_model_column_shows_the_training_precision(config, precision, shown):

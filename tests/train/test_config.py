@@ -47,7 +47,7 @@ def test_paper_recipes_match_the_paper():
         (["grad_checkpointing=maybe"], "grad_checkpointing: expected bool"),
         (["paradigm=causal"], "unknown paradigm 'causal'"),
         (["model=3"], "model: expected a section"),
-        (["dtype=fp16"], "dtype must be fp32 or bf16"),
+        (["dtype=fp16"], "dtype must be one of fp32, bf16, bf16_full, got 'fp16'"),
         (["noequals"], "expected key=value"),
         (["dtype=bf16", "rope_precision=fp16"], "rope_precision must be fp32 or bf16, got 'fp16'"),
         (["rope_precision=bf16"], "rope_precision=bf16 needs dtype=bf16"),

@@ -161,7 +161,10 @@ def test_rope_precision_is_recorded_in_each_checkpoint_and_changes_the_run(tmp_p
     for rope, run in runs.items():
         (_, checkpoint), *_ = complete_checkpoints(run)
         meta = json.loads((checkpoint / ckpt.META).read_text())
-        assert meta["precision"] == {"dtype": "bf16", "rope": rope} and meta["config"]["rope_precision"] == rope
+        precision = meta["precision"]
+        assert (precision["dtype"], precision["rope"], precision["rotation"]) == ("bf16", rope, rope)
+        assert precision["residual"] == precision["buffers"] == "fp32"  # autocast: fp32 weights and residual
+        assert meta["config"]["rope_precision"] == rope
     assert losses(runs["bf16"]) != losses(runs["fp32"])
     assert losses(runs["bf16"]) == pytest.approx(losses(runs["fp32"]), rel=0.05)
 
