@@ -228,5 +228,13 @@ def training_precision(meta: dict[str, Any]) -> str:
     return f"{'bf16 full' if dtype == 'bf16_full' else 'bf16'}, RoPE {rope}"
 
 
+def window_start(meta: dict[str, Any]) -> str:
+    """How the run's training windows began (data.window_start): `bos` (the BOS, or the anchor, at
+    position 0 in every paradigm) or `document` (the rest of a cut document); runs recorded before
+    the setting existed packed as `document`."""
+    data = (meta.get("config") or {}).get("data") or {}
+    return str(data.get("window_start") or "document")
+
+
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
