@@ -74,12 +74,15 @@ def test_a_run_saved_before_a_setting_existed_still_resumes(tmp_path):
         train(micro_config(run, "data.retrieval_phrasing=varied", max_steps=6), resume=True, show_progress=False)
 
 
-def test_killed_run_resumes_to_identical_losses(tmp_path):
-    """SIGKILL a training process mid-run, resume it, and compare every step's loss."""
+@pytest.mark.parametrize("dtype", ["fp32", "bf16_full"])
+def test_killed_run_resumes_to_identical_losses(dtype, tmp_path):
+    """SIGKILL a training process mid-run, resume it, and compare every step's loss (bf16_full:
+    the fp32 masters and AdamW state travel in the trainer state)."""
     steps = 12
-    reference = train(micro_config(tmp_path / "straight", "checkpoint.every=3", max_steps=steps), show_progress=False)
+    sets = ["checkpoint.every=3", f"dtype={dtype}"]
+    reference = train(micro_config(tmp_path / "straight", *sets, max_steps=steps), show_progress=False)
     run_dir = tmp_path / "killed"
-    args = micro_args(run_dir, "checkpoint.every=3", max_steps=steps)
+    args = micro_args(run_dir, *sets, max_steps=steps)
     proc = subprocess.Popen([*EVALKIT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -91,7 +94,7 @@ def test_killed_run_resumes_to_identical_losses(tmp_path):
     proc.wait()
     partial = losses(run_dir)
     assert 7 <= len(partial) < steps
-    train(micro_config(run_dir, "checkpoint.every=3", max_steps=steps), resume=True, show_progress=False)
+    train(micro_config(run_dir, *sets, max_steps=steps), resume=True, show_progress=False)
     assert losses(run_dir) == losses(reference)  # exactly equal, step by step
     assert [s for s, _ in ckpt.complete_checkpoints(run_dir)] == [10, 12]
 
