@@ -23,14 +23,13 @@ Everything here runs without vLLM, so a GPU machine without vLLM can check it
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import default_implementation, flex_attention_function, flex_variant
+from evalkit.attention.kernels import call_flex, default_implementation, flex_attention_function, flex_variant
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -142,10 +141,10 @@ def anchor_block_mask(
 def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask):
     block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, q_1HQD.shape[2])
     gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
-        return function(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
+    return call_flex(
+        function, q_1HQD.device, q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
+    )
 
 
 # ----------------------------------------------------------------------------- compiled up front
