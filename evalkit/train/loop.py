@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 import evalkit
 from evalkit.attention import PackedSequence
 from evalkit.attention.features import layer_windows
+from evalkit.attention.hf import HF_NAMES
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines.tokens import anchor_note, anchor_record
@@ -360,14 +361,21 @@ def _train(
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
     distributed.wait_for_rank0(ctx)
 
-    anchored = config.paradigm.value == "anchor"
-    if anchored and ctx.is_main:
-        print(anchor_note(tokenizer), file=sys.stderr)
+    anchored = config.paradigm.has_anchor  # anchor, anchor_tag, anchor_interleaved
+    implementation = HF_NAMES.get(model.lm.config._attn_implementation, model.lm.config._attn_implementation)
+    if ctx.is_main:
+        print(f"attention: evalkit's {implementation} implementation, {config.dtype}", file=sys.stderr)
+        if anchored:
+            print(anchor_note(tokenizer), file=sys.stderr)
     meta_base = {
         "paradigm": config.paradigm.value,
         **({"anchor_token": anchor_record(tokenizer)} if anchored else {}),
         # the attention trained: each layer's window as the saved config declares it, and the anchor's reading
-        "attention": {"layer_windows": layer_windows(model.lm.config), "window_anchor": config.model.window_anchor},
+        "attention": {
+            "implementation": implementation,
+            "layer_windows": layer_windows(model.lm.config),
+            "window_anchor": config.model.window_anchor,
+        },
         "config": config.to_dict(),
         # the precision of training, stated apart from the config: what the leaderboard shows
         "precision": regime.record(config.dtype, config.rope_precision),
@@ -384,18 +392,19 @@ def _train(
         while step < config.max_steps:
             started = time.perf_counter()
             windows = [stream.next_window() for _ in range(config.windows_per_step)]
-            loss = optimizer_step(model, optimizer, windows, config, ctx, autocast)
-            scheduler.step()
+            data_s = time.perf_counter() - started
+            loss, step_s = _timed_step(model, optimizer, scheduler, windows, config, ctx, autocast)
             step += 1
             tokens_seen += config.windows_per_step * config.seq_len
-            elapsed = time.perf_counter() - started
-            tokens_per_s = config.windows_per_step * config.seq_len / elapsed
+            tokens_per_s = config.windows_per_step * config.seq_len / step_s  # the model's speed, not packing's
             if ctx.is_main:
                 record = {
                     "step": step,
                     "loss": loss,
                     "lr": scheduler.get_last_lr()[0],
                     "tokens_per_s": tokens_per_s,
+                    "step_s": step_s,
+                    "data_s": data_s,
                     "tokens_seen": tokens_seen,
                 }
                 with naming(run_dir / METRICS), (run_dir / METRICS).open("a") as log:
@@ -408,6 +417,22 @@ def _train(
     finally:
         progress.close()
     return run_dir
+
+
+def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, autocast) -> tuple[float, float]:
+    """(loss, seconds of compute): the optimizer step timed alone, from a synchronised start to a
+    synchronised end, so that building the windows (data_s) never counts as the model's time."""
+    _synchronize(ctx.device)
+    started = time.perf_counter()
+    loss = optimizer_step(model, optimizer, windows, config, ctx, autocast)
+    scheduler.step()
+    _synchronize(ctx.device)
+    return loss, time.perf_counter() - started
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _resume_point(

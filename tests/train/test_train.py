@@ -198,3 +198,31 @@ def test_continued_pretraining_starts_from_the_given_checkpoint(tmp_path):
     for name, tensor in before.items():
         assert torch.equal(after[name], tensor), name
     assert (continued / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+
+
+def test_tokens_per_s_times_the_step_not_the_packing(tmp_path, monkeypatch):
+    """A slow window builder shows in data_s, not in step_s or tokens_per_s (the model's speed)."""
+    from evalkit.train.data import WindowStream
+
+    real = WindowStream.next_window
+
+    def slow(self):
+        time.sleep(0.05)
+        return real(self)
+
+    monkeypatch.setattr(WindowStream, "next_window", slow)
+    run = train(micro_config(tmp_path / "run", max_steps=2), show_progress=False)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        assert record["data_s"] >= 4 * 0.05  # 4 windows per step, each 50 ms late
+        assert record["tokens_per_s"] == pytest.approx(4 * 128 / record["step_s"])
+        assert record["step_s"] < record["data_s"]  # the micro model steps in a few ms
+    meta = json.loads((run / "step-2" / "meta.json").read_text())
+    assert meta["attention"]["implementation"] == "blocked"  # auto, resolved on the CPU
+
+
+@pytest.mark.parametrize("paradigm", ["anchor_tag", "anchor_interleaved"])
+def test_every_anchor_paradigm_records_its_anchor_token(paradigm, tmp_path):
+    run = train(micro_config(tmp_path / "run", paradigm=paradigm, max_steps=2), show_progress=False)
+    meta = json.loads((run / "step-2" / "meta.json").read_text())
+    assert meta["anchor_token"]["why"] == "BOS" and isinstance(meta["anchor_token"]["id"], int)
