@@ -365,9 +365,9 @@ def how_runs_trained(refs) -> list[str]:
     from evalkit.markdown import markdown_table
     from evalkit.result_format import training_precision, window_start
 
-    newest = {}
+    newest: dict[str, tuple[int, Path]] = {}
     for ref in refs:  # CheckpointRef: run, step, path
-        if ref.step >= newest.get(ref.run, (-1, None))[0]:
+        if ref.run not in newest or ref.step >= newest[ref.run][0]:
             newest[ref.run] = (ref.step, ref.path)
     rows = []
     for run, (_, path) in sorted(newest.items()):

@@ -563,6 +563,14 @@ def fail_on_recompile_limit() -> None:
             return
 
 
+def raise_recompile_limit(limit: int) -> None:
+    """Dynamo's per-function recompile limit at least `limit` (it is one setting for the process:
+    never lowered here, so another function's needs are kept)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(recompile_limit(), limit))
+
+
 def recompile_limit() -> int:
     """Dynamo's per-function compile limit (renamed across torch versions)."""
     config = torch._dynamo.config

@@ -134,7 +134,8 @@ def loaded_regime(model, condition: str, dtype: str, trained: dict | None) -> di
     from evalkit.probe.rope import rotary_modules
 
     weights = _dtype_name(next(model.parameters()).dtype)
-    frequencies = {_dtype_name(m.inv_freq.dtype) for m in rotary_modules(model) if hasattr(m, "inv_freq")}
+    buffers = [getattr(m, "inv_freq", None) for m in rotary_modules(model)]
+    frequencies = {_dtype_name(b.dtype) for b in buffers if isinstance(b, torch.Tensor)}
     return {
         "condition": condition,
         "dtype": dtype,
