@@ -21,7 +21,9 @@ def train_command(
     ),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
     max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
-    sets: list[str] = typer.Option(None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 (repeatable)."),
+    sets: list[str] = typer.Option(
+        None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 or data.window_start=document (repeatable)."
+    ),
     out: str = typer.Option(None, "--out", help="Run directory (default runs/<config>-<paradigm>)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest complete checkpoint in the run directory."
@@ -39,7 +41,9 @@ def train_command(
         ),
         metavar="DIR",
     ),
-    inspect_tokens: int = typer.Option(256, "--inspect-tokens", help="Tokens of each window mask.png shows."),
+    inspect_tokens: int = typer.Option(
+        256, "--inspect-tokens", help="Tokens of each window the mask covers (mask.png, window.json)."
+    ),
     inspect_windows: int = typer.Option(1, "--inspect-windows", help="Windows per paradigm --inspect writes."),
 ) -> None:
     """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
