@@ -212,6 +212,8 @@ def pack(
 
     pieces, leftover, consumed = _fill_window(documents, seq_len - len(ids), paradigm, bos_id, eos_id, window_start)
     if paradigm.interleaves:
+        # The first chunk is always some piece's chunk 0 (key r_d < 1 <= any later chunk's key), and
+        # under "bos" every chunk 0 starts with a BOS: the window opens with one at position 0.
         chunks = _interleave(pieces, random.Random(seed))
     else:
         chunks = [(d, piece.token_ids, 0) for d, piece in enumerate(pieces)]
