@@ -21,6 +21,7 @@ import yaml
 
 from evalkit.attention import Paradigm
 from evalkit.attention.hf import ROPE_PRECISIONS
+from evalkit.attention.packing import WINDOW_STARTS
 from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.errors import UserError
 from evalkit.package_data import CONFIG_DIR, recipe_folder
@@ -63,6 +64,10 @@ class DataConfig:
     # built-in corpus: plain (three fixed templates), varied (many phrasings) or broad (more, RULER's among them)
     retrieval_phrasing: str = "plain"
     max_documents: int | None = None  # use only the first N documents of the source
+    # What opens a window that continues a document cut at the end of the previous one: "bos" (a BOS
+    # at position 0 in every paradigm, as the anchor's) | "document" (no BOS: the packing of runs
+    # made before this setting). evalkit.attention.packing says more.
+    window_start: str = "bos"
 
 
 @dataclass
@@ -175,6 +180,10 @@ class TrainConfig:
             (
                 self.data.retrieval_phrasing in PHRASINGS,
                 f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}",
+            ),
+            (
+                self.data.window_start in WINDOW_STARTS,
+                f"data.window_start must be one of {', '.join(WINDOW_STARTS)}, got {self.data.window_start!r}",
             ),
             (
                 self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,

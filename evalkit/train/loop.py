@@ -33,7 +33,7 @@ from evalkit.storage import atomic_write_text, check_output_dir, naming, output_
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, check_inputs
-from evalkit.train.data import DocumentSource, WindowStream, domain_tag_ids, open_source
+from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
 from evalkit.train.model import build_model, load_tokenizer
 
 if TYPE_CHECKING:
@@ -123,7 +123,18 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     the default, which is what the run used (new settings default to the old behaviour).
     """
     current = config.to_dict()
+    # The one setting whose default is not the old behaviour: a saved config without
+    # data.window_start predates it, and its windows were packed as "document".
+    saved_data = saved.get("data")
+    if isinstance(saved_data, dict) and "window_start" not in saved_data:
+        saved = {**saved, "data": {**saved_data, "window_start": "document"}}
     saved = _with_defaults(TrainConfig().to_dict(), saved)
+    was, now = saved["data"].get("window_start"), current["data"]["window_start"]
+    if was != now:
+        raise UserError(
+            f"--resume: the run was packed with data.window_start={was}, this config asks {now}; "
+            f"resume with --set data.window_start={was} (or start a new --out)"
+        )
     ignore = {"max_steps", "checkpoint", "out"}
     differing = [k for k in current if k not in ignore and saved.get(k) != current[k]]
     if differing:
@@ -260,7 +271,10 @@ def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None =
         if not domains:
             raise UserError("anchor_tag needs documents with a domain field (data.domain_field)")
         tags = domain_tag_ids(tokenizer, domains)
-    return source, WindowStream(source, tokenizer, config.paradigm, config.seq_len, config.seed, tags)
+    stream = WindowStream(
+        source, tokenizer, config.paradigm, config.seq_len, config.seed, tags, window_start=config.data.window_start
+    )
+    return source, stream
 
 
 def build_training(
@@ -379,7 +393,7 @@ def _train(
         "config": config.to_dict(),
         # the precision of training, stated apart from the config: what the leaderboard shows
         "precision": regime.record(config.dtype, config.rope_precision),
-        "data_fingerprint": source.fingerprint,
+        "data_fingerprint": data_fingerprint(source, config.data.window_start),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "evalkit_version": evalkit.__version__,
         "git_hash": git_hash(),
