@@ -46,7 +46,14 @@ def train_command(
     ),
     inspect_windows: int = typer.Option(1, "--inspect-windows", help="Windows per paradigm --inspect writes."),
 ) -> None:
-    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
+    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/).
+
+    Precision: --set dtype=fp32|bf16|bf16_full and rope_precision=fp32|bf16 (README, Training).
+
+    The paper recipes train in the released code's regime: dtype=bf16_full, rope_precision=bf16.
+
+    Every paradigm's windows start with the BOS at position 0 (data.window_start=bos).
+    """
     from evalkit.arglists import parse_list
     from evalkit.errors import UserError
     from evalkit.train import load_config, train
