@@ -61,10 +61,11 @@ def differences_table(comparison: Comparison) -> str:
                 _p(d.p_holm),
                 d.samples,
                 d.pairing,
+                d.pairing_detail,
             ]
         )
     header = ["B − A", "task", "metric", "length", "A", "B", "B − A", "se", "95% interval", "p", "p (Holm)",
-              "samples", "pairing"]  # fmt: skip
+              "samples", "paired by", "pairing"]  # fmt: skip
     return markdown_table(header, rows)
 
 
@@ -94,7 +95,8 @@ def markdown(comparison: Comparison, command: str) -> str:
         f"Command: `{command}`",
         "",
         f"Hierarchical bootstrap over checkpoints and samples: {comparison.replicates} replicates, seed "
-        f"{comparison.seed}; samples answered alike by both sides are resampled together (paired). Intervals "
+        f"{comparison.seed}; samples answered alike by both sides are resampled together (paired), and so are "
+        'the checkpoints of series of the same checkpoints (column "paired by"). Intervals '
         "are 95% percentile intervals, unadjusted; p-values are Holm-adjusted across every task × length × pair "
         "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm.",
         "",

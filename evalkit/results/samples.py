@@ -17,6 +17,7 @@ reports is refused rather than compared.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class Series:
     checkpoints: dict[int, dict[Cell, dict[tuple[int, int], Sample]]] = field(default_factory=dict)
     paradigm: str = "?"
     model: str = "?"
+    # step -> what identifies that checkpoint's weights (checkpoint_identity); absent where not recorded
+    identities: dict[int, str] = field(default_factory=dict)
 
     def steps(self) -> list[int]:
         return sorted(self.checkpoints)
@@ -92,7 +95,7 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
         for name, one in here.items():
             if label:
                 one.name = label if len(here) == 1 else f"{label}: {name}"
-            if one.name in found and place > 0:
+            if one.name in found and place > 0:  # pooled: the same checkpoints, their identities kept
                 _pool(found[one.name], one)
             elif one.name in found:
                 merge(found[one.name], one)
@@ -113,6 +116,7 @@ def merge(into: Series, more: Series) -> None:
                 "name them apart with LABEL=PATH (for example exact=DIR nvidia=DIR)"
             )
         mine.update(cells)
+    into.identities.update(more.identities)
 
 
 def _pool(into: Series, more: Series) -> None:
@@ -148,7 +152,25 @@ def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
                 one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, model=model))
                 keyed = {(place, index): sample for index, sample in samples.items()}
                 one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
+                identity = checkpoint_identity(summary)
+                if identity is not None:
+                    one.identities[int(summary["step"])] = identity
     return found
+
+
+def checkpoint_identity(summary: dict) -> str | None:
+    """What identifies the weights a summary scored, so that two series of one checkpoint (two
+    encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
+    are called. Summaries record no hash of the weights themselves; the nearest they hold is the
+    checkpoint's resolved path, its step and what its meta.json recorded (paradigm, config, data and
+    tokenizer fingerprints, the trainer's commit): a checkpoint retrained in place changes the
+    latter. None where the summary names no checkpoint (then no pairing by checkpoint)."""
+    path = summary.get("checkpoint")
+    if not path:
+        return None
+    meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
+    digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{path}@{summary.get('step')}#{digest}"
 
 
 def _summary_dirs(root: Path, name: str) -> dict[tuple[str, int], Path]:

@@ -39,7 +39,7 @@ def test_paired_difference_and_error_are_the_per_sample_differences():
     by_hand = statistics.pstdev(d) / math.sqrt(len(d))  # the bootstrap's plug-in standard error
     assert difference.difference == pytest.approx(statistics.fmean(d))
     assert difference.stderr == pytest.approx(by_hand, rel=0.04)
-    assert difference.pairing == "paired, same prompts"
+    assert difference.pairing_detail == "paired, same prompts"
     assert difference.low == pytest.approx(statistics.fmean(d) - 1.96 * by_hand, abs=0.25 * by_hand)
     assert difference.p == pytest.approx(math.erfc(abs(statistics.fmean(d)) / difference.stderr / math.sqrt(2)))
 
@@ -49,7 +49,7 @@ def test_other_references_are_never_paired_and_require_refuses():
     other = [f"x{i}" for i in range(40)]  # other needles: other samples
     pair = {"A": series("A", {0: a}), "B": series("B", {0: b}, references=other)}
     (difference,) = compare(pair, ["A", "B"], replicates=20000, seed=4).differences
-    assert difference.pairing.startswith("independent: references differ at sample 0")
+    assert difference.pairing_detail.startswith("independent: references differ at sample 0")
     by_hand = math.hypot(statistics.pstdev(a) / math.sqrt(40), statistics.pstdev(b) / math.sqrt(40))
     assert difference.stderr == pytest.approx(by_hand, rel=0.04)
     with pytest.raises(UserError, match="cannot pair, independent: references differ at sample 0"):
@@ -62,7 +62,7 @@ def test_same_references_other_prompts_pair_and_say_so():
     for i, sample in b.checkpoints[0][CELL].items():
         b.checkpoints[0][CELL][i] = Sample(sample.score, sample.identity, f"other{i}")
     (difference,) = compare({"A": a, "B": b}, ["A", "B"], replicates=200).differences
-    assert difference.pairing == "paired, same references, prompts differ"
+    assert difference.pairing_detail == "paired, same references, prompts differ"
 
 
 def test_checkpoints_average_as_the_leaderboard_and_their_spread_counts():
@@ -162,9 +162,81 @@ def test_interval_covers_a_known_difference_about_95_percent_of_the_time(checkpo
             sides[name] = series(name, scores, references=references)
         # the truth: E[score B] - E[score A] = 100 * (0.6 - 0.5) over samples, effects and noise
         found = compare(sides, ["A", "B"], replicates=400, seed=experiment).differences[0]
-        assert found.pairing.startswith("paired" if paired else "independent")
+        assert found.pairing_detail.startswith("paired" if paired else "independent")
         covered += found.low <= 10.0 <= found.high
     assert 0.90 <= covered / 200 <= 0.99, covered
+
+
+def of_checkpoints(one: Series, run: str = "run") -> Series:
+    """The series' checkpoints named as the weights of `run` at each step (samples.checkpoint_identity's form)."""
+    one.identities = {step: f"/ckpts/{run}/step-{step}@{step}#meta" for step in one.steps()}
+    return one
+
+
+def test_series_of_the_same_checkpoints_pair_by_checkpoint():
+    """Samples all alike within a checkpoint: only the checkpoints vary. Paired by checkpoint, the error is
+    that of the per-checkpoint differences d = B - A = 3, 1, 6, 4: sqrt(var(d)/4) = sqrt((13/3)/4) = 1.041;
+    unpaired it would be sqrt(var(A)/4 + var(B)/4) = sqrt(500/3/4 + 593/3/4) = 9.544."""
+    values_a, values_b = [10.0, 20.0, 30.0, 40.0], [13.0, 21.0, 36.0, 44.0]
+    a = series("A", {step: [v] * 20 for step, v in enumerate(values_a)})
+    b = series("B", {step: [v] * 20 for step, v in enumerate(values_b)})
+    (unpaired,) = compare({"A": a, "B": b}, ["A", "B"], replicates=40000, seed=5).differences
+    assert unpaired.pairing == "samples" and unpaired.stderr == pytest.approx(9.544, rel=0.04)
+    pair = {"A": of_checkpoints(a), "B": of_checkpoints(b)}
+    (paired,) = compare(pair, ["A", "B"], replicates=40000, seed=5).differences
+    assert paired.difference == pytest.approx(3.5)
+    assert paired.pairing == "checkpoints+samples" and paired.stderr == pytest.approx(1.041, rel=0.04)
+    assert paired.low == pytest.approx(1.0, abs=0.5) and paired.high == pytest.approx(6.0, abs=0.5)  # mean of 4 of d
+    (asked,) = compare(pair, ["A", "B"], replicates=2000, pairing="independent").differences
+    assert asked.pairing == "none"
+    other = {"A": of_checkpoints(a), "B": of_checkpoints(b, run="another")}  # other weights, same step numbers
+    (apart,) = compare(other, ["A", "B"], replicates=2000).differences
+    assert apart.pairing == "samples"
+
+
+def test_pairing_by_checkpoint_covers_and_narrows():
+    """200 simulated experiments: two series (say two encodings) of the same 6 checkpoints answering the
+    same 60 samples. A sample's score is its difficulty (sd 10, shared) + its checkpoint's effect (sd 15,
+    shared by both series) + noise (sd 5); B adds the true difference, 10 points, plus a per-checkpoint
+    departure from it (sd 2). Paired by checkpoint, the 95% interval should cover 10 about 95% of the
+    time (90-99%: binomial sd 1.5 points at 200) and be far narrower than the interval that resamples
+    each series' checkpoints on its own, which carries the shared effect twice (by hand: a standard
+    error of about sqrt(4/6 + 2*25/360) = 0.9 against sqrt(2*225/6) = 8.7). Measured with this seed: 95%
+    coverage, median widths 4.0 paired against 28.7."""
+    rng = np.random.default_rng(36)
+    covered, widths, unpaired_widths = 0, [], []
+    for experiment in range(200):
+        difficulty, effects, departures = rng.normal(0, 10, 60), rng.normal(0, 15, 6), rng.normal(0, 2, 6)
+        sides = {}
+        for name, shift in (("A", 0.0), ("B", 10.0)):
+            scores = {step: (50 + difficulty + effects[step] + rng.normal(0, 5, 60)
+                             + (shift + departures[step] if shift else 0.0)).tolist() for step in range(6)}  # fmt: skip
+            sides[name] = series(name, scores)
+        unpaired = compare(sides, ["A", "B"], replicates=400, seed=experiment).differences[0]
+        paired_sides = {name: of_checkpoints(one) for name, one in sides.items()}
+        found = compare(paired_sides, ["A", "B"], replicates=400, seed=experiment).differences[0]
+        assert found.pairing == "checkpoints+samples"
+        covered += found.low <= 10.0 <= found.high
+        widths.append(found.high - found.low)
+        unpaired_widths.append(unpaired.high - unpaired.low)
+    assert 0.90 <= covered / 200 <= 0.99, covered
+    assert statistics.median(widths) < 0.25 * statistics.median(unpaired_widths)
+
+
+def test_checkpoint_identity_is_read_from_the_summaries(tmp_path):
+    """Two sizings of one checkpoint in two directories (exact=, nvidia=) pair by checkpoint; the same
+    path retrained in place (another meta.json) does not."""
+    for label in ("exact", "nvidia", "retrained"):
+        write_checkpoint(tmp_path / label, "m", 1, "niah_single_1", 1024, [1, 0, 1, 1])
+        path = tmp_path / label / "m" / "step-1" / "ruler-summary.json"
+        summary = json.loads(path.read_text())
+        summary["checkpoint"] = "/ckpts/m/step-1"
+        summary["provenance"]["checkpoint_meta"] = {"paradigm": "full", "git_hash": label == "retrained"}
+        path.write_text(json.dumps(summary))
+    found = load_series([f"{label}={tmp_path / label}" for label in ("exact", "nvidia", "retrained")])
+    result = compare(found, ["exact", "nvidia", "retrained"], replicates=200)
+    assert {d.other: d.pairing for d in result.differences} == {"nvidia": "checkpoints+samples",
+                                                                "retrained": "samples"}  # fmt: skip
 
 
 # --- from stored files, through the command ---
@@ -274,12 +346,12 @@ def test_pooled_seeds_pair_kth_directory_with_kth(tmp_path):
     assert sorted(found) == ["exact", "nvidia"]
     (d,) = compare(found, ["exact", "nvidia"], replicates=20000, seed=2).differences
     # Paired over 4 samples: differences 0, 100, 0, 100 -> mean 50, plug-in sd 50, error 25.
-    assert d.difference == 50.0 and d.samples == "4" and d.pairing == "paired, same prompts"
+    assert d.difference == 50.0 and d.samples == "4" and d.pairing_detail == "paired, same prompts"
     assert d.stderr == pytest.approx(25.0, rel=0.04)
     crossed = load_series([f"exact={tmp_path / 'a0'}", f"exact={tmp_path / 'a1'}", f"nvidia={tmp_path / 'b1'}",
                            f"nvidia={tmp_path / 'b0'}"])  # fmt: skip  # seed 1 against seed 0: other samples
     (d,) = compare(crossed, ["exact", "nvidia"], replicates=200).differences
-    assert d.pairing.startswith("independent: references differ at sample 0")
+    assert d.pairing_detail.startswith("independent: references differ at sample 0")
 
 
 def write_general(out, run, step, task, accs, docs=None):
@@ -309,8 +381,8 @@ def test_lm_eval_tasks_compare_per_document(tmp_path):
     d = by_other["anchor"]
     assert (d.task, d.metric, d.length, d.difference) == ("fixture_mc", "acc", None, pytest.approx(0.4))
     # per-document differences 0, 1, 0, 0, 1: plug-in sd 0.49, error 0.49 / sqrt(5)
-    assert d.pairing == "paired, same prompts" and d.stderr == pytest.approx(0.4899 / math.sqrt(5), rel=0.04)
-    assert by_other["other"].pairing.startswith("independent: references differ at sample 0")
+    assert d.pairing_detail == "paired, same prompts" and d.stderr == pytest.approx(0.4899 / math.sqrt(5), rel=0.04)
+    assert by_other["other"].pairing_detail.startswith("independent: references differ at sample 0")
     assert result.averages == [] and result.effective == []  # no lengths: no task average per length
 
 
