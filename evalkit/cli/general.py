@@ -92,6 +92,8 @@ def general_command(
         shard=scale[0],
         executor=scale[1],
     )
+    if run.empty_shard is not None:
+        return  # said by the run's log: a shard without units succeeds, for evalkit merge
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(run.result_rows()))

@@ -139,6 +139,8 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
 def _report_ruler(console, run, out: Path) -> None:
     from evalkit.length_averages import checkpoint_table
 
+    if run.empty_shard is not None:
+        return  # said by the run's log: a shard without units succeeds, for evalkit merge
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(run.result_rows()))

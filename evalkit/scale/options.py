@@ -6,8 +6,9 @@ from evalkit.errors import UserError
 
 EXECUTORS = ("local", "ray")
 SHARD_HELP = (
-    "Evaluate only shard I of N of the (checkpoint, unit) pairs, balanced by estimated tokens "
-    "(a Slurm array: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); join the shards with evalkit merge."
+    "Evaluate only shard I of N of the (checkpoint, unit) pairs, balanced by estimated tokens; "
+    "'slurm' or 'sge': this job-array task's shard, from the scheduler's array variables (any first "
+    "index and step). Join the shards with evalkit merge."
 )
 EXECUTOR_HELP = "local: this process; ray: the units on a Ray cluster's workers (pip install 'evalkit[ray]')."
 RAY_ADDRESS_HELP = "--executor ray: the cluster to join (ray://host:10001 or host:6379; default: a local one)."
