@@ -235,6 +235,14 @@ def _at(cell: Cell) -> str:
     return f" at {cell.length}" if cell.length is not None else ""
 
 
+SIGNIFICANCE = 0.05  # after Holm: what compare marks bold, and the only "best" the leaderboard marks
+
+
+def significant(difference: Difference) -> bool:
+    """compare's test of a difference: its Holm-adjusted p-value below SIGNIFICANCE."""
+    return difference.p_holm < SIGNIFICANCE
+
+
 def normal_p(difference: float, stderr: float) -> float:
     """Two-sided p-value of "no difference" from the bootstrap standard error (normal approximation):
     continuous, so Holm's multiplication is not floored by the replicate count as a percentile p would be."""
@@ -319,6 +327,22 @@ def pairs(names: list[str], baseline: str | None) -> list[tuple[str, str]]:
     if base not in names:
         raise UserError(f"--baseline {base!r} is not among the series found: {', '.join(names)}")
     return [(base, other) for other in names if other != base]
+
+
+FULL_ATTENTION = "full"  # evalkit.attention.paradigms.Paradigm.FULL, as meta.json records it (not imported: torch)
+
+
+def default_baseline(series: dict[str, Series]) -> str:
+    """`compare`'s baseline when none is given: the one series of full attention (its checkpoints'
+    meta.json paradigm, as the summaries record it) under the standard encoding; a UserError when
+    there is none or several, since the first name in alphabetical order is no baseline."""
+    full = [name for name, one in series.items() if one.paradigm == FULL_ATTENTION and one.standard_encoding]
+    if len(full) == 1:
+        return full[0]
+    if full:
+        raise UserError(f"{len(full)} series are full attention ({', '.join(full)}); pass --baseline with one of them")
+    paradigms = ", ".join(f"{name}: {one.paradigm}" for name, one in series.items())
+    raise UserError(f"no series is full attention by its checkpoints' records ({paradigms}); pass --baseline SERIES")
 
 
 def compare(

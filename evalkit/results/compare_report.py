@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
-from evalkit.results.compare import Comparison, Difference, records
+from evalkit.results.compare import Comparison, Difference, records, significant
 
 
 def length_label(length: int | None) -> str:
@@ -27,7 +27,7 @@ def _p(value: float) -> str:
 def _marked(d: Difference) -> str:
     """The difference, bold where it stays significant at 0.05 after Holm."""
     text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
-    return f"**{text}**" if d.p_holm < 0.05 else text
+    return f"**{text}**" if significant(d) else text
 
 
 def summary_table(comparison: Comparison) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from evalkit.errors import UserError
 from evalkit.result_format import STANDARD, describe_checkpoint, summary_rows
-from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries
+from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries, other_summary_notes
 from evalkit.sample_log import CHECKSUM, record_checksum
 
 
@@ -63,6 +63,7 @@ class Series:
     model: str = "?"
     # step -> what identifies that checkpoint's weights (checkpoint_identity); absent where not recorded
     identities: dict[int, str] = field(default_factory=dict)
+    standard_encoding: bool = True  # False for a RULER run's series under another encoding (anchor)
 
     def steps(self) -> list[int]:
         return sorted(self.checkpoints)
@@ -71,14 +72,15 @@ class Series:
         return {cell for cells in self.checkpoints.values() for cell in cells}
 
 
-def load_series(arguments: list[str]) -> dict[str, Series]:
+def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
     """Every series under the given `[LABEL=]PATH` arguments, by name.
 
     A LABEL names the series of its path (a path holding one series), or prefixes each of them
     (`LABEL: series`); the same series name from two arguments is refused, asking for labels.
     The same LABEL given again pools: its directories' samples count as more samples of the same
     checkpoints (evaluations with another --seed), the k-th directory's sample i being sample
-    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other."""
+    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other.
+    A summary left out (another format, a benchmark without per-sample scores here) adds a line to `notes`."""
     found: dict[str, Series] = {}
     places: dict[str, int] = {}
     for argument in arguments:
@@ -86,7 +88,7 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
         place = places.get(label, 0) if label else 0
         if label:
             places[label] = place + 1
-        here = read_directory(path, place)
+        here = read_directory(path, place, notes)
         if not here:
             raise UserError(
                 f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {path}; "
@@ -136,20 +138,26 @@ def _split_argument(argument: str) -> tuple[str | None, Path]:
     return None, Path(argument)
 
 
-def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
+def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -> dict[str, Series]:
     """The series whose summaries lie under `path`, with their per-sample scores, each sample
-    keyed (place, index): `place` tells pooled directories apart (load_series)."""
+    keyed (place, index): `place` tells pooled directories apart (load_series). What is left
+    out is noted in `notes` (evalkit.results.summaries.not_read_note)."""
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
+    if notes is not None:
+        notes += other_summary_notes([path], (RULER_SUMMARY, GENERAL_SUMMARY))
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells)):
-        summaries = find_summaries([path], name)
+        summaries = find_summaries([path], name, notes)
         directories = _summary_dirs(path, name) if summaries else {}
         for summary in summaries:
             directory = directories[(summary["run"], int(summary["step"]))]
             paradigm, model, _data = describe_checkpoint(summary)
             for series_name, cell, samples in reader(summary, directory):
-                one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, model=model))
+                standard = series_name == summary["run"]  # ResultRow.series: the run's own name when standard
+                one = found.setdefault(
+                    series_name, Series(series_name, paradigm=paradigm, model=model, standard_encoding=standard)
+                )
                 keyed = {(place, index): sample for index, sample in samples.items()}
                 one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
                 identity = checkpoint_identity(summary)

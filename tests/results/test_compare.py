@@ -3,6 +3,7 @@ and the bootstrap interval's coverage on simulated scores with a known differenc
 
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -432,3 +433,106 @@ def test_the_json_is_the_same_whatever_the_processs_hash_seed(tmp_path):
         record = json.loads((tmp_path / f"cmp-{seed}" / "compare.json").read_text())
         made.append({key: value for key, value in record.items() if key not in ("provenance", "command", "created")})
     assert all(other == made[0] for other in made[1:])
+
+
+# --- silent drops and defaults (issue #36) ---
+
+
+def set_paradigm(out, run, step, paradigm):
+    path = out / run / f"step-{step}" / "ruler-summary.json"
+    summary = json.loads(path.read_text())
+    summary["provenance"]["checkpoint_meta"] = {"paradigm": paradigm}
+    path.write_text(json.dumps(summary))
+
+
+def test_the_default_baseline_is_full_attention_else_asked_for(tmp_path):
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = tmp_path / "results"
+    for run, paradigm in (("a-anchor", "anchor"), ("b-intra", "intra_doc"), ("z-full", "full")):
+        write_checkpoint(out, run, 1, "niah_single_1", 1024, [1, 0, 1, 1, 0, 1])
+        set_paradigm(out, run, 1, paradigm)
+    done = run_compare(str(out), "--replicates", "200", cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "| a-anchor − z-full |" in done.stdout and "| b-intra − z-full |" in done.stdout  # not "− a-anchor"
+    shutil.rmtree(out / "z-full")
+    refused = run_compare(str(out), "--replicates", "200", cwd=root)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert "no series is full attention by its checkpoints' records (a-anchor: anchor, b-intra: intra_doc)" in line
+    assert "pass --baseline SERIES" in line
+    assert run_compare(str(out), "--replicates", "200", "--baseline", "b-intra", cwd=root).returncode == 0
+
+
+def test_a_series_named_twice_is_one_line(tmp_path):
+    import pathlib
+
+    out = tmp_path / "results"
+    for run in ("A", "B"):
+        write_checkpoint(out, run, 1, "niah_single_1", 1024, [1, 0, 1, 1])
+    done = run_compare(str(out), "--series", "A,A", "--baseline", "A", cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: --series names A twice; name each series once (at least two)"
+    ]
+
+
+def test_summaries_left_out_are_noted_alike_by_compare_and_every_leaderboard_format(tmp_path):
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = tmp_path / "results"
+    for run in ("full", "anchor"):
+        write_checkpoint(out, run, 1, "niah_single_1", 1024, [1, 0, 1, 1])
+    future = out / "future" / "step-1" / "ruler-summary.json"
+    future.parent.mkdir(parents=True)
+    future.write_text(json.dumps({"schema_version": 999, "benchmark": "ruler", "run": "future", "step": 1, "rows": []}))
+    line = f"- {future}: not read: its schema_version is 999"
+    heading = "Not read (another format; not in any table)"
+    compared = run_compare(
+        str(out), "--baseline", "full", "--replicates", "200", "--out", str(tmp_path / "c"), cwd=root
+    )
+    assert compared.returncode == 0 and f"{heading}:" in compared.stderr and line in compared.stderr
+    assert line in (tmp_path / "c" / "compare.md").read_text()
+    for form in ("md", "csv", "json"):
+        board = tmp_path / f"board.{form}"
+        command = [sys.executable, "-m", "evalkit.cli", "leaderboard", str(out), "--format", form, "--out", str(board)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root)
+        assert done.returncode == 0, done.stderr
+        said = board.read_text() if form == "md" else done.stderr
+        assert heading in said and line in said, form
+    assert json.loads((tmp_path / "board.json").read_text())["not_read"][0].startswith(line)
+    # a benchmark compare has no per-sample scores for: compare says so too
+    other = out / "full" / "step-1" / "xyz-summary.json"
+    other.write_text(json.dumps({"schema_version": 2, "benchmark": "xyz", "run": "full", "step": 1, "rows": []}))
+    compared = run_compare(str(out), "--baseline", "full", "--replicates", "200", cwd=root)
+    assert f"- {other}: not read: compare reads ruler-summary.json and general-summary.json, not 'xyz'" in (
+        compared.stderr
+    )
+
+
+def test_the_leaderboard_bolds_only_what_compare_calls_ahead(tmp_path):
+    """At 1K "clear" (30 of 30) is ahead of "noise" and "zero" far beyond noise: bold, as compare's
+    interval says. At 2K "noise" leads "clear" by one sample of 30 (+3.33; paired by sample, B − A is −100 at
+    one sample and 0 elsewhere, so the interval reaches 0): the former board bolded it as the strict
+    best; compare calls it noise, so it is not bold."""
+    import pathlib
+
+    out = tmp_path / "results"
+    write_checkpoint(out, "clear", 1, "niah_single_1", 1024, [1] * 30)
+    write_checkpoint(out, "clear", 1, "niah_single_1", 2048, [1] * 15 + [0] * 15)
+    write_checkpoint(out, "noise", 1, "niah_single_1", 1024, [1] * 15 + [0] * 15)
+    write_checkpoint(out, "noise", 1, "niah_single_1", 2048, [1] * 16 + [0] * 14)
+    write_checkpoint(out, "zero", 1, "niah_single_1", 1024, [0] * 30)
+    write_checkpoint(out, "zero", 1, "niah_single_1", 2048, [0] * 30)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    board = tmp_path / "board.md"
+    command = [sys.executable, "-m", "evalkit.cli", "leaderboard", str(out), "--out", str(board)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    text = board.read_text()
+    assert "| **100.00 ± 0.00** | 50.00 ± 0.00 |" in text  # clear: bold at 1K only
+    assert "| 50.00 ± 0.00 | 53.33 ± 0.00 |" in text  # noise: the 2K lead is not bold
+    by_compare = compare(load_series([str(out)]), ["noise", "clear", "zero"], baseline="noise", replicates=2000)
+    (at_2k,) = [d for d in by_compare.averages if d.length == 2048 and d.other == "clear"]
+    assert at_2k.low < 0 <= at_2k.high and at_2k.p_holm >= 0.05  # what compare says of that lead (not bold)
