@@ -76,7 +76,7 @@ def identity(
     default (their actual values with `with_locations`: the identity evalkit keyed by before).
     `with_selection` adds the SELECTION fields: the identity of a whole sweep (a shard plan's),
     which also decides which cells there are; never the EXECUTION fields."""
-    roles = (RESULT, COUNT, LOCATION) if with_count else (RESULT, LOCATION)
+    roles: tuple[str, ...] = (RESULT, COUNT, LOCATION) if with_count else (RESULT, LOCATION)
     roles += (SELECTION,) if with_selection else ()
     return {
         field.name: _value(field, getattr(settings, field.name))

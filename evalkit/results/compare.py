@@ -127,8 +127,9 @@ class Bootstrap:
     def _checkpoint_group(self, one: Series) -> object:
         """The series' checkpoints' identities (a hashable key): equal for series of the same checkpoints;
         the series' own name where an identity is missing or pairing is turned off (a draw of its own)."""
-        identities = [one.identities.get(step) for step in one.steps()]
-        if self.pairing == "independent" or None in identities or len(set(identities)) != len(identities):
+        identities = [one.identities[step] for step in one.steps() if step in one.identities]
+        known = len(identities) == len(one.steps()) and len(set(identities)) == len(identities)
+        if self.pairing == "independent" or not known:
             return ("own", one.name)
         return tuple(sorted(identities))
 

@@ -433,10 +433,10 @@ def effective_length_table(
         point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
         below = f"< {_label(lengths[run][0])}"
         shown = _label(point) if point is not None else below
-        logged = (
+        has_logs = (
             boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells())
         )
-        found = effective_length(boot, run, threshold) if boot is not None and logged else None
+        found = effective_length(boot, run, threshold) if boot is not None and has_logs else None
         if found is None:
             spread = f"– ({unusable})"
         else:
