@@ -213,3 +213,23 @@ def test_general_units_cost_their_tasks():
         for i in range(2)
     ]
     assert owned == [["evalkit_fixture_longbench"], ["evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style"]]
+
+
+def test_shard_slurm_outside_slurm_is_one_line_from_the_command(tmp_path, capsys, monkeypatch):
+    for name in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP", "SLURM_ARRAY_TASK_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["ruler", "--ckpts", str(tiny_refs()[0].path), "--lengths", "1k", "--shard", "slurm"]
+    assert run_cli([*args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --shard slurm: $SLURM_ARRAY_TASK_ID is not set; run inside a slurm job array, or give "
+                   "--shard I/N"]  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_general_shard_exits_0_with_its_record(tmp_path, capsys):
+    """One lm-eval task of one checkpoint over two shards: shard 1 has nothing, and says so."""
+    args = ["general", "--ckpts", str(tiny_refs()[0].path), "--tasks", "evalkit_fixture_hellaswag_style"]
+    assert run_cli([*args, "--shard", "1/2", "--out", str(tmp_path / "s1")]) == 0
+    assert "shard 1/2 has no units" in " ".join(capsys.readouterr().err.split())
+    record = json.loads((tmp_path / "s1" / "general-empty-shard.json").read_text())
+    assert (record["benchmark"], record["shard"]["index"], record["shard"]["plan_units"]) == ("general", 1, 1)
