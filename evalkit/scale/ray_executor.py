@@ -43,9 +43,9 @@ STATUS_EVERY_S = 10.0  # the driver's progress line
 
 
 class RayExecutor:
-    """`resources`: what each group's task asks of Ray (parse_ray_resources; --ray-resources), else the
-    default (task_resources): one CPU, the GPUs of its tensor-parallel size, and on a CPU cluster
-    the memory its model needs, so that a node runs only as many model copies as fit in its memory."""
+    """`resources`: what each group's task asks of Ray (parse_ray_resources; --ray-resources), the rest
+    task_resources' default: one CPU, the GPUs of its tensor-parallel size, and on a CPU cluster the
+    memory its model needs, so that a node runs only as many model copies as fit in its memory."""
 
     def __init__(self, address: str | None = None, resources: dict[str, float] | None = None, **init_options: Any):
         self.address, self.resources, self.init_options = address, resources, init_options
@@ -57,7 +57,7 @@ class RayExecutor:
         ray = _import_ray()
         started_here = self._connect(ray)
         try:
-            resources = self.resources or task_resources(ray, benchmark, [ref.path for ref in work.refs()])
+            resources = task_resources(ray, benchmark, [ref.path for ref in work.refs()], self.resources)
             slots = concurrent_copies(_alive_nodes(ray), resources)
             groups = plan_groups(benchmark, work, out, slots)
             if groups:
@@ -354,12 +354,12 @@ def _for_workers(benchmark):
 MEMORY_PER_WEIGHT_BYTE = 3
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
 RAY_RESOURCE_KEYS = {"cpus": "num_cpus", "gpus": "num_gpus", "memory": "memory"}
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}  # binary, as memory is sold and reported
 
 
 def parse_ray_resources(text: str | None) -> dict[str, float] | None:
     """--ray-resources cpus=N,gpus=N,memory=SIZE (any of them; SIZE in bytes or with K/M/G/T, binary):
-    what each task asks of Ray. A key not given keeps Ray's default for it (1 CPU, no GPU, no memory)."""
+    what each task asks of Ray; a key not given keeps task_resources' default for it."""
     if text is None:
         return None
     asked: dict[str, float] = {}
@@ -391,7 +391,7 @@ def _number(text: str) -> float | None:
 def _size(text: str) -> float | None:
     """Bytes from "8G", "512M", "8GiB", "1048576"."""
     cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
-    unit = cleaned[-1:] if cleaned[-1:] in _UNITS and cleaned[-1:] else ""
+    unit = cleaned[-1] if cleaned and cleaned[-1] in "kmgt" else ""
     number = _number(cleaned[: len(cleaned) - len(unit)]) if cleaned else None
     return None if number is None else number * _UNITS[unit]
 
@@ -408,13 +408,17 @@ def weight_bytes(paths: list[Path]) -> int:
     return max(sizes)
 
 
-def task_resources(ray, benchmark, checkpoints: list[Path]) -> dict[str, float]:
-    """The default ask of each group's task: on a GPU cluster the GPUs of its tensor-parallel size
-    (the model lives there); on CPUs one CPU and the memory its model needs, so that Ray starts on a
-    node only as many model copies as fit in that node's memory, not one per core. A model that fits
-    in no node's memory is one line now, not an out-of-memory kill later."""
+def task_resources(ray, benchmark, checkpoints: list[Path], given: dict[str, float] | None = None) -> dict[str, float]:
+    """What each group's task asks of Ray: `given` (--ray-resources), and for what it leaves out the
+    default: on a GPU cluster the GPUs of its tensor-parallel size (the model lives there); on CPUs
+    one CPU and the memory its model needs, so that Ray starts on a node only as many model copies
+    as fit in that node's memory, not one per core. A model that fits in no node's memory is one
+    line now, not an out-of-memory kill later."""
+    given = given or {}
     if ray.cluster_resources().get("GPU", 0) > 0:
-        return {"num_gpus": float(benchmark.engine.settings.get("tensor_parallel_size") or 1), "num_cpus": 1.0}
+        return {"num_gpus": float(benchmark.engine.settings.get("tensor_parallel_size") or 1), "num_cpus": 1.0, **given}
+    if "memory" in given:
+        return {"num_cpus": 1.0, **given}
     need = float(MEMORY_PER_WEIGHT_BYTE * weight_bytes(checkpoints))
     largest = max((node.get("memory", 0.0) for node in _alive_nodes(ray)), default=0.0)
     if need > largest:
@@ -422,13 +426,14 @@ def task_resources(ray, benchmark, checkpoints: list[Path]) -> dict[str, float]:
             f"a model copy needs about {_gib(need)} ({MEMORY_PER_WEIGHT_BYTE}x its weights on disk) and no Ray node "
             f"offers that much memory (the largest: {_gib(largest)}); give --ray-resources memory=SIZE if it fits"
         )
-    return {"num_cpus": 1.0, "memory": int(need)} if need else {"num_cpus": 1.0}
+    return {"num_cpus": 1.0, **({"memory": int(need)} if need else {}), **given}
 
 
 def concurrent_copies(nodes: list[dict[str, float]], asked: dict[str, float]) -> int:
     """How many tasks asking `asked` the nodes run at once (each node: the least its CPUs, GPUs and
     memory allow), so how many model copies are loaded at once; at least 1."""
     names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+    asked = {"num_cpus": 1.0, **asked}  # Ray's default for a task that names no CPUs
     total = 0
     for node in nodes:
         fits = [int(node.get(names[key], 0.0) // amount) for key, amount in asked.items() if amount > 0]

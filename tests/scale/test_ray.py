@@ -337,10 +337,18 @@ def test_cpu_nodes_run_as_many_model_copies_as_fit_in_memory(tmp_path):
     asked = task_resources(cluster, RulerBenchmark(tiny_settings()), [tmp_path])
     assert asked == {"num_cpus": 1.0, "memory": 3 * 2**30}
     assert concurrent_copies([n["Resources"] for n in cluster.nodes()], asked) == 3 + 4
-    assert concurrent_copies([{"CPU": 16.0, "memory": 10.0 * 2**30}], {"num_cpus": 4.0}) == 4  # --ray-resources cpus=4
+    # --ray-resources cpus=4: 4 CPUs and still the memory; on the first node 16 // 4 = 4 but 10 // 3 = 3
+    more = task_resources(cluster, RulerBenchmark(tiny_settings()), [tmp_path], {"num_cpus": 4.0})
+    assert more == {"num_cpus": 4.0, "memory": 3 * 2**30}
+    assert concurrent_copies([n["Resources"] for n in cluster.nodes()], more) == 3 + 1
+    assert (
+        concurrent_copies([{"CPU": 16.0, "memory": 10.0 * 2**30}], {"memory": 2**30}) == 10
+    )  # 1 CPU each: 16, memory: 10
     small = _FakeRay({"CPU": 8.0, "memory": 2.0 * 2**30})
     with pytest.raises(UserError, match=r"needs about 3.0 GiB .*the largest: 2.0 GiB\); give --ray-resources memory="):
         task_resources(small, RulerBenchmark(tiny_settings()), [tmp_path])
+    given = {"memory": 2**30}  # the user's own estimate: taken as given, no refusal
+    assert task_resources(small, RulerBenchmark(tiny_settings()), [tmp_path], given) == {"num_cpus": 1.0, **given}
 
 
 @pytest.mark.parametrize(
@@ -384,7 +392,9 @@ def test_the_log_says_how_many_model_copies_run_at_once(cluster, tmp_path):
     refs, settings = tiny_refs(), tiny_settings(samples=1, tasks=["niah_single_1"])
     lines: list[str] = []
     run_ruler(refs, settings, tmp_path / "ray", executor=RayExecutor(resources={"num_cpus": 2.0}), log=lines.append)
-    assert any(line.startswith("ray: each task asks 2 CPUs: 1 concurrent model copies") for line in lines), lines
+    assert any(
+        line.startswith("ray: each task asks 2 CPUs, 7.5 MiB memory: 1 concurrent model copies") for line in lines
+    )
     run_ruler(refs, settings, tmp_path / "local")
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
     default: list[str] = []
