@@ -201,6 +201,7 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
 
     t = _stage(console, done, "leaderboard and the claims")
     board = write_leaderboard(sources, plan.out / "leaderboard.md")
+    claims += how_runs_trained(refs)
     claims += _ruler_claim(plan.out / "ruler", lengths)
     claims += compare_paradigms_against_full(plan.out / "ruler")
     claims_file = _write_claims(plan.out / "claims.md", claims)
@@ -354,6 +355,29 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- claim (c): RULER
+
+
+def how_runs_trained(refs) -> list[str]:
+    """One row per evaluated run: its paradigm, precision regime and window start, read from its
+    newest checkpoint's meta.json, so a comparison shows that only the paradigm differs."""
+    import json
+
+    from evalkit.markdown import markdown_table
+    from evalkit.result_format import training_precision, window_start
+
+    newest: dict[str, tuple[int, Path]] = {}
+    for ref in refs:  # CheckpointRef: run, step, path
+        if ref.run not in newest or ref.step >= newest[ref.run][0]:
+            newest[ref.run] = (ref.step, ref.path)
+    rows = []
+    for run, (_, path) in sorted(newest.items()):
+        try:
+            meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = {}
+        rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
+    header = ["run", "paradigm", "precision", "window start"]
+    return ["## How each run trained", "", markdown_table(header, rows), ""]
 
 
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:

@@ -217,14 +217,23 @@ def describe_checkpoint(summary: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def training_precision(meta: dict[str, Any]) -> str:
-    """ "bf16, RoPE fp32" for a run trained under bf16 autocast, "" for an fp32 run (the model text
-    as before). A bf16 run from before the rope_precision setting rotated in fp32: transformers'
-    fp32 cos/sin promoted q and k (README, GPU section)."""
-    config = meta.get("config") or {}
-    if config.get("dtype") != "bf16":
+    """ "bf16, RoPE fp32" for a run trained under bf16 autocast, "bf16 full, RoPE bf16" for one in
+    the released regime (bf16 weights, buffers and residual: evalkit.train.regime), "" for an fp32
+    run (the model text as before). A bf16 run from before the rope_precision setting rotated in
+    fp32: transformers' fp32 cos/sin promoted q and k (README, Training)."""
+    dtype = (meta.get("config") or {}).get("dtype")
+    if dtype not in ("bf16", "bf16_full"):
         return ""
-    rope = (meta.get("precision") or {}).get("rope") or config.get("rope_precision") or "fp32"
-    return f"bf16, RoPE {rope}"
+    rope = (meta.get("precision") or {}).get("rope") or (meta.get("config") or {}).get("rope_precision") or "fp32"
+    return f"{'bf16 full' if dtype == 'bf16_full' else 'bf16'}, RoPE {rope}"
+
+
+def window_start(meta: dict[str, Any]) -> str:
+    """How the run's training windows began (data.window_start): `bos` (the BOS, or the anchor, at
+    position 0 in every paradigm) or `document` (the rest of a cut document); runs recorded before
+    the setting existed packed as `document`."""
+    data = (meta.get("config") or {}).get("data") or {}
+    return str(data.get("window_start") or "document")
 
 
 def _float(value: Any) -> float | None:

@@ -49,6 +49,7 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     assert [(r["paradigm"], r["seq_len"]) for r in steps] == [("full", 256), ("anchor", 256)]
     assert f"full {steps[0]['step_seconds']:.2f}, anchor {steps[1]['step_seconds']:.2f}" in claims
     assert "## (c) RULER across lengths" in claims and "## Paradigms against full attention" in claims
+    assert "| tiny-cpu-anchor | anchor | fp32 | bos |" in claims  # how each run trained
     table = claims.split("## (c)")[1].split("\n## ")[0]
     for paradigm in ("full", "intra_doc", "anchor"):  # a run is a row only if it scored; else it is named as 0
         run = f"tiny-cpu-{paradigm}"
@@ -152,3 +153,16 @@ def test_paradigms_are_compared_against_full_with_the_summaries_means():
     for paradigm in ("anchor", "intra_doc"):
         shown = table[f"tiny-long-{paradigm}-shipped − tiny-long-full-shipped"].strip("*").split(" [")[0]
         assert abs(float(shown) - (average(f"tiny-long-{paradigm}-shipped") - full)) < 0.011
+
+
+def test_the_claims_say_how_each_shipped_run_trained():
+    """The shipped tiny study's runs: fp32, packed before window_start existed (so `document`)."""
+    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.quickstart import how_runs_trained, shipped_runs
+
+    refs = resolve_checkpoints([str(run) for run in shipped_runs("tiny-long")])
+    lines = how_runs_trained(refs)
+    assert lines[0] == "## How each run trained"
+    table = "\n".join(lines)
+    for paradigm in ("full", "intra_doc", "anchor"):
+        assert f"| tiny-long-{paradigm}-shipped | {paradigm} | fp32 | document |" in table

@@ -197,25 +197,6 @@ def test_transformers_attention_names_pass_the_check(value):
     check_engine_settings("hf", {"attention": value, "batch_size": 2})
 
 
-# ----------------------------------------------------------------- 6. an empty shard
-
-
-@pytest.mark.parametrize("command", ["ruler", "general"])
-def test_an_empty_shard_is_not_a_failure_and_says_why(tmp_path, capsys, command):
-    from tests.scale.helpers import SHIPPED
-
-    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
-    one_unit = {
-        "ruler": ["--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1"],
-        "general": ["--tasks", "arc_easy", "--limit", "1"],
-    }[command]
-    result = evalkit_here(capsys, command, "--ckpts", ckpt, *one_unit, "--shard", "2/3", "--out", tmp_path / "out")
-    assert result.returncode == 0, result.stderr
-    assert "shard 2/3 holds no unit of this sweep (more shards than units)" in result.stderr
-    assert "reasons above" not in result.stderr and "error" not in result.stderr
-    assert not list((tmp_path / "out").rglob("*.json"))  # no summary, no failure record
-
-
 # ------------------------------------------- 7. a leaderboard of failed checkpoints only
 
 
@@ -257,8 +238,7 @@ def test_compare_names_a_summary_of_a_future_schema_it_left_out(tmp_path, capsys
 
     result = evalkit_here(capsys, "compare", out, "--replicates", "100", "--out", tmp_path / "cmp")
     assert result.returncode == 0, result.stderr
-    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
-    assert len(notes) == 1 and f"{future}: not read: its schema_version is 99" in notes[0], result.stderr
+    assert result.stderr.count(f"{future}: not read: its schema_version is 99") == 1, result.stderr
     assert f"{future}: not read" in (tmp_path / "cmp" / "compare.md").read_text()
 
 

@@ -72,6 +72,16 @@ def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
 
 
+def _fp32_angles(module, args):
+    """Before the rotary module: an fp32 stand-in for the hidden states it is given, so it returns
+    cos/sin computed and kept in fp32 even in a bf16 model (it reads only their dtype and device;
+    an expanded scalar has their shape and costs no memory)."""
+    hidden, *rest = args
+    if hidden.dtype == torch.float32:
+        return None
+    return (torch.zeros((), dtype=torch.float32, device=hidden.device).expand(hidden.shape), *rest)
+
+
 def _rope_precision_hook(precision: str):
     def cast(module, args, output):
         cos, sin = output
@@ -89,9 +99,10 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast.
 
     transformers' rotary module returns cos/sin in the dtype of the hidden states it is given:
-    fp32 with fp32 master weights, whatever autocast does. A forward hook on that module sets
-    their dtype instead, so the setting holds for every architecture built on it (Llama, Qwen2,
-    Mistral), in every layer, without patched model files.
+    fp32 with fp32 master weights, whatever autocast does, and bf16 in a bf16 model (bf16_full).
+    Hooks on that module set their dtype instead (for fp32 in a bf16 model, the module is handed
+    an fp32 stand-in first, so nothing is rounded on the way), so the setting holds for every
+    architecture built on it (Llama, Qwen2, Mistral), in every layer, without patched model files.
     """
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
@@ -102,7 +113,10 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
         for handle in getattr(module, "_evalkit_rope_hooks", []):
             handle.remove()  # setting it again replaces the earlier setting
         # (ignore: torch types what a Module's attributes may be set to as Tensor | Module)
-        module._evalkit_rope_hooks = [module.register_forward_hook(_rope_precision_hook(precision))]  # type: ignore[assignment]
+        hooks = [module.register_forward_hook(_rope_precision_hook(precision))]
+        if precision == "fp32":
+            hooks.append(module.register_forward_pre_hook(_fp32_angles))
+        module._evalkit_rope_hooks = hooks  # type: ignore[assignment]
 
 
 def _no_padding_mask(*, attention_mask=None, **_kwargs):

@@ -20,6 +20,7 @@ sequence, where a prepended anchor is not at its real distance).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -517,10 +518,24 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
     key = (*variant, dynamic)
     if key not in _compiled_flex:
         frame = _flex_frame()
-        compiled = torch.compile(frame, dynamic=dynamic, backend=COMPILE_BACKEND)
+        # fullgraph: a graph break would run FlexAttention eagerly (scores materialised: 128 GiB
+        # at 64K) without a word; it is an error here instead.
+        compiled = torch.compile(frame, dynamic=dynamic, backend=COMPILE_BACKEND, fullgraph=True)
         compiled.frame = frame  # type: ignore[attr-defined]  # a function attribute: flex_compile_counts reads it
         _compiled_flex[key] = compiled
     return _compiled_flex[key]
+
+
+def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torch.Tensor:
+    """Call a function from flex_attention_function. Where evalkit runs FlexAttention uncompiled on
+    purpose (off COMPILE_DEVICES: correct, scores materialised at the sizes used there), torch's
+    "called without torch.compile" warning is silenced; on a compiled device it is left to be
+    seen, since there it would mean that the compiled path was lost."""
+    if device.type in COMPILE_DEVICES:
+        return function(*args, **kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return function(*args, **kwargs)
 
 
 def flex_variant(q: torch.Tensor, mask_kind: str) -> tuple:
@@ -548,6 +563,14 @@ def fail_on_recompile_limit() -> None:
             return
 
 
+def raise_recompile_limit(limit: int) -> None:
+    """Dynamo's per-function recompile limit at least `limit` (it is one setting for the process:
+    never lowered here, so another function's needs are kept)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(recompile_limit(), limit))
+
+
 def recompile_limit() -> int:
     """Dynamo's per-function compile limit (renamed across torch versions)."""
     config = torch._dynamo.config
@@ -556,8 +579,6 @@ def recompile_limit() -> int:
 
 def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
     """FlexAttention with the document rule as mask_mod (backward needs CUDA)."""
-    import warnings
-
     if q.device.type == "cpu":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
@@ -566,9 +587,7 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
     block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
     gqa = q.shape[1] != k.shape[1]
     function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return function(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -601,8 +620,10 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
 
 
 def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
-    """The one dtype attention runs in: autocast's when autocast is on for q's device, else the
-    promotion of the three (a caller passing one dtype keeps it).
+    """The one dtype attention runs in: autocast's when autocast is on for q's device, else v's
+    (a caller passing one dtype keeps it). v is never rotated, so it carries the model's compute
+    dtype, while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k
+    then runs in bf16, as the paper's text has it, not silently in fp32.
 
     Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
     fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
@@ -612,7 +633,7 @@ def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dty
     device_type = q.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
-    return torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return v.dtype
 
 
 def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,8 +7,13 @@ returned as `leftover` for the next window. Layout per paradigm:
     anchor / anchor_interleaved:                          BOS  [d1 EOS][d2 EOS]...   (BOS = anchor)
     anchor_tag:                                           BOS  [T1 d1 EOS][T2 d2 EOS]...
 
-A continued document (the leftover of a cut) carries no BOS of its own (it is the middle of a
-document) but keeps its domain tag, so every document piece in an anchor_tag window is tagged.
+A continued document (the leftover of a cut) keeps its domain tag, so every document piece in
+an anchor_tag window is tagged. Where it opens the next window, `window_start` decides its BOS:
+
+    "bos"       (the default) it gets one, so every window of every paradigm starts with a BOS at
+                position 0, as the anchor paradigms' windows do and as a prompt does at inference
+    "document"  it carries none (it is the middle of a document): the packing of runs made before
+                the setting existed, kept so that they stay reproducible
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ INTERLEAVE_MIN_LEN, INTERLEAVE_MAX_LEN = 64, 2048
 INTERLEAVE_SPLIT_RANGE = (0.2, 0.8)
 INTERLEAVE_MIN_GAP = 12
 
+WINDOW_STARTS = ("bos", "document")  # what opens a window that continues a cut document; see above
+
 
 @dataclass
 class Document:
@@ -48,7 +55,8 @@ class PackedSequence:
     loss_mask[i] is True when input_ids[i] is a training target predicted from position i-1:
     False at 0, on the first token of every document piece (it cannot be predicted from another
     document under document masks; the same rule holds for every paradigm so runs compare
-    fairly), on domain tags, and on padding.
+    fairly), on domain tags, on padding, and on the first content token behind a window-start
+    BOS (`pack` states the whole rule).
     """
 
     input_ids: torch.Tensor  # long [S]
@@ -75,6 +83,9 @@ class _Piece:
 
     token_ids: list[int]
     prefix_len: int  # tag and/or BOS at its start
+    # A continued document given a BOS at the window's start: its first content token lost its
+    # context with the cut, so it is not a target (as the first token behind the anchor is not).
+    cut_context: bool = False
 
 
 def _as_documents(docs: Sequence[Sequence[int] | Document], domain_tags: Sequence[int] | None) -> list[Document]:
@@ -90,35 +101,38 @@ def _as_documents(docs: Sequence[Sequence[int] | Document], domain_tags: Sequenc
     return out
 
 
-def _piece_tokens(doc: Document, paradigm: Paradigm, bos_id: int, eos_id: int) -> tuple[list[int], int]:
+def _piece(doc: Document, paradigm: Paradigm, bos_id: int, eos_id: int, opens_bos_window: bool) -> _Piece:
+    """`doc` with its specials; `opens_bos_window`: it is the first piece of a window_start="bos" window."""
     prefix = []
     if paradigm.uses_tags:
         if doc.tag is None:
             raise ValueError(f"paradigm {paradigm} needs a domain tag for every document (pass domain_tags=)")
         prefix.append(doc.tag)
-    if not paradigm.has_anchor and not doc.continued:
+    cut_context = doc.continued and opens_bos_window and not paradigm.has_anchor
+    if not paradigm.has_anchor and (not doc.continued or cut_context):
         prefix.append(bos_id)
-    return prefix + list(doc.tokens) + [eos_id], len(prefix)
+    return _Piece(prefix + list(doc.tokens) + [eos_id], len(prefix), cut_context)
 
 
 def _fill_window(
-    docs: list[Document], room: int, paradigm: Paradigm, bos_id: int, eos_id: int
+    docs: list[Document], room: int, paradigm: Paradigm, bos_id: int, eos_id: int, window_start: str
 ) -> tuple[list[_Piece], Document | None, int]:
     """Whole pieces while they fit, then the head of the next one; returns (pieces, leftover, consumed)."""
     pieces: list[_Piece] = []
     for consumed, doc in enumerate(docs):
         if not doc.tokens:
             continue
-        token_ids, prefix_len = _piece_tokens(doc, paradigm, bos_id, eos_id)
+        piece = _piece(doc, paradigm, bos_id, eos_id, opens_bos_window=window_start == "bos" and not pieces)
+        token_ids, prefix_len = piece.token_ids, piece.prefix_len
         if len(token_ids) <= room:
-            pieces.append(_Piece(token_ids, prefix_len))
+            pieces.append(piece)
             room -= len(token_ids)
             if room == 0:
                 return pieces, None, consumed + 1
             continue
         if room < prefix_len + 1:  # not even one content token fits: the rest of the window is padding
             return pieces, None, consumed
-        pieces.append(_Piece(token_ids[:room], prefix_len))
+        pieces.append(_Piece(token_ids[:room], prefix_len, piece.cut_context))
         content_used = room - prefix_len
         rest = doc.tokens[content_used:]
         # When only the EOS was cut, the document is complete: nothing is carried.
@@ -165,17 +179,27 @@ def pack(
     eos_id: int,
     domain_tags: Sequence[int] | None = None,
     seed: int = 0,
+    window_start: str = "bos",
 ) -> PackedSequence:
     """Lay `docs` into one window of exactly `seq_len` tokens as `paradigm` prescribes.
 
     docs: token-id lists without special tokens, or `Document`s (e.g. an earlier leftover).
     domain_tags: one tag token id per document (anchor_tag). seed: the interleaving draw; a data
     loader passes a different seed per window. Padding (eos_id, PAD_DOC_ID, no loss) fills the
-    end only when the documents run out.
+    end only when the documents run out. window_start: "bos" or "document" (module docstring).
+
+    Trained targets, one rule for every paradigm and window_start: a token is a target when the
+    token before it is in its own document piece and has the piece's context. So never position
+    0, a piece's first token (a BOS, a tag, or the first content token behind the anchor), a
+    chunk that resumes a document after another one's, padding, and, under "bos", the first
+    content token after the BOS a continued document gets at the window's start: its context
+    was cut, as the first token behind the anchor has none.
     """
     paradigm = Paradigm.parse(paradigm)
     if seq_len < 2:
         raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+    if window_start not in WINDOW_STARTS:
+        raise ValueError(f"window_start must be one of {', '.join(WINDOW_STARTS)}, got {window_start!r}")
     documents = _as_documents(docs, domain_tags)
 
     ids: list[int] = []
@@ -186,15 +210,21 @@ def pack(
         doc_ids.append(ANCHOR_DOC_ID)
         positions.append(0)
 
-    pieces, leftover, consumed = _fill_window(documents, seq_len - len(ids), paradigm, bos_id, eos_id)
+    pieces, leftover, consumed = _fill_window(documents, seq_len - len(ids), paradigm, bos_id, eos_id, window_start)
     if paradigm.interleaves:
+        # The first chunk is always some piece's chunk 0 (key r_d < 1 <= any later chunk's key), and
+        # under "bos" every chunk 0 starts with a BOS: the window opens with one at position 0.
         chunks = _interleave(pieces, random.Random(seed))
     else:
         chunks = [(d, piece.token_ids, 0) for d, piece in enumerate(pieces)]
 
+    cut_targets = []  # window indices of the first content token behind a window-start BOS
     for d, chunk_ids, offset in chunks:
         # Reset restarts each document at 0; every other paradigm counts window positions.
         start = offset if paradigm.resets_positions else len(ids)
+        first_content = pieces[d].prefix_len - offset
+        if pieces[d].cut_context and 0 <= first_content < len(chunk_ids):
+            cut_targets.append(len(ids) + first_content)
         ids.extend(chunk_ids)
         doc_ids.extend([d + 1] * len(chunk_ids))
         positions.extend(range(start, start + len(chunk_ids)))
@@ -206,11 +236,11 @@ def pack(
     positions.extend(range(start, start + num_pad))
 
     doc_tensor = torch.tensor(doc_ids, dtype=torch.long)
-    # A target is trainable when its predictor (the token before it) is in the same document.
-    # That excludes position 0, every piece's first token (a BOS, a tag, or the first content
-    # token behind the anchor), a chunk that resumes a document after another one, and padding.
+    # A target is trainable when its predictor (the token before it) is in the same document;
+    # the rest of the rule (the docstring's) is the cut targets.
     loss_mask = torch.zeros(seq_len, dtype=torch.bool)
     loss_mask[1:] = (doc_tensor[1:] == doc_tensor[:-1]) & (doc_tensor[1:] != PAD_DOC_ID)
+    loss_mask[cut_targets] = False
 
     return PackedSequence(
         input_ids=torch.tensor(ids, dtype=torch.long),

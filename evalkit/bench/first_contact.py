@@ -171,7 +171,7 @@ def probe_dtypes(log: ResultLog, device: str) -> bool:
             with _dtype_spies(impl) as (handed, received):
                 try:
                     with torch.set_grad_enabled(backward), torch.autocast(device, dtype=torch.bfloat16):
-                        logits = model(**batch).logits
+                        logits = model(**batch, use_cache=False).logits
                     if backward:
                         logits.float().logsumexp(-1).mean().backward()
                 except Exception as err:  # noqa: BLE001 -- the probe records what fails on this machine

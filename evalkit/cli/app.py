@@ -46,18 +46,3 @@ def publish(table: str, out: Path | None, title: str, conditions: str, console) 
 
         write_report(out, title, command_line(), conditions, table)
         console.print(f"wrote {out}")
-
-
-def nothing_scored(run, shard) -> bool:
-    """A run with no score: True when that is an empty shard (said on stderr; not a failure: a job
-    array may have more tasks than units), a UserError when every unit was skipped (each skip's
-    reason was logged as it happened)."""
-    if run.rows:
-        return False
-    if shard is not None and not run.summaries and not run.skipped:
-        typer.echo(
-            f"shard {shard.label()} holds no unit of this sweep (more shards than units): nothing to evaluate",
-            err=True,
-        )
-        return True
-    raise UserError("no task produced a score (all skipped); see the reasons above")

@@ -14,11 +14,16 @@ def train_command(
     paradigm: str = typer.Option(
         None,
         "--paradigm",
-        help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved.",
+        help=(
+            "full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved; "
+            "with --inspect, a comma-separated list."
+        ),
     ),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
     max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
-    sets: list[str] = typer.Option(None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 (repeatable)."),
+    sets: list[str] = typer.Option(
+        None, "--set", help="Any other field, e.g. --set optim.lr=1e-4 or data.window_start=document (repeatable)."
+    ),
     out: str = typer.Option(None, "--out", help="Run directory (default runs/<config>-<paradigm>)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest complete checkpoint in the run directory."
@@ -27,12 +32,42 @@ def train_command(
         False, "--memory-estimate", help="Print the memory model's per-GPU estimate for this recipe and exit."
     ),
     gpus: int = typer.Option(None, "--gpus", help="GPUs for --memory-estimate (default: WORLD_SIZE, else 1)."),
+    inspect: str = typer.Option(
+        None,
+        "--inspect",
+        help=(
+            "Train nothing: write the first window(s) as training would build them into DIR/<paradigm>/ "
+            "(window.json: tokens, positions, documents, loss mask; mask.png: the attention mask, as Figure 2)."
+        ),
+        metavar="DIR",
+    ),
+    inspect_tokens: int = typer.Option(
+        256, "--inspect-tokens", help="Tokens of each window the mask covers (mask.png, window.json)."
+    ),
+    inspect_windows: int = typer.Option(1, "--inspect-windows", help="Windows per paradigm --inspect writes."),
 ) -> None:
-    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/)."""
+    """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/).
+
+    Precision: --set dtype=fp32|bf16|bf16_full and rope_precision=fp32|bf16 (README, Training).
+
+    The paper recipes train in the released code's regime: dtype=bf16_full, rope_precision=bf16.
+
+    Every paradigm's windows start with the BOS at position 0 (data.window_start=bos).
+    """
+    from evalkit.arglists import parse_list
+    from evalkit.errors import UserError
     from evalkit.train import load_config, train
 
-    overrides = {"model.path": model, "paradigm": paradigm, "seq_len": seq_len, "max_steps": max_steps, "out": out}
-    cfg = load_config(config, overrides, sets)
+    paradigms = parse_list(paradigm) if paradigm else [None]
+    overrides = {"model.path": model, "seq_len": seq_len, "max_steps": max_steps, "out": out}
+    if inspect is not None:
+        if resume or memory_estimate:
+            raise UserError("--inspect trains nothing: leave out --resume and --memory-estimate")
+        _inspect(config, overrides, sets, paradigms, inspect, inspect_windows, inspect_tokens)
+        return
+    if len(paradigms) > 1:
+        raise UserError(f"--paradigm takes one paradigm to train, got {paradigm!r} (a list only with --inspect)")
+    cfg = load_config(config, {**overrides, "paradigm": paradigms[0]}, sets)
     if memory_estimate:
         import os
 
@@ -43,3 +78,14 @@ def train_command(
         return
     run_dir = train(cfg, resume=resume)
     typer.echo(f"checkpoints in {run_dir}")
+
+
+def _inspect(config, overrides, sets, paradigms, out: str, windows: int, tokens: int) -> None:
+    from pathlib import Path
+
+    from evalkit.train import load_config
+    from evalkit.train.inspection import inspect_windows
+
+    configs = [load_config(config, {**overrides, "paradigm": p}, sets) for p in paradigms]
+    for path in inspect_windows(configs, Path(out), windows=windows, tokens=tokens):
+        typer.echo(f"wrote {path}")

@@ -331,6 +331,34 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
     ]
 
 
+def _regime_lines(provenance: dict) -> list[str]:
+    """What each condition computed in, and how the checkpoint was trained (when evalkit trained it)."""
+    regimes = provenance.get("condition_precision") or []
+    if not regimes:
+        return []
+    trained = provenance.get("trained_precision")
+    lines = ["## Precision of each condition", ""]
+    if trained:
+        kind = {"bf16_full": "bf16 weights, buffers and residual (the released regime)", "bf16": "bf16 autocast"}
+        lines += [
+            f"Trained in {trained.get('dtype')} ({kind.get(str(trained.get('dtype')), 'fp32')}), RoPE rotated in "
+            f"{trained.get('rope', 'fp32')}.",
+            "",
+        ]
+    table = [
+        [
+            f"{r['condition']} {DTYPE_LABELS.get(r['dtype'], r['dtype'])}",
+            r["weights"],
+            r["residual"],
+            r["rope_frequencies"],
+            "yes" if r["as_trained"] else "",
+        ]
+        for r in regimes
+    ]
+    header = ["condition", "weights", "residual stream", "RoPE frequencies", "as trained (bf16_full)"]
+    return [*lines, *markdown_table(header, table).splitlines(), ""]
+
+
 def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
     """The human-readable summary: what was measured, the key ratios, the observations, the values."""
     rows = over_all_layers(rows)
@@ -357,6 +385,7 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
         "",
     ]
     out += _provenance_lines(context.get("provenance"))
+    out += _regime_lines(context.get("provenance") or {})
     notes = [f"Note: {note}." for note in context.get("notes", [])]
     out += [*notes, ""] if notes else []
     out += ["## Key numbers", "", markdown_table(["quantity", "value"], key_rows), ""] if key_rows else []

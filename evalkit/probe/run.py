@@ -81,11 +81,30 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_model(checkpoint: Path, config, condition: str, dtype: str, device: torch.device, seed: int = 0):
+def trained_regime(checkpoint: Path) -> dict | None:
+    """The precision an evalkit run trained the checkpoint in (meta.json's `precision`), else None."""
+    import json
+
+    try:
+        meta = json.loads((Path(checkpoint) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    precision = meta.get("precision") if isinstance(meta, dict) else None
+    return precision if isinstance(precision, dict) else None
+
+
+def as_trained(condition: str, dtype: str, trained: dict | None) -> bool:
+    """The BF16 condition of a checkpoint trained under bf16_full runs as it trained: bf16 buffers
+    (RoPE's frequencies, unless it rotated in fp32) beside its bf16 weights and residual stream."""
+    return condition == "pretrained" and dtype == "bf16" and (trained or {}).get("dtype") == "bf16_full"
+
+
+def load_model(checkpoint: Path, config, condition: str, dtype: str, device: torch.device, seed: int = 0, trained=None):
     """The checkpoint's base model (no LM head: the probe needs attention only) with the probe attention.
 
     The model is built in its dtype rather than cast afterwards: `.to(bf16)` would also round
-    RoPE's inverse frequencies, which transformers keeps in FP32 when it loads a model.
+    RoPE's inverse frequencies, which transformers keeps in FP32 when it loads a model; a model
+    trained with them rounded (bf16_full, `trained` its meta.json record) gets them rounded here too.
     """
     from transformers import AutoModel
 
@@ -98,7 +117,33 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
     with _quiet_transformers():
         # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
         model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), **common)
+    if as_trained(condition, dtype, trained):
+        from evalkit.train.regime import cast_buffers
+
+        cast_buffers(model, (trained or {}).get("rope", "bf16"))
     return model.to(device).eval()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
+
+
+def loaded_regime(model, condition: str, dtype: str, trained: dict | None) -> dict:
+    """What one condition computed in, read off the loaded model: weights (and so the residual
+    stream), RoPE's frequencies, and whether it is the regime the checkpoint trained in."""
+    from evalkit.probe.rope import rotary_modules
+
+    weights = _dtype_name(next(model.parameters()).dtype)
+    buffers = [getattr(m, "inv_freq", None) for m in rotary_modules(model)]
+    frequencies = {_dtype_name(b.dtype) for b in buffers if isinstance(b, torch.Tensor)}
+    return {
+        "condition": condition,
+        "dtype": dtype,
+        "weights": weights,
+        "residual": weights,
+        "rope_frequencies": ", ".join(sorted(frequencies)) or "?",
+        "as_trained": as_trained(condition, dtype, trained),
+    }
 
 
 def _std(values: torch.Tensor) -> float:
@@ -156,12 +201,16 @@ def _measure_all(
     windows: dict[int, TokenWindows],
     device: torch.device,
     progress: Callable[[str], None] | None,
+    regimes: list[dict],
 ) -> list[dict]:
+    """Every condition's rows; `regimes` receives what each condition computed in."""
     rows: list[dict] = []
+    trained = trained_regime(checkpoint)
     for condition, dtype in plan.conditions:
         if progress is not None:
             progress(f"loading the {'checkpoint' if condition == 'pretrained' else 'random-init model'} in {dtype}")
-        model = load_model(checkpoint, config, condition, dtype, device, options.seed)
+        model = load_model(checkpoint, config, condition, dtype, device, options.seed, trained)
+        regimes.append(loaded_regime(model, condition, dtype, trained))
         for rope in options.rope:
             for length in plan.lengths:
                 label = f"{condition} {dtype} rope={rope} T={length}"
@@ -317,10 +366,12 @@ def run_probe(
 
     # One writer per directory: two probes into one --out would mix one's markdown with the other's JSON.
     with output_lock(Path(out_dir), leave_no_trace=True):
-        rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress)
+        regimes: list[dict] = []
+        rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, regimes)
         summary = summarise(rows)
         provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
+        provenance |= {"trained_precision": trained_regime(checkpoint), "condition_precision": regimes}
         notes = _notes(plan, config, windows, probe_options.n_texts, source)
         payload = {
             "kind": kind,

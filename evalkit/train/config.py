@@ -21,9 +21,11 @@ import yaml
 
 from evalkit.attention import Paradigm
 from evalkit.attention.hf import ROPE_PRECISIONS
+from evalkit.attention.packing import WINDOW_STARTS
 from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.errors import UserError
 from evalkit.package_data import CONFIG_DIR, recipe_folder
+from evalkit.train.regime import BF16_DTYPES, DTYPES
 from evalkit.train.synthetic import PHRASINGS
 
 
@@ -62,6 +64,10 @@ class DataConfig:
     # built-in corpus: plain (three fixed templates), varied (many phrasings) or broad (more, RULER's among them)
     retrieval_phrasing: str = "plain"
     max_documents: int | None = None  # use only the first N documents of the source
+    # What opens a window that continues a document cut at the end of the previous one: "bos" (a BOS
+    # at position 0 in every paradigm, as the anchor's) | "document" (no BOS: the packing of runs
+    # made before this setting). evalkit.attention.packing says more.
+    window_start: str = "bos"
 
 
 @dataclass
@@ -96,9 +102,11 @@ class TrainConfig:
     max_steps: int = 200
     windows_per_step: int = 8  # the global batch, in windows
     micro_batch: int = 1  # windows per forward pass on each process (gradient accumulation covers the rest)
-    dtype: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
-    # with dtype=bf16, how q and k are rotated: fp32 (rotate in fp32, round once at the kernel: the
-    # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); README, GPU section
+    # fp32 | bf16 (autocast over fp32 weights) | bf16_full (bf16 weights, buffers and residual stream,
+    # fp32 masters in the optimizer: the released code's regime); evalkit.train.regime
+    dtype: str = "fp32"
+    # with a bf16 dtype, how q and k are rotated: fp32 (rotate in fp32, round once at the kernel: the
+    # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); README, Training
     rope_precision: str = "fp32"
     grad_checkpointing: bool = False
     seed: int = 0
@@ -135,18 +143,18 @@ class TrainConfig:
                 self.windows_per_step >= 1 and self.micro_batch >= 1,
                 "windows_per_step and micro_batch must be at least 1",
             ),
-            (self.dtype in ("fp32", "bf16"), f"dtype must be fp32 or bf16, got {self.dtype!r}"),
+            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
             (
                 self.rope_precision in ROPE_PRECISIONS,
                 f"rope_precision must be {' or '.join(ROPE_PRECISIONS)}, got {self.rope_precision!r}",
             ),
             (
-                self.rope_precision == "fp32" or self.dtype == "bf16",
-                "rope_precision=bf16 needs dtype=bf16 (an fp32 run has no bf16 to rotate in)",
+                self.rope_precision == "fp32" or self.dtype in BF16_DTYPES,
+                "rope_precision=bf16 needs dtype=bf16 or bf16_full (an fp32 run has no bf16 to rotate in)",
             ),
             (
-                self.model.attention != "flash" or self.dtype == "bf16",
-                "model.attention=flash needs dtype=bf16 (flash-attn runs fp16/bf16 only)",
+                self.model.attention != "flash" or self.dtype in BF16_DTYPES,
+                "model.attention=flash needs dtype=bf16 or bf16_full (flash-attn runs fp16/bf16 only)",
             ),
             (
                 self.model.arch in ("llama", "qwen2", "mistral"),
@@ -172,6 +180,10 @@ class TrainConfig:
             (
                 self.data.retrieval_phrasing in PHRASINGS,
                 f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}",
+            ),
+            (
+                self.data.window_start in WINDOW_STARTS,
+                f"data.window_start must be one of {', '.join(WINDOW_STARTS)}, got {self.data.window_start!r}",
             ),
             (
                 self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,

@@ -240,6 +240,17 @@ def open_source(config: DataConfig, seed: int, seq_len: int) -> DocumentSource:
     return source
 
 
+def data_fingerprint(source: DocumentSource, window_start: str) -> str:
+    """What a checkpoint records as its data: the source's fingerprint, and how windows were cut.
+
+    Under "document" (the packing before data.window_start existed) it is the source's own, so
+    runs made before keep theirs; any other window start changes the windows, so the fingerprint.
+    """
+    if window_start == "document":
+        return source.fingerprint
+    return hashlib.sha256(f"{source.fingerprint}-start-{window_start}".encode()).hexdigest()[:16]
+
+
 # ----------------------------------------------------------------------------- domain tags
 
 
@@ -289,13 +300,14 @@ class WindowStream:
         seq_len: int,
         seed: int,
         domain_tags: dict[str, int] | None = None,
+        window_start: str = "bos",
     ):
         if tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
             raise UserError("the tokenizer has neither a BOS nor an EOS token; packing needs one")
         if len(source) == 0:
             raise UserError("the data source has no documents")
         self.source, self.tokenizer, self.paradigm = source, tokenizer, paradigm
-        self.seq_len, self.seed = seq_len, seed
+        self.seq_len, self.seed, self.window_start = seq_len, seed, window_start
         # The anchor is the BOS; tokenizers without one (Qwen) use EOS, as the paper does: the one rule
         # of every anchor (evalkit.engines.tokens), recorded in the checkpoints' meta.json.
         self.bos_id = anchor_token_id(tokenizer)
@@ -349,6 +361,7 @@ class WindowStream:
             bos_id=self.bos_id,
             eos_id=self.eos_id,
             seed=self.seed * 1_000_003 + self.state.windows,
+            window_start=self.window_start,
         )
         consumed = [pos for pos in after[: packed.num_consumed] if pos is not None]
         if consumed:

@@ -85,12 +85,11 @@ def broadcast_object(value: Any, ctx: DistContext) -> Any:
 
 
 def mixed_precision_policy(dtype: str):
-    """FSDP2's policy for a decoder layer: bf16 all-gathers and compute under bf16 runs, fp32
-    gradient reduction (the sharded master weights and AdamW stay fp32). Inputs are not cast
-    (cast_forward_inputs=False): the residual stream and RoPE's cos/sin stay as the root unit
-    (embeddings, final norm, head: fp32, no policy) and autocast make them, as in one process.
-    None for fp32 runs."""
-    if dtype != "bf16":
+    """FSDP2's policy for bf16 runs: bf16 all-gathers and compute, fp32 gradient reduction (the
+    sharded master weights and AdamW stay fp32). Inputs are not cast (cast_forward_inputs=False):
+    the residual stream and RoPE's cos/sin stay as the root unit and autocast (bf16) or the bf16
+    root (bf16_full) make them, as in one process. None for fp32 runs."""
+    if dtype not in ("bf16", "bf16_full"):
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -99,7 +98,9 @@ def mixed_precision_policy(dtype: str):
 
 def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
     """FSDP2 over the loss wrapper (train.loop.MaskedLMLoss, not imported: loop.py imports this
-    module): each decoder layer its own unit, the root holds embeddings, norm, head."""
+    module): each decoder layer its own unit, the root holds embeddings, norm, head. Under bf16
+    autocast the root stays fp32 (an fp32 residual stream); under bf16_full it computes in bf16
+    too, so the embeddings, the final norm and the head are bf16 as in the released regime."""
     if not ctx.distributed:
         return model
     from torch.distributed.fsdp import fully_shard
@@ -111,7 +112,11 @@ def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torc
             fully_shard(layer)
         else:
             fully_shard(layer, mp_policy=policy)
-    fully_shard(model)
+    root_policy = policy if dtype == "bf16_full" else None
+    if root_policy is None:
+        fully_shard(model)
+    else:
+        fully_shard(model, mp_policy=root_policy)
     return model
 
 

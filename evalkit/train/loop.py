@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 import evalkit
 from evalkit.attention import PackedSequence
 from evalkit.attention.features import layer_windows
+from evalkit.attention.hf import HF_NAMES
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines.tokens import anchor_note, anchor_record
@@ -30,9 +31,9 @@ from evalkit.errors import UserError
 from evalkit.provenance import git_hash
 from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import distributed
+from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, check_inputs
-from evalkit.train.data import DocumentSource, WindowStream, domain_tag_ids, open_source
+from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
 from evalkit.train.model import build_model, load_tokenizer
 
 if TYPE_CHECKING:
@@ -63,8 +64,12 @@ class MaskedLMLoss(torch.nn.Module):
 
     def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
         decoder = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = decoder(
-            input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids, window_anchor=self.window_anchor
+        hidden = decoder(  # use_cache=False: nothing decodes (transformers 5.17's cache would promote v to k's dtype)
+            input_ids=input_ids,
+            position_ids=position_ids,
+            doc_ids=doc_ids,
+            window_anchor=self.window_anchor,
+            use_cache=False,
         ).last_hidden_state
         targets_mask = loss_mask[:, 1:]
         hidden = hidden[:, :-1][targets_mask]
@@ -118,7 +123,18 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     the default, which is what the run used (new settings default to the old behaviour).
     """
     current = config.to_dict()
+    # The one setting whose default is not the old behaviour: a saved config without
+    # data.window_start predates it, and its windows were packed as "document".
+    saved_data = saved.get("data")
+    if isinstance(saved_data, dict) and "window_start" not in saved_data:
+        saved = {**saved, "data": {**saved_data, "window_start": "document"}}
     saved = _with_defaults(TrainConfig().to_dict(), saved)
+    was, now = saved["data"].get("window_start"), current["data"]["window_start"]
+    if was != now:
+        raise UserError(
+            f"--resume: the run was packed with data.window_start={was}, this config asks {now}; "
+            f"resume with --set data.window_start={was} (or start a new --out)"
+        )
     ignore = {"max_steps", "checkpoint", "out"}
     differing = [k for k in current if k not in ignore and saved.get(k) != current[k]]
     if differing:
@@ -201,18 +217,27 @@ def optimizer_step(model, optimizer, windows: list[PackedSequence], config: Trai
     mine = windows[ctx.rank :: ctx.world_size]
     num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
     loss_sum = torch.zeros((), device=ctx.device)
-    for i in range(0, len(mine), config.micro_batch):
-        batch = collate(mine[i : i + config.micro_batch], ctx.device)
-        with autocast:
-            micro_loss = model(**batch)
-        # FSDP averages gradients over processes; scaling by world size makes it a sum.
-        (micro_loss * ctx.world_size / num_targets).backward()
-        loss_sum += micro_loss.detach()
+    with compute_weights(model, config, ctx):
+        for i in range(0, len(mine), config.micro_batch):
+            batch = collate(mine[i : i + config.micro_batch], ctx.device)
+            with autocast:
+                micro_loss = model(**batch)
+            # FSDP averages gradients over processes; scaling by world size makes it a sum.
+            (micro_loss * ctx.world_size / num_targets).backward()
+            loss_sum += micro_loss.detach()
     if config.optim.grad_clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
+
+
+def compute_weights(model, config: TrainConfig, ctx):
+    """The weights the step computes with: under bf16_full in one process, bf16 copies of the fp32
+    masters (regime.bf16_weights); distributed, FSDP2's policy makes them (distributed.shard)."""
+    if config.dtype == "bf16_full" and not ctx.distributed:
+        return regime.bf16_weights(model)
+    return nullcontext()
 
 
 def autocast_context(config: TrainConfig, device: torch.device):
@@ -246,7 +271,10 @@ def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None =
         if not domains:
             raise UserError("anchor_tag needs documents with a domain field (data.domain_field)")
         tags = domain_tag_ids(tokenizer, domains)
-    return source, WindowStream(source, tokenizer, config.paradigm, config.seq_len, config.seed, tags)
+    stream = WindowStream(
+        source, tokenizer, config.paradigm, config.seq_len, config.seed, tags, window_start=config.data.window_start
+    )
+    return source, stream
 
 
 def build_training(
@@ -267,6 +295,8 @@ def build_training(
     model = distributed.shard(MaskedLMLoss(lm, config.model.window_anchor), ctx, config.dtype)
     if ctx.distributed:
         distributed.materialize(model, ctx.device)
+    if config.dtype == "bf16_full":
+        regime.cast_buffers(model, config.rope_precision)
     model.train()
     o = config.optim
     optimizer = torch.optim.AdamW(
@@ -347,18 +377,25 @@ def _train(
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
     distributed.wait_for_rank0(ctx)
 
-    anchored = config.paradigm.value == "anchor"
-    if anchored and ctx.is_main:
-        print(anchor_note(tokenizer), file=sys.stderr)
+    anchored = config.paradigm.has_anchor  # anchor, anchor_tag, anchor_interleaved
+    implementation = HF_NAMES.get(model.lm.config._attn_implementation, model.lm.config._attn_implementation)
+    if ctx.is_main:
+        print(f"attention: evalkit's {implementation} implementation, {config.dtype}", file=sys.stderr)
+        if anchored:
+            print(anchor_note(tokenizer), file=sys.stderr)
     meta_base = {
         "paradigm": config.paradigm.value,
         **({"anchor_token": anchor_record(tokenizer)} if anchored else {}),
         # the attention trained: each layer's window as the saved config declares it, and the anchor's reading
-        "attention": {"layer_windows": layer_windows(model.lm.config), "window_anchor": config.model.window_anchor},
+        "attention": {
+            "implementation": implementation,
+            "layer_windows": layer_windows(model.lm.config),
+            "window_anchor": config.model.window_anchor,
+        },
         "config": config.to_dict(),
         # the precision of training, stated apart from the config: what the leaderboard shows
-        "precision": {"dtype": config.dtype, "rope": config.rope_precision if config.dtype == "bf16" else "fp32"},
-        "data_fingerprint": source.fingerprint,
+        "precision": regime.record(config.dtype, config.rope_precision),
+        "data_fingerprint": data_fingerprint(source, config.data.window_start),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "evalkit_version": evalkit.__version__,
         "git_hash": git_hash(),
@@ -371,18 +408,19 @@ def _train(
         while step < config.max_steps:
             started = time.perf_counter()
             windows = [stream.next_window() for _ in range(config.windows_per_step)]
-            loss = optimizer_step(model, optimizer, windows, config, ctx, autocast)
-            scheduler.step()
+            data_s = time.perf_counter() - started
+            loss, step_s = _timed_step(model, optimizer, scheduler, windows, config, ctx, autocast)
             step += 1
             tokens_seen += config.windows_per_step * config.seq_len
-            elapsed = time.perf_counter() - started
-            tokens_per_s = config.windows_per_step * config.seq_len / elapsed
+            tokens_per_s = config.windows_per_step * config.seq_len / step_s  # the model's speed, not packing's
             if ctx.is_main:
                 record = {
                     "step": step,
                     "loss": loss,
                     "lr": scheduler.get_last_lr()[0],
                     "tokens_per_s": tokens_per_s,
+                    "step_s": step_s,
+                    "data_s": data_s,
                     "tokens_seen": tokens_seen,
                 }
                 with naming(run_dir / METRICS), (run_dir / METRICS).open("a") as log:
@@ -395,6 +433,22 @@ def _train(
     finally:
         progress.close()
     return run_dir
+
+
+def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, autocast) -> tuple[float, float]:
+    """(loss, seconds of compute): the optimizer step timed alone, from a synchronised start to a
+    synchronised end, so that building the windows (data_s) never counts as the model's time."""
+    _synchronize(ctx.device)
+    started = time.perf_counter()
+    loss = optimizer_step(model, optimizer, windows, config, ctx, autocast)
+    scheduler.step()
+    _synchronize(ctx.device)
+    return loss, time.perf_counter() - started
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _resume_point(
@@ -472,7 +526,7 @@ def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, token
             "rng": torch.get_rng_state(),
         }
         meta = {"step": step, "tokens_seen": tokens_seen, **meta_base}
-        weights_dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        weights_dtype = torch.bfloat16 if config.dtype in regime.BF16_DTYPES else torch.float32
         ckpt.write_checkpoint(
             run_dir, step, model.lm, tokenizer, model_state, trainer_state, meta, weights_dtype=weights_dtype
         )

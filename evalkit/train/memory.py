@@ -9,6 +9,8 @@ Terms, per GPU, for FSDP2 over N GPUs (N=1: one process, nothing sharded):
   decoder layers gathered at once (prefetch; bf16 under the bf16 recipe's FSDP2 policy) and
   one layer's gradient before its reduce-scatter (in bf16, then fp32 for the reduction). Under
   bf16 autocast also the bf16 cast of one layer and of the head (the cache is off: loop.py).
+  Under bf16_full (train.regime) one process holds a bf16 copy of every weight during the step,
+  and FSDP2 gathers the root in bf16 too; the residual stream is bf16.
 - activations at micro_batch x seq_len tokens: with gradient checkpointing, each decoder
   layer's fp32 input (the residual stream) plus the larger of one layer's recomputed set and
   the loss's backward (the final norm, one chunk of loop.LOSS_CHUNK tokens of fp32 logits and
@@ -40,7 +42,8 @@ LOSS_CHUNK = 4096  # loop.LOSS_CHUNK (not imported: loop.py pulls in transformer
 # bf16 autocast: norm outputs and residual sums fp32; projections' inputs and outputs bf16;
 # RoPE-rotated q and k fp32; the kernel's bf16 q, k, v and output; gate, up, SiLU, product
 # in bf16; gradients: two fp32 hidden-sized and two bf16 MLP-sized tensors.
-ACTIVATION_BYTES = {"bf16": (42, 10, 12), "fp32": (44, 12, 24)}
+# bf16_full: the same tensors with the residual stream, norms and gradients in bf16 as well.
+ACTIVATION_BYTES = {"bf16": (42, 10, 12), "bf16_full": (22, 6, 12), "fp32": (44, 12, 24)}
 
 # The paper's base models (their published config.json), for recipes naming a hub model
 # that is not on this machine.
@@ -158,24 +161,28 @@ def layer_activation_bytes(arch: Architecture, tokens: int, dtype: str) -> float
 def activation_bytes(arch: Architecture, config: TrainConfig) -> float:
     tokens = config.micro_batch * config.seq_len
     layer = layer_activation_bytes(arch, tokens, config.dtype)
-    final_norm = 3 * tokens * arch.hidden * FP32  # its input and output, and the targets' rows of it
+    residual = BF16 if config.dtype == "bf16_full" else FP32  # the stream between layers (train.regime)
+    final_norm = 3 * tokens * arch.hidden * residual  # its input and output, and the targets' rows of it
     chunk = min(LOSS_CHUNK, tokens)
-    loss = chunk * arch.vocab * (FP32 + FP32 + (BF16 if config.dtype == "bf16" else 0))  # logits, grad, cast
+    cast = BF16 if config.dtype != "fp32" else 0  # bf16 logits before the fp32 loss
+    loss = chunk * arch.vocab * (FP32 + FP32 + cast)  # logits, grad, cast
     if not config.grad_checkpointing:  # every layer's set is held when the loss's backward starts
         return arch.layers * layer + final_norm + loss
     # The layers' inputs are held throughout; the loss's backward (first) and one layer's
     # recomputation (later) never overlap, so the peak is the larger of the two.
-    return arch.layers * tokens * arch.hidden * FP32 + max(layer, final_norm + loss)
+    return arch.layers * tokens * arch.hidden * residual + max(layer, final_norm + loss)
 
 
 def working_bytes(arch: Architecture, config: TrainConfig, gpus: int) -> float:
-    bf16 = config.dtype == "bf16"
-    casts = BF16 * (arch.layer_params() + arch.vocab * arch.hidden) if bf16 else 0
+    """Autocast casts one layer's weights and the head at a time; bf16_full computes with a bf16
+    copy of every weight (one process: all of them for the whole step; FSDP2: the gathered units)."""
+    autocast, full = config.dtype == "bf16", config.dtype == "bf16_full"
+    casts = BF16 * (arch.layer_params() + arch.vocab * arch.hidden) if autocast else 0
     if gpus == 1:
-        return casts
-    gathered = BF16 if bf16 else FP32  # the layers' FSDP2 policy (distributed.mixed_precision_policy)
-    root = 2 * FP32 * arch.root_params()
-    layers = arch.layer_params() * (2 * gathered + gathered + (FP32 if bf16 else 0))
+        return BF16 * arch.params() if full else casts
+    gathered = BF16 if autocast or full else FP32  # the layers' FSDP2 policy (distributed.mixed_precision_policy)
+    root = 2 * (BF16 if full else FP32) * arch.root_params()  # the root unit and its gradient
+    layers = arch.layer_params() * (2 * gathered + gathered + (FP32 if autocast or full else 0))
     return root + layers + casts
 
 

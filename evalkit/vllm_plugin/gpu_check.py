@@ -287,7 +287,10 @@ def run_checks(
 
 
 # (queries, keys) of prefills served after the warm-up: whole, chunked, single-query, tiny, long.
-SERVED_AFTER_WARM_UP = ((700, 700), (1, 257), (37, 900), (128, 129), (60, 60), (1, 20), (300, 1000), (4096, 4096))
+# 128 queries: the CUDA lowering's flex-decoding boundary (kernels.FLEX_DECODING_QUERIES).
+SERVED_AFTER_WARM_UP = (
+    (700, 700), (1, 257), (37, 900), (128, 129), (128, 128), (127, 900), (60, 60), (1, 20), (300, 1000), (4096, 4096),
+)  # fmt: skip
 
 
 def check_warm_serving(device: str, log: ResultLog | None = None) -> tuple[str, float, bool]:
@@ -310,10 +313,11 @@ def check_warm_serving(device: str, log: ResultLog | None = None) -> tuple[str, 
                 block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
                 anchor_attention(query, key, value, doc_ids, scale=DIM**-0.5, impl="flex", block_mask=block_mask)
     except RuntimeError as err:
-        error = str(err).splitlines()[0][:300]
+        error = str(err)  # whole: Dynamo names the guard that failed past the first line
     graphs = max((n for key, n in flex_compile_counts().items() if "anchor" in key), default=0)
     name = f"served prefills of {len(shapes)} shapes after the warm-up, {graphs} graphs (limit {recompile_limit()})"
-    row = (name if error is None else f"{name}: {error}", float(graphs), error is None and graphs < recompile_limit())
+    shown = name if error is None else f"{name}: {error.splitlines()[0][:300]}"
+    row = (shown, float(graphs), error is None and graphs < recompile_limit())
     if log is not None:
         log.write("vllm_warm_serving", check=row[0], graphs=graphs, limit=recompile_limit(), error=error, passed=row[2])
     return row

@@ -23,14 +23,20 @@ Everything here runs without vLLM, so a GPU machine without vLLM can check it
 
 from __future__ import annotations
 
-import warnings
+import itertools
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import default_implementation, flex_attention_function, flex_variant
+from evalkit.attention.kernels import (
+    call_flex,
+    default_implementation,
+    flex_attention_function,
+    flex_variant,
+    raise_recompile_limit,
+)
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -142,18 +148,94 @@ def anchor_block_mask(
 def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask):
     block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, q_1HQD.shape[2])
     gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
-        return function(q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
+    return call_flex(
+        function, q_1HQD.device, q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
+    )
 
 
 # ----------------------------------------------------------------------------- compiled up front
 
-# (queries, keys) of the warm-up prefills: one of each shape class Dynamo specialises on: sizes of
-# 1 (a single query, a single query block of FLEX_BLOCK_SIZE, a single key block), equal sizes (duck
-# sizing: a whole prefill, Q == L, gets a graph of its own), and the general case.
-WARM_UP_SHAPES = ((384, 384), (300, 700), (1, 384), (100, 384), (100, 100), (1, 100))
+# torch's CUDA lowering of FlexAttention (torch/_inductor/kernel/flex/flex_decoding.py,
+# _use_flex_decoding, torch 2.11) evaluates Lt(Q, 128) on the query count to choose its decoding
+# kernel: every compiled graph is guarded on Q <= 127 or Q >= 128.
+FLEX_DECODING_QUERIES = 128
+
+
+def shape_class(num_queries: int, length: int, block: int = FLEX_BLOCK_SIZE) -> tuple[bool, ...]:
+    """What the compiled serving function's guards tell apart about a prefill of Q queries over L
+    keys: Dynamo specialises sizes of 1 (a single query, a single query block, a single key block
+    of the BlockMask) and gives equal sizes one symbol (a whole prefill, Q == L; as many query as
+    key blocks); the CUDA lowering adds Q < FLEX_DECODING_QUERIES. Prefills of one class replay
+    one graph."""
+    query_blocks, key_blocks = -(-num_queries // block), -(-length // block)
+    return (
+        num_queries == 1,
+        num_queries < FLEX_DECODING_QUERIES,
+        query_blocks == 1,
+        key_blocks == 1,
+        num_queries == length,
+        query_blocks == key_blocks,
+    )
+
+
+def _candidate_sizes(block: int) -> list[int]:
+    """Query and key counts to pick class members from: 1, and values on and beside each block
+    boundary of up to eight blocks (every class has members among them)."""
+    sizes = {1, 2, 3}
+    for blocks in range(1, 9):
+        sizes.update(blocks * block + offset for offset in (-37, -29, -1, 0, 1, 29, 37))
+    return sorted(size for size in sizes if size >= 1)
+
+
+def warm_up_shapes(other_sizes: Sequence[int] = (), block: int = FLEX_BLOCK_SIZE) -> tuple[tuple[int, int], ...]:
+    """(queries, keys) of one prefill per shape class, the warm-up's.
+
+    Dynamo gives equal sizes one symbol (duck sizing) and guards the graph on their equality, so a
+    member is chosen whose sizes (Q, L, the BlockMask's query and key block counts, the padded
+    document-id table's L + block + 1) equal neither each other, where the class does not say so,
+    nor `other_sizes` (the layer's heads, key-value heads, head size): a graph compiled there
+    covers the whole class. A class all of whose members coincide keeps its smallest member (a
+    graph specialised to a coincidence every member shares, such as Q = 128 = head size)."""
+    avoided = set(other_sizes)
+    chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
+    clean: set[tuple[bool, ...]] = set()
+    candidates = _candidate_sizes(block)
+    for length in candidates:
+        if length < 2:  # the anchor and at least one document token
+            continue
+        for num_queries in (q for q in candidates if q <= length):
+            key = shape_class(num_queries, length, block)
+            if key in clean:
+                continue
+            if not _coincides(num_queries, length, block, avoided):
+                chosen[key] = (num_queries, length)
+                clean.add(key)
+            else:
+                chosen.setdefault(key, (num_queries, length))
+    # Largest first: where FlexAttention runs uncompiled (a CPU), torch still compiles its inner
+    # wrapper with automatic dynamic shapes, whose first graph is static: spent on a large prefill,
+    # the graphs after it are general.
+    return tuple(sorted(chosen.values(), reverse=True))
+
+
+def _coincides(num_queries: int, length: int, block: int, avoided: set[int]) -> bool:
+    """Whether the prefill's dynamic sizes equal an avoided size, or each other beyond what its
+    class states (Q == L, as many query as key blocks). Sizes of 1 are specialised, not symbols."""
+    query_blocks, key_blocks = -(-num_queries // block), -(-length // block)
+    named = {"Q": num_queries, "L": length, "QB": query_blocks, "KB": key_blocks, "padded": length + block + 1}
+    symbols = {name: size for name, size in named.items() if size != 1}
+    if avoided & set(symbols.values()):
+        return True
+    stated = ({"Q", "L"}, {"QB", "KB"})
+    pairs = itertools.combinations(symbols, 2)
+    return any(symbols[a] == symbols[b] and {a, b} not in stated for a, b in pairs)
+
+
+# Dynamo's recompile limit for the serving function: a graph per shape class (at most 2^6 classes,
+# 10 occur) and as many again to spare (past the limit it would run FlexAttention eagerly; vLLM's
+# stance makes that an error).
+SERVING_RECOMPILE_LIMIT = 2 * len(warm_up_shapes())
 _warmed_up: set[tuple] = set()
 
 
@@ -164,13 +246,14 @@ def warm_up_anchor_flex(
 
     vLLM runs its compiled model under torch's "fail_on_recompile" stance, so a first compile
     inside the attention op, at the first packed request, raises. Each prefill here is one of
-    the shape classes the compiled function specialises on (WARM_UP_SHAPES), with the layer's
+    the shape classes the compiled function specialises on (warm_up_shapes), with the layer's
     heads, scale and dtype, so that serving only replays graphs that exist.
     """
     device = torch.device(device)
     key = (num_heads, num_kv_heads, head_size, scale, dtype, str(device))
     if key in _warmed_up:
         return
+    raise_recompile_limit(SERVING_RECOMPILE_LIMIT)
     with _as_vllm_serves():
         _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device)
     _warmed_up.add(key)
@@ -199,8 +282,9 @@ def _as_vllm_serves():
 
 
 def _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device) -> None:
-    for num_queries, length in WARM_UP_SHAPES:
-        doc_ids = anchor_document_ids(1, [length // 3, length - 1 - length // 3]).to(device)
+    for num_queries, length in warm_up_shapes((num_heads, num_kv_heads, head_size)):
+        documents = [n for n in (length // 3, length - 1 - length // 3) if n > 0]
+        doc_ids = anchor_document_ids(1, documents).to(device)
         query = torch.zeros(num_queries, num_heads, head_size, dtype=dtype, device=device)
         key_value = torch.zeros(length, num_kv_heads, head_size, dtype=dtype, device=device)
         block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)  # as plan_document_queries builds it

@@ -91,13 +91,17 @@ def test_every_kernel_sees_the_autocast_dtype_under_bf16_autocast(impl, monkeypa
     assert spy.seen and set(spy.seen) == {(torch.bfloat16,) * 3}, spy.seen
 
 
-def test_one_dtype_without_autocast_is_the_promotion_of_the_three(monkeypatch):
+def test_one_dtype_without_autocast_is_the_values_dtype(monkeypatch):
+    """A bf16 model rotating in fp32 (bf16_full, rope_precision=fp32) hands over q and k in fp32 and
+    v in bf16: q·k runs in bf16, as the paper's text has it; an fp32 model stays fp32."""
     spy = spy_on("blocked", monkeypatch)
-    q = torch.randn(1, 2, 8, 16)
-    k, v = torch.randn(1, 2, 8, 16).bfloat16(), torch.randn(1, 2, 8, 16).bfloat16()
+    q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    v = torch.randn(1, 2, 8, 16).bfloat16()
     doc_ids = torch.tensor([[0, 1, 1, 1, 2, 2, 2, 2]])
     out = kernels.document_attention(q, k, v, doc_ids, impl="blocked")
-    assert out.dtype == torch.float32 and set(spy.seen) == {(torch.float32,) * 3}
+    assert out.dtype == torch.bfloat16 and set(spy.seen) == {(torch.bfloat16,) * 3}
+    out = kernels.document_attention(q, k, v.float(), doc_ids, impl="blocked")
+    assert out.dtype == torch.float32 and spy.seen[-1] == (torch.float32,) * 3
 
 
 def test_flash_refuses_fp32_in_one_line_and_runs_bf16_like_blocked(monkeypatch):

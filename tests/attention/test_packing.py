@@ -118,8 +118,9 @@ def test_anchor_tag_layout_and_carry():
 
 
 def test_carry_into_next_window_without_bos():
+    """window_start="document" (the packing before the setting): the carried rest has no BOS."""
     p = pack(DOCS, 10, "intra_doc", bos_id=BOS, eos_id=EOS)
-    nxt = pack([p.leftover, [40, 41]], 8, "intra_doc", bos_id=BOS, eos_id=EOS)
+    nxt = pack([p.leftover, [40, 41]], 8, "intra_doc", bos_id=BOS, eos_id=EOS, window_start="document")
     assert nxt.input_ids.tolist() == [32, 2, 1, 40, 41, 2, 2, 2]
     assert nxt.doc_ids.tolist() == [1, 1, 2, 2, 2, 2, PAD_DOC_ID, PAD_DOC_ID]
     assert nxt.loss_mask.tolist() == [False, True, False, True, True, True, False, False]

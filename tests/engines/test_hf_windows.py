@@ -212,3 +212,17 @@ def test_answers_logged_under_the_window_reading_are_not_reused_for_the_sink_rea
     keys = [{json.loads(line)["data_key"] for line in text.splitlines()} for text in first]
     keys_now = [{json.loads(line)["data_key"] for line in log.read_text().splitlines()} for log in logs]
     assert all(len(now) == 1 and not now & then for now, then in zip(keys_now, keys))  # the sink's answers only
+
+
+def test_packed_batch_size_taken_as_1_on_a_windowed_model_is_said_in_the_log_and_the_summary(gemma3, tokenizer, capsys):
+    """Sliding layers take packed requests one at a time whatever --batch-size says: engine_info (the
+    summary's provenance.engine) and the log say so, once."""
+    engine = get_engine("hf", gemma3, dtype="fp32", device="cpu", batch_size=4)
+    info = engine.engine_info()
+    assert info["batch_size"] == 4 and info["packed_batch_size"] == 1
+    assert info["packed_batch_note"].startswith("--batch-size 4 taken as 1 for packed (anchor) requests: 2 sliding")
+    engine.generate_packed([PackedRequest(DOCUMENTS[:1], " Which?")] * 2, 2)
+    engine.generate_packed([PackedRequest(DOCUMENTS[:1], " Which?")], 2)
+    assert capsys.readouterr().err.count("--batch-size 4 taken as 1") == 1
+    alone = get_engine("hf", gemma3, dtype="fp32", device="cpu", batch_size=1).engine_info()
+    assert alone["packed_batch_size"] == 1 and "packed_batch_note" not in alone  # nothing was changed

@@ -35,7 +35,8 @@ def test_paper_recipes_match_the_paper():
         assert config.max_steps == 2000 and config.windows_per_step == 8
         o = config.optim
         assert (o.lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.schedule) == (2e-5, 0.1, 0.9, 0.95, 1e-8, "constant")
-        assert config.dtype == "bf16" and config.grad_checkpointing
+        # the released trainer's regime (DeepSpeed bf16: bf16 weights, buffers, residual; cos/sin cast to bf16)
+        assert (config.dtype, config.rope_precision) == ("bf16_full", "bf16") and config.grad_checkpointing
         assert config.checkpoint_steps() == {1960, 1970, 1980, 1990, 2000}
 
 
@@ -47,7 +48,7 @@ def test_paper_recipes_match_the_paper():
         (["grad_checkpointing=maybe"], "grad_checkpointing: expected bool"),
         (["paradigm=causal"], "unknown paradigm 'causal'"),
         (["model=3"], "model: expected a section"),
-        (["dtype=fp16"], "dtype must be fp32 or bf16"),
+        (["dtype=fp16"], "dtype must be one of fp32, bf16, bf16_full, got 'fp16'"),
         (["noequals"], "expected key=value"),
         (["dtype=bf16", "rope_precision=fp16"], "rope_precision must be fp32 or bf16, got 'fp16'"),
         (["rope_precision=bf16"], "rope_precision=bf16 needs dtype=bf16"),

@@ -54,8 +54,14 @@ def test_every_document_is_used_once_per_epoch_in_order(tokenizer, tmp_path):
     docs = [{"text": f"document number {d} " + "filler " * (d % 7)} for d in range(25)]
     source = JsonlSource(write_jsonl(tmp_path / "d.jsonl", docs), "text", "domain")
     stream = WindowStream(source, tokenizer, Paradigm.INTRA_DOC, 64, seed=0)
-    # intra_doc windows decode back into one stream: a cut document continues in the next window.
-    text = "".join(tokenizer.decode(stream.next_window().input_ids.tolist()) for _ in range(40))
+    # intra_doc windows decode back into one stream: a cut document continues in the next window,
+    # behind the BOS that opens every window (data.window_start=bos).
+    parts = []
+    for _ in range(40):
+        carried = stream.state.leftover_tokens is not None
+        ids = stream.next_window().input_ids.tolist()
+        parts.append(tokenizer.decode(ids[1:] if carried else ids))
+    text = "".join(parts)
     seen = [int(n) for n in re.findall(r"document number (\d+) ", text)]
     epochs = [seen[i : i + 25] for i in range(0, len(seen) - 25, 25)]
     assert len(epochs) >= 2

@@ -95,7 +95,11 @@ def test_a_sliding_window_model_trains_resumes_and_keeps_its_architecture(bases,
     written = json.loads((saved / "config.json").read_text())
     assert attention_config(written) == attention_config(declared)
     meta = json.loads((saved / ckpt.META).read_text())
-    assert meta["attention"] == {"layer_windows": [WINDOW, None, WINDOW], "window_anchor": "window"}
+    assert meta["attention"] == {
+        "implementation": "blocked",
+        "layer_windows": [WINDOW, None, WINDOW],
+        "window_anchor": "window",
+    }
     model = AutoModelForCausalLM.from_pretrained(saved)  # plain transformers, strict: every weight present
     assert model.config.layer_types == LAYER_TYPES and model.config.sliding_window == WINDOW
 

@@ -74,12 +74,15 @@ def test_a_run_saved_before_a_setting_existed_still_resumes(tmp_path):
         train(micro_config(run, "data.retrieval_phrasing=varied", max_steps=6), resume=True, show_progress=False)
 
 
-def test_killed_run_resumes_to_identical_losses(tmp_path):
-    """SIGKILL a training process mid-run, resume it, and compare every step's loss."""
+@pytest.mark.parametrize("dtype", ["fp32", "bf16_full"])
+def test_killed_run_resumes_to_identical_losses(dtype, tmp_path):
+    """SIGKILL a training process mid-run, resume it, and compare every step's loss (bf16_full:
+    the fp32 masters and AdamW state travel in the trainer state)."""
     steps = 12
-    reference = train(micro_config(tmp_path / "straight", "checkpoint.every=3", max_steps=steps), show_progress=False)
+    sets = ["checkpoint.every=3", f"dtype={dtype}"]
+    reference = train(micro_config(tmp_path / "straight", *sets, max_steps=steps), show_progress=False)
     run_dir = tmp_path / "killed"
-    args = micro_args(run_dir, "checkpoint.every=3", max_steps=steps)
+    args = micro_args(run_dir, *sets, max_steps=steps)
     proc = subprocess.Popen([*EVALKIT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -91,7 +94,7 @@ def test_killed_run_resumes_to_identical_losses(tmp_path):
     proc.wait()
     partial = losses(run_dir)
     assert 7 <= len(partial) < steps
-    train(micro_config(run_dir, "checkpoint.every=3", max_steps=steps), resume=True, show_progress=False)
+    train(micro_config(run_dir, *sets, max_steps=steps), resume=True, show_progress=False)
     assert losses(run_dir) == losses(reference)  # exactly equal, step by step
     assert [s for s, _ in ckpt.complete_checkpoints(run_dir)] == [10, 12]
 
@@ -161,7 +164,10 @@ def test_rope_precision_is_recorded_in_each_checkpoint_and_changes_the_run(tmp_p
     for rope, run in runs.items():
         (_, checkpoint), *_ = complete_checkpoints(run)
         meta = json.loads((checkpoint / ckpt.META).read_text())
-        assert meta["precision"] == {"dtype": "bf16", "rope": rope} and meta["config"]["rope_precision"] == rope
+        precision = meta["precision"]
+        assert (precision["dtype"], precision["rope"], precision["rotation"]) == ("bf16", rope, rope)
+        assert precision["residual"] == precision["buffers"] == "fp32"  # autocast: fp32 weights and residual
+        assert meta["config"]["rope_precision"] == rope
     assert losses(runs["bf16"]) != losses(runs["fp32"])
     assert losses(runs["bf16"]) == pytest.approx(losses(runs["fp32"]), rel=0.05)
 
@@ -192,3 +198,31 @@ def test_continued_pretraining_starts_from_the_given_checkpoint(tmp_path):
     for name, tensor in before.items():
         assert torch.equal(after[name], tensor), name
     assert (continued / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+
+
+def test_tokens_per_s_times_the_step_not_the_packing(tmp_path, monkeypatch):
+    """A slow window builder shows in data_s, not in step_s or tokens_per_s (the model's speed)."""
+    from evalkit.train.data import WindowStream
+
+    real = WindowStream.next_window
+
+    def slow(self):
+        time.sleep(0.05)
+        return real(self)
+
+    monkeypatch.setattr(WindowStream, "next_window", slow)
+    run = train(micro_config(tmp_path / "run", max_steps=2), show_progress=False)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        assert record["data_s"] >= 4 * 0.05  # 4 windows per step, each 50 ms late
+        assert record["tokens_per_s"] == pytest.approx(4 * 128 / record["step_s"])
+        assert record["step_s"] < record["data_s"]  # the micro model steps in a few ms
+    meta = json.loads((run / "step-2" / "meta.json").read_text())
+    assert meta["attention"]["implementation"] == "blocked"  # auto, resolved on the CPU
+
+
+@pytest.mark.parametrize("paradigm", ["anchor_tag", "anchor_interleaved"])
+def test_every_anchor_paradigm_records_its_anchor_token(paradigm, tmp_path):
+    run = train(micro_config(tmp_path / "run", paradigm=paradigm, max_steps=2), show_progress=False)
+    meta = json.loads((run / "step-2" / "meta.json").read_text())
+    assert meta["anchor_token"]["why"] == "BOS" and isinstance(meta["anchor_token"]["id"], int)

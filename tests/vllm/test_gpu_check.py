@@ -112,7 +112,7 @@ def serve_under_vllms_stance(shapes):
 
     with torch.compiler.set_stance("fail_on_recompile"), torch.inference_mode():  # as vLLM's model runner
         for num_queries, length in shapes:
-            doc_ids = anchor_document_ids(1, [length // 2, length - 1 - length // 2])
+            doc_ids = anchor_document_ids(1, [n for n in (length // 2, length - 1 - length // 2) if n])
             query = torch.randn(num_queries, gpu_check.HEADS, gpu_check.DIM).bfloat16()
             key, value = (torch.randn(length, gpu_check.KV_HEADS, gpu_check.DIM).bfloat16() for _ in range(2))
             block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
@@ -135,7 +135,7 @@ def test_the_checks_serving_after_the_warm_up_compile_nothing_under_vllms_stance
     monkeypatch.setattr(kernels, "_warmed_up", set())
     name, graphs, ok = gpu_check.check_warm_serving("cpu")
     assert ok and 1 <= graphs < torch._dynamo.config.recompile_limit, name
-    monkeypatch.setattr(kernels, "WARM_UP_SHAPES", ((384, 384),))  # a warm-up that misses shape classes
+    monkeypatch.setattr(kernels, "warm_up_shapes", lambda *a, **k: ((384, 384),))  # misses shape classes
     monkeypatch.setattr(kernels, "_warmed_up", set())
     compiled_on_cpu()
     name, graphs, ok = gpu_check.check_warm_serving("cpu")
@@ -171,3 +171,58 @@ def test_the_impl_compiles_flex_when_built_so_serving_never_compiles(compiled_on
     serve_under_vllms_stance(SERVED)
     (graphs,) = flex_compile_counts().values()
     assert graphs < recompile_limit()
+
+
+def cuda_lowering_guards(gm, example_inputs):
+    """A Dynamo backend that evaluates the size expressions torch's CUDA lowering of FlexAttention
+    evaluates (torch 2.11, torch/_inductor/kernel/flex/flex_decoding.py, _use_flex_decoding:
+    Lt(Q, 128) and Gt(Q, 0) on the query count), so the graph is guarded as on CUDA, then runs
+    the graph eagerly. The CPU lowering returns before that check: inductor on a CPU cannot see it."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "flex_attention" in str(node.target):
+            query = node.args[0].meta["example_value"]
+            bool(query.shape[-2] < 128)  # noqa: PLR2004  (the lowering's constant)
+            bool(query.shape[-2] > 0)
+    return gm.forward
+
+
+# Every boundary the guards draw (1, 127/128/129 queries, one or more blocks, Q == L) and sizes
+# that equal the layer's heads or head size (duck sizing).
+GRID = [
+    (q, n)
+    for q in (1, 2, 3, 4, 16, 100, 127, 128, 129, 255, 256, 257, 300)
+    for n in (2, 3, 16, 100, 127, 128, 129, 255, 256, 257, 384, 385, 700)
+    if q <= n
+]
+
+
+def test_served_shapes_replay_after_the_warm_up_under_the_cuda_lowerings_guards(compiled_on_cpu, monkeypatch):
+    """With the guards CUDA compiles under (Q <= 127 or Q >= 128), every prefill after the warm-up
+    replays a graph: on the old warm-up a prefill of exactly 128 queries compiled under vLLM's
+    fail-on-recompile stance and raised. The graphs stay under the serving function's limit."""
+    from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+    from evalkit.vllm_plugin import kernels
+
+    compiled_on_cpu(cuda_lowering_guards)
+    monkeypatch.setattr(kernels, "_warmed_up", set())
+    with torch._dynamo.config.patch(recompile_limit=8):  # the default, raised by the warm-up
+        kernels.warm_up_anchor_flex(
+            gpu_check.HEADS, gpu_check.KV_HEADS, gpu_check.DIM, gpu_check.DIM**-0.5, torch.bfloat16, "cpu"
+        )
+        serve_under_vllms_stance([*SERVED, *GRID])
+        (graphs,) = flex_compile_counts().values()
+        assert graphs <= len(kernels.warm_up_shapes()) < recompile_limit() == kernels.SERVING_RECOMPILE_LIMIT
+
+
+def test_each_shape_class_is_warmed_up_once_by_a_member_clear_of_the_layers_sizes():
+    from evalkit.vllm_plugin.kernels import shape_class, warm_up_shapes
+
+    layer = (32, 8, 128)  # Llama-2's heads, key-value heads, head size
+    shapes = warm_up_shapes(layer)
+    classes = [shape_class(q, n) for q, n in shapes]
+    assert len(set(classes)) == len(classes)  # one each
+    every_class = {shape_class(q, n) for n in range(2, 1100) for q in range(1, n + 1)}
+    assert set(classes) == every_class
+    assert (128, 128) in shapes  # the class of exactly 128 queries, the CUDA boundary
+    for q, n in shapes:  # no size equal to a head count or the head size, but where a class forces it
+        assert q == 128 or not {q, n} & set(layer), (q, n)
