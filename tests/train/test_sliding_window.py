@@ -174,3 +174,18 @@ def test_flash_with_windows_under_the_anchor_is_refused_before_the_first_step(tm
             _check_windows_with("evalkit_varlen", windowed, continued(base, tmp_path / "run", paradigm, 2))
     for paradigm, attn in (("intra_doc", "evalkit_varlen"), ("anchor", "evalkit_flex")):
         _check_windows_with(attn, windowed, continued(base, tmp_path / "run", paradigm, 2))
+
+
+def test_a_run_trained_with_the_sink_reading_is_served_under_it(bases, tmp_path):
+    """The trainer's record (meta.json attention.window_anchor) is what the hf engine reads: a run
+    trained with model.window_anchor=sink answers packed requests under the sink reading."""
+    from evalkit.engines import PackedRequest, get_engine
+
+    run = train(
+        continued(bases["gemma3"], tmp_path / "sink", "anchor", 2, "model.window_anchor=sink"), show_progress=False
+    )
+    (_, saved), *_ = reversed(ckpt.complete_checkpoints(run))
+    assert json.loads((saved / ckpt.META).read_text())["attention"]["window_anchor"] == "sink"
+    engine = get_engine("hf", saved, dtype="fp32", device="cpu")
+    assert engine.engine_info()["window_anchor"] == "sink"
+    assert engine.generate_packed([PackedRequest(["The sky is blue. " * 8, "Grass is green. " * 8], " Sky?")], 3)
