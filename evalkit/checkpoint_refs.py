@@ -169,21 +169,6 @@ def checkpoint_meta(path: Path) -> dict:
     return {key: data[key] for key in keep if key in data}
 
 
-def trained_window_anchor(path: Path) -> str:
-    """How the checkpoint was trained to meet sliding windows with the anchor (meta.json's
-    attention.window_anchor, which evalkit's trainer writes): "window" where nothing is recorded
-    (other checkpoints, and runs from before the setting: they trained under the model's own mask)."""
-    from evalkit.attention.masks import ANCHOR_MODES
-
-    attention = checkpoint_meta(Path(path)).get("attention")
-    reading = attention.get("window_anchor", "window") if isinstance(attention, dict) else "window"
-    if reading not in ANCHOR_MODES:
-        raise UserError(
-            f"{path}/meta.json records window_anchor {reading!r}; this evalkit serves {', '.join(ANCHOR_MODES)}"
-        )
-    return reading
-
-
 WEIGHTS_SAMPLES = 16  # evenly spaced blocks read from each weights file
 WEIGHTS_SAMPLE_BYTES = 1 << 16
 

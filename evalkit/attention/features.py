@@ -10,6 +10,10 @@ may declare that changes the attention scores is refused here, in one line, befo
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from evalkit.attention.masks import ANCHOR_MODES
+from evalkit.checkpoint_refs import checkpoint_meta
 from evalkit.errors import UserError
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -53,3 +57,16 @@ def check_attention_supported(config, what: str) -> None:
             f"{what} cannot reproduce this model's attention exactly: {'; '.join(problems)} "
             "(evalkit's attention is causal softmax attention with per-layer sliding windows)"
         )
+
+
+def trained_window_anchor(path: Path) -> str:
+    """How the checkpoint was trained to meet sliding windows with the anchor (meta.json's
+    attention.window_anchor, which evalkit's trainer writes): "window" where nothing is recorded
+    (other checkpoints, and runs from before the setting: they trained under the model's own mask)."""
+    attention = checkpoint_meta(Path(path)).get("attention")
+    reading = attention.get("window_anchor", "window") if isinstance(attention, dict) else "window"
+    if reading not in ANCHOR_MODES:
+        raise UserError(
+            f"{path}/meta.json records window_anchor {reading!r}; this evalkit serves {', '.join(ANCHOR_MODES)}"
+        )
+    return reading
