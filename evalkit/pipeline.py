@@ -327,7 +327,7 @@ def evaluate_checkpoint(
         "skipped": skipped,
         "provenance": {
             **_stamp_of_the_scores(earlier, any(result.computed for result in results)),
-            "checkpoint_meta": checkpoint_meta(ref.path),
+            "checkpoint_meta": checkpoint_meta(ref.path, ref.hub),
             "engine": engine_info,
             "settings": benchmark.settings_record(),
             **(work.provenance(answered) if work is not None else {}),
