@@ -133,3 +133,15 @@ def test_export_of_a_hub_model_writes_its_commit_in_meta(hub, tmp_path, capsys):
     assert json.loads((dest / "config.json").read_text())["dtype"] == "float32"
     refs = resolve_checkpoints([str(dest)])  # the export, evaluated later, still names its origin
     assert refs[0].step == 0 and refs[0].hub is None
+
+
+def test_the_quickstart_probes_a_hub_model_and_refuses_a_miss_before_any_work(hub, tmp_path):
+    from rich.console import Console
+
+    from evalkit.quickstart import QuickstartPlan, check_plan, probe_checkpoint
+
+    checkpoint, what = probe_checkpoint(f"{REPO}@v1", Console(file=open(tmp_path / "log.txt", "w")))
+    assert checkpoint.name == V1 and what == f"{REPO}@v1 (commit {V1[:7]})"
+    with pytest.raises(UserError, match="fill it with: hf download someorg/absent"):
+        check_plan(QuickstartPlan(probe="someorg/absent", out=tmp_path / "out", runs_dir=tmp_path / "runs"))
+    assert not (tmp_path / "out").exists()
