@@ -68,11 +68,16 @@ def _fields(cls: type, roles: tuple[str, ...]) -> list[dataclasses.Field]:
     return [field for field in dataclasses.fields(cls) if _role(field) in roles]
 
 
-def identity(settings: Any, *, with_count: bool = True, with_locations: bool = False) -> dict[str, Any]:
+def identity(
+    settings: Any, *, with_count: bool = True, with_locations: bool = False, with_selection: bool = False
+) -> dict[str, Any]:
     """The settings' fields that decide a result: every RESULT field, COUNT fields unless
     `with_count` is False (the identity of one sample's answer), and LOCATION fields at their
-    default (their actual values with `with_locations`: the identity evalkit keyed by before)."""
-    roles = (RESULT, COUNT, LOCATION) if with_count else (RESULT, LOCATION)
+    default (their actual values with `with_locations`: the identity evalkit keyed by before).
+    `with_selection` adds the SELECTION fields: the identity of a whole sweep (a shard plan's),
+    which also decides which cells there are; never the EXECUTION fields."""
+    roles: tuple[str, ...] = (RESULT, COUNT, LOCATION) if with_count else (RESULT, LOCATION)
+    roles += (SELECTION,) if with_selection else ()
     return {
         field.name: _value(field, getattr(settings, field.name))
         if with_locations or _role(field) != LOCATION

@@ -147,6 +147,7 @@ class EvaluationRun:
     skipped: list[dict[str, Any]]  # rows: the summaries' stored rows (evalkit.result_format.row_record)
     averages: Averages | None = None
     files: dict[str, Path] = field(default_factory=dict)
+    empty_shard: str | None = None  # a shard without units: the line saying so (nothing else was done)
 
     def result_rows(self) -> list[ResultRow]:
         return [row for summary in self.summaries for row in summary_rows(summary)]
@@ -215,7 +216,7 @@ def run_benchmark(
     `shard` (evalkit.scale.plan.Shard): only that shard's units; `executor` (evalkit.scale):
     computes the units elsewhere first (a Ray cluster), this loop then writes the summaries."""
     from evalkit.scale.lease import driver_lease
-    from evalkit.scale.plan import plan_work
+    from evalkit.scale.plan import plan_work, write_empty_shard
 
     out = Path(out)
     check_request(benchmark, refs, out)
@@ -223,6 +224,10 @@ def run_benchmark(
     # written. The flock holds on one host; the lease across hosts of a shared file system.
     with output_lock(out), driver_lease(out, log) as lease:
         work = plan_work(benchmark, refs, shard)
+        if work.shard is not None and not work.checkpoints:  # more array tasks than units: a success
+            line = write_empty_shard(out, benchmark.name, work.shard)
+            log(line)
+            return EvaluationRun([], [], [], empty_shard=line)
         if executor is not None:
             executor.run(benchmark, work, out, log=log, open_engine=open_engine, lease=lease)  # progress: its log lines
         summaries, failed = [], []

@@ -20,7 +20,10 @@ def compare_command(
         show_default=False,
     ),
     baseline: str = typer.Option(
-        None, "--baseline", help="The series every other is compared to (default: the first)."
+        None,
+        "--baseline",
+        help="The series every other is compared to (default: the one full-attention series, by its "
+        "checkpoints' records; required when there is none or several).",
     ),
     only: str = typer.Option(None, "--series", help="Only these series, comma-separated, in this order."),
     tasks: str = typer.Option(None, "--tasks", help="Only these tasks, comma-separated."),
@@ -42,20 +45,29 @@ def compare_command(
     """Compare stored runs per task and length: B − A with paired or independent intervals, Holm-corrected."""
     from evalkit.provenance import command_line
     from evalkit.results import compare_report
-    from evalkit.results.compare import RULER_THRESHOLD, compare
+    from evalkit.results.compare import RULER_THRESHOLD, compare, default_baseline
     from evalkit.results.samples import load_series
+    from evalkit.results.summaries import not_read_note
 
     if threshold is not None and threshold_from is not None:
         raise UserError("give --threshold or --threshold-from, not both")
     if out is not None:
         check_output_dir(out)
-    series = load_series(paths)
+    unread: list[str] = []
+    series = load_series(paths, unread)
+    if unread:
+        typer.echo(not_read_note(unread), err=True)
     order = list(series)
     if only:
         order = [name.strip() for name in only.split(",") if name.strip()]
         unknown = [name for name in order if name not in series]
         if unknown:
             raise UserError(f"--series {', '.join(unknown)}: not found; the series are: {', '.join(series)}")
+        twice = sorted({name for name in order if order.count(name) > 1})
+        if twice:
+            raise UserError(f"--series names {', '.join(twice)} twice; name each series once (at least two)")
+    if baseline is None and len(order) >= 2:  # fewer: compare's own error says so
+        baseline = default_baseline({name: series[name] for name in order})
     if tasks or lengths:
         from evalkit.lengths import parse_lengths
 
@@ -83,6 +95,8 @@ def compare_command(
     )
     command = command_line()
     text = compare_report.markdown(result, command)
+    if unread:
+        text += "\n## " + not_read_note(unread) + "\n"
     typer.echo(text)
     if out is not None:
         from evalkit.storage import atomic_write_json, atomic_write_text

@@ -8,7 +8,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
+from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
 
 
 @app.command("general")
@@ -57,6 +57,7 @@ def general_command(
     shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
     executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
     ray_address: str = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
+    ray_resources: str = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from rich.console import Console
@@ -72,7 +73,7 @@ def general_command(
         "max_length": max_length,
         **({"dtype": dtype} if dtype else {}),
     }
-    scale = scale_options(shard, executor, ray_address, avg)
+    scale = scale_options(shard, executor, ray_address, avg, ray_resources)
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = run_general(
         refs,
@@ -95,6 +96,8 @@ def general_command(
         shard=scale[0],
         executor=scale[1],
     )
+    if run.empty_shard is not None:
+        return  # said by the run's log: a shard without units succeeds, for evalkit merge
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(run.result_rows()))

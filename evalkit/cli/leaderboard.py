@@ -31,6 +31,7 @@ def leaderboard_command(
 ) -> None:
     """Write leaderboards and plots from stored results, never re-running."""
     from evalkit.results.leaderboard import check_leaderboard_outputs, write_export, write_leaderboard
+    from evalkit.results.summaries import not_read_note
 
     if form not in ("md", "csv", "json"):
         raise UserError(f"--format must be md, csv or json, got {form!r}")
@@ -47,7 +48,10 @@ def leaderboard_command(
         if out == Path("results/leaderboard.md"):
             out = out.with_suffix(f".{form}")
         check_output_file(out)
-        written = write_export(chosen, out, form)
+        unread: list[str] = []
+        written = write_export(chosen, out, form, unread)
+        if unread:
+            typer.echo(not_read_note(unread), err=True)
         typer.echo(f"wrote {written}", err=True)
         return
     check_output_file(out)

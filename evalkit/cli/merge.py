@@ -18,4 +18,7 @@ def merge_command(
     from evalkit.scale.merge import merge_shards
 
     counts = merge_shards(outputs, out)
-    typer.echo(f"merged {counts['shards']} shards: {counts['summaries']} summaries, {counts['files']} files into {out}")
+    empty = f" ({counts['empty']} of them empty: no units)" if counts["empty"] else ""
+    typer.echo(
+        f"merged {counts['shards']} shards{empty}: {counts['summaries']} summaries, {counts['files']} files into {out}"
+    )

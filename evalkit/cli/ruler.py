@@ -9,7 +9,7 @@ import typer
 from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
-from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, SHARD_HELP, scale_options
+from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
 from evalkit.storage import check_output_dir
 
 
@@ -74,6 +74,7 @@ def ruler_command(
     shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
     executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
     ray_address: str = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
+    ray_resources: str = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
@@ -100,7 +101,7 @@ def ruler_command(
         doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
-    scale = scale_options(shard, executor, ray_address, avg)
+    scale = scale_options(shard, executor, ray_address, avg, ray_resources)
     check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
     run = _run_with_progress(console, refs, settings, out, avg, scale)
@@ -142,6 +143,8 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
 def _report_ruler(console, run, out: Path) -> None:
     from evalkit.length_averages import checkpoint_table
 
+    if run.empty_shard is not None:
+        return  # said by the run's log: a shard without units succeeds, for evalkit merge
     if not run.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(checkpoint_table(run.result_rows()))

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -277,7 +278,16 @@ class HFEngine(PackedEngine):
         # Sliding layers count their window in cache slots: the padding holes of a batch of packed
         # requests (after short documents, before short questions) would take window slots, so
         # such models take their packed requests one at a time.
-        self._packed_one_by_one = any(w is not None and w < self.max_length for w in layer_windows(self.model.config))
+        windows = [w for w in layer_windows(self.model.config) if w is not None and w < self.max_length]
+        self._packed_one_by_one = bool(windows)
+        # Said once in the log (the first packed batch) and kept in engine_info, so the summary says it too.
+        self._packed_batch_note = (
+            f"--batch-size {batch_size} taken as 1 for packed (anchor) requests: {len(windows)} sliding-window "
+            f"layers (window {min(windows)} < {self.max_length} tokens) would count a batch's padding as window slots"
+            if windows and batch_size > 1
+            else None
+        )
+        self._packed_note_said = False
         self.fast_decode = fast_decode
         self._fast_decoder, self._decode_path_reason = self._choose_decode_path(fast_decode)
 
@@ -289,6 +299,8 @@ class HFEngine(PackedEngine):
             "model_path": str(self.model_path),
             "dtype": self.dtype,
             "batch_size": self.batch_size,
+            "packed_batch_size": 1 if self._packed_one_by_one else self.batch_size,
+            **({"packed_batch_note": self._packed_batch_note} if self._packed_batch_note else {}),
             "max_length": self.max_length,
             "attention": self.attention,
             "packed_attention": self.packed_attention,
@@ -464,6 +476,9 @@ class HFEngine(PackedEngine):
         check_attention_supported(self.model.config, "packed (anchor) requests on the hf engine")
         batches = self._length_sorted_batches([len(layout.input_ids) for layout in layouts])
         if self._packed_one_by_one:
+            if self._packed_batch_note is not None and not self._packed_note_said:
+                print(self._packed_batch_note, file=sys.stderr)
+                self._packed_note_said = True
             return [[i] for batch in batches for i in batch]
         return batches
 

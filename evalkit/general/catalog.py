@@ -80,6 +80,28 @@ class TaskCatalog:
             return STANDARD_FEWSHOT[standard], f"evalkit standard for {standard}"
         return None, "lm-eval default"
 
+    def leaf_tasks(self, name: str) -> int:
+        """How many tasks `name` scores (a group's or tag's leaves, recursively; 1 for a task), read from
+        the task index alone (no dataset is loaded): the cost that balances shards (mmlu's 57 against one).
+        An unknown name or a group that names itself counts 1."""
+        return self._leaves(name, frozenset())
+
+    def _leaves(self, name: str, seen: frozenset[str]) -> int:
+        entry = self.manager.task_index.get(name)
+        if entry is None or name in seen:
+            return 1
+        if entry.kind.name == "GROUP":  # lm_eval.tasks._index.Kind, by name: a private module
+            members = (entry.cfg or {}).get("task") or []
+            children = [
+                m if isinstance(m, str) else None for m in (members if isinstance(members, list) else [members])
+            ]
+        elif entry.kind.name == "TAG":
+            children = [other for other, e in self.manager.task_index.items() if name in e.tags]
+        else:
+            return 1
+        # an inline task config (a dict in the group's list) is one task
+        return max(1, sum(1 if child is None else self._leaves(child, seen | {name}) for child in children))
+
     def is_fixture(self, name: str) -> bool:
         """Whether `name` is defined by evalkit's own tasks/ folder (local data, no download)."""
         entry = self.manager.task_index.get(name)

@@ -173,6 +173,11 @@ class GeneralBenchmark(Benchmark):
     def units(self) -> list[Unit]:
         return [Unit(name) for name in self.settings.tasks]
 
+    def unit_cost(self, unit: Unit) -> float:
+        """Estimated work, for balancing shards and workers: the tasks a unit scores (a 57-task group
+        weighs 57 single tasks). Documents per task would need every dataset loaded; not counted."""
+        return float(self.catalog.leaf_tasks(unit.task))
+
     def plan(self, unit: Unit) -> TaskPlan:
         if unit.task not in self._plans:
             self._plans[unit.task] = _plan(self.catalog, unit.task, self.settings)

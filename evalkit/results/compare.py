@@ -13,7 +13,11 @@ samples of the checkpoints that answered the same samples: the same indices with
 identity (references for RULER, document and target hashes for lm-eval), checked sample by
 sample, never assumed. Two series that answered the same samples therefore share the sample
 draw: their difference is paired (the per-sample differences are resampled), and series that
-did not are resampled independently. A series' replicate value is the mean over all its
+did not are resampled independently. Likewise series of the same checkpoints (the same weights
+by samples.checkpoint_identity: two encodings, sizings or prompt formats of one run) share the
+checkpoint draw, so a per-checkpoint effect common to both cancels from their difference; each
+difference says what it was paired by ("checkpoints+samples", "checkpoints", "samples", "none").
+A series' replicate value is the mean over all its
 checkpoints of their resampled scores (the spread over samples) plus √(K/(K−1)) times the
 deviation of the drawn checkpoints' mean from it (the spread over K checkpoints, scaled so its
 variance is the unbiased s²/K rather than the plug-in (K−1)/K of it); with one checkpoint only
@@ -68,7 +72,8 @@ class Difference:
     p: float
     p_holm: float
     samples: str  # e.g. "30" or "30 / 20"
-    pairing: str
+    pairing: str  # paired by "checkpoints+samples", "checkpoints", "samples", or "none"
+    pairing_detail: str  # e.g. "paired, same prompts", "independent: references differ at sample 3"
     tasks: int = 1
 
 
@@ -102,15 +107,31 @@ class Bootstrap:
             raise UserError(f"--replicates must be at least 100, got {replicates}")
         self.series, self.replicates, self.pairing = series, replicates, pairing
         self.rng = np.random.default_rng(seed)
-        self.checkpoint_draws = {
-            name: self.rng.integers(0, len(one.steps()), size=(replicates, len(one.steps())))
-            for name, one in sorted(series.items())
-        }
+        # Series of the same checkpoints share one checkpoint draw (paired by checkpoint), their
+        # checkpoints taken in the order of their identities so that draw k is the same weights.
+        self.checkpoint_group = {name: self._checkpoint_group(one) for name, one in sorted(series.items())}
+        self.order = {name: _checkpoint_order(one) for name, one in series.items()}
+        by_group: dict[object, np.ndarray] = {}
+        self.checkpoint_draws = {}
+        for name, group in self.checkpoint_group.items():
+            count = len(series[name].steps())
+            if group not in by_group:
+                by_group[group] = self.rng.integers(0, count, size=(replicates, count))
+            self.checkpoint_draws[name] = by_group[group]
         self.point: dict[tuple[str, Cell], float] = {}
         self.values: dict[tuple[str, Cell], np.ndarray] = {}
         self.groups: dict[Cell, dict[tuple[str, int], tuple]] = {}
         for cell in sorted({cell for one in series.values() for cell in one.cells()}):
             self._draw_cell(cell)
+
+    def _checkpoint_group(self, one: Series) -> object:
+        """The series' checkpoints' identities (a hashable key): equal for series of the same checkpoints;
+        the series' own name where an identity is missing or pairing is turned off (a draw of its own)."""
+        identities = [one.identities[step] for step in one.steps() if step in one.identities]
+        known = len(identities) == len(one.steps()) and len(set(identities)) == len(identities)
+        if self.pairing == "independent" or not known:
+            return ("own", one.name)
+        return tuple(sorted(identities))
 
     def _draw_cell(self, cell: Cell) -> None:
         members = {}
@@ -134,7 +155,7 @@ class Bootstrap:
             draws[key] = self.rng.integers(0, n, size=(self.replicates, n))
         self.groups[cell] = keys
         for name in sorted({member[0] for member in members}):
-            steps = self.series[name].steps()
+            steps = self.order[name]
             per_checkpoint = []
             for step in steps:
                 samples = members[(name, step)]
@@ -143,6 +164,14 @@ class Bootstrap:
             resampled = np.stack(per_checkpoint)  # (checkpoints, replicates)
             self.values[(name, cell)] = _combine(resampled, self.checkpoint_draws[name])
             self.point[(name, cell)] = float(np.mean([_mean(members[(name, step)]) for step in steps]))
+
+    def pairing_level(self, cell: Cell, a: str, b: str) -> str:
+        """What the difference at `cell` was paired by: "checkpoints+samples", "checkpoints", "samples" or "none"."""
+        by_checkpoint = self.checkpoint_group[a] == self.checkpoint_group[b]
+        by_sample = self.pairing_of(cell, a, b).startswith("paired")
+        return {(True, True): "checkpoints+samples", (True, False): "checkpoints", (False, True): "samples"}.get(
+            (by_checkpoint, by_sample), "none"
+        )
 
     def pairing_of(self, cell: Cell, a: str, b: str) -> str:
         keys = self.groups[cell]
@@ -154,6 +183,15 @@ class Bootstrap:
         if self.pairing == "independent":
             return "independent (asked)"
         return f"independent: {_why_unpaired(members)}"
+
+
+def _checkpoint_order(one: Series) -> list[int]:
+    """The series' steps in the order of their checkpoints' identities where all are known (the order
+    a shared checkpoint draw indexes), else by step."""
+    steps = one.steps()
+    if all(step in one.identities for step in steps):
+        return sorted(steps, key=lambda step: one.identities[step])
+    return steps
 
 
 def _sample_set_key(samples: dict, owner: str | None) -> tuple:
@@ -196,6 +234,14 @@ def _combine(resampled: np.ndarray, checkpoint_draws: np.ndarray) -> np.ndarray:
 
 def _at(cell: Cell) -> str:
     return f" at {cell.length}" if cell.length is not None else ""
+
+
+SIGNIFICANCE = 0.05  # after Holm: what compare marks bold, and the only "best" the leaderboard marks
+
+
+def significant(difference: Difference) -> bool:
+    """compare's test of a difference: its Holm-adjusted p-value below SIGNIFICANCE."""
+    return difference.p_holm < SIGNIFICANCE
 
 
 def normal_p(difference: float, stderr: float) -> float:
@@ -254,7 +300,8 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
         p=normal_p(point_b - point_a, stderr),
         p_holm=float("nan"),
         samples=samples,
-        pairing=_pairing_over(pairings, [boot.pairing_of(c, a, b) for c in cells]),
+        pairing=_level_over([boot.pairing_level(c, a, b) for c in cells]),
+        pairing_detail=_pairing_over(pairings, [boot.pairing_of(c, a, b) for c in cells]),
         tasks=len(cells),
     )
 
@@ -267,6 +314,12 @@ def _pairing_over(distinct: list[str], each: list[str]) -> str:
     return "paired" if paired == len(each) else f"{paired} of {len(each)} tasks paired"
 
 
+def _level_over(levels: list[str]) -> str:
+    """An average's pairing: its tasks' where all agree, else the weakest ("mixed" would hide which)."""
+    ranked = ["none", "checkpoints", "samples", "checkpoints+samples"]
+    return min(levels, key=ranked.index)
+
+
 def pairs(names: list[str], baseline: str | None) -> list[tuple[str, str]]:
     """(A, B) pairs: every other series against the baseline (default: the first given)."""
     if len(names) < 2:
@@ -275,6 +328,22 @@ def pairs(names: list[str], baseline: str | None) -> list[tuple[str, str]]:
     if base not in names:
         raise UserError(f"--baseline {base!r} is not among the series found: {', '.join(names)}")
     return [(base, other) for other in names if other != base]
+
+
+FULL_ATTENTION = "full"  # evalkit.attention.paradigms.Paradigm.FULL, as meta.json records it (not imported: torch)
+
+
+def default_baseline(series: dict[str, Series]) -> str:
+    """`compare`'s baseline when none is given: the one series of full attention (its checkpoints'
+    meta.json paradigm, as the summaries record it) under the standard encoding; a UserError when
+    there is none or several, since the first name in alphabetical order is no baseline."""
+    full = [name for name, one in series.items() if one.paradigm == FULL_ATTENTION and one.standard_encoding]
+    if len(full) == 1:
+        return full[0]
+    if full:
+        raise UserError(f"{len(full)} series are full attention ({', '.join(full)}); pass --baseline with one of them")
+    paradigms = ", ".join(f"{name}: {one.paradigm}" for name, one in series.items())
+    raise UserError(f"no series is full attention by its checkpoints' records ({paradigms}); pass --baseline SERIES")
 
 
 def compare(
@@ -300,8 +369,8 @@ def compare(
             raise UserError(f"{a} and {b} share no task: nothing to compare")
         for cell in shared:
             found = _difference(boot, a, b, [cell], cell.task)
-            if pairing == "require" and not found.pairing.startswith("paired"):
-                raise UserError(f"{b} vs {a}, {cell.label()}{_at(cell)}: cannot pair, {found.pairing}")
+            if pairing == "require" and not found.pairing_detail.startswith("paired"):
+                raise UserError(f"{b} vs {a}, {cell.label()}{_at(cell)}: cannot pair, {found.pairing_detail}")
             differences.append(found)
         for length in sorted({c.length for c in shared if c.benchmark == "ruler" and c.length is not None}):
             cells = [c for c in shared if c.benchmark == "ruler" and c.length == length]

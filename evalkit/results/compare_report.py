@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
-from evalkit.results.compare import Comparison, Difference, records
+from evalkit.results.compare import Comparison, Difference, records, significant
 
 
 def length_label(length: int | None) -> str:
@@ -27,7 +27,7 @@ def _p(value: float) -> str:
 def _marked(d: Difference) -> str:
     """The difference, bold where it stays significant at 0.05 after Holm."""
     text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
-    return f"**{text}**" if d.p_holm < 0.05 else text
+    return f"**{text}**" if significant(d) else text
 
 
 def summary_table(comparison: Comparison) -> str:
@@ -61,10 +61,11 @@ def differences_table(comparison: Comparison) -> str:
                 _p(d.p_holm),
                 d.samples,
                 d.pairing,
+                d.pairing_detail,
             ]
         )
     header = ["B − A", "task", "metric", "length", "A", "B", "B − A", "se", "95% interval", "p", "p (Holm)",
-              "samples", "pairing"]  # fmt: skip
+              "samples", "paired by", "pairing"]  # fmt: skip
     return markdown_table(header, rows)
 
 
@@ -94,7 +95,8 @@ def markdown(comparison: Comparison, command: str) -> str:
         f"Command: `{command}`",
         "",
         f"Hierarchical bootstrap over checkpoints and samples: {comparison.replicates} replicates, seed "
-        f"{comparison.seed}; samples answered alike by both sides are resampled together (paired). Intervals "
+        f"{comparison.seed}; samples answered alike by both sides are resampled together (paired), and so are "
+        'the checkpoints of series of the same checkpoints (column "paired by"). Intervals '
         "are 95% percentile intervals, unadjusted; p-values are Holm-adjusted across every task × length × pair "
         "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm.",
         "",

@@ -42,7 +42,14 @@ from evalkit.result_format import (
     summary_name,
     summary_rows,
 )
-from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, SUMMARY_SUFFIX, find_summaries
+from evalkit.results.summaries import (
+    FAILED_SUFFIX,
+    GENERAL_SUMMARY,
+    RULER_SUMMARY,
+    SUMMARY_SUFFIX,
+    find_summaries,
+    not_read_note,
+)
 
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
@@ -151,7 +158,39 @@ def _best(values: dict[str, float]) -> set[str]:
     return set(leaders) if len(leaders) == 1 else set()
 
 
-def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo]) -> str:
+def leaders(rows: list[ResultRow]) -> dict[int, set[str]]:
+    """Per length, the strict leader of the task averages (_best), before any test."""
+    cells = ruler_cells(rows)
+    lengths = sorted({length for _, length in cells})
+    return {n: _best({run: cell.mean for (run, at), cell in cells.items() if at == n}) for n in lengths}
+
+
+def ahead_by_compare(rows: list[ResultRow], series: dict | None) -> dict[int, set[str]]:
+    """Per length, the run to bold: the strict leader there where `evalkit compare --baseline LEADER`
+    (same bootstrap, seed 0) finds every other run there behind it, significantly (compare.significant,
+    one test for both). Nothing without usable per-sample logs: compare could not say either."""
+    from evalkit.results.compare import compare, significant
+
+    bold: dict[int, set[str]] = {n: set() for n in leaders(rows)}
+    runs_at = {n: {run for run, at in ruler_cells(rows) if at == n} for n in bold}
+    for leader in sorted({run for found in leaders(rows).values() for run in found}):
+        if series is None or not set().union(*runs_at.values()) <= set(series):
+            continue
+        others = sorted(run for run in set().union(*runs_at.values()) if run != leader)
+        try:
+            found = compare({run: series[run] for run in [leader, *others]}, [leader, *others], baseline=leader, seed=0)
+        except UserError:
+            continue  # logs compare cannot read alike: no test, no bold
+        for n, candidates in leaders(rows).items():
+            behind = [d for d in found.averages if d.length == n]
+            if leader in candidates and len(behind) == len(runs_at[n]) - 1:
+                if all(d.difference < 0 and significant(d) for d in behind):
+                    bold[n].add(leader)
+    return bold
+
+
+def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int, set[str]]) -> str:
+    """`best`: per length, the runs to bold (ahead_by_compare)."""
     cells = ruler_cells(rows)
     runs = sorted(infos)
     lengths = sorted({length for _, length in cells})
@@ -160,8 +199,6 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo]) -> str:
         for run in runs
         if any((run, n) in cells for n in lengths)
     }
-    best = {n: _best({run: cells[(run, n)].mean for run in runs if (run, n) in cells}) for n in lengths}
-    best_avg = _best(averages)
     differs = _differing_settings(infos)
     table = []
     for run in runs:
@@ -173,9 +210,8 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo]) -> str:
                 text.append("–")
                 continue
             value = f"{cell.mean:.2f} ± {cell.std:.2f}"
-            text.append(f"**{value}**" if run in best[n] else value)
-        avg = f"{averages[run]:.2f}" if run in averages else "–"
-        avg = f"**{avg}**" if run in best_avg else avg
+            text.append(f"**{value}**" if run in best.get(n, set()) else value)
+        avg = f"{averages[run]:.2f}" if run in averages else "–"  # never bold: compare tests no average over lengths
         behind = _behind(cells, run, lengths, info.settings.get("samples"))
         mark = " †" if run in differs else ""
         steps = ", ".join(map(str, info.steps))
@@ -348,13 +384,34 @@ def other_benchmarks(dirs: list[Path], notes: list[str] | None = None) -> dict[s
     return {name: summaries for name, summaries in found.items() if summaries}
 
 
+def logged_series(dirs: list[Path]) -> tuple[dict | None, str]:
+    """(The series of the per-sample logs under `dirs`, or None with why not): what the effective
+    length's interval and the bold of the RULER table are computed from."""
+    from evalkit.results.samples import merge, read_directory
+
+    series: dict = {}
+    try:
+        for directory in dirs:
+            for name, one in read_directory(directory).items():
+                if name in series:
+                    merge(series[name], one)  # the run's RULER and lm-eval results, from two directories
+                else:
+                    series[name] = one
+    except UserError as err:  # a board of summaries only (or unusable logs)
+        return None, "no per-sample logs" if "is missing" in str(err) else f"per-sample logs unusable: {err}"
+    return series, "no per-sample logs"
+
+
 def effective_length_table(
-    dirs: list[Path], rows: list[ResultRow], threshold: float | None = None, threshold_from: str | None = None
+    logged: tuple[dict | None, str],
+    rows: list[ResultRow],
+    threshold: float | None = None,
+    threshold_from: str | None = None,
 ) -> tuple[str, float]:
     """Each run's effective length (evalkit.results.compare): the point from the table's own means,
-    the 95% interval from the bootstrap over the per-sample logs, "–" where the logs are not there."""
+    the 95% interval from the bootstrap over the per-sample logs (`logged`: logged_series), "–" where
+    the logs are not there."""
     from evalkit.results.compare import RULER_THRESHOLD, Bootstrap, effective_length, longest_holding
-    from evalkit.results.samples import merge, read_directory
 
     cells = ruler_cells(rows)
     runs = sorted({run for run, _ in cells})
@@ -364,27 +421,22 @@ def effective_length_table(
             raise UserError(f"--threshold-from {threshold_from!r}: no RULER run of that name ({', '.join(runs)})")
         threshold = cells[(threshold_from, lengths[threshold_from][0])].mean
     threshold = RULER_THRESHOLD if threshold is None else threshold
-    unusable = "no per-sample logs"
-    try:
-        series: dict = {}
-        for directory in dirs:
-            for name, one in read_directory(directory).items():
-                if name in series:
-                    merge(series[name], one)  # the run's RULER and lm-eval results, from two directories
-                else:
-                    series[name] = one
-        boot = Bootstrap({name: series[name] for name in runs if name in series}, 2000, seed=0)
-    except UserError as err:  # a board of summaries only (or unusable logs): points without intervals
-        boot, unusable = None, "no per-sample logs" if "is missing" in str(err) else f"per-sample logs unusable: {err}"
+    series, unusable = logged
+    boot = None
+    if series is not None:
+        try:
+            boot = Bootstrap({name: series[name] for name in runs if name in series}, 2000, seed=0)
+        except UserError as err:  # logs the bootstrap cannot use: points without intervals
+            unusable = f"per-sample logs unusable: {err}"
     table = []
     for run in runs:
         point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
         below = f"< {_label(lengths[run][0])}"
         shown = _label(point) if point is not None else below
-        logged = (
+        has_logs = (
             boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells())
         )
-        found = effective_length(boot, run, threshold) if boot is not None and logged else None
+        found = effective_length(boot, run, threshold) if boot is not None and has_logs else None
         if found is None:
             spread = f"– ({unusable})"
         else:
@@ -425,10 +477,12 @@ def build_markdown(
     if ruler:
         rows = [row for s in ruler for row in s["rows"]]
         infos = run_infos(ruler)
+        logged = logged_series(dirs)
         parts += [
-            "## RULER (mean ± std over each run's checkpoints of the per-length task average; a strict best in bold)",
+            "## RULER (mean ± std over each run's checkpoints of the per-length task average; bold: ahead of "
+            "the rest by `evalkit compare`'s test, Holm-adjusted p < 0.05 on the per-sample logs)",
             "",
-            ruler_table(rows, infos),
+            ruler_table(rows, infos, ahead_by_compare(rows, logged[0])),
             "",
         ]
         notes = settings_notes(infos)
@@ -436,7 +490,7 @@ def build_markdown(
             parts += [notes, ""]
         skipped = skipped_notes(infos)
         parts += ["Skipped tasks (not scored, not averaged):", "", skipped or "- none", ""]
-        effective, used = effective_length_table(dirs, rows, threshold, threshold_from)
+        effective, used = effective_length_table(logged, rows, threshold, threshold_from)
         parts += [
             f"## RULER effective length (the longest length whose task average is ≥ {used:.2f} there "
             "and at every shorter length)",
@@ -457,7 +511,7 @@ def build_markdown(
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
         parts += [f"## {title} (mean over checkpoints ± stderr)", "", benchmark_table(rows), ""]
     if unread:
-        parts += ["## Not read (another format; not in any table)", "", "\n".join(unread), ""]
+        parts += ["## " + not_read_note(unread), ""]
     failures = failure_notes(dirs)
     if failures:
         parts += ["## Failed checkpoints (not scored; rerun them once mended)", "", failures, ""]
@@ -466,10 +520,12 @@ def build_markdown(
     return "\n".join(parts), ruler, general
 
 
-def export_rows(dirs: list[Path]) -> list[ResultRow]:
-    """Every stored number under `dirs` as a schema row (RULER, lm-eval tasks and any other benchmark)."""
-    names = [RULER_SUMMARY, GENERAL_SUMMARY] + [summary_name(name) for name in other_benchmarks(dirs)]
-    rows = [row for name in names for summary in find_summaries(dirs, name) for row in summary_rows(summary)]
+def export_rows(dirs: list[Path], unread: list[str] | None = None) -> list[ResultRow]:
+    """Every stored number under `dirs` as a schema row (RULER, lm-eval tasks and any other benchmark);
+    a summary of another format is left out, a line saying why added to `unread`."""
+    summaries = find_summaries(dirs, RULER_SUMMARY, unread) + find_summaries(dirs, GENERAL_SUMMARY, unread)
+    summaries += [summary for found in other_benchmarks(dirs, unread).values() for summary in found]
+    rows = [row for summary in summaries for row in summary_rows(summary)]
     if not rows:
         raise UserError(
             f"no *{SUMMARY_SUFFIX} with rows under {', '.join(map(str, dirs))}; run evalkit ruler/general first"
@@ -477,8 +533,9 @@ def export_rows(dirs: list[Path]) -> list[ResultRow]:
     return rows
 
 
-def write_export(dirs: list[Path], out: Path, form: str) -> Path:
-    """--format csv|json: long-form rows, one per number, the schema's fields (EXPORT_FIELDS) as columns."""
+def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | None = None) -> Path:
+    """--format csv|json: long-form rows, one per number, the schema's fields (EXPORT_FIELDS) as columns;
+    what was left out goes to `unread` (and into the JSON as "not_read")."""
     import csv
     import io
     import math
@@ -489,11 +546,11 @@ def write_export(dirs: list[Path], out: Path, form: str) -> Path:
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
     rows = [
         {key: None if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
-        for row in map(export_record, export_rows([d for d in dirs if d.is_dir()]))
+        for row in map(export_record, export_rows([d for d in dirs if d.is_dir()], unread))
     ]
     fields = list(EXPORT_FIELDS)
     if form == "json":
-        atomic_write_json(out, {"fields": fields, "rows": rows, "provenance": stamp()})
+        atomic_write_json(out, {"fields": fields, "rows": rows, "not_read": unread or [], "provenance": stamp()})
     else:
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")

@@ -17,6 +17,7 @@ reports is refused rather than compared.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from evalkit.errors import UserError
 from evalkit.result_format import STANDARD, describe_checkpoint, summary_rows
-from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries
+from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries, other_summary_notes
 from evalkit.sample_log import CHECKSUM, record_checksum
 
 
@@ -60,6 +61,9 @@ class Series:
     checkpoints: dict[int, dict[Cell, dict[tuple[int, int], Sample]]] = field(default_factory=dict)
     paradigm: str = "?"
     model: str = "?"
+    # step -> what identifies that checkpoint's weights (checkpoint_identity); absent where not recorded
+    identities: dict[int, str] = field(default_factory=dict)
+    standard_encoding: bool = True  # False for a RULER run's series under another encoding (anchor)
 
     def steps(self) -> list[int]:
         return sorted(self.checkpoints)
@@ -68,14 +72,15 @@ class Series:
         return {cell for cells in self.checkpoints.values() for cell in cells}
 
 
-def load_series(arguments: list[str]) -> dict[str, Series]:
+def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
     """Every series under the given `[LABEL=]PATH` arguments, by name.
 
     A LABEL names the series of its path (a path holding one series), or prefixes each of them
     (`LABEL: series`); the same series name from two arguments is refused, asking for labels.
     The same LABEL given again pools: its directories' samples count as more samples of the same
     checkpoints (evaluations with another --seed), the k-th directory's sample i being sample
-    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other."""
+    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other.
+    A summary left out (another format, a benchmark without per-sample scores here) adds a line to `notes`."""
     found: dict[str, Series] = {}
     places: dict[str, int] = {}
     for argument in arguments:
@@ -83,7 +88,7 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
         place = places.get(label, 0) if label else 0
         if label:
             places[label] = place + 1
-        here = read_directory(path, place)
+        here = read_directory(path, place, notes)
         if not here:
             raise UserError(
                 f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {path}; "
@@ -92,7 +97,7 @@ def load_series(arguments: list[str]) -> dict[str, Series]:
         for name, one in here.items():
             if label:
                 one.name = label if len(here) == 1 else f"{label}: {name}"
-            if one.name in found and place > 0:
+            if one.name in found and place > 0:  # pooled: the same checkpoints, their identities kept
                 _pool(found[one.name], one)
             elif one.name in found:
                 merge(found[one.name], one)
@@ -113,6 +118,7 @@ def merge(into: Series, more: Series) -> None:
                 "name them apart with LABEL=PATH (for example exact=DIR nvidia=DIR)"
             )
         mine.update(cells)
+    into.identities.update(more.identities)
 
 
 def _pool(into: Series, more: Series) -> None:
@@ -132,23 +138,47 @@ def _split_argument(argument: str) -> tuple[str | None, Path]:
     return None, Path(argument)
 
 
-def read_directory(path: Path, place: int = 0) -> dict[str, Series]:
+def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -> dict[str, Series]:
     """The series whose summaries lie under `path`, with their per-sample scores, each sample
-    keyed (place, index): `place` tells pooled directories apart (load_series)."""
+    keyed (place, index): `place` tells pooled directories apart (load_series). What is left
+    out is noted in `notes` (evalkit.results.summaries.not_read_note)."""
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
+    if notes is not None:
+        notes += other_summary_notes([path], (RULER_SUMMARY, GENERAL_SUMMARY))
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells)):
-        summaries = find_summaries([path], name)
+        summaries = find_summaries([path], name, notes)
         directories = _summary_dirs(path, name) if summaries else {}
         for summary in summaries:
             directory = directories[(summary["run"], int(summary["step"]))]
             paradigm, model, _data = describe_checkpoint(summary)
             for series_name, cell, samples in reader(summary, directory):
-                one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, model=model))
+                standard = series_name == summary["run"]  # ResultRow.series: the run's own name when standard
+                one = found.setdefault(
+                    series_name, Series(series_name, paradigm=paradigm, model=model, standard_encoding=standard)
+                )
                 keyed = {(place, index): sample for index, sample in samples.items()}
                 one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
+                identity = checkpoint_identity(summary)
+                if identity is not None:
+                    one.identities[int(summary["step"])] = identity
     return found
+
+
+def checkpoint_identity(summary: dict) -> str | None:
+    """What identifies the weights a summary scored, so that two series of one checkpoint (two
+    encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
+    are called. Summaries record no hash of the weights themselves; the nearest they hold is the
+    checkpoint's resolved path, its step and what its meta.json recorded (paradigm, config, data and
+    tokenizer fingerprints, the trainer's commit): a checkpoint retrained in place changes the
+    latter. None where the summary names no checkpoint (then no pairing by checkpoint)."""
+    path = summary.get("checkpoint")
+    if not path:
+        return None
+    meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
+    digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{path}@{summary.get('step')}#{digest}"
 
 
 def _summary_dirs(root: Path, name: str) -> dict[tuple[str, int], Path]:

@@ -24,6 +24,27 @@ SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary fi
 FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
 
 
+NOT_READ = "Not read (another format; not in any table)"  # the heading of the note below, everywhere
+
+
+def not_read_note(unread: list[str]) -> str:
+    """The one note on summaries left out (find_summaries' `notes`): the same heading and lines in
+    the markdown leaderboard, on stderr for its csv/json export and for compare, and in compare.md."""
+    return f"{NOT_READ}:\n\n" + "\n".join(unread)
+
+
+def other_summary_notes(dirs: list[Path], known: tuple[str, ...]) -> list[str]:
+    """One note line per summary of a benchmark a reader does not read (compare: only RULER and
+    lm-eval tasks have per-sample scores it compares), so that none is left out without a word."""
+    lines = []
+    for directory in dirs:
+        for path in sorted(Path(directory).rglob(f"*{SUMMARY_SUFFIX}")):
+            if path.name not in known:
+                benchmark = path.name[: -len(SUMMARY_SUFFIX)]
+                lines.append(f"- {path}: not read: compare reads {' and '.join(known)}, not {benchmark!r} summaries")
+    return lines
+
+
 def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
     """Every summary file `name` under `dirs`, each read once, at most one per (run, step). A file
     of another format (a newer schema_version, another benchmark than its name) is left out, with

@@ -18,6 +18,7 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.result_format import read_summary
+from evalkit.scale.plan import empty_shard_name
 from evalkit.storage import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
 
 SUMMARY_SUFFIX = "-summary.json"
@@ -27,10 +28,11 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
     """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted."""
     inputs, dest = [Path(p) for p in inputs], Path(dest)
     _check_paths(inputs, dest)
-    summaries = _read_shard_summaries(inputs)
-    _check_one_sweep(summaries)
+    empty = _read_empty_shards(inputs)
+    summaries = _read_shard_summaries([path for path in inputs if path not in empty])
+    _check_one_sweep(summaries, empty)
     merged = {rel: _merge_checkpoint(rel, found) for rel, found in summaries.items()}
-    _check_complete(summaries, merged)
+    _check_complete(summaries, merged, empty)
     copies = _files_to_copy(inputs)
     tmp = new_directory_beside(dest)
     try:
@@ -43,7 +45,25 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"shards": len(inputs), "summaries": len(merged), "files": len(copies)}
+    return {"shards": len(inputs), "empty": len(empty), "summaries": len(merged), "files": len(copies)}
+
+
+def _read_empty_shards(inputs: list[Path]) -> dict[Path, dict]:
+    """The inputs that are shards without units (evalkit.scale.plan.write_empty_shard): their records,
+    read where the directory holds no summary (a record beside summaries is an earlier run's)."""
+    found = {}
+    for directory in inputs:
+        records = sorted(directory.glob(empty_shard_name("*")))
+        if not records or _summary_files(directory):
+            continue
+        try:
+            record = json.loads(records[0].read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("shard"), dict):
+            raise UserError(f"{records[0]} is not an evalkit empty-shard record; rerun that shard")
+        found[directory] = record
+    return found
 
 
 def _check_paths(inputs: list[Path], dest: Path) -> None:
@@ -81,27 +101,28 @@ def _read_shard_summaries(inputs: list[Path]) -> dict[Path, list[tuple[Path, dic
 
 
 def _shard(summary: dict) -> dict[str, Any]:
-    return summary["provenance"]["shard"]
+    """A shard summary's record of its shard, or an empty shard's (which holds it at the top)."""
+    return summary["shard"] if "shard" in summary else summary["provenance"]["shard"]
 
 
-def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]]) -> None:
+def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]], empty: dict[Path, dict]) -> None:
     """One plan (same checkpoints, units, settings, shard count) and one output per shard index."""
     by_benchmark: dict[str, tuple[Path, dict]] = {}
     index_from: dict[tuple[str, int], Path] = {}
-    for found in summaries.values():
-        for directory, summary in found:
-            shard, name = _shard(summary), summary.get("benchmark") or "ruler"  # as result_format reads it
-            first = by_benchmark.setdefault(name, (directory, shard))
-            if (shard["plan"], shard["count"]) != (first[1]["plan"], first[1]["count"]):
-                raise UserError(
-                    f"conflicting shards: {directory} and {first[0]} come from different sweeps (other "
-                    "checkpoints, units, settings or shard count); merge the shards of one sweep"
-                )
-            owner = index_from.setdefault((name, shard["index"]), directory)
-            if owner != directory:
-                raise UserError(
-                    f"overlapping shards: {owner} and {directory} are both shard {shard['index']}/{shard['count']}"
-                )
+    records = [item for found in summaries.values() for item in found] + list(empty.items())
+    for directory, summary in records:
+        shard, name = _shard(summary), summary.get("benchmark") or "ruler"  # as result_format reads it
+        first = by_benchmark.setdefault(name, (directory, shard))
+        if (shard["plan"], shard["count"]) != (first[1]["plan"], first[1]["count"]):
+            raise UserError(
+                f"conflicting shards: {directory} and {first[0]} come from different sweeps (other "
+                "checkpoints, units, settings or shard count); merge the shards of one sweep"
+            )
+        owner = index_from.setdefault((name, shard["index"]), directory)
+        if owner != directory:
+            raise UserError(
+                f"overlapping shards: {owner} and {directory} are both shard {shard['index']}/{shard['count']}"
+            )
 
 
 def _position(order: list[dict], entry: dict) -> int:
@@ -159,15 +180,16 @@ def _claim(blocks: dict, skips: dict, position: int, directory: Path, rel: Path)
         raise UserError(f"overlapping shards: {earlier[0]} and {directory} both hold a unit of {rel.parent}")
 
 
-def _check_complete(summaries: dict, merged: dict[Path, dict]) -> None:
+def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path, dict]) -> None:
     """Every unit of the sweep present once (a missing shard, or a shard still running, is refused)."""
-    by_benchmark: dict[str, list] = {}
+    by_benchmark: dict[str, list] = {record["benchmark"]: [] for record in empty.values()}
     for summary in merged.values():
         by_benchmark.setdefault(summary["benchmark"], []).append(summary.pop("_units_merged"))
+    records = [s for found in summaries.values() for _, s in found] + list(empty.values())
     for name, counts in by_benchmark.items():
-        any_summary = next(s for found in summaries.values() for _, s in found if s.get("benchmark") == name)
+        any_summary = next(s for s in records if s.get("benchmark") == name)
         expected, shard = _shard(any_summary)["plan_units"], _shard(any_summary)
-        seen = sorted({_shard(s)["index"] for found in summaries.values() for _, s in found})
+        seen = sorted({_shard(s)["index"] for s in records})
         if sum(counts) != expected:
             raise UserError(
                 f"incomplete {name} sweep: {sum(counts)} of its {expected} units are here (shards "
@@ -197,4 +219,5 @@ def _not_merged(rel: Path) -> bool:
     name = rel.name
     top_level_average = len(rel.parts) == 1 and "-avg." in name  # a shard's partial --avg
     hidden = any(part.startswith(".") for part in rel.parts)  # temporaries, the lease directory
-    return name == LOCK_NAME or hidden or top_level_average
+    empty_record = len(rel.parts) == 1 and rel.match(empty_shard_name("*"))  # a shard's, not the sweep's
+    return name == LOCK_NAME or hidden or top_level_average or empty_record

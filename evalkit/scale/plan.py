@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import UserError
+from evalkit.identity import identity
 
 
 @dataclass(frozen=True)
@@ -27,14 +31,56 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
-def parse_shard(text: str | None) -> Shard | None:
-    """`I/N` (0 <= I < N), as a Slurm array passes it: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT."""
+# Job-array schedulers whose task's place in its array is read from the environment (--shard slurm):
+# (task id, first id, step, count or None, last id or None). Slurm gives the count; SGE the last id.
+SCHEDULERS = {
+    "slurm": ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP", "SLURM_ARRAY_TASK_COUNT", None),
+    "sge": ("SGE_TASK_ID", "SGE_TASK_FIRST", "SGE_TASK_STEPSIZE", None, "SGE_TASK_LAST"),
+}
+
+
+def parse_shard(text: str | None, environ: Mapping[str, str] = os.environ) -> Shard | None:
+    """`I/N` (0 <= I < N), or a scheduler's name (slurm, sge): this array task's shard, from the
+    scheduler's variables, so an array numbered from 1 or with a step (--array=1-16, 0-15:2) fits."""
     if text is None:
         return None
+    if text.strip().lower() in SCHEDULERS:
+        return array_shard(text.strip().lower(), environ)
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
     if not match or not int(match.group(1)) < int(match.group(2)):
-        raise UserError(f"--shard must be I/N with 0 <= I < N (e.g. 0/4), got {text!r}")
+        raise UserError(
+            f"--shard must be I/N with 0 <= I < N (e.g. 0/4) or one of {', '.join(SCHEDULERS)}, got {text!r}"
+        )
     return Shard(int(match.group(1)), int(match.group(2)))
+
+
+def array_shard(scheduler: str, environ: Mapping[str, str]) -> Shard:
+    """The shard of this job-array task: index (ID - first) / step, count from the scheduler's count
+    (Slurm) or (last - first) / step + 1 (SGE). A variable missing or not a number is one line naming it."""
+    id_name, first_name, step_name, count_name, last_name = SCHEDULERS[scheduler]
+    task, first, step = (_array_variable(environ, name, scheduler) for name in (id_name, first_name, step_name))
+    if count_name is not None:
+        count = _array_variable(environ, count_name, scheduler)
+    else:
+        assert last_name is not None  # each scheduler names its count or its last id
+        count = (_array_variable(environ, last_name, scheduler) - first) // step + 1
+    index, off_step = divmod(task - first, step) if step > 0 else (-1, 0)
+    if off_step or not 0 <= index < count:
+        raise UserError(
+            f"--shard {scheduler}: task {task} is not in an array of {count} tasks from {first} in steps of {step} "
+            f"({id_name}, {first_name}, {step_name}); run it as an array task, or give --shard I/N"
+        )
+    return Shard(index, count)
+
+
+def _array_variable(environ: Mapping[str, str], name: str, scheduler: str) -> int:
+    value = environ.get(name)
+    if value is None or not value.strip().isdigit():
+        found = "is not set" if value is None else f"is {value!r}, not a number"
+        raise UserError(
+            f"--shard {scheduler}: ${name} {found}; run inside a {scheduler} job array, or give --shard I/N"
+        )
+    return int(value)
 
 
 @dataclass
@@ -82,9 +128,10 @@ class CheckpointWork:
 
 @dataclass
 class WorkPlan:
-    """The checkpoints with any unit here, and each one's work."""
+    """The checkpoints with any unit here, and each one's work; `shard`: the shard's record (None unsharded)."""
 
     checkpoints: list[tuple[CheckpointRef, CheckpointWork]]
+    shard: dict[str, Any] | None = None
 
     def refs(self) -> list[CheckpointRef]:
         return [ref for ref, _ in self.checkpoints]
@@ -110,7 +157,28 @@ def plan_work(benchmark, refs: list[CheckpointRef], shard: Shard | None = None) 
     for (r, u), who in zip(pairs, owner):
         if who == shard.index:
             mine.setdefault(r, []).append(units[u])
-    return WorkPlan([(refs[r], CheckpointWork(mine[r], positions, record)) for r in sorted(mine)])
+    return WorkPlan([(refs[r], CheckpointWork(mine[r], positions, record)) for r in sorted(mine)], record)
+
+
+def empty_shard_name(benchmark_name: str) -> str:
+    """<out>/<benchmark>-empty-shard.json: what a shard without units leaves for evalkit merge."""
+    return f"{benchmark_name}-empty-shard.json"
+
+
+def write_empty_shard(out: Path, benchmark_name: str, shard: dict[str, Any]) -> str:
+    """Record that this shard of the sweep has no units (more array tasks than units), so that the
+    array task succeeds and merge counts the shard as present; returns the line to tell the user."""
+    from evalkit.provenance import stamp
+    from evalkit.result_format import SCHEMA_VERSION
+    from evalkit.storage import atomic_write_json
+
+    record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark_name, "shard": shard, "provenance": stamp()}
+    path = out / empty_shard_name(benchmark_name)
+    atomic_write_json(path, record)
+    return (
+        f"shard {shard['index']}/{shard['count']} has no units (the sweep has {shard['plan_units']} for "
+        f"{shard['count']} shards): nothing to evaluate; recorded in {path} for evalkit merge"
+    )
 
 
 def assign_shards(costs: list[float], count: int) -> list[int]:
@@ -134,7 +202,9 @@ def _plan_fingerprint(benchmark, refs: list[CheckpointRef], costs: list[float]) 
             "checkpoints": [[ref.run, ref.step] for ref in refs],
             "units": [unit.fields() for unit in benchmark.units()],
             "costs": costs,
-            "settings": benchmark.settings_record(),
+            # What decides the results, not how fast they come (a shard rerun at another --batch-size
+            # after an OOM) nor where the data files lie (their content is keyed per cell).
+            "settings": identity(benchmark.settings, with_selection=True),
         },
         sort_keys=True,
         default=str,

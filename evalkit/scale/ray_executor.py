@@ -43,8 +43,12 @@ STATUS_EVERY_S = 10.0  # the driver's progress line
 
 
 class RayExecutor:
-    def __init__(self, address: str | None = None, **init_options: Any) -> None:
-        self.address, self.init_options = address, init_options
+    """`resources`: what each group's task asks of Ray (parse_ray_resources; --ray-resources), the rest
+    task_resources' default: one CPU, the GPUs of its tensor-parallel size, and on a CPU cluster the
+    memory its model needs, so that a node runs only as many model copies as fit in its memory."""
+
+    def __init__(self, address: str | None = None, resources: dict[str, float] | None = None, **init_options: Any):
+        self.address, self.resources, self.init_options = address, resources, init_options
 
     def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None, lease=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes.
@@ -53,9 +57,12 @@ class RayExecutor:
         ray = _import_ray()
         started_here = self._connect(ray)
         try:
-            groups = plan_groups(benchmark, work, out, _worker_slots(ray, benchmark))
+            resources = task_resources(ray, benchmark, [ref.path for ref in work.refs()], self.resources)
+            slots = concurrent_copies(_alive_nodes(ray), resources)
+            groups = plan_groups(benchmark, work, out, slots)
             if groups:
-                self._run_groups(ray, benchmark, groups, out, log, open_engine, lease)
+                log(f"ray: each task asks {_asked(resources)}: {slots} concurrent model copies on {_describe(ray)}")
+                self._run_groups(ray, benchmark, groups, out, log, open_engine, lease, resources)
         finally:
             if started_here:
                 ray.shutdown()
@@ -72,9 +79,8 @@ class RayExecutor:
             raise UserError(f"cannot reach the Ray cluster at {self.address}: {err}; check --ray-address") from None
         return True
 
-    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine, lease) -> None:
+    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine, lease, resources) -> None:
         reporter = ray.remote(Reporter).options(num_cpus=0).remote()
-        resources = _resources(ray, benchmark)
         task = ray.remote(evaluate_group).options(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)
         shipped = _for_workers(benchmark)
         claims = (lease.generation, lease.timeout) if lease is not None else None
@@ -343,17 +349,112 @@ def _for_workers(benchmark):
     return shipped
 
 
-def _resources(ray, benchmark) -> dict[str, Any]:
-    """One engine per worker: GPUs as many as its tensor-parallel size on a GPU cluster, else one CPU."""
+# What a CPU worker holds per byte of weights on disk: the weights, the loader's transient copy,
+# activations and the KV cache of a batch; an estimate (--ray-resources memory= overrides it).
+MEMORY_PER_WEIGHT_BYTE = 3
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
+RAY_RESOURCE_KEYS = {"cpus": "num_cpus", "gpus": "num_gpus", "memory": "memory"}
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}  # binary, as memory is sold and reported
+
+
+def parse_ray_resources(text: str | None) -> dict[str, float] | None:
+    """--ray-resources cpus=N,gpus=N,memory=SIZE (any of them; SIZE in bytes or with K/M/G/T, binary):
+    what each task asks of Ray; a key not given keeps task_resources' default for it."""
+    if text is None:
+        return None
+    asked: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in RAY_RESOURCE_KEYS:
+            raise UserError(
+                f"--ray-resources: {item!r} is not one of cpus=N, gpus=N, memory=SIZE (e.g. cpus=4,memory=8G)"
+            )
+        amount = _size(value) if key == "memory" else _number(value)
+        if amount is None or amount < 0 or (key == "cpus" and amount == 0):
+            least = "a positive number" if key == "cpus" else "a non-negative amount"
+            raise UserError(f"--ray-resources: {key}={value.strip()!r} is not {least}")
+        asked[RAY_RESOURCE_KEYS[key]] = int(amount) if key == "memory" else amount  # Ray: memory in whole bytes
+    if not asked:
+        raise UserError("--ray-resources is empty; give cpus=N, gpus=N and/or memory=SIZE")
+    return asked
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _size(text: str) -> float | None:
+    """Bytes from "8G", "512M", "8GiB", "1048576"."""
+    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = cleaned[-1] if cleaned and cleaned[-1] in "kmgt" else ""
+    number = _number(cleaned[: len(cleaned) - len(unit)]) if cleaned else None
+    return None if number is None else number * _UNITS[unit]
+
+
+def weight_bytes(paths: list[Path]) -> int:
+    """The largest checkpoint's weight files on disk (safetensors, else .bin or .gguf), in bytes."""
+    sizes = [0]
+    for path in paths:
+        for pattern in WEIGHT_FILES:
+            found = sum(f.stat().st_size for f in Path(path).glob(pattern) if f.is_file())
+            if found:
+                sizes.append(found)
+                break
+    return max(sizes)
+
+
+def task_resources(ray, benchmark, checkpoints: list[Path], given: dict[str, float] | None = None) -> dict[str, float]:
+    """What each group's task asks of Ray: `given` (--ray-resources), and for what it leaves out the
+    default: on a GPU cluster the GPUs of its tensor-parallel size (the model lives there); on CPUs
+    one CPU and the memory its model needs, so that Ray starts on a node only as many model copies
+    as fit in that node's memory, not one per core. A model that fits in no node's memory is one
+    line now, not an out-of-memory kill later."""
+    given = given or {}
     if ray.cluster_resources().get("GPU", 0) > 0:
-        return {"num_gpus": int(benchmark.engine.settings.get("tensor_parallel_size") or 1), "num_cpus": 1}
-    return {"num_cpus": 1}
+        return {"num_gpus": float(benchmark.engine.settings.get("tensor_parallel_size") or 1), "num_cpus": 1.0, **given}
+    if "memory" in given:
+        return {"num_cpus": 1.0, **given}
+    need = float(MEMORY_PER_WEIGHT_BYTE * weight_bytes(checkpoints))
+    largest = max((node.get("memory", 0.0) for node in _alive_nodes(ray)), default=0.0)
+    if need > largest:
+        raise UserError(
+            f"a model copy needs about {_gib(need)} ({MEMORY_PER_WEIGHT_BYTE}x its weights on disk) and no Ray node "
+            f"offers that much memory (the largest: {_gib(largest)}); give --ray-resources memory=SIZE if it fits"
+        )
+    return {"num_cpus": 1.0, **({"memory": int(need)} if need else {}), **given}
 
 
-def _worker_slots(ray, benchmark) -> int:
-    resources, need = ray.cluster_resources(), _resources(ray, benchmark)
-    key = "GPU" if "num_gpus" in need else "CPU"
-    return max(1, int(resources.get(key, 1) // need.get(f"num_{key.lower()}s", 1)))
+def concurrent_copies(nodes: list[dict[str, float]], asked: dict[str, float]) -> int:
+    """How many tasks asking `asked` the nodes run at once (each node: the least its CPUs, GPUs and
+    memory allow), so how many model copies are loaded at once; at least 1."""
+    names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+    asked = {"num_cpus": 1.0, **asked}  # Ray's default for a task that names no CPUs
+    total = 0
+    for node in nodes:
+        fits = [int(node.get(names[key], 0.0) // amount) for key, amount in asked.items() if amount > 0]
+        total += min(fits) if fits else 0
+    return max(1, total)
+
+
+def _alive_nodes(ray) -> list[dict[str, float]]:
+    return [dict(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")]
+
+
+def _gib(size: float) -> str:
+    """A memory size as people read it: GiB, or MiB below one GiB."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
+def _asked(resources: dict[str, float]) -> str:
+    shown = {"num_cpus": "CPUs", "num_gpus": "GPUs"}
+    return ", ".join(
+        _gib(amount) + " memory" if key == "memory" else f"{amount:g} {shown[key]}" for key, amount in resources.items()
+    )
 
 
 def _describe(ray) -> str:

@@ -123,3 +123,17 @@ def test_ruler_anchor_encoding_refuses_before_loading_a_model(gemma3, tmp_path, 
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     with pytest.raises(UserError, match="--encoding anchor cannot reproduce this model's attention exactly"):
         check_packed_attention(CheckpointRef("g2", 1, tmp_path), RulerSettings(**anchor))
+
+
+def test_packed_batch_size_taken_as_1_on_a_windowed_model_is_said_in_the_log_and_the_summary(gemma3, tokenizer, capsys):
+    """Sliding layers take packed requests one at a time whatever --batch-size says: engine_info (the
+    summary's provenance.engine) and the log say so, once."""
+    engine = get_engine("hf", gemma3, dtype="fp32", device="cpu", batch_size=4)
+    info = engine.engine_info()
+    assert info["batch_size"] == 4 and info["packed_batch_size"] == 1
+    assert info["packed_batch_note"].startswith("--batch-size 4 taken as 1 for packed (anchor) requests: 2 sliding")
+    engine.generate_packed([PackedRequest(DOCUMENTS[:1], " Which?")] * 2, 2)
+    engine.generate_packed([PackedRequest(DOCUMENTS[:1], " Which?")], 2)
+    assert capsys.readouterr().err.count("--batch-size 4 taken as 1") == 1
+    alone = get_engine("hf", gemma3, dtype="fp32", device="cpu", batch_size=1).engine_info()
+    assert alone["packed_batch_size"] == 1 and "packed_batch_note" not in alone  # nothing was changed

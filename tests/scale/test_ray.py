@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from evalkit.errors import UserError
 from evalkit.ruler.runner import run_ruler
 from tests.scale.helpers import SHIPPED, outputs_of, run_cli, tiny_refs, tiny_settings
 
@@ -305,3 +306,98 @@ def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in lines[-1] and "within 5 s" in lines[-1]
     assert "Traceback" not in done.stderr
     assert not any(out.rglob("*.json"))
+
+
+# --- how many model copies a node runs (issue #36) ---
+
+
+class _FakeRay:
+    """What task_resources and concurrent_copies read of a cluster: its nodes' resources."""
+
+    def __init__(self, *nodes: dict):
+        self._nodes = [{"Alive": True, "Resources": node} for node in nodes]
+
+    def nodes(self):
+        return self._nodes
+
+    def cluster_resources(self):
+        return {key: sum(n["Resources"].get(key, 0) for n in self._nodes) for key in ("CPU", "GPU", "memory")}
+
+
+def test_cpu_nodes_run_as_many_model_copies_as_fit_in_memory(tmp_path):
+    """A checkpoint of 1 GiB of weights asks 3 GiB per task: a 16-core node with 10 GiB for Ray runs
+    3 copies (10 // 3), not 16; a second node of 4 cores and 32 GiB runs 4 (its cores): 7 in all."""
+    from evalkit.ruler.runner import RulerBenchmark
+    from evalkit.scale.ray_executor import concurrent_copies, task_resources
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with open(tmp_path / "model.safetensors", "r+b") as handle:
+        handle.truncate(2**30)  # sparse: 1 GiB on paper, nothing on disk
+    cluster = _FakeRay({"CPU": 16.0, "memory": 10.0 * 2**30}, {"CPU": 4.0, "memory": 32.0 * 2**30})
+    asked = task_resources(cluster, RulerBenchmark(tiny_settings()), [tmp_path])
+    assert asked == {"num_cpus": 1.0, "memory": 3 * 2**30}
+    assert concurrent_copies([n["Resources"] for n in cluster.nodes()], asked) == 3 + 4
+    # --ray-resources cpus=4: 4 CPUs and still the memory; on the first node 16 // 4 = 4 but 10 // 3 = 3
+    more = task_resources(cluster, RulerBenchmark(tiny_settings()), [tmp_path], {"num_cpus": 4.0})
+    assert more == {"num_cpus": 4.0, "memory": 3 * 2**30}
+    assert concurrent_copies([n["Resources"] for n in cluster.nodes()], more) == 3 + 1
+    assert (
+        concurrent_copies([{"CPU": 16.0, "memory": 10.0 * 2**30}], {"memory": 2**30}) == 10
+    )  # 1 CPU each: 16, memory: 10
+    small = _FakeRay({"CPU": 8.0, "memory": 2.0 * 2**30})
+    with pytest.raises(UserError, match=r"needs about 3.0 GiB .*the largest: 2.0 GiB\); give --ray-resources memory="):
+        task_resources(small, RulerBenchmark(tiny_settings()), [tmp_path])
+    given = {"memory": 2**30}  # the user's own estimate: taken as given, no refusal
+    assert task_resources(small, RulerBenchmark(tiny_settings()), [tmp_path], given) == {"num_cpus": 1.0, **given}
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("cpus=4", {"num_cpus": 4.0}),
+        ("cpus=2, memory=8G", {"num_cpus": 2.0, "memory": 8 * 2**30}),
+        ("gpus=0.5,memory=512MiB", {"num_gpus": 0.5, "memory": 512 * 2**20}),
+        ("memory=1048576", {"memory": 2**20}),
+    ],
+)
+def test_ray_resources_parse(text, expected):
+    from evalkit.scale.ray_executor import parse_ray_resources
+
+    assert parse_ray_resources(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("cpu=4", "'cpu=4' is not one of cpus=N"), ("cpus=0", "'0' is not a positive number"),
+     ("memory=lots", "'lots' is not a non-negative amount"), (" , ", "is empty")],
+)  # fmt: skip
+def test_bad_ray_resources_are_one_line(text, message):
+    from evalkit.scale.ray_executor import parse_ray_resources
+
+    with pytest.raises(UserError, match=message):
+        parse_ray_resources(text)
+
+
+def test_ray_resources_without_ray_is_refused(tmp_path, capsys):
+    args = ["ruler", "--ckpts", str(tiny_refs()[0].path), "--lengths", "1k", "--ray-resources", "cpus=2"]
+    assert run_cli([*args, "--out", str(tmp_path / "out")]) == 2
+    assert "--ray-resources needs --executor ray" in capsys.readouterr().err
+
+
+def test_the_log_says_how_many_model_copies_run_at_once(cluster, tmp_path):
+    """The module's 2-CPU cluster asked for 2 CPUs a task runs one model copy at a time, and the log
+    says so; the records equal a local run's. By default (1 CPU and 3x the tiny weights' 2.6 MB), 2."""
+    from evalkit.scale.ray_executor import RayExecutor
+
+    refs, settings = tiny_refs(), tiny_settings(samples=1, tasks=["niah_single_1"])
+    lines: list[str] = []
+    run_ruler(refs, settings, tmp_path / "ray", executor=RayExecutor(resources={"num_cpus": 2.0}), log=lines.append)
+    assert any(
+        line.startswith("ray: each task asks 2 CPUs, 7.5 MiB memory: 1 concurrent model copies") for line in lines
+    )
+    run_ruler(refs, settings, tmp_path / "local")
+    assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
+    default: list[str] = []
+    run_ruler(refs, settings, tmp_path / "ray2", executor=RayExecutor(), log=default.append)
+    asked = next(line for line in default if line.startswith("ray: each task asks"))
+    assert asked.startswith("ray: each task asks 1 CPUs, 7.5 MiB memory: 2 concurrent model copies"), asked
