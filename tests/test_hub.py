@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from evalkit.checkpoint_check import checkpoint_source
-from evalkit.checkpoint_refs import resolve_checkpoints
+from evalkit.checkpoint_refs import checkpoint_meta, resolve_checkpoints
 from evalkit.errors import UserError
+from evalkit.result_format import describe_checkpoint
 from tests.helpers import run_cli
 
 TINY_BASE = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-base"
@@ -113,16 +114,18 @@ def test_the_probe_takes_a_hub_name_and_records_its_commit(hub, tmp_path):
 
 
 def test_train_continues_from_a_hub_model_and_records_its_commit(hub, tmp_path):
-    from evalkit.train import load_config, train
     from evalkit.train.checkpoint import complete_checkpoints, load_model_state
 
     sets = ["seq_len=128", "windows_per_step=2", "micro_batch=2", "optim.lr=0", "data.num_retrieval_docs=50"]
-    overrides = {"out": str(tmp_path / "run"), "max_steps": 2, "paradigm": "full", "model.path": REPO}
-    step = complete_checkpoints(train(load_config("tiny-long", overrides, sets), show_progress=False))[-1][1]
+    args = ["train", "--config", "tiny-long", "--model", REPO, "--paradigm", "full", "--max-steps", "2"]
+    assert run_cli([*args, "--out", str(tmp_path / "run"), *(f"--set={one}" for one in sets)]) == 0
+    step = complete_checkpoints(tmp_path / "run")[-1][1]
     meta = json.loads((step / "meta.json").read_text())
     assert meta["base_model"] == {"repo": REPO, "revision": "main", "commit": MAIN}
     assert meta["config"]["model"]["path"] == REPO  # the name as given: what a resume compares
-    before = load_model_state(hub / "models--someorg--tiny-hub" / "snapshots" / MAIN)
+    summary = {"provenance": {"checkpoint_meta": checkpoint_meta(step)}}
+    assert describe_checkpoint(summary)[1] == f"tiny-hub@{MAIN[:7]}"  # the leaderboard's model column
+    before = load_model_state(hub / "models--someorg--tiny-hub" / "snapshots" / MAIN)  # lr 0 keeps them
     assert all(torch.equal(load_model_state(step)[name], tensor.float()) for name, tensor in before.items())
 
 
@@ -132,7 +135,7 @@ def test_export_of_a_hub_model_writes_its_commit_in_meta(hub, tmp_path, capsys):
     assert json.loads((dest / "meta.json").read_text()) == {"hub": {"repo": REPO, "revision": "v1", "commit": V1}}
     assert json.loads((dest / "config.json").read_text())["dtype"] == "float32"
     refs = resolve_checkpoints([str(dest)])  # the export, evaluated later, still names its origin
-    assert refs[0].step == 0 and refs[0].hub is None
+    assert refs[0].step == 0 and checkpoint_meta(refs[0].path)["hub"]["commit"] == V1
 
 
 def test_the_quickstart_probes_a_hub_model_and_refuses_a_miss_before_any_work(hub, tmp_path):
