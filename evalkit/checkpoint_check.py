@@ -141,19 +141,20 @@ def checkpoint_source(name: str, *, cache_only: bool = False) -> tuple[Path, Hub
     else a hub name's snapshot in the hub cache, with what it resolved to; `cache_only` never
     downloads, as HF_HUB_OFFLINE=1. A name that is neither a hub name nor a local path comes back
     as a path, for the caller's own "no checkpoint there" error."""
-    return _source(name, Path.cwd(), hub_cache(), cache_only or hub_offline())
+    hub = HUB_NAME.match(name)
+    if hub is None:  # an absolute or deeper path: huggingface_hub is not even imported
+        return Path(name).expanduser(), None
+    return _source(name, hub["repo"], hub["revision"], Path.cwd(), hub_cache(), cache_only or hub_offline())
 
 
 @functools.cache
-def _source(name: str, cwd: Path, cache: Path, offline: bool) -> tuple[Path, HubModel | None]:
-    """checkpoint_source, once per process: a branch moving mid-run would otherwise give one
-    command the config of one commit and the weights of another, and the note is said once.
-    Keyed by the working directory too: a relative name is another directory elsewhere."""
-    hub = HUB_NAME.match(name)
+def _source(
+    name: str, repo: str, revision: str | None, cwd: Path, cache: Path, offline: bool
+) -> tuple[Path, HubModel | None]:
+    """checkpoint_source of a hub-shaped name, once per process: a branch moving mid-run would
+    otherwise give one command the config of one commit and the weights of another, and the note
+    is said once. Keyed by the working directory too: a relative name is another directory elsewhere."""
     local = Path(name).expanduser()
-    if hub is None:
-        return local, None
-    repo, revision = hub["repo"], hub["revision"]
     if local.exists():
         if (cache / f"models--{repo.replace('/', '--')}").is_dir():  # both could be meant
             print(
@@ -169,8 +170,6 @@ def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool) -> Pa
     offline. A miss says both readings, since `runs/x` mistyped reads as a hub name too."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
-
-    from evalkit.checkpoint_check import one_line
 
     name = f"{repo}@{revision}" if revision else repo
     try:
