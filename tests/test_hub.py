@@ -148,3 +148,10 @@ def test_the_quickstart_probes_a_hub_model_and_refuses_a_miss_before_any_work(hu
     with pytest.raises(UserError, match="fill it with: hf download someorg/absent"):
         check_plan(QuickstartPlan(probe="someorg/absent", out=tmp_path / "out", runs_dir=tmp_path / "runs"))
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_eval_takes_a_hub_name(hub):
+    from evalkit.bench import eval as bench
+
+    rows = bench.run(REPO, ["hf"], ["niah_single_1"], [512], 1)
+    assert [(row.engine, row.samples) for row in rows] == [("hf", 1)]
