@@ -155,3 +155,11 @@ def test_bench_eval_takes_a_hub_name(hub):
 
     rows = bench.run(REPO, ["hf"], ["niah_single_1"], [512], 1)
     assert [(row.engine, row.samples) for row in rows] == [("hf", 1)]
+
+
+def test_general_on_a_hub_name_records_the_commit(hub, tmp_path):
+    out = tmp_path / "general"
+    args = ["--tasks", "evalkit_fixture_hellaswag_style", "--limit", "2", "--out", str(out)]
+    assert run_cli(["general", "--ckpts", REPO, *args]) == 0
+    summary = json.loads((out / "tiny-hub" / "step-0" / "general-summary.json").read_text())
+    assert summary["provenance"]["checkpoint_meta"]["hub"] == {"repo": REPO, "revision": "main", "commit": MAIN}
