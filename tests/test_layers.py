@@ -212,3 +212,17 @@ def test_results_imports_no_benchmark():
         if target.startswith(forbidden)
     ]
     assert not found, "\n".join(found)
+
+
+def test_training_imports_no_serving():
+    """train/ shares the anchor rule with the engines through attention.anchor, below both: not one
+    import of an engine, the vLLM plugin or the lazy engine (lazy ones included)."""
+    forbidden = ("evalkit.engines", "evalkit.vllm_plugin", "evalkit.lazy_engine")
+    found = [
+        f"{module} imports {target}"
+        for module, targets in sorted(_graph().items())
+        if module.startswith("evalkit.train")
+        for target in sorted(targets)
+        if target.startswith(forbidden)
+    ]
+    assert not found, "\n".join(found)

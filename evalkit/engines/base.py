@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, overload
 
+from evalkit.attention.anchor import anchor_token_id
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
 from evalkit.lengths import check_max_length
@@ -187,7 +188,7 @@ class Engine(ABC):
 
         Nothing is truncated: a long text is cut into consecutive windows (tokens.rolling_windows).
         """
-        prefix = tok.prefix_token_id(self.tokenizer)
+        prefix = anchor_token_id(self.tokenizer)  # what conditions a text's first token
         windows_per_text = [
             tok.rolling_windows(tok.encode_content(self.tokenizer, text), prefix, self.max_length) for text in texts
         ]

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
+from evalkit.attention.anchor import anchor_record
 from evalkit.attention.features import check_attention_supported, layer_windows
 from evalkit.attention.hf import register_grouped_sdpa
 from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
@@ -310,7 +311,7 @@ class HFEngine(PackedEngine):
             "decode_path_reason": self._decode_path_reason,
             "device": str(self.device),
             "tokenizer_fingerprint": self._fingerprint,
-            "anchor_token": tok.anchor_record(self.tokenizer),  # of packed requests (--encoding anchor)
+            "anchor_token": anchor_record(self.tokenizer),  # of packed requests (--encoding anchor)
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }

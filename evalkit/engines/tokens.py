@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from evalkit.attention import pack
+from evalkit.attention.anchor import anchor_token_id
 from evalkit.errors import UserError
 
 
@@ -36,14 +37,6 @@ def encode_content(tokenizer, content: str | Sequence[int]) -> list[int]:
     return [int(t) for t in content]
 
 
-def prefix_token_id(tokenizer) -> int:
-    """The token that conditions the first token of a text: BOS, or EOS for tokenizers without one."""
-    token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if token is None:
-        raise UserError("the tokenizer has neither a BOS nor an EOS token; evalkit needs one to condition on")
-    return int(token)
-
-
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) as lm-eval splits them, with the context encoded as a prompt.
 
@@ -59,7 +52,7 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     whole_ids = encode_prompt(tokenizer, context + continuation)
     continuation_ids = whole_ids[len(context_ids) :]
     if not context_ids:  # a tokenizer without BOS and an empty context: condition on the prefix token
-        context_ids = [prefix_token_id(tokenizer)]
+        context_ids = [anchor_token_id(tokenizer)]  # what conditions a text's first token
     return context_ids, continuation_ids
 
 
@@ -91,25 +84,6 @@ class PackedLayout:
     @property
     def question_ids(self) -> list[int]:
         return self.input_ids[self.num_document_tokens :]
-
-
-def anchor_token_id(tokenizer) -> int:
-    """The shared anchor: BOS, or EOS where the tokenizer has no BOS (as the paper does for Qwen)."""
-    return prefix_token_id(tokenizer)
-
-
-def anchor_record(tokenizer) -> dict:
-    """Which token is the anchor and why, as every summary, engine info and checkpoint that uses
-    an anchor records it: it changes what is measured, so it is never left implicit."""
-    token_id = anchor_token_id(tokenizer)
-    why = "BOS" if tokenizer.bos_token_id is not None else "EOS: the tokenizer has no BOS"
-    return {"id": token_id, "token": tokenizer.convert_ids_to_tokens(token_id), "why": why}
-
-
-def anchor_note(tokenizer) -> str:
-    """The one line a command prints to stderr where it uses an anchor."""
-    anchor = anchor_record(tokenizer)
-    return f"note: the anchor token is {anchor['token']!r} (id {anchor['id']}, {anchor['why']})"
 
 
 def packed_layout(tokenizer, documents: Sequence[str | Sequence[int]], question: str | Sequence[int]) -> PackedLayout:

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from evalkit.attention.anchor import anchor_record
 from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
@@ -559,7 +560,7 @@ class VLLMEngine(PackedEngine):
             "enable_prefix_caching": self._facts["enable_prefix_caching"],
             "vllm_max_model_len": self._facts["max_model_len"],
             "tokenizer_fingerprint": self._fingerprint,
-            **({"anchor_token": tok.anchor_record(self.tokenizer)} if self.packed else {}),
+            **({"anchor_token": anchor_record(self.tokenizer)} if self.packed else {}),
             "vllm": vllm.__version__,
             "transformers": transformers.__version__,
             "torch": torch.__version__,

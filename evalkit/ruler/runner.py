@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.arglists import parse_list
+from evalkit.attention.anchor import anchor_note, anchor_record
 from evalkit.checkpoint_check import load_tokenizer, read_config
 from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.engines.base import RESULT_FACTS
-from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import Skipped, UserError
 from evalkit.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity, identity_key, setting, stored_identity
 from evalkit.lazy_engine import EngineChoice, LazyEngine

@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 
 from evalkit.attention import Document, PackedSequence, Paradigm, pack
+from evalkit.attention.anchor import anchor_token_id
 from evalkit.corpus.prose import prose_documents
-from evalkit.engines.tokens import anchor_token_id
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
 from evalkit.train.synthetic import GENERATOR_VERSION, copy_document, retrieval_document
@@ -309,7 +309,7 @@ class WindowStream:
         self.source, self.tokenizer, self.paradigm = source, tokenizer, paradigm
         self.seq_len, self.seed, self.window_start = seq_len, seed, window_start
         # The anchor is the BOS; tokenizers without one (Qwen) use EOS, as the paper does: the one rule
-        # of every anchor (evalkit.engines.tokens), recorded in the checkpoints' meta.json.
+        # of every anchor (evalkit.attention.anchor), recorded in the checkpoints' meta.json.
         self.bos_id = anchor_token_id(tokenizer)
         self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
         self.domain_tags = domain_tags or {}

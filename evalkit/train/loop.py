@@ -22,11 +22,11 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 import evalkit
 from evalkit.attention import PackedSequence
+from evalkit.attention.anchor import anchor_note, anchor_record
 from evalkit.attention.features import layer_windows
 from evalkit.attention.hf import HF_NAMES
 from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
-from evalkit.engines.tokens import anchor_note, anchor_record
 from evalkit.errors import UserError
 from evalkit.provenance import git_hash
 from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign

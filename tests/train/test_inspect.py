@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from evalkit.attention import ANCHOR_DOC_ID, Paradigm
-from evalkit.engines.tokens import anchor_token_id
+from evalkit.attention.anchor import anchor_token_id
 from evalkit.train import load_config
 from evalkit.train.loop import build_stream
 from evalkit.train.model import load_tokenizer
