@@ -14,14 +14,23 @@ inside transformers or safetensors. Every evalkit loader (the hf engine, the pro
   model's state dict, because transformers renames and fuses weights on load for many
   architectures (MoE experts, multimodal wrappers) and knows which weights are tied: an
   independent comparison would refuse valid checkpoints of those.
+
+Every command names a checkpoint by its directory or, where no local path has that name, by its
+Hugging Face hub name `org/name` or `org/name@revision`: `checkpoint_source` is the one resolver
+of both, to the snapshot directory in the hub cache (downloaded unless HF_HUB_OFFLINE=1) and the
+commit it holds.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import re
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +49,35 @@ CHECKPOINT_JSON = (
     "generation_config.json",
 )
 KEYS_SHOWN = 3  # weight names quoted in an error: enough to see the pattern, short enough for one line
+# The hub's repo id rules (letters, digits, '-', '_', '.'), one org, and an optional @revision: a
+# branch, a tag or a commit. No glob character fits, so a quoted glob is never taken for a hub name.
+HUB_NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
+# What evalkit's loaders read from a repo: config, tokenizer and safetensors weights. Repos often
+# also hold pickle weights, ONNX and GGUF exports, several times the model's size.
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+DEFAULT_REVISION = "main"  # huggingface_hub's, when no @revision is given
+
+
+@dataclass(frozen=True, order=True)
+class HubModel:
+    """A hub model as resolved: the repo, the revision asked for (None: the default branch), the
+    commit that revision named when resolved, and that commit's snapshot directory."""
+
+    repo: str
+    revision: str | None
+    commit: str
+    path: Path
+
+    @property
+    def run(self) -> str:
+        """Its run name: the repo's name part, with the revision when one was pinned (two
+        revisions of one model are two runs, stored apart)."""
+        name = self.repo.rsplit("/", 1)[1]
+        return f"{name}@{self.revision.replace('/', '-')}" if self.revision else name
+
+    def record(self) -> dict[str, str]:
+        """What a summary's provenance records of it."""
+        return {"repo": self.repo, "revision": self.revision or DEFAULT_REVISION, "commit": self.commit}
 
 
 def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
@@ -63,14 +101,90 @@ def check_config_files(path: Path, *, trust_remote_code: bool = False) -> dict[s
 
 
 def checkpoint_directory(path: str | Path, who: str) -> Path:
-    """The resolved directory of a local transformers checkpoint (a folder with config.json), or a
-    UserError naming what is missing; `who` (the hf engine, the probe, ...) says which loader asks."""
-    resolved = Path(path).expanduser().resolve()
+    """The resolved directory of a transformers checkpoint (a folder with config.json) named by its
+    path or hub name, or a UserError naming what is missing; `who` (the hf engine, the probe, ...)
+    says which loader asks."""
+    resolved = checkpoint_source(str(path))[0].resolve()
     if not resolved.is_dir():
-        raise UserError(f"no checkpoint directory at {resolved}: {who} loads local checkpoints only")
+        raise UserError(
+            f"no checkpoint directory at {resolved}: {who} loads a checkpoint directory "
+            "or a hub name org/name[@revision]"
+        )
     if not (resolved / "config.json").is_file():
         raise UserError(f"{resolved} has no config.json: not a transformers checkpoint")
     return resolved
+
+
+def hub_cache() -> Path:
+    """The hub cache huggingface_hub uses, read from the environment now: its own constant is read
+    once, at import, and would miss an HF_HUB_CACHE or HF_HOME set after that."""
+    from huggingface_hub import constants
+
+    named = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if named:
+        return Path(named).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now, or as huggingface_hub read it at import."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    return any((flag or "").upper() in ("1", "ON", "YES", "TRUE") for flag in flags) or constants.HF_HUB_OFFLINE
+
+
+def checkpoint_source(name: str, *, cache_only: bool = False) -> tuple[Path, HubModel | None]:
+    """The directory a checkpoint name stands for: a local path as given (it wins over the hub),
+    else a hub name's snapshot in the hub cache, with what it resolved to; `cache_only` never
+    downloads, as HF_HUB_OFFLINE=1. A name that is neither a hub name nor a local path comes back
+    as a path, for the caller's own "no checkpoint there" error."""
+    hub = HUB_NAME.match(name)
+    if hub is None:  # an absolute or deeper path: huggingface_hub is not even imported
+        return Path(name).expanduser(), None
+    return _source(name, hub["repo"], hub["revision"], Path.cwd(), hub_cache(), cache_only or hub_offline())
+
+
+@functools.cache
+def _source(
+    name: str, repo: str, revision: str | None, cwd: Path, cache: Path, offline: bool
+) -> tuple[Path, HubModel | None]:
+    """checkpoint_source of a hub-shaped name, once per process: a branch moving mid-run would
+    otherwise give one command the config of one commit and the weights of another, and the note
+    is said once. Keyed by the working directory too: a relative name is another directory elsewhere."""
+    local = Path(name).expanduser()
+    if local.exists():
+        if (cache / f"models--{repo.replace('/', '--')}").is_dir():  # both could be meant
+            print(
+                f"note: {name} is the local directory {local.resolve()}, not the hub model in {cache}", file=sys.stderr
+            )
+        return local, None
+    path = _snapshot(repo, revision, cache, offline)
+    return path, HubModel(repo, revision, path.name, path)
+
+
+def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool) -> Path:
+    """The snapshot directory of `repo` at `revision`: from the cache, downloaded into it unless
+    offline. A miss says both readings, since `runs/x` mistyped reads as a hub name too."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    name = f"{repo}@{revision}" if revision else repo
+    try:
+        found = snapshot_download(
+            repo, revision=revision, cache_dir=cache, local_files_only=offline, allow_patterns=HUB_FILES
+        )
+    except LocalEntryNotFoundError:
+        where = "only the cache was read" if offline else "the hub could not be reached"
+        fill = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
+        raise UserError(
+            f"{name} is neither a local directory nor in the hub cache {cache} ({where}); fill it with: {fill}"
+        ) from None
+    except Exception as err:  # not found, gated, HTTP errors: huggingface_hub raises many kinds
+        raise UserError(f"{name} is not a local directory, and the hub did not give it: {one_line(err)}") from None
+    return Path(str(found))
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -4,6 +4,10 @@ A path may be one checkpoint (a directory with config.json) or a run directory h
 `step-<N>` checkpoints; shell globs expand before we see them, quoted globs expand here.
 Every checkpoint gets a run name (its run directory's name) and a step, which is how results
 are stored and averaged.
+
+A name that is no local path but reads `org/name` or `org/name@revision` is a Hugging Face hub
+model, resolved by checkpoint_check.checkpoint_source to its snapshot in the hub cache; its run
+name is the repo's name part, its step 0 (or its meta.json's).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalkit.checkpoint_check import HubModel, checkpoint_source
 from evalkit.errors import UserError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")  # the one step-directory rule: step-<N>, written by step_dir_name
@@ -27,6 +32,7 @@ class CheckpointRef:
     run: str
     step: int
     path: Path
+    hub: HubModel | None = field(default=None, compare=False)  # set when named by its hub name
 
 
 def step_dir_name(step: int) -> str:
@@ -74,11 +80,16 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
     """
     if not paths:
         raise UserError(
-            "no checkpoint given: pass --ckpts PATH (a checkpoint or a run directory of step-* checkpoints)"
+            "no checkpoint given: pass --ckpts PATH (a checkpoint, a run directory of step-* checkpoints "
+            "or a hub name org/name[@revision])"
         )
     check_last(last)
     refs: list[CheckpointRef] = []
     for pattern in paths:
+        source, hub = checkpoint_source(pattern)
+        if hub is not None:
+            refs.append(CheckpointRef(hub.run, _step_of(source), source, hub))
+            continue
         matches = _expand(pattern)
         if not matches:
             raise UserError(f"{pattern} matches nothing")
@@ -90,7 +101,8 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
                 refs.extend(found)
             else:
                 raise UserError(
-                    f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints"
+                    f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints, "
+                    "or a hub name org/name[@revision]"
                 )
     unique = sorted(_one_per_directory(refs))
     _check_run_names(unique)
@@ -141,9 +153,15 @@ def _newest_per_run(refs: list[CheckpointRef], last: int) -> set[CheckpointRef]:
     return keep
 
 
-def checkpoint_meta(path: Path) -> dict:
-    """What made a checkpoint: the trainer's record (paradigm, config, step, data) or evalkit
-    import's (model name, source file and hash, dtype); {} for others."""
+def checkpoint_meta(path: Path, hub: HubModel | None = None) -> dict:
+    """What made a checkpoint: the trainer's record (paradigm, config, step, data), evalkit
+    import's (model name, source file and hash, dtype), and for a model named by its hub name the
+    repo, revision and commit (`hub`, also in an export's meta.json); {} for others."""
+    found = _meta_record(path)
+    return {**found, "hub": hub.record()} if hub is not None else found
+
+
+def _meta_record(path: Path) -> dict:
     meta = path / "meta.json"
     if not meta.is_file():
         return {}
@@ -165,6 +183,8 @@ def checkpoint_meta(path: Path) -> dict:
         "source",
         "dtype",
         "attention",
+        "hub",  # an export of a hub model
+        "base_model",  # a run trained from a hub model: the commit it started from
     )
     return {key: data[key] for key in keep if key in data}
 

@@ -333,7 +333,7 @@ def evaluate_checkpoint(
         "skipped": skipped,
         "provenance": {
             **_stamp_of_the_scores(earlier, any(result.computed for result in results)),
-            "checkpoint_meta": checkpoint_meta(ref.path),
+            "checkpoint_meta": checkpoint_meta(ref.path, ref.hub),
             "weights": weights_fingerprint(ref.path),  # what merge checks shards of one checkpoint by
             "engine": engine_info,
             "settings": benchmark.settings_record(),

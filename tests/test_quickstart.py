@@ -96,7 +96,10 @@ def test_an_unknown_probe_model_is_refused_before_any_work(tmp_path):
     from evalkit.errors import UserError
     from evalkit.quickstart import QuickstartPlan, check_plan
 
-    with pytest.raises(UserError, match="--probe must be one of auto, tiny, none, got 'big'"):
+    with pytest.raises(
+        UserError,
+        match="--probe must be one of auto, tiny, none, a checkpoint directory or a hub name .*, got 'big'",
+    ):
         check_plan(QuickstartPlan(probe="big", out=tmp_path / "out", runs_dir=tmp_path / "runs"))
     with pytest.raises(UserError, match="--bench-seq must be at least 1, got 0"):
         check_plan(QuickstartPlan(bench_seq=0, out=tmp_path / "out", runs_dir=tmp_path / "runs"))

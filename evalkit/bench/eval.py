@@ -85,9 +85,12 @@ def run(
     seed: int = 42,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> list[EvalBenchRow]:
+    from evalkit.checkpoint_check import checkpoint_directory
     from evalkit.engines import get_engine
     from evalkit.ruler.errors import TaskSkipped
 
+    # Resolved once: a hub name becomes its snapshot for every engine, lm-eval's own loader included.
+    checkpoint = checkpoint_directory(checkpoint, "evalkit bench eval")
     rows: list[EvalBenchRow] = []
     first_predictions: dict[tuple[str, int], list[str]] = {}
     for name in engines:

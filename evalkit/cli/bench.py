@@ -146,7 +146,9 @@ def bench_ruler_data(
 
 @bench_app.command("eval")
 def bench_eval(
-    ckpt: str = typer.Option(..., "--ckpt", help="The checkpoint directory every engine evaluates."),
+    ckpt: str = typer.Option(
+        ..., "--ckpt", help="The checkpoint every engine evaluates: a directory or a hub name org/name[@revision]."
+    ),
     engines: str = typer.Option(
         "hf,hf-padded",
         "--engines",

@@ -12,7 +12,11 @@ from evalkit.precision import check_dtype, torch_dtype
 
 @app.command("export")
 def export_command(
-    ckpt: Path = typer.Argument(..., help="A checkpoint directory written by `evalkit train` (runs/<run>/step-<N>)."),
+    ckpt: str = typer.Argument(
+        ...,
+        help="A checkpoint directory written by `evalkit train` (runs/<run>/step-<N>), or a hub name "
+        "org/name[@revision] (from the Hugging Face cache).",
+    ),
     dest: Path = typer.Argument(
         ..., help="The directory to write: new or empty (or an earlier export, with --overwrite)."
     ),

@@ -17,7 +17,10 @@ def general_command(
         None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
     ),
     ckpts: list[str] = typer.Option(
-        None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."
+        None,
+        "--ckpts",
+        help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
+        "org/name[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
     ),
     tasks: str = typer.Option(
         ..., "--tasks", help="lm-eval tasks, groups or tags, comma-separated (mmlu,hellaswag,...)."

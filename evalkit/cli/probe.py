@@ -26,7 +26,10 @@ def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
 
 
 _CKPT = typer.Option(
-    ..., "--ckpt", help="A Hugging Face checkpoint directory (Llama, Qwen2, Mistral, Gemma 3; sliding windows too)."
+    ...,
+    "--ckpt",
+    help="A Hugging Face checkpoint directory, or a hub name org/name[@revision] "
+    "(Llama, Qwen2, Mistral, Gemma 3; sliding windows too).",
 )
 _TEXTS = typer.Option(None, "--texts", help="Plain text or JSONL with a text field (default: built-in prose).")
 _N = typer.Option(None, "--n", help="Texts averaged (default 50).")

@@ -19,7 +19,10 @@ def ruler_command(
         None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
     ),
     ckpts: list[str] = typer.Option(
-        None, "--ckpts", help="A checkpoint or a run directory of step-* checkpoints; globs work."
+        None,
+        "--ckpts",
+        help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
+        "org/name[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
     ),
     avg: bool = typer.Option(
         False, "--avg", help="Also average each run over its checkpoints (mean ± std of the per-length task average)."

@@ -10,7 +10,11 @@ from evalkit.cli.app import app
 @app.command("train")
 def train_command(
     config: str = typer.Option("tiny-cpu", "--config", help="A recipe: configs/NAME.yaml or a YAML path."),
-    model: str = typer.Option(None, "--model", help="A local HF checkpoint to continue pretraining (model.path)."),
+    model: str = typer.Option(
+        None,
+        "--model",
+        help="An HF checkpoint directory, or a hub name org/name[@revision], to continue pretraining (model.path).",
+    ),
     paradigm: str = typer.Option(
         None,
         "--paradigm",

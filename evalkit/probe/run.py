@@ -16,6 +16,7 @@ from evalkit.attention.features import check_attention_supported
 from evalkit.checkpoint_check import (
     check_checkpoint,
     checkpoint_directory,
+    checkpoint_source,
     load_config,
     load_pretrained,
     load_tokenizer,
@@ -354,6 +355,7 @@ def run_probe(
     probe_options = ProbeOptions(**options)
     check_output_dir(Path(out_dir))  # before the measurement, not when its results are written
     refuse_foreign(output_paths(kind, Path(out_dir)).values())  # replaced when done: never a file of the user's
+    hub = checkpoint_source(str(ckpt))[1]  # resolved once: checkpoint_directory reads the same answer
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = _load_config(checkpoint)
@@ -372,6 +374,7 @@ def run_probe(
         provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
         provenance |= {"trained_precision": trained_regime(checkpoint), "condition_precision": regimes}
+        provenance |= {"hub": hub.record()} if hub is not None else {}
         notes = _notes(plan, config, windows, probe_options.n_texts, source)
         payload = {
             "kind": kind,

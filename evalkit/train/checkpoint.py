@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from evalkit.checkpoint_check import check_checkpoint
+from evalkit.checkpoint_check import HubModel, check_checkpoint, checkpoint_source
 from evalkit.checkpoint_refs import STEP_DIR, step_dir_name
 from evalkit.errors import UserError
 from evalkit.provenance import stamp
@@ -217,7 +217,7 @@ def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
 
 
 def export_checkpoint(
-    source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *, overwrite: bool = False
+    source: str | Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *, overwrite: bool = False
 ) -> Path:
     """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state.
 
@@ -226,9 +226,10 @@ def export_checkpoint(
     to a temporary directory beside the destination and renamed: the destination is never
     half-written, and a failed export leaves nothing behind. A destination is replaced only if
     it is empty or, with `overwrite`, an earlier evalkit checkpoint: never a user's own files.
+    A hub name's snapshot (no meta.json of its own) gets one recording its repo, revision and commit.
     """
-    source, destination = Path(source), Path(destination)
-    if not (source / META).is_file():
+    (source, hub), destination = checkpoint_source(str(source)), Path(destination)
+    if not (source / META).is_file() and hub is None:
         raise UserError(f"{source} is not a complete checkpoint (no {META})")
     _check_export_destination(source, destination, overwrite)
     # The checks every loader makes (config.json, whole safetensors), before anything is written;
@@ -236,7 +237,7 @@ def export_checkpoint(
     config = check_checkpoint(source, trust_remote_code=True)
     tmp = new_directory_beside(destination)  # a fresh name: nothing of the user's can be in it
     try:
-        _write_export(source, tmp, config, dtype)
+        _write_export(source, tmp, config, dtype, hub)
         move_into_place(tmp, destination)
     except BaseException:  # an error, a Ctrl-C: no hidden half-copy is left beside the destination
         shutil.rmtree(tmp, ignore_errors=True)
@@ -251,7 +252,7 @@ def _check_export_destination(source: Path, destination: Path, overwrite: bool) 
     check_replaceable(destination, lambda path: (path / META).is_file(), "an evalkit checkpoint", overwrite)
 
 
-def _write_export(source: Path, tmp: Path, config: dict, dtype: torch.dtype) -> None:
+def _write_export(source: Path, tmp: Path, config: dict, dtype: torch.dtype, hub: HubModel | None) -> None:
     from safetensors.torch import save_file
 
     for item in source.iterdir():
@@ -263,4 +264,7 @@ def _write_export(source: Path, tmp: Path, config: dict, dtype: torch.dtype) -> 
     config["dtype"] = str(dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    shutil.copy2(source / META, tmp / META)  # last, as when it was written
+    if hub is not None:  # last, as when it was written
+        atomic_write_json(tmp / META, {"hub": hub.record()})
+    else:
+        shutil.copy2(source / META, tmp / META)

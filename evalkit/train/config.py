@@ -22,6 +22,7 @@ import yaml
 from evalkit.attention import Paradigm
 from evalkit.attention.hf import ROPE_PRECISIONS
 from evalkit.attention.packing import WINDOW_STARTS
+from evalkit.checkpoint_check import HubModel, checkpoint_source
 from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.errors import UserError
 from evalkit.package_data import CONFIG_DIR, recipe_folder
@@ -277,11 +278,25 @@ def check_inputs(config: TrainConfig) -> None:
     _check_model_attention(config)
 
 
+def model_directory(config: TrainConfig) -> Path | None:
+    """model.path as the loaders read it: a local path as given, a hub name as its snapshot in the
+    hub cache. The recipe keeps the name as given: that is what the run's meta.json shows and what
+    a resume compares; the commit it resolved to is the meta's base_model (base_model_record)."""
+    return checkpoint_source(config.model.path)[0] if config.model.path else None
+
+
+def base_model_record(config: TrainConfig) -> dict[str, dict[str, str]]:
+    """{"base_model": repo, revision, commit} for a run started from a hub model; {} otherwise."""
+    hub: HubModel | None = checkpoint_source(config.model.path)[1] if config.model.path else None
+    return {"base_model": hub.record()} if hub is not None else {}
+
+
 def _check_model_attention(config: TrainConfig) -> None:
-    """A local checkpoint whose attention evalkit cannot reproduce is refused before the data is read."""
-    folder = Path(config.model.path).expanduser() if config.model.path else None
+    """A checkpoint whose attention evalkit cannot reproduce is refused before the data is read; a
+    hub name is resolved here, so a miss in the hub cache is too."""
+    folder = model_directory(config)
     if folder is None or not is_checkpoint(folder):
-        return  # built from scratch, or a hub name: build_model checks the config it loads
+        return  # built from scratch, or a name build_model reports in its own words
     from transformers import AutoConfig
 
     from evalkit.attention.features import check_attention_supported

@@ -32,7 +32,7 @@ from evalkit.provenance import git_hash
 from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
-from evalkit.train.config import TrainConfig, check_inputs
+from evalkit.train.config import TrainConfig, base_model_record, check_inputs
 from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
 from evalkit.train.model import build_model, load_tokenizer
 
@@ -393,6 +393,7 @@ def _train(
             "window_anchor": config.model.window_anchor,
         },
         "config": config.to_dict(),
+        **base_model_record(config),  # model.path as a hub name: the commit it resolved to
         # the precision of training, stated apart from the config: what the leaderboard shows
         "precision": regime.record(config.dtype, config.rope_precision),
         "data_fingerprint": data_fingerprint(source, config.data.window_start),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalkit.checkpoint_check import checkpoint_source
 from evalkit.errors import UserError
 from evalkit.train.config import TrainConfig
 
@@ -92,7 +93,7 @@ class Architecture:
 
 def architecture(config: TrainConfig, vocab: int | None = None) -> Architecture:
     """The recipe's model: built from scratch (vocab: the tokenizer's size, default data.vocab_size),
-    model.path's config.json when it is a local directory, else a known hub model."""
+    a known hub model, else model.path's config.json (a hub name's from the hub cache)."""
     m = config.model
     if m.path is None:
         return Architecture(
@@ -105,14 +106,15 @@ def architecture(config: TrainConfig, vocab: int | None = None) -> Architecture:
             tied=m.tie_embeddings,
             qkv_bias=m.arch == "qwen2",
         )
-    config_json = Path(m.path).expanduser() / "config.json"
+    if m.path in KNOWN_ARCHITECTURES and not Path(m.path).expanduser().exists():
+        return Architecture(**KNOWN_ARCHITECTURES[m.path])  # sized without fetching it
+    # A hub name's config.json from the hub cache: an estimate never downloads a model.
+    config_json = checkpoint_source(m.path, cache_only=True)[0] / "config.json"
     if config_json.is_file():
         return _from_config_json(config_json)
-    if m.path in KNOWN_ARCHITECTURES:
-        return Architecture(**KNOWN_ARCHITECTURES[m.path])
     raise UserError(
         f"cannot size {m.path!r}: no config.json there and not one of {', '.join(KNOWN_ARCHITECTURES)}; "
-        "give --model a local checkpoint directory"
+        "give --model a checkpoint directory or a hub name"
     )
 
 

@@ -12,7 +12,7 @@ from evalkit.attention.hf import hf_name, set_rope_precision
 from evalkit.attention.kernels import default_implementation
 from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
-from evalkit.train.config import TrainConfig
+from evalkit.train.config import TrainConfig, model_directory
 
 
 def attention_name(config: TrainConfig, device: torch.device) -> str:
@@ -27,7 +27,7 @@ def attention_name(config: TrainConfig, device: torch.device) -> str:
 
 def load_tokenizer(config: TrainConfig):
     """The tokenizer named in data.tokenizer, else the checkpoint's own, else the built-in BPE."""
-    name = config.data.tokenizer or config.model.path
+    name = config.data.tokenizer or model_directory(config)
     if name is None:
         from evalkit.corpus import builtin_tokenizer
 
@@ -99,7 +99,7 @@ def _set_rope_theta(hf_config, theta: float) -> None:
     hf_config.rope_parameters = params
 
 
-def _checkpoint_config(config: TrainConfig, path: str):
+def _checkpoint_config(config: TrainConfig, path: Path):
     """The HF config of the checkpoint at `path` (model.path), with this run's RoPE base and window."""
     from transformers import AutoConfig
 
@@ -130,20 +130,21 @@ def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights
     register_hf_attention()
     attn = attention_name(config, device)
     m = config.model
+    directory = model_directory(config)  # a hub name's snapshot in the hub cache
     try:
-        if m.path is None:
+        if directory is None:
             hf_config = _scratch_config(config, tokenizer)
         else:
-            hf_config = _checkpoint_config(config, m.path)
+            hf_config = _checkpoint_config(config, directory)
         if not weights:
             model = _model_without_weights(hf_config, attn, m.trust_remote_code)
-        elif m.path is None:
+        elif directory is None:
             torch.manual_seed(config.seed)  # the initialisation is part of the run's identity
             model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn)
         else:
             model = load_pretrained(
                 AutoModelForCausalLM,
-                m.path,
+                directory,
                 config=hf_config,
                 dtype=torch.float32,
                 attn_implementation=attn,

@@ -157,8 +157,10 @@ def test_distributed_terms_shard_and_the_estimate_refuses_unknown_models(tmp_pat
     one, eight = memory.estimate(config, arch, 1), memory.estimate(config, arch, 8)
     assert eight.params == one.params / 8 and eight.optimizer == 2 * eight.params
     assert eight.activations == one.activations  # each GPU trains whole windows
+    with pytest.raises(UserError, match="someone/unknown-model is neither a local directory nor in the hub cache"):
+        memory.architecture(load_config("llama3-8b-64k", {"model.path": "someone/unknown-model"}))  # cache only
     with pytest.raises(UserError, match="cannot size"):
-        memory.architecture(load_config("llama3-8b-64k", {"model.path": "someone/unknown-model"}))
+        memory.architecture(load_config("llama3-8b-64k", {"model.path": str(tmp_path)}))
     with pytest.raises(UserError, match="--gpus"):
         memory.estimate(config, arch, 0)
 
