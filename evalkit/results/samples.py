@@ -169,14 +169,17 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
 def checkpoint_identity(summary: dict) -> str | None:
     """What identifies the weights a summary scored, so that two series of one checkpoint (two
     encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
-    are called. Summaries record no hash of the weights themselves; the nearest they hold is the
-    checkpoint's resolved path, its step and what its meta.json recorded (paradigm, config, data and
-    tokenizer fingerprints, the trainer's commit): a checkpoint retrained in place changes the
-    latter. None where the summary names no checkpoint (then no pairing by checkpoint)."""
+    are called: the fingerprint of the weights the summary records (provenance.weights, the one
+    merge checks shards by). Summaries written before it: the nearest they hold, the checkpoint's
+    resolved path, its step and what its meta.json recorded (a checkpoint retrained in place
+    changes the latter). None where the summary names no checkpoint (then no pairing by checkpoint)."""
+    provenance = summary.get("provenance") or {}
+    if provenance.get("weights"):
+        return f"weights:{provenance['weights']}"
     path = summary.get("checkpoint")
     if not path:
         return None
-    meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
+    meta = provenance.get("checkpoint_meta") or {}
     digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
     return f"{path}@{summary.get('step')}#{digest}"
 

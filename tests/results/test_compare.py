@@ -240,6 +240,23 @@ def test_checkpoint_identity_is_read_from_the_summaries(tmp_path):
                                                                 "retrained": "samples"}  # fmt: skip
 
 
+def test_the_weights_fingerprint_decides_the_pairing_where_summaries_record_it(tmp_path):
+    """The fingerprint merge checks shards by (provenance.weights): a copy of the same weights under
+    another directory pairs by checkpoint; other weights at the same path do not."""
+    fingerprints = {"here": "aaa", "copied": "aaa", "other": "bbb"}
+    for label, fingerprint in fingerprints.items():
+        write_checkpoint(tmp_path / label, "m", 1, "niah_single_1", 1024, [1, 0, 1, 1])
+        path = tmp_path / label / "m" / "step-1" / "ruler-summary.json"
+        summary = json.loads(path.read_text())
+        summary["checkpoint"] = f"/ckpts/{label}/step-1" if label == "copied" else "/ckpts/m/step-1"
+        summary["provenance"]["weights"] = fingerprint
+        path.write_text(json.dumps(summary))
+    found = load_series([f"{label}={tmp_path / label}" for label in fingerprints])
+    result = compare(found, list(fingerprints), replicates=200)
+    assert {d.other: d.pairing for d in result.differences} == {"copied": "checkpoints+samples",
+                                                                "other": "samples"}  # fmt: skip
+
+
 # --- from stored files, through the command ---
 
 
