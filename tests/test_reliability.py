@@ -153,8 +153,8 @@ from evalkit.train import checkpoint
 from evalkit import storage
 moment, source, dest = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 write_export, rename = checkpoint._write_export, Path.rename
-def write_then_die(source, tmp, config, dtype):
-    write_export(source, tmp, config, dtype)
+def write_then_die(*args):
+    write_export(*args)
     os.kill(os.getpid(), signal.SIGKILL)
 def rename_then_die(self, target):
     moved = rename(self, target)
