@@ -46,8 +46,15 @@ def test_the_dry_run_passes_every_stage_without_the_modules_the_image_lacks(tmp_
     assert all(r["handed_by_transformers"] == [["float32", "float32", "bfloat16"]] for r in fp32_rope)
     assert all(r["kernel_q_k_v_out"] == [["bfloat16"] * 4] for r in probes)
     assert {r["impl"] for r in by_kind["flex_vs_dense"]} == {"blocked", "flex"}
-    assert [r["paradigm"] for r in by_kind["train_steps"]] == ["full", "anchor"]
-    assert all(r["steps"] == 2 and r["tokens_per_s"] > 0 for r in by_kind["train_steps"])
+    trained = by_kind["train_steps"]
+    assert [(r["paradigm"], r["dtype"]) for r in trained] == [
+        ("full", "bf16"),
+        ("anchor", "bf16"),
+        ("anchor", "bf16_full"),
+    ]
+    assert all(r["steps"] == 2 and r["tokens_per_s"] > 0 and r["step_s"] > 0 for r in trained)
+    assert all(r["memory_estimate_gib"] > 0 and r["data_s"] >= 0 for r in trained)  # the estimate beside the peak
+    assert by_kind["flash_attn"] == [{**by_kind["flash_attn"][0], "outcome": "not run: absent", "passed": True}]
     assert len(by_kind["vllm_kernel_correctness"]) == 12 and by_kind["vllm_long_run"][0]["passed"]
     report = (out / first_contact.REPORT).read_text()
     assert "| train_steps | passed |" in report and "Machine:" in report

@@ -277,15 +277,20 @@ def flex_against_dense(log: ResultLog, device: str, sizes: Sizes) -> bool:
 # ----------------------------------------------------------------------------- 3. training steps
 
 
+# (paradigm, precision settings) trained: the recipe's autocast under full and anchor, and the
+# paper recipes' regime (bf16_full, cos/sin in bf16: train.regime) under anchor.
+TRAIN_RUNS = (("full", ()), ("anchor", ()), ("anchor", ("dtype=bf16_full", "rope_precision=bf16")))
+
+
 def train_steps(log: ResultLog, device: str, sizes: Sizes, runs_dir: Path) -> bool:
     from evalkit.attention.kernels import flex_compile_counts
-    from evalkit.train import load_config, train
+    from evalkit.train import load_config, memory, train
     from evalkit.train.loop import METRICS
 
     ok = True
-    for paradigm in ("full", "anchor"):
-        run_dir = runs_dir / f"tiny-gpu-{paradigm}"
-        sets = [*sizes.train_sets, f"max_steps={sizes.train_steps}"]
+    for paradigm, precision in TRAIN_RUNS:
+        run_dir = runs_dir / f"tiny-gpu-{paradigm}{'-' + precision[0].split('=')[1] if precision else ''}"
+        sets = [*sizes.train_sets, f"max_steps={sizes.train_steps}", *precision]
         config = load_config("tiny-gpu", {"paradigm": paradigm, "out": str(run_dir)}, sets)
         _reset_peak(device)
         started = time.perf_counter()
@@ -310,16 +315,36 @@ def train_steps(log: ResultLog, device: str, sizes: Sizes, runs_dir: Path) -> bo
             rope_precision=config.rope_precision,
             tokens_per_step=config.windows_per_step * config.seq_len,
             tokens_per_s=sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
-            first_step_s=(config.windows_per_step * config.seq_len / records[0]["tokens_per_s"]) if records else None,
+            step_s=sum(r["step_s"] for r in timed) / len(timed) if timed else None,  # the step alone, synchronised
+            data_s=sum(r["data_s"] for r in timed) / len(timed) if timed else None,  # building the windows
+            first_step_s=records[0]["step_s"] if records else None,
             loss_first=records[0]["loss"] if records else None,
             loss_last=records[-1]["loss"] if records else None,
             peak_memory_gib=_peak_gib(device),
+            # the memory model's per-GPU estimate beside the measured peak (train --memory-estimate)
+            memory_estimate_gib=memory.estimate(config, memory.architecture(config, vocab_size(config)), 1).total
+            / 2**30,
             compiled_graphs={"/".join(map(str, key)): n for key, n in flex_compile_counts().items()},
             wall_s=wall,
             error=error,
             passed=passed,
         )
     return ok
+
+
+def vocab_size(config) -> int:
+    """The tokenizer's size, as the memory model counts the embedding of a model built from scratch."""
+    from evalkit.train.model import load_tokenizer
+
+    return len(load_tokenizer(config))
+
+
+def flash_attn_row(log: ResultLog) -> None:
+    """flash-attn is no stage of its own: a row says whether it could be checked at all."""
+    import importlib.util
+
+    present = importlib.util.find_spec("flash_attn") is not None
+    log.write("flash_attn", outcome="present: see the dtype probe" if present else "not run: absent", passed=True)
 
 
 # ----------------------------------------------------------------------------- 4. vLLM kernels
@@ -449,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log = ResultLog(args.out / RESULTS)
     log.write("machine", **_machine(args.device))
+    flash_attn_row(log)
     sizes = GPU if args.device == "cuda" else CPU
     with tempfile.TemporaryDirectory(prefix="evalkit-first-contact-") as scratch:
         runs_dir = args.runs_dir or Path(scratch)
