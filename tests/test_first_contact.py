@@ -45,6 +45,8 @@ def test_the_dry_run_passes_every_stage_without_the_modules_the_image_lacks(tmp_
     fp32_rope = [r for r in probes if r["rope_precision"] == "fp32"]
     assert all(r["handed_by_transformers"] == [["float32", "float32", "bfloat16"]] for r in fp32_rope)
     assert all(r["kernel_q_k_v_out"] == [["bfloat16"] * 4] for r in probes)
+    # values too: every implementation's bf16 logits within twice blocked's distance from fp32's
+    assert all(0 < r["max_abs_logit_error_vs_fp32"] <= 2 * r["blocked_error_vs_fp32"] + 1e-3 for r in probes)
     assert {r["impl"] for r in by_kind["flex_vs_dense"]} == {"blocked", "flex"}
     trained = by_kind["train_steps"]
     assert [(r["paradigm"], r["dtype"]) for r in trained] == [

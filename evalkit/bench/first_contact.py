@@ -149,6 +149,16 @@ def _dtype_spies(impl: str):
         hf.document_attention, kernels._FUNCTIONS[impl] = original_entry, original_kernel
 
 
+def _autocast_error(model, rope: str, batch: dict, reference: torch.Tensor) -> float:
+    """The largest logit difference of `model` under bf16 autocast (rotating in `rope`) from `reference`."""
+    from evalkit.attention.hf import set_rope_precision
+
+    set_rope_precision(model, rope)
+    with torch.no_grad(), torch.autocast(str(reference.device.type), dtype=torch.bfloat16):
+        logits = model(**batch, use_cache=False).logits
+    return float((logits.float() - reference).abs().max())
+
+
 def probe_dtypes(log: ResultLog, device: str) -> bool:
     from evalkit.attention import available_implementations, pack
     from evalkit.attention.hf import set_rope_precision
@@ -162,21 +172,30 @@ def probe_dtypes(log: ResultLog, device: str) -> bool:
     ok = True
     impls = available_implementations(device)
     impls += ["flex"] if "flex" not in impls else []  # on a CPU: forward only (no CPU backward)
+    # Values, not dtypes only: each implementation's bf16 logits against the fp32 model's, judged as
+    # the flex stage judges (within twice the blocked implementation's error, the CPU-tested one).
+    with torch.no_grad():
+        reference = _probe_model("dense", device)(**batch, use_cache=False).logits.float()
+    blocked_error = {
+        rope: _autocast_error(_probe_model("blocked", device), rope, batch, reference) for rope in ("fp32", "bf16")
+    }
     for impl in impls:
         backward = not (impl == "flex" and device == "cpu")
         for rope in ("fp32", "bf16"):
             model = _probe_model(impl, device)
             set_rope_precision(model, rope)
-            error = None
+            error, value_error = None, None
             with _dtype_spies(impl) as (handed, received):
                 try:
                     with torch.set_grad_enabled(backward), torch.autocast(device, dtype=torch.bfloat16):
                         logits = model(**batch, use_cache=False).logits
+                    value_error = float((logits.detach().float() - reference).abs().max())
                     if backward:
                         logits.float().logsumexp(-1).mean().backward()
                 except Exception as err:  # noqa: BLE001 -- the probe records what fails on this machine
                     error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            passed = error is None and bool(received) and set(received) == {("bfloat16",) * 4}
+            values_ok = value_error is not None and value_error <= 2 * blocked_error[rope] + 1e-3
+            passed = error is None and bool(received) and set(received) == {("bfloat16",) * 4} and values_ok
             ok &= passed
             log.write(
                 "dtype_probe",
@@ -185,6 +204,8 @@ def probe_dtypes(log: ResultLog, device: str) -> bool:
                 backward=backward,
                 handed_by_transformers=sorted(set(handed)),
                 kernel_q_k_v_out=sorted(set(received)),
+                max_abs_logit_error_vs_fp32=value_error,
+                blocked_error_vs_fp32=blocked_error[rope],
                 error=error,
                 passed=passed,
             )
