@@ -23,10 +23,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evalkit.checkpoint_check import checkpoint_source
 from evalkit.errors import UserError
+from evalkit.files import check_output_dir, output_lock
+from evalkit.models.check import checkpoint_source
 from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
-from evalkit.storage import check_output_dir, output_lock
 
 QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
@@ -69,7 +69,7 @@ class QuickstartPlan:
 
 def check_plan(plan: QuickstartPlan) -> None:
     """What the later stages would refuse only after training has run, refused before it."""
-    from evalkit.checkpoint_refs import check_last
+    from evalkit.models.refs import check_last
 
     check_last(plan.last)
     counts = {
@@ -142,7 +142,7 @@ def shipped_runs(recipe: str) -> list[Path]:
     For evalkit's own recipes that is evalkit/checkpoints/<recipe>/; a recipe of one's own
     at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
     """
-    from evalkit.checkpoint_refs import STEP_DIR
+    from evalkit.models.refs import STEP_DIR
     from evalkit.package_data import recipe_folder
     from evalkit.train.config import resolve_recipe
 
@@ -190,7 +190,7 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
         _took(console, t)
     if shipped:
         console.print(f"evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
 
     refs = resolve_checkpoints([str(run) for run in shipped + own], last=plan.last)
     t = _stage(console, done, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
@@ -264,8 +264,8 @@ def _imported_smollm2(gguf: Path, console: Console) -> Path:
     """The GGUF's fp32 import: evalkit's cache, or the one the test suite made (same naming), else made now."""
     import os
 
-    from evalkit.gguf_import import META, file_sha256, import_gguf
-    from evalkit.storage import cache_root
+    from evalkit.files import cache_root
+    from evalkit.models.gguf_import import META, file_sha256, import_gguf
 
     name = f"smollm2-135m-{file_sha256(gguf)[:16]}-fp32"
     tests_cache = Path(os.environ.get("EVALKIT_TEST_MODELS") or Path.home() / ".cache" / "evalkit-test-models")
@@ -315,7 +315,7 @@ def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
 def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     import json
 
-    from evalkit.storage import atomic_write_json
+    from evalkit.files import atomic_write_json
 
     stored = plan.out / "train-step.json"
     rows = json.loads(stored.read_text())["rows"] if stored.is_file() else []
@@ -372,7 +372,7 @@ def how_runs_trained(refs) -> list[str]:
     import json
 
     from evalkit.markdown import markdown_table
-    from evalkit.result_format import training_precision, window_start
+    from evalkit.store.result_format import training_precision, window_start
 
     newest: dict[str, tuple[int, Path]] = {}
     for ref in refs:  # CheckpointRef: run, step, path
@@ -392,11 +392,11 @@ def how_runs_trained(refs) -> list[str]:
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
-    from evalkit.length_averages import RunAverage, length_averages
     from evalkit.markdown import markdown_table
-    from evalkit.result_format import summary_rows
     from evalkit.results.summaries import find_summaries
     from evalkit.ruler.runner import SUMMARY
+    from evalkit.store.averages import RunAverage, length_averages
+    from evalkit.store.result_format import summary_rows
 
     averages = length_averages(
         [row for summary in find_summaries([ruler_dir], SUMMARY) for row in summary_rows(summary)]
@@ -456,7 +456,7 @@ def _scores_above_zero(one) -> bool:
 
 
 def _write_claims(path: Path, lines: list[str]) -> Path:
-    from evalkit.storage import atomic_write_text
+    from evalkit.files import atomic_write_text
 
     atomic_write_text(path, "# The paper's three claims, measured by `evalkit quickstart`\n\n" + "\n".join(lines))
     return path
@@ -476,7 +476,7 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
     settings = RulerSettings(tasks=_builtin_ruler_tasks(), lengths=lengths, num_samples=plan.samples)
     last_shown: dict = {}  # Unit -> samples done when last reported
 
-    def progress(event) -> None:  # evalkit.pipeline.ProgressEvent
+    def progress(event) -> None:  # evalkit.sweep.pipeline.ProgressEvent
         if event.done == event.total and last_shown.get(event.unit) != event.total:
             console.print(f"[dim]  {event.unit.label()}: {event.total} samples[/dim]")
         last_shown[event.unit] = event.done

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from evalkit.provenance import provenance_lines
-from evalkit.storage import atomic_write_text
+from evalkit.files import atomic_write_text
+from evalkit.store.provenance import provenance_lines
 from evalkit.train import load_config
 from evalkit.train.loop import MaskedLMLoss
 from evalkit.train.model import _scratch_config, build_model, load_tokenizer

@@ -39,8 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalkit.provenance import provenance_lines  # noqa: E402 - needs ROOT on sys.path
-from evalkit.storage import atomic_write_text  # noqa: E402 - needs ROOT on sys.path
+from evalkit.files import atomic_write_text  # noqa: E402 - needs ROOT on sys.path
+from evalkit.store.provenance import provenance_lines  # noqa: E402 - needs ROOT on sys.path
 from evalkit.train import checkpoint as ckpt  # noqa: E402 - needs ROOT on sys.path
 from evalkit.train import load_config  # noqa: E402 - needs ROOT on sys.path
 from evalkit.train.retrieval_check import check_checkpoint, retrieval_kind  # noqa: E402 - needs ROOT on sys.path

@@ -11,7 +11,7 @@ import torch
 
 from evalkit.attention import Paradigm
 from evalkit.bench import first_contact
-from evalkit.result_log import read_results
+from evalkit.store.result_log import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ABSENT_ON_THE_IMAGE = ("datasets", "lm_eval", "wonderwords", "vllm", "flash_attn")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from evalkit.checkpoint_check import checkpoint_source
-from evalkit.checkpoint_refs import checkpoint_meta, resolve_checkpoints
 from evalkit.errors import UserError
-from evalkit.result_format import describe_checkpoint
+from evalkit.models.check import checkpoint_source
+from evalkit.models.refs import checkpoint_meta, resolve_checkpoints
+from evalkit.store.result_format import describe_checkpoint
 from tests.helpers import run_cli
 
 TINY_BASE = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-base"

@@ -14,7 +14,7 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.ruler import cache as cache_module
 from evalkit.ruler import cache_path, dumps_jsonl, generate, load_or_generate, loads_jsonl
-from evalkit.sample_log import SampleLog
+from evalkit.store.sample_log import SampleLog
 from tests.helpers import run_cli
 
 TASK, LENGTH, N = "niah_single_1", 1024, 3

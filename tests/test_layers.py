@@ -3,7 +3,7 @@
 An AST scan of every module under evalkit/ (no import is executed), counting every import: at
 the top of a module, inside a function (a lazy import is still a dependency, and a circle through
 one is still a circle) and under TYPE_CHECKING. A unit is a top-level module or package of evalkit
-(`evalkit.storage`, `evalkit.ruler`); LAYERS orders them from the bottom up, as README's
+(`evalkit.files`, `evalkit.ruler`); LAYERS orders them from the bottom up, as README's
 "Layout / Architecture" section states. A unit may import units of its own layer or below.
 """
 
@@ -19,29 +19,17 @@ ROOT = Path(__file__).resolve().parents[1] / "evalkit"
 # From the bottom up. A unit may import from its own layer and the layers below it, never above.
 LAYERS = (
     ("errors",),
-    (
-        "arglists",
-        "lengths",
-        "markdown",
-        "precision",
-        "package_data",
-        "provenance",
-        "gguf_header",
-        "checkpoint_check",
-        "identity",  # a result's identity from its settings dataclass's fields
-    ),
-    ("storage", "ray_start", "result_log"),  # atomic writes and the lock; Ray start-up; a device check's log
-    ("checkpoint_refs", "sample_log", "result_format", "length_averages", "gguf_import"),  # what results are made of
-    ("unit_store",),  # a benchmark's unit and where its files live: for the pipeline and its executors
+    ("arglists", "lengths", "markdown", "package_data", "files"),  # parsing, tables, atomic writes and the lock
+    ("models",),  # checkpoints on disk: a directory or a hub name, step folders, dtypes, GGUF import
+    ("store",),  # results on disk: sample logs, summaries, their identity and provenance, averages
     ("attention", "corpus"),
     ("vllm_plugin",),
     ("engines",),
-    ("train", "lazy_engine"),
-    ("scale",),  # shards and the Ray executor: below the pipeline, which plans with them
-    ("pipeline",),
+    ("train",),
+    ("sweep",),  # the running of a sweep: the pipeline, the engine choice, shards, the Ray executor
     ("ruler", "general", "probe"),  # the benchmarks (and the BF16 RoPE probe)
     ("bench",),  # benchmarks of evalkit itself: RULER's data, the engines, training
-    ("results",),  # reads stored results only: imports no benchmark and no pipeline
+    ("results",),  # reads stored results only: imports no benchmark and no sweep
     ("quickstart",),
     ("cli",),
 )
@@ -155,8 +143,8 @@ def _unit_graph(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict[t
 def test_the_scan_sees_lazy_and_relative_imports():
     """The scan itself, on what it must catch: a lazy import inside a function counts."""
     graph = _graph()
-    assert "evalkit.lazy_engine" in graph and "evalkit.engines" in graph["evalkit.lazy_engine"]  # a lazy one
-    assert "evalkit.result_format" in graph["evalkit.pipeline"]
+    assert "evalkit.engines" in graph["evalkit.sweep.engine_choice"]  # a lazy one
+    assert "evalkit.store.result_format" in graph["evalkit.sweep.pipeline"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
@@ -202,7 +190,7 @@ def test_no_module_circle_beyond_the_allowed():
 def test_results_imports_no_benchmark():
     """results/ sits above the benchmarks and reads stored ResultRows: not one import of a benchmark
     or of the pipeline, lazy ones included (the layer order says it; this names the rule)."""
-    forbidden = ("evalkit.ruler", "evalkit.general", "evalkit.pipeline", "evalkit.probe", "evalkit.bench")
+    forbidden = ("evalkit.ruler", "evalkit.general", "evalkit.sweep.pipeline", "evalkit.probe", "evalkit.bench")
     graph = _graph()
     found = [
         f"{module} imports {target}"
@@ -217,7 +205,7 @@ def test_results_imports_no_benchmark():
 def test_training_imports_no_serving():
     """train/ shares the anchor rule with the engines through attention.anchor, below both: not one
     import of an engine, the vLLM plugin or the lazy engine (lazy ones included)."""
-    forbidden = ("evalkit.engines", "evalkit.vllm_plugin", "evalkit.lazy_engine")
+    forbidden = ("evalkit.engines", "evalkit.vllm_plugin", "evalkit.sweep.engine_choice")
     found = [
         f"{module} imports {target}"
         for module, targets in sorted(_graph().items())

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import Skipped, UserError
-from evalkit.lazy_engine import EngineChoice
-from evalkit.pipeline import Averages, Benchmark, ProgressEvent, Unit, UnitResult, UnitStore, run_benchmark
-from evalkit.result_format import ResultRow, read_row, row_record, summary_name
-from evalkit.storage import atomic_write_json
+from evalkit.files import atomic_write_json
+from evalkit.models.refs import CheckpointRef
+from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.sweep.engine_choice import EngineChoice
+from evalkit.sweep.pipeline import Averages, Benchmark, ProgressEvent, Unit, UnitResult, UnitStore, run_benchmark
 
 
 class FakeEngine:
@@ -248,7 +248,7 @@ def test_a_new_benchmark_reaches_the_leaderboard_through_the_one_schema(two_chec
 
 
 def test_stored_summaries_of_both_shapes_read_as_one_schema():
-    from evalkit.result_format import summary_rows
+    from evalkit.store.result_format import summary_rows
 
     meta = {"paradigm": "anchor", "config": {"model": {"arch": "llama", "num_layers": 4, "hidden_size": 256},
                                              "data": {"source": "builtin"}}}  # fmt: skip
@@ -282,7 +282,7 @@ def test_stored_summaries_of_both_shapes_read_as_one_schema():
 
 def test_the_repositorys_stored_summaries_still_load():
     """Every summary under results/ (written by earlier versions) reads into the schema."""
-    from evalkit.result_format import summary_rows
+    from evalkit.store.result_format import summary_rows
 
     root = Path(__file__).resolve().parents[1] / "results"
     paths = sorted(root.rglob("*-summary.json"))
@@ -298,7 +298,7 @@ def test_rows_written_now_read_back_as_the_rows_the_benchmark_made():
     """row_record (what a summary stores) and read_row (the one reader) are inverses for this
     version's rows, RULER's anchor-encoded cells and lm-eval's rows alike, with RULER's stored
     layout kept (`score`, as version 1 readers of RULER's value expect) beside its metric."""
-    from evalkit.result_format import SCHEMA_VERSION, export_record, summary_rows
+    from evalkit.store.result_format import SCHEMA_VERSION, export_record, summary_rows
 
     made = [
         ResultRow("ruler", "r", 2, "qa_1", "string_match_part", 40.0, 1.0, 20, length=1024, encoding="standard"),

@@ -1,10 +1,10 @@
-"""evalkit.precision: the one map from evalkit's dtype names to torch's and the libraries', and devices."""
+"""evalkit.models.precision: the one map from evalkit's dtype names to torch's and the libraries', and devices."""
 
 import pytest
 import torch
 
 from evalkit.errors import UserError
-from evalkit.precision import DTYPE_NAMES, check_dtype, long_dtype_name, resolve_device, torch_dtype
+from evalkit.models.precision import DTYPE_NAMES, check_dtype, long_dtype_name, resolve_device, torch_dtype
 
 EXPECTED = {
     "bf16": (torch.bfloat16, "bfloat16"),

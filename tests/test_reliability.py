@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalkit.errors import UserError
-from evalkit.sample_log import SampleLog
-from evalkit.storage import LOCK_NAME, output_lock
+from evalkit.files import LOCK_NAME, output_lock
+from evalkit.store.sample_log import SampleLog
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ KILLED_EXPORT = """
 import os, signal, sys, time
 from pathlib import Path
 from evalkit.train import checkpoint
-from evalkit import storage
+from evalkit import files as storage
 moment, source, dest = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 write_export, rename = checkpoint._write_export, Path.rename
 def write_then_die(*args):
@@ -206,7 +206,7 @@ def test_an_export_killed_between_set_aside_and_move_in_loses_nothing(source, tm
 
 def test_a_live_writers_build_is_left_alone(source, tmp_path):
     """Only a dead process's leftovers are cleaned: a build whose pid runs is someone's work in progress."""
-    from evalkit.storage import new_directory_beside
+    from evalkit.files import new_directory_beside
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -225,7 +225,7 @@ def test_a_live_writers_build_is_left_alone(source, tmp_path):
 
 HOLD_LOCK = """
 import sys, time
-from evalkit.storage import output_lock
+from evalkit.files import output_lock
 with output_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(3600)
@@ -711,7 +711,7 @@ def test_an_unwritable_output_directory_is_refused_without_running_as_another_us
     """The permission branch, for machines where the test above is skipped (root writes anywhere)."""
     import os
 
-    from evalkit.storage import check_output_dir, check_output_file
+    from evalkit.files import check_output_dir, check_output_file
 
     monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
     with pytest.raises(UserError, match=f"--out {tmp_path / 'new' / 'out'}: {tmp_path} is not writable"):
@@ -789,7 +789,7 @@ def test_a_write_that_fails_midway_leaves_no_file_behind(tmp_path, monkeypatch):
     """ENOSPC when the data reaches the disk (fsync): neither the target nor a temporary file remains."""
     import errno
 
-    from evalkit import storage
+    from evalkit import files as storage
 
     def full_disk(fd):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -210,8 +210,8 @@ def test_probe_and_train_refuse_infinite_weights(tmp_path, capsys):
 
 def test_every_loader_shares_the_non_finite_check(nan_checkpoint):
     """The vllm engine runs check_checkpoint before vLLM starts (no vLLM here to start)."""
-    from evalkit.checkpoint_check import check_checkpoint
     from evalkit.engines import vllm as vllm_engine
+    from evalkit.models.check import check_checkpoint
 
     with pytest.raises(UserError, match="NaN or infinite"):
         check_checkpoint(nan_checkpoint)
@@ -292,7 +292,7 @@ def test_a_run_does_not_replace_a_summary_of_another_format(tmp_path, capsys):
 
 
 def test_a_rerun_does_not_reuse_a_summary_of_another_format(tmp_path):
-    from evalkit.result_format import SCHEMA_VERSION, read_summary
+    from evalkit.store.result_format import SCHEMA_VERSION, read_summary
 
     path = write_summary(tmp_path, ruler_summary("r", 1.0, schema_version=SCHEMA_VERSION + 1))
     assert read_summary(path) is None
@@ -401,7 +401,7 @@ def test_the_leaderboard_never_replaces_a_markdown_file_of_the_users(tmp_path, c
 
 
 def test_a_sample_log_with_a_foreign_line_is_refused_not_truncated(tmp_path):
-    from evalkit.sample_log import SampleLog
+    from evalkit.store.sample_log import SampleLog
 
     log = tmp_path / "512.jsonl"
     log.write_text("not a record\nnot one either\n")

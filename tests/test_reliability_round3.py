@@ -78,10 +78,10 @@ def test_resume_refuses_a_newest_checkpoint_without_trainer_state_and_touches_no
 
 
 def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, capsys):
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import run_ruler
-    from evalkit.scale.plan import Shard
-    from tests.scale.helpers import SHIPPED, tiny_settings
+    from evalkit.sweep.plan import Shard
+    from tests.sweep.helpers import SHIPPED, tiny_settings
 
     # Three directories holding a run "myrun" at step 600: a, a copy of a, and b (another run's weights).
     checkpoints = {
@@ -113,7 +113,7 @@ def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, c
 
 
 def test_a_symlinked_run_beside_its_target_is_evaluated_once(tmp_path, capsys):
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     runs = tmp_path / "runs"
     shutil.copytree(SHIPPED / "tiny-long-full-shipped" / "step-600", runs / "myrun" / "step-600")
@@ -137,7 +137,7 @@ def test_a_symlinked_run_beside_its_target_is_evaluated_once(tmp_path, capsys):
 
 
 def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, capsys):
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     out = tmp_path / "out"
     ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
@@ -165,7 +165,7 @@ def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, cap
 )
 def test_ray_address_forms(address, valid):
     from evalkit.errors import UserError
-    from evalkit.scale.options import check_ray_address
+    from evalkit.sweep.options import check_ray_address
 
     if valid:
         check_ray_address(address)
@@ -179,7 +179,7 @@ def test_ray_address_forms(address, valid):
 
 @pytest.mark.parametrize("value", ["sdpa=1", "no_such_kernel", "evalkit_sdpa"])
 def test_a_bad_attention_setting_is_one_line_before_any_checkpoint(tmp_path, capsys, value):
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     out = tmp_path / "out"
     run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
@@ -201,7 +201,7 @@ def test_transformers_attention_names_pass_the_check(value):
 
 
 def test_a_leaderboard_of_failed_checkpoints_only_names_the_failure_records(tmp_path, capsys):
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
     from tests.test_reliability import truncate_weights
 
     run = shutil.copytree(SHIPPED / "tiny-long-full-shipped", tmp_path / "runs" / "broken")
@@ -226,7 +226,7 @@ def test_a_leaderboard_of_failed_checkpoints_only_names_the_failure_records(tmp_
 def test_compare_names_a_summary_of_a_future_schema_it_left_out(tmp_path, capsys):
     import json
 
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     out = tmp_path / "results"
     runs = [SHIPPED / "tiny-long-full-shipped", SHIPPED / "tiny-long-anchor-shipped"]  # two checkpoints each
@@ -248,7 +248,7 @@ def test_compare_names_a_summary_of_a_future_schema_it_left_out(tmp_path, capsys
 def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(tmp_path, capsys):
     import json
 
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
     window = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
@@ -323,7 +323,7 @@ def test_a_run_from_before_the_marker_is_still_evalkits(two_checkpoint_run, tmp_
 def test_a_missing_engine_package_is_one_line_before_any_checkpoint(tmp_path, capsys):
     import importlib.util
 
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: the message is for environments without it")

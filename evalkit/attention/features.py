@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit.attention.masks import ANCHOR_MODES
-from evalkit.checkpoint_refs import checkpoint_meta
 from evalkit.errors import UserError
+from evalkit.models.refs import checkpoint_meta
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from evalkit import precision
 from evalkit.attention import Paradigm, available_implementations, document_attention, pack
 from evalkit.markdown import markdown_table
+from evalkit.models import precision
 
 
 @dataclass

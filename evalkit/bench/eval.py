@@ -26,7 +26,7 @@ from pathlib import Path
 from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.markdown import markdown_table
-from evalkit.precision import long_dtype_name
+from evalkit.models.precision import long_dtype_name
 
 # Engine variants a user can time: a name, the engine, and its settings.
 ENGINE_VARIANTS: dict[str, tuple[str, dict]] = {
@@ -85,8 +85,8 @@ def run(
     seed: int = 42,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> list[EvalBenchRow]:
-    from evalkit.checkpoint_check import checkpoint_directory
     from evalkit.engines import get_engine
+    from evalkit.models.check import checkpoint_directory
     from evalkit.ruler.errors import TaskSkipped
 
     # Resolved once: a hub name becomes its snapshot for every engine, lm-eval's own loader included.

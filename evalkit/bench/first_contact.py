@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.result_log import ResultLog, read_results
+from evalkit.store.result_log import ResultLog, read_results
 
 RESULTS = "first-contact.jsonl"
 REPORT = "first-contact.md"
@@ -453,8 +453,8 @@ def run_stages(log: ResultLog, device: str, sizes: Sizes, runs_dir: Path, budget
 
 
 def write_report(out: Path, command: str, outcome: dict[str, str]) -> None:
-    from evalkit.provenance import provenance_lines
-    from evalkit.storage import atomic_write_text
+    from evalkit.files import atomic_write_text
+    from evalkit.store.provenance import provenance_lines
 
     lines = [
         "# evalkit first contact",

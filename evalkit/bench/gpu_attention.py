@@ -26,7 +26,7 @@ import torch
 from evalkit.arglists import parse_list
 from evalkit.attention import Paradigm, document_attention, document_mask, pack
 from evalkit.markdown import markdown_table
-from evalkit.result_log import ResultLog
+from evalkit.store.result_log import ResultLog
 
 
 def _naive(q, k, v, mask):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalkit.provenance import provenance_lines
-from evalkit.storage import atomic_write_text
+from evalkit.files import atomic_write_text
+from evalkit.store.provenance import provenance_lines
 
 
 def write_report(path: Path, title: str, command: str, conditions: str, table: str, notes: str = "") -> None:

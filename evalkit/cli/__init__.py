@@ -13,7 +13,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.storage import disk_full_advice, disk_full_error
+from evalkit.files import disk_full_advice, disk_full_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
 COMMAND_MODULES = (

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from evalkit.errors import UserError
-from evalkit.provenance import command_line
-from evalkit.storage import check_output_file
+from evalkit.files import check_output_file
+from evalkit.store.provenance import command_line
 
 app = typer.Typer(
     help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",

@@ -10,8 +10,8 @@ from evalkit.arglists import parse_list
 from evalkit.cli.app import bench_app, check_positive, publish
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
-from evalkit.precision import check_dtype
-from evalkit.provenance import command_line
+from evalkit.models.precision import check_dtype
+from evalkit.store.provenance import command_line
 
 
 @bench_app.command("attention")
@@ -122,7 +122,7 @@ def bench_ruler_data(
     else:
         from transformers import AutoTokenizer
 
-        from evalkit.checkpoint_check import load_tokenizer
+        from evalkit.models.check import load_tokenizer
 
         try:
             tok = load_tokenizer(tokenizer) if Path(tokenizer).is_dir() else AutoTokenizer.from_pretrained(tokenizer)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from evalkit.cli.app import app, echo_size
-from evalkit.precision import check_dtype, torch_dtype
+from evalkit.models.precision import check_dtype, torch_dtype
 
 
 @app.command("export")
@@ -42,6 +42,6 @@ def import_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DEST if it holds an earlier `evalkit import`."),
 ) -> None:
     """Import a GGUF model as a plain HF checkpoint (dequantized safetensors, tokenizer, meta.json)."""
-    from evalkit.gguf_import import import_gguf
+    from evalkit.models.gguf_import import import_gguf
 
     echo_size(import_gguf(source, dest, dtype, overwrite=overwrite))

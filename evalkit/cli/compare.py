@@ -8,7 +8,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.storage import check_output_dir
+from evalkit.files import check_output_dir
 
 
 @app.command("compare")
@@ -43,11 +43,11 @@ def compare_command(
     out: Path = typer.Option(None, "--out", help="Directory for compare.md, compare.json and the plot."),
 ) -> None:
     """Compare stored runs per task and length: B − A with paired or independent intervals, Holm-corrected."""
-    from evalkit.provenance import command_line
     from evalkit.results import compare_report
     from evalkit.results.compare import RULER_THRESHOLD, compare, default_baseline
     from evalkit.results.samples import load_series
     from evalkit.results.summaries import not_read_note
+    from evalkit.store.provenance import command_line
 
     if threshold is not None and threshold_from is not None:
         raise UserError("give --threshold or --threshold-from, not both")
@@ -99,7 +99,7 @@ def compare_command(
         text += "\n## " + not_read_note(unread) + "\n"
     typer.echo(text)
     if out is not None:
-        from evalkit.storage import atomic_write_json, atomic_write_text
+        from evalkit.files import atomic_write_json, atomic_write_text
 
         atomic_write_json(out / "compare.json", compare_report.json_records(result, command))
         figures = compare_report.plot(result, out / "compare-vs-length")

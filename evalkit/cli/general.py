@@ -8,7 +8,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
+from evalkit.sweep.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
 
 
 @app.command("general")
@@ -62,9 +62,9 @@ def general_command(
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from rich.console import Console
 
-    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.general import checkpoint_table, parse_tasks, run_general
+    from evalkit.models.refs import resolve_checkpoints
 
     console = Console(stderr=True)
     settings = {

@@ -8,7 +8,7 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.storage import check_output_dir, check_output_file
+from evalkit.files import check_output_dir, check_output_file
 
 
 @app.command("leaderboard")

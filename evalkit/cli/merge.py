@@ -15,7 +15,7 @@ def merge_command(
     out: Path = typer.Option(..., "--out", help="A new or empty directory for the merged results."),
 ) -> None:
     """Join the shard outputs of one sweep (per-sample logs and summaries) as if one run wrote them."""
-    from evalkit.scale.merge import merge_shards
+    from evalkit.sweep.merge import merge_shards
 
     counts = merge_shards(outputs, out)
     empty = f" ({counts['empty']} of them empty: no units)" if counts["empty"] else ""

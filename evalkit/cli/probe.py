@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from evalkit.cli.app import probe_app
-from evalkit.provenance import command_line
+from evalkit.store.provenance import command_line
 
 
 def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:

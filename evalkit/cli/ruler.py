@@ -8,9 +8,9 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
+from evalkit.files import check_output_dir
 from evalkit.lengths import LengthBeyondLimit, parse_lengths
-from evalkit.scale.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
-from evalkit.storage import check_output_dir
+from evalkit.sweep.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
 
 
 @app.command("ruler")
@@ -79,8 +79,8 @@ def ruler_command(
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
 
-    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, parse_tasks
 
     console = Console(stderr=True)
@@ -115,7 +115,7 @@ def ruler_command(
 def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | None) -> UserError:
     """A length above evalkit's limit, said against the first checkpoint's window (the limit's own
     message when the checkpoints cannot be resolved: their error comes once the length is mended)."""
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import beyond_window
 
     try:
@@ -139,7 +139,7 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
             tasks.clear()
             console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})")
 
-        def progress(event) -> None:  # evalkit.pipeline.ProgressEvent
+        def progress(event) -> None:  # evalkit.sweep.pipeline.ProgressEvent
             if event.unit not in tasks:
                 tasks[event.unit] = bar.add_task(f"  {event.unit.label()}", total=event.total)
             bar.update(tasks[event.unit], completed=event.done)
@@ -158,7 +158,7 @@ def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(Non
 
 
 def _report_ruler(console, run, out: Path) -> None:
-    from evalkit.length_averages import checkpoint_table
+    from evalkit.store.averages import checkpoint_table
 
     if run.empty_shard is not None:
         return  # said by the run's log: a shard without units succeeds, for evalkit merge

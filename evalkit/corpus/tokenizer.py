@@ -14,7 +14,7 @@ import weakref
 from pathlib import Path
 
 from evalkit.corpus.prose import prose_documents
-from evalkit.storage import cache_root
+from evalkit.files import cache_root
 
 TOKENIZER_VERSION = 1
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"

@@ -24,7 +24,7 @@ from typing import Any
 
 from evalkit.engines.base import Engine, PackedEngine, PackedRequest
 from evalkit.errors import UserError
-from evalkit.precision import DTYPE_NAMES, check_dtype
+from evalkit.models.precision import DTYPE_NAMES, check_dtype
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,12 @@ from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.anchor import anchor_record
 from evalkit.attention.features import check_attention_supported, layer_windows, trained_window_anchor
 from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa
-from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
 from evalkit.errors import UserError
-from evalkit.precision import check_dtype, resolve_device, torch_dtype
+from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
+from evalkit.models.precision import check_dtype, resolve_device, torch_dtype
 
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
 PREFILL_MODES = ("auto", "shared", "padded")

@@ -47,12 +47,12 @@ from typing import Any
 import torch
 
 from evalkit.attention.anchor import anchor_record
-from evalkit.checkpoint_check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
 from evalkit.errors import UserError
-from evalkit.precision import ROPE_VARIANTS, check_dtype, long_dtype_name
+from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
+from evalkit.models.precision import ROPE_VARIANTS, check_dtype, long_dtype_name
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -193,7 +193,7 @@ class _RayReplica:
     def _get(reference):
         import ray
 
-        from evalkit.ray_start import exit_status_kept
+        from evalkit.engines.ray_start import exit_status_kept
 
         try:
             with exit_status_kept():
@@ -224,7 +224,7 @@ def _connect_ray() -> bool:
         import ray
     except ImportError:
         raise UserError("data_parallel_size > 1 runs its replicas as Ray actors: pip install 'evalkit[ray]'") from None
-    from evalkit.ray_start import init_ray
+    from evalkit.engines.ray_start import init_ray
 
     if ray.is_initialized():
         return False

@@ -15,7 +15,7 @@ is always on the include path.
     from evalkit.general import run_general, parse_tasks
     run = run_general(refs, parse_tasks("mmlu,hellaswag"), out=Path("results/general"),
                       engine_settings={"dtype": "bf16", "batch_size": 8}, avg=True)
-    run.rows, run.skipped, run.averages  # an evalkit.pipeline.EvaluationRun; tables.checkpoint_table(run.result_rows())
+    run.rows, run.skipped, run.averages  # a sweep.pipeline.EvaluationRun; tables.checkpoint_table(run.result_rows())
 
 Nothing heavy is imported here: lm_eval and transformers load when a run starts.
 """

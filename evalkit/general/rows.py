@@ -1,7 +1,7 @@
 """lm-eval's result JSON as evalkit's long-form rows (ResultRow), and its per-sample log in compact form.
 
 lm-eval keys a metric as "<metric>,<filter>" and its error as "<metric>_stderr,<filter>"; a row
-gives each dimension its own field instead (stored as evalkit.result_format.row_record writes it):
+gives each dimension its own field instead (stored as evalkit.store.result_format.row_record writes it):
 
     {"run", "step", "requested", "task", "metric", "filter", "value", "stderr", "n", "num_fewshot"}
 
@@ -16,7 +16,7 @@ import math
 import numbers
 from typing import Any
 
-from evalkit.result_format import ResultRow
+from evalkit.store.result_format import ResultRow
 
 STDERR_MARK = "_stderr"
 

@@ -1,6 +1,6 @@
 """`evalkit general`: lm-eval tasks on checkpoints, one task file per (checkpoint, task), resumable.
 
-lm-eval tasks are one benchmark of the one pipeline (evalkit.pipeline, which owns the checks,
+lm-eval tasks are one benchmark of the one pipeline (evalkit.sweep.pipeline, which owns the checks,
 the engine, the summary, skips and --avg): its unit is a requested task. For each checkpoint,
 each requested task (a task, group or tag lm-eval knows) either is on disk already with the
 same settings (kept, nothing recomputed, the engine not even loaded) or is run by lm-eval's
@@ -27,16 +27,25 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.arglists import parse_list
-from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import UserError
+from evalkit.files import atomic_write_json, atomic_write_text, refuse_foreign
 from evalkit.general.errors import RequestsExceedWindow
-from evalkit.identity import EXECUTION, SELECTION, identity_key, setting
-from evalkit.lazy_engine import EngineChoice, LazyEngine
-from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
-from evalkit.provenance import stamp
-from evalkit.result_format import ResultRow, read_row, row_record, summary_name
-from evalkit.storage import atomic_write_json, atomic_write_text, refuse_foreign
-from evalkit.unit_store import UnitStore
+from evalkit.models.refs import CheckpointRef
+from evalkit.store.identity import EXECUTION, SELECTION, identity_key, setting
+from evalkit.store.provenance import stamp
+from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.store.units import UnitStore
+from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
+from evalkit.sweep.pipeline import (
+    Averages,
+    Benchmark,
+    EvaluationRun,
+    Progress,
+    Unit,
+    UnitProgress,
+    UnitResult,
+    run_benchmark,
+)
 
 DEFAULT_OUT = Path("results/general")
 SUMMARY = summary_name("general")
@@ -50,7 +59,7 @@ REDUNDANT_LM_EVAL_WARNINGS = ("Overwriting default num_fewshot",)
 @dataclass
 class GeneralSettings:
     """What the user asked for; recorded with every result. A stored task result is reused when
-    its key (evalkit.identity: every field but those marked otherwise) matches."""
+    its key (evalkit.store.identity: every field but those marked otherwise) matches."""
 
     tasks: list[str] = setting(role=SELECTION)
     num_fewshot: int | None = None  # keyed as the shots in effect (the task's standard when None)
@@ -113,7 +122,7 @@ def run_general(
     executor=None,
 ) -> EvaluationRun:
     """Score every checkpoint on every task (see the module docstring); writes and returns the results.
-    `shard` and `executor`: see evalkit.scale."""
+    `shard` and `executor`: see evalkit.sweep."""
     from evalkit.general.catalog import default_include_paths
 
     include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
@@ -144,7 +153,7 @@ class TaskDone:
 
 
 class GeneralBenchmark(Benchmark):
-    """lm-eval tasks as a benchmark of the one pipeline (evalkit.pipeline): a unit is a requested task."""
+    """lm-eval tasks as a benchmark of the one pipeline (evalkit.sweep.pipeline): a unit is a requested task."""
 
     name = "general"
     title = "General tasks"

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from evalkit.length_averages import over_checkpoints
 from evalkit.markdown import markdown_table
-from evalkit.result_format import ResultRow
+from evalkit.store.averages import over_checkpoints
+from evalkit.store.result_format import ResultRow
 
 AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot")
 

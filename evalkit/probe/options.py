@@ -13,8 +13,8 @@ from pathlib import Path
 from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
-from evalkit.precision import DTYPE_NAMES as DTYPES
-from evalkit.precision import ROPE_VARIANTS
+from evalkit.models.precision import DTYPE_NAMES as DTYPES
+from evalkit.models.precision import ROPE_VARIANTS
 
 PROBE_KINDS = ("shift", "tokens", "length")
 # The paper's settings (LLaMA-2-7B): T = 4096, N = 50, Δ2 = 16, and these Δ1 for Figure 1 left.

@@ -17,9 +17,9 @@ import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from evalkit.files import atomic_write_bytes, atomic_write_text
 from evalkit.markdown import markdown_table
-from evalkit.provenance import provenance_lines
-from evalkit.storage import atomic_write_bytes, atomic_write_text
+from evalkit.store.provenance import provenance_lines
 
 PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
 DOMINANCE_FACTOR = 10.0  # the first column against the average column

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.errors import UserError
-from evalkit.precision import ROPE_VARIANTS
+from evalkit.models.precision import ROPE_VARIANTS
 
 
 def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from evalkit.attention.features import check_attention_supported
-from evalkit.checkpoint_check import (
+from evalkit.errors import UserError
+from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
+from evalkit.models.check import (
     check_checkpoint,
     checkpoint_directory,
     checkpoint_source,
@@ -21,15 +23,13 @@ from evalkit.checkpoint_check import (
     load_pretrained,
     load_tokenizer,
 )
-from evalkit.errors import UserError
-from evalkit.precision import resolve_device, torch_dtype
+from evalkit.models.precision import resolve_device, torch_dtype
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
 from evalkit.probe.windows import declared_windows, describe_window, model_window
-from evalkit.storage import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
@@ -278,7 +278,7 @@ def _provenance(
     import transformers
 
     from evalkit.corpus import tokenizer_fingerprint
-    from evalkit.provenance import stamp
+    from evalkit.store.provenance import stamp
 
     digest = hashlib.sha256()
     for length in sorted(windows):

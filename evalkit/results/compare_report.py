@@ -115,7 +115,7 @@ def markdown(comparison: Comparison, command: str) -> str:
 
 
 def json_records(comparison: Comparison, command: str) -> dict:
-    from evalkit.provenance import stamp
+    from evalkit.store.provenance import stamp
 
     return {"command": command, **stamp(), **_finite(records(comparison))}
 
@@ -140,7 +140,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from evalkit.storage import atomic_write_bytes, atomic_write_text
+    from evalkit.files import atomic_write_bytes, atomic_write_text
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))

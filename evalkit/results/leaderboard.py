@@ -27,10 +27,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.length_averages import length_averages, per_checkpoint_length_means
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
-from evalkit.result_format import (
+from evalkit.results.summaries import (
+    FAILED_SUFFIX,
+    GENERAL_SUMMARY,
+    RULER_SUMMARY,
+    SUMMARY_SUFFIX,
+    find_summaries,
+    not_read_note,
+)
+from evalkit.store.averages import length_averages, per_checkpoint_length_means
+from evalkit.store.result_format import (
     EXPORT_FIELDS,
     STANDARD,
     ResultRow,
@@ -41,14 +49,6 @@ from evalkit.result_format import (
     series_name,
     summary_name,
     summary_rows,
-)
-from evalkit.results.summaries import (
-    FAILED_SUFFIX,
-    GENERAL_SUMMARY,
-    RULER_SUMMARY,
-    SUMMARY_SUFFIX,
-    find_summaries,
-    not_read_note,
 )
 
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
@@ -139,7 +139,7 @@ class Cell:
 
 def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], Cell]:
     """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average (the one
-    computation of --avg, evalkit.length_averages, without its demand that every checkpoint scored
+    computation of --avg, evalkit.store.averages, without its demand that every checkpoint scored
     the same tasks: the leaderboard shows what is stored)."""
     return {
         (average.run, average.length): Cell(average.mean, average.std, len(average.checkpoints), len(average.tasks))
@@ -554,8 +554,8 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     import io
     import math
 
-    from evalkit.provenance import stamp
-    from evalkit.storage import atomic_write_json, atomic_write_text
+    from evalkit.files import atomic_write_json, atomic_write_text
+    from evalkit.store.provenance import stamp
 
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
     rows = [
@@ -579,7 +579,7 @@ PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboar
 
 def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
     """Before any work: the markdown and figures write_leaderboard replaces are none of the user's."""
-    from evalkit.storage import refuse_foreign
+    from evalkit.files import refuse_foreign
 
     refuse_foreign([out])
     plots_dir = plots_dir or out.parent / "plots"
@@ -596,8 +596,8 @@ def write_leaderboard(
     """The leaderboard markdown at `out`, its plots in plots_dir (default: plots/ beside it)."""
     import os
 
+    from evalkit.files import atomic_write_text
     from evalkit.results import plots
-    from evalkit.storage import atomic_write_text
 
     markdown, ruler, general = build_markdown([d for d in dirs if d.is_dir()], threshold, threshold_from)
     plots_dir = plots_dir or out.parent / "plots"

@@ -8,8 +8,8 @@ import io
 import statistics
 from pathlib import Path
 
+from evalkit.files import atomic_write_bytes, atomic_write_text
 from evalkit.lengths import length_label
-from evalkit.storage import atomic_write_bytes, atomic_write_text
 
 
 def _save(figure, stem: Path) -> list[Path]:

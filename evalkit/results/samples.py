@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.result_format import STANDARD, describe_checkpoint, summary_rows
 from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries, other_summary_notes
-from evalkit.sample_log import CHECKSUM, record_checksum
+from evalkit.store.result_format import STANDARD, describe_checkpoint, summary_rows
+from evalkit.store.sample_log import CHECKSUM, record_checksum
 
 
 @dataclass(frozen=True, order=True)

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.result_format import STANDARD, ResultRow, failed_name, not_understood, summary_name, summary_rows
+from evalkit.store.result_format import STANDARD, ResultRow, failed_name, not_understood, summary_name, summary_rows
 
 RULER_SUMMARY = summary_name("ruler")
 GENERAL_SUMMARY = summary_name("general")

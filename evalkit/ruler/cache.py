@@ -24,12 +24,12 @@ import json
 import sys
 from pathlib import Path
 
+from evalkit.files import cache_root
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.kinds import changed_constants_digest, task_kind
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample, dumps_jsonl, loads_jsonl
 from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT, TaskSpec, as_spec
-from evalkit.storage import cache_root
 
 
 def _key_fields(
@@ -199,8 +199,8 @@ def load_or_generate(
     `task`: its name or its TaskSpec. `data` takes generate's keywords: essays=, qa_dir=,
     prompt_format=, exact_lengths=, sizing=.
     """
+    from evalkit.files import atomic_write_text
     from evalkit.ruler.generation import generate
-    from evalkit.storage import atomic_write_text
 
     spec = as_spec(task)
     path = cache_path(spec, tokenizer, length, seed, cache_dir, **data)

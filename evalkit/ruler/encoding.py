@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import Skipped, UserError
-from evalkit.result_format import STANDARD, encoding_label
 from evalkit.ruler.kinds import task_kind
+from evalkit.store.result_format import STANDARD, encoding_label
 
 if TYPE_CHECKING:
     from evalkit.ruler.sample import Sample

@@ -11,8 +11,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalkit.checkpoint_check import one_line
 from evalkit.errors import UserError
+from evalkit.models.check import one_line
 
 _SENTINEL = "\u2063EVALKIT_RULER_INPUT\u2063"
 

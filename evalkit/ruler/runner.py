@@ -1,6 +1,6 @@
 """`evalkit ruler`: RULER on checkpoints across lengths, stored per sample, resumable, averaged.
 
-RULER is one benchmark of the one pipeline (evalkit.pipeline, which owns the checks, the
+RULER is one benchmark of the one pipeline (evalkit.sweep.pipeline, which owns the checks, the
 engine, the summary, skips and --avg): its unit is a task at a length. For each unit, the
 cached samples for the checkpoint's tokenizer (evalkit.ruler.load_or_generate), greedy answers to
 those not yet in the sample log, then the task score. A task whose data is missing or that cannot fit a length is
@@ -21,15 +21,10 @@ from typing import Any
 from evalkit.arglists import parse_list
 from evalkit.attention.anchor import anchor_note, anchor_record
 from evalkit.attention.features import trained_window_anchor
-from evalkit.checkpoint_check import load_tokenizer, read_config
-from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.engines.base import RESULT_FACTS
 from evalkit.errors import Skipped, UserError
-from evalkit.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity, identity_key, setting, stored_identity
-from evalkit.lazy_engine import EngineChoice, LazyEngine
-from evalkit.pipeline import Averages, Benchmark, EvaluationRun, Progress, Unit, UnitProgress, UnitResult, run_benchmark
-from evalkit.provenance import stamp
-from evalkit.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.models.check import load_tokenizer, read_config
+from evalkit.models.refs import CheckpointRef
 from evalkit.ruler.cache import cache_key, legacy_data_key, load_or_generate
 from evalkit.ruler.encoding import (
     DEFAULT_DOC_TOKENS,
@@ -44,8 +39,31 @@ from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
-from evalkit.sample_log import SampleLog
-from evalkit.unit_store import UnitStore
+from evalkit.store.identity import (
+    COUNT,
+    EXECUTION,
+    LOCATION,
+    SELECTION,
+    identity,
+    identity_key,
+    setting,
+    stored_identity,
+)
+from evalkit.store.provenance import stamp
+from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.store.sample_log import SampleLog
+from evalkit.store.units import UnitStore
+from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
+from evalkit.sweep.pipeline import (
+    Averages,
+    Benchmark,
+    EvaluationRun,
+    Progress,
+    Unit,
+    UnitProgress,
+    UnitResult,
+    run_benchmark,
+)
 
 SUMMARY = summary_name("ruler")
 PROMPT_FORMATS = ("base", "chat")
@@ -55,7 +73,7 @@ CHUNK = 32  # samples generated between durable appends: a kill loses at most on
 @dataclass
 class RulerSettings:
     """What the user asked for. Every field decides a result's identity unless marked otherwise
-    (evalkit.identity): which cells (tasks, lengths, the encoding each row names), how many of a
+    (evalkit.store.identity): which cells (tasks, lengths, the encoding each row names), how many of a
     cell's samples are averaged (num_samples: no sample's answer depends on it, so stored ones
     are reused at any count), and the batch size (speed only)."""
 
@@ -157,7 +175,7 @@ def sample_key(
     data_key: str, settings: RulerSettings, *, with_locations: bool = False, reading: dict[str, str] | None = None
 ) -> str:
     """What a stored answer must match to be reused: its sample's data (data_key, count-free), the
-    encoding, and every setting that changes an answer (evalkit.identity; not the count, not the
+    encoding, and every setting that changes an answer (evalkit.store.identity; not the count, not the
     batch size, not where the data files lie), so another dtype, engine or window is answered
     anew, a larger count is not. `with_locations`: the key as made before, the files' paths in it.
     `reading`: the checkpoint's sink reading where it serves one (_served_reading; else none, the key
@@ -364,7 +382,7 @@ def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_toke
 
 
 class RulerBenchmark(Benchmark):
-    """RULER as a benchmark of the one pipeline (evalkit.pipeline): a unit is a task at a length.
+    """RULER as a benchmark of the one pipeline (evalkit.sweep.pipeline): a unit is a task at a length.
 
     A unit's data key depends on the checkpoint's tokenizer, so every unit is "evaluated" with
     it; one whose sample log is complete computes nothing and builds no engine.
@@ -442,7 +460,7 @@ class RulerBenchmark(Benchmark):
         return _with_earlier_cells(summary, earlier)
 
     def average(self, rows: list[ResultRow]) -> Averages:
-        from evalkit.length_averages import average_table, length_averages
+        from evalkit.store.averages import average_table, length_averages
 
         records = [asdict(average) for average in length_averages(rows)]
         return Averages(
@@ -471,7 +489,7 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
         return summary
     now, then = summary["provenance"], earlier.get("provenance") or {}
     then_settings = then.get("settings") or {}
-    # The same settings' identity (evalkit.identity), and the same facts the engine resolved from them
+    # The same settings' identity (evalkit.store.identity), and the same facts the engine resolved from them
     # and the checkpoint (engines.base.RESULT_FACTS), for an earlier summary's cells to stand beside these.
     alike = stored_identity(RulerSettings, now["settings"]) == stored_identity(RulerSettings, then_settings) and all(
         (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in RESULT_FACTS
@@ -509,7 +527,7 @@ def run_ruler(
     executor=None,
 ) -> EvaluationRun:
     """RULER on every checkpoint through the one pipeline (which takes `out`'s lock); returns its run.
-    `shard` and `executor`: see evalkit.scale."""
+    `shard` and `executor`: see evalkit.sweep."""
     return run_benchmark(
         RulerBenchmark(settings),
         refs,

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from evalkit.checkpoint_check import HubModel, check_checkpoint, checkpoint_source
-from evalkit.checkpoint_refs import STEP_DIR, step_dir_name
 from evalkit.errors import UserError
-from evalkit.provenance import stamp
-from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
+from evalkit.files import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
+from evalkit.models.check import HubModel, check_checkpoint, checkpoint_source
+from evalkit.models.refs import STEP_DIR, step_dir_name
+from evalkit.store.provenance import stamp
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -22,9 +22,9 @@ import yaml
 from evalkit.attention import Paradigm
 from evalkit.attention.hf import ROPE_PRECISIONS
 from evalkit.attention.packing import WINDOW_STARTS
-from evalkit.checkpoint_check import HubModel, checkpoint_source
-from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.errors import UserError
+from evalkit.models.check import HubModel, checkpoint_source
+from evalkit.models.refs import is_checkpoint
 from evalkit.package_data import CONFIG_DIR, recipe_folder
 from evalkit.train.regime import BF16_DTYPES, DTYPES
 from evalkit.train.synthetic import PHRASINGS

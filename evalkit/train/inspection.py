@@ -21,7 +21,7 @@ import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, PackedSequence, document_mask
 from evalkit.errors import UserError
-from evalkit.storage import atomic_write_bytes, atomic_write_json, check_output_dir, refuse_foreign
+from evalkit.files import atomic_write_bytes, atomic_write_json, check_output_dir, refuse_foreign
 from evalkit.train.config import TrainConfig, check_inputs
 from evalkit.train.data import open_source
 from evalkit.train.loop import build_stream

@@ -25,11 +25,11 @@ from evalkit.attention import PackedSequence
 from evalkit.attention.anchor import anchor_note, anchor_record
 from evalkit.attention.features import layer_windows
 from evalkit.attention.hf import HF_NAMES
-from evalkit.checkpoint_check import check_checkpoint
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
-from evalkit.provenance import git_hash
-from evalkit.storage import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
+from evalkit.files import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
+from evalkit.models.check import check_checkpoint
+from evalkit.store.provenance import git_hash
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, base_model_record, check_inputs

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.checkpoint_check import checkpoint_source
 from evalkit.errors import UserError
+from evalkit.models.check import checkpoint_source
 from evalkit.train.config import TrainConfig
 
 GiB = 2**30

@@ -10,8 +10,8 @@ from evalkit.attention import register_hf_attention
 from evalkit.attention.features import check_attention_supported
 from evalkit.attention.hf import hf_name, set_rope_precision
 from evalkit.attention.kernels import default_implementation
-from evalkit.checkpoint_check import check_checkpoint, load_pretrained
 from evalkit.errors import UserError
+from evalkit.models.check import check_checkpoint, load_pretrained
 from evalkit.train.config import TrainConfig, model_directory
 
 
@@ -33,7 +33,7 @@ def load_tokenizer(config: TrainConfig):
 
         return builtin_tokenizer(config.data.vocab_size)
     if Path(name).is_dir():  # a local checkpoint: any fault in its files is one line naming the file
-        from evalkit.checkpoint_check import load_tokenizer as load_checkpoint_tokenizer
+        from evalkit.models.check import load_tokenizer as load_checkpoint_tokenizer
 
         return load_checkpoint_tokenizer(name, trust_remote_code=config.model.trust_remote_code)
     from transformers import AutoTokenizer

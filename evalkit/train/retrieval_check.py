@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from evalkit.checkpoint_refs import is_checkpoint
 from evalkit.markdown import markdown_row, markdown_table
+from evalkit.models.refs import is_checkpoint
 from evalkit.train.synthetic import PHRASINGS, RetrievalExample, copy_example, retrieval_example
 
 
@@ -151,8 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         import shlex
 
-        from evalkit.provenance import provenance_lines
-        from evalkit.storage import atomic_write_text
+        from evalkit.files import atomic_write_text
+        from evalkit.store.provenance import provenance_lines
 
         command = "python -m evalkit.train.retrieval_check " + shlex.join(sys.argv[1:] if argv is None else argv)
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from evalkit.attention import document_mask
 from evalkit.attention.kernels import flex_compile_counts, recompile_limit
 from evalkit.markdown import markdown_table
-from evalkit.result_log import ResultLog
+from evalkit.store.result_log import ResultLog
 from evalkit.vllm_plugin.cache_layout import learn_layout
 from evalkit.vllm_plugin.kernels import (
     anchor_attention,

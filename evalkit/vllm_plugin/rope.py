@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from evalkit.precision import ROPE_VARIANTS
+from evalkit.models.precision import ROPE_VARIANTS
 
 CONFIG_ROPE = "evalkit_rope"
 CONFIG_POSITION_SHIFT = "evalkit_position_shift"

@@ -71,7 +71,7 @@ def assert_same_answers(path: Path, run, **settings) -> None:
 
 
 def ruler_prompts(path: Path, task: str, length: int, qa_files: Path, cache_dir: Path) -> list[str]:
-    from evalkit.checkpoint_check import load_tokenizer
+    from evalkit.models.check import load_tokenizer
     from evalkit.ruler.cache import load_or_generate
 
     samples = load_or_generate(task, load_tokenizer(path), length, 2, 42, cache_dir=cache_dir, qa_dir=qa_files)

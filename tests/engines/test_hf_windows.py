@@ -145,7 +145,7 @@ def test_ruler_anchor_encoding_refuses_before_loading_a_model(gemma3, tmp_path, 
     """RULER's check reads config.json only: soft-capping on any engine, windows on vLLM's packed backend."""
     from transformers import AutoModelForCausalLM
 
-    from evalkit.checkpoint_refs import CheckpointRef
+    from evalkit.models.refs import CheckpointRef
     from evalkit.ruler.runner import RulerSettings, check_packed_attention
 
     anchor = dict(tasks=["niah_single_1"], lengths=[256], encoding="anchor")
@@ -187,7 +187,7 @@ def test_answers_logged_under_the_window_reading_are_not_reused_for_the_sink_rea
     import json
     import shutil
 
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     checkpoint = shutil.copytree(gemma3, tmp_path / "run" / "step-1")

@@ -138,10 +138,10 @@ def test_an_engine_used_as_a_context_manager_is_closed_however_its_block_ends(ch
 
 
 def test_the_ruler_runner_closes_its_engine_when_a_task_fails(checkpoint, monkeypatch, tmp_path):
-    from evalkit.checkpoint_refs import CheckpointRef
     from evalkit.engines.hf import HFEngine
-    from evalkit.pipeline import evaluate_checkpoint
+    from evalkit.models.refs import CheckpointRef
     from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+    from evalkit.sweep.pipeline import evaluate_checkpoint
 
     path, _ = checkpoint
     closed = []

@@ -1,5 +1,5 @@
 """A stored lm-eval task record is reused when its key matches: the key is read from
-GeneralSettings' fields (evalkit.identity), and records written by earlier evalkit versions
+GeneralSettings' fields (evalkit.store.identity), and records written by earlier evalkit versions
 (the committed results/smollm2-135m/general run) still match it."""
 
 import dataclasses
@@ -56,8 +56,8 @@ def test_records_of_an_older_evalkit_keep_their_key(task):
 
 
 def test_stored_settings_missing_a_field_read_it_as_its_default():
-    from evalkit.identity import identity, stored_identity
     from evalkit.ruler.runner import RulerSettings
+    from evalkit.store.identity import identity, stored_identity
 
     now = RulerSettings(tasks=["vt"], lengths=[1024], num_samples=20, batch_size=64)
     old_record = {"num_samples": 20, "seed": 42, "engine": "hf", "batch_size": 8, "tasks": ["fwe"]}  # no sizing etc.
@@ -72,7 +72,7 @@ def test_a_location_field_is_no_part_of_the_identity_and_keeps_the_keys_made_at_
     existed, the field then hashed as None like any other."""
     import hashlib
 
-    from evalkit.identity import LOCATION, identity, identity_key, setting, stored_identity
+    from evalkit.store.identity import LOCATION, identity, identity_key, setting, stored_identity
 
     @dataclasses.dataclass
     class Settings:

@@ -18,9 +18,9 @@ pytest.importorskip("rouge", reason="LongBench's metrics need evalkit[longbench]
 from lm_eval.tasks._yaml_loader import load_yaml  # noqa: E402
 from lm_eval.utils import apply_template  # noqa: E402
 
-from evalkit.checkpoint_refs import resolve_checkpoints  # noqa: E402
 from evalkit.general import run_general  # noqa: E402
 from evalkit.general.catalog import TASKS_DIR  # noqa: E402
+from evalkit.models.refs import resolve_checkpoints  # noqa: E402
 
 FIXTURES = TASKS_DIR / "evalkit_fixtures"
 GROUP = "evalkit_fixture_longbench"

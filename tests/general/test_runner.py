@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import evalkit.engines
-from evalkit.checkpoint_refs import resolve_checkpoints
 from evalkit.errors import UserError
 from evalkit.general import run_general
 from evalkit.general.catalog import TASKS_DIR, hub_offline
 from evalkit.general.tables import average_table
+from evalkit.models.refs import resolve_checkpoints
 
 from .conftest import RUN, engine_for
 
@@ -295,12 +295,12 @@ def test_the_request_is_checked_once_and_lm_eval_starts_only_after_the_pipelines
     catalog (lm-eval's start) is made by the benchmark's own check, after them: a request the
     pipeline refuses makes none."""
     import evalkit.general.catalog
-    import evalkit.pipeline
-    from tests.scale.helpers import tiny_refs
+    import evalkit.sweep.pipeline
+    from tests.sweep.helpers import tiny_refs
 
     checks, catalogs = [], []
-    real_check = evalkit.pipeline.check_tokenizer  # one call per checkpoint per run of the checks
-    monkeypatch.setattr(evalkit.pipeline, "check_tokenizer", lambda ref: (checks.append(ref), real_check(ref))[1])
+    real_check = evalkit.sweep.pipeline.check_tokenizer  # one call per checkpoint per run of the checks
+    monkeypatch.setattr(evalkit.sweep.pipeline, "check_tokenizer", lambda ref: (checks.append(ref), real_check(ref))[1])
 
     class Catalog:
         def __init__(self, include_paths, names):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from evalkit.gguf_import import file_sha256
+from evalkit.models.gguf_import import file_sha256
 
 pytestmark = pytest.mark.real
 

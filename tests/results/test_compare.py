@@ -14,7 +14,7 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.results.compare import compare, holm, longest_holding, normal_p
 from evalkit.results.samples import Cell, Sample, Series, load_series
-from evalkit.sample_log import record_checksum
+from evalkit.store.sample_log import record_checksum
 
 CELL = Cell("ruler", "niah_single_1", 1024, "string_match_all")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.checkpoint_refs import resolve_checkpoints
 from evalkit.errors import UserError
+from evalkit.models.refs import resolve_checkpoints
 
 SETTINGS = {"tasks": ["niah_single_1", "vt", "cwe"], "num_samples": 10, "seed": 42}
 
@@ -213,8 +213,8 @@ def test_resolve_checkpoints(tmp_path):
 
 
 def test_per_task_cells_show_the_standard_error_of_a_single_checkpoint():
-    from evalkit.result_format import read_row
     from evalkit.results.leaderboard import per_task_table
+    from evalkit.store.result_format import read_row
 
     rows = [
         {"run": "one", "step": 5, "task": "vt", "length": 1024, "score": 15.0, "stderr": 8.19, "n": 20},
@@ -327,7 +327,7 @@ def test_export_refuses_an_unknown_format(results):
     ],
 )
 def test_the_model_column_shows_the_training_precision(config, precision, shown):
-    from evalkit.result_format import describe_checkpoint
+    from evalkit.store.result_format import describe_checkpoint
 
     summary = ruler_summary("run", 10, {("vt", 512): 50})
     meta = summary["provenance"]["checkpoint_meta"]
@@ -340,9 +340,9 @@ def test_the_model_column_shows_the_training_precision(config, precision, shown)
 def test_leaderboard_cells_and_avg_are_one_computation_and_only_avg_demands_the_same_tasks():
     """Checkpoint 1 scored two tasks at 512, checkpoint 2 three. --avg refuses to average unlike
     things; the leaderboard shows the stored mean over checkpoints of each one's task average."""
-    from evalkit.length_averages import length_averages
-    from evalkit.result_format import ResultRow
     from evalkit.results.leaderboard import ruler_cells
+    from evalkit.store.averages import length_averages
+    from evalkit.store.result_format import ResultRow
 
     def row(step: int, task: str, value: float) -> ResultRow:
         return ResultRow("ruler", "r", step, task, "string_match_all", value, 0.0, 10, length=512)

@@ -16,18 +16,18 @@ import pytest
 import torch
 
 from evalkit.attention import document_mask
-from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.engines import get_engine
 from evalkit.engines import tokens as tok
 from evalkit.errors import Skipped, UserError
-from evalkit.lazy_engine import EngineChoice, LazyEngine
-from evalkit.result_format import ResultRow
+from evalkit.models.refs import CheckpointRef
 from evalkit.ruler import generate
 from evalkit.ruler.encoding import split_sample
 from evalkit.ruler.runner import RulerSettings, _evaluate_task
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import task_spec
-from evalkit.unit_store import Unit, UnitStore
+from evalkit.store.result_format import ResultRow
+from evalkit.store.units import Unit, UnitStore
+from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from tests.helpers import build_checkpoint, copy_with_config, decode, greedy_without_cache
 
 BUILT_IN = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multivalue", "vt", "fwe"]

@@ -93,9 +93,9 @@ def test_a_unit_resolves_its_spec_once(tokenizer, tmp_path, monkeypatch):
     metrics (not once per sample); an engine that echoes the prompt finds every needle: 100."""
     import evalkit.ruler.runner as runner
     import evalkit.ruler.spec as spec_module
-    from evalkit.checkpoint_refs import CheckpointRef
-    from evalkit.lazy_engine import EngineChoice, LazyEngine
-    from evalkit.unit_store import Unit, UnitStore
+    from evalkit.models.refs import CheckpointRef
+    from evalkit.store.units import Unit, UnitStore
+    from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 
     class Echo:
         def count_tokens(self, prompt):

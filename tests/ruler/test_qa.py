@@ -90,12 +90,12 @@ def test_the_data_key_follows_the_files_content_not_where_it_lies(tokenizer, qa_
 def test_answers_logged_under_the_files_location_are_reused(tokenizer, qa_dir, tmp_path):
     """Sample logs written before content keys carry a data key made from the QA file's path, size
     and mtime: a rerun carries them over to the content key and computes nothing."""
-    from evalkit.checkpoint_refs import CheckpointRef
-    from evalkit.lazy_engine import EngineChoice, LazyEngine
+    from evalkit.models.refs import CheckpointRef
     from evalkit.ruler.cache import cache_key
     from evalkit.ruler.runner import RulerBenchmark, RulerSettings, sample_key
-    from evalkit.sample_log import record_checksum
-    from evalkit.unit_store import Unit, UnitStore
+    from evalkit.store.sample_log import record_checksum
+    from evalkit.store.units import Unit, UnitStore
+    from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 
     class Echo:
         calls = 0

@@ -108,7 +108,7 @@ def test_stored_results_and_skips_load_no_model(tiny_run, tmp_path, monkeypatch)
     """A rerun over complete sample logs, and a task skipped for missing data or size, answer
     from the tokenizer alone: the engine is never built, and the summary is the first one's."""
     import evalkit.engines
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     (ref,) = resolve_checkpoints([str(tiny_run / "step-4")])
@@ -201,7 +201,7 @@ def with_chat_template(checkpoint: Path, destination: Path) -> Path:
 
 def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_path, monkeypatch):
     import evalkit.engines
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, run_ruler
 
     chat_checkpoint = with_chat_template(sorted(tiny_run.glob("step-*"))[-1], tmp_path / "chat-run" / "step-4")
@@ -250,8 +250,8 @@ def test_chat_prompt_format_without_a_template_is_one_line(tiny_run, tmp_path):
 def test_cells_kept_from_a_version_1_summary_are_stored_in_this_versions_shape():
     """An --out written before RULER rows named their metric (schema_version 1), extended by a run
     at another length: the kept rows gain their metric, so the merged summary reads as one version."""
-    from evalkit.result_format import SCHEMA_VERSION, summary_rows
     from evalkit.ruler.runner import _with_earlier_cells
+    from evalkit.store.result_format import SCHEMA_VERSION, summary_rows
 
     def provenance(length: int) -> dict:
         settings = {"tasks": ["niah_single_1", "qa_1"], "lengths": [length], "num_samples": 2}

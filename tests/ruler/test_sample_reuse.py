@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import evalkit.engines
-from evalkit.checkpoint_refs import resolve_checkpoints
-from evalkit.result_format import read_row
+from evalkit.models.refs import resolve_checkpoints
 from evalkit.ruler import generate, load_or_generate
 from evalkit.ruler.runner import RulerSettings, run_ruler
+from evalkit.store.result_format import read_row
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"

@@ -238,11 +238,11 @@ class EchoEngine:
 def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_path):
     import json
 
-    from evalkit.checkpoint_refs import CheckpointRef
-    from evalkit.lazy_engine import EngineChoice, LazyEngine
+    from evalkit.models.refs import CheckpointRef
     from evalkit.ruler.runner import _evaluate_task, _prompt_hash, sample_key
     from evalkit.ruler.spec import task_spec
-    from evalkit.unit_store import Unit, UnitStore
+    from evalkit.store.units import Unit, UnitStore
+    from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 
     ref = CheckpointRef("run", 1, tmp_path / "ckpt")
     log = tmp_path / "out" / "run" / "step-1" / "ruler" / "niah_multikey_1" / "2048.jsonl"
@@ -272,8 +272,9 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
 def test_cli_sizing_option_reaches_the_settings(monkeypatch):
     from typer.testing import CliRunner
 
-    from evalkit import checkpoint_refs, cli
+    from evalkit import cli
     from evalkit.cli import ruler as ruler_command
+    from evalkit.models import refs as checkpoint_refs
 
     seen = []
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evalkit.result_format import training_precision
+from evalkit.store.result_format import training_precision
 from evalkit.train.distributed import DistContext
 from evalkit.train.loop import build_stream, build_training, collate, compute_weights, optimizer_step, train
 from evalkit.train.model import load_tokenizer

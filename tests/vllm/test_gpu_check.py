@@ -78,7 +78,7 @@ def test_recompile_accounting_counts_every_graph_of_the_function_against_its_lim
 
 
 def test_each_result_is_in_the_results_file_before_a_later_check_fails(tmp_path, monkeypatch):
-    from evalkit.result_log import ResultLog, read_results
+    from evalkit.store.result_log import ResultLog, read_results
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")

@@ -18,7 +18,7 @@ PROMPTS = ["The grass is green and the sky", "Once upon a time, there", "1, 2, 3
 @pytest.fixture(scope="module")
 def imported_gemma3(tmp_path_factory):
     pytest.importorskip("gguf", reason="the gguf package is not installed (pip install 'evalkit[gguf]')")
-    from evalkit.gguf_import import import_gguf
+    from evalkit.models.gguf_import import import_gguf
     from tests.gguf_models import write_gemma3_gguf
 
     folder = tmp_path_factory.mktemp("gemma3")

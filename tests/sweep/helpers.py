@@ -12,7 +12,7 @@ TASKS = ["niah_single_1", "niah_single_2", "qa_1"]  # qa_1 without --qa-dir: a u
 
 
 def tiny_refs(runs: tuple[str, ...] = ("tiny-long-full-shipped",)):
-    from evalkit.checkpoint_refs import resolve_checkpoints
+    from evalkit.models.refs import resolve_checkpoints
 
     return resolve_checkpoints([str(SHIPPED / run) for run in runs])
 

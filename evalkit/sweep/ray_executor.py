@@ -8,7 +8,7 @@
       the pipeline's own loop writes every summary (one writer), as if it had computed the units
 
 One writer per file across hosts, without trusting a lock on a shared file system (flock and
-NFS locks do not hold across hosts on many): the driver holds --out's lease (evalkit.scale.lease)
+NFS locks do not hold across hosts on many): the driver holds --out's lease (evalkit.sweep.lease)
 and assigns every unit to exactly one group; a worker claims its group and writes only its
 group's units' files, each write fenced by its claim; only the driver writes summaries. A group
 is retried when its worker is gone (Ray's retry: a process killed, a node declared dead) or its
@@ -31,12 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evalkit.engines.ray_start import exit_status_kept, init_ray
 from evalkit.errors import Skipped, UserError
-from evalkit.ray_start import exit_status_kept, init_ray
-from evalkit.scale.lease import ClaimWatch, LeaseLost, claim_group
-from evalkit.scale.plan import Outcome, WorkPlan, assign_shards, unit_cost
-from evalkit.storage import disk_full_error, fenced
-from evalkit.unit_store import UnitStore
+from evalkit.files import disk_full_error, fenced
+from evalkit.store.units import UnitStore
+from evalkit.sweep.lease import ClaimWatch, LeaseLost, claim_group
+from evalkit.sweep.plan import Outcome, WorkPlan, assign_shards, unit_cost
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
 STATUS_EVERY_S = 10.0  # the driver's progress line
@@ -52,7 +52,7 @@ class RayExecutor:
 
     def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None, lease=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes.
-        `lease` (evalkit.scale.lease.DriverLease): the driver's, under which workers claim their groups.
+        `lease` (evalkit.sweep.lease.DriverLease): the driver's, under which workers claim their groups.
         Progress is `log`'s lines (Status): groups done and each worker's samples/s, every 10 s."""
         ray = _import_ray()
         started_here = self._connect(ray)
@@ -186,7 +186,7 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
 def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, open_engine=None, claims=None):
     """On a worker: one engine for the group's units (built only if a unit has work left).
     `claims` (the driver's lease generation, the lease timeout): the group is claimed first, and
-    every write of its files checks that this attempt is still the newest (evalkit.scale.lease)."""
+    every write of its files checks that this attempt is still the newest (evalkit.sweep.lease)."""
     import ray
 
     context = ray.get_runtime_context()
@@ -207,7 +207,7 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, o
 
 
 def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter, open_engine, worker: dict):
-    from evalkit.lazy_engine import LazyEngine
+    from evalkit.sweep.engine_choice import LazyEngine
 
     outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:

@@ -1,5 +1,5 @@
 """The engine a benchmark asks for (name and settings), built only when a unit needs it
-(evalkit.pipeline, the Ray executor)."""
+(evalkit.sweep.pipeline, the Ray executor)."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.result_format import read_summary
-from evalkit.scale.plan import empty_shard_name
-from evalkit.storage import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
+from evalkit.files import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
+from evalkit.store.result_format import read_summary
+from evalkit.sweep.plan import empty_shard_name
 
 SUMMARY_SUFFIX = "-summary.json"
 
@@ -49,7 +49,7 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
 
 
 def _read_empty_shards(inputs: list[Path]) -> dict[Path, dict]:
-    """The inputs that are shards without units (evalkit.scale.plan.write_empty_shard): their records,
+    """The inputs that are shards without units (evalkit.sweep.plan.write_empty_shard): their records,
     read where the directory holds no summary (a record beside summaries is an earlier run's)."""
     found = {}
     for directory in inputs:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.gguf_header import check_declared_sizes
-from evalkit.precision import check_dtype, torch_dtype
-from evalkit.storage import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.files import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.models.gguf_header import check_declared_sizes
+from evalkit.models.precision import check_dtype, torch_dtype
 
 GGUF_MAGIC = b"GGUF"
 META = "meta.json"

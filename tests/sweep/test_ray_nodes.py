@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scale.helpers import SHIPPED, outputs_of
+from tests.sweep.helpers import SHIPPED, outputs_of
 
 pytest.importorskip("ray")
 RAY = Path(sys.executable).with_name("ray")

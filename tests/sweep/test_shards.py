@@ -9,9 +9,9 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.ruler.runner import RulerBenchmark, run_ruler
-from evalkit.scale.merge import merge_shards
-from evalkit.scale.plan import Shard, assign_shards, parse_shard, plan_work
-from tests.scale.helpers import outputs_of, run_cli, tiny_refs, tiny_settings
+from evalkit.sweep.merge import merge_shards
+from evalkit.sweep.plan import Shard, assign_shards, parse_shard, plan_work
+from tests.sweep.helpers import outputs_of, run_cli, tiny_refs, tiny_settings
 
 
 def test_shards_balance_estimated_tokens_not_counts():

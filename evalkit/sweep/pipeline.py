@@ -15,7 +15,7 @@ A benchmark is a subclass of Benchmark below: its units, how a unit is evaluated
 rows are averaged over checkpoints; optionally its own request check, how a finished unit is
 found on disk, and what else its summary keeps. Progress reaches the caller as ProgressEvents.
 Adding one is a module implementing it (tests/test_pipeline.py runs a toy benchmark through every
-part of the pipeline); its rows are evalkit.result_format.ResultRow, which the leaderboard reads.
+part of the pipeline); its rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
 """
 
 from __future__ import annotations
@@ -27,12 +27,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from evalkit.checkpoint_refs import CheckpointRef, checkpoint_meta, weights_fingerprint
 from evalkit.errors import Skipped, UserError
-from evalkit.lazy_engine import EngineChoice, LazyEngine
+from evalkit.files import (
+    atomic_write_json,
+    atomic_write_text,
+    check_output_dir,
+    disk_full_error,
+    output_lock,
+    refuse_foreign,
+)
 from evalkit.lengths import check_max_length
-from evalkit.provenance import command_line, stamp, stamp_of
-from evalkit.result_format import (
+from evalkit.models.refs import CheckpointRef, checkpoint_meta, weights_fingerprint
+from evalkit.store.provenance import command_line, stamp, stamp_of
+from evalkit.store.result_format import (
     SCHEMA_VERSION,
     ResultRow,
     failed_name,
@@ -42,16 +49,9 @@ from evalkit.result_format import (
     summary_name,
     summary_rows,
 )
-from evalkit.sample_log import checkpoint_dir
-from evalkit.storage import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    disk_full_error,
-    output_lock,
-    refuse_foreign,
-)
-from evalkit.unit_store import Unit, UnitStore
+from evalkit.store.sample_log import checkpoint_dir
+from evalkit.store.units import Unit, UnitStore
+from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 
 Detail = TypeVar("Detail")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -144,7 +144,7 @@ class EvaluationRun:
 
     summaries: list[dict[str, Any]]
     rows: list[dict[str, Any]]
-    skipped: list[dict[str, Any]]  # rows: the summaries' stored rows (evalkit.result_format.row_record)
+    skipped: list[dict[str, Any]]  # rows: the summaries' stored rows (evalkit.store.result_format.row_record)
     averages: Averages | None = None
     files: dict[str, Path] = field(default_factory=dict)
     empty_shard: str | None = None  # a shard without units: the line saying so (nothing else was done)
@@ -156,7 +156,7 @@ class EvaluationRun:
 def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) -> None:
     """Everything a user can get wrong, before any model or data is loaded or anything written."""
     from evalkit.engines import ENGINE_NAMES, check_engine_settings
-    from evalkit.precision import check_dtype
+    from evalkit.models.precision import check_dtype
 
     if not refs:
         raise UserError("no checkpoint given: pass --ckpts PATH")
@@ -214,10 +214,10 @@ def run_benchmark(
 ) -> EvaluationRun:
     """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring).
 
-    `shard` (evalkit.scale.plan.Shard): only that shard's units; `executor` (evalkit.scale):
+    `shard` (evalkit.sweep.plan.Shard): only that shard's units; `executor` (evalkit.sweep):
     computes the units elsewhere first (a Ray cluster), this loop then writes the summaries."""
-    from evalkit.scale.lease import driver_lease
-    from evalkit.scale.plan import plan_work, write_empty_shard
+    from evalkit.sweep.lease import driver_lease
+    from evalkit.sweep.plan import plan_work, write_empty_shard
 
     out = Path(out)
     check_request(benchmark, refs, out)
@@ -258,7 +258,7 @@ def run_benchmark(
 def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exception) -> dict[str, Any]:
     """<out>/<run>/step-<N>/<name>-failed.json: the checkpoint and the one-line reason it failed
     (the leaderboard lists it); removed when the checkpoint is later evaluated in full."""
-    from evalkit.checkpoint_check import one_line
+    from evalkit.models.check import one_line
 
     reason = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {one_line(err)}"
     record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "run": ref.run, "step": ref.step}
@@ -285,7 +285,7 @@ def evaluate_checkpoint(
     open_engine: Callable[..., Any] | None = None,
     work: Any = None,
 ) -> dict[str, Any]:
-    """Every unit of one checkpoint (`work`, evalkit.scale.plan.CheckpointWork: only its units,
+    """Every unit of one checkpoint (`work`, evalkit.sweep.plan.CheckpointWork: only its units,
     some computed elsewhere); writes and returns its summary."""
     if work is not None and work.failure is not None:
         raise work.failure  # computed elsewhere and failed there: the sweep records it

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
-from evalkit.result_format import ResultRow
+from evalkit.store.result_format import ResultRow
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evalkit.checkpoint_refs import CheckpointRef, step_dir_name
 from evalkit.errors import UserError
-from evalkit.storage import check_fences, naming
+from evalkit.files import check_fences, naming
+from evalkit.models.refs import CheckpointRef, step_dir_name
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
 
@@ -73,7 +73,7 @@ class SampleLog:
             self.records[int(record["index"])] = record
             kept.append(line)
         if dropped:  # rewrite without the lines we will not use, so appends stay clean
-            from evalkit.storage import atomic_write_text
+            from evalkit.files import atomic_write_text
 
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
@@ -115,7 +115,7 @@ class SampleLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with naming(self.path), self.path.open("a", encoding="utf-8") as handle:
-            check_fences()  # a worker whose claim was taken over stops here (evalkit.scale.lease)
+            check_fences()  # a worker whose claim was taken over stops here (evalkit.sweep.lease)
             for record in records:
                 record = {**record, "data_key": self.data_key}
                 record[CHECKSUM] = record_checksum(record)

@@ -15,7 +15,7 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.ruler.runner import run_ruler
-from tests.scale.helpers import SHIPPED, outputs_of, run_cli, tiny_refs, tiny_settings
+from tests.sweep.helpers import SHIPPED, outputs_of, run_cli, tiny_refs, tiny_settings
 
 ray = pytest.importorskip("ray")
 
@@ -30,7 +30,7 @@ def cluster():
 
 
 def executor():
-    from evalkit.scale.ray_executor import RayExecutor
+    from evalkit.sweep.ray_executor import RayExecutor
 
     return RayExecutor()
 
@@ -180,7 +180,7 @@ def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
 
     import psutil
 
-    from tests.scale.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED
 
     out = tmp_path / "out"
     run = str(SHIPPED / "tiny-long-full-shipped")
@@ -267,8 +267,8 @@ def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(
     the good ones' summaries equal to a local run of them alone, one line naming the failure."""
     import shutil
 
-    from evalkit.checkpoint_refs import resolve_checkpoints
     from evalkit.errors import UserError
+    from evalkit.models.refs import resolve_checkpoints
 
     sweep = tmp_path / "sweep"
     shutil.copytree(SHIPPED / "tiny-long-full-shipped", sweep)
@@ -328,7 +328,7 @@ def test_cpu_nodes_run_as_many_model_copies_as_fit_in_memory(tmp_path):
     """A checkpoint of 1 GiB of weights asks 3 GiB per task: a 16-core node with 10 GiB for Ray runs
     3 copies (10 // 3), not 16; a second node of 4 cores and 32 GiB runs 4 (its cores): 7 in all."""
     from evalkit.ruler.runner import RulerBenchmark
-    from evalkit.scale.ray_executor import concurrent_copies, task_resources
+    from evalkit.sweep.ray_executor import concurrent_copies, task_resources
 
     (tmp_path / "model.safetensors").write_bytes(b"")
     with open(tmp_path / "model.safetensors", "r+b") as handle:
@@ -361,7 +361,7 @@ def test_cpu_nodes_run_as_many_model_copies_as_fit_in_memory(tmp_path):
     ],
 )
 def test_ray_resources_parse(text, expected):
-    from evalkit.scale.ray_executor import parse_ray_resources
+    from evalkit.sweep.ray_executor import parse_ray_resources
 
     assert parse_ray_resources(text) == expected
 
@@ -372,7 +372,7 @@ def test_ray_resources_parse(text, expected):
      ("memory=lots", "'lots' is not a non-negative amount"), (" , ", "is empty")],
 )  # fmt: skip
 def test_bad_ray_resources_are_one_line(text, message):
-    from evalkit.scale.ray_executor import parse_ray_resources
+    from evalkit.sweep.ray_executor import parse_ray_resources
 
     with pytest.raises(UserError, match=message):
         parse_ray_resources(text)
@@ -387,7 +387,7 @@ def test_ray_resources_without_ray_is_refused(tmp_path, capsys):
 def test_the_log_says_how_many_model_copies_run_at_once(cluster, tmp_path):
     """The module's 2-CPU cluster asked for 2 CPUs a task runs one model copy at a time, and the log
     says so; the records equal a local run's. By default (1 CPU and 3x the tiny weights' 2.6 MB), 2."""
-    from evalkit.scale.ray_executor import RayExecutor
+    from evalkit.sweep.ray_executor import RayExecutor
 
     refs, settings = tiny_refs(), tiny_settings(samples=1, tasks=["niah_single_1"])
     lines: list[str] = []

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.storage import atomic_write_json, fenced, naming
+from evalkit.files import atomic_write_json, fenced, naming
 
 LEASE_DIR = ".evalkit-lease"
 TIMEOUT_ENV = "EVALKIT_LEASE_TIMEOUT"

@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit.checkpoint_check import HubModel, checkpoint_source
 from evalkit.errors import UserError
+from evalkit.models.check import HubModel, checkpoint_source
 
 STEP_DIR = re.compile(r"^step-(\d+)$")  # the one step-directory rule: step-<N>, written by step_dir_name
 

@@ -50,14 +50,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 # What a durable write must check first where another host may have taken over this writer's
-# files (evalkit.scale.lease: a driver lease, a worker's group claim); empty in a plain run.
+# files (evalkit.sweep.lease: a driver lease, a worker's group claim); empty in a plain run.
 _FENCES: ContextVar[tuple[Callable[[], None], ...]] = ContextVar("evalkit_fences", default=())
 
 
 @contextmanager
 def fenced(check: Callable[[], None]) -> Iterator[None]:
     """Within the block, every atomic write and sample-log append first calls `check`, which
-    raises when this process may no longer write (evalkit.scale.lease)."""
+    raises when this process may no longer write (evalkit.sweep.lease)."""
     token = _FENCES.set((*_FENCES.get(), check))
     try:
         yield

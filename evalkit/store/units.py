@@ -1,5 +1,5 @@
 """A unit of a benchmark and where its files live: below the pipeline, so its executors (the
-shards, the Ray workers: evalkit.scale) and the benchmarks name a unit's files alike."""
+shards, the Ray workers: evalkit.sweep) and the benchmarks name a unit's files alike."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.checkpoint_refs import CheckpointRef
-from evalkit.result_format import read_summary, summary_name
-from evalkit.sample_log import checkpoint_dir
+from evalkit.models.refs import CheckpointRef
+from evalkit.store.result_format import read_summary, summary_name
+from evalkit.store.sample_log import checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class UnitStore:
     what: every unit of a benchmark on a checkpoint lives in <out>/<run>/step-<N>/<benchmark>/
     (`folder`, beside the checkpoint's summary), in files named from the unit (`file`). No
     benchmark builds a path under --out, so the pipeline's loop, a shard and a Ray worker find a unit's
-    files alike; what makes a stored result valid (its settings' identity, evalkit.identity) is
+    files alike; what makes a stored result valid (its settings' identity, evalkit.store.identity) is
     written in those files and checked by the benchmark that reads them."""
 
     out: Path

@@ -25,10 +25,10 @@ import hashlib
 import json
 from typing import Any
 
-ROLE = "evalkit.identity"  # the metadata key holding a field's role
+ROLE = "evalkit.store.identity"  # the metadata key holding a field's role
 RESULT, EXECUTION, SELECTION, COUNT, LOCATION = "result", "execution", "selection", "count", "location"
-_LATE = "evalkit.identity.late"  # metadata: keyed only when not at its default
-_EXECUTION_KEYS = "evalkit.identity.execution_keys"  # metadata: a dict field's execution-only keys
+_LATE = "evalkit.store.identity.late"  # metadata: keyed only when not at its default
+_EXECUTION_KEYS = "evalkit.store.identity.execution_keys"  # metadata: a dict field's execution-only keys
 
 
 def setting(

@@ -1,4 +1,4 @@
-"""The one-writer lease across hosts (evalkit/scale/lease.py), with flock out of the picture:
+"""The one-writer lease across hosts (evalkit/sweep/lease.py), with flock out of the picture:
 one driver per --out (a second refused in one line, a dead one's lease taken over by exactly
 one newcomer), and a group's claim fencing a superseded worker off its sample log."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from evalkit.errors import UserError
-from evalkit.sample_log import SampleLog
-from evalkit.scale import lease as leases
-from evalkit.storage import atomic_write_json, fenced
-from tests.scale.helpers import SHIPPED, outputs_of, tiny_refs, tiny_settings
+from evalkit.files import atomic_write_json, fenced
+from evalkit.store.sample_log import SampleLog
+from evalkit.sweep import lease as leases
+from tests.sweep.helpers import SHIPPED, outputs_of, tiny_refs, tiny_settings
 
 ROOT = Path(__file__).parents[2]
 
@@ -262,8 +262,8 @@ def test_the_reader_keeps_one_record_per_sample_when_a_late_batch_lands(tmp_path
 _DRIVER_WITHOUT_FLOCK = """
 import sys, time
 from pathlib import Path
-import evalkit.storage
-evalkit.storage._take = lambda handle, directory: None  # a file system where flock does not hold
+import evalkit.files
+evalkit.files._take = lambda handle, directory: None  # a file system where flock does not hold
 from evalkit.cli import main
 ready, everyone = Path(sys.argv[1]), [Path(p) for p in sys.argv[2].split(",")]
 ready.touch()
@@ -311,9 +311,9 @@ def test_two_drivers_at_once_without_flock_one_proceeds_the_other_is_refused(tmp
 
 _DRIVER_ON_HOST = """
 import os, sys
-import evalkit.scale.lease as lease
-import evalkit.storage
-evalkit.storage._take = lambda handle, directory: None  # a file system where flock does not hold
+import evalkit.sweep.lease as lease
+import evalkit.files
+evalkit.files._take = lambda handle, directory: None  # a file system where flock does not hold
 lease.host_identity = lambda: {"host": os.environ["FAKE_HOST"], "boot_id": "b", "pid_ns": "n"}
 from evalkit.cli import main
 sys.argv = ["evalkit", *sys.argv[1:]]

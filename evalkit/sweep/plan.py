@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalkit.checkpoint_refs import CheckpointRef
 from evalkit.errors import UserError
-from evalkit.identity import identity
+from evalkit.models.refs import CheckpointRef
+from evalkit.store.identity import identity
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _array_variable(environ: Mapping[str, str], name: str, scheduler: str) -> in
 class Outcome:
     """A unit computed elsewhere (a Ray worker): its UnitResult or its skip record, and who answered."""
 
-    result: Any = None  # evalkit.pipeline.UnitResult
+    result: Any = None  # evalkit.sweep.pipeline.UnitResult
     skip: dict[str, Any] | None = None
     answered_by: dict[str, Any] = field(default_factory=dict)
     engine_info: dict[str, Any] | None = None
@@ -168,9 +168,9 @@ def empty_shard_name(benchmark_name: str) -> str:
 def write_empty_shard(out: Path, benchmark_name: str, shard: dict[str, Any]) -> str:
     """Record that this shard of the sweep has no units (more array tasks than units), so that the
     array task succeeds and merge counts the shard as present; returns the line to tell the user."""
-    from evalkit.provenance import stamp
-    from evalkit.result_format import SCHEMA_VERSION
-    from evalkit.storage import atomic_write_json
+    from evalkit.files import atomic_write_json
+    from evalkit.store.provenance import stamp
+    from evalkit.store.result_format import SCHEMA_VERSION
 
     record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark_name, "shard": shard, "provenance": stamp()}
     path = out / empty_shard_name(benchmark_name)

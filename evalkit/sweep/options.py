@@ -35,7 +35,7 @@ def make_executor(name: str, ray_address: str | None, ray_resources: str | None 
     check_ray_address(ray_address)
     if importlib.util.find_spec("ray") is None:
         raise UserError("--executor ray needs Ray: pip install 'evalkit[ray]'")
-    from evalkit.scale.ray_executor import RayExecutor, parse_ray_resources
+    from evalkit.sweep.ray_executor import RayExecutor, parse_ray_resources
 
     return RayExecutor(address=ray_address, resources=parse_ray_resources(ray_resources))
 
@@ -57,7 +57,7 @@ def check_ray_address(address: str | None) -> None:
 
 def scale_options(shard: str | None, executor: str, ray_address: str | None, avg: bool, ray_resources=None):
     """(Shard or None, executor or None) from the options, refusing what cannot work together."""
-    from evalkit.scale.plan import parse_shard
+    from evalkit.sweep.plan import parse_shard
 
     parsed = parse_shard(shard)
     if parsed is not None and avg:
