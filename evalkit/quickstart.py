@@ -26,6 +26,7 @@ from rich.console import Console
 from evalkit.errors import UserError
 from evalkit.files import check_output_dir, output_lock
 from evalkit.models.check import checkpoint_source
+from evalkit.models.refs import META
 from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
 
 QUICK_RECIPE = "tiny-long"
@@ -102,7 +103,7 @@ def _stage(console: Console, number: list[int], title: str) -> float:
 
 def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
     """Each paradigm's run, trained to the end (resumed if interrupted, skipped if finished)."""
-    from evalkit.train import load_config, train
+    from evalkit.train import load_recipe, train
     from evalkit.train.checkpoint import complete_checkpoints
     from evalkit.train.config import resolve_recipe
 
@@ -112,7 +113,7 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
     for paradigm in plan.paradigms:
         run_dir = plan.runs_dir / f"{name}-{paradigm}"
         overrides = {"paradigm": paradigm, "max_steps": plan.max_steps, "out": str(run_dir), **spacing}
-        config = load_config(plan.recipe, overrides, plan.sets)
+        config = load_recipe(plan.recipe, overrides, plan.sets)
         done = [step for step, _ in complete_checkpoints(config.run_dir())]
         if done and done[-1] >= config.max_steps:
             console.print(f"{paradigm}: finished earlier ({config.run_dir()}, step {done[-1]}), reused")
@@ -127,11 +128,11 @@ def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
 
 def _short_run_spacing(plan: QuickstartPlan) -> dict[str, int]:
     """A shortened run still ends with the recipe's final_count checkpoints: their spacing shrinks to fit."""
-    from evalkit.train import load_config
+    from evalkit.train import load_recipe
 
     if plan.max_steps is None:
         return {}
-    checkpoint = load_config(plan.recipe, {}, plan.sets).checkpoint
+    checkpoint = load_recipe(plan.recipe, {}, plan.sets).checkpoint
     fitting = max(1, plan.max_steps // (2 * checkpoint.final_count))
     return {"checkpoint.final_spacing": fitting} if fitting < checkpoint.final_spacing else {}
 
@@ -158,11 +159,11 @@ def shipped_runs(recipe: str) -> list[Path]:
 def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path:
     """All stages; returns the leaderboard's path."""
     check_plan(plan)
-    from evalkit.train import load_config
+    from evalkit.train import load_recipe
 
     console = console or Console(stderr=True)
     started = time.perf_counter()
-    seq_len = load_config(plan.recipe, {"max_steps": plan.max_steps}, plan.sets).seq_len
+    seq_len = load_recipe(plan.recipe, {"max_steps": plan.max_steps}, plan.sets).seq_len
     lengths = plan.lengths or [seq_len, 2 * seq_len]
     # One quickstart per --out: a second would train the same runs and write the same results at once.
     # out/ruler and out/general are held by the evaluation pipeline while it writes them.
@@ -265,7 +266,7 @@ def _imported_smollm2(gguf: Path, console: Console) -> Path:
     import os
 
     from evalkit.files import cache_root
-    from evalkit.models.gguf_import import META, file_sha256, import_gguf
+    from evalkit.models.gguf_import import file_sha256, import_gguf
 
     name = f"smollm2-135m-{file_sha256(gguf)[:16]}-fp32"
     tests_cache = Path(os.environ.get("EVALKIT_TEST_MODELS") or Path.home() / ".cache" / "evalkit-test-models")
@@ -381,7 +382,7 @@ def how_runs_trained(refs) -> list[str]:
     rows = []
     for run, (_, path) in sorted(newest.items()):
         try:
-            meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+            meta = json.loads((Path(path) / META).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             meta = {}
         rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])

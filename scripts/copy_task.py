@@ -31,9 +31,9 @@ import torch
 
 from evalkit.files import atomic_write_text
 from evalkit.store.provenance import provenance_lines
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.loop import MaskedLMLoss
-from evalkit.train.model import _scratch_config, build_model, load_tokenizer
+from evalkit.train.model import _scratch_config, build_model, recipe_tokenizer
 
 FIRST_ID = 64  # past the special and domain-tag tokens of the built-in tokenizer
 
@@ -71,8 +71,8 @@ def build(args):
         f"model.intermediate_size={4 * args.hidden}",
         f"data.vocab_size={args.vocab}",
     ]
-    config = load_config(args.recipe, {"seq_len": args.seq, "seed": args.seed}, sets)
-    tokenizer = load_tokenizer(config)
+    config = load_recipe(args.recipe, {"seq_len": args.seq, "seed": args.seed}, sets)
+    tokenizer = recipe_tokenizer(config)
     if args.attention == "sdpa":
         from transformers import AutoModelForCausalLM
 

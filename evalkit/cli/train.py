@@ -60,7 +60,7 @@ def train_command(
     """
     from evalkit.arglists import parse_list
     from evalkit.errors import UserError
-    from evalkit.train import load_config, train
+    from evalkit.train import load_recipe, train
 
     paradigms = parse_list(paradigm) if paradigm else [None]
     overrides = {"model.path": model, "seq_len": seq_len, "max_steps": max_steps, "out": out}
@@ -71,7 +71,7 @@ def train_command(
         return
     if len(paradigms) > 1:
         raise UserError(f"--paradigm takes one paradigm to train, got {paradigm!r} (a list only with --inspect)")
-    cfg = load_config(config, {**overrides, "paradigm": paradigms[0]}, sets)
+    cfg = load_recipe(config, {**overrides, "paradigm": paradigms[0]}, sets)
     if memory_estimate:
         import os
 
@@ -87,9 +87,9 @@ def train_command(
 def _inspect(config, overrides, sets, paradigms, out: str, windows: int, tokens: int) -> None:
     from pathlib import Path
 
-    from evalkit.train import load_config
+    from evalkit.train import load_recipe
     from evalkit.train.inspection import inspect_windows
 
-    configs = [load_config(config, {**overrides, "paradigm": p}, sets) for p in paradigms]
+    configs = [load_recipe(config, {**overrides, "paradigm": p}, sets) for p in paradigms]
     for path in inspect_windows(configs, Path(out), windows=windows, tokens=tokens):
         typer.echo(f"wrote {path}")

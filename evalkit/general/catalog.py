@@ -114,7 +114,7 @@ class TaskCatalog:
             yield
             return
         # lm-eval tells CLI users of custom_dataset tasks about --metadata; the fixtures take none.
-        with hub_offline(), quiet_logger("lm_eval.api.task", ("Custom kwargs can be passed",)):
+        with offline_hubs(), quiet_logger("lm_eval.api.task", ("Custom kwargs can be passed",)):
             yield
 
     def load(self, name: str) -> list[Any]:
@@ -226,7 +226,7 @@ def _dataset_call_arguments(err: BaseException) -> str:
 
 
 @contextmanager
-def hub_offline() -> Iterator[None]:
+def offline_hubs() -> Iterator[None]:
     """huggingface_hub and datasets in offline mode for the duration, then as they were.
 
     Both libraries read the switches from the environment once, at import, into module constants:

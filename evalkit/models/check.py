@@ -128,7 +128,7 @@ def hub_cache() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def hub_offline() -> bool:
+def hub_is_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now, or as huggingface_hub read it at import."""
     from huggingface_hub import constants
 
@@ -144,7 +144,7 @@ def checkpoint_source(name: str, *, cache_only: bool = False) -> tuple[Path, Hub
     hub = HUB_NAME.match(name)
     if hub is None:  # an absolute or deeper path: huggingface_hub is not even imported
         return Path(name).expanduser(), None
-    return _source(name, hub["repo"], hub["revision"], Path.cwd(), hub_cache(), cache_only or hub_offline())
+    return _source(name, hub["repo"], hub["revision"], Path.cwd(), hub_cache(), cache_only or hub_is_offline())
 
 
 @functools.cache

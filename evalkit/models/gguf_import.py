@@ -24,9 +24,9 @@ from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
 from evalkit.models.gguf_header import check_declared_sizes
 from evalkit.models.precision import check_dtype, torch_dtype
+from evalkit.models.refs import META
 
 GGUF_MAGIC = b"GGUF"
-META = "meta.json"
 IMPORT_KIND = "gguf-import"  # meta.json's "source.kind": marks a directory this command wrote
 
 

@@ -24,6 +24,9 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.models.check import HubModel, checkpoint_source
 
+META = (
+    "meta.json"  # a checkpoint's record (step, paradigm, precision, hub source): written last, so it marks a whole one
+)
 STEP_DIR = re.compile(r"^step-(\d+)$")  # the one step-directory rule: step-<N>, written by step_dir_name
 
 
@@ -49,7 +52,7 @@ def _step_of(path: Path) -> int:
     match = STEP_DIR.match(path.name)
     if match:
         return int(match.group(1))
-    meta = path / "meta.json"
+    meta = path / META
     if meta.is_file():
         try:
             return int(json.loads(meta.read_text()).get("step", 0))
@@ -162,7 +165,7 @@ def checkpoint_meta(path: Path, hub: HubModel | None = None) -> dict:
 
 
 def _meta_record(path: Path) -> dict:
-    meta = path / "meta.json"
+    meta = path / META
     if not meta.is_file():
         return {}
     try:

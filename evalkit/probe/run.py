@@ -24,6 +24,7 @@ from evalkit.models.check import (
     load_tokenizer,
 )
 from evalkit.models.precision import resolve_device, torch_dtype
+from evalkit.models.refs import META
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
@@ -87,7 +88,7 @@ def trained_regime(checkpoint: Path) -> dict | None:
     import json
 
     try:
-        meta = json.loads((Path(checkpoint) / "meta.json").read_text(encoding="utf-8"))
+        meta = json.loads((Path(checkpoint) / META).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     precision = meta.get("precision") if isinstance(meta, dict) else None

@@ -390,7 +390,7 @@ def _lengths(one: Series) -> list[int]:
     return sorted({c.length for c in one.cells() if c.benchmark == "ruler" and c.length is not None})
 
 
-def length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
+def series_length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
     """Per length: the series' task average (point) and its replicates."""
     cells = sorted(c for c in boot.series[name].cells() if c.benchmark == "ruler")  # one order: the same digits
     found = {}
@@ -407,7 +407,7 @@ def reference_threshold(boot: Bootstrap, name: str) -> tuple[float, str]:
     """--threshold-from: the reference series' task average at its shortest length (its point value)."""
     if name not in boot.series or not _lengths(boot.series[name]):
         raise UserError(f"--threshold-from {name!r}: no RULER series of that name among {', '.join(boot.series)}")
-    shortest, (value, _) = min(length_averages(boot, name).items())
+    shortest, (value, _) = min(series_length_averages(boot, name).items())
     return value, f"{name} at {shortest}"
 
 
@@ -422,7 +422,7 @@ def longest_holding(lengths: list[int], scores: list[float], threshold: float) -
 
 
 def effective_length(boot: Bootstrap, name: str, threshold: float) -> EffectiveLength:
-    averages = length_averages(boot, name)
+    averages = series_length_averages(boot, name)
     lengths = sorted(averages)
     point = longest_holding(lengths, [averages[n][0] for n in lengths], threshold)
     matrix = np.stack([averages[n][1] for n in lengths])  # (lengths, replicates)

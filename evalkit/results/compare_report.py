@@ -11,7 +11,7 @@ from evalkit.markdown import markdown_table
 from evalkit.results.compare import Comparison, Difference, records, significant
 
 
-def length_label(length: int | None) -> str:
+def cell_length_label(length: int | None) -> str:
     """evalkit.lengths' label, and "–" for a cell without a length (a general task)."""
     return "–" if length is None else label_of_length(length)
 
@@ -38,7 +38,7 @@ def summary_table(comparison: Comparison) -> str:
         by_length = {d.length: d for d in comparison.averages if (d.baseline, d.other) == (a, b)}
         cells = [_marked(by_length[n]) if n in by_length else "–" for n in lengths]
         rows.append([f"{b} − {a}", *cells])
-    return markdown_table(["B − A (task average)", *map(length_label, lengths)], rows)
+    return markdown_table(["B − A (task average)", *map(cell_length_label, lengths)], rows)
 
 
 def differences_table(comparison: Comparison) -> str:
@@ -51,7 +51,7 @@ def differences_table(comparison: Comparison) -> str:
                 f"{d.other} − {d.baseline}",
                 task,
                 metric,
-                length_label(d.length),
+                cell_length_label(d.length),
                 f"{d.baseline_value:.2f}",
                 f"{d.other_value:.2f}",
                 _signed(d.difference),
@@ -74,14 +74,14 @@ def effective_table(comparison: Comparison) -> str:
     rows = []
     for e in comparison.effective:
         scores = [f"{e.scores[n]:.2f}" if n in e.scores else "–" for n in lengths]
-        shortest = length_label(min(e.scores)) if e.scores else "–"
-        shown = length_label(e.length) if e.length is not None else f"< {shortest}"
-        low = length_label(e.low) if e.low is not None else f"< {shortest}"
-        high = length_label(e.high) if e.high is not None else f"< {shortest}"
+        shortest = cell_length_label(min(e.scores)) if e.scores else "–"
+        shown = cell_length_label(e.length) if e.length is not None else f"< {shortest}"
+        low = cell_length_label(e.low) if e.low is not None else f"< {shortest}"
+        high = cell_length_label(e.high) if e.high is not None else f"< {shortest}"
         checkpoints = ", ".join(map(str, comparison.checkpoints.get(e.series, [])))
         rows.append([e.series, checkpoints, *scores, shown, f"[{low}, {high}]"])
-    header = ["series", "checkpoints", *map(length_label, lengths), f"effective length (≥ {comparison.threshold:.2f})",
-              "95% interval"]  # fmt: skip
+    effective = f"effective length (≥ {comparison.threshold:.2f})"
+    header = ["series", "checkpoints", *map(cell_length_label, lengths), effective, "95% interval"]
     return markdown_table(header, rows)
 
 
@@ -156,7 +156,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     axes.axhline(0, color="grey", linewidth=0.8)
     axes.set_xscale("log", base=2)
     lengths = sorted({d.length for d in comparison.averages if d.length is not None})
-    axes.set_xticks(lengths, [length_label(n) for n in lengths])
+    axes.set_xticks(lengths, [cell_length_label(n) for n in lengths])
     axes.minorticks_off()
     axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",
              title="Difference with its 95% interval (hierarchical bootstrap)")  # fmt: skip

@@ -130,19 +130,21 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
 
 
 @dataclass
-class Cell:
+class TableCell:
     mean: float
     std: float
     checkpoints: int
     tasks: int
 
 
-def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], Cell]:
+def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], TableCell]:
     """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average (the one
     computation of --avg, evalkit.store.averages, without its demand that every checkpoint scored
     the same tasks: the leaderboard shows what is stored)."""
     return {
-        (average.run, average.length): Cell(average.mean, average.std, len(average.checkpoints), len(average.tasks))
+        (average.run, average.length): TableCell(
+            average.mean, average.std, len(average.checkpoints), len(average.tasks)
+        )
         for average in length_averages(rows, same_tasks=False)
     }
 

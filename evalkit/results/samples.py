@@ -46,7 +46,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Sample:
+class LoggedSample:
     score: float
     identity: str  # what makes it the same sample: its references (RULER), its document and target (lm-eval)
     prompt: str | None  # the prompt's hash, where recorded
@@ -58,7 +58,7 @@ class Series:
 
     name: str
     # step -> cell -> (place, index) -> sample; place: which of pooled directories (0 unless pooled)
-    checkpoints: dict[int, dict[Cell, dict[tuple[int, int], Sample]]] = field(default_factory=dict)
+    checkpoints: dict[int, dict[Cell, dict[tuple[int, int], LoggedSample]]] = field(default_factory=dict)
     paradigm: str = "?"
     model: str = "?"
     # step -> what identifies that checkpoint's weights (checkpoint_identity); absent where not recorded
@@ -203,7 +203,7 @@ def _ruler_cells(summary: dict, directory: Path):
         # a log may hold more samples than the cell averages (its first n)
         records = [r for r in _read_log(log) if row.n is None or int(r["index"]) < row.n]
         samples = {
-            int(r["index"]): Sample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
+            int(r["index"]): LoggedSample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
             for r in records
         }
         assert row.value is not None  # RULER rows always carry a score
@@ -215,14 +215,14 @@ def _general_cells(summary: dict, directory: Path):
     """lm-eval tasks scored per document (acc, acc_norm, exact_match ...): the leaf tasks' rows
     whose value is the mean of the per-document values; other metrics (perplexity, a group's
     aggregate) have no per-sample form to compare and are left out."""
-    per_task: dict[tuple[str, str, str | None], dict[int, Sample]] = {}
+    per_task: dict[tuple[str, str, str | None], dict[int, LoggedSample]] = {}
     for log in sorted((directory / "general").glob("*.samples.jsonl")):
         for record in _read_log(log):
             identity = json.dumps([record.get("doc_hash"), record.get("target_hash")])
             for metric, value in (record.get("metrics") or {}).items():
                 if isinstance(value, bool | int | float):
                     key = (record["task"], metric, record.get("filter"))
-                    per_task.setdefault(key, {})[int(record["doc_id"])] = Sample(
+                    per_task.setdefault(key, {})[int(record["doc_id"])] = LoggedSample(
                         float(value), identity, record.get("prompt_hash")
                     )
     for row in summary_rows(summary):
@@ -262,7 +262,7 @@ def _read_log(path: Path) -> list[dict]:
     return kept
 
 
-def _check_mean(log: Path, samples: dict[int, Sample], score: float, n, scale_digits: int) -> None:
+def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n, scale_digits: int) -> None:
     mean = math.fsum(s.score for s in samples.values()) / len(samples) if samples else float("nan")
     if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, scale_digits) - score) > 0.011:
         raise UserError(

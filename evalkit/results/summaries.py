@@ -16,11 +16,18 @@ from collections import Counter
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.store.result_format import STANDARD, ResultRow, failed_name, not_understood, summary_name, summary_rows
+from evalkit.store.result_format import (
+    STANDARD,
+    SUMMARY_SUFFIX,
+    ResultRow,
+    failed_name,
+    not_understood,
+    summary_name,
+    summary_rows,
+)
 
 RULER_SUMMARY = summary_name("ruler")
 GENERAL_SUMMARY = summary_name("general")
-SUMMARY_SUFFIX = summary_name("")  # "-summary.json": any benchmark's summary file ends so
 FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
 
 

@@ -159,6 +159,9 @@ def read_row(
     )
 
 
+SUMMARY_SUFFIX = "-summary.json"  # any benchmark's summary file ends so
+
+
 def summary_name(benchmark: str) -> str:
     return f"{benchmark}-summary.json"
 
@@ -167,7 +170,7 @@ def failed_name(benchmark: str) -> str:
     return f"{benchmark}-failed.json"
 
 
-def not_understood(path: Path, record: Any, suffix: str = "-summary.json") -> str | None:
+def not_understood(path: Path, record: Any, suffix: str = SUMMARY_SUFFIX) -> str | None:
     """Why this evalkit cannot read the stored record at `path` (<benchmark><suffix>) as its own
     format, or None: a schema_version it does not know, or a benchmark other than its file name's.
     A record without schema_version is of version 1 (written before versions were recorded)."""

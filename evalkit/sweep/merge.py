@@ -18,10 +18,8 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.files import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
-from evalkit.store.result_format import read_summary
+from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary
 from evalkit.sweep.plan import empty_shard_name
-
-SUMMARY_SUFFIX = "-summary.json"
 
 
 def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:

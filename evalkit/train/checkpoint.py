@@ -21,14 +21,13 @@ import torch
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
 from evalkit.models.check import HubModel, check_checkpoint, checkpoint_source
-from evalkit.models.refs import STEP_DIR, step_dir_name
+from evalkit.models.refs import META, STEP_DIR, step_dir_name
 from evalkit.store.provenance import stamp
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 TRAINER_STATE = "trainer_state.pt"
-META = "meta.json"
 MASTER_WEIGHTS = "master_weights"  # trainer_state key: the fp32 weights when model.safetensors is bf16
 
 

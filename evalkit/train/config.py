@@ -450,7 +450,7 @@ def _parse_set(assignment: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load_config(
+def load_recipe(
     recipe: str | None, overrides: dict[str, Any] | None = None, sets: list[str] | None = None
 ) -> TrainConfig:
     """The config of a recipe, then flag overrides (dotted keys), then --set assignments, validated."""

@@ -22,7 +22,7 @@ from evalkit.attention.anchor import anchor_token_id
 from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
-from evalkit.train.synthetic import GENERATOR_VERSION, copy_document, retrieval_document
+from evalkit.train.synthetic import SYNTHETIC_VERSION, copy_document, retrieval_document
 
 
 class DocumentSource(Protocol):
@@ -65,7 +65,7 @@ class BuiltinSource:
         self._prose, self._repeats = prose, repeats
         self._num_retrieval, self._num_copy, self._seed, self._seq_len = num_retrieval, num_copy, seed, seq_len
         self._phrasing = config.retrieval_phrasing
-        key = f"builtin-{GENERATOR_VERSION}-{len(prose)}x{repeats}-{num_retrieval}-{seed}-{seq_len}"
+        key = f"builtin-{SYNTHETIC_VERSION}-{len(prose)}x{repeats}-{num_retrieval}-{seed}-{seq_len}"
         if num_copy:  # runs without copy documents keep their fingerprint
             key += f"-copy{num_copy}"
         if self._phrasing != "plain":

@@ -25,9 +25,9 @@ from evalkit.files import atomic_write_bytes, atomic_write_json, check_output_di
 from evalkit.train.config import TrainConfig, check_inputs
 from evalkit.train.data import open_source
 from evalkit.train.loop import build_stream
-from evalkit.train.model import load_tokenizer
+from evalkit.train.model import recipe_tokenizer
 
-SCHEMA_VERSION = 1  # also what marks window.json as evalkit's own (storage.written_by_evalkit)
+WINDOW_SCHEMA_VERSION = 1  # also what marks window.json as evalkit's own (storage.written_by_evalkit)
 WINDOW_FILE, MASK_FILE = "window.json", "mask.png"
 OPTION = "--inspect"
 ANCHOR_COLOUR, PAD_COLOUR, MASKED_COLOUR = (0.0, 0.0, 0.0), (0.6, 0.6, 0.6), (1.0, 1.0, 1.0)
@@ -50,7 +50,7 @@ def inspect_windows(configs: list[TrainConfig], out: Path, *, windows: int = 1, 
         refuse_foreign([folder / WINDOW_FILE, folder / MASK_FILE], OPTION)
     first = configs[0]
     check_inputs(first)
-    tokenizer = load_tokenizer(first)
+    tokenizer = recipe_tokenizer(first)
     source = open_source(first.data, first.seed, first.seq_len)
     written = []
     for config, folder in zip(configs, folders):
@@ -74,7 +74,7 @@ def shown_mask(window: PackedSequence, tokens: int) -> torch.Tensor:
 def window_record(config: TrainConfig, packed: list[PackedSequence], tokenizer, tokens: int) -> dict:
     """window.json's content: what the run is, then each window."""
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": WINDOW_SCHEMA_VERSION,
         "recipe": config.name,
         "paradigm": config.paradigm.value,
         "window_start": config.data.window_start,

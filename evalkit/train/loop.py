@@ -34,7 +34,7 @@ from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, base_model_record, check_inputs
 from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
-from evalkit.train.model import build_model, load_tokenizer
+from evalkit.train.model import build_model, recipe_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -356,7 +356,7 @@ def _train(
     source = open_source(config.data, config.seed, config.seq_len)
     if ctx.is_main:  # one process trains a run directory at a time; taken once every input is checked
         held.enter_context(output_lock(run_dir))
-    tokenizer = load_tokenizer(config)
+    tokenizer = recipe_tokenizer(config)
     source, stream = build_stream(config, tokenizer, source)
     model, optimizer, scheduler = build_training(config, tokenizer, ctx, initial_weights=point is None)
 

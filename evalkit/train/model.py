@@ -25,7 +25,7 @@ def attention_name(config: TrainConfig, device: torch.device) -> str:
     return hf_name(impl)
 
 
-def load_tokenizer(config: TrainConfig):
+def recipe_tokenizer(config: TrainConfig):
     """The tokenizer named in data.tokenizer, else the checkpoint's own, else the built-in BPE."""
     name = config.data.tokenizer or model_directory(config)
     if name is None:

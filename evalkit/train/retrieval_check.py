@@ -85,7 +85,7 @@ def answer_accuracy(
     return result
 
 
-def check_checkpoint(path: Path, max_tokens: int, documents: int, device: str = "cpu", kind: str = "retrieval") -> dict:
+def check_retrieval(path: Path, max_tokens: int, documents: int, device: str = "cpu", kind: str = "retrieval") -> dict:
     """answer_accuracy of a checkpoint directory, run in FP32 on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown_table(header, []), flush=True)  # the header now, each row as soon as it is measured
     table = []
     for path in checkpoints:
-        r = check_checkpoint(path, args.max_tokens, args.documents, kind=args.kind)
+        r = check_retrieval(path, args.max_tokens, args.documents, kind=args.kind)
         table.append(
             [
                 path,

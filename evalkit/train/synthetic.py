@@ -17,7 +17,7 @@ from functools import cache
 
 from evalkit.corpus.prose import prose_documents
 
-GENERATOR_VERSION = 3
+SYNTHETIC_VERSION = 3
 CHARS_PER_TOKEN = 3.6  # the built-in BPE on this prose; only sizes documents roughly
 
 # Facts name the key and then give the value after "is:", the shape a look-up can learn to
@@ -138,7 +138,7 @@ def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "p
         raise ValueError(f"unknown phrasing {phrasing!r}")
     varied = phrasing != "plain"
     rng = random.Random(
-        f"retrieval-{GENERATOR_VERSION}-{seed}-{index}" + ("" if phrasing == "plain" else f"-{phrasing}")
+        f"retrieval-{SYNTHETIC_VERSION}-{seed}-{index}" + ("" if phrasing == "plain" else f"-{phrasing}")
     )
     # Log-uniform length: many short documents and some that span a whole window.
     tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
@@ -234,7 +234,7 @@ def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
     (its distance varies). `answers` span each repeat from its second item on (the first cannot
     be foreseen), `facts` the same items where they first occur (the control).
     """
-    rng = random.Random(f"copy-{GENERATOR_VERSION}-{seed}-{index}")
+    rng = random.Random(f"copy-{SYNTHETIC_VERSION}-{seed}-{index}")
     tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     items: list[str] = []
     first, repeat = [], []  # item ranges [start, end) of each segment's two occurrences

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from evalkit.errors import UserError
-from evalkit.general.catalog import TASKS_DIR, TaskCatalog, default_include_paths, hub_offline
+from evalkit.general.catalog import TASKS_DIR, TaskCatalog, default_include_paths, offline_hubs
 from evalkit.general.errors import DatasetUnavailable
 
 MMLU_STYLE = "evalkit_fixture_mmlu_style"
@@ -91,7 +91,7 @@ def test_real_mmlu_without_its_data_names_the_dataset_and_the_switches(real_cata
     # Empty caches: the test must not depend on (or read) a cache the machine may have.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
-    with hub_offline(), pytest.raises(DatasetUnavailable) as caught:
+    with offline_hubs(), pytest.raises(DatasetUnavailable) as caught:
         real_catalog.load("mmlu")
     reason = caught.value.reason
     assert "\n" not in reason and reason.startswith("dataset cais/mmlu (")

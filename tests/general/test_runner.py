@@ -11,7 +11,7 @@ import pytest
 import evalkit.engines
 from evalkit.errors import UserError
 from evalkit.general import run_general
-from evalkit.general.catalog import TASKS_DIR, hub_offline
+from evalkit.general.catalog import TASKS_DIR, offline_hubs
 from evalkit.general.tables import average_table
 from evalkit.models.refs import resolve_checkpoints
 
@@ -241,7 +241,7 @@ def test_missing_data_skips_that_task_with_one_line_and_the_rest_runs(tiny_run, 
     real_load = TaskManager.load
     monkeypatch.setattr(TaskManager, "load", lambda self, names: tried.extend(names) or real_load(self, names))
     refs = resolve_checkpoints([str(tiny_run)])
-    with hub_offline():  # as a user without network who set the switches; the test never reaches out
+    with offline_hubs():  # as a user without network who set the switches; the test never reaches out
         run = run_general(
             refs,
             ["local_missing", "hub_missing", HELLASWAG_STYLE],

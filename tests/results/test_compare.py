@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.results.compare import compare, holm, longest_holding, normal_p
-from evalkit.results.samples import Cell, Sample, Series, load_series
+from evalkit.results.samples import Cell, LoggedSample, Series, load_series
 from evalkit.store.sample_log import record_checksum
 
 CELL = Cell("ruler", "niah_single_1", 1024, "string_match_all")
@@ -25,7 +25,7 @@ def series(name: str, checkpoints: dict[int, list[float]], references=None, cell
     for step, scores in checkpoints.items():
         refs = references or [f"r{i}" for i in range(len(scores))]
         one.checkpoints[step] = {
-            cell: {i: Sample(float(s), json.dumps([refs[i]]), f"p{i}") for i, s in enumerate(scores)}
+            cell: {i: LoggedSample(float(s), json.dumps([refs[i]]), f"p{i}") for i, s in enumerate(scores)}
         }
     return one
 
@@ -61,7 +61,7 @@ def test_same_references_other_prompts_pair_and_say_so():
     a = series("A", {0: [100.0, 0.0, 100.0]})
     b = series("B", {0: [100.0, 100.0, 0.0]})
     for i, sample in b.checkpoints[0][CELL].items():
-        b.checkpoints[0][CELL][i] = Sample(sample.score, sample.identity, f"other{i}")
+        b.checkpoints[0][CELL][i] = LoggedSample(sample.score, sample.identity, f"other{i}")
     (difference,) = compare({"A": a, "B": b}, ["A", "B"], replicates=200).differences
     assert difference.pairing_detail == "paired, same references, prompts differ"
 
@@ -90,7 +90,7 @@ def test_holm_is_applied_across_the_cells():
     a, b = Series("A"), Series("B")
     for one, shift in ((a, 0.0), (b, 1.0)):
         one.checkpoints[0] = {
-            c: {i: Sample(float(i % 5) + shift * k, str(i), None) for i in range(30)} for k, c in enumerate(cells)
+            c: {i: LoggedSample(float(i % 5) + shift * k, str(i), None) for i in range(30)} for k, c in enumerate(cells)
         }
     found = compare({"A": a, "B": b}, ["A", "B"], replicates=2000, seed=0)
     assert [d.p_holm for d in found.differences] == pytest.approx(holm([d.p for d in found.differences]))
@@ -116,7 +116,7 @@ def test_effective_length_with_its_interval_and_a_threshold_from_a_run():
         one.checkpoints[0] = {}
         for length, scores in per_length.items():
             cell = Cell("ruler", "niah_single_1", length, "string_match_all")
-            one.checkpoints[0][cell] = {i: Sample(s, str(i), None) for i, s in enumerate(scores)}
+            one.checkpoints[0][cell] = {i: LoggedSample(s, str(i), None) for i, s in enumerate(scores)}
         return one
 
     # Deterministic scores: every replicate agrees, so the interval is the point.

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import distributed, load_config, loop
+from evalkit.train import distributed, load_recipe, loop
 from evalkit.train import model as model_module
 from tests.train.helpers import MICRO
 
@@ -89,7 +89,7 @@ def _run_phase(phase: dict, timeout_s: float, rank: int) -> dict:
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), dist.group.WORLD)
     try:
         overrides = {"out": phase["out"], "paradigm": "anchor", "max_steps": phase["max_steps"]}
-        config = load_config("tiny-cpu", overrides, [*MICRO, *phase.get("sets", [])])
+        config = load_recipe("tiny-cpu", overrides, [*MICRO, *phase.get("sets", [])])
         loop.train(config, resume=phase.get("resume", False), show_progress=False)
     except UserError as err:  # a phase may expect one; the test reads it from the report
         error = str(err)

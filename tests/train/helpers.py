@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 
 MICRO = [
     "seq_len=128",
@@ -25,7 +25,7 @@ MICRO = [
 
 
 def micro_config(out: Path, *sets: str, paradigm: str = "anchor", max_steps: int = 8):
-    return load_config("tiny-cpu", {"out": str(out), "paradigm": paradigm, "max_steps": max_steps}, [*MICRO, *sets])
+    return load_recipe("tiny-cpu", {"out": str(out), "paradigm": paradigm, "max_steps": max_steps}, [*MICRO, *sets])
 
 
 def micro_args(out: Path, *sets: str, paradigm: str = "anchor", max_steps: int = 8) -> list[str]:

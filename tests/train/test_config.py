@@ -4,11 +4,11 @@ import pytest
 
 from evalkit.attention import Paradigm
 from evalkit.errors import UserError
-from evalkit.train.config import CONFIG_DIR, load_config
+from evalkit.train.config import CONFIG_DIR, load_recipe
 
 
 def test_tiny_cpu_recipe_and_overrides():
-    config = load_config("tiny-cpu", {"paradigm": "intra_doc", "seq_len": 512}, ["optim.lr=2e-5", "model.num_layers=2"])
+    config = load_recipe("tiny-cpu", {"paradigm": "intra_doc", "seq_len": 512}, ["optim.lr=2e-5", "model.num_layers=2"])
     assert config.name == "tiny-cpu"
     assert config.paradigm is Paradigm.INTRA_DOC
     assert config.seq_len == 512
@@ -19,7 +19,7 @@ def test_tiny_cpu_recipe_and_overrides():
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_loads(recipe):
-    config = load_config(recipe)
+    config = load_recipe(recipe)
     assert config.max_steps >= 1
 
 
@@ -30,7 +30,7 @@ def test_paper_recipes_match_the_paper():
         ("mistral-7b-v0.3-64k", 5e6),
         ("qwen1.5-1.8b-64k", 5e6),
     ]:
-        config = load_config(recipe)
+        config = load_recipe(recipe)
         assert config.seq_len == 65536 and config.model.rope_theta == theta
         assert config.max_steps == 2000 and config.windows_per_step == 8
         o = config.optim
@@ -62,18 +62,18 @@ def test_paper_recipes_match_the_paper():
 )
 def test_bad_settings_are_one_line_errors(sets, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config("tiny-cpu", sets=sets)
+        load_recipe("tiny-cpu", sets=sets)
 
 
 def test_unknown_recipe_lists_the_available_ones():
     with pytest.raises(UserError, match="tiny-cpu"):
-        load_config("no-such-recipe")
+        load_recipe("no-such-recipe")
 
 
 def test_base_inheritance(tmp_path):
     (tmp_path / "parent.yaml").write_text("seq_len: 256\noptim:\n  lr: 0.5\n  weight_decay: 0.0\n")
     (tmp_path / "child.yaml").write_text("base: parent\noptim:\n  lr: 0.25\n")
-    config = load_config(str(tmp_path / "child.yaml"))
+    config = load_recipe(str(tmp_path / "child.yaml"))
     assert (config.seq_len, config.optim.lr, config.optim.weight_decay, config.name) == (256, 0.25, 0.0, "child")
 
 
@@ -83,13 +83,13 @@ def test_dot_paths_in_a_recipe_are_relative_to_the_recipe_file(tmp_path, monkeyp
     (tmp_path / "recipes" / "base.yaml").write_text("model:\n  path: ../ckpt/base\ndata:\n  source: data/x.jsonl\n")
     (tmp_path / "recipes" / "deeper" / "child.yaml").write_text("base: ../base.yaml\ndata:\n  tokenizer: ./tok\n")
     monkeypatch.chdir(tmp_path / "recipes" / "deeper")
-    config = load_config(str(tmp_path / "recipes" / "deeper" / "child.yaml"))
+    config = load_recipe(str(tmp_path / "recipes" / "deeper" / "child.yaml"))
     assert config.model.path == str((tmp_path / "ckpt" / "base").resolve())
     assert config.data.tokenizer == str((tmp_path / "recipes" / "deeper" / "tok").resolve())
     assert config.data.source == "data/x.jsonl"  # no ./: a hub name or a path from where evalkit runs
-    assert load_config(str(tmp_path / "recipes" / "base.yaml"), sets=["model.path=./mine"]).model.path == "./mine"
+    assert load_recipe(str(tmp_path / "recipes" / "base.yaml"), sets=["model.path=./mine"]).model.path == "./mine"
 
 
 def test_checkpoint_window():
-    config = load_config("tiny-cpu", {"max_steps": 100}, ["checkpoint.final_count=3", "checkpoint.final_spacing=20"])
+    config = load_recipe("tiny-cpu", {"max_steps": 100}, ["checkpoint.final_count=3", "checkpoint.final_spacing=20"])
     assert config.checkpoint_steps() == {60, 80, 100}

@@ -9,7 +9,7 @@ from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
 from evalkit.train.data import BuiltinSource, JsonlSource, WindowStream, domain_tag_ids, open_source
-from evalkit.train.synthetic import GENERATOR_VERSION, copy_document, retrieval_document
+from evalkit.train.synthetic import SYNTHETIC_VERSION, copy_document, retrieval_document
 
 
 def write_jsonl(path, docs):
@@ -94,7 +94,7 @@ def test_a_corpus_without_copy_documents_keeps_its_fingerprint():
 
     source = BuiltinSource(DataConfig(retrieval_fraction=0.5, num_retrieval_docs=500), seed=0, seq_len=1024)
     repeats = len(source) - 500  # one prose document per index
-    key = f"builtin-{GENERATOR_VERSION}-{len(prose_documents())}x{repeats // len(prose_documents())}-500-0-1024"
+    key = f"builtin-{SYNTHETIC_VERSION}-{len(prose_documents())}x{repeats // len(prose_documents())}-500-0-1024"
     assert source.fingerprint == hashlib.sha256(key.encode()).hexdigest()[:16]
     with_copy = BuiltinSource(DataConfig(retrieval_fraction=0.5, copy_fraction=0.1, num_retrieval_docs=500), 0, 1024)
     varied = BuiltinSource(

@@ -9,9 +9,9 @@ import pytest
 
 from evalkit.attention import ANCHOR_DOC_ID, Paradigm
 from evalkit.attention.anchor import anchor_token_id
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.loop import build_stream
-from evalkit.train.model import load_tokenizer
+from evalkit.train.model import recipe_tokenizer
 from tests.train.helpers import MICRO
 
 PARADIGMS = [p.value for p in Paradigm]
@@ -67,8 +67,8 @@ def inspected(tmp_path_factory):
 def test_inspect_writes_the_windows_training_would_see(inspected, paradigm):
     out, result, sets = inspected
     record = json.loads((out / paradigm / "window.json").read_text())
-    config = load_config("tiny-cpu", {"paradigm": paradigm}, sets)
-    tokenizer = load_tokenizer(config)
+    config = load_recipe("tiny-cpu", {"paradigm": paradigm}, sets)
+    tokenizer = recipe_tokenizer(config)
     stream = build_stream(config, tokenizer)[1]
     assert (record["recipe"], record["paradigm"], record["seq_len"]) == ("tiny-cpu", paradigm, 128)
     assert (record["window_start"], record["mask_tokens"]) == ("bos", SHOWN)

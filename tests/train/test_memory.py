@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from evalkit.errors import UserError
-from evalkit.train import load_config, memory
+from evalkit.train import load_recipe, memory
 from evalkit.train.distributed import DistContext
 from evalkit.train.loop import (
     autocast_context,
@@ -18,7 +18,7 @@ from evalkit.train.loop import (
     compute_weights,
     optimizer_step,
 )
-from evalkit.train.model import load_tokenizer
+from evalkit.train.model import recipe_tokenizer
 from tests.train.helpers import MICRO
 
 
@@ -53,8 +53,8 @@ class LiveTensorBytes(TorchDispatchMode):
 
 
 def _setup(*sets: str):
-    config = load_config("tiny-cpu", {"out": "unused", "paradigm": "full"}, [*MICRO, *sets])
-    tokenizer = load_tokenizer(config)
+    config = load_recipe("tiny-cpu", {"out": "unused", "paradigm": "full"}, [*MICRO, *sets])
+    tokenizer = recipe_tokenizer(config)
     ctx = DistContext()
     model, optimizer, _ = build_training(config, tokenizer, ctx)
     _, stream = build_stream(config, tokenizer)
@@ -88,7 +88,7 @@ def test_paper_models_have_their_published_sizes():
     """The architectures of the 64K recipes give the parameter counts their authors publish."""
     published = {"llama2-7b-64k": 6_738_415_616, "llama3-8b-64k": 8_030_261_248}
     for recipe, count in published.items():
-        assert memory.architecture(load_config(recipe)).params() == count
+        assert memory.architecture(load_recipe(recipe)).params() == count
 
 
 SIZES = [
@@ -152,15 +152,15 @@ def test_trainer_autocast_keeps_no_bf16_copy_of_the_weights():
 
 
 def test_distributed_terms_shard_and_the_estimate_refuses_unknown_models(tmp_path):
-    config = load_config("llama3-8b-64k")
+    config = load_recipe("llama3-8b-64k")
     arch = memory.architecture(config)
     one, eight = memory.estimate(config, arch, 1), memory.estimate(config, arch, 8)
     assert eight.params == one.params / 8 and eight.optimizer == 2 * eight.params
     assert eight.activations == one.activations  # each GPU trains whole windows
     with pytest.raises(UserError, match="someone/unknown-model is neither a local directory nor in the hub cache"):
-        memory.architecture(load_config("llama3-8b-64k", {"model.path": "someone/unknown-model"}))  # cache only
+        memory.architecture(load_recipe("llama3-8b-64k", {"model.path": "someone/unknown-model"}))  # cache only
     with pytest.raises(UserError, match="cannot size"):
-        memory.architecture(load_config("llama3-8b-64k", {"model.path": str(tmp_path)}))
+        memory.architecture(load_recipe("llama3-8b-64k", {"model.path": str(tmp_path)}))
     with pytest.raises(UserError, match="--gpus"):
         memory.estimate(config, arch, 0)
 
@@ -174,7 +174,7 @@ def test_train_prints_the_estimate_and_trains_nothing(tmp_path):
     args = ["train", "--config", "llama2-7b-64k", "--out", str(out), "--memory-estimate", "--gpus", "8"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    est = memory.estimate(load_config("llama2-7b-64k"), memory.architecture(load_config("llama2-7b-64k")), 8)
+    est = memory.estimate(load_recipe("llama2-7b-64k"), memory.architecture(load_recipe("llama2-7b-64k")), 8)
     assert "6.74B parameters, 8 GPU(s), 65536 tokens" in result.output
     total = next(line.split() for line in result.output.splitlines() if line.strip().startswith("total"))
     assert float(total[1]) == pytest.approx(est.total / 2**30, abs=0.05)
@@ -185,6 +185,6 @@ def test_a_local_checkpoint_is_sized_from_its_config_json():
     """tiny-long continues the shipped tiny base: its config.json gives the stored weights' count."""
     from safetensors.torch import load_file
 
-    config = load_config("tiny-long")
+    config = load_recipe("tiny-long")
     stored = load_file(f"{config.model.path}/model.safetensors")  # tied: the head is stored once
     assert memory.architecture(config).params() == sum(t.numel() for t in stored.values())

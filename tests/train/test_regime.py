@@ -18,7 +18,7 @@ import torch
 from evalkit.store.result_format import training_precision
 from evalkit.train.distributed import DistContext
 from evalkit.train.loop import build_stream, build_training, collate, compute_weights, optimizer_step, train
-from evalkit.train.model import load_tokenizer
+from evalkit.train.model import recipe_tokenizer
 from tests.train.helpers import losses, micro_args, micro_config
 
 BF16 = torch.bfloat16
@@ -26,7 +26,7 @@ BF16 = torch.bfloat16
 
 def _setup(tmp_path: Path, *sets: str):
     config = micro_config(tmp_path / "run", "dtype=bf16_full", *sets, paradigm="anchor")
-    tokenizer = load_tokenizer(config)
+    tokenizer = recipe_tokenizer(config)
     ctx = DistContext()
     model, optimizer, _ = build_training(config, tokenizer, ctx)
     _, stream = build_stream(config, tokenizer)
@@ -69,7 +69,7 @@ def test_rope_fp32_keeps_the_frequencies_in_fp32_and_autocast_keeps_every_buffer
     _, _, model, _, _ = _setup(tmp_path, "rope_precision=fp32")
     assert _rotary(model).inv_freq.dtype == torch.float32
     autocast = micro_config(tmp_path / "autocast", "dtype=bf16", "rope_precision=bf16")
-    model, _, _ = build_training(autocast, load_tokenizer(autocast), DistContext())
+    model, _, _ = build_training(autocast, recipe_tokenizer(autocast), DistContext())
     assert {b.dtype for b in model.buffers() if b.is_floating_point()} == {torch.float32}
 
 

@@ -3,9 +3,9 @@
 import json
 from pathlib import Path
 
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.checkpoint import load_model_state
-from evalkit.train.retrieval_check import check_checkpoint
+from evalkit.train.retrieval_check import check_retrieval
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "evalkit" / "checkpoints" / "tiny-base"
@@ -13,7 +13,7 @@ BASE = ROOT / "evalkit" / "checkpoints" / "tiny-base"
 
 def test_tiny_long_continues_the_shipped_base_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert Path(load_config("tiny-long").model.path) == BASE.resolve()
+    assert Path(load_recipe("tiny-long").model.path) == BASE.resolve()
 
 
 def test_the_shipped_base_is_small_bf16_and_says_how_it_was_made():
@@ -27,10 +27,10 @@ def test_the_shipped_base_is_small_bf16_and_says_how_it_was_made():
 
 def test_the_shipped_base_retrieves_and_copies_well_above_the_control():
     """Held-out documents (as in checkpoints/tiny-base/README.md, fewer of them): far above chance."""
-    retrieval = check_checkpoint(BASE, max_tokens=256, documents=48)
+    retrieval = check_retrieval(BASE, max_tokens=256, documents=48)
     assert retrieval["answer_tokens"] >= 30
     assert retrieval["answer_accuracy"] > 0.8 and retrieval["fact_accuracy"] < 0.3
-    copy = check_checkpoint(BASE, max_tokens=256, documents=12, kind="copy")
+    copy = check_retrieval(BASE, max_tokens=256, documents=12, kind="copy")
     assert copy["answer_accuracy"] > 0.8 and copy["fact_accuracy"] < 0.4
 
 
@@ -48,7 +48,7 @@ def test_the_shipped_tiny_long_runs_are_the_recipe_trained_to_the_end_under_each
     runs = shipped_runs("tiny-long")
     assert sorted(run.name for run in runs) == sorted(f"tiny-long-{p}-shipped" for p in PARADIGMS)
     readme = (LONG / "README.md").read_text()
-    recipe = load_config("tiny-long")
+    recipe = load_recipe("tiny-long")
     for paradigm in PARADIGMS:
         run = LONG / f"tiny-long-{paradigm}-shipped"
         assert sorted(p.name for p in run.iterdir()) == ["step-550", "step-600"]
@@ -64,7 +64,7 @@ def test_the_shipped_tiny_long_runs_are_the_recipe_trained_to_the_end_under_each
 def test_the_shipped_tiny_long_runs_retrieve_across_1k_tokens():
     """Held-out 1K documents (as in checkpoints/tiny-long/README.md, fewer): well above the control."""
     for paradigm in PARADIGMS:
-        result = check_checkpoint(
+        result = check_retrieval(
             LONG / f"tiny-long-{paradigm}-shipped" / "step-600", max_tokens=1024, documents=12, kind="retrieval-broad"
         )
         assert result["answer_tokens"] >= 30

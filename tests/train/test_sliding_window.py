@@ -15,7 +15,7 @@ import torch
 
 from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.loop import train
 from tests.train.helpers import losses
 
@@ -73,7 +73,7 @@ def bases(tmp_path_factory):
 
 def continued(base, out, paradigm: str, max_steps: int, *sets: str):
     overrides = {"out": str(out), "max_steps": max_steps, "paradigm": paradigm}
-    return load_config("tiny-long", overrides, [f"model.path={base}", *SETS, *sets])
+    return load_recipe("tiny-long", overrides, [f"model.path={base}", *SETS, *sets])
 
 
 def attention_config(config_dict: dict) -> dict:

@@ -14,7 +14,7 @@ import torch
 from evalkit.attention import Paradigm
 from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.checkpoint import complete_checkpoints, load_model_state
 from evalkit.train.loop import train
 from tests.train.helpers import losses, micro_args, micro_config
@@ -191,7 +191,7 @@ def test_continued_pretraining_starts_from_the_given_checkpoint(tmp_path):
         "checkpoint.every=1",
         "data.num_retrieval_docs=50",
     ]
-    config = load_config("tiny-long", {"out": str(tmp_path / "long"), "max_steps": 1, "paradigm": "intra_doc"}, sets)
+    config = load_recipe("tiny-long", {"out": str(tmp_path / "long"), "max_steps": 1, "paradigm": "intra_doc"}, sets)
     continued = complete_checkpoints(train(config, show_progress=False))[-1][1]
     before, after = load_model_state(base), load_model_state(continued)
     assert before.keys() == after.keys()

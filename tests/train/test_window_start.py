@@ -12,10 +12,10 @@ import evalkit.attention.packing as packing
 from evalkit.attention import PAD_DOC_ID, Document, Paradigm, pack
 from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
-from evalkit.train import load_config
+from evalkit.train import load_recipe
 from evalkit.train.data import data_fingerprint, open_source
 from evalkit.train.loop import build_stream, train
-from evalkit.train.model import load_tokenizer
+from evalkit.train.model import recipe_tokenizer
 from tests.train.helpers import MICRO, micro_args, micro_config
 
 BOS, EOS = 1, 2
@@ -25,10 +25,10 @@ ANCHORED = [p.value for p in Paradigm if p.has_anchor]
 
 
 def _stream(paradigm: str, window_start: str, seq_len: int = 64):
-    config = load_config(
+    config = load_recipe(
         "tiny-cpu", {"paradigm": paradigm}, [*MICRO, f"seq_len={seq_len}", f"data.window_start={window_start}"]
     )
-    return build_stream(config, load_tokenizer(config))[1]
+    return build_stream(config, recipe_tokenizer(config))[1]
 
 
 # ----------------------------------------------------------------------------- pack, by hand
@@ -138,14 +138,14 @@ def test_anchor_streams_do_not_change(paradigm):
 
 def test_bad_window_start_is_a_one_line_error():
     with pytest.raises(UserError, match="data.window_start must be one of bos, document, got 'eos'"):
-        load_config("tiny-cpu", sets=["data.window_start=eos"])
+        load_recipe("tiny-cpu", sets=["data.window_start=eos"])
 
 
 # ----------------------------------------------------------------------------- records and resume
 
 
 def test_the_fingerprint_is_the_sources_under_document_only():
-    config = load_config("tiny-cpu", sets=MICRO)
+    config = load_recipe("tiny-cpu", sets=MICRO)
     source = open_source(config.data, config.seed, config.seq_len)
     assert data_fingerprint(source, "document") == source.fingerprint
     assert data_fingerprint(source, "bos") != source.fingerprint and len(data_fingerprint(source, "bos")) == 16
