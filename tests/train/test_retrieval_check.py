@@ -2,12 +2,13 @@
 
 import math
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from evalkit.train.retrieval_check import HELD_OUT_FROM, answer_accuracy, main, span_tokens
+from evalkit.train.retrieval_check import HELD_OUT_FROM, answer_accuracy, span_tokens
 from evalkit.train.synthetic import copy_document, copy_example, retrieval_document, retrieval_example
 
 
@@ -120,7 +121,20 @@ def test_the_copy_check_scores_an_oracle_one_and_a_blind_model_chance(tokenizer)
     assert blind["answer_nll"] == pytest.approx(math.log(4096), rel=1e-5)
 
 
+def _command():
+    """scripts/retrieval_check.py's main (a script, not a module of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "retrieval_check", Path(__file__).parents[2] / "scripts" / "retrieval_check.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
 def test_the_command_refuses_a_path_without_a_checkpoint(tmp_path, capsys):
+    main = _command()
     assert main([str(tmp_path)]) == 2
     assert "not a checkpoint" in capsys.readouterr().err
 
@@ -129,9 +143,10 @@ def test_a_run_directory_stands_for_its_checkpoints_and_the_report_names_the_com
     from evalkit.train import train
     from tests.train.helpers import micro_config
 
+    main = _command()
     run = train(micro_config(tmp_path / "run", max_steps=4), show_progress=False)  # checkpoints at 2 and 4
     out = tmp_path / "check.md"
     assert main([str(run), "--max-tokens", "128", "--documents", "4", "--kind", "copy", "--out", str(out)]) == 0
     report = out.read_text()
     assert "step-2 |" in report and "step-4 |" in report
-    assert f"python -m evalkit.train.retrieval_check {run} --max-tokens 128" in report and "Machine:" in report
+    assert f"python scripts/retrieval_check.py {run} --max-tokens 128" in report and "Machine:" in report
