@@ -30,7 +30,7 @@ LAYERS = (
         "checkpoint_check",
         "identity",  # a result's identity from its settings dataclass's fields
     ),
-    ("storage", "ray_start", "result_log"),  # atomic writes and the lock; Ray start-up; a device check's log
+    ("storage", "ray_start"),  # atomic writes and the lock; Ray start-up
     ("checkpoint_refs", "sample_log", "result_format", "length_averages", "gguf_import"),  # what results are made of
     ("unit_store",),  # a benchmark's unit and where its files live: for the pipeline and its executors
     ("attention", "corpus"),
@@ -225,4 +225,19 @@ def test_training_imports_no_serving():
         for target in sorted(targets)
         if target.startswith(forbidden)
     ]
+    assert not found, "\n".join(found)
+
+
+def test_the_package_imports_no_test_or_script():
+    """evalkit/ is library code: the device checks and their helpers are tests (tests/gpu)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path} imports {name}" for name in names if name.split(".")[0] in ("tests", "scripts")]
     assert not found, "\n".join(found)
