@@ -3,7 +3,7 @@
     python scripts/gpu_vllm_check.py [--seq 32768] [--documents 16] [--out FILE]
 
 For a CUDA machine that has vLLM installed (the GPU machine lent to this project has none, so
-this has not run yet; `python -m evalkit.vllm_plugin.gpu_check` is the check that needs no vLLM).
+this has not run yet; tests/gpu/test_vllm_kernels.py checks the kernels without vLLM).
 A small random Llama (built from a config here: 4 layers, hidden 512, 8 query / 2 key-value
 heads of 64, a window of `--seq` + 64) serves one packed request of about `--seq` tokens (the
 built-in prose cut into `--documents` documents, then a question) through

@@ -1,6 +1,15 @@
 import pytest
 
 
+def pytest_addoption(parser):
+    """The GPU checks' options (tests/gpu/conftest.py); here, where pytest reads options first."""
+    group = parser.getgroup("gpu", "evalkit's GPU checks (tests/gpu)")
+    group.addoption("--gpu-out", default=None, help="directory of gpu-checks.jsonl (default: a temporary one)")
+    group.addoption(
+        "--gpu-budget-s", type=float, default=None, help="no GPU check starts later than this after the first"
+    )
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Tests never read or write the user's ~/.cache/evalkit."""

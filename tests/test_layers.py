@@ -216,3 +216,18 @@ def test_training_imports_no_serving():
         if target.startswith(forbidden)
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_package_imports_no_test_or_script():
+    """evalkit/ is library code: the device checks and their helpers are tests (tests/gpu)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path} imports {name}" for name in names if name.split(".")[0] in ("tests", "scripts")]
+    assert not found, "\n".join(found)

@@ -1,4 +1,6 @@
-"""One code path for 1 process and for torchrun: FSDP2 (fully_shard) when WORLD_SIZE > 1.
+"""One code path for 1 process and for torchrun: FSDP2 (fully_shard) when WORLD_SIZE > 1, or in a
+process group the caller joined before training (of any size: one rank runs FSDP2 too, as
+tests/gpu/test_fsdp.py checks it against the unsharded run).
 
 On CUDA the process group uses NCCL, on CPU gloo (which is how the tests run 2 processes).
 Full (unsharded) state dicts are gathered to CPU for checkpoints, so a checkpoint written by
@@ -29,21 +31,19 @@ class DistContext:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     io_group: Any = None  # the gloo group for waits on rank 0's reads and writes (open_io_group)
+    distributed: bool = False  # in a process group: sharded (FSDP2) and collective, even with one rank
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
 
 def init_distributed() -> DistContext:
-    """Join the torchrun process group if there is one; pick this process's device."""
+    """Join the torchrun process group if there is one, or the one the caller initialised; pick
+    this process's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
-    if world == 1:
+    if world == 1 and not dist.is_initialized():
         return DistContext(device=torch.device("cuda" if cuda else "cpu"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
@@ -51,7 +51,7 @@ def init_distributed() -> DistContext:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
 
 
 def shutdown(ctx: DistContext) -> None:

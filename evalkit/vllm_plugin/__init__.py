@@ -17,7 +17,7 @@ the engine: LLM(..., logits_processors=[TRACKER]) with the V1 model runner
 (VLLM_USE_V2_MODEL_RUNNER=0). evalkit.engines.vllm does all of this.
 
 The kernels (kernels.py) and the cache-layout learner (cache_layout.py) need no vLLM; the GPU
-check (gpu_check.py) runs them on a CUDA machine without vLLM.
+checks (tests/gpu/test_vllm_kernels.py) run them on a CUDA machine without vLLM.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ and generated tokens attend to everything, which is plain causal attention.
     dense    SDPA with the materialised reference mask: the reference, O(Q x L) memory
 
 Everything here runs without vLLM, so a GPU machine without vLLM can check it
-(evalkit/vllm_plugin/gpu_check.py).
+(tests/gpu/test_vllm_kernels.py).
 """
 
 from __future__ import annotations

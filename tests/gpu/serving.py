@@ -1,48 +1,22 @@
-"""The vLLM plugin's GPU check, as one short script for a CUDA machine without vLLM.
-
-    PYTHONPATH=. python -m evalkit.vllm_plugin.gpu_check [--seq 32768] [--check-seq 8192] [--out F.md] [--results F]
+"""The vLLM plugin's kernels at a GPU check's sizes, without vLLM: paged requests, the dense
+reference, the warmed-up serving check and the long run (tests/gpu/test_vllm_kernels.py; the
+CPU-only compile tests of tests/vllm/test_warm_up.py use them too).
 
 The plugin's CUDA path is vLLM's FlashAttention backend plus evalkit's kernels for the document
-queries of packed requests; the kernels need no vLLM, so this checks them where vLLM is absent:
-
-1. Correctness over a paged KV cache (shuffled blocks of 16, grouped-query heads) against the
-   dense reference (evalkit.attention.document_mask + SDPA in FP32): a whole packed prefill,
-   the last chunk of a chunked one, and a single query; FlexAttention (compiled) in BF16 and
-   FP32, and the blocked implementation.
-2. The cache-layout learner (cache_layout.py) on a cache laid out as vLLM's FlashAttention
-   backend lays it out ([NB, Hkv, BS, 2D], keys and values read through a transposed split),
-   read back through the learned strided views into the prefix workspace (workspace.py), as the
-   backend serves: equal to the written keys and values, and no memory allocated by the gather.
-3. A long run of the serving path (`--steps` packed prefills of 8K-32K tokens, each with its
-   own document layout, length and chunk, as a vLLM engine sees them): the graphs the serving
-   FlexAttention function holds, all of them, against Dynamo's per-function recompile limit
-   (past the limit FlexAttention would fall back to eager, which materialises the scores), and the peak memory of a step
-   beyond its inputs against what the step must hold (the gathered K/V and the output).
-4. Timing of a `--seq` packed prefill (BF16, Hq=32, Hkv=8, D=128, documents of exponential
-   length, mean 2K) in anchor mode vs plain causal: the same gather + FlexAttention path with a
-   single document (causal), and SDPA's causal flash kernel on contiguous K/V (what a stock
-   backend does); with the ideal work ratio sum(d_i^2)/S^2.
-
-Each result is appended to a JSONL file (--results, default OUT.jsonl) the moment it exists, so
-a kill or an out-of-memory keeps what came before; the markdown report (--out) comes at the end.
-Exits 1 if a check fails.
+queries of packed requests; the kernels need no vLLM, so they are checked where vLLM is absent.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from evalkit.attention import document_mask
 from evalkit.attention.kernels import flex_compile_counts, recompile_limit
-from evalkit.markdown import markdown_table
-from evalkit.store.result_log import ResultLog
 from evalkit.vllm_plugin.cache_layout import learn_layout
 from evalkit.vllm_plugin.kernels import (
     anchor_attention,
@@ -92,26 +66,20 @@ def reference(query, key, value, doc_ids) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
 
 
-def check_correctness(
-    length: int, device: str = "cuda", log: ResultLog | None = None, dtypes=(torch.bfloat16, torch.float32)
-) -> list[tuple[str, float, bool]]:
+def check_correctness(length: int, device: str, dtype: torch.dtype) -> Iterator[tuple[str, float, bool]]:
+    """A whole packed prefill, the last chunk of a chunked one and a single query over a paged
+    cache, flex and blocked, against the FP32 reference: (name, max error, within tolerance),
+    each yielded as it is measured."""
     doc_ids = anchor_document_ids(1, document_lengths(length, 1024, seed=0)).to(device)
-    rows = []
-    for dtype in dtypes:
-        key, value, key_cache, value_cache, block_table = paged_request(length, dtype, seed=1, device=device)
-        for num_queries in (length, length // 3 + 5, 1):
-            query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
-            expected = reference(query, key, value, doc_ids)
-            for impl in ("flex", "blocked"):
-                out = anchor_prefill_paged(
-                    query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl=impl
-                )
-                error = float((out.float() - expected).abs().max())
-                name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
-                rows.append((name, error, error <= TOLERANCE[dtype]))
-                if log is not None:
-                    log.write("vllm_kernel_correctness", check=name, max_error=error, passed=rows[-1][2])
-    return rows
+    key, value, key_cache, value_cache, block_table = paged_request(length, dtype, seed=1, device=device)
+    for num_queries in (length, length // 3 + 5, 1):
+        query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
+        expected = reference(query, key, value, doc_ids)
+        for impl in ("flex", "blocked"):
+            out = anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl=impl)
+            error = float((out.float() - expected).abs().max())
+            name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
+            yield (name, error, error <= TOLERANCE[dtype])
 
 
 def check_flash_layout(length: int = 1000, device: str = "cuda") -> tuple[str, float, bool]:
@@ -271,21 +239,6 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     return timings, ideal, len(lengths)
 
 
-def run_checks(
-    log: ResultLog,
-    check_seq: int,
-    steps: int,
-    lengths: tuple[int, int],
-    device: str,
-    dtypes=(torch.bfloat16, torch.float32),
-) -> tuple:
-    """The warmed-up serving check, the correctness checks, the layout check and the long run,
-    each result logged as it exists. All under inference mode, as vLLM serves (Dynamo keeps
-    separate graphs for inference and autograd tensors: the checks share the serving graphs)."""
-    with torch.inference_mode():
-        return _run_checks(log, check_seq, steps, lengths, device, dtypes)
-
-
 # (queries, keys) of prefills served after the warm-up: whole, chunked, single-query, tiny, long.
 # 128 queries: the CUDA lowering's flex-decoding boundary (kernels.FLEX_DECODING_QUERIES).
 SERVED_AFTER_WARM_UP = (
@@ -293,11 +246,10 @@ SERVED_AFTER_WARM_UP = (
 )  # fmt: skip
 
 
-def check_warm_serving(device: str, log: ResultLog | None = None) -> tuple[str, float, bool]:
+def check_warm_serving(device: str) -> dict:
     """The backend's warm-up (kernels.warm_up_anchor_flex, what the impl runs when vLLM builds it),
     then prefills of other lengths and layouts under vLLM's fail-on-recompile stance: none may
     compile. Graphs held afterwards are reported beside the limit."""
-    from evalkit.attention.kernels import flex_compile_counts
     from evalkit.vllm_plugin.kernels import warm_up_anchor_flex
 
     warm_up_anchor_flex(HEADS, KV_HEADS, DIM, DIM**-0.5, torch.bfloat16, device)
@@ -314,83 +266,7 @@ def check_warm_serving(device: str, log: ResultLog | None = None) -> tuple[str, 
                 anchor_attention(query, key, value, doc_ids, scale=DIM**-0.5, impl="flex", block_mask=block_mask)
     except RuntimeError as err:
         error = str(err)  # whole: Dynamo names the guard that failed past the first line
-    graphs = max((n for key, n in flex_compile_counts().items() if "anchor" in key), default=0)
+    graphs = serving_compile_count()
     name = f"served prefills of {len(shapes)} shapes after the warm-up, {graphs} graphs (limit {recompile_limit()})"
-    shown = name if error is None else f"{name}: {error.splitlines()[0][:300]}"
-    row = (shown, float(graphs), error is None and graphs < recompile_limit())
-    if log is not None:
-        log.write("vllm_warm_serving", check=row[0], graphs=graphs, limit=recompile_limit(), error=error, passed=row[2])
-    return row
-
-
-def _run_checks(log, check_seq, steps, lengths, device, dtypes) -> tuple:
-    warm_row = check_warm_serving(device, log)
-    correct = [warm_row, *check_correctness(check_seq, device, log=log, dtypes=dtypes)]
-    layout_row = check_flash_layout(device=device) if device == "cuda" else check_flash_layout(200, device=device)
-    log.write("vllm_cache_layout", check=layout_row[0], max_error=layout_row[1], passed=layout_row[2])
-    result = long_run(steps, lengths, device)
-    long_row = long_run_row(result, device)
-    log.write("vllm_long_run", **result, passed=long_row[2])
-    return correct, layout_row, long_row
-
-
-def report(correct, layout_row, timings, ideal, num_docs, args, device_name: str, long_row=None) -> str:
-    lines = [
-        "# evalkit vLLM plugin: GPU check of the anchor-mode prefill kernels",
-        "",
-        f"{device_name}, torch {torch.__version__}; paged cache in blocks of {BLOCK}, "
-        f"Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}.",
-        "",
-        markdown_table(
-            ["check", "max abs error", "pass"],
-            [(name, f"{error:.2e}", "yes" if ok else "NO") for name, error, ok in [*correct, layout_row]],
-        ),
-        *(
-            ["", markdown_table(["long run", "pass"], [(long_row[0], "yes" if long_row[2] else "NO")])]
-            if long_row
-            else []
-        ),
-        "",
-        f"Prefill of {args.seq} tokens, BF16, {num_docs} documents (exponential, mean 2048), median of {args.repeats}:",
-        "",
-        markdown_table(["step", "ms"], [(name, f"{ms:.2f}") for name, ms in timings]),
-        "",
-        (
-            f"anchor / causal (same FlexAttention path): {timings[2][1] / timings[3][1]:.3f}; "
-            f"ideal sum(d_i^2)/S^2: {ideal:.3f}."
-        ),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq", type=int, default=32768, help="tokens of the timed packed prefill")
-    parser.add_argument("--check-seq", type=int, default=8192, help="tokens of the correctness checks")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=40, help="packed prefills of the long run (recompiles, memory)")
-    parser.add_argument("--out", default=None, help="also write the report to this file")
-    parser.add_argument(
-        "--results", default=None, help="JSONL file: each result appended the moment it exists (default: OUT.jsonl)"
-    )
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device: this check needs one", file=sys.stderr)
-        return 2
-    from pathlib import Path
-
-    log = ResultLog(args.results or (str(Path(args.out).with_suffix(".jsonl")) if args.out else None))
-    log.write("machine", device=torch.cuda.get_device_name(), torch=torch.__version__)
-    correct, layout_row, long_row = run_checks(log, args.check_seq, args.steps, (8192, 32768), "cuda")
-    timings, ideal, num_docs = time_prefill(args.seq, args.repeats)
-    log.write("vllm_prefill_timing", seq=args.seq, timings_ms=dict(timings), ideal=ideal, documents=num_docs)
-    text = report(correct, layout_row, timings, ideal, num_docs, args, torch.cuda.get_device_name(), long_row)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    return 0 if all(ok for *_, ok in [*correct, layout_row, long_row]) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    passed = error is None and graphs < recompile_limit()
+    return {"check": name, "graphs": graphs, "limit": recompile_limit(), "error": error, "passed": passed}

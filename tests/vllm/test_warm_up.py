@@ -1,35 +1,14 @@
-"""The GPU check script runs end to end on the CPU at small sizes, so a GPU run is not spent on a typo.
-
-Same functions as on CUDA (FlexAttention eager instead of compiled, wall-clock timing);
-correctness checks must pass here too. No vLLM needed.
+"""The serving path's FlexAttention compiles: the backend's warm-up covers every shape class the
+CUDA lowering distinguishes, and the GPU check's counting of graphs against Dynamo's limit (the
+kernels at the GPU check's sizes: tests/gpu/serving.py; its dry run: tests/gpu). No vLLM needed
+but for the backend impl's test.
 """
-
-from argparse import Namespace
 
 import pytest
 import torch
 
-from evalkit.vllm_plugin import gpu_check
+from tests.gpu import serving
 from tests.vllm.conftest import requires_vllm
-
-
-def test_gpu_check_functions_pass_at_small_sizes_on_cpu():
-    correct = gpu_check.check_correctness(700, device="cpu")
-    layout_row = gpu_check.check_flash_layout(200, device="cpu")
-    assert all(ok for *_, ok in [*correct, layout_row]), [*correct, layout_row]
-    timings, ideal, num_docs = gpu_check.time_prefill(600, repeats=1, device="cpu")
-    assert len(timings) == 5 and all(ms > 0 for _, ms in timings) and 0 < ideal < 1 and num_docs >= 1
-    long_row = gpu_check.long_run_row(gpu_check.long_run(2, (200, 400), device="cpu"), "cpu")
-    text = gpu_check.report(
-        correct, layout_row, timings, ideal, num_docs, Namespace(seq=600, repeats=1), "cpu", long_row
-    )
-    assert "| anchor mode: gather + FlexAttention |" in text and "NO |" not in text and "| long run |" in text
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the script would run")
-def test_gpu_check_refuses_to_run_without_cuda(capsys):
-    assert gpu_check.main([]) == 2
-    assert "needs one" in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -52,8 +31,8 @@ def compiled_on_cpu(monkeypatch):
 def one_prefill(dtype, scale):
     from evalkit.vllm_plugin.kernels import anchor_document_ids, anchor_prefill_paged
 
-    _key, _value, key_cache, value_cache, block_table = gpu_check.paged_request(300, dtype, 0, "cpu")
-    query = torch.randn(300, gpu_check.HEADS, gpu_check.DIM).to(dtype)
+    _key, _value, key_cache, value_cache, block_table = serving.paged_request(300, dtype, 0, "cpu")
+    query = torch.randn(300, serving.HEADS, serving.DIM).to(dtype)
     doc_ids = anchor_document_ids(1, [100, 199])
     anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=scale, impl="flex")
 
@@ -69,28 +48,12 @@ def test_recompile_accounting_counts_every_graph_of_the_function_against_its_lim
     one_prefill(torch.bfloat16, scale=0.5)  # the serving function's first graph (its scale differs from the run's)
     assert sorted(flex_compile_counts().values()) == [1, 1]
     with torch._dynamo.config.patch(recompile_limit=2):  # (monkeypatch's undo breaks torch's config attribute)
-        result = gpu_check.long_run(2, (200, 300), device="cpu")  # one more graph (the run's scale), any length
+        result = serving.long_run(2, (200, 300), device="cpu")  # one more graph (the run's scale), any length
     assert result["graphs"] == 2 and result["limit"] == 2  # a delta would say 1, under the limit
-    name, graphs, ok = gpu_check.long_run_row(result, "cpu")
+    name, graphs, ok = serving.long_run_row(result, "cpu")
     assert not ok and "2 graphs compiled (limit 2)" in name
     with torch._dynamo.config.patch(recompile_limit=8):
-        assert gpu_check.long_run_row(gpu_check.long_run(2, (200, 300), device="cpu"), "cpu")[2]
-
-
-def test_each_result_is_in_the_results_file_before_a_later_check_fails(tmp_path, monkeypatch):
-    from evalkit.store.result_log import ResultLog, read_results
-
-    def out_of_memory(*args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory")
-
-    monkeypatch.setattr(gpu_check, "long_run", out_of_memory)
-    log = ResultLog(tmp_path / "results.jsonl", echo=False)
-    with pytest.raises(torch.OutOfMemoryError):
-        gpu_check.run_checks(log, 300, 2, (200, 300), "cpu")
-    records = read_results(tmp_path / "results.jsonl")
-    kinds = [r["kind"] for r in records]
-    assert kinds.count("vllm_kernel_correctness") == 12 and kinds[-1] == "vllm_cache_layout"
-    assert all(r["passed"] for r in records)
+        assert serving.long_run_row(serving.long_run(2, (200, 300), device="cpu"), "cpu")[2]
 
 
 @pytest.mark.slow
@@ -100,9 +63,9 @@ def test_the_long_run_compiles_the_serving_kernel_once_across_layouts_and_length
     one graph, far under Dynamo's limit (past it, FlexAttention runs eager and materialises the
     scores). Measured here on torch's CPU backend; the GPU check counts on CUDA."""
     compiled_on_cpu("inductor")
-    result = gpu_check.long_run(5, (300, 700), device="cpu")
+    result = serving.long_run(5, (300, 700), device="cpu")
     assert result["steps"] == 5 and 1 <= result["graphs"] <= 2 < result["limit"]
-    name, graphs, ok = gpu_check.long_run_row(result, "cpu")
+    name, graphs, ok = serving.long_run_row(result, "cpu")
     assert ok and f"{result['graphs']} graphs compiled (limit {result['limit']})" in name
 
 
@@ -113,10 +76,10 @@ def serve_under_vllms_stance(shapes):
     with torch.compiler.set_stance("fail_on_recompile"), torch.inference_mode():  # as vLLM's model runner
         for num_queries, length in shapes:
             doc_ids = anchor_document_ids(1, [n for n in (length // 2, length - 1 - length // 2) if n])
-            query = torch.randn(num_queries, gpu_check.HEADS, gpu_check.DIM).bfloat16()
-            key, value = (torch.randn(length, gpu_check.KV_HEADS, gpu_check.DIM).bfloat16() for _ in range(2))
+            query = torch.randn(num_queries, serving.HEADS, serving.DIM).bfloat16()
+            key, value = (torch.randn(length, serving.KV_HEADS, serving.DIM).bfloat16() for _ in range(2))
             block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)
-            anchor_attention(query, key, value, doc_ids, scale=gpu_check.DIM**-0.5, impl="flex", block_mask=block_mask)
+            anchor_attention(query, key, value, doc_ids, scale=serving.DIM**-0.5, impl="flex", block_mask=block_mask)
 
 
 SERVED = [(700, 700), (1, 257), (37, 900), (128, 129), (60, 60), (1, 20), (300, 1000), (128, 128), (1500, 1500), (3, 3)]
@@ -133,13 +96,13 @@ def test_the_checks_serving_after_the_warm_up_compile_nothing_under_vllms_stance
 
     compiled_on_cpu()
     monkeypatch.setattr(kernels, "_warmed_up", set())
-    name, graphs, ok = gpu_check.check_warm_serving("cpu")
-    assert ok and 1 <= graphs < torch._dynamo.config.recompile_limit, name
+    row = serving.check_warm_serving("cpu")
+    assert row["passed"] and 1 <= row["graphs"] < torch._dynamo.config.recompile_limit, row
     monkeypatch.setattr(kernels, "warm_up_shapes", lambda *a, **k: ((384, 384),))  # misses shape classes
     monkeypatch.setattr(kernels, "_warmed_up", set())
     compiled_on_cpu()
-    name, graphs, ok = gpu_check.check_warm_serving("cpu")
-    assert not ok and "fail_on_recompile" in name
+    row = serving.check_warm_serving("cpu")
+    assert not row["passed"] and "fail_on_recompile" in row["error"]
 
 
 @requires_vllm  # the backend module imports vLLM's request types
@@ -160,7 +123,7 @@ def test_the_impl_compiles_flex_when_built_so_serving_never_compiles(compiled_on
     class Impl(AnchorAttentionImplMixin, StockImpl):
         anchor_impl = "flex"
 
-    impl = Impl(gpu_check.HEADS, gpu_check.DIM, gpu_check.DIM**-0.5, gpu_check.KV_HEADS)
+    impl = Impl(serving.HEADS, serving.DIM, serving.DIM**-0.5, serving.KV_HEADS)
     with torch.device("cpu"):
         previous = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)  # vLLM builds the model under its dtype
@@ -207,7 +170,7 @@ def test_served_shapes_replay_after_the_warm_up_under_the_cuda_lowerings_guards(
     monkeypatch.setattr(kernels, "_warmed_up", set())
     with torch._dynamo.config.patch(recompile_limit=8):  # the default, raised by the warm-up
         kernels.warm_up_anchor_flex(
-            gpu_check.HEADS, gpu_check.KV_HEADS, gpu_check.DIM, gpu_check.DIM**-0.5, torch.bfloat16, "cpu"
+            serving.HEADS, serving.KV_HEADS, serving.DIM, serving.DIM**-0.5, torch.bfloat16, "cpu"
         )
         serve_under_vllms_stance([*SERVED, *GRID])
         (graphs,) = flex_compile_counts().values()

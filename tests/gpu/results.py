@@ -1,4 +1,4 @@
-"""Results of a device check written the moment each exists: one JSON line per result, flushed.
+"""The GPU checks' results written the moment each exists: one JSON line per result, flushed.
 
 A lent GPU machine returns what a command left under $OUT even when the command is killed at its
 time limit or runs out of memory: a check that writes its report only at the end leaves nothing.
@@ -37,7 +37,7 @@ class ResultLog:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(self, kind: str, **fields: Any) -> dict:
+    def write(self, kind: str, /, **fields: Any) -> dict:
         record = _plain({"kind": kind, "elapsed_s": round(time.monotonic() - self.started, 2), **fields})
         line = json.dumps(record, sort_keys=False)
         if self.path is not None:
