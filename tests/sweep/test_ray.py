@@ -78,6 +78,31 @@ def test_ray_run_equals_a_local_run_record_for_record(cluster, tmp_path):
     assert "tiny-long-full-shipped" in board.read_text()
 
 
+def test_general_under_ray_hands_its_files_to_the_driver_and_equals_a_local_run(cluster, tmp_path):
+    """An lm-eval task on Ray: the unit's record, samples and lm-eval output, which the worker
+    hands over and the driver writes, are the local run's (its record but for the time and place)."""
+    from evalkit.general import run_general
+
+    refs, tasks, engine = tiny_refs()[-1:], ["evalkit_fixture_hellaswag_style"], {"dtype": "fp32"}
+    local = run_general(refs, tasks, out=tmp_path / "local", engine_settings=engine)
+    remote = run_general(refs, tasks, out=tmp_path / "ray", engine_settings=engine, executor=executor())
+    assert remote.rows == local.rows and local.rows
+
+    def unit_files(out: Path) -> dict[str, Path]:
+        return {str(p.relative_to(out)): p for p in out.rglob("general/*") if p.is_file()}
+
+    here, there = unit_files(tmp_path / "local"), unit_files(tmp_path / "ray")
+    assert sorted(here) == sorted(there) and len(here) == 3  # record, samples, lm-eval output
+    for rel, path in here.items():
+        if rel.endswith(".samples.jsonl"):
+            assert there[rel].read_bytes() == path.read_bytes()
+        elif not rel.endswith(".lm_eval.json"):  # lm-eval's own output holds its timings
+            record, local_record = json.loads(there[rel].read_text()), json.loads(path.read_text())
+            assert {k: v for k, v in record.items() if k != "provenance"} == {
+                k: v for k, v in local_record.items() if k != "provenance"
+            }
+
+
 def _group_workers():
     import psutil
 
