@@ -8,11 +8,12 @@ import errno
 import json
 import os
 import re
+import socket
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -42,32 +43,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600
-            check_fences()
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-
-
-# What a durable write must check first where another host may have taken over this writer's
-# files (evalkit.sweep.lease: a driver lease, a worker's group claim); empty in a plain run.
-_FENCES: ContextVar[tuple[Callable[[], None], ...]] = ContextVar("evalkit_fences", default=())
-
-
-@contextmanager
-def fenced(check: Callable[[], None]) -> Iterator[None]:
-    """Within the block, every atomic write and sample-log append first calls `check`, which
-    raises when this process may no longer write (evalkit.sweep.lease)."""
-    token = _FENCES.set((*_FENCES.get(), check))
-    try:
-        yield
-    finally:
-        _FENCES.reset(token)
-
-
-def check_fences() -> None:
-    for check in _FENCES.get():
-        check()
 
 
 @contextmanager
@@ -237,6 +216,9 @@ def move_into_place(tmp: Path, destination: Path) -> None:
 
 
 LOCK_NAME = ".evalkit.lock"
+# A lock record of another host's run counts as live while anything under the directory was
+# written this recently: flock may not reach across the hosts of a shared file system.
+OTHER_HOST_QUIET_S = 15 * 60
 
 
 @contextmanager
@@ -247,22 +229,31 @@ def output_lock(directory: Path, *, leave_no_trace: bool = False) -> Iterator[Pa
     summaries) would duplicate lines and overwrite each other: a second one is refused with a
     one-line error instead of waiting. The lock is an flock on a file inside the directory, so
     the kernel releases it when the holder exits in any way, kill -9 included: a stale lock
-    file never blocks anyone. The file is left in place: unlinking it could let a third process
-    lock a new file while a second still holds the old one; the one exception is
-    `leave_no_trace`: a directory this call created, left holding nothing but the lock when the
-    block fails, is removed (a second process was refused, not waiting, so no one holds it).
+    file never blocks anyone on this host. The file holds the holder's record (host, pid, start)
+    while held, nothing after: a run on another host of a shared file system, whose flock may
+    succeed regardless, refuses while that record names another host and the directory was
+    written in the last OTHER_HOST_QUIET_S (see _refuse_other_host). The file is left in place:
+    unlinking it could let a third process lock a new file while a second still holds the old
+    one; the one exception is `leave_no_trace`: a directory this call created, left holding
+    nothing but the lock when the block fails, is removed (a second process was refused, not
+    waiting, so no one holds it).
     """
     directory = Path(directory)
     created = not directory.exists()
     handle = _open_lock_file(directory)
+    record = None
     try:
         _take(handle, directory)
+        _refuse_other_host(handle, directory)
+        record = _write_record(handle)
         yield directory / LOCK_NAME
     except BaseException:
         if leave_no_trace and created:
             _remove_if_only_the_lock(directory)  # while still held: no one else can be writing there
         raise
     finally:
+        if record is not None and _record(handle) == record:  # a clean end: no run holds it now
+            handle.truncate(0)
         handle.close()  # closing the last descriptor releases the flock
 
 
@@ -278,7 +269,7 @@ def _open_lock_file(directory: Path) -> TextIO:
     check_output_dir(directory)  # a file, a path under a file, an unwritable place
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        # "a+": create if absent, never truncate (the holder's pid is in there).
+        # "a+": create if absent, never truncate (the holder's record is in there).
         return (directory / LOCK_NAME).open("a+", encoding="utf-8")
     except OSError as err:
         raise UserError(f"cannot write in {directory} ({err.strerror}): choose a writable --out") from None
@@ -290,17 +281,66 @@ def _take(handle: TextIO, directory: Path) -> None:
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip()
-        who = f" (pid {holder})" if holder.isdigit() else ""
+        pid = (_record(handle) or {}).get("pid")
+        who = f" (pid {pid})" if isinstance(pid, int) else ""
         raise UserError(
             f"another evalkit process{who} is writing to {directory}; wait for it to finish, "
             "or give this run another --out"
         ) from None
+
+
+def _refuse_other_host(handle: TextIO, directory: Path) -> None:
+    """The flock is ours, yet a run on another host may hold the directory (flock does not reach
+    across hosts on every shared file system): its record left in place, and the directory written
+    recently, means it may be writing there; a record whose directory has been quiet for
+    OTHER_HOST_QUIET_S is a run killed there, and is taken over. Two runs of two hosts started in the
+    same instant are not told apart: that is unsupported (README: Scaling out)."""
+    holder = _record(handle)
+    if holder is None or holder.get("host") == socket.gethostname():
+        return  # on this host the flock decides: a holder alive would have kept it
+    quiet = time.time() - _last_write(directory)
+    if quiet < OTHER_HOST_QUIET_S:
+        raise UserError(
+            f"the evalkit run of host {holder.get('host')} pid {holder.get('pid')} (since {holder.get('started')}) "
+            f"is writing to {directory} (last write {max(quiet, 0):.0f} s ago); wait for it, or give this run "
+            f"another --out (if that run is dead: empty {directory / LOCK_NAME}, or rerun after "
+            f"{OTHER_HOST_QUIET_S // 60} quiet minutes)"
+        )
+
+
+def _record(handle: TextIO) -> dict | None:
+    """The holder's record in the lock file; None when empty (no holder) or unreadable."""
     handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")  # for the message a second process prints
+    try:
+        record = json.loads(handle.read() or "null")
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _write_record(handle: TextIO) -> dict:
+    """This process as the holder: for the message a second process prints, and for other hosts."""
+    record = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    handle.truncate(0)
+    handle.write(json.dumps(record) + "\n")
     handle.flush()
+    return record
+
+
+def _last_write(directory: Path) -> float:
+    """The newest modification time of anything under `directory` (its files and folders)."""
+    newest = 0.0
+    for folder, _, files in os.walk(directory):
+        for name in [".", *files]:
+            try:
+                newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime)
+            except OSError:
+                continue  # removed meanwhile
+    return newest
 
 
 def disk_full_error(err: BaseException) -> BaseException | None:

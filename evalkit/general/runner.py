@@ -28,7 +28,7 @@ from typing import Any
 
 from evalkit.arglists import parse_list
 from evalkit.errors import UserError
-from evalkit.files import atomic_write_json, atomic_write_text, refuse_foreign
+from evalkit.files import refuse_foreign
 from evalkit.general.errors import RequestsExceedWindow
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.identity import EXECUTION, SELECTION, identity_key, setting
@@ -316,8 +316,8 @@ def _evaluate_task(
         results, over_window = _run_lm_eval(lm, tasks, catalog, plan, settings)
     samples = compact_samples(results.pop("samples", None) or {})
     ref, samples_file, lm_eval_file = store.ref, store.file(".samples.jsonl"), store.file(".lm_eval.json")
-    atomic_write_text(samples_file, "".join(_json_line(s) for s in samples))
-    atomic_write_text(lm_eval_file, _json_text(results))
+    store.writer.text(samples_file, "".join(_json_line(s) for s in samples))
+    store.writer.text(lm_eval_file, _json_text(results))
     record = {
         "benchmark": "general",
         "run": ref.run,
@@ -341,7 +341,7 @@ def _evaluate_task(
             "task_versions": results.get("versions", {}),
         },
     }
-    atomic_write_json(store.file(".json"), record)
+    store.writer.text(store.file(".json"), json.dumps(record, indent=2) + "\n")
     return record
 
 

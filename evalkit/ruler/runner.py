@@ -279,7 +279,7 @@ def _evaluate_task(
     key = sample_key(data_key, settings, reading=reading)
     # Keys of earlier evalkit versions name answers of the window reading only: none is this one under sink.
     earlier = set() if reading else _earlier_log_keys(store, spec, tokenizer, settings, data) - {key}
-    log = SampleLog(log_file, key, aliases=earlier)
+    log = SampleLog(log_file, key, aliases=earlier, writer=store.writer)
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:

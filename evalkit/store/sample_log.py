@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import check_fences, naming
+from evalkit.files import atomic_write_text, naming
 from evalkit.models.refs import CheckpointRef, step_dir_name
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
@@ -32,13 +32,37 @@ def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
     return Path(out_dir) / ref.run / step_dir_name(ref.step)
 
 
+class Writer:
+    """How a unit's files are written: here, durably, by the one process that writes under --out
+    (a local run; the driver of a Ray sweep). A Ray worker's writer hands each write to its driver
+    instead (evalkit.sweep.ray_executor.Handover), which writes it with this one."""
+
+    def text(self, path: Path, text: str) -> None:
+        """Replace the file, atomically."""
+        atomic_write_text(path, text)
+
+    def append(self, path: Path, text: str) -> None:
+        """Add to the file, durably: a kill after this returns loses none of it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with naming(path), path.open("a", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+HERE = Writer()
+
+
 class SampleLog:
     """Append-only JSONL of finished samples, keyed by sample index, for one (task, length)."""
 
-    def __init__(self, path: Path, data_key: str, aliases: set[str] | frozenset[str] = frozenset()):
+    def __init__(
+        self, path: Path, data_key: str, aliases: set[str] | frozenset[str] = frozenset(), writer: Writer = HERE
+    ):
         """`aliases`: older keys of the same data and settings (an earlier evalkit's form of the
-        key); their records are kept, carried over to `data_key` (checksum renewed) on load."""
-        self.path, self.data_key, self.aliases = Path(path), data_key, frozenset(aliases)
+        key); their records are kept, carried over to `data_key` (checksum renewed) on load.
+        `writer`: where the log's changes go (a Ray worker's: to its driver)."""
+        self.path, self.data_key, self.aliases, self.writer = Path(path), data_key, frozenset(aliases), writer
         self.records: dict[int, dict[str, Any]] = {}
         if self.path.is_file():
             self._load()
@@ -73,9 +97,7 @@ class SampleLog:
             self.records[int(record["index"])] = record
             kept.append(line)
         if dropped:  # rewrite without the lines we will not use, so appends stay clean
-            from evalkit.files import atomic_write_text
-
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+            self.writer.text(self.path, "".join(line + "\n" for line in kept))
 
     def _verify(self, record: Any, number: int, checked_before: bool) -> bool:
         """Refuse a record that is not what evalkit wrote; True when it carries a checksum.
@@ -113,16 +135,13 @@ class SampleLog:
         """Add finished samples durably: a kill after this returns loses none of them."""
         if not records:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with naming(self.path), self.path.open("a", encoding="utf-8") as handle:
-            check_fences()  # a worker whose claim was taken over stops here (evalkit.sweep.lease)
-            for record in records:
-                record = {**record, "data_key": self.data_key}
-                record[CHECKSUM] = record_checksum(record)
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                self.records[int(record["index"])] = record
-            handle.flush()
-            os.fsync(handle.fileno())
+        sealed = []
+        for record in records:
+            record = {**record, "data_key": self.data_key}
+            record[CHECKSUM] = record_checksum(record)
+            sealed.append(record)
+        self.writer.append(self.path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in sealed))
+        self.records.update((int(record["index"]), record) for record in sealed)
 
     def ordered(self) -> list[dict[str, Any]]:
         return [self.records[i] for i in sorted(self.records)]

@@ -10,7 +10,7 @@ from typing import Any
 
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.result_format import read_summary, summary_name
-from evalkit.store.sample_log import checkpoint_dir
+from evalkit.store.sample_log import HERE, Writer, checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,14 @@ class UnitStore:
     (`folder`, beside the checkpoint's summary), in files named from the unit (`file`). No
     benchmark builds a path under --out, so the pipeline's loop, a shard and a Ray worker find a unit's
     files alike; what makes a stored result valid (its settings' identity, evalkit.store.identity) is
-    written in those files and checked by the benchmark that reads them."""
+    written in those files and checked by the benchmark that reads them. A benchmark writes them
+    only through `writer`: on a Ray worker, it hands every write to the driver, the one writer."""
 
     out: Path
     ref: CheckpointRef
     benchmark: str
     unit: Unit
+    writer: Writer = HERE
 
     @property
     def folder(self) -> Path:

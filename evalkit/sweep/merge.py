@@ -233,6 +233,6 @@ def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
 def _not_merged(rel: Path) -> bool:
     name = rel.name
     top_level_average = len(rel.parts) == 1 and "-avg." in name  # a shard's partial --avg
-    hidden = any(part.startswith(".") for part in rel.parts)  # temporaries, the lease directory
+    hidden = any(part.startswith(".") for part in rel.parts)  # temporaries
     empty_record = len(rel.parts) == 1 and rel.match(empty_shard_name("*"))  # a shard's, not the sweep's
     return name == LOCK_NAME or hidden or top_level_average or empty_record

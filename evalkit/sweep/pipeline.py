@@ -216,21 +216,20 @@ def run_benchmark(
 
     `shard` (evalkit.sweep.plan.Shard): only that shard's units; `executor` (evalkit.sweep):
     computes the units elsewhere first (a Ray cluster), this loop then writes the summaries."""
-    from evalkit.sweep.lease import driver_lease
     from evalkit.sweep.plan import plan_work, write_empty_shard
 
     out = Path(out)
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is
-    # written. The flock holds on one host; the lease across hosts of a shared file system.
-    with output_lock(out), driver_lease(out, log) as lease:
+    # written; this process is then the one writer under `out` (an executor's workers hand it theirs).
+    with output_lock(out):
         work = plan_work(benchmark, refs, shard)
         if work.shard is not None and not work.checkpoints:  # more array tasks than units: a success
             line = write_empty_shard(out, benchmark.name, work.shard)
             log(line)
             return EvaluationRun([], [], [], empty_shard=line)
         if executor is not None:
-            executor.run(benchmark, work, out, log=log, open_engine=open_engine, lease=lease)  # progress: its log lines
+            executor.run(benchmark, work, out, log=log, open_engine=open_engine)  # progress: its log lines
         summaries, failed = [], []
         first_error: Exception | None = None
         for ref, checkpoint_work in work.checkpoints:

@@ -1,24 +1,24 @@
-"""`--executor ray`: the pipeline's units computed on a Ray cluster's workers.
+"""`--executor ray`: the pipeline's units computed on a Ray cluster's workers; the driver writes.
 
-    driver (this process, holding --out's lock)            workers (any node; --out on a shared file system)
+    driver (this process, holding --out's lock)            workers (any node; --out readable there)
       plan: each checkpoint's units in groups ──task──▶  one engine per group (a model loaded once per worker)
-                                                          each unit: benchmark.evaluate ─▶ its own per-sample
-                                                          log / task record, appended or written atomically
+                                                          each unit: benchmark.evaluate, resuming from the
+      writes each one under --out, in order  ◀──inbox──── unit's files; every write it makes (a finished
+                                                          chunk of a per-sample log, a file) handed back
       results, skips, who answered ◀──────────────────── (a Skipped unit is a value, never a failure)
-      the pipeline's own loop writes every summary (one writer), as if it had computed the units
+      the pipeline's own loop writes every summary, as if it had computed the units
 
-One writer per file across hosts, without trusting a lock on a shared file system (flock and
-NFS locks do not hold across hosts on many): the driver holds --out's lease (evalkit.sweep.lease)
-and assigns every unit to exactly one group; a worker claims its group and writes only its
-group's units' files, each write fenced by its claim; only the driver writes summaries. A group
-is retried when its worker is gone (Ray's retry: a process killed, a node declared dead) or its
-claim lapsed (the driver's: a worker paused or cut off, whose writes the new claim fences off);
-the retry resumes from the per-sample log, whose torn last line (if any) is dropped on reading
-and whose first record of a sample stands: nothing lost, nothing twice. A unit skipped for a
-user error (does not fit, missing data) comes back as a skip and is not retried; any other error
-(a broken checkpoint) fails that checkpoint alone, recorded by the pipeline as in a local sweep.
-A killed driver takes its groups with it (Ray cancels a dead owner's tasks); a rerun of the same
-command resumes from the logs.
+The driver is the one writer under --out, as in a local run: a worker's writes go through a Ray
+actor (Inbox; Ray runs one caller's calls to an actor in the order made) that the driver empties
+every second, writing each into --out. A group is retried by the driver (up to MAX_RETRIES times)
+when its worker dies (kill -9, a lost node): first what that worker handed over is written, then
+the retry resumes from the per-sample logs as the driver left them, and whatever else arrives from
+the dead attempt is dropped. So a killed worker loses at most the chunk it had not handed over,
+and no sample is written twice. A unit skipped for a user error (does not fit, missing data) comes
+back as a skip and is not retried; any other error (a broken checkpoint) fails that checkpoint
+alone, recorded by the pipeline as in a local sweep. A killed driver takes its groups with it (Ray
+cancels a dead owner's tasks); a rerun of the same command resumes from the logs. A worker that
+hangs alive (paused) holds its group until it goes on or dies.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from evalkit.engines.ray_start import exit_status_kept, init_ray
 from evalkit.errors import Skipped, UserError
-from evalkit.files import disk_full_error, fenced
+from evalkit.files import disk_full_error
+from evalkit.store.sample_log import HERE, Writer
 from evalkit.store.units import UnitStore
-from evalkit.sweep.lease import ClaimWatch, LeaseLost, claim_group
 from evalkit.sweep.plan import Outcome, WorkPlan, assign_shards, unit_cost
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
@@ -50,10 +51,10 @@ class RayExecutor:
     def __init__(self, address: str | None = None, resources: dict[str, float] | None = None, **init_options: Any):
         self.address, self.resources, self.init_options = address, resources, init_options
 
-    def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None, lease=None) -> None:
-        """Compute every unit of `work` not yet stored on the cluster; fills each checkpoint's outcomes.
-        `lease` (evalkit.sweep.lease.DriverLease): the driver's, under which workers claim their groups.
-        Progress is `log`'s lines (Status): groups done and each worker's samples/s, every 10 s."""
+    def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None) -> None:
+        """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
+        back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status): groups done and
+        each worker's samples/s, every 10 s."""
         ray = _import_ray()
         started_here = self._connect(ray)
         try:
@@ -62,7 +63,7 @@ class RayExecutor:
             groups = plan_groups(benchmark, work, out, slots)
             if groups:
                 log(f"ray: each task asks {_asked(resources)}: {slots} concurrent model copies on {_describe(ray)}")
-                self._run_groups(ray, benchmark, groups, out, log, open_engine, lease, resources)
+                self._run_groups(ray, benchmark, groups, out, log, open_engine, resources)
         finally:
             if started_here:
                 ray.shutdown()
@@ -79,71 +80,60 @@ class RayExecutor:
             raise UserError(f"cannot reach the Ray cluster at {self.address}: {err}; check --ray-address") from None
         return True
 
-    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine, lease, resources) -> None:
-        reporter = ray.remote(Reporter).options(num_cpus=0).remote()
-        task = ray.remote(evaluate_group).options(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)
+    def _run_groups(self, ray, benchmark, groups: list[Group], out: Path, log, open_engine, resources) -> None:
+        inbox = ray.remote(Inbox).options(num_cpus=0).remote()
+        # Retried here, not by Ray: the driver must write what a dead attempt handed over, and drop
+        # what else comes from it, before the retry reads the logs.
+        task = ray.remote(evaluate_group).options(max_retries=0, **resources)
         shipped = _for_workers(benchmark)
-        claims = (lease.generation, lease.timeout) if lease is not None else None
 
         def submit(group: Group):
-            return task.remote(shipped, group.ref, group.units, str(out), group.name, reporter, open_engine, claims)
+            group.attempt += 1
+            return task.remote(shipped, group.ref, group.units, str(out), group.name, group.attempt, inbox, open_engine)
 
         pending = {submit(group): group for group in groups}
         log(f"ray: {sum(len(g.units) for g in groups)} units in {len(groups)} groups on {_describe(ray)}")
         status = Status(log, len(groups))
-        watch = ClaimWatch(out, *claims) if claims is not None else None
+        by_name = {group.name: group for group in groups}
         with exit_status_kept():
-            self._wait(ray, pending, reporter, status, watch, submit)
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                # After the wait: a task seen ended made its last call to the inbox, so all it sent is there.
+                writes, snapshot = ray.get(inbox.take.remote())
+                for name, attempt, kind, rel, text in writes:
+                    group = by_name[name]
+                    if attempt == group.attempt and not group.done:  # else a dead attempt's, retried since
+                        write_handed_over(out, kind, rel, text)
+                status.update(snapshot)
+                for ref in ready:
+                    group = pending.pop(ref)
+                    if self._answer(ray, ref, group, status):
+                        pending[submit(group)] = group
 
-    def _wait(self, ray, pending: dict, reporter, status: Status, watch: ClaimWatch | None, submit) -> None:
-        """Until every group is answered. A group may have several live attempts: Ray's own retry
-        of a dead worker, and the driver's of a worker whose claim lapsed (paused, cut off, but not
-        known dead to Ray); the first answer counts, a superseded attempt's LeaseLost is dropped."""
-        resubmitted: dict[str, int] = {}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            status.update(ray.get(reporter.snapshot.remote()))
-            for ref in ready:
-                group = pending.pop(ref)
-                if group.done:
-                    continue
-                try:
-                    answer = _result(ray, ref, group)
-                except LeaseLost:
-                    if not any(other is group for other in pending.values()):
-                        raise  # no attempt of it left here: another driver took over --out
-                    continue
-                except Exception as err:  # this checkpoint failed: the others go on, as in a local sweep
-                    if disk_full_error(err) is not None:
-                        raise  # every later unit would fail the same way
-                    group.work.failure = group.work.failure or err
-                    group.done = True
-                    status.failed(group, err)
-                    continue
-                group.collect(answer, ray.get(reporter.snapshot.remote())["attempts"].get(group.name, 1))
-                group.done = True
-                status.finished(group)
-            for ref in [ref for ref, group in pending.items() if group.done]:
-                del pending[ref]  # a superseded attempt (a paused worker): its answer is not needed
-            if watch is not None:
-                self._retry_lapsed(pending, watch, status, submit, resubmitted)
-
-    def _retry_lapsed(self, pending: dict, watch: ClaimWatch, status: Status, submit, resubmitted: dict) -> None:
-        """A group whose worker stopped renewing its claim for the lease timeout is started again
-        elsewhere; the new attempt's claim fences the old worker off its files."""
-        for group in {id(g): g for g in pending.values()}.values():
-            attempt = watch.lapsed(group.name)
-            if attempt is None:
-                continue
-            if resubmitted.get(group.name, 0) >= MAX_RETRIES:
-                continue  # Ray's own retries, and the end of the run, remain
-            resubmitted[group.name] = resubmitted.get(group.name, 0) + 1
-            watch.forget(group.name)
-            pending[submit(group)] = group
-            status.log(
-                f"ray: {group.name}: attempt {attempt} renewed no claim for {watch.timeout:g} s "
-                "(its worker paused or cut off); started again elsewhere"
+    def _answer(self, ray, ref, group: Group, status: Status) -> bool:
+        """Take an ended task's answer; True when its group is to be tried again (its worker died)."""
+        try:
+            answer = _result(ray, ref)
+        except WorkerLost as lost:
+            if group.attempt <= MAX_RETRIES:
+                status.log(f"ray: {group.name} retried (attempt {group.attempt + 1}): its worker died ({lost})")
+                return True
+            err: Exception = UserError(
+                f"{group.name}: its worker died {group.attempt} times ({lost}); "
+                "rerun the same command to resume from the per-sample logs"
             )
+        except Exception as caught:  # this checkpoint failed: the others go on, as in a local sweep
+            if disk_full_error(caught) is not None:
+                raise  # every later unit would fail the same way
+            err = caught
+        else:
+            group.collect(answer)
+            status.finished(group)
+            return False
+        group.work.failure = group.work.failure or err
+        group.done = True
+        status.failed(group, err)
+        return False
 
 
 class Group:
@@ -152,13 +142,14 @@ class Group:
     def __init__(self, ref, units: list, work) -> None:
         self.ref, self.units, self.work = ref, units, work
         self.name = f"{ref.run}/step-{ref.step}#{units[0].label()}"
+        self.attempt = 0
         self.done = False
 
-    def collect(self, answer: tuple[list, dict | None], attempt: int) -> None:
-        """The worker's own claim attempt, when it claimed one, else the reporter's count of starts."""
+    def collect(self, answer: tuple[list, dict | None]) -> None:
         outcomes, engine_info = answer
         for unit, result, skip, worker in outcomes:
-            self.work.outcomes[unit] = Outcome(result, skip, {"attempt": attempt, **worker}, engine_info)
+            self.work.outcomes[unit] = Outcome(result, skip, {"attempt": self.attempt, **worker}, engine_info)
+        self.done = True
 
 
 def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
@@ -183,39 +174,57 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
     return groups
 
 
-def evaluate_group(benchmark, ref, units: list, out: str, name: str, reporter, open_engine=None, claims=None):
-    """On a worker: one engine for the group's units (built only if a unit has work left).
-    `claims` (the driver's lease generation, the lease timeout): the group is claimed first, and
-    every write of its files checks that this attempt is still the newest (evalkit.sweep.lease)."""
+class Handover(Writer):
+    """A worker's writer: each write, named relative to --out, is sent to the driver, which writes
+    it (write_handed_over); the worker writes nothing under --out."""
+
+    def __init__(self, out: Path, send: Callable[[str, str, str], Any]) -> None:
+        self.out, self.send = out, send
+
+    def text(self, path: Path, text: str) -> None:
+        self.send("text", Path(path).relative_to(self.out).as_posix(), text)
+
+    def append(self, path: Path, text: str) -> None:
+        self.send("append", Path(path).relative_to(self.out).as_posix(), text)
+
+
+def write_handed_over(out: Path, kind: str, rel: str, text: str) -> None:
+    """The driver writes a worker's write into its own --out."""
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or kind not in ("text", "append"):
+        raise RuntimeError(f"a worker handed over a write evalkit does not make: {kind} {rel}")
+    (HERE.text if kind == "text" else HERE.append)(out / rel, text)
+
+
+def evaluate_group(benchmark, ref, units: list, out: str, name: str, attempt: int, inbox, open_engine=None):
+    """On a worker: one engine for the group's units (built only if a unit has work left); every
+    write goes to the driver through `inbox`, tagged with the group and attempt."""
     import ray
 
     context = ray.get_runtime_context()
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "node": context.get_node_id()[:12]}
     # Not waited for: a task blocked in ray.get lends its CPU to another task, which would
-    # start more workers than the cluster has CPUs. The driver reads the attempt from the reporter.
-    reporter.started.remote(name, worker)
-    if claims is None:
-        return _evaluate_units(benchmark, ref, units, Path(out), name, reporter, open_engine, worker)
-    generation, timeout = claims
-    claim = claim_group(Path(out), generation, name, timeout, worker)
+    # start more workers than the cluster has CPUs.
+    inbox.started.remote(name, worker)
+    writer = Handover(Path(out), lambda kind, rel, text: inbox.write.remote(name, attempt, kind, rel, text))
     try:
-        with fenced(claim.check):
-            worker = {**worker, "attempt": claim.attempt}
-            return _evaluate_units(benchmark, ref, units, Path(out), name, reporter, open_engine, worker)
+        return _evaluate_units(benchmark, ref, units, Path(out), name, inbox, open_engine, worker, writer)
     finally:
-        claim.stop()
+        # Waited for at the end (its engine closed, so lending its CPU costs nothing): Ray runs one
+        # caller's calls to an actor in order, so every write above is in the inbox before the task ends.
+        ray.get(inbox.flush.remote())
 
 
-def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter, open_engine, worker: dict):
+def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, inbox, open_engine, worker: dict, writer):
     from evalkit.sweep.engine_choice import LazyEngine
 
     outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in units:
             began = time.monotonic()
-            report = lambda done, total, u=unit: reporter.progress.remote(name, u.label(), done, total)  # noqa: E731
+            report = lambda done, total, u=unit: inbox.progress.remote(name, u.label(), done, total)  # noqa: E731
             try:
-                result = benchmark.evaluate(engine, unit, UnitStore(out, ref, benchmark.name, unit), report)
+                store = UnitStore(out, ref, benchmark.name, unit, writer)
+                result = benchmark.evaluate(engine, unit, store, report)
                 outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
             except Skipped as why:  # a user error: recorded, never retried
                 outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
@@ -223,18 +232,20 @@ def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, reporter,
     return outcomes, engine_info
 
 
-class Reporter:
-    """A Ray actor the workers tell what they do; the driver reads it for its one progress view."""
+class Inbox:
+    """A Ray actor the workers hand what they do to: their writes (kept until the driver takes
+    them) and their progress, which the driver reads for its one progress view."""
 
     def __init__(self) -> None:
-        self.attempts: dict[str, int] = {}
+        self.writes: list[tuple[str, int, str, str, str]] = []
         self.workers: dict[str, dict] = {}
         self.units: dict[str, dict] = {}
 
-    def started(self, group: str, worker: dict) -> int:
-        self.attempts[group] = self.attempts.get(group, 0) + 1
+    def write(self, group: str, attempt: int, kind: str, rel: str, text: str) -> None:
+        self.writes.append((group, attempt, kind, rel, text))
+
+    def started(self, group: str, worker: dict) -> None:
         self.workers[group] = worker
-        return self.attempts[group]
 
     def progress(self, group: str, unit: str, done: int, total: int) -> None:
         now = time.monotonic()
@@ -243,8 +254,13 @@ class Reporter:
             entry.update(first=done, since=now)
         entry.update(done=done, total=total, at=now)
 
-    def snapshot(self) -> dict:
-        return {"attempts": dict(self.attempts), "workers": dict(self.workers), "units": dict(self.units)}
+    def flush(self) -> None:
+        """What a worker waits for last: by then the inbox holds every write it made before."""
+
+    def take(self) -> tuple[list, dict]:
+        """The writes handed over since the last take, in order, and the progress so far."""
+        writes, self.writes = self.writes, []
+        return writes, {"workers": dict(self.workers), "units": dict(self.units)}
 
 
 class Status:
@@ -253,20 +269,12 @@ class Status:
 
     def __init__(self, log, groups: int) -> None:
         self.log, self.groups, self.done = log, groups, 0
-        self.attempts: dict[str, int] = {}
         self.finished_groups: set[str] = set()
         self.last = time.monotonic()
         self.snapshot: dict = {"workers": {}, "units": {}}
 
     def update(self, snapshot: dict) -> None:
         self.snapshot = snapshot
-        for group, attempts in snapshot["attempts"].items():
-            if attempts > self.attempts.get(group, 1):
-                worker = snapshot["workers"][group]
-                self.log(
-                    f"ray: {group} retried (attempt {attempts}, now on {_who(worker)}): its worker died or went silent"
-                )
-            self.attempts[group] = attempts
         if time.monotonic() - self.last >= STATUS_EVERY_S:
             self.last = time.monotonic()
             working = {g: w for g, w in snapshot["workers"].items() if g not in self.finished_groups}
@@ -298,24 +306,23 @@ def _who(worker: dict) -> str:
     return f"{worker.get('host')}:{worker.get('pid')}"
 
 
-def _result(ray, ref, group: Group):
+class WorkerLost(Exception):
+    """A group's worker died (kill -9, a lost node): its group is tried again."""
+
+
+def _result(ray, ref):
     """The group's answer; a failure in evalkit is raised here as the driver's own (a UserError as one line)."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         cause = err.cause
-        if isinstance(cause, LeaseLost):
-            raise LeaseLost(str(cause)) from None
         if isinstance(cause, UserError):
             raise UserError(str(cause)) from None
         if isinstance(cause, BaseException):
             raise cause from err
         raise
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as err:
-        raise UserError(
-            f"{group.name}: its worker died {MAX_RETRIES + 1} times ({type(err).__name__}); "
-            "rerun the same command to resume from the per-sample logs"
-        ) from None
+        raise WorkerLost(type(err).__name__) from None
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

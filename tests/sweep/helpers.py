@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from evalkit.files import LOCK_NAME
 from tests.helpers import run_cli  # noqa: F401  (the scale tests take it from here)
 
 SHIPPED = Path(__file__).parents[2] / "evalkit" / "checkpoints" / "tiny-long"
@@ -39,3 +41,33 @@ def outputs_of(out: Path) -> tuple[dict, dict]:
         elif path.suffix == ".jsonl":
             logs[rel] = path.read_bytes()
     return summaries, logs
+
+
+def forbid_writes_under_results() -> None:
+    """A Ray worker's setup hook (tests/sweep/test_ray.py's cluster): any write under a directory
+    holding evalkit's lock file (a run's --out) raises PermissionError, so a test there passes only
+    if the workers hand every write to the driver."""
+    import sys
+
+    sys.addaudithook(_refuse_writes_under_results)
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_CHANGES = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.utime", "os.link", "os.symlink"}
+
+
+def _refuse_writes_under_results(event: str, args: tuple) -> None:
+    if event == "open":
+        path, mode, flags = args
+        paths = [path] if (isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & _WRITE_FLAGS else []
+    elif event in _CHANGES:
+        paths = [arg for arg in args[:2] if isinstance(arg, (str, bytes, os.PathLike))]
+    else:
+        return
+    for path in paths:
+        if isinstance(path, (str, bytes, os.PathLike)) and _under_a_results_directory(Path(os.fsdecode(path))):
+            raise PermissionError(f"a Ray worker wrote under a run's --out: {path}")
+
+
+def _under_a_results_directory(path: Path) -> bool:
+    return any((parent / LOCK_NAME).is_file() for parent in path.absolute().parents)
