@@ -97,11 +97,11 @@ def test_only_content_counts_not_key_order_or_spacing(tokenizer, tmp_path, monke
     assert load_or_generate(TASK, tokenizer, LENGTH, N, cache_dir=tmp_path) == expected
 
 
-def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(
+def test_cache_files_without_their_checksum_header_are_regenerated_with_a_warning_each(
     tokenizer, tmp_path, capsys, fresh_warnings
 ):
     expected = {task: generate(task, tokenizer, LENGTH, N) for task in (TASK, "niah_single_2")}
-    for task, samples in expected.items():  # the old format: sample lines only, and one answer edited
+    for task, samples in expected.items():  # sample lines only (no header), and one answer edited
         edited = [dataclasses.replace(samples[0], outputs=["1234567"]), *samples[1:]]
         path = cache_path(task, tokenizer, LENGTH, cache_dir=tmp_path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,8 +111,8 @@ def test_cache_files_from_before_checksums_are_regenerated_with_one_warning(
     for task, samples in expected.items():
         assert load_or_generate(task, tokenizer, LENGTH, N, cache_dir=tmp_path) == samples
     warnings = capsys.readouterr().err.strip().splitlines()
-    assert len(warnings) == 1 and "without a checksum" in warnings[0]  # once for the whole old cache
-    for task, samples in expected.items():  # rewritten in the new format
+    assert len(warnings) == 2 and all("does not match its checksum" in line for line in warnings)
+    for task, samples in expected.items():  # rewritten with their header
         path = cache_path(task, tokenizer, LENGTH, cache_dir=tmp_path)
         assert cache_module.read_entry(path, N) == samples and loads_jsonl("\n".join(sample_lines(path))) == samples
 
@@ -146,7 +146,7 @@ def test_records_carry_the_sha256_of_their_canonical_json(tmp_path):
     lines = written_log(tmp_path / "512.jsonl")
     for line, record in zip(lines, RECORDS):
         stored = json.loads(line)
-        canonical = json.dumps({**record, "data_key": "key"}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        canonical = json.dumps({**record, "key": "key"}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert stored["sha"] == hashlib.sha256(canonical.encode()).hexdigest()
     reread = SampleLog(tmp_path / "512.jsonl", "key")
     assert [r["prediction"] for r in reread.ordered()] == ["7 1 2", "5550123", "é"]
@@ -165,26 +165,15 @@ def test_an_edited_record_is_refused_naming_file_and_line(tmp_path, field, value
     assert path.read_text().splitlines() == lines  # nothing rewritten or recomputed behind the user's back
 
 
-def test_a_record_whose_checksum_was_removed_after_checked_ones_is_refused(tmp_path):
+@pytest.mark.parametrize("line", [0, 2])
+def test_a_record_whose_checksum_was_removed_is_refused(tmp_path, line):
+    """Every record evalkit writes carries its checksum (results/ was migrated to them): one without is edited."""
     path = tmp_path / "512.jsonl"
     lines = written_log(path)
-    edited = {k: v for k, v in json.loads(lines[2]).items() if k != "sha"}
-    write_lines(path, [*lines[:2], json.dumps({**edited, "score": 100.0})])
-    with pytest.raises(UserError, match=f"{path}:3 has lost its checksum"):
+    lines[line] = json.dumps({**{k: v for k, v in json.loads(lines[line]).items() if k != "sha"}, "score": 100.0})
+    write_lines(path, lines)
+    with pytest.raises(UserError, match=f"{path}:{line + 1} has no checksum"):
         SampleLog(path, "key")
-
-
-def test_records_from_before_checksums_are_accepted_and_resumed_after(tmp_path):
-    """Logs written before checksums existed (results/ holds them) stay usable."""
-    path = tmp_path / "512.jsonl"
-    old = [{**record, "data_key": "key"} for record in RECORDS[:2]]
-    write_lines(path, [json.dumps(record) for record in old])
-    log = SampleLog(path, "key")
-    assert log.ordered() == old
-    log.append([RECORDS[2]])  # a resumed run adds checked records after the old ones
-    reread = SampleLog(path, "key")
-    assert [r["index"] for r in reread.ordered()] == [0, 1, 2] and "sha" in reread.records[2]
-    assert "sha" not in reread.records[0]
 
 
 def test_a_torn_last_line_is_dropped_and_duplicates_keep_the_first(tmp_path):

@@ -376,6 +376,3 @@ def test_the_unit_store_names_the_files_every_earlier_run_wrote(tmp_path):
         general.file(".lm_eval.json")
         == tmp_path / "run-a" / "step-600" / "general" / "mmlu_abstract_algebra.lm_eval.json"
     )
-    assert general.summary() is None
-    atomic_write_json(tmp_path / "run-a" / "step-600" / "general-summary.json", {"rows": []})
-    assert general.summary() == {"rows": []} and ruler.summary() is None

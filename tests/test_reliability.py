@@ -320,14 +320,16 @@ def test_probe_refuses_a_directory_another_process_writes(checkpoint, tmp_path):
 
 def test_a_sample_log_with_duplicated_lines_keeps_the_first_of_each(tmp_path):
     path = tmp_path / "512.jsonl"
+    from evalkit.store.sample_log import record_checksum
+
     lines = [
-        {"index": 0, "prediction": "a", "data_key": "k"},
-        {"index": 1, "prediction": "b", "data_key": "k"},
-        {"index": 0, "prediction": "a-again", "data_key": "k"},  # a second writer's copy
-        {"index": 2, "prediction": "c", "data_key": "k"},
-        {"index": 1, "prediction": "b-again", "data_key": "k"},
+        {"index": 0, "prediction": "a", "key": "k"},
+        {"index": 1, "prediction": "b", "key": "k"},
+        {"index": 0, "prediction": "a-again", "key": "k"},  # a second writer's copy
+        {"index": 2, "prediction": "c", "key": "k"},
+        {"index": 1, "prediction": "b-again", "key": "k"},
     ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path.write_text("".join(json.dumps({**line, "sha": record_checksum(line)}) + "\n" for line in lines))
     log = SampleLog(path, "k")
     assert [(r["index"], r["prediction"]) for r in log.ordered()] == [(0, "a"), (1, "b"), (2, "c")]
     log.append([{"index": 3, "prediction": "d"}])

@@ -66,7 +66,7 @@ from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
-from evalkit.models.precision import check_dtype, resolve_device, torch_dtype
+from evalkit.models.precision import check_dtype, default_dtype, resolve_device, torch_dtype
 
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
 PREFILL_MODES = ("auto", "shared", "padded")
@@ -244,7 +244,7 @@ class HFEngine(PackedEngine):
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
-        self.dtype = check_dtype(dtype or ("bf16" if self.device.type == "cuda" else "fp32"))
+        self.dtype = check_dtype(dtype or default_dtype(str(self.device)))
         _check_settings(
             batch_size=batch_size,
             attention=attention,

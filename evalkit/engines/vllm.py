@@ -52,7 +52,7 @@ from evalkit.engines import tokens as tok
 from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
-from evalkit.models.precision import ROPE_VARIANTS, check_dtype, long_dtype_name
+from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -402,7 +402,7 @@ class VLLMEngine(PackedEngine):
         # custom code unless asked. Missing weights are vLLM's own loader's to refuse.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
-        self.dtype = check_dtype(dtype or ("bf16" if self.device == "cuda" else "fp32"))
+        self.dtype = check_dtype(dtype or default_dtype(self.device))
         self.batch_size = batch_size
         self.tensor_parallel_size = tensor_parallel_size
         self.data_parallel_size = data_parallel_size

@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,8 @@ class GeneralSettings:
     engine_settings: dict[str, Any] = setting(default_factory=dict, execution_keys=("batch_size", "device"))
     # Where lm-eval finds task files: paths of this checkout, not keyed (a task is keyed by its name).
     include_paths: list[str] = setting(default_factory=list, role=EXECUTION)
-    # A document over the window skips its task, itself ("documents") or its middle; keyed only
-    # when not "task", so records stored before the choice existed still hold.
-    too_long: str = setting("task", keyed_since_default=True)
+    # A document over the window skips its task, itself ("documents") or its middle.
+    too_long: str = "task"
 
     def __post_init__(self) -> None:
         """Validated once, here, before anything is loaded; a bad value is one line naming its option."""
@@ -271,8 +270,23 @@ def _check_limit(limit: float | None) -> None:
 
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
     shots, source = catalog.fewshot(name, settings.num_fewshot)
-    key = identity_key(settings, task=name, num_fewshot=shots)
+    key = task_key(settings, name, shots, _engine_dtype(settings.engine_settings))
     return TaskPlan(name, shots, source, key)
+
+
+def task_key(settings: GeneralSettings, task: str, shots: int | None, dtype: str) -> str:
+    """What a stored task result must match to be reused: the settings' identity
+    (evalkit.store.identity), the task with the shots in effect, and the dtype the engine computes in
+    (an engine result fact, engines.base.RESULT_FACTS: its default where none is asked for, so
+    asking for the default is the same key as asking for none)."""
+    asked = {name: value for name, value in settings.engine_settings.items() if name != "dtype"}
+    return identity_key(replace(settings, engine_settings=asked), task=task, num_fewshot=shots, dtype=dtype)
+
+
+def _engine_dtype(engine_settings: dict[str, Any]) -> str:
+    from evalkit.models.precision import default_dtype
+
+    return engine_settings.get("dtype") or default_dtype(engine_settings.get("device") or "auto")
 
 
 # ---------------------------------------------------------------------- one task

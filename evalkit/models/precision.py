@@ -30,6 +30,12 @@ def check_dtype(name: str, allowed: Sequence[str] = DTYPE_NAMES) -> str:
     return name
 
 
+def default_dtype(device: str = "auto") -> str:
+    """The dtype an engine computes in when none is asked for: bf16 on CUDA, fp32 elsewhere. Also
+    what a stored answer is keyed under before its engine is built (evalkit.ruler.runner)."""
+    return "bf16" if resolve_device(device).type == "cuda" else "fp32"
+
+
 def long_dtype_name(name: str) -> str:
     """ "bfloat16" for "bf16": what torch attributes, vLLM and lm-eval call evalkit's dtype names."""
     return LONG_DTYPE_NAMES[check_dtype(name)]

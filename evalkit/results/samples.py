@@ -26,7 +26,7 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries, other_summary_notes
 from evalkit.store.result_format import STANDARD, describe_checkpoint, summary_rows
-from evalkit.store.sample_log import CHECKSUM, record_checksum
+from evalkit.store.sample_log import CHECKSUM, KEY, record_checksum
 
 
 @dataclass(frozen=True, order=True)
@@ -251,8 +251,8 @@ def _read_log(path: Path) -> list[dict]:
         if CHECKSUM in record and record[CHECKSUM] != record_checksum(record):
             raise UserError(f"{path}:{number} does not match its checksum (edited or damaged); rerun that evaluation")
         records.append(record)
-    if records and "data_key" in records[-1]:  # a log resumed under other data keeps only the latest data's lines
-        records = [r for r in records if r.get("data_key") == records[-1]["data_key"]]
+    if records and KEY in records[-1]:  # a log resumed under another key keeps only the latest key's lines
+        records = [r for r in records if r.get(KEY) == records[-1][KEY]]
     seen, kept = set(), []
     for record in records:
         key = record.get("index", record.get("doc_id"))

@@ -5,16 +5,14 @@ tokenizer fingerprint, task and its templates, length, seed, prompt format, the 
 data files the task reads, the sizing and the generator's module constants (kinds/). Not the number of
 samples: sample i draws from its own seed (seed, task, i), so it is the same in a request of
 any size. One file holds the samples 0..N-1 asked for so far; a request for fewer is served
-its first ones, a request for more generates only the missing ones and rewrites the file
-(files named with their count, written before the count left the key, are read once and
-carried over). The same key and count always give byte-identical files. The default sizing
-("exact") and constants equal to version 1's add nothing to the key.
+its first ones, a request for more generates only the missing ones and rewrites the file.
+The same key and count always give byte-identical files. The key names regenerable samples only:
+what a stored answer must match is the runner's answer key (evalkit.ruler.runner.answer_key).
 
 A cache file is a header line, {"format": "evalkit-ruler-cache", "samples": N, "sha256": ...},
 then one sample per line. The checksum covers the samples' canonical JSON (Sample.to_json), so
 an entry edited by hand (one answer changed, still valid JSON) or damaged is never served: it
-is regenerated, with one warning on stderr. Files written before checksums existed have no
-header; they are treated the same way (stale), which rewrites them once in the new format.
+is regenerated, with one warning on stderr.
 """
 
 from __future__ import annotations
@@ -26,16 +24,27 @@ from pathlib import Path
 
 from evalkit.files import cache_root
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
-from evalkit.ruler.kinds import changed_constants_digest, task_kind
+from evalkit.ruler.kinds import constants_digest, task_kind
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample, dumps_jsonl, loads_jsonl
 from evalkit.ruler.spec import DEFAULT_SEED, GENERATOR_VERSION, NIAH_NEEDLE, NOISE_LINE, QA_DOCUMENT, TaskSpec, as_spec
 
 
-def _key_fields(
-    spec: TaskSpec, length: int, seed: int, essays, qa_dir, prompt_format, exact_lengths, sizing, by_location=False
-) -> dict:
-    fmt = prompt_format or BASE
+def data_key(
+    task: str | TaskSpec,
+    length: int,
+    seed: int = DEFAULT_SEED,
+    *,
+    essays=None,
+    qa_dir=None,
+    prompt_format: PromptFormat | None = None,
+    exact_lengths: bool = False,
+    sizing: str = DEFAULT_SIZING,
+) -> str:
+    """A hash of everything that decides the samples but the tokenizer (the cache's folder) and
+    their number (sample i draws from its own seed, so one key holds them all and a longer
+    request extends what is stored)."""
+    spec, fmt = as_spec(task), prompt_format or BASE
     fields = {
         "version": GENERATOR_VERSION,
         "task": spec.name,
@@ -45,67 +54,35 @@ def _key_fields(
         "length": int(length),
         "seed": int(seed),
         "format": fmt.cache_token(),
-        "data": task_kind(spec).data_identity(spec, essays, qa_dir, by_location),
+        "data": task_kind(spec).data_identity(spec, essays, qa_dir),
         "exact": bool(exact_lengths),
+        "sizing": check_sizing(sizing),
+        "constants": constants_digest(spec.kind),
     }
-    if check_sizing(sizing) != DEFAULT_SIZING:  # only other sizings key in: exact keys stay as they were
-        fields["sizing"] = sizing
-    changed = changed_constants_digest(spec.kind)
-    if changed is not None:  # likewise: the generator's constants key in once they differ from version 1's
-        fields["constants"] = changed
-    return fields
-
-
-def _digest(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cache_key(
+def cache_key(task: str | TaskSpec, tokenizer, length: int, seed: int = DEFAULT_SEED, **data) -> tuple[str, str]:
+    """(tokenizer fingerprint, data_key): the cache file's folder and name. `data`: data_key's keywords."""
+    from evalkit.corpus import tokenizer_fingerprint
+
+    return tokenizer_fingerprint(tokenizer), data_key(task, length, seed, **data)
+
+
+def cache_path(
     task: str | TaskSpec,
     tokenizer,
     length: int,
     seed: int = DEFAULT_SEED,
+    cache_dir: Path | None = None,
     *,
-    essays=None,
-    qa_dir=None,
-    prompt_format: PromptFormat | None = None,
-    exact_lengths: bool = False,
-    sizing: str = DEFAULT_SIZING,
-    by_location: bool = False,
-) -> tuple[str, str]:
-    """(tokenizer fingerprint, hash of everything else that decides the data). Not the number of
-    samples: sample i is the same whatever the count (each draws from its own seed), so one key
-    holds them all and a longer request extends what is stored. `task`: its name or its TaskSpec.
-    `by_location`: with data files identified as before content hashes (kinds.file_identity)."""
-    from evalkit.corpus import tokenizer_fingerprint
-
-    fields = _key_fields(as_spec(task), length, seed, essays, qa_dir, prompt_format, exact_lengths, sizing, by_location)
-    return tokenizer_fingerprint(tokenizer), _digest(fields)
-
-
-def legacy_data_key(task: str | TaskSpec, length: int, num_samples: int, seed: int = DEFAULT_SEED, **data) -> str:
-    """The data key evalkit wrote before the count left it (the count hashed in): what the sample
-    logs and summaries stored by those versions carry, recognised by the runner as the same data."""
-    fields = _key_fields(
-        as_spec(task),
-        length,
-        seed,
-        data.get("essays"),
-        data.get("qa_dir"),
-        data.get("prompt_format"),
-        data.get("exact_lengths", False),
-        data.get("sizing", DEFAULT_SIZING),
-        by_location=True,  # those versions identified data files by location
-    )
-    return _digest({**fields, "num_samples": int(num_samples)})
-
-
-def cache_path(
-    task: str | TaskSpec, tokenizer, length: int, seed: int = DEFAULT_SEED, cache_dir: Path | None = None, **data
+    key: tuple[str, str] | None = None,
+    **data,
 ) -> Path:
-    """The one file of (task, length, seed, data) for this tokenizer, whatever number of samples it holds."""
+    """The one file of (task, length, seed, data) for this tokenizer, whatever number of samples it
+    holds. `key`: cache_key's value, where the caller derived it already."""
     spec = as_spec(task)
-    fingerprint, digest = cache_key(spec, tokenizer, length, seed, **data)
+    fingerprint, digest = key or cache_key(spec, tokenizer, length, seed, **data)
     return _root(cache_dir) / fingerprint / spec.name / f"{length}-s{seed}-{digest}.jsonl"
 
 
@@ -117,8 +94,7 @@ CACHE_FORMAT = "evalkit-ruler-cache"
 
 
 class StaleEntry(Exception):
-    """A cache file that must not be served. `kind` groups its warning: one per damaged file,
-    one per process for all files of the old format."""
+    """A cache file that must not be served. `kind` groups its warning: one per damaged file."""
 
     def __init__(self, message: str, kind: str):
         super().__init__(message)
@@ -147,11 +123,7 @@ def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
         raise damaged from None
     header = _header(first)
     if header is None:
-        raise StaleEntry(
-            f"RULER cache entries without a checksum (written by an older evalkit), such as {path}, "
-            "are regenerated on first use",
-            "old-format",
-        )
+        raise damaged
     try:
         samples = loads_jsonl(rest)
     except (ValueError, KeyError, TypeError):  # not sample lines any more
@@ -176,8 +148,7 @@ _warned: set[str] = set()
 
 
 def _warn_once(kind: str, message: str) -> None:
-    """One line on stderr per kind and process: a run touching hundreds of stale entries
-    (an upgraded cache) says so once."""
+    """One line on stderr per kind and process: a file read twice is warned about once."""
     if kind not in _warned:
         _warned.add(kind)
         print(message, file=sys.stderr, flush=True)
@@ -190,6 +161,8 @@ def load_or_generate(
     num_samples: int,
     seed: int = DEFAULT_SEED,
     cache_dir: Path | None = None,
+    *,
+    key: tuple[str, str] | None = None,
     **data,
 ) -> list[Sample]:
     """The first `num_samples` samples: served from the cache file when it holds that many (a
@@ -197,14 +170,14 @@ def load_or_generate(
     written atomically, and returned.
 
     `task`: its name or its TaskSpec. `data` takes generate's keywords: essays=, qa_dir=,
-    prompt_format=, exact_lengths=, sizing=.
+    prompt_format=, exact_lengths=, sizing=; `key`: their cache_key, where the caller derived it already.
     """
     from evalkit.files import atomic_write_text
     from evalkit.ruler.generation import generate
 
     spec = as_spec(task)
-    path = cache_path(spec, tokenizer, length, seed, cache_dir, **data)
-    stored = _stored_samples(path) if path.is_file() else _legacy_samples(path, spec, length, seed, data)
+    path = cache_path(spec, tokenizer, length, seed, cache_dir, key=key, **data)
+    stored = _stored_samples(path) if path.is_file() else []
     if len(stored) >= num_samples:
         return stored[:num_samples]
     samples = generate(spec, tokenizer, length, num_samples, seed, first=stored, **data)
@@ -218,20 +191,3 @@ def _stored_samples(path: Path) -> list[Sample]:
     except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
         _warn_once(why.kind, f"warning: {why}")
         return []
-
-
-def _legacy_samples(path: Path, spec: TaskSpec, length: int, seed: int, data: dict) -> list[Sample]:
-    """The longest valid file of the same data written before the count left the key (named
-    <length>-n<count>-s<seed>-<key with the count>.jsonl beside `path`), or []."""
-    best: list[Sample] = []
-    for candidate in path.parent.glob(f"{length}-n*-s{seed}-*.jsonl"):
-        count, _, digest = candidate.stem[len(f"{length}-n") :].partition(f"-s{seed}-")
-        if not count.isdigit() or int(count) <= len(best):
-            continue
-        if digest != legacy_data_key(spec, length, int(count), seed, **data):
-            continue
-        try:
-            best = read_entry(candidate, int(count))
-        except StaleEntry:
-            continue
-    return best

@@ -18,7 +18,6 @@ encoded apart (the precondition for encoding, caching and reusing them independe
 from __future__ import annotations
 
 import bisect
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,13 +59,6 @@ def check_encoding(encoding: str, doc_tokens: int, prompt_format: str) -> None:
 def row_encoding(row: dict) -> str:
     """The encoding label of a stored RULER row (rows written before the option are standard)."""
     return encoding_label(row.get("encoding"), row.get("doc_tokens"))
-
-
-def log_key(data_key: str, encoding: str, doc_tokens: int) -> str:
-    """The per-sample log key of an anchor-encoded run: other data or other documents, other answers."""
-    if encoding == STANDARD:
-        return data_key
-    return hashlib.sha256(f"{data_key}|{encoding_label(encoding, doc_tokens)}".encode()).hexdigest()[:20]
 
 
 def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> Split:

@@ -25,13 +25,12 @@ from evalkit.engines.base import RESULT_FACTS
 from evalkit.errors import Skipped, UserError
 from evalkit.models.check import load_tokenizer, read_config
 from evalkit.models.refs import CheckpointRef
-from evalkit.ruler.cache import cache_key, legacy_data_key, load_or_generate
+from evalkit.ruler.cache import cache_key, load_or_generate
 from evalkit.ruler.encoding import (
     DEFAULT_DOC_TOKENS,
     STANDARD,
     check_encoding,
     encoding_label,
-    log_key,
     row_encoding,
     split_sample,
 )
@@ -39,16 +38,7 @@ from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
-from evalkit.store.identity import (
-    COUNT,
-    EXECUTION,
-    LOCATION,
-    SELECTION,
-    identity,
-    identity_key,
-    setting,
-    stored_identity,
-)
+from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
 from evalkit.store.provenance import stamp
 from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
 from evalkit.store.sample_log import SampleLog
@@ -171,71 +161,55 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def sample_key(
-    data_key: str, settings: RulerSettings, *, with_locations: bool = False, reading: dict[str, str] | None = None
-) -> str:
-    """What a stored answer must match to be reused: its sample's data (data_key, count-free), the
-    encoding, and every setting that changes an answer (evalkit.store.identity; not the count, not the
-    batch size, not where the data files lie), so another dtype, engine or window is answered
-    anew, a larger count is not. `with_locations`: the key as made before, the files' paths in it.
-    `reading`: the checkpoint's sink reading where it serves one (_served_reading; else none, the key
-    as before)."""
+@dataclass(frozen=True)
+class UnitKey:
+    """A unit's keys, derived once per unit (`unit_key`) and passed on: to the sample cache (the
+    tokenizer and data keys name its regenerable samples) and to the sample log (`answers`)."""
+
+    tokenizer: str  # the tokenizer's fingerprint: the cache's folder
+    data: str  # the samples' data key (ruler.cache.data_key): the cache file's name, in the summary
+    answers: str  # what a stored answer must match to be reused (answer_key)
+
+
+def unit_key(
+    ref: CheckpointRef, spec: TaskSpec, length: int, tokenizer, settings: RulerSettings, data: dict
+) -> UnitKey:
+    """The unit's keys: its samples' (ruler.cache.cache_key) and its answers' (answer_key), with
+    the engine's result facts known before it is built (_engine_facts)."""
+    fingerprint, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     label = encoding_label(settings.encoding, settings.doc_tokens)
-    return identity_key(
-        settings, with_count=False, with_locations=with_locations, data=data_key, encoding=label, **(reading or {})
-    )
+    facts = _engine_facts(settings, fingerprint)
+    return UnitKey(fingerprint, data_key, answer_key(settings, data_key, facts, _served_reading(ref, label)))
+
+
+def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
+    """What a stored answer must match to be reused, lm-eval's CachingLM idea with evalkit's checksums:
+    its prompt (the data key hashes everything that decides the sample's prompt and references),
+    the engine's result facts (`facts`: the resolved dtype and the tokenizer) and every setting that
+    changes an answer (evalkit.store.identity: not the count, not the batch size, not where the
+    data files lie), in the unit's encoding and window reading. So another dtype, engine, window
+    or tokenizer is answered anew, a larger count is not. The facts stand in for the settings they
+    resolve (`dtype`: --dtype, or the engine's default): asking for the default is asking for none."""
+    label = encoding_label(settings.encoding, settings.doc_tokens)
+    return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
+
+
+def _engine_facts(settings: RulerSettings, fingerprint: str) -> dict[str, str]:
+    """The engine's result facts (engines.base.RESULT_FACTS) beyond the settings, as they will be
+    once it is built: its dtype (the engines' default where none is asked for) and its tokenizer.
+    The checkpoint's own (its path, its window when --max-length is not given) are the log's place."""
+    from evalkit.models.precision import default_dtype
+
+    dtype = settings.dtype or default_dtype(settings.engine_args.get("device", "auto"))
+    return {"dtype": dtype, "tokenizer_fingerprint": fingerprint}
 
 
 def _served_reading(ref: CheckpointRef, label: str) -> dict[str, str]:
     """{"window_anchor": "sink"} for the anchor encoding of a checkpoint trained with the sink reading
-    (the hf engine serves it; answers logged before it did were made under the window reading, and
-    are not this reading's), else {}: every other key is unchanged."""
+    (the hf engine serves it: its answers are not those of the window reading), else {}."""
     if label == STANDARD or trained_window_anchor(ref.path) != "sink":
         return {}
     return {"window_anchor": "sink"}
-
-
-def _earlier_log_keys(store: UnitStore, spec: TaskSpec, tokenizer, settings: RulerSettings, data: dict) -> set[str]:
-    """The keys an earlier evalkit logged this cell's answers under, for the same data and settings:
-    with its data files identified by location (before content hashes), and before count-free keys."""
-    length = store.unit.length
-    assert length is not None  # a RULER unit is a task at a length
-    _, located = cache_key(spec, tokenizer, length, settings.seed, by_location=True, **data)
-    before_count_free = _legacy_log_key(store.summary(), spec, length, settings, data)
-    located_key = sample_key(located, settings, with_locations=True)  # data and settings both by location
-    return {located_key, *([before_count_free] if before_count_free is not None else [])}
-
-
-def _legacy_log_key(
-    summary: dict | None, spec: TaskSpec, length: int, settings: RulerSettings, data: dict
-) -> str | None:
-    """The key under which evalkit before count-free keys logged this cell's answers, when the
-    checkpoint's summary shows they were made alike: the same data (its data key for its count)
-    and the same settings but for the count and batch size. Those answers are reused."""
-    legacy = _legacy_cells(summary)
-    cell = _cell_name(
-        {"task": spec.name, "length": length, "encoding": settings.encoding, "doc_tokens": settings.doc_tokens}
-    )
-    logged, stored = legacy["data_keys"].get(cell), legacy["settings"]
-    count = stored.get("num_samples")
-    if logged is None or not isinstance(count, int):
-        return None
-    if stored_identity(RulerSettings, stored, with_count=False) != identity(settings, with_count=False):
-        return None
-    if logged != legacy_data_key(spec, length, count, settings.seed, **data):
-        return None  # other data: not this cell's answers
-    return log_key(logged, settings.encoding, settings.doc_tokens)
-
-
-def _legacy_cells(summary: dict | None) -> dict:
-    """{"settings", "data_keys"} of the cells whose logs are keyed as before count-free keys: every
-    cell of a summary written then (it has no "legacy_cells"), else what a later summary carried on."""
-    provenance = (summary or {}).get("provenance") or {}
-    if "legacy_cells" in provenance:
-        return provenance["legacy_cells"]
-    if summary is None:
-        return {"settings": {}, "data_keys": {}}
-    return {"settings": provenance.get("settings") or {}, "data_keys": dict(provenance.get("data_keys") or {})}
 
 
 def prompt_format(tokenizer, name: str) -> PromptFormat:
@@ -271,15 +245,13 @@ def _evaluate_task(
     assert length is not None  # every RULER unit is a task at a length (RulerBenchmark.units)
     fmt = prompt_format(tokenizer, settings.prompt_format)
     data = {**settings.data_options(), "prompt_format": fmt}
-    samples = load_or_generate(spec, tokenizer, length, settings.num_samples, settings.seed, **data)
-    _, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
+    key = unit_key(ref, spec, length, tokenizer, settings, data)  # the one derivation of the unit's keys
+    samples = load_or_generate(
+        spec, tokenizer, length, settings.num_samples, settings.seed, key=(key.tokenizer, key.data), **data
+    )
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
-    reading = _served_reading(ref, label)
-    key = sample_key(data_key, settings, reading=reading)
-    # Keys of earlier evalkit versions name answers of the window reading only: none is this one under sink.
-    earlier = set() if reading else _earlier_log_keys(store, spec, tokenizer, settings, data) - {key}
-    log = SampleLog(log_file, key, aliases=earlier, writer=store.writer)
+    log = SampleLog(log_file, key.answers, writer=store.writer)
     todo = [s for s in samples if s.index not in log.done()]
     progress(len(samples) - len(todo), len(samples))
     if todo:
@@ -327,7 +299,7 @@ def _evaluate_task(
         encoding=settings.encoding,
         **encoded,
     )
-    return row, data_key, len(todo)
+    return row, key.data, len(todo)
 
 
 # (samples, their rendered prompts) -> (predictions, extra record fields)
@@ -451,10 +423,6 @@ class RulerBenchmark(Benchmark):
         summary["provenance"]["data_keys"] = {
             _cell_name(row_record(row)): result.detail for result in results for row in result.rows
         }
-        # Cells of an older evalkit's summary this run did not evaluate: their logs stay recognisable.
-        legacy, touched = _legacy_cells(earlier), {_cell_name(e) for e in summary["rows"] + summary["skipped"]}
-        kept = {cell: key for cell, key in legacy["data_keys"].items() if cell not in touched}
-        summary["provenance"]["legacy_cells"] = {"settings": legacy["settings"] if kept else {}, "data_keys": kept}
         if self.settings.encoding != STANDARD:  # which token the documents shared, and why
             summary["provenance"]["anchor"] = anchor_record(self._tokenizer_at(Path(summary["checkpoint"])))
         return _with_earlier_cells(summary, earlier)

@@ -4,8 +4,9 @@
     <out>/<run>/step-<N>/ruler-summary.json            long-form rows + provenance (atomic)
 
 A per-sample log is the unit of resumption: a rerun reads it, keeps the lines made under the
-same key (RULER: the sample's data and every setting that changes an answer, not the sample
-count) and computes only the samples that are missing.
+same key (`key`: RULER's answer key, evalkit.ruler.runner.answer_key: the sample's prompt, the
+engine's result facts and every setting that changes an answer, not the sample count) and
+computes only the samples that are missing.
 
 Each record carries `sha`, the sha256 of its own canonical JSON without that field: a record
 edited by hand (an answer or a score changed) no longer matches it, and loading the log refuses
@@ -26,6 +27,7 @@ from evalkit.files import atomic_write_text, naming
 from evalkit.models.refs import CheckpointRef, step_dir_name
 
 CHECKSUM = "sha"  # the record field holding the checksum of the rest of the record
+KEY = "key"  # the record field holding the key it was made under
 
 
 def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
@@ -56,19 +58,15 @@ HERE = Writer()
 class SampleLog:
     """Append-only JSONL of finished samples, keyed by sample index, for one (task, length)."""
 
-    def __init__(
-        self, path: Path, data_key: str, aliases: set[str] | frozenset[str] = frozenset(), writer: Writer = HERE
-    ):
-        """`aliases`: older keys of the same data and settings (an earlier evalkit's form of the
-        key); their records are kept, carried over to `data_key` (checksum renewed) on load.
-        `writer`: where the log's changes go (a Ray worker's: to its driver)."""
-        self.path, self.data_key, self.aliases, self.writer = Path(path), data_key, frozenset(aliases), writer
+    def __init__(self, path: Path, key: str, writer: Writer = HERE):
+        """`writer`: where the log's changes go (a Ray worker's: to its driver)."""
+        self.path, self.key, self.writer = Path(path), key, writer
         self.records: dict[int, dict[str, Any]] = {}
         if self.path.is_file():
             self._load()
 
     def _load(self) -> None:
-        kept, dropped, checked_before = [], False, False
+        kept, dropped = [], False
         lines = self.path.read_text(encoding="utf-8").splitlines()
         for number, line in enumerate(lines, start=1):
             try:
@@ -81,12 +79,8 @@ class SampleLog:
                     ) from None
                 dropped = True
                 continue
-            checked_before |= self._verify(record, number, checked_before)
-            if record.get("data_key") in self.aliases:  # verified above: carried over to this key
-                record = {**record, "data_key": self.data_key}
-                record[CHECKSUM] = record_checksum(record)
-                line, dropped = json.dumps(record, ensure_ascii=False), True  # the file is rewritten
-            if record.get("data_key") != self.data_key:  # made from other data: recompute
+            self._verify(record, number)
+            if record.get(KEY) != self.key:  # made from other data or settings: recompute
                 dropped = True
                 continue
             if int(record["index"]) in self.records:
@@ -99,15 +93,8 @@ class SampleLog:
         if dropped:  # rewrite without the lines we will not use, so appends stay clean
             self.writer.text(self.path, "".join(line + "\n" for line in kept))
 
-    def _verify(self, record: Any, number: int, checked_before: bool) -> bool:
-        """Refuse a record that is not what evalkit wrote; True when it carries a checksum.
-
-        A record without one is accepted: logs written before checksums existed (the
-        repository's stored results among them) hold none, and refusing them would throw
-        away finished work. Such records only ever precede checked ones (a resumed run
-        appends checked records after them), so one without a checksum after a checked
-        one had its checksum removed, and is refused like an edited one.
-        """
+    def _verify(self, record: Any, number: int) -> None:
+        """Refuse a record that is not what evalkit wrote: not a sample record, or not matching its checksum."""
         where = f"{self.path}:{number}"
         if not isinstance(record, dict) or not isinstance(record.get("index"), int):
             raise UserError(
@@ -115,18 +102,14 @@ class SampleLog:
                 "or the file, and rerun to recompute it"
             )
         if CHECKSUM not in record:
-            if checked_before:
-                raise UserError(
-                    f"{where} has lost its checksum (edited by hand?); delete that line, "
-                    "or the file, and rerun to recompute it"
-                )
-            return False
+            raise UserError(
+                f"{where} has no checksum (edited by hand?); delete that line, or the file, and rerun to recompute it"
+            )
         if record[CHECKSUM] != record_checksum(record):
             raise UserError(
                 f"{where} does not match its checksum (edited or damaged); delete that line, "
                 "or the file, and rerun to recompute it"
             )
-        return True
 
     def done(self) -> set[int]:
         return set(self.records)
@@ -137,7 +120,7 @@ class SampleLog:
             return
         sealed = []
         for record in records:
-            record = {**record, "data_key": self.data_key}
+            record = {**record, KEY: self.key}
             record[CHECKSUM] = record_checksum(record)
             sealed.append(record)
         self.writer.append(self.path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in sealed))

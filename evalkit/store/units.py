@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.models.refs import CheckpointRef
-from evalkit.store.result_format import read_summary, summary_name
 from evalkit.store.sample_log import HERE, Writer, checkpoint_dir
 
 
@@ -54,7 +53,3 @@ class UnitStore:
         if self.unit.length is None:
             return self.folder / f"{stem}{suffix}"
         return self.folder / stem / f"{self.unit.length}{suffix}"
-
-    def summary(self) -> dict[str, Any] | None:
-        """The checkpoint's summary on disk (what an earlier run wrote), if any."""
-        return read_summary(checkpoint_dir(self.out, self.ref) / summary_name(self.benchmark))

@@ -209,8 +209,8 @@ def test_answers_logged_under_the_window_reading_are_not_reused_for_the_sink_rea
     (checkpoint / "meta.json").write_text(json.dumps({"step": 1, "attention": {"window_anchor": "sink"}}))
     run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
     assert engine_record()["window_anchor"] == "sink"  # an engine was built and answered under the sink
-    keys = [{json.loads(line)["data_key"] for line in text.splitlines()} for text in first]
-    keys_now = [{json.loads(line)["data_key"] for line in log.read_text().splitlines()} for log in logs]
+    keys = [{json.loads(line)["key"] for line in text.splitlines()} for text in first]
+    keys_now = [{json.loads(line)["key"] for line in log.read_text().splitlines()} for log in logs]
     assert all(len(now) == 1 and not now & then for now, then in zip(keys_now, keys))  # the sink's answers only
 
 

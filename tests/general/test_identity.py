@@ -1,6 +1,6 @@
 """A stored lm-eval task record is reused when its key matches: the key is read from
-GeneralSettings' fields (evalkit.store.identity), and records written by earlier evalkit versions
-(the committed results/smollm2-135m/general run) still match it."""
+GeneralSettings' fields (evalkit.store.identity) and the engine's dtype, and the committed
+results/smollm2-135m/general run (migrated to the current keys: scripts/migrate_results.py) matches it."""
 
 import dataclasses
 import json
@@ -35,11 +35,16 @@ def key(settings: GeneralSettings, records: dict[str, dict], task: str) -> str:
 
 
 @pytest.mark.parametrize("task", sorted(stored_records()))
-def test_records_of_an_older_evalkit_keep_their_key(task):
+def test_the_committed_records_match_their_key(task):
+    from evalkit.models.precision import default_dtype
+
     records = stored_records()
-    stored = records[task]["provenance"]["settings"]  # written before too_long existed: its default
+    stored = records[task]["provenance"]["settings"]
     settings = GeneralSettings(**stored)
     assert key(settings, records, task) == records[task]["key"]
+    # No dtype asked: the engine's default, the fp32 these were computed in only where that is the default.
+    unasked = dataclasses.replace(settings, engine_settings={**stored["engine_settings"], "dtype": None})
+    assert (key(unasked, records, task) == records[task]["key"]) == (default_dtype() == "fp32")
 
     engine = stored["engine_settings"]
     faster = dataclasses.replace(settings, engine_settings={**engine, "batch_size": 64, "device": "cpu"})
@@ -66,10 +71,8 @@ def test_stored_settings_missing_a_field_read_it_as_its_default():
     assert stored_identity(RulerSettings, {**old_record, "seed": 1}) != identity(now)
 
 
-def test_a_location_field_is_no_part_of_the_identity_and_keeps_the_keys_made_at_its_default():
-    """LOCATION: where input files lie (their content is keyed where it is read). Two paths are one
-    identity; a key made with the field at its default (None) is the key made before the role
-    existed, the field then hashed as None like any other."""
+def test_a_location_field_is_no_part_of_the_identity():
+    """LOCATION: where input files lie (their content is keyed where it is read). Two paths are one identity."""
     import hashlib
 
     from evalkit.store.identity import LOCATION, identity, identity_key, setting, stored_identity
@@ -79,9 +82,8 @@ def test_a_location_field_is_no_part_of_the_identity_and_keeps_the_keys_made_at_
         seed: int = 1
         data_dir: str | None = setting(None, role=LOCATION)
 
-    assert identity(Settings(data_dir="/a")) == identity(Settings(data_dir="/b")) == {"seed": 1, "data_dir": None}
-    assert identity(Settings(data_dir="/a"), with_locations=True) == {"seed": 1, "data_dir": "/a"}
+    assert identity(Settings(data_dir="/a")) == identity(Settings(data_dir="/b")) == {"seed": 1}
     assert stored_identity(Settings, {"seed": 1, "data_dir": "/a"}) == identity(Settings())
-    by_hand = hashlib.sha256(json.dumps({"data_dir": None, "seed": 1}, sort_keys=True).encode()).hexdigest()[:16]
+    by_hand = hashlib.sha256(json.dumps({"seed": 1}, sort_keys=True).encode()).hexdigest()[:16]
     assert identity_key(Settings()) == identity_key(Settings(data_dir="/a")) == by_hand
-    assert identity_key(Settings(data_dir="/a"), with_locations=True) != by_hand
+    assert identity_key(Settings(seed=2)) != by_hand

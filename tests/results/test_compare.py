@@ -270,7 +270,7 @@ def write_checkpoint(out, run, step, task, length, correct, references=None, lab
     for i, ok in enumerate(correct):
         ref = (references or [f"n{i}" for i in range(len(correct))])[i]
         record = {"index": i, "length": length - 200, "prediction": ref if ok else "x", "references": [ref],
-                  "score": 100.0 * ok, "prompt_sha": f"p{i}", "data_key": "k"}  # fmt: skip
+                  "score": 100.0 * ok, "prompt_sha": f"p{i}", "key": "k"}  # fmt: skip
         record["sha"] = record_checksum(record)
         lines.append(json.dumps(record) + "\n")
     with log.open("a") as handle:

@@ -1,9 +1,10 @@
 """Stored answers are reused whatever the sample count: growing a pilot computes only the new
 samples, shrinking computes nothing, and either equals a fresh run of that count. A setting
 that changes answers (seed, window) is answered anew; one that changes speed (batch size) is
-not. Old stored results (written while the count was in the data key) are reused as they are.
+not. The committed results (migrated to the current keys: scripts/migrate_results.py) are reused as they are.
 """
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +15,6 @@ import evalkit.engines
 from evalkit.models.refs import resolve_checkpoints
 from evalkit.ruler import generate, load_or_generate
 from evalkit.ruler.runner import RulerSettings, run_ruler
-from evalkit.store.result_format import read_row
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
@@ -118,9 +118,9 @@ def string_match_all(prediction: str, references: list[str]) -> float:
     return 100 * sum(r.lower() in text for r in references) / len(references)
 
 
-def test_results_stored_by_an_older_evalkit_are_reused_not_recomputed(tmp_path, monkeypatch):
-    """The committed results/anchor-encoding run (30 samples per cell, the count in its data keys):
-    the same cells at 10 and at 30 samples, standard and anchor encoded, come from its logs."""
+def test_the_committed_results_are_reused_not_recomputed(tmp_path, monkeypatch):
+    """The committed results/anchor-encoding run (30 samples per cell): the same cells at 10 and at
+    30 samples, standard and anchor encoded, come from its logs, read with no compatibility path."""
     out = tmp_path / "out"
     shutil.copytree(STORED, out / "tiny-long-anchor-shipped" / "step-600")
     stored = json.loads((STORED / "ruler-summary.json").read_text())
@@ -142,24 +142,35 @@ def test_results_stored_by_an_older_evalkit_are_reused_not_recomputed(tmp_path, 
                 records = [json.loads(line) for line in lines][:samples]
                 by_hand = sum(string_match_all(r["prediction"], r["references"]) for r in records) / samples
                 assert row["n"] == samples and row["score"] == pytest.approx(by_hand, abs=0.005)
-                if samples == 30:  # the very row the older evalkit wrote (a version-1 row, read as one)
-                    assert read_row("ruler", row) in [read_row("ruler", r, 1) for r in stored["rows"]]
+                if samples == 30:  # the very row the summary holds
+                    assert row in stored["rows"]
 
 
-def test_a_cache_file_named_with_its_count_by_an_older_evalkit_is_carried_over(small_tokenizer, tmp_path, monkeypatch):
-    import evalkit.ruler.generation as generation
-    from evalkit.ruler.cache import cache_path, dumps_entry, legacy_data_key
+def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_engines(tmp_path, answered, monkeypatch):
+    """Each unit's data key (ruler.cache.data_key) and answer key (its hash, identity_key) are
+    computed once per unit, on a run that answers and on one that reads everything back; the engine
+    facts the answers were keyed under before the engine was built are those the built engine records."""
+    import evalkit.ruler.cache as cache
+    import evalkit.ruler.runner as runner
+    from evalkit.corpus import tokenizer_fingerprint
+    from evalkit.models.precision import default_dtype
 
-    four = generate("vt", small_tokenizer, 2048, 4)
-    new = cache_path("vt", small_tokenizer, 2048, 42, tmp_path)
-    old = new.parent / f"2048-n4-s42-{legacy_data_key('vt', 2048, 4, 42)}.jsonl"  # as evalkit named it then
-    old.parent.mkdir(parents=True)
-    old.write_text(dumps_entry(four))
-    (new.parent / f"2048-n9-s42-{'0' * 20}.jsonl").write_text(dumps_entry(four))  # another key's: never read
+    derived = {"data": 0, "answers": 0}
 
-    asked = []
-    real = generation.generate
-    monkeypatch.setattr(generation, "generate", lambda *a, **k: asked.append(len(k.get("first", ()))) or real(*a, **k))
-    assert load_or_generate("vt", small_tokenizer, 2048, 3, cache_dir=tmp_path) == four[:3] and asked == []
-    six = load_or_generate("vt", small_tokenizer, 2048, 6, cache_dir=tmp_path)
-    assert asked == [4] and six == real("vt", small_tokenizer, 2048, 6) and new.is_file()
+    def counted(name, real):
+        return lambda *a, **k: derived.__setitem__(name, derived[name] + 1) or real(*a, **k)
+
+    monkeypatch.setattr(cache, "data_key", counted("data", cache.data_key))
+    monkeypatch.setattr(runner, "identity_key", counted("answers", runner.identity_key))
+    settings = RulerSettings(tasks=[TASK, "vt"], lengths=[LENGTH], num_samples=2)  # no dtype: the engine's default
+    ref = resolve_checkpoints([str(SHIPPED)])
+    (summary,) = run_ruler(ref, settings, tmp_path).summaries
+    assert len(answered) == 4 and derived == {"data": 2, "answers": 2}  # two units
+    asked = dataclasses.replace(settings, dtype=default_dtype())  # the default, asked for: the same answers
+    run_ruler(ref, asked, tmp_path)
+    assert len(answered) == 4 and derived == {"data": 4, "answers": 4}  # read back: once per unit again
+
+    engine = summary["provenance"]["engine"]
+    tokenizer = runner.load_tokenizer(SHIPPED)
+    predicted = runner._engine_facts(settings, tokenizer_fingerprint(tokenizer))
+    assert predicted == {"dtype": engine["dtype"], "tokenizer_fingerprint": engine["tokenizer_fingerprint"]}

@@ -15,23 +15,22 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.ruler import SPECS, TASKS, dumps_jsonl, generate, load_or_generate
 from evalkit.ruler import generation as generate_module
-from evalkit.ruler.cache import cache_key, cache_path, legacy_data_key
+from evalkit.ruler.cache import cache_key, cache_path
 from evalkit.ruler.fitting import Coarse, TooLong, shared_size, step_down
 from evalkit.ruler.runner import RulerSettings
 from evalkit.ruler.spec import GENERATOR_VERSION, NOISE_LINE
 from tests.helpers import exact_length
 
 # Made by the generator before sizings existed (6 samples, seed 3). Sample hashes hold for the
-# built-in tokenizer below; cache-key digests hold for any tokenizer. A GENERATOR_VERSION bump
-# changes both on purpose: record the new values then.
+# built-in tokenizer below. A GENERATOR_VERSION bump changes them on purpose: record the new values then.
 BUILTIN_FINGERPRINT = "5bf130c590ebe058"
 EXACT_BEFORE = {
-    ("niah_single_1", 1024): ("fa94daa9857e47ba", "6d9da2282c4afb6d8cdd"),
-    ("niah_multikey_1", 2048): ("4607bc32716d1cd6", "87871675c7d1a6d2ccbe"),
-    ("niah_multikey_2", 1024): ("3644698acd4db87e", "f59339cb3590fefdd21b"),
-    ("vt", 2048): ("b5f339c22f1c4cea", "eb849bc48a0a0c61d7b5"),
-    ("cwe", 5000): ("d33a5dce89b79d70", "e713a2013ed8a78bc0a2"),
-    ("fwe", 1024): ("cfd497ed1bcf74ac", "146d18e0774c4ef63b72"),
+    ("niah_single_1", 1024): "fa94daa9857e47ba",
+    ("niah_multikey_1", 2048): "4607bc32716d1cd6",
+    ("niah_multikey_2", 1024): "3644698acd4db87e",
+    ("vt", 2048): "b5f339c22f1c4cea",
+    ("cwe", 5000): "d33a5dce89b79d70",
+    ("fwe", 1024): "cfd497ed1bcf74ac",
 }
 
 
@@ -52,21 +51,13 @@ def documents(sample) -> int:
     return len(re.findall(r"(?m)^Document \d+:$", sample.input))
 
 
-def test_exact_cache_keys_are_unchanged(tokenizer):
-    """The keys stored before --sizing existed (count included: their legacy form, which the runner
-    recognises in old sample logs) still come out the same."""
-    assert GENERATOR_VERSION == 1, "the stored keys and hashes are version 1's: record the new ones"
-    for (task, length), (_, digest) in EXACT_BEFORE.items():
-        assert legacy_data_key(task, length, 6, 3) == digest
-        assert legacy_data_key(task, length, 6, 3, sizing="exact") == digest
-
-
 def test_exact_samples_are_byte_identical_to_before(tokenizer):
     from evalkit.corpus import tokenizer_fingerprint
 
     if tokenizer_fingerprint(tokenizer) != BUILTIN_FINGERPRINT:
         pytest.skip("the built-in tokenizer differs from the one the hashes were recorded with")
-    for (task, length), (sample_hash, _) in EXACT_BEFORE.items():
+    assert GENERATOR_VERSION == 1, "the stored hashes are version 1's: record the new ones"
+    for (task, length), sample_hash in EXACT_BEFORE.items():
         samples = generate(task, tokenizer, length, 6, seed=3)
         assert hashlib.sha256(dumps_jsonl(samples).encode()).hexdigest()[:16] == sample_hash, task
         assert generate(task, tokenizer, length, 6, seed=3, sizing="exact") == samples
@@ -238,8 +229,10 @@ class EchoEngine:
 def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_path):
     import json
 
+    from evalkit.corpus import tokenizer_fingerprint
+    from evalkit.models.precision import default_dtype
     from evalkit.models.refs import CheckpointRef
-    from evalkit.ruler.runner import _evaluate_task, _prompt_hash, sample_key
+    from evalkit.ruler.runner import _evaluate_task, _prompt_hash, answer_key
     from evalkit.ruler.spec import task_spec
     from evalkit.store.units import Unit, UnitStore
     from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
@@ -264,7 +257,8 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
     assert exact_key != nvidia_key
     assert len(nvidia_prompts) == 4 and nvidia_prompts != exact_prompts  # nothing reused from the exact run
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {r["data_key"] for r in records} == {sample_key(nvidia_key, settings_for("nvidia"))}
+    facts = {"dtype": default_dtype(), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
+    assert {r["key"] for r in records} == {answer_key(settings_for("nvidia"), nvidia_key, facts, {})}
     assert [r["prompt_sha"] for r in records] == [_prompt_hash(p) for p in nvidia_prompts]
     assert evaluate("nvidia")[1] == []  # a rerun with the same sizing computes nothing
 

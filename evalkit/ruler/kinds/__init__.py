@@ -7,7 +7,7 @@ regenerated, never served stale.
 
 What else differs by kind, a kind's module says through optional functions, each asked through
 its TaskKind (the default, where the module has none, in brackets):
-- data_identity(spec, essays, qa_dir, by_location) -> list: the identity of the data files its
+- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its
   samples read, keyed into the cache (niah's essays, qa's datasets: file_identity) [none: it
   reads no file];
 - prompt_templates(spec) -> list[str]: the templates a sample's text may follow, to find its
@@ -47,11 +47,10 @@ class TaskKind:
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
-    def data_identity(self, spec: TaskSpec, essays, qa_dir, by_location: bool = False) -> list:
-        """The identity of the data files `spec`'s samples read with these options (see the
-        docstring); `by_location`: as evalkit keyed it before content hashes (file_identity)."""
+    def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
+        """The identity of the data files `spec`'s samples read with these options (see the docstring)."""
         hook = getattr(self.load(), "data_identity", None)
-        return hook(spec, essays, qa_dir, by_location) if hook is not None else []
+        return hook(spec, essays, qa_dir) if hook is not None else []
 
     def prompt_templates(self, spec: TaskSpec) -> list[str]:
         """The templates a sample of `spec` may follow (see the docstring)."""
@@ -75,33 +74,19 @@ KINDS = {
     )
 }
 
-# The digest of each kind's DATA_CONSTANTS when they joined the cache key (generator version 1).
-# A kind whose constants still hash to this adds nothing to its keys, so the keys of samples
-# cached (and of results stored) before keep holding; any change to a constant changes the key.
-CONSTANTS_DIGESTS_AT_V1 = {
-    "niah": "9b9eaabb348075487834",
-    "variable_tracking": "3c4f239107f719801d88",
-    "common_words_extraction": "ba6be521d78352c1c89f",
-    "freq_words_extraction": "423643e8daa21558084d",
-    "qa": "fefe1b66693c666a44d0",
-}
-
 
 def task_kind(spec: TaskSpec) -> TaskKind:
     """The registered kind of a task."""
     return KINDS[spec.kind]
 
 
-def file_identity(path: Path, *, by_location: bool = False) -> list:
+def file_identity(path: Path) -> list:
     """The identity of a data file a kind reads: the sha256 of its content, so a copy elsewhere, or
     the same file staged anew on each node of a cluster, is the same data (hashed once per process
-    while its size and mtime stay the same). `by_location`: the identity evalkit keyed by before
-    (its path, size and mtime), for recognising what was stored under those keys."""
+    while its size and mtime stay the same)."""
     if not path.is_file():
         return [str(path), None]
     stat = path.stat()
-    if by_location:
-        return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
     return ["sha256", _content_sha256(path.resolve(), stat.st_size, stat.st_mtime_ns)]
 
 
@@ -127,9 +112,3 @@ def constants_digest(kind: str) -> str:
     """A hash of the module constants that shape this kind's samples."""
     constants = _module(kind).DATA_CONSTANTS
     return hashlib.sha256(json.dumps(constants, sort_keys=True, default=repr).encode()).hexdigest()[:20]
-
-
-def changed_constants_digest(kind: str) -> str | None:
-    """constants_digest(kind) if it differs from the one recorded at version 1, else None."""
-    digest = constants_digest(kind)
-    return None if digest == CONSTANTS_DIGESTS_AT_V1[kind] else digest

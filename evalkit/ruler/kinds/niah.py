@@ -32,14 +32,14 @@ DEPTHS = tuple(round(k * 100 / 39) for k in range(40))
 DATA_CONSTANTS = {"DEPTHS": DEPTHS}  # keyed into the cache (evalkit.ruler.kinds)
 
 
-def data_identity(spec: TaskSpec, essays, qa_dir, by_location: bool = False) -> list:
+def data_identity(spec: TaskSpec, essays, qa_dir) -> list:
     """An essay haystack's essays (the built-in prose, a file, or text given as is); other haystacks read none."""
     if spec.params["haystack"] != "essay":
         return []
     if essays is None:
         return ["builtin-prose"]
     if isinstance(essays, Path) or _looks_like_path(str(essays)):
-        return file_identity(Path(essays), by_location=by_location)
+        return file_identity(Path(essays))
     return ["text", hashlib.sha256(str(essays).encode()).hexdigest()]
 
 

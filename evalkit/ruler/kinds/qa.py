@@ -75,10 +75,10 @@ def dataset_path(dataset: str, qa_dir: str | Path | None) -> Path | None:
     return Path(qa_dir) / names[0]
 
 
-def data_identity(spec: TaskSpec, essays, qa_dir, by_location: bool = False) -> list:
+def data_identity(spec: TaskSpec, essays, qa_dir) -> list:
     """The task's dataset file in qa_dir ([None] when no qa_dir is given)."""
     path = dataset_path(spec.params["dataset"], qa_dir)
-    return file_identity(path, by_location=by_location) if path is not None else [None]
+    return file_identity(path) if path is not None else [None]
 
 
 def context_documents(context: str) -> list[str]:
