@@ -195,15 +195,10 @@ def hf_logprobs(engine, rows: list[list[int]]) -> list[list[float]]:
 
 
 def vllm_logprobs(engine, rows: list[list[int]]) -> list[list[float]]:
-    """The same from vLLM's prompt_logprobs (the prompt's own tokens are always among those returned)."""
-    from vllm import SamplingParams, TokensPrompt
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-    outputs = engine.llm.generate([TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=False)
-    return [
-        [entry[token].logprob for token, entry in zip(row[1:], out.prompt_logprobs[1:])]
-        for row, out in zip(rows, outputs)
-    ]
+    """The same from vLLM's prompt_logprobs (each prompt token's own log-probability comes back)."""
+    params = engine._greedy(1, prompt_logprobs=0)
+    answers = engine._run([{"prompt_token_ids": row} for row in rows], [params] * len(rows))
+    return [[score[0] for score in answer.prompt_scores[1:]] for answer in answers]
 
 
 def short_logprobs(score, rows: list[list[int]], window: int) -> list[list[float]]:
