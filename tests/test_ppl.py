@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,30 @@ def test_bad_data_is_one_line(tmp_path):
         ppl.load_documents(str(tmp_path / "bad.jsonl"))
     with pytest.raises(UserError, match="no such file"):
         ppl.load_documents(str(tmp_path / "missing.jsonl"))
+
+
+def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
+    """compare pairs the runs' documents and says which way is better; its value is the mean over
+    checkpoints of log(perplexity), as the summaries report it."""
+    from evalkit.results.compare import compare
+    from evalkit.results.compare_report import differences_table
+    from evalkit.results.samples import load_series
+
+    data, _ = _data(tmp_path, (1500, 1500, 1500))
+    runs = TINY.parent / "tiny-long"
+    rows = {}
+    for name in ("tiny-long-full-shipped", "tiny-long-anchor-shipped"):
+        run = _run(runs / name, data, tmp_path / "out", [128, 256])
+        rows[name] = {(r.step, r.length): r.value for r in run.result_rows()}
+    series = load_series([str(tmp_path / "out")])
+    comparison = compare(series, ["tiny-long-full-shipped", "tiny-long-anchor-shipped"], replicates=200)
+    assert {(d.length, d.metric) for d in comparison.differences} == {(128, "loss"), (256, "loss")}
+    for d in comparison.differences:
+        by_run = {
+            name: statistics.fmean(math.log(v) for (_, n), v in values.items() if n == d.length)
+            for name, values in rows.items()
+        }
+        assert d.baseline_value == pytest.approx(by_run["tiny-long-full-shipped"], rel=1e-9)
+        assert d.difference == pytest.approx(by_run["tiny-long-anchor-shipped"] - by_run["tiny-long-full-shipped"])
+        assert d.pairing_detail.startswith("paired")
+    assert "loss (lower is better)" in differences_table(comparison)
