@@ -190,6 +190,7 @@ def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
     checkpoints of log(perplexity), as the summaries report it."""
     from evalkit.results.compare import compare
     from evalkit.results.compare_report import differences_table
+    from evalkit.results.leaderboard import build_markdown
     from evalkit.results.samples import load_series
 
     data, _ = _data(tmp_path, (1500, 1500, 1500))
@@ -210,3 +211,8 @@ def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
         assert d.difference == pytest.approx(by_run["tiny-long-anchor-shipped"] - by_run["tiny-long-full-shipped"])
         assert d.pairing_detail.startswith("paired")
     assert "loss (lower is better)" in differences_table(comparison)
+    board = build_markdown([tmp_path / "out"])[0]  # the leaderboard's own table, titled with the direction
+    section = board.split("## Perplexity (lower is better)")[1].split("##")[0]
+    anchor_line = next(line for line in section.splitlines() if line.startswith("| tiny-long-anchor-shipped"))
+    mean_at_128 = statistics.fmean(v for (_, n), v in rows["tiny-long-anchor-shipped"].items() if n == 128)
+    assert f"{mean_at_128:.4f}" in anchor_line
