@@ -270,7 +270,7 @@ class PplBenchmark(Benchmark):
             engine_settings["dtype"] = settings.dtype
         self.engine = EngineChoice(settings.engine, engine_settings)
         self._documents: list[str] = []
-        self._tokens: dict[Path, list[list[int]]] = {}
+        self._tokens: dict[Path, tuple[str, list[list[int]]]] = {}
 
     def documents(self) -> list[str]:
         """The first --docs documents of --data, read once."""
@@ -281,11 +281,18 @@ class PplBenchmark(Benchmark):
         return self._documents
 
     def tokens(self, ref: CheckpointRef) -> list[list[int]]:
+        """The documents' token ids by the checkpoint's tokenizer, tokenized once."""
+        return self._tokenized(ref)[1]
+
+    def _tokenized(self, ref: CheckpointRef) -> tuple[str, list[list[int]]]:
+        """(the tokenizer's fingerprint, the documents' token ids)."""
         if ref.path not in self._tokens:
+            from evalkit.corpus.tokenizer import tokenizer_fingerprint
             from evalkit.models.check import load_tokenizer
 
             tokenizer = load_tokenizer(ref.path)
-            self._tokens[ref.path] = [document_tokens(tokenizer, text) for text in self.documents()]
+            ids = [document_tokens(tokenizer, text) for text in self.documents()]
+            self._tokens[ref.path] = (tokenizer_fingerprint(tokenizer), ids)
         return self._tokens[ref.path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
@@ -302,10 +309,12 @@ class PplBenchmark(Benchmark):
         return float(unit.length or 0) * self.settings.docs * (2 if self.settings.key_tokens else 1)
 
     def _key(self, ref: CheckpointRef) -> str:
-        """What a logged document's score depends on besides its text: the settings' identity, the
-        weights and the tokenizer (through the documents' token ids, hashed)."""
-        token_hash = hashlib.sha256(json.dumps(self.tokens(ref)).encode()).hexdigest()[:16]
-        return identity_key(self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokens=token_hash)
+        """What a logged document's score depends on besides its text (its record's text_sha): the
+        settings' identity, the weights and the tokenizer; not --docs, so a count reuses the others'."""
+        fingerprint = self._tokenized(ref)[0]
+        return identity_key(
+            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint
+        )
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
         length = int(unit.length or 0)

@@ -216,3 +216,19 @@ def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
     anchor_line = next(line for line in section.splitlines() if line.startswith("| tiny-long-anchor-shipped"))
     mean_at_128 = statistics.fmean(v for (_, n), v in rows["tiny-long-anchor-shipped"].items() if n == 128)
     assert f"{mean_at_128:.4f}" in anchor_line
+
+
+def test_chunks_through_the_kv_cache_equal_one_forward_and_more_docs_reuse_the_logged(tmp_path, monkeypatch):
+    """Chunks of 100 tokens (a small logit budget) give the plain forward's perplexity; a second
+    run with one more document scores only that one (--docs is not part of a record's key)."""
+    data, texts = _data(tmp_path, (2000, 2000, 2000))
+    monkeypatch.setattr(ppl, "LOGIT_BUDGET", 2 * 2048 * 100)  # batch 2 x vocab 2048 x 100 positions
+    scored, real = [], ppl.hf_logprobs
+    monkeypatch.setattr(ppl, "hf_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
+    settings = ppl.PplSettings(lengths=[512], data=str(data), docs=2, dtype="fp32", batch_size=2)
+    refs = resolve_checkpoints([str(TINY)])
+    ppl.run_ppl(refs, settings, tmp_path / "out")
+    settings.docs = 3
+    run = ppl.run_ppl(refs, settings, tmp_path / "out")
+    assert scored == [2, 1]
+    assert _values(run)[512] == (pytest.approx(_reference(TINY, texts, 512)[0], rel=1e-4), 3)
