@@ -232,3 +232,16 @@ def test_chunks_through_the_kv_cache_equal_one_forward_and_more_docs_reuse_the_l
     run = ppl.run_ppl(refs, settings, tmp_path / "out")
     assert scored == [2, 1]
     assert _values(run)[512] == (pytest.approx(_reference(TINY, texts, 512)[0], rel=1e-4), 3)
+
+
+def test_data_from_a_text_file_a_saved_dataset_and_builtin(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "book.txt").write_text("one long document\n\nin two paragraphs")
+    assert ppl.load_documents(str(tmp_path / "book.txt")) == ["one long document\n\nin two paragraphs"]
+    datasets.Dataset.from_dict({"text": ["a", "b"], "id": [1, 2]}).save_to_disk(str(tmp_path / "saved"))
+    assert ppl.load_documents(str(tmp_path / "saved")) == ["a", "b"]
+    datasets.Dataset.from_dict({"body": ["a"]}).save_to_disk(str(tmp_path / "no-text"))
+    with pytest.raises(Exception, match="has no `text` column"):
+        ppl.load_documents(str(tmp_path / "no-text"))
+    builtin = ppl.load_documents("builtin")
+    assert len(builtin) >= 8 and all(len(doc) >= ppl.BUILTIN_DOC_CHARS for doc in builtin)
