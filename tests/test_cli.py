@@ -26,7 +26,18 @@ def test_help_lists_every_command_without_importing_heavy_optionals():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for command in ("train", "export", "ruler", "general", "probe", "leaderboard", "compare", "bench", "quickstart"):
+    for command in (
+        "train",
+        "export",
+        "ruler",
+        "general",
+        "ppl",
+        "probe",
+        "leaderboard",
+        "compare",
+        "bench",
+        "quickstart",
+    ):
         assert command in out.stdout
     assert "HEAVY []" in out.stdout
 

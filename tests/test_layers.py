@@ -27,7 +27,7 @@ LAYERS = (
     ("engines",),
     ("train",),
     ("sweep",),  # the running of a sweep: the pipeline, the engine choice, shards, the Ray executor
-    ("ruler", "general", "probe"),  # the benchmarks (and the BF16 RoPE probe)
+    ("ruler", "general", "probe", "ppl"),  # the benchmarks (and the BF16 RoPE probe)
     ("bench",),  # benchmarks of evalkit itself: RULER's data, the engines, training
     ("results",),  # reads stored results only: imports no benchmark and no sweep
     ("quickstart",),

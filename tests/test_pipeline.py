@@ -376,3 +376,24 @@ def test_the_unit_store_names_the_files_every_earlier_run_wrote(tmp_path):
         general.file(".lm_eval.json")
         == tmp_path / "run-a" / "step-600" / "general" / "mmlu_abstract_algebra.lm_eval.json"
     )
+
+
+class CachingToy(ToyBenchmark):
+    transient = ("_cache",)
+
+    def __init__(self):
+        super().__init__()
+        self._cache = {"tokenizer": lambda: None}  # what pickle refuses: it must not travel
+
+
+def test_the_base_class_declares_what_an_executor_reads():
+    """unit_cost, log and pickling are the base class's: a benchmark that says nothing weighs 1 per
+    unit, logs nowhere, and a pickled copy carries its `transient` caches empty, the rest as is."""
+    import pickle
+
+    toy = CachingToy()
+    assert [toy.unit_cost(unit) for unit in toy.units()] == [1.0, 1.0, 1.0]
+    assert toy.log("a note") is None
+    copy = pickle.loads(pickle.dumps(toy))
+    assert copy._cache == {} and toy._cache != {}
+    assert copy.settings == toy.settings and copy.engine == toy.engine

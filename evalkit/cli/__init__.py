@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from evalkit.cli.app import app
+from evalkit.cli.app import BENCHMARK_COMMANDS, app
 from evalkit.errors import UserError
 from evalkit.files import disk_full_advice, disk_full_error
 
@@ -30,6 +30,8 @@ COMMAND_MODULES = (
 )
 for _module in COMMAND_MODULES:
     importlib.import_module(f"evalkit.cli.{_module}")
+for _name, _module in BENCHMARK_COMMANDS.items():
+    app.command(_name)(importlib.import_module(_module).command)
 
 
 def main() -> None:

@@ -10,25 +10,16 @@ from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.files import check_output_dir
 from evalkit.lengths import LengthBeyondLimit, parse_lengths
-from evalkit.sweep.options import EXECUTOR_HELP, RAY_ADDRESS_HELP, RAY_RESOURCES_HELP, SHARD_HELP, scale_options
+from evalkit.sweep import options
 
 
 @app.command("ruler")
 def ruler_command(
-    paths: list[str] = typer.Argument(
-        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
-    ),
-    ckpts: list[str] = typer.Option(
-        None,
-        "--ckpts",
-        help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
-        "org/name[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
-    ),
-    avg: bool = typer.Option(
-        False, "--avg", help="Also average each run over its checkpoints (mean ± std of the per-length task average)."
-    ),
-    last: int = typer.Option(None, "--last", help="Use only each run's newest N checkpoints."),
-    lengths: str = typer.Option("4k", "--lengths", help="Context lengths, comma-separated (4k = 4096)."),
+    paths: list[str] = options.paths_argument(),
+    ckpts: list[str] = options.ckpts_option(),
+    avg: bool = options.avg_option("mean ± std of the per-length task average"),
+    last: int = options.last_option(),
+    lengths: str = options.lengths_option(),
     tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
     samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
     seed: int = typer.Option(42, "--seed", help="Data seed (RULER's default 42)."),
@@ -38,18 +29,11 @@ def ruler_command(
     qa_dir: str = typer.Option(
         None, "--qa-dir", help="Directory with SQuAD v2 dev and HotpotQA dev-distractor JSON (qa_1, qa_2)."
     ),
-    engine: str = typer.Option("hf", "--engine", help="hf (transformers) or vllm."),
-    dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch."),
-    engine_arg: list[str] = typer.Option(
-        None,
-        "--engine-arg",
-        help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
-        "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
-    ),
-    max_length: int = typer.Option(
-        None, "--max-length", help="Allow lengths beyond the model's max_position_embeddings."
-    ),
+    engine: str = options.engine_option(),
+    dtype: str = options.dtype_option(),
+    batch_size: int = options.batch_size_option("Prompts"),
+    engine_arg: list[str] = options.engine_arg_option(),
+    max_length: int = options.max_length_option("lengths"),
     sizing: str = typer.Option(
         "exact",
         "--sizing",
@@ -61,27 +45,20 @@ def ruler_command(
         "--prompt-format",
         help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models).",
     ),
-    encoding: str = typer.Option(
-        "standard",
-        "--encoding",
-        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
-        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
-    ),
-    doc_tokens: int = typer.Option(
-        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
-    ),
-    out: Path = typer.Option(Path("results/ruler"), "--out", help="Results directory."),
-    shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
-    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
-    ray_address: str = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
-    ray_resources: str = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP),
+    encoding: str = options.encoding_option(),
+    doc_tokens: int = options.doc_tokens_option(),
+    out: Path = options.out_option("results/ruler"),
+    shard: str = options.shard_option(),
+    executor: str = options.executor_option(),
+    ray_address: str = options.ray_address_option(),
+    ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from rich.console import Console
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.models.refs import resolve_checkpoints
     from evalkit.ruler.runner import RulerSettings, parse_tasks
+    from evalkit.store.averages import checkpoint_table
 
     console = Console(stderr=True)
     try:
@@ -105,11 +82,11 @@ def ruler_command(
         doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
-    scale = scale_options(shard, executor, ray_address, avg, ray_resources)
+    scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
     check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
-    refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
-    run = _run_with_progress(console, refs, settings, out, avg, scale)
-    _report_ruler(console, run, out)
+    refs = options.checkpoints(paths, ckpts, last)
+    run = _run(console, refs, settings, out, avg, scale)
+    options.report(console, run, out, checkpoint_table)
 
 
 def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | None) -> UserError:
@@ -125,47 +102,8 @@ def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | N
         return err
 
 
-def _run_with_progress(console, refs, settings, out: Path, avg: bool, scale=(None, None)):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _run(console, refs, settings, out: Path, avg: bool, scale=(None, None)):
     from evalkit.ruler.runner import run_ruler
 
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as bar:
-        tasks: dict = {}
-
-        def on_checkpoint(ref) -> None:
-            tasks.clear()
-            console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})")
-
-        def progress(event) -> None:  # evalkit.sweep.pipeline.ProgressEvent
-            if event.unit not in tasks:
-                tasks[event.unit] = bar.add_task(f"  {event.unit.label()}", total=event.total)
-            bar.update(tasks[event.unit], completed=event.done)
-
-        return run_ruler(
-            refs,
-            settings,
-            out,
-            progress=progress,
-            on_checkpoint=on_checkpoint,
-            avg=avg,
-            log=console.print,
-            shard=scale[0],
-            executor=scale[1],
-        )
-
-
-def _report_ruler(console, run, out: Path) -> None:
-    from evalkit.store.averages import checkpoint_table
-
-    if run.empty_shard is not None:
-        return  # said by the run's log: a shard without units succeeds, for evalkit merge
-    if not run.rows:
-        raise UserError("no task produced a score (all skipped); see the reasons above")
-    typer.echo(checkpoint_table(run.result_rows()))
-    if run.averages is not None:
-        typer.echo("\n" + run.averages.table)
-        console.print(f"wrote {run.files['averages_markdown']}")
-    console.print(f"results in {out}")
+    with options.progress_display(console) as shown:
+        return run_ruler(refs, settings, out, avg=avg, shard=scale[0], executor=scale[1], **shown)

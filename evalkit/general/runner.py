@@ -156,6 +156,7 @@ class GeneralBenchmark(Benchmark):
 
     name = "general"
     title = "General tasks"
+    transient = ("_lms",)  # adapters of the engine this process built
 
     def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
         self.settings, self.log = settings, log

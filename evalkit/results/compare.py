@@ -47,6 +47,8 @@ import numpy as np
 from evalkit.errors import UserError
 from evalkit.results.samples import Cell, Series
 
+# Metrics where a smaller number is the better model (perplexity's loss); every other is higher-better.
+LOWER_IS_BETTER = frozenset({"loss"})
 RULER_THRESHOLD = 85.6  # RULER's: Llama-2-7B's score at 4K (NVIDIA RULER README)
 PAIRINGS = ("auto", "require", "independent")
 Pairing = Literal["auto", "require", "independent"]

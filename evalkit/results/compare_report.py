@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
-from evalkit.results.compare import Comparison, Difference, records, significant
+from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, records, significant
 
 
 def cell_length_label(length: int | None) -> str:
@@ -46,6 +46,7 @@ def differences_table(comparison: Comparison) -> str:
     for d in comparison.differences + comparison.averages:
         task = f"**average ({d.tasks} tasks)**" if d.task == "average" else d.task
         metric = d.metric + (f" ({d.filter})" if d.filter not in (None, "none") else "")
+        metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
         rows.append(
             [
                 f"{d.other} − {d.baseline}",

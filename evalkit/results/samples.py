@@ -2,6 +2,7 @@
 
     <out>/<run>/step-<N>/ruler/<task>/<length>[.<encoding>].jsonl   RULER: index, references, prompt_sha, score
     <out>/<run>/step-<N>/general/<task>.samples.jsonl              lm-eval: doc_id, doc/target/prompt hashes, metrics
+    <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl                    perplexity: doc, text_sha, tokens, nll
 
 Everything is keyed by series and cell: a series is one line of the leaderboard (a run, or a run
 under another encoding: `ResultRow.series`), a cell one number of it (a task at a
@@ -25,8 +26,10 @@ from pathlib import Path
 
 from evalkit.errors import UserError
 from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries, other_summary_notes
-from evalkit.store.result_format import STANDARD, describe_checkpoint, summary_rows
+from evalkit.store.result_format import STANDARD, describe_checkpoint, summary_name, summary_rows
 from evalkit.store.sample_log import CHECKSUM, KEY, record_checksum
+
+PPL_SUMMARY = summary_name("ppl")
 
 
 @dataclass(frozen=True, order=True)
@@ -91,8 +94,8 @@ def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[st
         here = read_directory(path, place, notes)
         if not here:
             raise UserError(
-                f"no {RULER_SUMMARY} or {GENERAL_SUMMARY} under {path}; "
-                "give the --out directory of evalkit ruler/general"
+                f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or {PPL_SUMMARY} under {path}; "
+                "give the --out directory of evalkit ruler/general/ppl"
             )
         for name, one in here.items():
             if label:
@@ -146,8 +149,8 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
     if notes is not None:
-        notes += other_summary_notes([path], (RULER_SUMMARY, GENERAL_SUMMARY))
-    for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells)):
+        notes += other_summary_notes([path], (RULER_SUMMARY, GENERAL_SUMMARY, PPL_SUMMARY))
+    for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells), (PPL_SUMMARY, _ppl_cells)):
         summaries = find_summaries([path], name, notes)
         directories = _summary_dirs(path, name) if summaries else {}
         for summary in summaries:
@@ -233,6 +236,29 @@ def _general_cells(summary: dict, directory: Path):
         if not math.isclose(mean, row.value, rel_tol=1e-9, abs_tol=1e-9):
             continue  # not a mean over documents (a group's aggregate, a corpus-level metric)
         yield summary["run"], Cell("general", row.task, row.length, row.metric, row.filter), samples
+
+
+def _ppl_cells(summary: dict, directory: Path):
+    """Perplexity at a length as a mean over documents: each document's mean loss (every document
+    at L has L-1 tokens, so their plain mean is the token-weighted one), the cell `loss` = log of the
+    perplexity the summary reports; the log's records of that evaluation (its key) only."""
+    for row in summary_rows(summary):
+        if row.metric != "perplexity" or row.value is None or row.length is None:
+            continue  # LongPPL's key tokens differ per document: not a mean over documents
+        by_key: dict[str, dict[int, LoggedSample]] = {}
+        for line in (directory / "ppl" / "ppl" / f"{row.length}.jsonl").read_text().splitlines():
+            try:
+                record = json.loads(line)
+                by_key.setdefault(record["key"], {})[int(record["doc"])] = LoggedSample(
+                    record["nll"] / record["tokens"], record["text_sha"], None
+                )
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, ZeroDivisionError):
+                continue  # a line cut by a kill
+        for samples in by_key.values():
+            mean = math.fsum(s.score for s in samples.values()) / len(samples)
+            if len(samples) == row.n and math.isclose(mean, math.log(row.value), rel_tol=1e-9):
+                yield summary["run"], Cell("ppl", row.task, row.length, "loss"), samples
+                break
 
 
 def _read_log(path: Path) -> list[dict]:

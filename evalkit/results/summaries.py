@@ -41,14 +41,15 @@ def not_read_note(unread: list[str]) -> str:
 
 
 def other_summary_notes(dirs: list[Path], known: tuple[str, ...]) -> list[str]:
-    """One note line per summary of a benchmark a reader does not read (compare: only RULER and
-    lm-eval tasks have per-sample scores it compares), so that none is left out without a word."""
+    """One note line per summary of a benchmark a reader does not read (compare: only RULER, lm-eval
+    tasks and perplexity have per-sample scores it compares), so that none is left out without a word."""
     lines = []
     for directory in dirs:
         for path in sorted(Path(directory).rglob(f"*{SUMMARY_SUFFIX}")):
             if path.name not in known:
                 benchmark = path.name[: -len(SUMMARY_SUFFIX)]
-                lines.append(f"- {path}: not read: compare reads {' and '.join(known)}, not {benchmark!r} summaries")
+                read = f"{', '.join(known[:-1])} and {known[-1]}" if len(known) > 1 else known[0]
+                lines.append(f"- {path}: not read: compare reads {read}, not {benchmark!r} summaries")
     return lines
 
 

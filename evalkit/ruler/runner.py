@@ -362,6 +362,7 @@ class RulerBenchmark(Benchmark):
 
     name = "ruler"
     title = "RULER"
+    transient = ("_tokenizers",)  # each worker loads its own
 
     def __init__(self, settings: RulerSettings) -> None:
         self.settings = settings
@@ -384,10 +385,6 @@ class RulerBenchmark(Benchmark):
             if self.settings.encoding != STANDARD:
                 print(f"{anchor_note(self._tokenizers[path])} for {path}", file=sys.stderr)
         return self._tokenizers[path]
-
-    def __getstate__(self) -> dict:
-        """What travels to a Ray worker: not the tokenizer cache (each worker loads its own)."""
-        return {**self.__dict__, "_tokenizers": {}}
 
     def check(self, refs: list[CheckpointRef]) -> None:
         for ref in refs:

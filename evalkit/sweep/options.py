@@ -1,8 +1,17 @@
-"""The command-line side of scaling out: --shard, --executor and --ray-address, checked before any work."""
+"""What every benchmark's command shares, declared once: its options (as lighteval's cli_args.py
+declares them), their checks before any work (--shard, --executor, --ray-address), the progress
+display and the closing report. A benchmark's typer command is built from these, so a new
+benchmark is its module plus one line registering the command (evalkit/cli/app.py)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
 
 from evalkit.errors import UserError
 
@@ -18,6 +27,139 @@ RAY_RESOURCES_HELP = (
     "--executor ray: what each task (one model copy) asks of a node, e.g. cpus=4,memory=8G or gpus=2 "
     "(default: 1 CPU and 3x the weights' size in memory on CPUs; the GPUs of its tensor-parallel size on GPUs)."
 )
+
+
+# The options: each a function returning typer's default (typer.Option/Argument), the parameter
+# then reads `ckpts: list[str] = ckpts_option()`; a word differs where the benchmarks' units do.
+def paths_argument() -> Any:
+    return typer.Argument(
+        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
+    )
+
+
+def ckpts_option() -> Any:
+    return typer.Option(
+        None,
+        "--ckpts",
+        help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
+        "org/name[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
+    )
+
+
+def avg_option(what: str = "mean ± std") -> Any:
+    return typer.Option(False, "--avg", help=f"Also average each run over its checkpoints ({what}).")
+
+
+def last_option() -> Any:
+    return typer.Option(None, "--last", help="Use only each run's newest N checkpoints.")
+
+
+def lengths_option(default: str = "4k") -> Any:
+    return typer.Option(default, "--lengths", help="Context lengths, comma-separated (4k = 4096).")
+
+
+def engine_option() -> Any:
+    return typer.Option("hf", "--engine", help="hf (transformers) or vllm.")
+
+
+def dtype_option() -> Any:
+    return typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).")
+
+
+def batch_size_option(items: str) -> Any:
+    return typer.Option(8, "--batch-size", help=f"{items} per batch.")
+
+
+def engine_arg_option() -> Any:
+    return typer.Option(
+        None,
+        "--engine-arg",
+        help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
+        "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
+    )
+
+
+def max_length_option(items: str) -> Any:
+    return typer.Option(None, "--max-length", help=f"Allow {items} beyond the model's max_position_embeddings.")
+
+
+def encoding_option() -> Any:
+    return typer.Option(
+        "standard",
+        "--encoding",
+        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
+        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
+    )
+
+
+def doc_tokens_option() -> Any:
+    return typer.Option(
+        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
+    )
+
+
+def out_option(default: str) -> Any:
+    return typer.Option(Path(default), "--out", help="Results directory.")
+
+
+def shard_option() -> Any:
+    return typer.Option(None, "--shard", help=SHARD_HELP)
+
+
+def executor_option() -> Any:
+    return typer.Option("local", "--executor", help=EXECUTOR_HELP)
+
+
+def ray_address_option() -> Any:
+    return typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP)
+
+
+def ray_resources_option() -> Any:
+    return typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP)
+
+
+def checkpoints(paths: list[str] | None, ckpts: list[str] | None, last: int | None) -> list:
+    """The checkpoints the options name (--ckpts, then the arguments), each run's newest --last."""
+    from evalkit.models.refs import resolve_checkpoints
+
+    return resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
+
+
+@contextmanager
+def progress_display(console) -> Iterator[dict[str, Callable]]:
+    """The callbacks run_benchmark takes (progress, on_checkpoint, log), shown on `console`: each
+    checkpoint's name, then a bar per unit counting its work (samples, requests, documents)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
+        bars: dict = {}
+
+        def on_checkpoint(ref) -> None:
+            bars.clear()
+            console.print(f"[bold]{ref.run} step {ref.step}[/bold] ({ref.path})")
+
+        def progress(event) -> None:  # evalkit.sweep.pipeline.ProgressEvent
+            if event.unit not in bars:
+                bars[event.unit] = bar.add_task(f"  {event.unit.label()}", total=event.total)
+            bar.update(bars[event.unit], completed=event.done)
+
+        yield {"progress": progress, "on_checkpoint": on_checkpoint, "log": console.print}
+
+
+def report(console, run, out: Path, table: Callable[[list], str]) -> None:
+    """The end of a benchmark's command: its table per checkpoint (stdout), --avg's table, and where
+    the files are; no score at all (every unit skipped) is a failure."""
+    if run.empty_shard is not None:
+        return  # said by the run's log: a shard without units succeeds, for evalkit merge
+    if not run.rows:
+        raise UserError("no task produced a score (all skipped); see the reasons above")
+    typer.echo(table(run.result_rows()))
+    if run.averages is not None:
+        typer.echo("\n" + run.averages.table)
+        console.print(f"wrote {run.files['averages_markdown']}")
+    console.print(f"results in {out}")
 
 
 def make_executor(name: str, ray_address: str | None, ray_resources: str | None = None):

@@ -15,7 +15,8 @@ A benchmark is a subclass of Benchmark below: its units, how a unit is evaluated
 rows are averaged over checkpoints; optionally its own request check, how a finished unit is
 found on disk, and what else its summary keeps. Progress reaches the caller as ProgressEvents.
 Adding one is a module implementing it (tests/test_pipeline.py runs a toy benchmark through every
-part of the pipeline); its rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
+part of the pipeline) with its typer command, plus one line registering the command (evalkit/cli/app.py);
+its rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ class Benchmark(ABC):
     title: str  # what its tables are headed with in reports and the leaderboard ("RULER")
     engine: EngineChoice
     settings: Any  # a dataclass instance: what the user asked for
+    # Where the benchmark's own notes go; a Ray worker's copy rebinds it to print (its output is
+    # forwarded to the driver, whose console does not travel).
+    log: Callable[[str], None] = staticmethod(lambda _line: None)
+    # Attributes each process rebuilds for itself (caches of tokenizers, engines' adapters): a
+    # pickled copy (Ray's) carries them empty.
+    transient: tuple[str, ...] = ()
 
     @abstractmethod
     def units(self) -> list[Unit]:
@@ -136,6 +143,15 @@ class Benchmark(ABC):
     def settings_record(self) -> dict[str, Any]:
         """What the user asked for, recorded in every summary."""
         return asdict(self.settings)
+
+    def unit_cost(self, unit: Unit) -> float:
+        """The unit's estimated work (tokens, say), for balancing shards and Ray workers; by default
+        every unit weighs the same."""
+        return 1.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickled copy carries: everything but the `transient` attributes' contents."""
+        return {key: type(value)() if key in self.transient else value for key, value in self.__dict__.items()}
 
 
 @dataclass

@@ -137,19 +137,13 @@ class WorkPlan:
         return [ref for ref, _ in self.checkpoints]
 
 
-def unit_cost(benchmark, unit) -> float:
-    """Estimated tokens of a unit (1 for a benchmark that does not say)."""
-    cost = getattr(benchmark, "unit_cost", None)
-    return float(cost(unit)) if cost is not None else 1.0
-
-
 def plan_work(benchmark, refs: list[CheckpointRef], shard: Shard | None = None) -> WorkPlan:
     units = benchmark.units()
     positions = {unit: i for i, unit in enumerate(units)}
     if shard is None:
         return WorkPlan([(ref, CheckpointWork(list(units), positions)) for ref in refs])
     pairs = [(r, u) for r, ref in enumerate(refs) for u in range(len(units))]
-    costs = [unit_cost(benchmark, units[u]) for _, u in pairs]
+    costs = [float(benchmark.unit_cost(units[u])) for _, u in pairs]
     owner = assign_shards(costs, shard.count)
     record = {"index": shard.index, "count": shard.count, "plan": _plan_fingerprint(benchmark, refs, costs)}
     record["plan_units"] = len(pairs)

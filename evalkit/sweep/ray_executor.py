@@ -37,7 +37,7 @@ from evalkit.errors import Skipped, UserError
 from evalkit.files import disk_full_error
 from evalkit.store.sample_log import HERE, Writer
 from evalkit.store.units import UnitStore
-from evalkit.sweep.plan import Outcome, WorkPlan, assign_shards, unit_cost
+from evalkit.sweep.plan import Outcome, WorkPlan, assign_shards
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
 STATUS_EVERY_S = 10.0  # the driver's progress line
@@ -168,7 +168,7 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
     groups = []
     for ref, checkpoint, units in todo:
         count = min(per_checkpoint, len(units))
-        owner = assign_shards([unit_cost(benchmark, u) for u in units], count)
+        owner = assign_shards([float(benchmark.unit_cost(u)) for u in units], count)
         for g in range(count):
             groups.append(Group(ref, [u for u, o in zip(units, owner) if o == g], checkpoint))
     return groups
@@ -351,8 +351,7 @@ def _for_workers(benchmark):
     """The benchmark as it travels to the workers: its log goes to the worker's output (forwarded
     to the driver by Ray), not the driver's console, which does not travel."""
     shipped = copy.copy(benchmark)
-    if hasattr(shipped, "log"):
-        shipped.log = print
+    shipped.log = print
     return shipped
 
 

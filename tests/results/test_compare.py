@@ -523,8 +523,9 @@ def test_summaries_left_out_are_noted_alike_by_compare_and_every_leaderboard_for
     other = out / "full" / "step-1" / "xyz-summary.json"
     other.write_text(json.dumps({"schema_version": 2, "benchmark": "xyz", "run": "full", "step": 1, "rows": []}))
     compared = run_compare(str(out), "--baseline", "full", "--replicates", "200", cwd=root)
-    assert f"- {other}: not read: compare reads ruler-summary.json and general-summary.json, not 'xyz'" in (
-        compared.stderr
+    assert (
+        f"- {other}: not read: compare reads ruler-summary.json, general-summary.json and ppl-summary.json, not 'xyz'"
+        in (compared.stderr)
     )
 
 

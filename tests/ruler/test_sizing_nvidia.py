@@ -276,7 +276,7 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
         seen.append(settings)
         raise SystemExit(0)
 
-    monkeypatch.setattr(ruler_command, "_run_with_progress", capture)
+    monkeypatch.setattr(ruler_command, "_run", capture)
     monkeypatch.setattr(checkpoint_refs, "resolve_checkpoints", lambda paths, last=None: [])
     for args, sizing in (([], "exact"), (["--sizing", "nvidia"], "nvidia")):
         result = CliRunner().invoke(cli.app, ["ruler", "--ckpts", "x", "--tasks", "fwe", *args])

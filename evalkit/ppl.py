@@ -1,0 +1,531 @@
+"""`evalkit ppl`: perplexity across context lengths and checkpoints, a benchmark of the one pipeline.
+
+What is measured (README's definition, word for word there): for each length L, the documents of
+at least L tokens (the checkpoint's tokenizer; BOS first when the tokenizer has one), each cut to
+its first L tokens; the loss over positions 1..L-1 (the token at position p predicted from
+positions 0..p-1); perplexity = exp of the token-weighted mean negative log-likelihood over the
+documents. A shorter document is not used at L; a length no document reaches is skipped.
+
+Per document the log keeps its NLL summed in doubling position buckets (positions 1-127,
+128-255, 256-511, ...: bucket b covers [128 * 2^(b-1), 128 * 2^b), bucket 0 [1, 128)), so the
+buckets add up to the document's total and the per-position curve is token-weighted like it.
+
+--key-tokens (LongPPL, Fang et al., 2024, "What is Wrong with Perplexity for Long-context
+Language Modeling?", arXiv:2410.23771): a token is a key token when its log-probability with the
+whole document before it (LCL) exceeds -2 and exceeds by more than 2 (LSD) its log-probability
+from a short window of that document: the paper's alpha = 2 and beta = -2, with the model itself
+as the evaluator (the paper's default evaluator is a separate, larger model). The short window:
+W = min(1024, L/4) tokens (1024: the paper's), the document read in blocks of W, a token of block
+k seeing blocks k-1 and k only (between W and 2W-1 tokens before it; positions counted from the
+window's start). LongPPL = exp of the mean long-context NLL over the key tokens.
+
+The hf engine scores a batch of documents (all exactly L tokens: no padding) chunk by chunk
+through the KV cache, so only one chunk's logits exist at a time; vLLM scores with
+prompt_logprobs. A unit is one length; its documents are logged one record each as they finish
+(<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes without redoing them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from evalkit.errors import Skipped, UserError
+from evalkit.files import atomic_write_bytes, atomic_write_text, check_output_dir
+from evalkit.lengths import length_label, parse_lengths
+from evalkit.markdown import markdown_table
+from evalkit.models.refs import CheckpointRef, weights_fingerprint
+from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
+from evalkit.store.result_format import ResultRow
+from evalkit.store.sample_log import CHECKSUM, Writer, record_checksum
+from evalkit.store.units import Unit, UnitStore
+from evalkit.sweep import options
+from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
+from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, UnitProgress, UnitResult, run_benchmark
+
+TASK = "ppl"
+FIRST_BUCKET = 128  # positions [1, 128), then doubling: [128, 256), [256, 512), ...
+KEY_LSD, KEY_LCL = 2.0, -2.0  # LongPPL's alpha and beta
+KEY_WINDOW = 1024  # LongPPL's short context; at most L/4 for short L
+BUILTIN_DOC_CHARS = 48_000  # the built-in prose joined and cut into documents of about 12K tokens
+LOGIT_BUDGET = 2**26  # floats of one chunk's logits (B x chunk x vocab): 256 MiB in fp32
+
+
+@dataclass
+class PplSettings:
+    """What the user asked for (evalkit.store.identity: which lengths, how many documents and where
+    the data lies do not decide a document's score; its text is keyed in its record instead)."""
+
+    lengths: list[int] = setting(default_factory=lambda: [4096], role=SELECTION)
+    data: str = setting("builtin", role=LOCATION)
+    docs: int = setting(50, role=COUNT)
+    key_tokens: bool = False
+    engine: str = "hf"
+    dtype: str | None = None
+    batch_size: int = setting(8, role=EXECUTION)
+    max_length: int | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.docs < 1 or self.batch_size < 1:
+            raise UserError(f"--docs and --batch-size must be at least 1, got {self.docs} and {self.batch_size}")
+
+
+# ---- data ---------------------------------------------------------------------------------------
+
+
+def load_documents(data: str) -> list[str]:
+    """--data: builtin (the bundled prose), a JSONL with a `text` field per line, a directory saved
+    by `datasets` (its `text` column; a DatasetDict's test split, or its only one), or a text file
+    (one document)."""
+    if data == "builtin":
+        return builtin_documents()
+    path = Path(data)
+    if not path.exists():
+        raise UserError(f"--data {data}: no such file or directory (give a .jsonl, a .txt, a datasets dir or builtin)")
+    if path.is_dir():
+        return _dataset_documents(path)
+    if path.suffix == ".jsonl":
+        return _jsonl_documents(path)
+    try:
+        return [path.read_text(encoding="utf-8")]
+    except UnicodeDecodeError:
+        raise UserError(f"--data {data} is not UTF-8 text") from None
+
+
+def builtin_documents() -> list[str]:
+    """The built-in prose (evalkit.corpus.prose: CPython's language reference topics, in name
+    order) joined at its paragraph breaks into documents of at least BUILTIN_DOC_CHARS characters."""
+    from evalkit.corpus.prose import prose_documents
+
+    documents, current = [], ""
+    for piece in prose_documents():
+        current = f"{current}\n\n{piece}" if current else piece
+        if len(current) >= BUILTIN_DOC_CHARS:
+            documents.append(current)
+            current = ""
+    return documents
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    documents = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line).get("text")
+        except (json.JSONDecodeError, AttributeError):
+            text = None
+        if not isinstance(text, str):
+            raise UserError(f"--data {path} line {number}: not a JSON object with a string `text` field")
+        documents.append(text)
+    return documents
+
+
+def _dataset_documents(path: Path) -> list[str]:
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is None:
+        raise UserError(f"--data {path} is a directory: reading a saved dataset needs `pip install datasets`")
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises several kinds for a folder it did not write
+        raise UserError(f"--data {path} is not a dataset saved by `datasets` ({type(err).__name__})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "test" not in loaded and len(loaded) != 1:
+            raise UserError(f"--data {path} has splits {', '.join(loaded)}: save the one to use alone, or a test split")
+        loaded = loaded["test"] if "test" in loaded else next(iter(loaded.values()))
+    if "text" not in loaded.column_names:
+        raise UserError(f"--data {path} has no `text` column (columns: {', '.join(loaded.column_names)})")
+    return [str(text) for text in loaded["text"]]
+
+
+def document_tokens(tokenizer, text: str) -> list[int]:
+    """The document's token ids, BOS first when the tokenizer has one."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else list(ids)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---- scoring ------------------------------------------------------------------------------------
+
+
+def bucket_of(position: int) -> int:
+    """The doubling bucket of a predicted position (>= 1): 0 for [1, 128), b for [128*2^(b-1), 128*2^b)."""
+    return 0 if position < FIRST_BUCKET else (position // FIRST_BUCKET).bit_length()
+
+
+def bucket_label(bucket: int) -> str:
+    low = 1 if bucket == 0 else FIRST_BUCKET << (bucket - 1)
+    return f"{low}-{(FIRST_BUCKET << bucket) - 1}"
+
+
+def key_window(length: int) -> int:
+    return min(KEY_WINDOW, max(1, length // 4))
+
+
+def hf_logprobs(engine, rows: list[list[int]]) -> list[list[float]]:
+    """log P(token p | tokens 0..p-1) for p = 1..L-1 of each row (all of length L), in fp32, the
+    rows as one batch read chunk by chunk through the KV cache: one chunk's logits at a time."""
+    import torch
+
+    ids = torch.tensor(rows, dtype=torch.long, device=engine.device)
+    batch, length = ids.shape
+    chunk = max(16, LOGIT_BUDGET // (batch * engine.model.config.get_text_config().vocab_size))
+    cache, scored = engine._new_cache(), []
+    with torch.inference_mode():
+        for start in range(0, length - 1, chunk):
+            end = min(start + chunk, length - 1)  # the last token predicts nothing: never fed
+            positions = torch.arange(start, end, device=ids.device).expand(batch, -1)
+            logits = engine._forward(ids[:, start:end], None, positions, cache=cache, logits_to_keep=0)
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            scored.append(logprobs.gather(-1, ids[:, start + 1 : end + 1, None])[..., 0])
+    return torch.cat(scored, dim=1).cpu().tolist()
+
+
+def vllm_logprobs(engine, rows: list[list[int]]) -> list[list[float]]:
+    """The same from vLLM's prompt_logprobs (each prompt token's own log-probability comes back)."""
+    params = engine._greedy(1, prompt_logprobs=0)
+    answers = engine._run([{"prompt_token_ids": row} for row in rows], [params] * len(rows))
+    return [[score[0] for score in answer.prompt_scores[1:]] for answer in answers]
+
+
+def short_logprobs(score, rows: list[list[int]], window: int) -> list[list[float]]:
+    """log P(token p) from a short window: the rows read in blocks of `window`, block k's tokens
+    seeing blocks k-1 and k (each piece scored by `score` as a sequence of its own)."""
+    length = len(rows[0])
+    result: list[list[float]] = [[] for _ in rows]
+    for block in range(0, length, window):
+        begin = max(0, block - window)
+        pieces = [row[begin : block + window] for row in rows]
+        scored = score(pieces)  # positions begin+1 .. : keep those of this block (p >= max(block, 1))
+        keep = max(block, 1) - begin - 1
+        for out, values in zip(result, scored):
+            out.extend(values[keep:])
+    return result
+
+
+def key_token_mask(long: list[float], short: list[float]) -> list[bool]:
+    """LongPPL's key tokens: LCL > beta and LSD = long - short > alpha."""
+    return [lcl > KEY_LCL and lcl - sl > KEY_LSD for lcl, sl in zip(long, short)]
+
+
+def document_record(doc: int, sha: str, logprobs: list[float], key: list[bool] | None) -> dict[str, Any]:
+    """One document's log record: its NLL per position bucket (sum, tokens) and, with key tokens,
+    their NLL sum and count."""
+    buckets: dict[int, list[float]] = {}
+    for position, logprob in enumerate(logprobs, start=1):
+        cell = buckets.setdefault(bucket_of(position), [0.0, 0])
+        cell[0] -= logprob
+        cell[1] += 1
+    record: dict[str, Any] = {"doc": doc, "text_sha": sha, "tokens": len(logprobs)}
+    record["nll"] = sum(cell[0] for cell in buckets.values())
+    record["buckets"] = [buckets[b] for b in sorted(buckets)]
+    if key is not None:
+        chosen = [-lp for lp, is_key in zip(logprobs, key) if is_key]
+        record["key_nll"], record["key_tokens"] = sum(chosen), len(chosen)
+    return record
+
+
+def perplexity(records: list[dict[str, Any]]) -> float:
+    return math.exp(sum(r["nll"] for r in records) / sum(r["tokens"] for r in records))
+
+
+def position_losses(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Bucket label -> the token-weighted mean loss of the documents' positions in it."""
+    sums: dict[int, list[float]] = {}
+    for record in records:
+        for bucket, (nll, tokens) in enumerate(record["buckets"]):
+            cell = sums.setdefault(bucket, [0.0, 0])
+            cell[0] += nll
+            cell[1] += tokens
+    return {bucket_label(b): nll / tokens for b, (nll, tokens) in sorted(sums.items())}
+
+
+# ---- the benchmark ------------------------------------------------------------------------------
+
+
+class PplBenchmark(Benchmark):
+    """Perplexity as a benchmark of the one pipeline: a unit is one length."""
+
+    name = "ppl"
+    title = "Perplexity (lower is better)"
+    transient = ("_documents", "_tokens")  # each process reads the data and tokenizes it itself
+
+    def __init__(self, settings: PplSettings) -> None:
+        self.settings = settings
+        engine_settings = {**settings.engine_args, "batch_size": settings.batch_size, "max_length": settings.max_length}
+        if settings.dtype:
+            engine_settings["dtype"] = settings.dtype
+        self.engine = EngineChoice(settings.engine, engine_settings)
+        self._documents: list[str] = []
+        self._tokens: dict[Path, tuple[str, list[list[int]]]] = {}
+
+    def documents(self) -> list[str]:
+        """The first --docs documents of --data, read once."""
+        if not self._documents:
+            self._documents = load_documents(self.settings.data)[: self.settings.docs]
+            if not self._documents:
+                raise UserError(f"--data {self.settings.data} holds no document")
+        return self._documents
+
+    def tokens(self, ref: CheckpointRef) -> list[list[int]]:
+        """The documents' token ids by the checkpoint's tokenizer, tokenized once."""
+        return self._tokenized(ref)[1]
+
+    def _tokenized(self, ref: CheckpointRef) -> tuple[str, list[list[int]]]:
+        """(the tokenizer's fingerprint, the documents' token ids)."""
+        if ref.path not in self._tokens:
+            from evalkit.corpus.tokenizer import tokenizer_fingerprint
+            from evalkit.models.check import load_tokenizer
+
+            tokenizer = load_tokenizer(ref.path)
+            ids = [document_tokens(tokenizer, text) for text in self.documents()]
+            self._tokens[ref.path] = (tokenizer_fingerprint(tokenizer), ids)
+        return self._tokens[ref.path]
+
+    def check(self, refs: list[CheckpointRef]) -> None:
+        from evalkit.ruler.runner import check_window
+
+        self.documents()  # a bad --data is one line before any model loads
+        for ref in refs:
+            check_window(ref, self.settings)
+
+    def units(self) -> list[Unit]:
+        return [Unit(TASK, length) for length in self.settings.lengths]
+
+    def unit_cost(self, unit: Unit) -> float:
+        return float(unit.length or 0) * self.settings.docs * (2 if self.settings.key_tokens else 1)
+
+    def _key(self, ref: CheckpointRef) -> str:
+        """What a logged document's score depends on besides its text (its record's text_sha): the
+        settings' identity, the weights and the tokenizer; not --docs, so a count reuses the others'."""
+        fingerprint = self._tokenized(ref)[0]
+        return identity_key(
+            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint
+        )
+
+    def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
+        length = int(unit.length or 0)
+        tokens = self.tokens(store.ref)
+        chosen = [i for i, ids in enumerate(tokens) if len(ids) >= length]
+        if not chosen:
+            raise Skipped(
+                f"no document of the {len(tokens)} reaches {length} tokens (longest: {max(map(len, tokens))})",
+                documents=len(tokens),
+            )
+        key, shas = self._key(store.ref), [_sha(self.documents()[i]) for i in chosen]
+        done = _read_log(store.file(".jsonl"), key)
+        todo = [i for i, sha in zip(chosen, shas) if (i, sha) not in done]
+        progress(len(chosen) - len(todo), len(chosen))
+        for start in range(0, len(todo), self.settings.batch_size):
+            batch = todo[start : start + self.settings.batch_size]
+            records = self._score(engine.get(), [tokens[i][:length] for i in batch], batch)
+            _append_log(store.writer, store.file(".jsonl"), key, records)
+            done.update({(r["doc"], r["text_sha"]): r for r in records})
+            progress(len(chosen) - len(todo) + start + len(batch), len(chosen))
+        records = [done[(i, sha)] for i, sha in zip(chosen, shas)]
+        return UnitResult(self._rows(store.ref, length, records), _detail(length, records, len(tokens)), bool(todo))
+
+    def _score(self, engine, rows: list[list[int]], docs: list[int]) -> list[dict[str, Any]]:
+        score = hf_logprobs if engine.name == "hf" else vllm_logprobs
+        if len(rows[0]) > engine.max_length:
+            raise Skipped(f"{len(rows[0])} tokens exceed the engine's window of {engine.max_length}")
+        long = score(engine, rows)
+        short = (
+            short_logprobs(lambda pieces: score(engine, pieces), rows, key_window(len(rows[0])))
+            if self.settings.key_tokens
+            else [None] * len(rows)
+        )
+        return [
+            document_record(doc, _sha(self.documents()[doc]), lp, None if sl is None else key_token_mask(lp, sl))
+            for doc, lp, sl in zip(docs, long, short)
+        ]
+
+    def _rows(self, ref: CheckpointRef, length: int, records: list[dict[str, Any]]) -> list[ResultRow]:
+        values: dict[str, float | None] = {"perplexity": perplexity(records)}
+        if self.settings.key_tokens:
+            count = sum(r["key_tokens"] for r in records)
+            values["longppl"] = math.exp(sum(r["key_nll"] for r in records) / count) if count else None
+        return [
+            ResultRow(self.name, ref.run, ref.step, TASK, metric, value, n=len(records), length=length)
+            for metric, value in values.items()
+        ]
+
+    def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
+        """Per length: documents used of those read, and the loss per position bucket."""
+        return {**summary, "lengths": {str(r.detail["length"]): r.detail for r in results if r.detail}}
+
+    def average(self, rows: list[ResultRow]) -> Averages:
+        cells: dict[tuple[str, str, int], list[float]] = {}
+        for row in rows:
+            if row.value is not None and row.length is not None:
+                cells.setdefault((row.run, row.metric, row.length), []).append(row.value)
+        records: list[dict[str, Any]] = [
+            {"run": run, "metric": metric, "length": length, "mean": statistics.fmean(v), "std": statistics.pstdev(v)}
+            | {"checkpoints": len(v)}
+            for (run, metric, length), v in sorted(cells.items())
+        ]
+        table = markdown_table(
+            ["run", "metric", "length", "mean ± std", "checkpoints"],
+            [
+                (
+                    r["run"],
+                    r["metric"],
+                    length_label(r["length"]),
+                    f"{r['mean']:.3f} ± {r['std']:.3f}",
+                    r["checkpoints"],
+                )
+                for r in records
+            ],
+        )
+        return Averages(records, table, "Mean ± population std over each run's checkpoints (lower is better).")
+
+
+def _detail(length: int, records: list[dict[str, Any]], read: int) -> dict[str, Any]:
+    detail: dict[str, Any] = {"length": length, "documents_used": len(records), "documents_read": read}
+    detail["position_loss"] = position_losses(records)
+    if records and "key_tokens" in records[0]:
+        detail["key_tokens"] = sum(r["key_tokens"] for r in records)
+        detail["key_window"] = key_window(length)
+    return detail
+
+
+def _read_log(path: Path, key: str) -> dict[tuple[int, str], dict[str, Any]]:
+    """The documents this log holds under `key`: a line cut by a kill, or of other settings, is not;
+    an edited record (its checksum no longer matches) is refused, naming the file and line."""
+    done: dict[tuple[int, str], dict[str, Any]] = {}
+    if not path.is_file():
+        return done
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or record.get("key") != key or CHECKSUM not in record:
+            continue  # a record of other settings, or from before checksums: computed again, never trusted
+        if record.get(CHECKSUM) != record_checksum(record):
+            raise UserError(f"{path}, line {number}: the record was changed after it was written; delete the line")
+        done[(record["doc"], record["text_sha"])] = record
+    return done
+
+
+def _append_log(writer: Writer, path: Path, key: str, records: list[dict[str, Any]]) -> None:
+    """Through the unit's writer (on a Ray worker: handed to the driver, the one writer), durably."""
+    sealed = [{"key": key, **record} for record in records]
+    writer.append(path, "".join(json.dumps({**r, CHECKSUM: record_checksum(r)}) + "\n" for r in sealed))
+
+
+# ---- tables, plot and command -------------------------------------------------------------------
+
+
+def checkpoint_table(rows: list[ResultRow]) -> str:
+    """One line per checkpoint and metric: its value at each length."""
+    lengths = sorted({row.length for row in rows if row.length is not None})
+    cells = {(row.run, row.step, row.metric, row.length): row for row in rows}
+    lines = []
+    for run, step, metric in sorted({(row.run, row.step, row.metric) for row in rows}):
+        found = [cells.get((run, step, metric, n)) for n in lengths]
+        lines.append([run, step, metric, *(f"{r.value:.3f} ({r.n})" if r and r.value else "–" for r in found)])
+    return markdown_table(["run", "step", "metric", *(f"{length_label(n)} (docs)" for n in lengths)], lines)
+
+
+def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
+    """Loss against position (the bucket's middle, log scale), one line per checkpoint at its longest
+    length, as the leaderboard's plots are drawn (evalkit.results.plots: Agg, PNG and SVG)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for summary in summaries:
+        if not summary.get("lengths"):
+            continue
+        longest = max(summary["lengths"].values(), key=lambda d: d["length"])
+        spans = [tuple(map(int, label.split("-"))) for label in longest["position_loss"]]
+        middles = [math.sqrt(low * high) for low, high in spans]
+        label = f"{summary['run']} step {summary['step']} ({length_label(longest['length'])})"
+        axes.plot(middles, list(longest["position_loss"].values()), marker="o", label=label)
+    axes.set_xscale("log", base=2)
+    axes.set(xlabel="token position", ylabel="mean loss (nats)", title="Loss against position")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    png, svg = io.BytesIO(), io.StringIO()
+    figure.tight_layout()
+    figure.savefig(png, format="png", dpi=150)
+    figure.savefig(svg, format="svg")
+    plt.close(figure)
+    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
+    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
+    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+
+
+def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:
+    """Perplexity on every checkpoint through the one pipeline (kwargs: run_benchmark's)."""
+    return run_benchmark(PplBenchmark(settings), refs, out, **kwargs)
+
+
+def command(
+    paths: list[str] = options.paths_argument(),
+    ckpts: list[str] = options.ckpts_option(),
+    avg: bool = options.avg_option(),
+    last: int = options.last_option(),
+    lengths: str = options.lengths_option(),
+    data: str = typer.Option(
+        "builtin", "--data", help="builtin (the bundled prose), a .jsonl with a text field, a .txt, or a datasets dir."
+    ),
+    docs: int = typer.Option(50, "--docs", help="Use the first N documents (at each length, those long enough)."),
+    key_tokens: bool = typer.Option(
+        False, "--key-tokens", help="Also LongPPL: perplexity over the tokens that need the long context."
+    ),
+    engine: str = options.engine_option(),
+    dtype: str = options.dtype_option(),
+    batch_size: int = options.batch_size_option("Documents"),
+    engine_arg: list[str] = options.engine_arg_option(),
+    max_length: int = options.max_length_option("lengths"),
+    out: Path = options.out_option("results/ppl"),
+    shard: str = options.shard_option(),
+    executor: str = options.executor_option(),
+    ray_address: str = options.ray_address_option(),
+    ray_resources: str = options.ray_resources_option(),
+) -> None:
+    """Perplexity at each context length on checkpoints, with loss per position; --avg over checkpoints."""
+    from rich.console import Console
+
+    from evalkit.engines.args import OWN_FLAGS, parse_engine_args
+
+    console = Console(stderr=True)
+    settings = PplSettings(
+        lengths=parse_lengths(lengths),
+        data=data,
+        docs=docs,
+        key_tokens=key_tokens,
+        engine=engine,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+        engine_args=parse_engine_args(engine, engine_arg, OWN_FLAGS),
+    )
+    scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
+    check_output_dir(out)
+    refs = options.checkpoints(paths, ckpts, last)
+    with options.progress_display(console) as shown:
+        run = run_ppl(refs, settings, out, avg=avg, shard=scale[0], executor=scale[1], **shown)
+    options.report(console, run, out, checkpoint_table)
+    if run.summaries:
+        console.print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")

@@ -1,0 +1,266 @@
+"""`evalkit ppl` against an independent computation: a plain transformers forward over each whole
+document cut to L, the loss by hand; buckets, skips, resume, shards and LongPPL's key tokens."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from evalkit import ppl
+from evalkit.models.refs import resolve_checkpoints
+
+TINY = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-base"
+
+
+def _reference(path: Path, texts: list[str], length: int) -> tuple[float, int, dict[int, list[float]]]:
+    """(perplexity, documents used, position -> each used document's loss there), written out by
+    hand: one forward over the document's first `length` tokens, BOS first if the tokenizer has one."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    total, count, used, losses = 0.0, 0, 0, {}
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id, *ids]
+        if len(ids) < length:
+            continue
+        x = torch.tensor([ids[:length]])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=x).logits[0].double(), dim=-1)
+        nll = -logprobs[torch.arange(length - 1), x[0, 1:]]
+        total, count, used = total + float(nll.sum()), count + length - 1, used + 1
+        for position, value in enumerate(nll.tolist(), start=1):
+            losses.setdefault(position, []).append(value)
+    return math.exp(total / count), used, losses
+
+
+def _data(tmp_path: Path, sizes: tuple[int, ...]) -> tuple[Path, list[str]]:
+    """A JSONL of built-in prose documents of about `sizes` characters each (different lengths)."""
+    prose = "\n\n".join(ppl.builtin_documents())
+    texts, start = [], 0
+    for size in sizes:
+        texts.append(prose[start : start + size])
+        start += size
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path, texts
+
+
+def _run(checkpoint: Path, data: Path, out: Path, lengths: list[int], shard=None, **more):
+    settings = ppl.PplSettings(lengths=lengths, data=str(data), docs=10, dtype="fp32", batch_size=2, **more)
+    return ppl.run_ppl(resolve_checkpoints([str(checkpoint)]), settings, out, shard=shard)
+
+
+def _values(run, metric: str = "perplexity") -> dict[int, tuple[float, int]]:
+    return {row.length: (row.value, row.n) for row in run.result_rows() if row.metric == metric}
+
+
+def test_tiny_model_equals_a_plain_forward_at_each_length_and_buckets_add_up(tmp_path):
+    data, texts = _data(tmp_path, (900, 2500, 5000))
+    lengths = [128, 512, 1024, 4096]
+    run = _run(TINY, data, tmp_path / "out", lengths)
+    values = _values(run)
+    for length in lengths[:3]:
+        expected, used, losses = _reference(TINY, texts, length)
+        assert values[length][1] == used and used >= 1
+        assert values[length][0] == pytest.approx(expected, rel=1e-4)
+        detail = run.summaries[0]["lengths"][str(length)]
+        assert detail["documents_used"] == used and detail["documents_read"] == 3
+        for label, mean in detail["position_loss"].items():  # each bucket: the mean over its positions
+            low, high = map(int, label.split("-"))
+            by_hand = [v for p in range(low, min(high, length - 1) + 1) for v in losses[p]]
+            assert mean == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-4)
+    assert values[128][1] > values[1024][1]  # the shortest document is not used at 1K
+    assert [s["length"] for s in run.skipped] == [4096] and "no document of the 3 reaches 4096" in run.skipped[0][
+        "reason"
+    ]
+    log = tmp_path / "out" / "tiny-base" / "step-7000" / "ppl" / "ppl" / "512.jsonl"
+    for record in map(json.loads, log.read_text().splitlines()):  # the buckets sum back to the total
+        assert sum(nll for nll, _ in record["buckets"]) == pytest.approx(record["nll"], rel=1e-12)
+        assert sum(tokens for _, tokens in record["buckets"]) == record["tokens"] == 511
+
+
+def test_a_killed_run_resumes_computing_only_what_was_not_logged(tmp_path, monkeypatch):
+    data, _ = _data(tmp_path, (3000, 3000, 3000, 3000))
+    whole = _values(_run(TINY, data, tmp_path / "whole", [256, 512]))
+    scored, real = [], ppl.hf_logprobs
+
+    def killed_on_the_third_batch(engine, rows):
+        scored.append(len(rows))
+        if len(scored) == 3:
+            raise KeyboardInterrupt  # a kill: no Python error the pipeline would record
+        return real(engine, rows)
+
+    monkeypatch.setattr(ppl, "hf_logprobs", killed_on_the_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        _run(TINY, data, tmp_path / "out", [256, 512])
+    scored.clear()
+    monkeypatch.setattr(ppl, "hf_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
+    resumed = _values(_run(TINY, data, tmp_path / "out", [256, 512]))
+    assert sum(scored) == 4  # 256 was done (4 documents); 512's first batch never finished: 4 left
+    assert {n: (pytest.approx(v, rel=1e-6), used) for n, (v, used) in whole.items()} == resumed
+    scored.clear()
+    assert _values(_run(TINY, data, tmp_path / "out", [256, 512])) == resumed and scored == []
+
+
+def test_shards_merge_equal_to_one_run(tmp_path):
+    from evalkit.store.result_format import summary_rows
+    from evalkit.sweep.merge import merge_shards
+    from evalkit.sweep.plan import parse_shard
+
+    data, _ = _data(tmp_path, (2000, 2600))
+    lengths = [128, 256, 512]
+    one = _run(TINY, data, tmp_path / "one", lengths)
+    for index in (0, 1):
+        _run(TINY, data, tmp_path / f"shard{index}", lengths, shard=parse_shard(f"{index}/2"))
+    merge_shards([tmp_path / "shard0", tmp_path / "shard1"], tmp_path / "merged")
+    merged = json.loads((tmp_path / "merged" / "tiny-base" / "step-7000" / "ppl-summary.json").read_text())
+    assert [(r.length, r.value, r.n) for r in summary_rows(merged)] == [
+        (r.length, r.value, r.n) for r in one.result_rows()
+    ]
+    assert merged["lengths"] == one.summaries[0]["lengths"]
+
+
+def test_key_tokens_are_those_only_the_long_context_predicts():
+    """A constructed scorer: a token is certain (log-prob 0) when its copy, `period` tokens back,
+    is inside what the scorer is shown, else log-prob -5. A document repeating a block of period
+    tokens beyond 2W: its second copy's tokens are key (LSD 5 > 2, LCL 0 > -2), the first copy's not."""
+    period, window = 700, 256  # period > 2 * window: no short window ever holds the copy
+    row = [*range(period), *range(period)]  # tokens distinct within a period
+
+    def score(pieces):
+        return [[0.0 if t - period >= 0 and piece[t - period] == piece[t] else -5.0 for t in range(1, len(piece))]
+                for piece in pieces]  # fmt: skip
+
+    long = score([row])[0]
+    short = ppl.short_logprobs(score, [row], window)[0]
+    assert len(short) == len(long) == len(row) - 1
+    mask = ppl.key_token_mask(long, short)
+    assert [p for p, key in enumerate(mask, start=1) if key] == list(range(period, 2 * period))
+
+
+def test_short_window_scores_equal_a_forward_over_each_block_and_the_one_before(tmp_path):
+    """The short window on the tiny model: token p of block k scored by hand from blocks k-1 and k."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from evalkit.engines import get_engine
+
+    row = list(range(5, 5 + 300))
+    window = 64
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    with get_engine("hf", TINY, dtype="fp32") as engine:
+        short = ppl.short_logprobs(lambda pieces: ppl.hf_logprobs(engine, pieces), [row], window)[0]
+    for p in (1, 63, 64, 65, 130, 299):
+        begin = max(0, (p // window) * window - window)
+        x = torch.tensor([row[begin:p]])
+        with torch.no_grad():
+            logits = model(input_ids=x).logits[0, -1].double()
+        assert short[p - 1] == pytest.approx(float(torch.log_softmax(logits, -1)[row[p]]), rel=1e-4, abs=1e-5)
+
+
+def test_smollm2_equals_a_plain_forward_at_each_length(tmp_path, smollm2):
+    data, texts = _data(tmp_path, (1500, 6000))
+    lengths = [256, 1024]
+    values = _values(_run(smollm2, data, tmp_path / "out", lengths))
+    for length in lengths:
+        expected, used, _ = _reference(smollm2, texts, length)
+        assert values[length] == (pytest.approx(expected, rel=1e-4), used)
+
+
+def test_bad_data_is_one_line(tmp_path):
+    from evalkit.errors import UserError
+
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"title": "no text"}\n')
+    with pytest.raises(UserError, match="line 2: not a JSON object with a string `text` field"):
+        ppl.load_documents(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(UserError, match="no such file"):
+        ppl.load_documents(str(tmp_path / "missing.jsonl"))
+
+
+def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
+    """compare pairs the runs' documents and says which way is better; its value is the mean over
+    checkpoints of log(perplexity), as the summaries report it."""
+    from evalkit.results.compare import compare
+    from evalkit.results.compare_report import differences_table
+    from evalkit.results.leaderboard import build_markdown
+    from evalkit.results.samples import load_series
+
+    data, _ = _data(tmp_path, (1500, 1500, 1500))
+    runs = TINY.parent / "tiny-long"
+    rows = {}
+    for name in ("tiny-long-full-shipped", "tiny-long-anchor-shipped"):
+        run = _run(runs / name, data, tmp_path / "out", [128, 256])
+        rows[name] = {(r.step, r.length): r.value for r in run.result_rows()}
+    series = load_series([str(tmp_path / "out")])
+    comparison = compare(series, ["tiny-long-full-shipped", "tiny-long-anchor-shipped"], replicates=200)
+    assert {(d.length, d.metric) for d in comparison.differences} == {(128, "loss"), (256, "loss")}
+    for d in comparison.differences:
+        by_run = {
+            name: statistics.fmean(math.log(v) for (_, n), v in values.items() if n == d.length)
+            for name, values in rows.items()
+        }
+        assert d.baseline_value == pytest.approx(by_run["tiny-long-full-shipped"], rel=1e-9)
+        assert d.difference == pytest.approx(by_run["tiny-long-anchor-shipped"] - by_run["tiny-long-full-shipped"])
+        assert d.pairing_detail.startswith("paired")
+    assert "loss (lower is better)" in differences_table(comparison)
+    board = build_markdown([tmp_path / "out"])[0]  # the leaderboard's own table, titled with the direction
+    section = board.split("## Perplexity (lower is better)")[1].split("##")[0]
+    anchor_line = next(line for line in section.splitlines() if line.startswith("| tiny-long-anchor-shipped"))
+    mean_at_128 = statistics.fmean(v for (_, n), v in rows["tiny-long-anchor-shipped"].items() if n == 128)
+    assert f"{mean_at_128:.4f}" in anchor_line
+
+
+def test_chunks_through_the_kv_cache_equal_one_forward_and_more_docs_reuse_the_logged(tmp_path, monkeypatch):
+    """Chunks of 100 tokens (a small logit budget) give the plain forward's perplexity; a second
+    run with one more document scores only that one (--docs is not part of a record's key)."""
+    data, texts = _data(tmp_path, (2000, 2000, 2000))
+    monkeypatch.setattr(ppl, "LOGIT_BUDGET", 2 * 2048 * 100)  # batch 2 x vocab 2048 x 100 positions
+    scored, real = [], ppl.hf_logprobs
+    monkeypatch.setattr(ppl, "hf_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
+    settings = ppl.PplSettings(lengths=[512], data=str(data), docs=2, dtype="fp32", batch_size=2)
+    refs = resolve_checkpoints([str(TINY)])
+    ppl.run_ppl(refs, settings, tmp_path / "out")
+    settings.docs = 3
+    run = ppl.run_ppl(refs, settings, tmp_path / "out")
+    assert scored == [2, 1]
+    assert _values(run)[512] == (pytest.approx(_reference(TINY, texts, 512)[0], rel=1e-4), 3)
+
+
+def test_data_from_a_text_file_a_saved_dataset_and_builtin(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "book.txt").write_text("one long document\n\nin two paragraphs")
+    assert ppl.load_documents(str(tmp_path / "book.txt")) == ["one long document\n\nin two paragraphs"]
+    datasets.Dataset.from_dict({"text": ["a", "b"], "id": [1, 2]}).save_to_disk(str(tmp_path / "saved"))
+    assert ppl.load_documents(str(tmp_path / "saved")) == ["a", "b"]
+    datasets.Dataset.from_dict({"body": ["a"]}).save_to_disk(str(tmp_path / "no-text"))
+    with pytest.raises(Exception, match="has no `text` column"):
+        ppl.load_documents(str(tmp_path / "no-text"))
+    builtin = ppl.load_documents("builtin")
+    assert len(builtin) >= 8 and all(len(doc) >= ppl.BUILTIN_DOC_CHARS for doc in builtin)
+
+
+def test_an_edited_record_is_refused_and_one_without_a_checksum_is_computed_again(tmp_path):
+    """Each logged document carries a sha256 of its content: a changed value is one line naming the
+    file and line; a record without one (written before checksums) is never trusted, only redone."""
+    from evalkit.errors import UserError
+
+    data, _ = _data(tmp_path, (3000, 3000))
+    first = _values(_run(TINY, data, tmp_path / "out", [256]))
+    (log,) = (tmp_path / "out").rglob("256.jsonl")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 2 and all("sha" in r for r in records)
+    edited = [{**records[0], "nll": records[0]["nll"] / 2}, records[1]]
+    log.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    with pytest.raises(UserError, match=r"256\.jsonl, line 1: the record was changed"):
+        _run(TINY, data, tmp_path / "out", [256])
+    log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sha"}) + "\n" for r in records))
+    assert _values(_run(TINY, data, tmp_path / "out", [256])) == {256: (pytest.approx(first[256][0], rel=1e-6), 2)}
+    assert len(log.read_text().splitlines()) == 4  # the two unsealed lines kept, two sealed ones added
