@@ -38,7 +38,12 @@ def cluster():
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"worker_process_setup_hook": forbid_writes_under_results},
+        # The hook lives in tests/: the workers import it by name, so they get the repository on
+        # their path (pytest puts it on the driver's; an installed evalkit does not bring tests/).
+        runtime_env={
+            "worker_process_setup_hook": forbid_writes_under_results,
+            "env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        },
     )
     yield
     ray.shutdown()
