@@ -156,6 +156,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=4, help="(a)'s batch")
+    parser.add_argument("--tiny-ruler", default=f"--lengths 1k --tasks {TINY_TASKS} --samples 5")
     parser.add_argument("--smollm2-ruler", default="--lengths 2k --tasks niah_single_1,vt --samples 4")
     parser.add_argument("--skip-a", action="store_true")
     args = parser.parse_args()
@@ -167,10 +169,10 @@ def main() -> None:
     warm_up(path)
     if not args.skip_a:
         lines += ["\n(a) SmolLM2-135M fp32, generate() on RULER prompts\n"]
-        lines += part_a(path, args.cell, args.samples, args.new_tokens, 4, args.repeats)
+        lines += part_a(path, args.cell, args.samples, args.new_tokens, args.batch_size, args.repeats)
     lines += part_b(
         "(b) tiny-long-full-shipped/step-600",
-        ["--ckpts", str(TINY), "--lengths", "1k", "--tasks", TINY_TASKS, "--samples", "5"],
+        ["--ckpts", str(TINY), *args.tiny_ruler.split()],
         2,
     )  # off, on, on, off
     lines += part_b("(b) SmolLM2-135M", ["--ckpts", str(path), *args.smollm2_ruler.split()], 1)  # off, on
