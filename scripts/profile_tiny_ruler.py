@@ -4,8 +4,7 @@ CPU time of this process on one torch thread (cProfile with time.process_time as
 that other work on a shared machine does not inflate it. Per cell: the tokenizer load, the engine
 set-up, the cached samples' read, then generation; inside generation, SDPA, the linear layers and
 everything else the model's forward does (transformers' Python, norms, rotary, masks, cache),
-apart from evalkit's own decoding loop. The model's forward includes the hf engine's fast decoding
-step (engines/fast_decode.py) where it runs; `--fast-decode false` profiles transformers' path.
+apart from evalkit's own decoding loop.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/profile_tiny_ruler.py --lengths 1024,2048
 """
@@ -30,7 +29,7 @@ def cumulative_seconds(stats: pstats.Stats, file_part: str, name: str) -> float:
     return sum(entry[3] for (path, _, fn), entry in stats.stats.items() if file_part in path and fn == name)
 
 
-def profile_cell(task: str, length: int, samples: int, batch_size: int, fast_decode: bool = True) -> dict:
+def profile_cell(task: str, length: int, samples: int, batch_size: int) -> dict:
     import torch
     from transformers import AutoTokenizer
 
@@ -44,7 +43,7 @@ def profile_cell(task: str, length: int, samples: int, batch_size: int, fast_dec
     t0 = clock()
     tokenizer = AutoTokenizer.from_pretrained(CHECKPOINT, local_files_only=True)
     t1 = clock()
-    engine = HFEngine(CHECKPOINT, batch_size=batch_size, fast_decode=fast_decode)
+    engine = HFEngine(CHECKPOINT, batch_size=batch_size)
     t2 = clock()
     cell = load_or_generate(task, tokenizer, length, samples, 42)
     t3 = clock()
@@ -59,7 +58,6 @@ def profile_cell(task: str, length: int, samples: int, batch_size: int, fast_dec
     forward = cumulative_seconds(stats, "modeling_llama", "forward") and max(
         entry[3] for (path, _, fn), entry in stats.stats.items() if "modeling_llama" in path and fn == "forward"
     )
-    forward += cumulative_seconds(stats, "fast_decode", "step")  # decoding steps outside model(...)
     sdpa = own_seconds(stats, "scaled_dot_product_attention")
     linear = own_seconds(stats, "torch._C._nn.linear")
     return {
@@ -85,10 +83,9 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,2048")
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--fast-decode", choices=("true", "false"), default="true")
     args = parser.parse_args()
     cells = [
-        profile_cell(task, int(length), args.samples, args.batch_size, args.fast_decode == "true")
+        profile_cell(task, int(length), args.samples, args.batch_size)
         for task in args.tasks.split(",")
         for length in args.lengths.split(",")
     ]

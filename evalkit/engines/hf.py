@@ -29,10 +29,6 @@ position ids count only real tokens, so a padded row computes what it would alon
 finish are dropped from the batch and the cache, so no compute is spent on them. The model's
 attention is transformers' SDPA with one change (evalkit.attention.hf.register_grouped_sdpa): at
 decoding, a grouped-query model reads each key-value head once instead of a copy per query head.
-On CPU, a Llama model's decoding steps skip transformers' per-call machinery (setting
-fast_decode, default on; engines.fast_decode): the same operations on the same shapes, so the
-same logits bit for bit, for an explicit allow-list of models; any other model decodes through
-model(...), and engine_info's decode_path and decode_path_reason say which ran and why.
 
 Packed requests (the anchor paradigm, see base.PackedRequest) run in two forwards before
 decoding: the anchor and documents under evalkit's document attention with doc_ids (each
@@ -217,9 +213,7 @@ class HFEngine(PackedEngine):
     prompts, default sdpa); packed_attention (evalkit implementation for packed prefills);
     prefill auto|shared|padded (how plain prompts are prefilled, see the module docstring);
     threads (torch CPU threads while this engine computes, default torch's own: one per core);
-    trust_remote_code (off unless asked); fast_decode (default on: decoding steps of Llama models
-    without transformers' per-call machinery, same logits, see engines.fast_decode; where the
-    model is not one it implements, transformers decodes and engine_info says why).
+    trust_remote_code (off unless asked).
     `stats` counts the tokens and time of plain generation.
     """
 
@@ -238,7 +232,6 @@ class HFEngine(PackedEngine):
         prefill: str = "auto",
         threads: int | None = None,
         trust_remote_code: bool = False,
-        fast_decode: bool = True,
     ) -> None:
         self.model_path = checkpoint_directory(model_path, "the hf engine")
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
@@ -285,8 +278,6 @@ class HFEngine(PackedEngine):
         # visible beyond them, which transformers' own masks and sliding caches never do (_packed_reading).
         self.window_anchor = trained_window_anchor(self.model_path)
         self._sink_beyond_windows = self.window_anchor == "sink" and self._packed_one_by_one
-        self.fast_decode = fast_decode
-        self._fast_decoder, self._decode_path_reason = self._choose_decode_path(fast_decode)
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
@@ -308,25 +299,12 @@ class HFEngine(PackedEngine):
             "window_anchor": self.window_anchor,  # the reading packed requests are served under (the checkpoint's)
             "prefill": self.prefill,
             "threads": self.threads or torch.get_num_threads(),
-            "decode_path": "fast" if self._fast_decoder is not None else "transformers",
-            "decode_path_reason": self._decode_path_reason,
             "device": str(self.device),
             "tokenizer_fingerprint": self._fingerprint,
             "anchor_token": anchor_record(self.tokenizer),  # of packed requests (--encoding anchor)
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }
-
-    def _choose_decode_path(self, fast_decode: bool):
-        """(the fast decoder or None, why that path): an explicit allow-list, never a silent guess."""
-        from evalkit.engines import fast_decode as fast
-
-        if not fast_decode:
-            return None, "fast_decode=false"
-        reason = fast.refusal(self.model, self.device, self.attention, self._plain_cache)
-        if reason is not None:
-            return None, reason
-        return fast.FastLlamaDecoder(self.model), "a Llama model the fast step implements"
 
     # ------------------------------------------------------------------ plain prompts
 
@@ -551,10 +529,6 @@ class HFEngine(PackedEngine):
     def _greedy_decode(self, state: _DecodeState, max_new_tokens: int, stop: list[str]) -> list[str]:
         """Greedy tokens until EOS, a stop string or max_new_tokens; texts cut at the earliest stop."""
         self._give_room(state.cache, max_new_tokens)
-        if self._fast_decoder is not None:
-            state = self._fast_decoder.begin(
-                state.cache, state.attention_mask, state.next_positions, state.logits, max_new_tokens
-            )
         generated: list[list[int]] = [[] for _ in range(state.logits.shape[0])]
         active = list(range(len(generated)))  # the original row of each row still in the batch
         watcher = _StopWatcher(self._decode, stop)
@@ -586,9 +560,7 @@ class HFEngine(PackedEngine):
             if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None and layer.keys.numel():
                 cache.layers[i] = growing(layer.keys, layer.values, room)
 
-    def _decode_step(self, state, next_tokens: torch.Tensor):
-        if self._fast_decoder is not None:
-            return self._fast_decoder.step(state, next_tokens)
+    def _decode_step(self, state: _DecodeState, next_tokens: torch.Tensor) -> _DecodeState:
         ones = torch.ones_like(state.attention_mask[:, :1])
         attention_mask = torch.cat([state.attention_mask, ones], dim=1)
         positions = state.next_positions

@@ -14,7 +14,7 @@ import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -332,26 +332,31 @@ class _ResumePoint:
     weights: dict[str, torch.Tensor]  # distributed, on ranks other than 0: empty
 
 
+@dataclass
+class _Run:
+    """What the steps and saves of a run work on, built once by _train."""
+
+    config: TrainConfig
+    ctx: distributed.DistContext
+    run_dir: Path
+    tokenizer: Any
+    stream: WindowStream
+    model: MaskedLMLoss
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    meta_base: dict  # what every checkpoint's meta.json holds besides its step and token count
+
+
 def _train(
     config: TrainConfig, ctx: distributed.DistContext, *, resume: bool, show_progress: bool, held: ExitStack
 ) -> Path:
     check_inputs(config)
     run_dir = config.run_dir()
-    check_output_dir(run_dir)  # a file, a path under a file, an unwritable place: refused now, not at the first save
-    # The log is rewritten on start and step-N directories replaced on save: never a file of the user's.
-    steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)] if run_dir.is_dir() else []
-    ckpt.refuse_foreign_log(run_dir / METRICS)  # by the run's marker: other trainers log {"step", "loss"} too
-    refuse_foreign(sorted(steps))
-    per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
-    if remainder or per_process % config.micro_batch:
-        raise UserError(
-            f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes "
-            f"x micro_batch={config.micro_batch}"
-        )
+    _refuse_unusable_run_dir(run_dir)
+    _check_batch_split(config, ctx)
     distributed.open_io_group(ctx, config.checkpoint.io_timeout_minutes)
     point = _resume_point(run_dir, config, resume, ctx)
-    step = point.step if point else 0
-    metrics = _metrics_to_keep(run_dir / METRICS, step)
+    metrics = _metrics_to_keep(run_dir / METRICS, point.step if point else 0)
     # The data is read whole (and checked) before the model is built: a bad file costs no model.
     source = open_source(config.data, config.seed, config.seq_len)
     if ctx.is_main:  # one process trains a run directory at a time; taken once every input is checked
@@ -359,16 +364,50 @@ def _train(
     tokenizer = recipe_tokenizer(config)
     source, stream = build_stream(config, tokenizer, source)
     model, optimizer, scheduler = build_training(config, tokenizer, ctx, initial_weights=point is None)
+    step, tokens_seen = _restore(point, model, optimizer, scheduler, stream, ctx)
+    _prepare_run_dir(run_dir, metrics, ctx)
+    _announce_attention(config, model, tokenizer, ctx)
+    meta_base = _checkpoint_meta(config, model, tokenizer, source, ctx)
+    run = _Run(config, ctx, run_dir, tokenizer, stream, model, optimizer, scheduler, meta_base)
+    _train_steps(run, step, tokens_seen, show_progress)
+    return run_dir
 
-    tokens_seen = 0
-    if point is not None:
-        state = point.trainer_state
-        weights = {f"lm.{k}": v for k, v in point.weights.items()}
-        distributed.load_full_state(model, optimizer, weights, state.get("optimizer", {}), ctx)
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
-        torch.set_rng_state(state["rng"])
-        step, tokens_seen = state["step"], state["tokens_seen"]
+
+def _refuse_unusable_run_dir(run_dir: Path) -> None:
+    """A file, a path under a file, an unwritable place, or another trainer's run: refused now, not
+    at the first save. The log is rewritten on start and step-N directories replaced on save: never
+    a file of the user's."""
+    check_output_dir(run_dir)
+    steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)] if run_dir.is_dir() else []
+    ckpt.refuse_foreign_log(run_dir / METRICS)  # by the run's marker: other trainers log {"step", "loss"} too
+    refuse_foreign(sorted(steps))
+
+
+def _check_batch_split(config: TrainConfig, ctx: distributed.DistContext) -> None:
+    per_process, remainder = divmod(config.windows_per_step, ctx.world_size)
+    if remainder or per_process % config.micro_batch:
+        raise UserError(
+            f"windows_per_step={config.windows_per_step} must divide into {ctx.world_size} processes "
+            f"x micro_batch={config.micro_batch}"
+        )
+
+
+def _restore(point: _ResumePoint | None, model, optimizer, scheduler, stream, ctx) -> tuple[int, int]:
+    """(step, tokens seen) to continue from: 0 and 0, or the resume point's, its state loaded."""
+    if point is None:
+        return 0, 0
+    state = point.trainer_state
+    weights = {f"lm.{k}": v for k, v in point.weights.items()}
+    distributed.load_full_state(model, optimizer, weights, state.get("optimizer", {}), ctx)
+    scheduler.load_state_dict(state["scheduler"])
+    stream.load_state_dict(state["stream"])
+    torch.set_rng_state(state["rng"])
+    return state["step"], state["tokens_seen"]
+
+
+def _prepare_run_dir(run_dir: Path, metrics: list[str], ctx: distributed.DistContext) -> None:
+    """The run directory marked as this trainer's, a killed save's leftovers removed and the log
+    cut to the steps kept (rank 0); every rank waits for it."""
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.mark_run(run_dir)
@@ -377,18 +416,28 @@ def _train(
             atomic_write_text(run_dir / METRICS, "".join(line + "\n" for line in metrics))
     distributed.wait_for_rank0(ctx)
 
-    anchored = config.paradigm.has_anchor  # anchor, anchor_tag, anchor_interleaved
-    implementation = HF_NAMES.get(model.lm.config._attn_implementation, model.lm.config._attn_implementation)
+
+def _attention_name(model: MaskedLMLoss) -> str:
+    implementation = model.lm.config._attn_implementation
+    return HF_NAMES.get(implementation, implementation)
+
+
+def _announce_attention(config: TrainConfig, model: MaskedLMLoss, tokenizer, ctx: distributed.DistContext) -> None:
     if ctx.is_main:
-        print(f"attention: evalkit's {implementation} implementation, {config.dtype}", file=sys.stderr)
-        if anchored:
+        print(f"attention: evalkit's {_attention_name(model)} implementation, {config.dtype}", file=sys.stderr)
+        if config.paradigm.has_anchor:  # anchor, anchor_tag, anchor_interleaved
             print(anchor_note(tokenizer), file=sys.stderr)
-    meta_base = {
+
+
+def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source, ctx) -> dict:
+    """What every checkpoint's meta.json records about the run, besides its step and token count."""
+    return {
         "paradigm": config.paradigm.value,
-        **({"anchor_token": anchor_record(tokenizer)} if anchored else {}),
+        # every paradigm with an anchor (anchor, anchor_tag, anchor_interleaved) records which token it is
+        **({"anchor_token": anchor_record(tokenizer)} if config.paradigm.has_anchor else {}),
         # the attention trained: each layer's window as the saved config declares it, and the anchor's reading
         "attention": {
-            "implementation": implementation,
+            "implementation": _attention_name(model),
             "layer_windows": layer_windows(model.lm.config),
             "window_anchor": config.model.window_anchor,
         },
@@ -402,38 +451,38 @@ def _train(
         "git_hash": git_hash(),
         "world_size": ctx.world_size,
     }
+
+
+def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) -> None:
+    """Steps from `step` to max_steps, each logged, checkpoints saved at the configured steps."""
+    config, ctx = run.config, run.ctx
     save_steps = config.checkpoint_steps()
     autocast = autocast_context(config, ctx.device)
-    progress = _Progress(show_progress and ctx.is_main, config.max_steps, step, f"{run_dir.name}")
+    progress = _Progress(show_progress and ctx.is_main, config.max_steps, step, f"{run.run_dir.name}")
+    tokens_per_step = config.windows_per_step * config.seq_len
     try:
         while step < config.max_steps:
             started = time.perf_counter()
-            windows = [stream.next_window() for _ in range(config.windows_per_step)]
+            windows = [run.stream.next_window() for _ in range(config.windows_per_step)]
             data_s = time.perf_counter() - started
-            loss, step_s = _timed_step(model, optimizer, scheduler, windows, config, ctx, autocast)
+            loss, step_s = _timed_step(run.model, run.optimizer, run.scheduler, windows, config, ctx, autocast)
             step += 1
-            tokens_seen += config.windows_per_step * config.seq_len
-            tokens_per_s = config.windows_per_step * config.seq_len / step_s  # the model's speed, not packing's
-            if ctx.is_main:
-                record = {
-                    "step": step,
-                    "loss": loss,
-                    "lr": scheduler.get_last_lr()[0],
-                    "tokens_per_s": tokens_per_s,
-                    "step_s": step_s,
-                    "data_s": data_s,
-                    "tokens_seen": tokens_seen,
-                }
-                with naming(run_dir / METRICS), (run_dir / METRICS).open("a") as log:
-                    log.write(json.dumps(record) + "\n")
+            tokens_seen += tokens_per_step
+            tokens_per_s = tokens_per_step / step_s  # the model's speed, not packing's
+            record = {"step": step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
+            _log_step(run, {**record, "step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen})
             progress.update(step, loss, tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
-                _save(
-                    run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx
-                )
+                _save(run, step, tokens_seen)
     finally:
         progress.close()
-    return run_dir
+
+
+def _log_step(run: _Run, record: dict) -> None:
+    """One line of the metrics log, appended by rank 0 (a step is logged before it is saved)."""
+    if run.ctx.is_main:
+        with naming(run.run_dir / METRICS), (run.run_dir / METRICS).open("a") as log:
+            log.write(json.dumps(record) + "\n")
 
 
 def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, autocast) -> tuple[float, float]:
@@ -512,9 +561,10 @@ def _read_meta(checkpoint: Path) -> dict:
     return meta
 
 
-def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, tokenizer, meta_base, config, ctx) -> None:
+def _save(run: _Run, step: int, tokens_seen: int) -> None:
     """Gather the full state to rank 0, which writes it while the others wait in the I/O group
     (no collective of the training group is pending meanwhile, so its timeout cannot fire)."""
+    model, optimizer, scheduler, config, ctx = run.model, run.optimizer, run.scheduler, run.config, run.ctx
     model_state = {k.removeprefix("lm."): v for k, v in distributed.full_model_state(model, ctx).items()}
     optimizer_state = distributed.full_optimizer_state(model, optimizer, ctx)
     if ctx.is_main:
@@ -523,13 +573,13 @@ def _save(run_dir, step, tokens_seen, model, optimizer, scheduler, stream, token
             "tokens_seen": tokens_seen,
             "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
-            "stream": stream.state_dict(),
+            "stream": run.stream.state_dict(),
             "rng": torch.get_rng_state(),
         }
-        meta = {"step": step, "tokens_seen": tokens_seen, **meta_base}
+        meta = {"step": step, "tokens_seen": tokens_seen, **run.meta_base}
         weights_dtype = torch.bfloat16 if config.dtype in regime.BF16_DTYPES else torch.float32
         ckpt.write_checkpoint(
-            run_dir, step, model.lm, tokenizer, model_state, trainer_state, meta, weights_dtype=weights_dtype
+            run.run_dir, step, model.lm, run.tokenizer, model_state, trainer_state, meta, weights_dtype=weights_dtype
         )
-        ckpt.prune(run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)
+        ckpt.prune(run.run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)
     distributed.wait_for_rank0(ctx)

@@ -4,7 +4,7 @@ import pytest
 
 from evalkit.engines import get_engine
 from evalkit.errors import UserError
-from tests.helpers import copy_with_config, decode, greedy_without_cache
+from tests.helpers import build_checkpoint, copy_with_config, decode, greedy_without_cache
 
 PROMPTS = [
     "The grass is green.",
@@ -29,6 +29,24 @@ def test_generate_equals_greedy_loop_without_kv_cache(checkpoint, tokenizer):
     for prompt, output in zip(PROMPTS, outputs):
         expected = greedy_without_cache(model, tokenizer(prompt)["input_ids"], 12, {tokenizer.eos_token_id})
         assert output == decode(tokenizer, expected)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "changes"),
+    [
+        ("mistral", {"sliding_window": 16}),
+        ("qwen2", {}),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    ],
+)
+def test_other_architectures_generate_as_the_loop_without_a_cache(tokenizer, tmp_path, architecture, changes):
+    """A padded batch (two prompt lengths) of each architecture family the engine serves."""
+    model = build_checkpoint(tmp_path, tokenizer, architecture, **changes)
+    model.set_attn_implementation("sdpa")
+    prompts = [[tokenizer.bos_token_id, *range(300, 300 + n)] for n in (5, 11)]
+    outputs = get_engine("hf", tmp_path, dtype="fp32", device="cpu", batch_size=2).generate(prompts, 8)
+    for ids, output in zip(prompts, outputs):
+        assert output == decode(tokenizer, greedy_without_cache(model, ids, 8, {tokenizer.eos_token_id}))
 
 
 def test_batched_generation_equals_one_at_a_time(checkpoint):
@@ -92,9 +110,7 @@ def test_bf16_engine_generates(checkpoint):
 
 def test_padded_prefill_rows_get_the_positions_they_would_have_alone(checkpoint, monkeypatch):
     """RoPE makes a shifted row almost equal in fp32, which hides wrong positions; in bf16 they matter."""
-    # Decoding through model.forward, where the spy sees it (the fast step's positions are checked
-    # by its logits equalling these, test_hf_fast_decode.py).
-    engine = engine_for(checkpoint, batch_size=len(PROMPTS), prefill="padded", fast_decode=False)
+    engine = engine_for(checkpoint, batch_size=len(PROMPTS), prefill="padded")
     calls = []
     original = engine.model.forward
 

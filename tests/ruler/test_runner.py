@@ -171,6 +171,11 @@ def test_lengths_run_in_pieces_add_up_in_one_summary(tiny_run, tmp_path):
     for lengths, target in (("512", out), ("1024", out), ("512,1024", whole)):
         result = ruler(*common, "--lengths", lengths, "--out", str(target))
         assert result.returncode == 0, result.stderr
+        if lengths == "512":  # the engine record as evalkit wrote it while it had a fast decoding step
+            (first,) = out.glob("*/step-*/ruler-summary.json")
+            written = json.loads(first.read_text())
+            written["provenance"]["engine"].update(decode_path="fast", decode_path_reason="a Llama model")
+            first.write_text(json.dumps(written))
     (pieces,), (reference,) = summaries(out).values(), summaries(whole).values()
     assert pieces["rows"] == reference["rows"] and pieces["skipped"] == reference["skipped"]
     assert [(r["task"], r["length"]) for r in pieces["rows"]] == [("niah_single_1", 512), ("niah_single_1", 1024)]

@@ -201,22 +201,28 @@ def test_continued_pretraining_starts_from_the_given_checkpoint(tmp_path):
 
 
 def test_tokens_per_s_times_the_step_not_the_packing(tmp_path, monkeypatch):
-    """A slow window builder shows in data_s, not in step_s or tokens_per_s (the model's speed)."""
+    """A slow window builder shows in data_s, not in step_s or tokens_per_s (the model's speed).
+    The trainer's clock is the real one plus 100 s for every window built, so the check reads no
+    race between two real durations: data_s holds the 400 s of a step's 4 windows, step_s none."""
+    from types import SimpleNamespace
+
+    from evalkit.train import loop
     from evalkit.train.data import WindowStream
 
-    real = WindowStream.next_window
+    late, real = [0.0], WindowStream.next_window
 
     def slow(self):
-        time.sleep(0.05)
+        late[0] += 100.0
         return real(self)
 
     monkeypatch.setattr(WindowStream, "next_window", slow)
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + late[0]))
     run = train(micro_config(tmp_path / "run", max_steps=2), show_progress=False)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for record in records:
-        assert record["data_s"] >= 4 * 0.05  # 4 windows per step, each 50 ms late
+        assert record["data_s"] >= 4 * 100.0  # 4 windows per step, each 100 s late
         assert record["tokens_per_s"] == pytest.approx(4 * 128 / record["step_s"])
-        assert record["step_s"] < record["data_s"]  # the micro model steps in a few ms
+        assert record["step_s"] < 100.0  # none of the windows' lateness
     meta = json.loads((run / "step-2" / "meta.json").read_text())
     assert meta["attention"]["implementation"] == "blocked"  # auto, resolved on the CPU
 
