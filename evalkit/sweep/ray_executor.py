@@ -351,8 +351,14 @@ def _for_workers(benchmark):
     """The benchmark as it travels to the workers: its log goes to the worker's output (forwarded
     to the driver by Ray), not the driver's console, which does not travel."""
     shipped = copy.copy(benchmark)
-    shipped.log = print
+    shipped.log = _worker_print
     return shipped
+
+
+def _worker_print(line: str) -> None:
+    """print, pickled by this name: Ray's driver may replace builtins.print (tqdm_ray does) between
+    two submissions, after which the original built-in no longer pickles by reference."""
+    print(line, flush=True)
 
 
 # What a CPU worker holds per byte of weights on disk: the weights, the loader's transient copy,

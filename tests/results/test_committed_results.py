@@ -20,7 +20,8 @@ SUMMARIES = sorted(RESULTS.rglob("*-summary.json"))
 
 
 def test_results_hold_the_summaries_the_migration_rewrote():
-    assert len(SUMMARIES) == 13
+    """The 13 RULER and lm-eval summaries it rewrote (later benchmarks' summaries were born current)."""
+    assert len([p for p in SUMMARIES if p.name in ("ruler-summary.json", "general-summary.json")]) == 13
 
 
 @pytest.mark.parametrize("path", SUMMARIES, ids=lambda p: str(p.relative_to(RESULTS)))
