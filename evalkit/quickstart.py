@@ -9,8 +9,11 @@
                 recipe's shipped runs (checkpoints/<recipe>/, trained to the end by `evalkit train`
                 on this kind of CPU); the quickstart trains short runs of its own only with --train
                 or when the recipe ships none (those score 0: shown as trained, not as a result)
-    4. general  the offline fixture tasks of tasks/ (only with --general)
-    5. board    leaderboard.md, plots and claims.md from the stored results
+    4. ppl      perplexity of the same checkpoints at the same lengths (built-in prose, PPL_DOCS
+                documents): the paper's Figure 4, RULER and perplexity per checkpoint, and
+                whether RULER's swing between a run's last two checkpoints is beyond its noise
+    5. general  the offline fixture tasks of tasks/ (only with --general)
+    6. board    leaderboard.md, plots and claims.md from the stored results
 
 Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
 """
@@ -33,6 +36,7 @@ QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
 QUICK_PARADIGMS = ("full", "intra_doc", "anchor")
 FIXTURE_TASKS = ("evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style")
+PPL_DOCS = 2  # documents of the built-in prose per length: about a second per checkpoint on the tiny runs
 
 
 # auto: the real pretrained model when installed, else the tiny base; or a checkpoint: a directory or a hub name
@@ -198,7 +202,11 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
     _ruler(refs, lengths, plan, console)
     _took(console, t)
 
-    sources = [plan.out / "ruler"]
+    t = _stage(console, done, f"perplexity at the same lengths, {PPL_DOCS} documents of the built-in prose")
+    _ppl(refs, lengths, plan, console)
+    _took(console, t)
+
+    sources = [plan.out / "ruler", plan.out / "ppl"]
     if plan.general:
         t = _stage(console, done, "general tasks (offline fixtures)")
         _general(refs, plan, console)
@@ -210,6 +218,7 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
     claims += how_runs_trained(refs)
     claims += _ruler_claim(plan.out / "ruler", lengths)
     claims += compare_paradigms_against_full(plan.out / "ruler")
+    claims += figure4_claim(plan.out, lengths)
     claims_file = _write_claims(plan.out / "claims.md", claims)
     print(board.read_text(), flush=True)  # plain stdout: markdown, not rich markup
     print(claims_file.read_text(), flush=True)
@@ -447,6 +456,91 @@ def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
     return lines
 
 
+def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
+    """The paper's Figure 4: each checkpoint's RULER task average and perplexity per length (a table,
+    and a plot of both against the step), and whether RULER's swing between a run's last two
+    checkpoints exceeds its noise."""
+    from evalkit.lengths import length_label
+    from evalkit.markdown import markdown_table
+    from evalkit.results.leaderboard import checkpoint_means
+    from evalkit.results.plots import ruler_and_ppl_vs_step
+    from evalkit.results.samples import PPL_SUMMARY
+    from evalkit.results.summaries import find_summaries
+    from evalkit.ruler.runner import SUMMARY
+    from evalkit.store.averages import per_checkpoint_length_means
+    from evalkit.store.result_format import STANDARD, summary_rows
+
+    def rows(folder: str, name: str) -> list:
+        return [row for summary in find_summaries([out / folder], name) for row in summary_rows(summary)]
+
+    ruler = [row for row in rows("ruler", SUMMARY) if row.encoding in (None, STANDARD)]
+    ppl = [row for row in rows("ppl", PPL_SUMMARY) if row.metric == "perplexity"]
+    ruler_means, ppl_means = per_checkpoint_length_means(ruler), per_checkpoint_length_means(ppl)
+
+    def cell(means: dict, key: tuple, digits: int) -> str:
+        return f"{means[key][0]:.{digits}f}" if key in means else "–"
+
+    table = [
+        [run, step, *(cell(ruler_means, (run, step, n), 2) for n in lengths)]
+        + [cell(ppl_means, (run, step, n), 3) for n in lengths]
+        for run, step in sorted({(run, step) for run, step, _ in [*ruler_means, *ppl_means]})
+    ]
+    header = [
+        "run",
+        "step",
+        *(f"RULER {length_label(n)}" for n in lengths),
+        *(f"ppl {length_label(n)}" for n in lengths),
+    ]
+    plot = ruler_and_ppl_vs_step(checkpoint_means(ruler), checkpoint_means(ppl), out / "plots" / "ruler-ppl-vs-step")
+    return [
+        "## (d) RULER and perplexity per checkpoint (the paper's Figure 4)",
+        "",
+        markdown_table(header, table),
+        "",
+        f"- RULER: task average; ppl: perplexity on the built-in prose. Plot: {plot[0]}.",
+        *swing_verdicts(out / "ruler"),
+        "",
+    ]
+
+
+def swing_verdicts(ruler_dir: Path) -> list[str]:
+    """Each run's last checkpoint against the one before it, as two series over the same samples
+    (`evalkit compare`: the paired difference of the task average per length, its 95% interval and
+    Holm-adjusted test): a line saying whether the swing is beyond noise."""
+    from dataclasses import replace
+
+    from evalkit.results.compare import compare, significant
+    from evalkit.results.compare_report import cell_length_label
+    from evalkit.results.samples import load_series
+
+    lines = []
+    for name, one in sorted(load_series([str(ruler_dir)]).items()):
+        if not one.standard_encoding or len(one.steps()) < 2:
+            continue
+        steps = one.steps()[-2:]
+        pair = {
+            f"{name} step {s}": replace(
+                one,
+                name=f"{name} step {s}",
+                checkpoints={s: one.checkpoints[s]},
+                identities={k: v for k, v in one.identities.items() if k == s},
+            )
+            for s in steps
+        }
+        before, after = pair
+        result = compare(pair, [before, after], baseline=before)
+        beyond = any(significant(d) for d in result.averages)
+        pairing = ", ".join(sorted({d.pairing_detail for d in result.averages}))
+        swings = ", ".join(
+            f"{cell_length_label(d.length)} {d.difference:+.2f} [{d.low:+.2f}, {d.high:+.2f}]" for d in result.averages
+        )
+        lines.append(
+            f"- {name}, step {steps[1]} − step {steps[0]} (RULER task average, 95% interval; {pairing}): {swings}: "
+            f"the swing is {'' if beyond else 'not '}beyond noise."
+        )
+    return lines
+
+
 def _scores_above_zero(one) -> bool:
     return any(
         sample.score > 0
@@ -459,7 +553,7 @@ def _scores_above_zero(one) -> bool:
 def _write_claims(path: Path, lines: list[str]) -> Path:
     from evalkit.files import atomic_write_text
 
-    atomic_write_text(path, "# The paper's three claims, measured by `evalkit quickstart`\n\n" + "\n".join(lines))
+    atomic_write_text(path, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(lines))
     return path
 
 
@@ -491,6 +585,13 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
     )
     for skip in {(s["task"], s["length"], s["reason"]) for s in run.skipped}:  # once, not per checkpoint
         console.print(f"[yellow]skipped[/yellow] {skip[0]} @ {skip[1]}: {skip[2]}")
+
+
+def _ppl(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
+    from evalkit.ppl import PplSettings, run_ppl
+
+    settings = PplSettings(lengths=lengths, docs=PPL_DOCS)
+    run_ppl(refs, settings, plan.out / "ppl", on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"))
 
 
 def _general(refs, plan: QuickstartPlan, console: Console) -> None:

@@ -37,7 +37,8 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     assert "skipped: does not fit" in board  # vt cannot fit 256 tokens: listed, not hidden
     assert "![ruler-vs-length](plots/ruler-vs-length.png)" in board
     assert board in first.stdout  # the leaderboard is printed, as markdown
-    for stage in ("1. BF16 breaks RoPE", "2. anchor attention", "3. train", "4. RULER", "5. general", "6. leaderboard"):
+    stages = ("1. BF16 breaks RoPE", "2. anchor attention", "3. train", "4. RULER", "5. perplexity", "6. general")
+    for stage in (*stages, "7. leaderboard"):
         assert stage in first.stderr
     # The three claims, from what this run measured (a recipe that ships no runs trains its own).
     claims = (tmp_path / "results" / "claims.md").read_text()
@@ -49,6 +50,7 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     assert [(r["paradigm"], r["seq_len"]) for r in steps] == [("full", 256), ("anchor", 256)]
     assert f"full {steps[0]['step_seconds']:.2f}, anchor {steps[1]['step_seconds']:.2f}" in claims
     assert "## (c) RULER across lengths" in claims and "## Paradigms against full attention" in claims
+    assert "| tiny-cpu-anchor | 4 |" in claims.split("## (d) RULER and perplexity per checkpoint")[1]
     assert "| tiny-cpu-anchor | anchor | fp32 | bos |" in claims  # how each run trained
     table = claims.split("## (c)")[1].split("\n## ")[0]
     for paradigm in ("full", "intra_doc", "anchor"):  # a run is a row only if it scored; else it is named as 0
@@ -170,3 +172,49 @@ def test_the_claims_say_how_each_shipped_run_trained():
     table = "\n".join(lines)
     for paradigm in ("full", "intra_doc", "anchor"):
         assert f"| tiny-long-{paradigm}-shipped | {paradigm} | fp32 | document |" in table
+
+
+def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, monkeypatch):
+    """Figure 4 on the shipped tiny runs: the quickstart's perplexity stage (1K, its few documents)
+    beside their stored RULER logs (results/anchor-encoding/ruler, 1K, both encodings): the table
+    holds the summaries' values (read here on their own), each run's swing has its verdict with
+    the hand-computed difference, the plot exists, and a rerun scores nothing again."""
+    import shutil
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import evalkit.quickstart as quickstart
+    from evalkit.models.refs import resolve_checkpoints
+
+    out = tmp_path / "out"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "results" / "anchor-encoding" / "ruler", out / "ruler")
+    refs = resolve_checkpoints([str(run) for run in quickstart.shipped_runs("tiny-long")], last=2)
+    plan = quickstart.QuickstartPlan(out=out)
+    console = Console(file=open(tmp_path / "log.txt", "w"))
+    quickstart._ppl(refs, [1024], plan, console)
+    lines = "\n".join(quickstart.figure4_claim(out, [1024])).splitlines()
+    assert lines[2].startswith("| run | step | RULER 1K | ppl 1K |")
+    table = {
+        (cells[1].strip(), int(cells[2])): (float(cells[3]), float(cells[4]))
+        for cells in (line.split("|") for line in lines if line.startswith("| tiny"))
+    }
+    assert len(table) == 6
+    for run in ("tiny-long-full-shipped", "tiny-long-intra_doc-shipped", "tiny-long-anchor-shipped"):
+        averages = {}
+        for step in (550, 600):
+            folder = out / "ruler" / run / f"step-{step}"
+            rows = json.loads((folder / "ruler-summary.json").read_text())["rows"]
+            scores = [r["score"] for r in rows if r.get("encoding", "standard") == "standard" and r["length"] == 1024]
+            averages[step] = sum(scores) / len(scores)
+            rows = json.loads((out / "ppl" / run / f"step-{step}" / "ppl-summary.json").read_text())["rows"]
+            (ppl,) = [r["value"] for r in rows if r["metric"] == "perplexity" and r["length"] == 1024]
+            assert table[(run, step)] == (round(averages[step], 2), round(ppl, 3))
+        (verdict,) = [line for line in lines if line.startswith(f"- {run}, step 600 − step 550")]
+        assert f"1K {averages[600] - averages[550]:+.2f} [" in verdict
+        assert verdict.endswith(("the swing is beyond noise.", "the swing is not beyond noise."))
+    assert (out / "plots" / "ruler-ppl-vs-step.png").is_file() and (out / "plots" / "ruler-ppl-vs-step.svg").is_file()
+
+    monkeypatch.setattr("evalkit.ppl.hf_logprobs", lambda *a: (_ for _ in ()).throw(AssertionError("scored again")))
+    quickstart._ppl(refs, [1024], plan, console)
+    assert "\n".join(quickstart.figure4_claim(out, [1024])).splitlines() == lines

@@ -1,4 +1,5 @@
-"""Leaderboard plots (matplotlib, Agg; PNG and SVG): RULER vs length, RULER vs step, general bars.
+"""Leaderboard plots (matplotlib, Agg; PNG and SVG): RULER vs length, RULER (and perplexity) vs
+step, general bars.
 
 Each takes the values the leaderboard's tables computed (evalkit.results.leaderboard), never rows."""
 
@@ -70,20 +71,33 @@ def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Pat
     (`per_step`: run -> step -> that average)."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
-    for run in sorted(per_step):
-        steps = sorted(per_step[run])
-        axes.plot(steps, [per_step[run][s] for s in steps], marker="o", label=run)
-    axes.set(
-        xlabel="training step",
-        ylabel="RULER score (average over lengths)",
-        ylim=(-2, 102),
-        title="RULER across a run's checkpoints",
-    )
-    axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8)
+    _by_step(axes, per_step, "RULER score (average over lengths)", "RULER across a run's checkpoints")
+    axes.set(ylim=(-2, 102))
     paths = _save(figure, stem)
     plt.close(figure)
     return paths
+
+
+def ruler_and_ppl_vs_step(
+    ruler: dict[str, dict[int, float]], ppl: dict[str, dict[int, float]], stem: Path
+) -> list[Path]:
+    """Fig. 4 whole: RULER's average (left) and perplexity (right) against the step, one line per run."""
+    plt = _pyplot()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    _by_step(left, ruler, "RULER score (average over lengths)", "RULER across a run's checkpoints")
+    _by_step(right, ppl, "perplexity (mean over lengths)", "Perplexity across a run's checkpoints")
+    paths = _save(figure, stem)
+    plt.close(figure)
+    return paths
+
+
+def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: str) -> None:
+    for run in sorted(per_step):
+        steps = sorted(per_step[run])
+        axes.plot(steps, [per_step[run][s] for s in steps], marker="o", label=run)
+    axes.set(xlabel="training step", ylabel=ylabel, title=title)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
 
 
 def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]], stem: Path) -> list[Path]:
