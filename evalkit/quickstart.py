@@ -9,9 +9,8 @@
                 recipe's shipped runs (checkpoints/<recipe>/, trained to the end by `evalkit train`
                 on this kind of CPU); the quickstart trains short runs of its own only with --train
                 or when the recipe ships none (those score 0: shown as trained, not as a result)
-    4. ppl      perplexity of the same checkpoints at the same lengths (built-in prose, PPL_DOCS
-                documents): the paper's Figure 4, RULER and perplexity per checkpoint, and
-                whether RULER's swing between a run's last two checkpoints is beyond its noise
+    4. ppl      perplexity of the same checkpoints at the same lengths: the paper's Figure 4 (RULER and
+                perplexity per checkpoint; is RULER's swing between a run's last two beyond noise?)
     5. general  the offline fixture tasks of tasks/ (only with --general)
     6. board    leaderboard.md, plots and claims.md from the stored results
 
@@ -458,8 +457,7 @@ def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
 
 def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
     """The paper's Figure 4: each checkpoint's RULER task average and perplexity per length (a table,
-    and a plot of both against the step), and whether RULER's swing between a run's last two
-    checkpoints exceeds its noise."""
+    a plot of both against the step), and whether RULER's swing between checkpoints exceeds its noise."""
     from evalkit.lengths import length_label
     from evalkit.markdown import markdown_table
     from evalkit.results.leaderboard import checkpoint_means
@@ -480,16 +478,12 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
     def cell(means: dict, key: tuple, digits: int) -> str:
         return f"{means[key][0]:.{digits}f}" if key in means else "–"
 
+    columns = [(name, means, digits, n) for name, means, digits in (("RULER", ruler_means, 2), ("ppl", ppl_means, 3))
+               for n in lengths]  # fmt: skip
+    header = ["run", "step", *(f"{name} {length_label(n)}" for name, _, _, n in columns)]
     table = [
-        [run, step, *(cell(ruler_means, (run, step, n), 2) for n in lengths)]
-        + [cell(ppl_means, (run, step, n), 3) for n in lengths]
+        [run, step, *(cell(means, (run, step, n), digits) for _, means, digits, n in columns)]
         for run, step in sorted({(run, step) for run, step, _ in [*ruler_means, *ppl_means]})
-    ]
-    header = [
-        "run",
-        "step",
-        *(f"RULER {length_label(n)}" for n in lengths),
-        *(f"ppl {length_label(n)}" for n in lengths),
     ]
     plot = ruler_and_ppl_vs_step(checkpoint_means(ruler), checkpoint_means(ppl), out / "plots" / "ruler-ppl-vs-step")
     return [
@@ -504,9 +498,8 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
 
 
 def swing_verdicts(ruler_dir: Path) -> list[str]:
-    """Each run's last checkpoint against the one before it, as two series over the same samples
-    (`evalkit compare`: the paired difference of the task average per length, its 95% interval and
-    Holm-adjusted test): a line saying whether the swing is beyond noise."""
+    """Each run's last checkpoint against the one before, as two series over the same samples (`evalkit
+    compare`: the task average's difference per length, 95% interval, Holm): is the swing beyond noise?"""
     from dataclasses import replace
 
     from evalkit.results.compare import compare, significant
