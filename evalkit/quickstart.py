@@ -1,4 +1,4 @@
-"""`evalkit quickstart`: the paper's three claims, measured on a CPU in a few minutes, offline.
+"""`evalkit quickstart`: the paper's claims, measured on a CPU in a few minutes, offline.
 
     1. probe    BF16 breaks RoPE (the paper's Figure 1): `probe tokens` in BF16 and FP32 on the
                 real pretrained model (SmolLM2-135M) when it is installed, else on the shipped

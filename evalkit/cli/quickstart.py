@@ -47,7 +47,7 @@ def quickstart_command(
     ),
     bench_seq: int = typer.Option(4096, "--bench-seq", help="Window length of that timing, in tokens."),
 ) -> None:
-    """The paper's three claims on a CPU: the BF16 probe, training-step cost, RULER per paradigm."""
+    """The paper's claims on a CPU: the BF16 probe, training-step cost, RULER per paradigm, RULER beside perplexity."""
     from evalkit.attention import Paradigm
     from evalkit.quickstart import QuickstartPlan, run_quickstart
 
