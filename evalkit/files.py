@@ -397,3 +397,16 @@ def written_by_evalkit(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
+
+
+def write_figure(figure: Any, stem: Path) -> list[Path]:
+    """A matplotlib figure as stem.png (150 dpi) and stem.svg, each written atomically."""
+    import io
+
+    png, svg = io.BytesIO(), io.StringIO()
+    figure.tight_layout()
+    figure.savefig(png, format="png", dpi=150)
+    figure.savefig(svg, format="svg")
+    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
+    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
+    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]

@@ -38,7 +38,7 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import atomic_write_bytes, atomic_write_text, check_output_dir
+from evalkit.files import check_output_dir, write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -445,7 +445,6 @@ def checkpoint_table(rows: list[ResultRow]) -> str:
 def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     """Loss against position (the bucket's middle, log scale), one line per checkpoint at its longest
     length, as the leaderboard's plots are drawn (evalkit.results.plots: Agg, PNG and SVG)."""
-    import io
 
     import matplotlib
 
@@ -465,14 +464,9 @@ def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     axes.set(xlabel="token position", ylabel="mean loss (nats)", title="Loss against position")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    png, svg = io.BytesIO(), io.StringIO()
-    figure.tight_layout()
-    figure.savefig(png, format="png", dpi=150)
-    figure.savefig(svg, format="svg")
+    paths = write_figure(figure, stem)
     plt.close(figure)
-    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
-    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
-    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    return paths
 
 
 def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
@@ -141,7 +140,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from evalkit.files import atomic_write_bytes, atomic_write_text
+    from evalkit.files import write_figure
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))
@@ -162,11 +161,6 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",
              title="Difference with its 95% interval (hierarchical bootstrap)")  # fmt: skip
     axes.legend(fontsize=7)
-    png, svg = io.BytesIO(), io.StringIO()
-    figure.tight_layout()
-    figure.savefig(png, format="png", dpi=150)
-    figure.savefig(svg, format="svg")
+    paths = write_figure(figure, stem)
     plt.close(figure)
-    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
-    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
-    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    return paths

@@ -5,22 +5,11 @@ Each takes the values the leaderboard's tables computed (evalkit.results.leaderb
 
 from __future__ import annotations
 
-import io
 import statistics
 from pathlib import Path
 
-from evalkit.files import atomic_write_bytes, atomic_write_text
+from evalkit.files import write_figure
 from evalkit.lengths import length_label
-
-
-def _save(figure, stem: Path) -> list[Path]:
-    png, svg = io.BytesIO(), io.StringIO()
-    figure.tight_layout()
-    figure.savefig(png, format="png", dpi=150)
-    figure.savefig(svg, format="svg")
-    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
-    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
-    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]
 
 
 def _pyplot():
@@ -61,7 +50,7 @@ def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Pat
     )
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    paths = _save(figure, stem)
+    paths = write_figure(figure, stem)
     plt.close(figure)
     return paths
 
@@ -73,7 +62,7 @@ def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Pat
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     _by_step(axes, per_step, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     axes.set(ylim=(-2, 102))
-    paths = _save(figure, stem)
+    paths = write_figure(figure, stem)
     plt.close(figure)
     return paths
 
@@ -86,7 +75,7 @@ def ruler_and_ppl_vs_step(
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     _by_step(left, ruler, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     _by_step(right, ppl, "perplexity (mean over lengths)", "Perplexity across a run's checkpoints")
-    paths = _save(figure, stem)
+    paths = write_figure(figure, stem)
     plt.close(figure)
     return paths
 
@@ -122,6 +111,6 @@ def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]]
     axes.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, fontsize=7)
     axes.set(ylabel="score", title="General tasks (mean over checkpoints; whiskers: stderr)")
     axes.legend(fontsize=8)
-    paths = _save(figure, stem)
+    paths = write_figure(figure, stem)
     plt.close(figure)
     return paths
