@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit.files import LOCK_NAME
@@ -71,3 +73,37 @@ def _refuse_writes_under_results(event: str, args: tuple) -> None:
 
 def _under_a_results_directory(path: Path) -> bool:
     return any((parent / LOCK_NAME).is_file() for parent in path.absolute().parents)
+
+
+@dataclass(frozen=True)
+class HoldSecondChunkOnce:
+    """An engine opener for the Ray tests that catch a worker mid-unit: the engine it opens answers
+    its first `generate` call (a unit's first chunk), then holds its second until the file
+    `release` exists, on the first worker only (it leaves `held`; a retried worker finds it and
+    does not wait). Without it the second chunk may end before the driver has written the first.
+    Picklable: the workers import it from tests/."""
+
+    held: str
+    release: str
+
+    def __call__(self, name: str, path: Path, **settings):
+        from evalkit.engines import get_engine
+
+        return _HeldEngine(get_engine(name, path, **settings), self)
+
+
+class _HeldEngine:
+    def __init__(self, engine, hold: HoldSecondChunkOnce) -> None:
+        self._engine, self._hold, self._calls = engine, hold, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def generate(self, *args, **kwargs):
+        self._calls += 1
+        if self._calls == 2 and not Path(self._hold.held).exists():
+            Path(self._hold.held).touch()
+            deadline = time.monotonic() + 600
+            while not Path(self._hold.release).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return self._engine.generate(*args, **kwargs)

@@ -17,9 +17,11 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.files import LOCK_NAME
-from evalkit.ruler.runner import run_ruler
+from evalkit.ruler.runner import RulerBenchmark, run_ruler
+from evalkit.sweep.pipeline import run_benchmark
 from tests.sweep.helpers import (
     SHIPPED,
+    HoldSecondChunkOnce,
     forbid_writes_under_results,
     outputs_of,
     run_cli,
@@ -124,7 +126,8 @@ def _group_workers():
 @dataclass
 class _MidUnit:
     """A Ray sweep of one 40-sample unit (two chunks, 32 then 8) running in a thread, returned
-    once its first chunk is durable: the caller acts on the group's one worker."""
+    once its first chunk is durable, its worker held before the second (HoldSecondChunkOnce): the
+    caller acts on the group's one worker."""
 
     refs: list
     settings: object
@@ -133,6 +136,7 @@ class _MidUnit:
     lines: list[str]
     failure: list[BaseException]
     worker: object  # psutil.Process of the group's worker
+    release: Path  # created: the held worker goes on to its second chunk
 
 
 def _sweep_until_the_first_chunk(tmp_path: Path) -> _MidUnit:
@@ -142,21 +146,24 @@ def _sweep_until_the_first_chunk(tmp_path: Path) -> _MidUnit:
     lines: list[str] = []
     failure: list[BaseException] = []
 
+    hold = HoldSecondChunkOnce(held=str(tmp_path / "held"), release=str(tmp_path / "release"))
+
     def drive():
         try:
-            run_ruler(refs, settings, tmp_path / "ray", executor=executor(), log=lines.append)
+            run_benchmark(RulerBenchmark(settings), refs, tmp_path / "ray", executor=executor(), log=lines.append,
+                          open_engine=hold)  # fmt: skip
         except BaseException as err:  # noqa: BLE001 - raised again in the test's thread
             failure.append(err)
 
     driver = threading.Thread(target=drive)
     driver.start()
     deadline = time.monotonic() + 240
-    while not (log_path.is_file() and log_path.read_text().count("\n") >= 32):
+    while not (log_path.is_file() and log_path.read_text().count("\n") >= 32 and Path(hold.held).exists()):
         assert time.monotonic() < deadline and driver.is_alive(), (failure, lines)
         time.sleep(0.02)
     victims = _group_workers()
     assert len(victims) == 1
-    return _MidUnit(refs, settings, log_path, driver, lines, failure, victims[0])
+    return _MidUnit(refs, settings, log_path, driver, lines, failure, victims[0], Path(hold.release))
 
 
 def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster, tmp_path):
@@ -208,6 +215,7 @@ def test_a_paused_worker_writes_nothing_and_its_group_ends_once_when_it_goes_on(
         assert driver.is_alive() and log_path.read_text().count("\n") == paused_at
     finally:
         os.kill(paused.pid, signal.SIGCONT)
+        sweep.release.touch()
     driver.join(timeout=300)
     assert not sweep.failure and not driver.is_alive(), (sweep.failure, sweep.lines)
     assert paused_at == 32  # paused mid-unit: its second chunk not yet written
