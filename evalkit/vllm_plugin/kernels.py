@@ -53,16 +53,11 @@ def anchor_document_ids(anchor_length: int, document_lengths: Sequence[int]) -> 
     return torch.repeat_interleave(torch.arange(len(lengths)), lengths) + ANCHOR_DOC_ID
 
 
-def paged_slots(block_table_row: torch.Tensor, length: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block, offset) [L] of positions 0..length-1 of one request."""
-    positions = torch.arange(length, device=block_table_row.device)
-    return block_table_row[positions // block_size].long(), positions % block_size
-
-
 def gather_paged(cache_NBHD: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one request from a paged cache: [L, Hkv, D] (a copy)."""
-    blocks, offsets = paged_slots(block_table_row.to(cache_NBHD.device), length, cache_NBHD.shape[1])
-    return cache_NBHD[blocks, offsets]
+    positions = torch.arange(length, device=cache_NBHD.device)
+    block_size = cache_NBHD.shape[1]
+    return cache_NBHD[block_table_row.to(cache_NBHD.device)[positions // block_size].long(), positions % block_size]
 
 
 # ----------------------------------------------------------------------------- flex
@@ -322,26 +317,3 @@ def anchor_attention(
     else:
         out = document_attention(q, k, v, doc_ids_L, scale=scale, impl=name)
     return out[0].transpose(0, 1)
-
-
-def anchor_prefill_paged(
-    query_QHD: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table_row: torch.Tensor,
-    doc_ids_L: torch.Tensor,
-    *,
-    scale: float,
-    impl: str = "auto",
-    block_mask=None,
-) -> torch.Tensor:
-    """Anchor-mode attention of one request's document queries, keys read from a paged cache.
-
-    query_QHD: the request's queries of this step (its positions L-Q .. L-1), already rotated;
-    key_cache/value_cache [NB, BS, Hkv, D] with every position 0..L-1 written; block_table_row:
-    the request's blocks; doc_ids_L: the documents of positions 0..L-1. Returns [Q, Hq, D].
-    """
-    length = doc_ids_L.numel()
-    key = gather_paged(key_cache, block_table_row, length)
-    value = gather_paged(value_cache, block_table_row, length)
-    return anchor_attention(query_QHD, key, value, doc_ids_L, scale=scale, impl=impl, block_mask=block_mask)
