@@ -47,7 +47,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,6 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
 
 @dataclass
 class _PrefilledRow:
@@ -108,11 +105,9 @@ class _DecodeState:
         return _DecodeState(self.cache, self.attention_mask[index], self.next_positions[index], self.logits[index])
 
 
+@functools.cache
 def _growing_layer_class():
     """A DynamicLayer whose K/V live in a buffer with room to grow (built lazily: transformers is imported late)."""
-    global _GrowingLayer
-    if _GrowingLayer is not None:
-        return _GrowingLayer
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -153,11 +148,7 @@ def _growing_layer_class():
             self._keys, self._values = self._keys[indices], self._values[indices]
             self._views()
 
-    _GrowingLayer = GrowingLayer
     return GrowingLayer
-
-
-_GrowingLayer = None
 
 
 class _StopWatcher:
@@ -502,18 +493,10 @@ class HFEngine(PackedEngine):
             n = layout.num_document_tokens
             input_ids[row, :n] = torch.tensor(layout.input_ids[:n])
             doc_ids[row, :n] = torch.tensor(layout.doc_ids)
-        position_ids = torch.arange(width).expand(len(layouts), -1)  # continuous, the anchor at 0
+        position_ids = torch.arange(width, device=self.device).expand(len(layouts), -1)  # continuous, the anchor at 0
+        options = {"cache": cache, "doc_ids": doc_ids.to(self.device), "window_anchor": self.window_anchor}
         with self._attention_implementation(self.packed_attention):
-            device = self.device
-            doc_ids = doc_ids.to(device)
-            self._forward(
-                input_ids.to(device),
-                None,
-                position_ids.to(device),
-                cache=cache,
-                doc_ids=doc_ids,
-                window_anchor=self.window_anchor,
-            )
+            self._forward(input_ids.to(self.device), None, position_ids, **options)
 
     @contextmanager
     def _attention_implementation(self, name: str) -> Iterator[None]:
