@@ -117,10 +117,6 @@ class Engine(ABC):
         """len(encode(prompt)): what RULER sizes its samples with."""
         return len(self.encode(prompt))
 
-    def fits(self, prompt: Prompt, max_new_tokens: int) -> bool:
-        """Whether `prompt` plus `max_new_tokens` generated tokens fits the window."""
-        return self.count_tokens(prompt) + max_new_tokens <= self.max_length
-
     def generate(
         self,
         prompts: Sequence[Prompt],
