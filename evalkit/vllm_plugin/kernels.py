@@ -140,15 +140,6 @@ def anchor_block_mask(
     )
 
 
-def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask):
-    block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, q_1HQD.shape[2])
-    gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
-    function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
-    return call_flex(
-        function, q_1HQD.device, q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
-    )
-
-
 # ----------------------------------------------------------------------------- compiled up front
 
 # torch's CUDA lowering of FlexAttention (torch/_inductor/kernel/flex/flex_decoding.py,
@@ -250,7 +241,13 @@ def warm_up_anchor_flex(
         return
     raise_recompile_limit(SERVING_RECOMPILE_LIMIT)
     with _as_vllm_serves():
-        _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device)
+        for num_queries, length in warm_up_shapes((num_heads, num_kv_heads, head_size)):
+            documents = [n for n in (length // 3, length - 1 - length // 3) if n > 0]
+            doc_ids = anchor_document_ids(1, documents).to(device)
+            query = torch.zeros(num_queries, num_heads, head_size, dtype=dtype, device=device)
+            key_value = torch.zeros(length, num_kv_heads, head_size, dtype=dtype, device=device)
+            block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)  # as plan_document_queries does
+            anchor_attention(query, key_value, key_value, doc_ids, scale=scale, impl="flex", block_mask=block_mask)
     _warmed_up.add(key)
 
 
@@ -274,16 +271,6 @@ def _as_vllm_serves():
         torch.set_default_dtype(previous)
         for mode in modes:
             _push_mode(mode)
-
-
-def _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device) -> None:
-    for num_queries, length in warm_up_shapes((num_heads, num_kv_heads, head_size)):
-        documents = [n for n in (length // 3, length - 1 - length // 3) if n > 0]
-        doc_ids = anchor_document_ids(1, documents).to(device)
-        query = torch.zeros(num_queries, num_heads, head_size, dtype=dtype, device=device)
-        key_value = torch.zeros(length, num_kv_heads, head_size, dtype=dtype, device=device)
-        block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)  # as plan_document_queries builds it
-        anchor_attention(query, key_value, key_value, doc_ids, scale=scale, impl="flex", block_mask=block_mask)
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -313,7 +300,10 @@ def anchor_attention(
     q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query_QHD, key_LHD, value_LHD))  # [1, H, S, D]
     doc_ids_L = doc_ids_L.to(query_QHD.device)
     if name == "flex":
-        out = _flex_anchor_attention(q, k, v, doc_ids_L, scale, block_mask)
+        block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, num_queries)
+        function = flex_attention_function(q.device, dynamic=True, variant=flex_variant(q, "anchor"))
+        gqa = q.shape[1] != k.shape[1]
+        out = call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     else:
         out = document_attention(q, k, v, doc_ids_L, scale=scale, impl=name)
     return out[0].transpose(0, 1)
