@@ -245,7 +245,7 @@ class HFEngine(PackedEngine):
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
         self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
-        self._eos_ids = _eos_token_ids(self.tokenizer, self.model)
+        self._eos_ids = tok.end_of_generation_ids(self.tokenizer, self.model.config, self.model_path)
         self._pad_id = _pad_token_id(self.tokenizer)
         # transformers renamed the model's `past_key_values` argument to `cache` during 5.x.
         forward_parameters = inspect.signature(self.model.forward).parameters
@@ -669,14 +669,6 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
         model.set_attn_implementation(register_grouped_sdpa())
     return model.eval()
-
-
-def _eos_token_ids(tokenizer, model) -> set[int]:
-    """Every id that ends a generation: the tokenizer's EOS and those of the generation/model config."""
-    from evalkit.engines.tokens import end_of_generation_ids
-
-    configs = [model.config, getattr(model, "generation_config", None)]
-    return end_of_generation_ids(tokenizer.eos_token_id, *(getattr(c, "eos_token_id", None) for c in configs if c))
 
 
 def _pad_token_id(tokenizer) -> int:

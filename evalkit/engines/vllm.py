@@ -32,7 +32,6 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.metadata
-import json
 import math
 import os
 import re
@@ -374,7 +373,7 @@ class VLLMEngine(PackedEngine):
         if packed:
             check_window_anchor(self.model_path, config, self.max_length)
             _check_packed_support(config, self.dtype, self.device, self.max_length)
-        self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
+        self._eos_ids = tok.end_of_generation_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
         self._options = self._llm_options(
@@ -738,17 +737,6 @@ def _check_packed_support(config, dtype: str, device: str, max_length: int) -> N
             f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
             "plain requests can (packed=False)"
         )
-
-
-def _eos_token_ids(tokenizer, config, path: Path) -> set[int]:
-    """Every id that ends a generation, as the hf engine collects them: tokenizer, config, generation config."""
-    values = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
-    generation_config = path / "generation_config.json"
-    if generation_config.is_file():
-        values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
-    from evalkit.engines.tokens import end_of_generation_ids
-
-    return end_of_generation_ids(*values)
 
 
 def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float:
