@@ -59,7 +59,13 @@ from evalkit.attention.features import check_attention_supported, layer_windows,
 from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
+from evalkit.engines.base import (
+    PackedEngine,
+    PackedRequest,
+    check_at_least_one,
+    check_max_new_tokens,
+    context_window,
+)
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
 from evalkit.models.precision import check_dtype, default_dtype, resolve_device, torch_dtype
@@ -229,13 +235,7 @@ class HFEngine(PackedEngine):
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
         self.dtype = check_dtype(dtype or default_dtype(str(self.device)))
-        _check_settings(
-            batch_size=batch_size,
-            attention=attention,
-            packed_attention=packed_attention,
-            prefill=prefill,
-            threads=threads,
-        )
+        register_hf_attention()  # evalkit's implementations, which packed_attention names
         self.batch_size = batch_size
         self.threads = threads
         self.attention = attention
@@ -272,7 +272,17 @@ class HFEngine(PackedEngine):
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
-        _check_settings(**{key: settings[key] for key in _CHECKED_SETTINGS if settings.get(key) is not None})
+        check_at_least_one(settings, "batch_size")
+        attention, packed_attention, prefill = (
+            settings.get(key) for key in ("attention", "packed_attention", "prefill")
+        )
+        if attention is not None:
+            _check_plain_attention(attention)
+        if packed_attention is not None and packed_attention not in HF_NAMES:
+            raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
+        if prefill is not None and prefill not in PREFILL_MODES:
+            raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
+        check_at_least_one(settings, "threads")
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -602,32 +612,6 @@ class HFEngine(PackedEngine):
 # ---------------------------------------------------------------------- loading
 
 
-_CHECKED_SETTINGS = ("batch_size", "attention", "packed_attention", "prefill", "threads")
-
-
-def _check_settings(
-    *,
-    batch_size: int | None = None,
-    attention: str | None = None,
-    packed_attention: str | None = None,
-    prefill: str | None = None,
-    threads: int | None = None,
-) -> None:
-    """The settings a checkpoint has no say in (None: not given), refused with one line: once before
-    a sweep (HFEngine.check_settings) and again by each engine built."""
-    if batch_size is not None and batch_size < 1:
-        raise UserError(f"batch_size must be at least 1, got {batch_size}")
-    register_hf_attention()
-    if attention is not None:
-        _check_plain_attention(attention)
-    if packed_attention is not None and packed_attention not in HF_NAMES:
-        raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
-    if prefill is not None and prefill not in PREFILL_MODES:
-        raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
-    if threads is not None and threads < 1:
-        raise UserError(f"threads must be at least 1, got {threads}")
-
-
 def _check_plain_attention(attention: str) -> None:
     """transformers' own names (eager and its attention registry's), but evalkit's: those take no padding mask."""
     if attention in HF_NAMES:
@@ -671,17 +655,17 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     return model.eval()
 
 
-def _pad_token_id(tokenizer) -> int:
-    """Any valid id will do: padded slots are masked out, never attended to."""
-    return int(next(value for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if value is not None))
-
-
 def _has_plain_cache(cache) -> bool:
     """Whether every layer's cache is plain full attention: K/V of every position, nothing else kept."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _pad_token_id(tokenizer) -> int:
+    """Any valid id will do: padded slots are masked out, never attended to."""
+    return int(next(value for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if value is not None))
 
 
 def _shared_prefix_length(a: list[int], b: list[int]) -> int:

@@ -49,7 +49,7 @@ import torch
 from evalkit.attention.anchor import anchor_record
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
+from evalkit.engines.base import PackedEngine, PackedRequest, check_at_least_one, check_max_new_tokens, context_window
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
@@ -346,13 +346,6 @@ class VLLMEngine(PackedEngine):
         packed: bool = False,
     ) -> None:
         _check_plugin_installed()
-        _check_settings(
-            batch_size=batch_size,
-            tensor_parallel_size=tensor_parallel_size,
-            data_parallel_size=data_parallel_size,
-            rope=rope,
-            position_shift=position_shift,
-        )
         self.model_path = checkpoint_directory(model_path, "the vllm engine")
         # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
         # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
@@ -400,7 +393,12 @@ class VLLMEngine(PackedEngine):
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
-        _check_settings(**{key: settings[key] for key in _CHECKED_SETTINGS if settings.get(key) is not None})
+        check_at_least_one(settings, "batch_size", "tensor_parallel_size", "data_parallel_size")
+        rope, position_shift = settings.get("rope"), settings.get("position_shift")
+        if rope is not None and rope not in ROPE_VARIANTS:
+            raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
+        if position_shift is not None and position_shift < 0:
+            raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
     # ------------------------------------------------------------------ start-up
 
@@ -640,21 +638,6 @@ def _continuation_score(answer: _Answer, context_length: int, continuation: list
         greedy = greedy and rank == 1
     total += answer.first_step[continuation[-1]]
     return total, greedy and answer.token_ids[:1] == continuation[-1:]
-
-
-_CHECKED_SETTINGS = ("batch_size", "tensor_parallel_size", "data_parallel_size", "rope", "position_shift")
-
-
-def _check_settings(rope: str | None = None, position_shift: int | None = None, **counts: int) -> None:
-    """The settings a checkpoint has no say in (None: not given), refused with one line: once before a
-    sweep (VLLMEngine.check_settings) and again by each engine built."""
-    for name, value in counts.items():
-        if value < 1:
-            raise UserError(f"{name} must be at least 1, got {value}")
-    if rope is not None and rope not in ROPE_VARIANTS:
-        raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
-    if position_shift is not None and position_shift < 0:
-        raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
 
 def _check_plugin_installed() -> None:
