@@ -365,7 +365,12 @@ class VLLMEngine(PackedEngine):
         self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
         if packed:
             check_window_anchor(self.model_path, config, self.max_length)
-            _check_packed_support(config, self.dtype, self.device, self.max_length)
+            problems = packed_support_problems(config, self.dtype, self.device, self.max_length)
+            if problems:
+                raise UserError(
+                    f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
+                    "plain requests can (packed=False)"
+                )
         self._eos_ids = tok.end_of_generation_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
@@ -488,6 +493,7 @@ class VLLMEngine(PackedEngine):
         import transformers
         import vllm
 
+        kernel = "flex" if self.device == "cuda" else "blocked"  # of the packed backend (vllm_plugin.kernels)
         return {
             "engine": self.name,
             "model_path": str(self.model_path),
@@ -501,7 +507,7 @@ class VLLMEngine(PackedEngine):
             "attention_backend": self._facts["attention_backend"],
             "model_runner": "V2" if self._facts["use_v2_model_runner"] else "V1",
             "packed": self.packed,
-            "packed_attention": self._packed_attention(),
+            "packed_attention": f"evalkit anchor ({kernel})" if self.packed else None,
             "rope": self.rope,
             "position_shift": self.position_shift,
             "enforce_eager": self._facts["enforce_eager"],
@@ -514,11 +520,6 @@ class VLLMEngine(PackedEngine):
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }
-
-    def _packed_attention(self) -> str | None:
-        if not self.packed:
-            return None
-        return "evalkit anchor (flex)" if self.device == "cuda" else "evalkit anchor (blocked)"
 
     def _check_packed(self) -> None:
         if not self.packed:
@@ -600,11 +601,6 @@ class VLLMEngine(PackedEngine):
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
-        """Float32 [N, vocab] next-token log-probabilities after each request's last question token.
-
-        vLLM returns log-softmax values, not raw logits; the hf engine returns the same (its logits
-        log-softmaxed), so the two compare directly.
-        """
         self._check_packed()
         prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(1, logprobs=-1, extra_args=extra))
         rows = []
@@ -710,15 +706,6 @@ def check_window_anchor(model_path: Path, config, max_length: int) -> None:
         raise UserError(
             f"{model_path} was trained with model.window_anchor=sink (the anchor visible beyond its "
             f"{min(windows)}-token window), a reading the vllm engine does not serve; use --engine hf"
-        )
-
-
-def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:
-    problems = packed_support_problems(config, dtype, device, max_length)
-    if problems:
-        raise UserError(
-            f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
-            "plain requests can (packed=False)"
         )
 
 
