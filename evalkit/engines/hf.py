@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,10 @@ class HFEngine(PackedEngine):
         self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
         self._eos_ids = tok.end_of_generation_ids(self.tokenizer, self.model.config, self.model_path)
-        self._pad_id = _pad_token_id(self.tokenizer)
+        # Any valid id will do: padded slots are masked out, never attended to.
+        self._pad_id = next(
+            int(v) for v in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0) if v is not None
+        )
         # transformers renamed the model's `past_key_values` argument to `cache` during 5.x.
         forward_parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
@@ -411,7 +415,7 @@ class HFEngine(PackedEngine):
         """Logits [1, logits_to_keep, V] of `ids` alone, unpadded, with the K/V of the prefix it shares
         with `last` taken from it (the last `logits_to_keep` tokens are always fed); and `ids` as the
         new last row."""
-        reused = min(_shared_prefix_length(last.ids, ids), len(ids) - logits_to_keep)
+        reused = min(len(os.path.commonprefix([last.ids, ids])), len(ids) - logits_to_keep)
         cache = self._new_cache()
         for layer, (keys, values) in zip(cache.layers, last.keys_values if reused else []):
             layer.update(keys[:, :, :reused], values[:, :, :reused])
@@ -465,16 +469,13 @@ class HFEngine(PackedEngine):
             return [[i] for batch in batches for i in batch]
         return batches
 
-    @contextmanager
-    def _packed_reading(self) -> Iterator[None]:
+    def _packed_reading(self) -> AbstractContextManager:
         """Under the sink reading on a windowed model, the question and decoded tokens see the anchor
         beyond the window too (attention.hf.register_anchor_sink_sdpa, over a cache that keeps it);
         the documents get it from evalkit's attention (window_anchor, _prefill_documents)."""
         if not self._sink_beyond_windows:
-            yield
-            return
-        with self._attention_implementation(register_anchor_sink_sdpa()):
-            yield
+            return nullcontext()
+        return self._attention_implementation(register_anchor_sink_sdpa())
 
     def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:
         """Documents under document attention, then the question under causal attention over all of them."""
@@ -540,7 +541,10 @@ class HFEngine(PackedEngine):
                 state = state.select(continuing)
                 next_tokens = next_tokens[continuing]
                 active = [active[row] for row in continuing]
-            state = self._decode_step(state, next_tokens)
+            attention_mask = torch.cat([state.attention_mask, torch.ones_like(state.attention_mask[:, :1])], dim=1)
+            positions = state.next_positions
+            logits = self._forward(next_tokens[:, None], attention_mask, positions[:, None], cache=state.cache)[:, -1]
+            state = _DecodeState(state.cache, attention_mask, positions + 1, logits)
         self.stats.new_tokens += sum(len(tokens) for tokens in generated)
         return [tok.cut_at_stop(self._decode(tokens), stop) for tokens in generated]
 
@@ -552,13 +556,6 @@ class HFEngine(PackedEngine):
         for i, layer in enumerate(getattr(cache, "layers", [])):
             if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None and layer.keys.numel():
                 cache.layers[i] = growing(layer.keys, layer.values, room)
-
-    def _decode_step(self, state: _DecodeState, next_tokens: torch.Tensor) -> _DecodeState:
-        ones = torch.ones_like(state.attention_mask[:, :1])
-        attention_mask = torch.cat([state.attention_mask, ones], dim=1)
-        positions = state.next_positions
-        logits = self._forward(next_tokens[:, None], attention_mask, positions[:, None], cache=state.cache)[:, -1]
-        return _DecodeState(state.cache, attention_mask, positions + 1, logits)
 
     def _forward(
         self,
@@ -661,16 +658,6 @@ def _has_plain_cache(cache) -> bool:
 
     layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _pad_token_id(tokenizer) -> int:
-    """Any valid id will do: padded slots are masked out, never attended to."""
-    return int(next(value for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if value is not None))
-
-
-def _shared_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
