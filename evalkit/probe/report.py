@@ -13,11 +13,10 @@ The observations read the rows summed over all layers; a model with more than on
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from evalkit.files import atomic_write_bytes, atomic_write_text
+from evalkit.files import write_figure
 from evalkit.markdown import markdown_table
 from evalkit.store.provenance import provenance_lines
 
@@ -406,15 +405,6 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
 # ---- plots ---------------------------------------------------------------------------------------
 
 
-def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
-    FigureCanvasAgg(figure)  # the Agg backend, without touching pyplot's global state
-    return figure, figure.add_subplot()
-
-
 def _style(row: Row, rows: list[Row]) -> dict:
     """One colour per (condition, dtype), one line style per RoPE variant: overlapping series stay visible."""
     pairs = list(dict.fromkeys((r["condition"], r["dtype"]) for r in rows))
@@ -499,17 +489,12 @@ def _plot_length(axes, rows: list[Row]) -> None:
 
 def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:
     """The kind's panel of the paper's Figure 1 as `stem`.png and `stem`.svg; returns their paths."""
-    figure, axes = _figure()
+    from evalkit.results.plots import new_figure
+
+    figure, axes = new_figure(7, 4.5)
     rows = over_all_layers(rows)
     {"shift": _plot_shift, "tokens": _plot_tokens, "length": _plot_length}[kind](axes, rows)
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=7, handlelength=3)  # long enough to show the dashes of rope=fp32
     axes.grid(True, which="both", alpha=0.3)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    png, svg = io.BytesIO(), io.StringIO()
-    figure.savefig(png, format="png", dpi=150)
-    figure.savefig(svg, format="svg")
-    png_path, svg_path = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    atomic_write_bytes(png_path, png.getvalue())
-    atomic_write_text(svg_path, svg.getvalue())
-    return [png_path, svg_path]
+    return write_figure(figure, stem)

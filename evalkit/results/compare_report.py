@@ -135,14 +135,10 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     """The task average's B − A against length, with its 95% interval, one line per pair."""
     if not comparison.averages:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from evalkit.files import write_figure
+    from evalkit.results.plots import new_figure
 
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure, axes = new_figure()
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))
     for offset, (a, b) in enumerate(pairs):
         entries = sorted(
@@ -161,6 +157,4 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",
              title="Difference with its 95% interval (hierarchical bootstrap)")  # fmt: skip
     axes.legend(fontsize=7)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)

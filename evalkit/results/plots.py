@@ -12,20 +12,19 @@ from evalkit.files import write_figure
 from evalkit.lengths import length_label
 
 
-def _pyplot():
-    import matplotlib
+def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
+    """A figure and its axes (one per column): matplotlib's Figure rather than pyplot's, so no
+    global state is touched, no backend chosen and nothing needs closing (savefig picks Agg/SVG)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    figure = Figure(figsize=(width, height))
+    return figure, figure.subplots(1, columns)
 
 
 def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Path) -> list[Path]:
     """One line per run: the checkpoint mean at each length, the band one std either side
     (`cells`: (run, length) -> (mean, std) over the run's checkpoints)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure, axes = new_figure()
     for run in sorted({run for run, _ in cells}):
         lengths = sorted(n for r, n in cells if r == run)
         means = [cells[(run, n)][0] for n in lengths]
@@ -50,34 +49,26 @@ def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Pat
     )
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Path]:
     """The paper's Fig. 4 view: each checkpoint's RULER average (over lengths) against its step
     (`per_step`: run -> step -> that average)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure, axes = new_figure()
     _by_step(axes, per_step, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     axes.set(ylim=(-2, 102))
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def ruler_and_ppl_vs_step(
     ruler: dict[str, dict[int, float]], ppl: dict[str, dict[int, float]], stem: Path
 ) -> list[Path]:
     """Fig. 4 whole: RULER's average (left) and perplexity (right) against the step, one line per run."""
-    plt = _pyplot()
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (left, right) = new_figure(11, columns=2)
     _by_step(left, ruler, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     _by_step(right, ppl, "perplexity (mean over lengths)", "Perplexity across a run's checkpoints")
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: str) -> None:
@@ -92,10 +83,9 @@ def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: st
 def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]], stem: Path) -> list[Path]:
     """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers
     (`values`: (run, column) -> each checkpoint's (value, stderr))."""
-    plt = _pyplot()
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
-    figure, axes = plt.subplots(figsize=(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2), 4.2))
+    figure, axes = new_figure(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2))
     width = 0.8 / max(1, len(runs))
     for i, run in enumerate(runs):
         xs, heights, errors = [], [], []
@@ -111,6 +101,4 @@ def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]]
     axes.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, fontsize=7)
     axes.set(ylabel="score", title="General tasks (mean over checkpoints; whiskers: stderr)")
     axes.legend(fontsize=8)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
