@@ -8,14 +8,8 @@ effective length (evalkit.results.compare), with its bootstrap interval where th
 logs are there; a second table per task. Runs evaluated with different settings are marked,
 not silently compared. `--format csv|json` writes every stored number as a ResultRow instead.
 
-Every table is computed from the same rows: one score per (run, step, task, length). A
-checkpoint (run, step) may therefore come from one summary only: the same (run, step) in two
-summary files (two results directories given together, or a copy inside one) is refused with
-both files named, whether or not they agree in evalkit version, settings or engine, since
-merging them could only pick one file's scores or average the two, silently. Pass one of the
-directories (or move the other file away). Giving the same file twice (overlapping directories)
-is not a duplicate: each file is read once. A summary whose rows name another checkpoint, or
-hold one (task, length) twice, is refused the same way.
+Every table is computed from the same rows: one score per (run, step, task, length), each
+checkpoint from one summary only (evalkit.results.summaries refuses it in two, naming both).
 """
 
 from __future__ import annotations
@@ -54,7 +48,7 @@ from evalkit.store.result_format import (
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
-ColumnValues = dict[tuple[str, str], list[tuple[float, float | None]]]  # (run, column) -> (value, stderr)s
+ColumnValues = dict[tuple[str, str], tuple[float, float | None]]  # (run, column) -> (mean, mean stderr)
 
 
 @dataclass
@@ -92,16 +86,12 @@ def encoding_series(ruler: list[dict]) -> list[dict]:
                 {
                     **summary,
                     "run": name,
-                    "rows": [_renamed(row, name) for row in rows.get(label, [])],
+                    # its encoding is in the name now, so each row reads as standard
+                    "rows": [replace(r, run=name, encoding=STANDARD, doc_tokens=None) for r in rows.get(label, [])],
                     "skipped": skips.get(label, []),
                 }
             )
     return split
-
-
-def _renamed(row: ResultRow, name: str) -> ResultRow:
-    """A row under its series' name; its encoding is in the name now, so it reads as standard."""
-    return replace(row, run=name, encoding=STANDARD, doc_tokens=None)
 
 
 def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
@@ -302,21 +292,24 @@ def headline_rows(general: list[dict]) -> list[ResultRow]:
     return [row for row in rows if (row.requested or row.task) == row.task and row.value is not None]
 
 
-def general_table(general: list[dict]) -> str:
-    """One row per run (what it was evaluated on, from the checkpoint's meta), one column per
-    task/metric: mean over checkpoints ± stderr (mean of stderrs)."""
-    return benchmark_table(headline_rows(general))
-
-
 def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues:
-    """(run, column) -> each checkpoint's (value, stderr): one column per task/metric (and length)."""
-    values: ColumnValues = defaultdict(list)
+    """(run, column) -> the mean over its checkpoints and the mean of their stderrs (None where none
+    is recorded): one column per task/metric (and length)."""
+    values: dict[tuple[str, str], list[ResultRow]] = defaultdict(list)
     for row in rows:
         if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
             continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.run, column)].append((row.value, row.stderr))
-    return values
+        values[(row.run, column)].append(row)
+    return {
+        key: (statistics.fmean(r.value for r in found), _mean_or_none([r.stderr for r in found]))
+        for key, found in values.items()
+    }
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.fmean(known) if known else None
 
 
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
@@ -336,17 +329,16 @@ def benchmark_table(rows: list[ResultRow]) -> str:
     runs = sorted({r for r, _ in values})
     table = []
     for run in runs:
-        cells = []
-        for column in columns:
-            entries = values.get((run, column))
-            if not entries:
-                cells.append("–")
-                continue
-            mean = statistics.fmean(v for v, _ in entries)
-            errors = [e for _, e in entries if e is not None]
-            cells.append(f"{mean:.4f} ± {statistics.fmean(errors):.4f}" if errors else f"{mean:.4f}")
+        cells = [_mean_cell(values.get((run, column))) for column in columns]
         table.append([run, *described[run], *cells])
     return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
+
+
+def _mean_cell(found: tuple[float, float | None] | None) -> str:
+    if found is None:
+        return "–"
+    mean, error = found
+    return f"{mean:.4f}" if error is None else f"{mean:.4f} ± {error:.4f}"
 
 
 def provenance_notes(summaries: list[dict]) -> str:
@@ -523,7 +515,7 @@ def build_markdown(
             "",
         ]
     if general:
-        parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
+        parts += ["## General tasks (mean over checkpoints ± stderr)", "", benchmark_table(headline_rows(general)), ""]
     for name, summaries in others.items():
         title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), name)  # the benchmark's own
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]

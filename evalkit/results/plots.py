@@ -5,7 +5,6 @@ Each takes the values the leaderboard's tables computed (evalkit.results.leaderb
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from evalkit.files import write_figure
@@ -80,9 +79,9 @@ def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: st
     axes.legend(fontsize=8)
 
 
-def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]], stem: Path) -> list[Path]:
+def general_bars(values: dict[tuple[str, str], tuple[float, float | None]], stem: Path) -> list[Path]:
     """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers
-    (`values`: (run, column) -> each checkpoint's (value, stderr))."""
+    (`values`: (run, column) -> the mean over checkpoints and the mean of their stderrs, or None)."""
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     figure, axes = new_figure(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2))
@@ -90,13 +89,10 @@ def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]]
     for i, run in enumerate(runs):
         xs, heights, errors = [], [], []
         for j, column in enumerate(columns):
-            entries = values.get((run, column))
-            if not entries:
-                continue
-            xs.append(j + i * width)
-            heights.append(statistics.fmean(v for v, _ in entries))
-            errs = [e for _, e in entries if e is not None]
-            errors.append(statistics.fmean(errs) if errs else 0.0)
+            if (run, column) in values:
+                xs.append(j + i * width)
+                heights.append(values[(run, column)][0])
+                errors.append(values[(run, column)][1] or 0.0)
         axes.bar(xs, heights, width=width, yerr=errors, capsize=3, label=run)
     axes.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, fontsize=7)
     axes.set(ylabel="score", title="General tasks (mean over checkpoints; whiskers: stderr)")
