@@ -50,12 +50,6 @@ def special_prefix(tokenizer) -> list[int]:
     return []
 
 
-def _paragraphs(text: str) -> Iterator[str]:
-    for paragraph in text.split("\n\n"):
-        if paragraph.strip():
-            yield paragraph
-
-
 def _read_jsonl_texts(path: Path) -> list[str]:
     texts = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -86,12 +80,11 @@ class TextSource:
             from evalkit.corpus import prose_documents
 
             self._pieces = iter(prose_documents())
-        elif not self.path.is_file():
-            raise UserError(f"texts file {self.path} not found")
         elif self.path.suffix == ".jsonl":
             self._texts = self._tokenise_each(_read_jsonl_texts(self.path))
         else:
-            self._pieces = _paragraphs(self.path.read_text(encoding="utf-8"))
+            paragraphs = self.path.read_text(encoding="utf-8").split("\n\n")
+            self._pieces = (paragraph for paragraph in paragraphs if paragraph.strip())
 
     def describe(self) -> str:
         return "built-in prose (evalkit.corpus)" if self.path is None else str(self.path)
