@@ -546,16 +546,13 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     what was left out goes to `unread` (and into the JSON as "not_read")."""
     import csv
     import io
-    import math
 
     from evalkit.files import atomic_write_json, atomic_write_text
+    from evalkit.results.compare_report import finite
     from evalkit.store.provenance import stamp
 
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
-    rows = [
-        {key: None if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
-        for row in map(export_record, export_rows([d for d in dirs if d.is_dir()], unread))
-    ]
+    rows = [finite(export_record(row)) for row in export_rows([d for d in dirs if d.is_dir()], unread)]
     fields = list(EXPORT_FIELDS)
     if form == "json":
         atomic_write_json(out, {"fields": fields, "rows": rows, "not_read": unread or [], "provenance": stamp()})
