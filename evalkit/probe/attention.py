@@ -64,10 +64,6 @@ class ShiftRecorder:
     first_logit_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
     layer_windows: LayerWindows = field(init=False, default_factory=dict)
 
-    @property
-    def layers_seen(self) -> set[int]:
-        return set(self.layer_windows)
-
     def check_inputs(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, window: int | None = None) -> None:
         if query.shape[0] != self.n_shifted + 1 or query.shape[2] != self.seq_len:
             raise RuntimeError(

@@ -163,17 +163,19 @@ def ahead_by_compare(rows: list[ResultRow], series: dict | None) -> dict[int, se
     one test for both). Nothing without usable per-sample logs: compare could not say either."""
     from evalkit.results.compare import compare, significant
 
-    bold: dict[int, set[str]] = {n: set() for n in leaders(rows)}
+    ahead = leaders(rows)
+    bold: dict[int, set[str]] = {n: set() for n in ahead}
     runs_at = {n: {run for run, at in ruler_cells(rows) if at == n} for n in bold}
-    for leader in sorted({run for found in leaders(rows).values() for run in found}):
-        if series is None or not set().union(*runs_at.values()) <= set(series):
-            continue
-        others = sorted(run for run in set().union(*runs_at.values()) if run != leader)
+    runs = set().union(*runs_at.values())
+    if series is None or not runs <= set(series):
+        return bold
+    for leader in sorted(set().union(*ahead.values())):
+        others = sorted(runs - {leader})
         try:
             found = compare({run: series[run] for run in [leader, *others]}, [leader, *others], baseline=leader, seed=0)
         except UserError:
             continue  # logs compare cannot read alike: no test, no bold
-        for n, candidates in leaders(rows).items():
+        for n, candidates in ahead.items():
             behind = [d for d in found.averages if d.length == n]
             if leader in candidates and len(behind) == len(runs_at[n]) - 1:
                 if all(d.difference < 0 and significant(d) for d in behind):
