@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -233,13 +233,9 @@ def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
 
 def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
     """Runs whose RULER settings differ from the most common ones (marked †)."""
-    if not infos:
-        return set()
-    counts: dict[str, int] = defaultdict(int)
-    for info in infos.values():
-        counts[json.dumps(info.settings, sort_keys=True, default=list)] += 1
-    common = max(counts, key=lambda k: counts[k])
-    return {run for run, info in infos.items() if json.dumps(info.settings, sort_keys=True, default=list) != common}
+    keys = {run: json.dumps(info.settings, sort_keys=True, default=list) for run, info in infos.items()}
+    common = Counter(keys.values()).most_common(1)  # a tie goes to the first run's settings
+    return {run for run, key in keys.items() if key != common[0][0]}
 
 
 def per_task_table(rows: list[ResultRow]) -> str:
@@ -509,8 +505,6 @@ def build_markdown(
             "",
             effective,
             "",
-        ]
-        parts += [
             "## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
             "",
             per_task_table(rows),
