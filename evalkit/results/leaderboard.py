@@ -293,14 +293,14 @@ def headline_rows(general: list[dict]) -> list[ResultRow]:
 def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues:
     """(run, column) -> the mean over its checkpoints and the mean of their stderrs (None where none
     is recorded): one column per task/metric (and length)."""
-    values: dict[tuple[str, str], list[ResultRow]] = defaultdict(list)
+    values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
     for row in rows:
         if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
             continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.run, column)].append(row)
+        values[(row.run, column)].append((row.value, row.stderr))
     return {
-        key: (statistics.fmean(r.value for r in found), _mean_or_none([r.stderr for r in found]))
+        key: (statistics.fmean(value for value, _ in found), _mean_or_none([error for _, error in found]))
         for key, found in values.items()
     }
 
