@@ -67,23 +67,19 @@ def _check_model(model: torch.nn.Module) -> None:
         raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
 
 
-def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
-    # (ignore: torch types a Module's attributes, here HF's get_input_embeddings, as Tensor | Module)
-    return model.get_input_embeddings().weight.dtype  # type: ignore[operator]
-
-
 @torch.inference_mode()
 def _measure_one(
     model, token_ids: torch.Tensor, delta1s: list[int], delta2: int, rope: str, block_elements: int
 ) -> ShiftRecorder:
     """One forward pass of [Δ2 copy, Δ1 copies...] of one text; returns the filled recorder."""
-    device = model.get_input_embeddings().weight.device
+    embedding = model.get_input_embeddings().weight  # its dtype is the activations'
+    device = embedding.device
     seq_len = token_ids.numel()
     recorder = ShiftRecorder(
         seq_len=seq_len,
         n_shifted=len(delta1s),
         device=device,
-        qk_dtype=expected_qk_dtype(_activation_dtype(model), rope),
+        qk_dtype=expected_qk_dtype(embedding.dtype, rope),
         block_elements=block_elements,
     )
     batch = len(delta1s) + 1

@@ -72,7 +72,6 @@ class TextSource:
         self.tokenizer = tokenizer
         self.prefix = special_prefix(tokenizer)
         self.path = Path(path) if path is not None else None
-        self.max_length = max_length
         self._stream: list[int] = []
         self._pieces: Iterator[str] | None = None
         self._texts: list[list[int]] | None = None
@@ -81,7 +80,8 @@ class TextSource:
 
             self._pieces = iter(prose_documents())
         elif self.path.suffix == ".jsonl":
-            self._texts = self._tokenise_each(_read_jsonl_texts(self.path))
+            encode = dict(add_special_tokens=True, truncation=max_length is not None, max_length=max_length)
+            self._texts = [tokenizer(text, **encode)["input_ids"] for text in _read_jsonl_texts(self.path)]
         else:
             paragraphs = self.path.read_text(encoding="utf-8").split("\n\n")
             self._pieces = (paragraph for paragraph in paragraphs if paragraph.strip())
@@ -98,10 +98,6 @@ class TextSource:
         if self._texts is not None:
             return self._windows_from_texts(length, count)
         return self._windows_from_stream(length, count)
-
-    def _tokenise_each(self, texts: list[str]) -> list[list[int]]:
-        encode = dict(add_special_tokens=True, truncation=self.max_length is not None, max_length=self.max_length)
-        return [self.tokenizer(text, **encode)["input_ids"] for text in texts]
 
     def _windows_from_texts(self, length: int, count: int) -> TokenWindows:
         assert self._texts is not None
