@@ -23,19 +23,14 @@ def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
 def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Path) -> list[Path]:
     """One line per run: the checkpoint mean at each length, the band one std either side
     (`cells`: (run, length) -> (mean, std) over the run's checkpoints)."""
+    import numpy as np
+
     figure, axes = new_figure()
     for run in sorted({run for run, _ in cells}):
         lengths = sorted(n for r, n in cells if r == run)
-        means = [cells[(run, n)][0] for n in lengths]
-        stds = [cells[(run, n)][1] for n in lengths]
+        means, stds = np.array([cells[(run, n)] for n in lengths]).T
         (line,) = axes.plot(lengths, means, marker="o", label=run)
-        axes.fill_between(
-            lengths,
-            [m - s for m, s in zip(means, stds)],
-            [m + s for m, s in zip(means, stds)],
-            color=line.get_color(),
-            alpha=0.2,
-        )
+        axes.fill_between(lengths, means - stds, means + stds, color=line.get_color(), alpha=0.2)
     axes.set_xscale("log", base=2)
     all_lengths = sorted({n for _, n in cells})
     axes.set_xticks(all_lengths, [length_label(n) for n in all_lengths])
