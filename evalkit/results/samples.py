@@ -267,13 +267,10 @@ def _read_log(path: Path) -> list[dict]:
         records.append(record)
     if records and KEY in records[-1]:  # a log resumed under another key keeps only the latest key's lines
         records = [r for r in records if r.get(KEY) == records[-1][KEY]]
-    seen, kept = set(), []
+    first: dict = {}
     for record in records:
-        key = record.get("index", record.get("doc_id"))
-        if key not in seen:
-            seen.add(key)
-            kept.append(record)
-    return kept
+        first.setdefault(record.get("index", record.get("doc_id")), record)
+    return list(first.values())
 
 
 def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n, scale_digits: int) -> None:

@@ -79,14 +79,11 @@ def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -
 
 def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
     """The files in directory order, a file reached through two given directories only once."""
-    seen: set[Path] = set()
-    paths = []
+    paths: dict[Path, Path] = {}  # resolved -> as found first
     for directory in dirs:
         for path in sorted(Path(directory).rglob(name)):
-            if path.resolve() not in seen:
-                seen.add(path.resolve())
-                paths.append(path)
-    return paths
+            paths.setdefault(path.resolve(), path)
+    return list(paths.values())
 
 
 def _read_summary(path: Path) -> dict:
