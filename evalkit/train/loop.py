@@ -34,12 +34,12 @@ from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, base_model_record, check_inputs
 from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
+from evalkit.train.memory import LOSS_CHUNK
 from evalkit.train.model import build_model, recipe_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-LOSS_CHUNK = 4096  # target tokens per chunk of the output projection (bounds logits memory)
 METRICS = "metrics.jsonl"
 
 

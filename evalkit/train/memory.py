@@ -13,7 +13,7 @@ Terms, per GPU, for FSDP2 over N GPUs (N=1: one process, nothing sharded):
   and FSDP2 gathers the root in bf16 too; the residual stream is bf16.
 - activations at micro_batch x seq_len tokens: with gradient checkpointing, each decoder
   layer's fp32 input (the residual stream) plus the larger of one layer's recomputed set and
-  the loss's backward (the final norm, one chunk of loop.LOSS_CHUNK tokens of fp32 logits and
+  the loss's backward (the final norm, one chunk of LOSS_CHUNK tokens of fp32 logits and
   their gradient); without, every layer's set plus the loss's. A layer's set is counted from
   the tensors autograd saves in a Llama-style decoder layer (bytes per token: ACTIVATION_BYTES),
   plus the gradients in flight.
@@ -36,7 +36,7 @@ from evalkit.train.config import TrainConfig
 
 GiB = 2**30
 FP32, BF16 = 4, 2
-LOSS_CHUNK = 4096  # loop.LOSS_CHUNK (not imported: loop.py pulls in transformers)
+LOSS_CHUNK = 4096  # target tokens per chunk of the loss's output projection (loop.py; bounds logits memory)
 
 # Bytes per token of one decoder layer's saved tensors and in-flight gradients, as
 # (per hidden unit, per KV unit, per MLP unit): counted from a Llama decoder layer.
