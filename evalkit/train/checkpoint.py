@@ -45,21 +45,19 @@ def mark_run(run_dir: Path) -> None:
 def is_evalkit_run(run_dir: Path) -> bool:
     """A run directory evalkit's trainer made: its marker, or (runs from before the marker) a
     checkpoint whose meta.json evalkit's trainer wrote (it records evalkit_version)."""
-    try:
-        marker = json.loads((Path(run_dir) / RUN_MARKER).read_text(encoding="utf-8"))
-        if isinstance(marker, dict) and marker.get("written_by") == "evalkit":
-            return True
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        pass
-    return any(_written_by_evalkits_trainer(path / META) for _step, path in complete_checkpoints(run_dir))
+    if _json_object(Path(run_dir) / RUN_MARKER).get("written_by") == "evalkit":
+        return True
+    metas = (_json_object(path / META) for _step, path in complete_checkpoints(run_dir))
+    return any("evalkit_version" in meta and "step" in meta for meta in metas)
 
 
-def _written_by_evalkits_trainer(meta: Path) -> bool:
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`; {} when it is missing, unreadable or not an object."""
     try:
-        record = json.loads(meta.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(record, dict) and "evalkit_version" in record and "step" in record
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def refuse_foreign_log(log: Path) -> None:
