@@ -319,7 +319,7 @@ def load_initial_weights(model, config: TrainConfig, tokenizer, ctx: distributed
         lm = build_model(config, tokenizer, ctx.device, on_host=True)
         weights = {f"lm.{k}": v for k, v in lm.state_dict().items()}
     distributed.wait_for_rank0(ctx)  # reading a large base model may outlast the collective timeout
-    distributed.load_full_model_state(model, weights, ctx)
+    distributed.load_full_state(model, weights, ctx)
     torch.set_rng_state(distributed.broadcast_object(torch.get_rng_state(), ctx))
 
 
@@ -398,7 +398,7 @@ def _restore(point: _ResumePoint | None, model, optimizer, scheduler, stream, ct
         return 0, 0
     state = point.trainer_state
     weights = {f"lm.{k}": v for k, v in point.weights.items()}
-    distributed.load_full_state(model, optimizer, weights, state.get("optimizer", {}), ctx)
+    distributed.load_full_state(model, weights, ctx, optimizer, state.get("optimizer", {}))
     scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["stream"])
     torch.set_rng_state(state["rng"])
@@ -565,8 +565,8 @@ def _save(run: _Run, step: int, tokens_seen: int) -> None:
     """Gather the full state to rank 0, which writes it while the others wait in the I/O group
     (no collective of the training group is pending meanwhile, so its timeout cannot fire)."""
     model, optimizer, scheduler, config, ctx = run.model, run.optimizer, run.scheduler, run.config, run.ctx
-    model_state = {k.removeprefix("lm."): v for k, v in distributed.full_model_state(model, ctx).items()}
-    optimizer_state = distributed.full_optimizer_state(model, optimizer, ctx)
+    model_state, optimizer_state = distributed.full_state(model, optimizer, ctx)
+    model_state = {k.removeprefix("lm."): v for k, v in model_state.items()}
     if ctx.is_main:
         trainer_state = {
             "step": step,
