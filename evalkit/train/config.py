@@ -396,11 +396,13 @@ def resolve_recipe(name_or_path: str) -> Path:
     raise UserError(f"no config {name_or_path!r}: give a YAML path or one of the recipes: {available}")
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values, section by section (a recipe over its base, a saved config over
+    the defaults)."""
     merged = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = merge_sections(merged[key], value)
         else:
             merged[key] = value
     return merged
@@ -422,7 +424,7 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     base_path = path.parent / f"{base}.yaml" if not str(base).endswith(".yaml") else path.parent / base
     if not base_path.is_file():
         base_path = resolve_recipe(str(base))
-    return _merge(_read_recipe(base_path, (*seen, path.resolve())), data)
+    return merge_sections(_read_recipe(base_path, (*seen, path.resolve())), data)
 
 
 RECIPE_RELATIVE_PATHS = (("model", "path"), ("data", "tokenizer"), ("data", "source"))

@@ -32,7 +32,7 @@ from evalkit.models.check import check_checkpoint
 from evalkit.store.provenance import git_hash
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
-from evalkit.train.config import TrainConfig, base_model_record, check_inputs
+from evalkit.train.config import TrainConfig, base_model_record, check_inputs, merge_sections
 from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
 from evalkit.train.memory import LOSS_CHUNK
 from evalkit.train.model import build_model, recipe_tokenizer
@@ -108,14 +108,6 @@ def lr_lambda(config: TrainConfig):
     return factor
 
 
-def _with_defaults(defaults: dict, saved: dict) -> dict:
-    merged = dict(defaults)
-    for key, value in saved.items():
-        both_sections = isinstance(value, dict) and isinstance(defaults.get(key), dict)
-        merged[key] = _with_defaults(defaults[key], value) if both_sections else value
-    return merged
-
-
 def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     """A resumed run must be the same run: only the step budget and schedule may change.
 
@@ -128,7 +120,7 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     saved_data = saved.get("data")
     if isinstance(saved_data, dict) and "window_start" not in saved_data:
         saved = {**saved, "data": {**saved_data, "window_start": "document"}}
-    saved = _with_defaults(TrainConfig().to_dict(), saved)
+    saved = merge_sections(TrainConfig().to_dict(), saved)
     was, now = saved["data"].get("window_start"), current["data"]["window_start"]
     if was != now:
         raise UserError(
