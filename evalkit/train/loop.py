@@ -173,31 +173,19 @@ def _logged_step(line: str) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-class _Progress:
-    """A rich progress bar on the main process; silent elsewhere."""
+def _progress_bar(enabled: bool, description: str, total: int, start: int):
+    """A rich progress bar (disabled: silent, off the main process) and its task."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    def __init__(self, enabled: bool, total: int, start: int, description: str):
-        self._bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
-                TimeRemainingColumn(),
-            )
-            self._task = self._bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
-            self._bar.start()
-
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step, loss=loss, tps=tokens_per_s)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
+        TimeRemainingColumn(),
+        disable=not enabled,
+    )
+    return bar, bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
 
 
 def optimizer_step(model, optimizer, windows: list[PackedSequence], config: TrainConfig, ctx, autocast) -> float:
@@ -450,9 +438,9 @@ def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) ->
     config, ctx = run.config, run.ctx
     save_steps = config.checkpoint_steps()
     autocast = autocast_context(config, ctx.device)
-    progress = _Progress(show_progress and ctx.is_main, config.max_steps, step, f"{run.run_dir.name}")
+    bar, task = _progress_bar(show_progress and ctx.is_main, run.run_dir.name, config.max_steps, step)
     tokens_per_step = config.windows_per_step * config.seq_len
-    try:
+    with bar:
         while step < config.max_steps:
             started = time.perf_counter()
             windows = [run.stream.next_window() for _ in range(config.windows_per_step)]
@@ -463,11 +451,9 @@ def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) ->
             tokens_per_s = tokens_per_step / step_s  # the model's speed, not packing's
             record = {"step": step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
             _log_step(run, {**record, "step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen})
-            progress.update(step, loss, tokens_per_s)
+            bar.update(task, completed=step, loss=loss, tps=tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
                 _save(run, step, tokens_seen)
-    finally:
-        progress.close()
 
 
 def _log_step(run: _Run, record: dict) -> None:
