@@ -25,6 +25,7 @@ It is a model, checked against measured tensor bytes on CPU at small sizes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,18 +152,13 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.working + self.activations
 
     def rows(self) -> list[tuple[str, float]]:
-        names = ("params", "grads", "optimizer", "working", "activations", "total")
-        return [(name, getattr(self, name)) for name in names]
-
-
-def layer_activation_bytes(arch: Architecture, tokens: int, dtype: str) -> float:
-    per_hidden, per_kv, per_mlp = ACTIVATION_BYTES[dtype]
-    return tokens * (per_hidden * arch.hidden + per_kv * arch.kv_width + per_mlp * arch.intermediate)
+        return [*dataclasses.asdict(self).items(), ("total", self.total)]
 
 
 def activation_bytes(arch: Architecture, config: TrainConfig) -> float:
     tokens = config.micro_batch * config.seq_len
-    layer = layer_activation_bytes(arch, tokens, config.dtype)
+    per_hidden, per_kv, per_mlp = ACTIVATION_BYTES[config.dtype]
+    layer = tokens * (per_hidden * arch.hidden + per_kv * arch.kv_width + per_mlp * arch.intermediate)
     residual = BF16 if config.dtype == "bf16_full" else FP32  # the stream between layers (train.regime)
     final_norm = 3 * tokens * arch.hidden * residual  # its input and output, and the targets' rows of it
     chunk = min(LOSS_CHUNK, tokens)
