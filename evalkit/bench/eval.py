@@ -159,11 +159,13 @@ def _lm_eval_rows(
     except ImportError as exc:
         raise UserError(f"the lm-eval variant needs lm-evaluation-harness ({exc}); install evalkit[dev]") from exc
 
+    import torch
+
     model = HFLM(
         pretrained=str(checkpoint),
         dtype=long_dtype_name(dtype or "fp32"),
         batch_size=batch_size,
-        device="cpu" if not _cuda() else "cuda",
+        device="cuda" if torch.cuda.is_available() else "cpu",
     )
     rows = []
     for length in lengths:
@@ -184,12 +186,6 @@ def _lm_eval_rows(
             row_score = 100.0 * float(results["results"][task][f"{length},none"])
             rows.append(EvalBenchRow("lm-eval", task, length, len(docs), seconds, prompt_tokens, row_score, None))
     return rows
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _fresh_stats(engine):
