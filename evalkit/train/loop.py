@@ -83,15 +83,11 @@ class MaskedLMLoss(torch.nn.Module):
 
 
 def collate(windows: list[PackedSequence], device: torch.device) -> dict[str, torch.Tensor | None]:
-    doc_ids = None
-    if windows[0].paradigm.masks_documents:
-        doc_ids = torch.stack([w.doc_ids for w in windows]).to(device)
-    return {
-        "input_ids": torch.stack([w.input_ids for w in windows]).to(device),
-        "position_ids": torch.stack([w.position_ids for w in windows]).to(device),
-        "doc_ids": doc_ids,
-        "loss_mask": torch.stack([w.loss_mask for w in windows]).to(device),
-    }
+    """MaskedLMLoss's inputs for a micro-batch; doc_ids None under a paradigm that masks nothing."""
+    fields = ["input_ids", "position_ids", "loss_mask"]
+    fields += ["doc_ids"] if windows[0].paradigm.masks_documents else []
+    stacked = {name: torch.stack([getattr(w, name) for w in windows]).to(device) for name in fields}
+    return {"doc_ids": None, **stacked}
 
 
 def lr_lambda(config: TrainConfig):
