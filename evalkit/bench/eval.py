@@ -128,7 +128,9 @@ def _time_cell(engine, name: str, task: str, length: int, num_samples: int, seed
 
     samples = load_or_generate(task, engine.tokenizer, length, num_samples, seed)
     prompts = [sample.input + sample.answer_prefix for sample in samples]
-    stats = _fresh_stats(engine)
+    stats = getattr(engine, "stats", None)  # the hf engine's counters (others keep none), zeroed
+    if stats is not None:
+        stats = engine.stats = type(stats)()
     start = time.perf_counter()
     predictions = engine.generate(prompts, task_spec(task).max_new_tokens)
     seconds = time.perf_counter() - start
@@ -186,14 +188,6 @@ def _lm_eval_rows(
             row_score = 100.0 * float(results["results"][task][f"{length},none"])
             rows.append(EvalBenchRow("lm-eval", task, length, len(docs), seconds, prompt_tokens, row_score, None))
     return rows
-
-
-def _fresh_stats(engine):
-    """The engine's counters, zeroed, where it keeps them (the hf engine); else None."""
-    if not hasattr(engine, "stats"):
-        return None
-    engine.stats = type(engine.stats)()
-    return engine.stats
 
 
 def to_markdown(rows: Sequence[EvalBenchRow]) -> str:
