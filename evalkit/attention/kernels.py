@@ -20,6 +20,7 @@ sequence, where a prepended anchor is not at its real distance).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,31 +139,34 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
 # ----------------------------------------------------------------------------- blocked
 
 
-def _inverse(order: torch.Tensor) -> torch.Tensor:
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel())
-    return inverse
-
-
 def _own_keys(seg: Segment) -> torch.Tensor:
     return seg.k_index[seg.num_prefix :]
 
 
+def _is_run(index: torch.Tensor) -> bool:
+    """True when the sorted positions `index` are one contiguous run of the row."""
+    return int(index[-1] - index[0]) + 1 == index.numel()
+
+
 def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
     """True when the documents tile the sequence in order (every paradigm but the interleaved)."""
-    bounds = [(int(_own_keys(seg)[0]), int(_own_keys(seg)[-1]), _own_keys(seg).numel()) for seg in segments]
-    return all(last - first + 1 == n for first, last, n in bounds) and sum(n for *_, n in bounds) == length
+    own = [_own_keys(seg) for seg in segments]
+    return all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length
 
 
-def _segment_sdpa(q, k, v, q_pos, k_pos, k_is_anchor, scale, gqa, window, anchor):
-    """One segment's causal SDPA [1, H, L, D], windowed when the window cuts into it."""
-    mask = _window_mask(q_pos, k_pos, k_is_anchor, window, anchor)
-    if mask is None:
+def _segment_sdpa(q, k, v, seg: Segment, q_pos, *, doc_row, scale, gqa: bool, window, anchor):
+    """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`,
+    windowed when the window cuts into it."""
+    k_pos = seg.k_index
+    mask = _window_mask(q_pos, k_pos, doc_row[k_pos] == ANCHOR_DOC_ID, window, anchor)
+    if mask is None and q.shape[2] == k.shape[2]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if mask is None:  # SDPA's is_causal aligns top-left; a KV cache needs bottom-right
+        mask = k_pos[None, :] <= q_pos[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
 
 
-def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gqa: bool, doc_row, window, anchor):
+def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Callable):
     """Sq == Sk: one causal SDPA per document, anchor rows in front.
 
     Every key has its query here, so each document runs as [anchor rows, document rows] on
@@ -183,20 +187,8 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
             if seg.num_prefix:
                 # (ignore: anchors are None only when no document has a prefix; segment 0 is the anchor's own)
                 q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))  # type: ignore[list-item]
-            positions = seg.k_index  # the rows here are [anchor, document]: their positions in order
-            is_anchor = doc_row[positions] == ANCHOR_DOC_ID
-            out = _segment_sdpa(
-                q.unsqueeze(0),
-                k.unsqueeze(0),
-                v.unsqueeze(0),
-                positions,
-                positions,
-                is_anchor,
-                scale,
-                gqa,
-                window,
-                anchor,
-            )
+            # The rows here are [anchor, document]: their positions are seg.k_index, in order.
+            out = sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), seg, seg.k_index)
             outputs.append(out[0, :, seg.num_prefix :])
         return torch.cat(outputs, dim=1)
 
@@ -205,12 +197,7 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
     gather = torch.cat([seg.k_index for seg in segments]).to(device)
     lengths = [seg.k_index.numel() for seg in segments]
     q_seg, k_seg, v_seg = (t.index_select(1, gather).unsqueeze(0).split(lengths, dim=2) for t in (q_row, k_row, v_row))
-    outputs = [
-        _segment_sdpa(
-            q, k, v, seg.k_index, seg.k_index, doc_row[seg.k_index] == ANCHOR_DOC_ID, scale, gqa, window, anchor
-        )
-        for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)
-    ]
+    outputs = [sdpa(q, k, v, seg, seg.k_index) for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)]
     row_of_position = torch.empty(length, dtype=torch.long)  # each position's own (non-duplicate) row
     start = 0
     for seg in segments:
@@ -219,26 +206,16 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
     return torch.cat(outputs, dim=2)[0].index_select(1, row_of_position.to(device))
 
 
-def _blocked_row_decode(
-    q_row, k_row, v_row, segments: list[Segment], offset: int, scale, gqa: bool, doc_row, window, anchor
-):
+def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: int, sdpa: Callable):
     """Sq < Sk (a KV cache): few queries, so an explicit bottom-right mask per document is cheap."""
     parts = []
     for seg in segments:
         k_idx = seg.k_index.to(k_row.device)
         q_seg = q_row.index_select(1, seg.q_index.to(q_row.device)).unsqueeze(0)
-        k_seg = k_row.index_select(1, k_idx).unsqueeze(0)
-        v_seg = v_row.index_select(1, k_idx).unsqueeze(0)
-        q_pos = seg.q_index + offset
-        mask = _window_mask(q_pos, seg.k_index, doc_row[seg.k_index] == ANCHOR_DOC_ID, window, anchor)
-        if mask is None:
-            mask = seg.k_index[None, :] <= q_pos[:, None]
-        mask = mask.to(q_row.device)
-        parts.append(
-            F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale, enable_gqa=gqa)[0]
-        )
-    q_order = torch.cat([seg.q_index for seg in segments])
-    return torch.cat(parts, dim=1).index_select(1, _inverse(q_order).to(q_row.device))
+        k_seg, v_seg = (t.index_select(1, k_idx).unsqueeze(0) for t in (k_row, v_row))
+        parts.append(sdpa(q_seg, k_seg, v_seg, seg, seg.q_index + offset)[0])
+    inverse = torch.argsort(torch.cat([seg.q_index for seg in segments]))  # inverts the permutation
+    return torch.cat(parts, dim=1).index_select(1, inverse.to(q_row.device))
 
 
 def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
@@ -256,11 +233,13 @@ def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor=
     outputs = []
     for doc_row, q_row, k_row, v_row in zip(_rows(doc_ids, batch), q_rows, k_rows, v_rows):
         segments = document_segments(doc_row, sk, sq)
-        row = doc_row.cpu()
+        sdpa = functools.partial(
+            _segment_sdpa, doc_row=doc_row.cpu(), scale=scale, gqa=gqa, window=window, anchor=anchor
+        )
         if sq == sk:
-            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, scale, gqa, row, window, anchor))
+            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, sdpa))
         else:
-            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, scale, gqa, row, window, anchor))
+            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, sdpa))
     return outputs[0].unsqueeze(0) if batch == 1 else torch.stack(outputs)
 
 
@@ -277,10 +256,6 @@ class VarlenLayout:
     cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
     max_seqlen_q: int
     max_seqlen_k: int
-
-    def inverse_q(self) -> torch.Tensor:
-        """Positions in the varlen output of flat query 0..Nq-1 (every query appears once)."""
-        return _inverse(self.q_index)
 
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
@@ -358,7 +333,7 @@ def flash_attention(
         causal=True,
         **window_options,
     )
-    out = out.index_select(0, layout.inverse_q().to(device))
+    out = out.index_select(0, torch.argsort(layout.q_index).to(device))  # argsort inverts the permutation
     return out.reshape(batch, sq, hq, dim).transpose(1, 2)
 
 
@@ -366,9 +341,7 @@ def _check_flash_window(doc_ids, batch: int, kv_len: int, q_len: int) -> None:
     """flash's window counts positions inside each regrouped sequence: exact only where every
     sequence is one contiguous run of the row's tokens (no anchor prepended, no interleaving)."""
     for doc_row in _rows(doc_ids, batch):
-        segments = document_segments(doc_row, kv_len, q_len)
-        keys = [seg.k_index for seg in segments]
-        if any(seg.num_prefix for seg in segments) or any(int(k[-1] - k[0]) + 1 != k.numel() for k in keys):
+        if any(seg.num_prefix or not _is_run(seg.k_index) for seg in document_segments(doc_row, kv_len, q_len)):
             raise ValueError(
                 "the flash implementation cannot combine a sliding window with the anchor or interleaved "
                 "documents; use flex (CUDA) or blocked"
