@@ -24,6 +24,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -392,67 +393,47 @@ def varlen_reference(
 # ----------------------------------------------------------------------------- flex
 
 
-class _BlockMaskCache:
-    """Reuses the BlockMask while doc_ids do not change (every layer of one forward shares it).
+_last_block_mask: dict[str, Any] = {}  # the BlockMask built last: its "key", "doc_ids" and "mask"
+
+
+def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window, anchor):
+    """The BlockMask, reused while doc_ids do not change (every layer of one forward shares it).
 
     Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
     """
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._doc_ids: torch.Tensor | None = None
-        self._mask = None
-
-    def get(self, doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
-        shape = None if doc_ids is None else tuple(doc_ids.shape)
-        key = (batch, q_len, kv_len, str(device), shape, window, anchor)
-        same_ids = (doc_ids is None and self._doc_ids is None) or (
-            doc_ids is not None and self._doc_ids is not None and torch.equal(doc_ids, self._doc_ids)
-        )
-        if key != self._key or not same_ids:
-            self._mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
-            self._key, self._doc_ids = key, None if doc_ids is None else doc_ids.clone()
-        return self._mask
+    key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
+    last_ids = _last_block_mask.get("doc_ids")
+    same_ids = (doc_ids is None) == (last_ids is None) and (doc_ids is None or torch.equal(doc_ids, last_ids))
+    if key != _last_block_mask.get("key") or not same_ids:
+        mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
+        _last_block_mask.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
+    return _last_block_mask["mask"]
 
 
 def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = kv_len - q_len
-    if doc_ids is None:
+    doc = None if doc_ids is None else doc_ids.to(device).expand(batch, -1).contiguous()  # [B, Sk]
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            causal = q_idx + offset >= kv_idx
-            return causal if window is None else causal & (q_idx + offset - kv_idx < window)
+    def mask_mod(b, h, q_idx, kv_idx):
+        # masks.py's rule; the branches test constants, so each mask traces to the rule it needs
+        allowed = q_idx + offset >= kv_idx
+        seen = None if window is None else q_idx + offset - kv_idx < window
+        if doc is not None:
+            is_anchor = doc[b, kv_idx] == ANCHOR_DOC_ID
+            allowed = allowed & ((doc[b, q_idx + offset] == doc[b, kv_idx]) | is_anchor)
+            if seen is not None and anchor == "sink":
+                seen = seen | is_anchor
+        return allowed if seen is None else allowed & seen
 
-        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
-
-    doc = doc_ids.to(device)
-    if doc.dim() == 1:
-        doc = doc.unsqueeze(0).expand(batch, -1).contiguous()
-
-    def document_rule(b, h, q_idx, kv_idx):
-        same_doc = doc[b, q_idx + offset] == doc[b, kv_idx]
-        return (q_idx + offset >= kv_idx) & (same_doc | (doc[b, kv_idx] == ANCHOR_DOC_ID))
-
-    def windowed_rule(b, h, q_idx, kv_idx):
-        seen = q_idx + offset - kv_idx < window
-        if anchor == "sink":
-            seen = seen | (doc[b, kv_idx] == ANCHOR_DOC_ID)
-        return document_rule(b, h, q_idx, kv_idx) & seen
-
-    mask_mod = document_rule if window is None else windowed_rule
-
-    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
+    # On CUDA the block mask is built by a compiled kernel: the eager build of a 64K mask is
+    # minutes of work and S^2 memory. Elsewhere eager is fine (CPU flex serves tests only).
+    compiled = torch.device(device).type == "cuda"
+    rows = None if doc is None else batch
+    return create_block_mask(mask_mod, rows, None, q_len, kv_len, device=device, _compile=compiled)
 
 
-def _compile_masks(device) -> bool:
-    """On CUDA the block mask is built by a compiled kernel: the eager build of a 64K mask is
-    minutes of work and S^2 memory. Elsewhere eager is fine (CPU flex serves tests only)."""
-    return torch.device(device).type == "cuda"
-
-
-_block_masks = _BlockMaskCache()
 COMPILE_DEVICES = {"cuda"}  # where FlexAttention runs compiled; tests add "cpu" to count compiles on a CPU
 COMPILE_BACKEND = "inductor"  # the fused kernels; tests of compile accounting may take "eager" (Dynamo alone)
 # One compiled function per variant (dtype, head dim, mask kind, dynamic): see flex_attention_function.
@@ -557,7 +538,7 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
     window = _effective_window(window, k.shape[2])
-    block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
+    block_mask = _cached_block_mask(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
     gqa = q.shape[1] != k.shape[1]
     function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
     return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
@@ -592,11 +573,12 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
     return names
 
 
-def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
-    """The one dtype attention runs in: autocast's when autocast is on for q's device, else v's
-    (a caller passing one dtype keeps it). v is never rotated, so it carries the model's compute
-    dtype, while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k
-    then runs in bf16, as the paper's text has it, not silently in fp32.
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in the one dtype attention runs in, each rounded once (autograd carries the gradient
+    back through the cast): autocast's when autocast is on for q's device, else v's (a caller
+    passing one dtype keeps it). v is never rotated, so it carries the model's compute dtype,
+    while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k then runs
+    in bf16, as the paper's text has it, not silently in fp32.
 
     Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
     fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
@@ -604,14 +586,7 @@ def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dty
     (which autocast casts itself). Casting here gives every implementation the same inputs.
     """
     device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return v.dtype
-
-
-def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v in kernel_dtype (each rounded once; autograd carries the gradient back through the cast)."""
-    dtype = kernel_dtype(q, k, v)
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -630,7 +605,7 @@ def document_attention(
     layer's sliding `window` when given (`anchor`: how the anchor meets it, masks.ANCHOR_MODES).
 
     q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D],
-    computed in one dtype (kernel_dtype: the autocast dtype under autocast) whatever the caller's.
+    computed in one dtype (one_dtype: the autocast dtype under autocast) whatever the caller's.
     """
     _check_shapes(q, k, v, doc_ids)
     q, k, v = one_dtype(q, k, v)
