@@ -403,7 +403,7 @@ def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, win
     """
     key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
     last_ids = _last_block_mask.get("doc_ids")
-    same_ids = (doc_ids is None) == (last_ids is None) and (doc_ids is None or torch.equal(doc_ids, last_ids))
+    same_ids = last_ids is None if doc_ids is None else last_ids is not None and torch.equal(doc_ids, last_ids)
     if key != _last_block_mask.get("key") or not same_ids:
         mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
         _last_block_mask.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
