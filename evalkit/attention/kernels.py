@@ -301,7 +301,7 @@ def flash_attention(
     """Regroup tokens by document, run a varlen causal kernel, scatter back.
 
     varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
-    documented semantics (varlen_reference) to check the layout without CUDA.
+    documented semantics (tests/attention/varlen.py) to check the layout without CUDA.
     """
     if varlen_func is None:
         varlen_func = _flash_varlen_func()
@@ -347,47 +347,6 @@ def _check_flash_window(doc_ids, batch: int, kv_len: int, q_len: int) -> None:
                 "the flash implementation cannot combine a sliding window with the anchor or interleaved "
                 "documents; use flex (CUDA) or blocked"
             )
-
-
-def varlen_reference(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-):
-    """Pure-torch emulation of flash_attn_varlen_func's documented semantics.
-
-    q [Nq, Hq, D], k/v [Nk, Hkv, D]; sequence i is q[cu_q[i]:cu_q[i+1]] over k[cu_k[i]:cu_k[i+1]];
-    grouped-query heads map query head h to kv head h // (Hq / Hkv); with causal=True and more
-    keys than queries the mask is aligned to the bottom-right corner; window_size (left, right),
-    -1 for unbounded, keeps key j for query i when i' - left <= j <= i' + right, i' being i
-    aligned bottom-right.
-    """
-    outputs = []
-    group = q.shape[1] // k.shape[1]
-    for i in range(len(cu_seqlens_q) - 1):
-        qs = q[int(cu_seqlens_q[i]) : int(cu_seqlens_q[i + 1])].transpose(0, 1)
-        ks = k[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
-        vs = v[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
-        lq, lk = qs.shape[1], ks.shape[1]
-        aligned, keys = torch.arange(lk - lq, lk)[:, None], torch.arange(lk)[None, :]
-        mask = torch.ones(lq, lk, dtype=torch.bool)
-        if causal:
-            mask &= keys <= aligned
-        left, right = window_size
-        if left >= 0:
-            mask &= keys >= aligned - left
-        if right >= 0:
-            mask &= keys <= aligned + right
-        mask = mask.to(q.device)
-        outputs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
-    return torch.cat(outputs)
 
 
 # ----------------------------------------------------------------------------- flex
@@ -447,7 +406,7 @@ def _flex_frame() -> Callable:
     object, however many torch.compile wrappers share it: one compiled flex_attention seeing
     two dtypes, two mask functions, two head dims and many lengths reaches the limit (default
     8) and then runs eager, materialising the Sq x Sk scores (hundreds of GB at 64K). A frame
-    per variant gives each variant its own graphs and its own count (flex_compile_counts).
+    per variant gives each variant its own graphs and its own count (tests count them per frame).
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -475,7 +434,7 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
         # fullgraph: a graph break would run FlexAttention eagerly (scores materialised: 128 GiB
         # at 64K) without a word; it is an error here instead.
         compiled = torch.compile(frame, dynamic=dynamic, backend=COMPILE_BACKEND, fullgraph=True)
-        compiled.frame = frame  # type: ignore[attr-defined]  # a function attribute: flex_compile_counts reads it
+        compiled.frame = frame  # type: ignore[attr-defined]  # the tests count graphs per frame
         _compiled_flex[key] = compiled
     return _compiled_flex[key]
 
@@ -495,26 +454,6 @@ def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torc
 def flex_variant(q: torch.Tensor, mask_kind: str) -> tuple:
     """What besides the length changes FlexAttention's compiled graph."""
     return (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
-
-
-def flex_compile_counts() -> dict[tuple, int]:
-    """Graphs Dynamo holds per compiled FlexAttention function: the count its recompile limit
-    (recompile_limit()) applies to, one function at a time."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    # (ignore: .frame is an attribute flex_attention_function sets on each function it compiles)
-    return {key: len(_debug_get_cache_entry_list(fn.frame.__code__)) for key, fn in _compiled_flex.items()}  # type: ignore[attr-defined]
-
-
-def fail_on_recompile_limit() -> None:
-    """Make reaching Dynamo's recompile limit an error instead of a silent fall-back to eager
-    (which, for FlexAttention, materialises the scores and runs out of memory at long lengths).
-    For the device checks: a failed check with a message beats a dead process with nothing written."""
-    config = torch._dynamo.config
-    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):  # renamed across torch versions
-        if hasattr(config, name):
-            setattr(config, name, True)
-            return
 
 
 def raise_recompile_limit(limit: int) -> None:
