@@ -155,12 +155,17 @@ def register_grouped_sdpa() -> str:
     share a key-value head become that head's queries, so the one SDPA call reads each K/V once:
     the same products and sums per query, in the same order. Returns the name to load with.
     """
+    return _register_sdpa_variant(GROUPED_SDPA, _grouped_sdpa_forward)
+
+
+def _register_sdpa_variant(name: str, forward) -> str:
+    """`forward` registered with transformers as the attention called `name`, with SDPA's mask."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa_forward)
-    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
-    return GROUPED_SDPA
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
 
 
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -191,12 +196,7 @@ def register_anchor_sink_sdpa() -> str:
     trained with window_anchor="sink" (attention.masks). Valid for one unpadded row whose cache
     holds every key from the anchor on (the hf engine's packed requests on windowed models).
     Returns the name to set."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
-    AttentionMaskInterface.register(ANCHOR_SINK_SDPA, sdpa_mask)
-    return ANCHOR_SINK_SDPA
+    return _register_sdpa_variant(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
 
 
 def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
