@@ -20,6 +20,7 @@ sequence, where a prepended anchor is not at its real distance).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable
@@ -311,16 +312,14 @@ def flash_attention(
                 "train with dtype=bf16 (autocast), or use the flex or blocked implementation"
             )
     batch, hq, sq, dim = q.shape
-    hkv, sk = k.shape[1], k.shape[2]
+    sk = k.shape[2]
     layout = varlen_layout(doc_ids, batch, sk, sq)
     window = _effective_window(window, sk)
     window_options = {} if window is None else {"window_size": (window - 1, 0)}  # flash-attn: keys i-left..i
     if window is not None:
         _check_flash_window(doc_ids, batch, sk, sq)
     device = q.device
-    q_flat = q.transpose(1, 2).reshape(batch * sq, hq, dim)
-    k_flat = k.transpose(1, 2).reshape(batch * sk, hkv, dim)
-    v_flat = v.transpose(1, 2).reshape(batch * sk, hkv, dim)
+    q_flat, k_flat, v_flat = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))  # [B*S, H, D]
     k_index = layout.k_index.to(device)
     out = varlen_func(
         q_flat.index_select(0, layout.q_index.to(device)),
@@ -504,11 +503,9 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
     names = ["dense", "blocked"]
     if device.type == "cuda":
         names.append("flex")
-        try:
+        with contextlib.suppress(RuntimeError):  # flash-attn absent
             _flash_varlen_func()
             names.append("flash")
-        except RuntimeError:
-            pass
     return names
 
 
