@@ -68,10 +68,6 @@ def _attention_forward(impl: str):
 ROPE_PRECISIONS = ("fp32", "bf16")
 
 
-def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
-
-
 def _fp32_angles(module, args):
     """Before the rotary module: an fp32 stand-in for the hidden states it is given, so it returns
     cos/sin computed and kept in fp32 even in a bf16 model (it reads only their dtype and device;
@@ -106,7 +102,7 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     """
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
-    modules = _rotary_modules(model)
+    modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no rotary embedding module to set the RoPE precision of")
     for module in modules:
