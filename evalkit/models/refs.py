@@ -29,8 +29,10 @@ from evalkit.models.check import HubModel, checkpoint_source
 META = "meta.json"
 # What checkpoint_meta keeps of it; "hub" is an export of a hub model's, "base_model" the commit a
 # run trained from a hub model started from.
-META_KEYS = ("step", "tokens_seen", "paradigm", "anchor_token", "config", "precision", "data_fingerprint")
-META_KEYS += ("tokenizer_fingerprint", "git_hash", "model", "source", "dtype", "attention", "hub", "base_model")
+META_KEYS = tuple(
+    "step tokens_seen paradigm anchor_token config precision data_fingerprint tokenizer_fingerprint git_hash model"
+    " source dtype attention hub base_model".split()
+)
 STEP_DIR = re.compile(r"^step-(\d+)$")  # the one step-directory rule: step-<N>, written by step_dir_name
 
 
@@ -56,13 +58,10 @@ def _step_of(path: Path) -> int:
     match = STEP_DIR.match(path.name)
     if match:
         return int(match.group(1))
-    meta = path / META
-    if meta.is_file():
-        try:
-            return int(json.loads(meta.read_text()).get("step", 0))
-        except (ValueError, json.JSONDecodeError):
-            return 0
-    return 0
+    try:
+        return int(_meta_record(path).get("step", 0))
+    except ValueError:
+        return 0
 
 
 def _run_checkpoints(run_dir: Path) -> list[CheckpointRef]:
