@@ -189,14 +189,9 @@ def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool) -> Pa
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict, or a UserError naming the file and the fault."""
     file = Path(path) / "config.json"
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} has no config.json: not a transformers checkpoint") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"cannot read {file}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
+    if not file.is_file():
+        raise UserError(f"{path} has no config.json: not a transformers checkpoint")
+    config = _read_json(file)
     if not isinstance(config, dict):
         raise UserError(
             f"{file} must hold a JSON object, not {type(config).__name__}; restore it from the checkpoint's source"
@@ -208,13 +203,17 @@ def check_json_files(path: Path) -> None:
     """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it
     (transformers' own errors for these rarely say which file it was reading)."""
     for name in CHECKPOINT_JSON:
-        file = Path(path) / name
-        if not file.is_file():
-            continue
-        try:
-            json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
+        if (Path(path) / name).is_file():
+            _read_json(Path(path) / name)
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"cannot read {file}: {err}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
 
 
 def load_config(path: str | Path, *, trust_remote_code: bool = False):
