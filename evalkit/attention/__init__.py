@@ -14,7 +14,6 @@ from evalkit.attention.kernels import (
     document_attention,
     document_segments,
     varlen_layout,
-    varlen_reference,
 )
 from evalkit.attention.masks import document_mask, reference_mask
 from evalkit.attention.packing import ANCHOR_DOC_ID, PAD_DOC_ID, Document, PackedSequence, pack
@@ -37,5 +36,4 @@ __all__ = [
     "reference_mask",
     "register_hf_attention",
     "varlen_layout",
-    "varlen_reference",
 ]

@@ -68,10 +68,6 @@ def _attention_forward(impl: str):
 ROPE_PRECISIONS = ("fp32", "bf16")
 
 
-def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
-
-
 def _fp32_angles(module, args):
     """Before the rotary module: an fp32 stand-in for the hidden states it is given, so it returns
     cos/sin computed and kept in fp32 even in a bf16 model (it reads only their dtype and device;
@@ -106,7 +102,7 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     """
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
-    modules = _rotary_modules(model)
+    modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no rotary embedding module to set the RoPE precision of")
     for module in modules:
@@ -155,12 +151,17 @@ def register_grouped_sdpa() -> str:
     share a key-value head become that head's queries, so the one SDPA call reads each K/V once:
     the same products and sums per query, in the same order. Returns the name to load with.
     """
+    return _register_sdpa_variant(GROUPED_SDPA, _grouped_sdpa_forward)
+
+
+def _register_sdpa_variant(name: str, forward) -> str:
+    """`forward` registered with transformers as the attention called `name`, with SDPA's mask."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa_forward)
-    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
-    return GROUPED_SDPA
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
 
 
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -191,12 +192,7 @@ def register_anchor_sink_sdpa() -> str:
     trained with window_anchor="sink" (attention.masks). Valid for one unpadded row whose cache
     holds every key from the anchor on (the hf engine's packed requests on windowed models).
     Returns the name to set."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
-    AttentionMaskInterface.register(ANCHOR_SINK_SDPA, sdpa_mask)
-    return ANCHOR_SINK_SDPA
+    return _register_sdpa_variant(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
 
 
 def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -20,9 +20,12 @@ sequence, where a prepended anchor is not at its real distance).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -138,31 +141,34 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
 # ----------------------------------------------------------------------------- blocked
 
 
-def _inverse(order: torch.Tensor) -> torch.Tensor:
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel())
-    return inverse
-
-
 def _own_keys(seg: Segment) -> torch.Tensor:
     return seg.k_index[seg.num_prefix :]
 
 
+def _is_run(index: torch.Tensor) -> bool:
+    """True when the sorted positions `index` are one contiguous run of the row."""
+    return int(index[-1] - index[0]) + 1 == index.numel()
+
+
 def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
     """True when the documents tile the sequence in order (every paradigm but the interleaved)."""
-    bounds = [(int(_own_keys(seg)[0]), int(_own_keys(seg)[-1]), _own_keys(seg).numel()) for seg in segments]
-    return all(last - first + 1 == n for first, last, n in bounds) and sum(n for *_, n in bounds) == length
+    own = [_own_keys(seg) for seg in segments]
+    return all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length
 
 
-def _segment_sdpa(q, k, v, q_pos, k_pos, k_is_anchor, scale, gqa, window, anchor):
-    """One segment's causal SDPA [1, H, L, D], windowed when the window cuts into it."""
-    mask = _window_mask(q_pos, k_pos, k_is_anchor, window, anchor)
-    if mask is None:
+def _segment_sdpa(q, k, v, seg: Segment, q_pos, *, doc_row, scale, gqa: bool, window, anchor):
+    """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`,
+    windowed when the window cuts into it."""
+    k_pos = seg.k_index
+    mask = _window_mask(q_pos, k_pos, doc_row[k_pos] == ANCHOR_DOC_ID, window, anchor)
+    if mask is None and q.shape[2] == k.shape[2]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if mask is None:  # SDPA's is_causal aligns top-left; a KV cache needs bottom-right
+        mask = k_pos[None, :] <= q_pos[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
 
 
-def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gqa: bool, doc_row, window, anchor):
+def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Callable):
     """Sq == Sk: one causal SDPA per document, anchor rows in front.
 
     Every key has its query here, so each document runs as [anchor rows, document rows] on
@@ -183,20 +189,8 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
             if seg.num_prefix:
                 # (ignore: anchors are None only when no document has a prefix; segment 0 is the anchor's own)
                 q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))  # type: ignore[list-item]
-            positions = seg.k_index  # the rows here are [anchor, document]: their positions in order
-            is_anchor = doc_row[positions] == ANCHOR_DOC_ID
-            out = _segment_sdpa(
-                q.unsqueeze(0),
-                k.unsqueeze(0),
-                v.unsqueeze(0),
-                positions,
-                positions,
-                is_anchor,
-                scale,
-                gqa,
-                window,
-                anchor,
-            )
+            # The rows here are [anchor, document]: their positions are seg.k_index, in order.
+            out = sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), seg, seg.k_index)
             outputs.append(out[0, :, seg.num_prefix :])
         return torch.cat(outputs, dim=1)
 
@@ -205,12 +199,7 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
     gather = torch.cat([seg.k_index for seg in segments]).to(device)
     lengths = [seg.k_index.numel() for seg in segments]
     q_seg, k_seg, v_seg = (t.index_select(1, gather).unsqueeze(0).split(lengths, dim=2) for t in (q_row, k_row, v_row))
-    outputs = [
-        _segment_sdpa(
-            q, k, v, seg.k_index, seg.k_index, doc_row[seg.k_index] == ANCHOR_DOC_ID, scale, gqa, window, anchor
-        )
-        for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)
-    ]
+    outputs = [sdpa(q, k, v, seg, seg.k_index) for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)]
     row_of_position = torch.empty(length, dtype=torch.long)  # each position's own (non-duplicate) row
     start = 0
     for seg in segments:
@@ -219,26 +208,16 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], scale, gq
     return torch.cat(outputs, dim=2)[0].index_select(1, row_of_position.to(device))
 
 
-def _blocked_row_decode(
-    q_row, k_row, v_row, segments: list[Segment], offset: int, scale, gqa: bool, doc_row, window, anchor
-):
+def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: int, sdpa: Callable):
     """Sq < Sk (a KV cache): few queries, so an explicit bottom-right mask per document is cheap."""
     parts = []
     for seg in segments:
         k_idx = seg.k_index.to(k_row.device)
         q_seg = q_row.index_select(1, seg.q_index.to(q_row.device)).unsqueeze(0)
-        k_seg = k_row.index_select(1, k_idx).unsqueeze(0)
-        v_seg = v_row.index_select(1, k_idx).unsqueeze(0)
-        q_pos = seg.q_index + offset
-        mask = _window_mask(q_pos, seg.k_index, doc_row[seg.k_index] == ANCHOR_DOC_ID, window, anchor)
-        if mask is None:
-            mask = seg.k_index[None, :] <= q_pos[:, None]
-        mask = mask.to(q_row.device)
-        parts.append(
-            F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale, enable_gqa=gqa)[0]
-        )
-    q_order = torch.cat([seg.q_index for seg in segments])
-    return torch.cat(parts, dim=1).index_select(1, _inverse(q_order).to(q_row.device))
+        k_seg, v_seg = (t.index_select(1, k_idx).unsqueeze(0) for t in (k_row, v_row))
+        parts.append(sdpa(q_seg, k_seg, v_seg, seg, seg.q_index + offset)[0])
+    inverse = torch.argsort(torch.cat([seg.q_index for seg in segments]))  # inverts the permutation
+    return torch.cat(parts, dim=1).index_select(1, inverse.to(q_row.device))
 
 
 def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
@@ -256,11 +235,13 @@ def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor=
     outputs = []
     for doc_row, q_row, k_row, v_row in zip(_rows(doc_ids, batch), q_rows, k_rows, v_rows):
         segments = document_segments(doc_row, sk, sq)
-        row = doc_row.cpu()
+        sdpa = functools.partial(
+            _segment_sdpa, doc_row=doc_row.cpu(), scale=scale, gqa=gqa, window=window, anchor=anchor
+        )
         if sq == sk:
-            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, scale, gqa, row, window, anchor))
+            outputs.append(_blocked_row_prefill(q_row, k_row, v_row, segments, sdpa))
         else:
-            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, scale, gqa, row, window, anchor))
+            outputs.append(_blocked_row_decode(q_row, k_row, v_row, segments, sk - sq, sdpa))
     return outputs[0].unsqueeze(0) if batch == 1 else torch.stack(outputs)
 
 
@@ -277,10 +258,6 @@ class VarlenLayout:
     cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
     max_seqlen_q: int
     max_seqlen_k: int
-
-    def inverse_q(self) -> torch.Tensor:
-        """Positions in the varlen output of flat query 0..Nq-1 (every query appears once)."""
-        return _inverse(self.q_index)
 
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
@@ -325,7 +302,7 @@ def flash_attention(
     """Regroup tokens by document, run a varlen causal kernel, scatter back.
 
     varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
-    documented semantics (varlen_reference) to check the layout without CUDA.
+    documented semantics (tests/attention/varlen.py) to check the layout without CUDA.
     """
     if varlen_func is None:
         varlen_func = _flash_varlen_func()
@@ -335,16 +312,14 @@ def flash_attention(
                 "train with dtype=bf16 (autocast), or use the flex or blocked implementation"
             )
     batch, hq, sq, dim = q.shape
-    hkv, sk = k.shape[1], k.shape[2]
+    sk = k.shape[2]
     layout = varlen_layout(doc_ids, batch, sk, sq)
     window = _effective_window(window, sk)
     window_options = {} if window is None else {"window_size": (window - 1, 0)}  # flash-attn: keys i-left..i
     if window is not None:
         _check_flash_window(doc_ids, batch, sk, sq)
     device = q.device
-    q_flat = q.transpose(1, 2).reshape(batch * sq, hq, dim)
-    k_flat = k.transpose(1, 2).reshape(batch * sk, hkv, dim)
-    v_flat = v.transpose(1, 2).reshape(batch * sk, hkv, dim)
+    q_flat, k_flat, v_flat = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))  # [B*S, H, D]
     k_index = layout.k_index.to(device)
     out = varlen_func(
         q_flat.index_select(0, layout.q_index.to(device)),
@@ -358,7 +333,7 @@ def flash_attention(
         causal=True,
         **window_options,
     )
-    out = out.index_select(0, layout.inverse_q().to(device))
+    out = out.index_select(0, torch.argsort(layout.q_index).to(device))  # argsort inverts the permutation
     return out.reshape(batch, sq, hq, dim).transpose(1, 2)
 
 
@@ -366,120 +341,57 @@ def _check_flash_window(doc_ids, batch: int, kv_len: int, q_len: int) -> None:
     """flash's window counts positions inside each regrouped sequence: exact only where every
     sequence is one contiguous run of the row's tokens (no anchor prepended, no interleaving)."""
     for doc_row in _rows(doc_ids, batch):
-        segments = document_segments(doc_row, kv_len, q_len)
-        keys = [seg.k_index for seg in segments]
-        if any(seg.num_prefix for seg in segments) or any(int(k[-1] - k[0]) + 1 != k.numel() for k in keys):
+        if any(seg.num_prefix or not _is_run(seg.k_index) for seg in document_segments(doc_row, kv_len, q_len)):
             raise ValueError(
                 "the flash implementation cannot combine a sliding window with the anchor or interleaved "
                 "documents; use flex (CUDA) or blocked"
             )
 
 
-def varlen_reference(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-):
-    """Pure-torch emulation of flash_attn_varlen_func's documented semantics.
-
-    q [Nq, Hq, D], k/v [Nk, Hkv, D]; sequence i is q[cu_q[i]:cu_q[i+1]] over k[cu_k[i]:cu_k[i+1]];
-    grouped-query heads map query head h to kv head h // (Hq / Hkv); with causal=True and more
-    keys than queries the mask is aligned to the bottom-right corner; window_size (left, right),
-    -1 for unbounded, keeps key j for query i when i' - left <= j <= i' + right, i' being i
-    aligned bottom-right.
-    """
-    outputs = []
-    group = q.shape[1] // k.shape[1]
-    for i in range(len(cu_seqlens_q) - 1):
-        qs = q[int(cu_seqlens_q[i]) : int(cu_seqlens_q[i + 1])].transpose(0, 1)
-        ks = k[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
-        vs = v[int(cu_seqlens_k[i]) : int(cu_seqlens_k[i + 1])].transpose(0, 1).repeat_interleave(group, 0)
-        lq, lk = qs.shape[1], ks.shape[1]
-        aligned, keys = torch.arange(lk - lq, lk)[:, None], torch.arange(lk)[None, :]
-        mask = torch.ones(lq, lk, dtype=torch.bool)
-        if causal:
-            mask &= keys <= aligned
-        left, right = window_size
-        if left >= 0:
-            mask &= keys >= aligned - left
-        if right >= 0:
-            mask &= keys <= aligned + right
-        mask = mask.to(q.device)
-        outputs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
-    return torch.cat(outputs)
-
-
 # ----------------------------------------------------------------------------- flex
 
 
-class _BlockMaskCache:
-    """Reuses the BlockMask while doc_ids do not change (every layer of one forward shares it).
+_last_block_mask: dict[str, Any] = {}  # the BlockMask built last: its "key", "doc_ids" and "mask"
+
+
+def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window, anchor):
+    """The BlockMask, reused while doc_ids do not change (every layer of one forward shares it).
 
     Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
     """
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._doc_ids: torch.Tensor | None = None
-        self._mask = None
-
-    def get(self, doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
-        shape = None if doc_ids is None else tuple(doc_ids.shape)
-        key = (batch, q_len, kv_len, str(device), shape, window, anchor)
-        same_ids = (doc_ids is None and self._doc_ids is None) or (
-            doc_ids is not None and self._doc_ids is not None and torch.equal(doc_ids, self._doc_ids)
-        )
-        if key != self._key or not same_ids:
-            self._mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
-            self._key, self._doc_ids = key, None if doc_ids is None else doc_ids.clone()
-        return self._mask
+    key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
+    last_ids = _last_block_mask.get("doc_ids")
+    same_ids = last_ids is None if doc_ids is None else last_ids is not None and torch.equal(doc_ids, last_ids)
+    if key != _last_block_mask.get("key") or not same_ids:
+        mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
+        _last_block_mask.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
+    return _last_block_mask["mask"]
 
 
 def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = kv_len - q_len
-    if doc_ids is None:
+    doc = None if doc_ids is None else doc_ids.to(device).expand(batch, -1).contiguous()  # [B, Sk]
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            causal = q_idx + offset >= kv_idx
-            return causal if window is None else causal & (q_idx + offset - kv_idx < window)
+    def mask_mod(b, h, q_idx, kv_idx):
+        # masks.py's rule; the branches test constants, so each mask traces to the rule it needs
+        allowed = q_idx + offset >= kv_idx
+        seen = None if window is None else q_idx + offset - kv_idx < window
+        if doc is not None:
+            is_anchor = doc[b, kv_idx] == ANCHOR_DOC_ID
+            allowed = allowed & ((doc[b, q_idx + offset] == doc[b, kv_idx]) | is_anchor)
+            if seen is not None and anchor == "sink":
+                seen = seen | is_anchor
+        return allowed if seen is None else allowed & seen
 
-        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
-
-    doc = doc_ids.to(device)
-    if doc.dim() == 1:
-        doc = doc.unsqueeze(0).expand(batch, -1).contiguous()
-
-    def document_rule(b, h, q_idx, kv_idx):
-        same_doc = doc[b, q_idx + offset] == doc[b, kv_idx]
-        return (q_idx + offset >= kv_idx) & (same_doc | (doc[b, kv_idx] == ANCHOR_DOC_ID))
-
-    def windowed_rule(b, h, q_idx, kv_idx):
-        seen = q_idx + offset - kv_idx < window
-        if anchor == "sink":
-            seen = seen | (doc[b, kv_idx] == ANCHOR_DOC_ID)
-        return document_rule(b, h, q_idx, kv_idx) & seen
-
-    mask_mod = document_rule if window is None else windowed_rule
-
-    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=_compile_masks(device))
+    # On CUDA the block mask is built by a compiled kernel: the eager build of a 64K mask is
+    # minutes of work and S^2 memory. Elsewhere eager is fine (CPU flex serves tests only).
+    compiled = torch.device(device).type == "cuda"
+    rows = None if doc is None else batch
+    return create_block_mask(mask_mod, rows, None, q_len, kv_len, device=device, _compile=compiled)
 
 
-def _compile_masks(device) -> bool:
-    """On CUDA the block mask is built by a compiled kernel: the eager build of a 64K mask is
-    minutes of work and S^2 memory. Elsewhere eager is fine (CPU flex serves tests only)."""
-    return torch.device(device).type == "cuda"
-
-
-_block_masks = _BlockMaskCache()
 COMPILE_DEVICES = {"cuda"}  # where FlexAttention runs compiled; tests add "cpu" to count compiles on a CPU
 COMPILE_BACKEND = "inductor"  # the fused kernels; tests of compile accounting may take "eager" (Dynamo alone)
 # One compiled function per variant (dtype, head dim, mask kind, dynamic): see flex_attention_function.
@@ -493,7 +405,7 @@ def _flex_frame() -> Callable:
     object, however many torch.compile wrappers share it: one compiled flex_attention seeing
     two dtypes, two mask functions, two head dims and many lengths reaches the limit (default
     8) and then runs eager, materialising the Sq x Sk scores (hundreds of GB at 64K). A frame
-    per variant gives each variant its own graphs and its own count (flex_compile_counts).
+    per variant gives each variant its own graphs and its own count (tests count them per frame).
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -521,7 +433,7 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
         # fullgraph: a graph break would run FlexAttention eagerly (scores materialised: 128 GiB
         # at 64K) without a word; it is an error here instead.
         compiled = torch.compile(frame, dynamic=dynamic, backend=COMPILE_BACKEND, fullgraph=True)
-        compiled.frame = frame  # type: ignore[attr-defined]  # a function attribute: flex_compile_counts reads it
+        compiled.frame = frame  # type: ignore[attr-defined]  # the tests count graphs per frame
         _compiled_flex[key] = compiled
     return _compiled_flex[key]
 
@@ -541,26 +453,6 @@ def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torc
 def flex_variant(q: torch.Tensor, mask_kind: str) -> tuple:
     """What besides the length changes FlexAttention's compiled graph."""
     return (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
-
-
-def flex_compile_counts() -> dict[tuple, int]:
-    """Graphs Dynamo holds per compiled FlexAttention function: the count its recompile limit
-    (recompile_limit()) applies to, one function at a time."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    # (ignore: .frame is an attribute flex_attention_function sets on each function it compiles)
-    return {key: len(_debug_get_cache_entry_list(fn.frame.__code__)) for key, fn in _compiled_flex.items()}  # type: ignore[attr-defined]
-
-
-def fail_on_recompile_limit() -> None:
-    """Make reaching Dynamo's recompile limit an error instead of a silent fall-back to eager
-    (which, for FlexAttention, materialises the scores and runs out of memory at long lengths).
-    For the device checks: a failed check with a message beats a dead process with nothing written."""
-    config = torch._dynamo.config
-    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):  # renamed across torch versions
-        if hasattr(config, name):
-            setattr(config, name, True)
-            return
 
 
 def raise_recompile_limit(limit: int) -> None:
@@ -584,7 +476,7 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
     window = _effective_window(window, k.shape[2])
-    block_mask = _block_masks.get(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
+    block_mask = _cached_block_mask(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
     gqa = q.shape[1] != k.shape[1]
     function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
     return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
@@ -611,19 +503,18 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
     names = ["dense", "blocked"]
     if device.type == "cuda":
         names.append("flex")
-        try:
+        with contextlib.suppress(RuntimeError):  # flash-attn absent
             _flash_varlen_func()
             names.append("flash")
-        except RuntimeError:
-            pass
     return names
 
 
-def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
-    """The one dtype attention runs in: autocast's when autocast is on for q's device, else v's
-    (a caller passing one dtype keeps it). v is never rotated, so it carries the model's compute
-    dtype, while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k
-    then runs in bf16, as the paper's text has it, not silently in fp32.
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in the one dtype attention runs in, each rounded once (autograd carries the gradient
+    back through the cast): autocast's when autocast is on for q's device, else v's (a caller
+    passing one dtype keeps it). v is never rotated, so it carries the model's compute dtype,
+    while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k then runs
+    in bf16, as the paper's text has it, not silently in fp32.
 
     Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
     fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
@@ -631,14 +522,7 @@ def kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dty
     (which autocast casts itself). Casting here gives every implementation the same inputs.
     """
     device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return v.dtype
-
-
-def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v in kernel_dtype (each rounded once; autograd carries the gradient back through the cast)."""
-    dtype = kernel_dtype(q, k, v)
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -657,7 +541,7 @@ def document_attention(
     layer's sliding `window` when given (`anchor`: how the anchor meets it, masks.ANCHOR_MODES).
 
     q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D],
-    computed in one dtype (kernel_dtype: the autocast dtype under autocast) whatever the caller's.
+    computed in one dtype (one_dtype: the autocast dtype under autocast) whatever the caller's.
     """
     _check_shapes(q, k, v, doc_ids)
     q, k, v = one_dtype(q, k, v)

@@ -52,11 +52,8 @@ class Document:
 class PackedSequence:
     """One window of exactly `len(input_ids)` tokens; all tensors are 1-D and aligned.
 
-    loss_mask[i] is True when input_ids[i] is a training target predicted from position i-1:
-    False at 0, on the first token of every document piece (it cannot be predicted from another
-    document under document masks; the same rule holds for every paradigm so runs compare
-    fairly), on domain tags, on padding, and on the first content token behind a window-start
-    BOS (`pack` states the whole rule).
+    loss_mask[i] is True when input_ids[i] is a training target predicted from position i-1, by
+    one rule for every paradigm so that runs compare fairly (`pack` states it).
     """
 
     input_ids: torch.Tensor  # long [S]
@@ -202,13 +199,10 @@ def pack(
         raise ValueError(f"window_start must be one of {', '.join(WINDOW_STARTS)}, got {window_start!r}")
     documents = _as_documents(docs, domain_tags)
 
-    ids: list[int] = []
-    doc_ids: list[int] = []
-    positions: list[int] = []
-    if paradigm.has_anchor:
-        ids.append(bos_id)
-        doc_ids.append(ANCHOR_DOC_ID)
-        positions.append(0)
+    anchor = paradigm.has_anchor  # the window opens with the anchor, at position 0
+    ids: list[int] = [bos_id] if anchor else []
+    doc_ids: list[int] = [ANCHOR_DOC_ID] if anchor else []
+    positions: list[int] = [0] if anchor else []
 
     pieces, leftover, consumed = _fill_window(documents, seq_len - len(ids), paradigm, bos_id, eos_id, window_start)
     if paradigm.interleaves:

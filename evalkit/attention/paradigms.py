@@ -35,30 +35,26 @@ class Paradigm(str, enum.Enum):
             raise ValueError(f"unknown paradigm {name!r}; choose one of: {valid}") from None
 
     @property
-    def traits(self) -> ParadigmTraits:
-        return _TRAITS[self]
-
-    @property
     def has_anchor(self) -> bool:
         """One shared BOS at token 0 that every document attends to; documents carry no BOS."""
-        return self.traits.anchor
+        return _TRAITS[self].anchor
 
     @property
     def masks_documents(self) -> bool:
         """Attention is restricted to the query's own document (plus the anchor, if any)."""
-        return self.traits.document_mask
+        return _TRAITS[self].document_mask
 
     @property
     def resets_positions(self) -> bool:
-        return self.traits.reset_positions
+        return _TRAITS[self].reset_positions
 
     @property
     def interleaves(self) -> bool:
-        return self.traits.interleave
+        return _TRAITS[self].interleave
 
     @property
     def uses_tags(self) -> bool:
-        return self.traits.tags
+        return _TRAITS[self].tags
 
 
 @dataclass(frozen=True)

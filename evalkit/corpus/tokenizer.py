@@ -7,6 +7,7 @@ reserved for the anchor_tag paradigm.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,10 +61,8 @@ def builtin_tokenizer(vocab_size: int = 2048, cache_dir: Path | None = None):
         tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
         fast.save_pretrained(tmp)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(OSError):  # another process finished first: theirs is identical
             os.replace(tmp, directory)
-        except OSError:  # another process finished first: theirs is identical
-            pass
     return PreTrainedTokenizerFast.from_pretrained(directory)
 
 
@@ -86,8 +85,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
     payload = json.dumps({"backend": backend, "bos": tokenizer.bos_token, "eos": tokenizer.eos_token}, sort_keys=True)
     fingerprint = hashlib.sha256(payload.encode()).hexdigest()[:16]
-    try:
+    with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced: not remembered
         _FINGERPRINTS[tokenizer] = (checks, fingerprint)
-    except TypeError:
-        pass
     return fingerprint

@@ -85,8 +85,7 @@ def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> di
     path = Path(path)
     config = check_config_files(path, trust_remote_code=trust_remote_code)
     for file in weight_files(path):
-        _check_safetensors(file)
-        check_finite_weights(file)
+        _check_weights(file)
     return config
 
 
@@ -190,14 +189,9 @@ def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool) -> Pa
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict, or a UserError naming the file and the fault."""
     file = Path(path) / "config.json"
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} has no config.json: not a transformers checkpoint") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"cannot read {file}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
+    if not file.is_file():
+        raise UserError(f"{path} has no config.json: not a transformers checkpoint")
+    config = _read_json(file)
     if not isinstance(config, dict):
         raise UserError(
             f"{file} must hold a JSON object, not {type(config).__name__}; restore it from the checkpoint's source"
@@ -209,13 +203,17 @@ def check_json_files(path: Path) -> None:
     """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it
     (transformers' own errors for these rarely say which file it was reading)."""
     for name in CHECKPOINT_JSON:
-        file = Path(path) / name
-        if not file.is_file():
-            continue
-        try:
-            json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
+        if (Path(path) / name).is_file():
+            _read_json(Path(path) / name)
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"cannot read {file}: {err}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{file} is not valid JSON ({err}); restore it from the checkpoint's source") from None
 
 
 def load_config(path: str | Path, *, trust_remote_code: bool = False):
@@ -320,28 +318,22 @@ def _shards(path: Path) -> list[Path]:
     return [path / name for name in names]
 
 
-def _check_safetensors(file: Path) -> None:
-    """Opening reads the header and checks that the data it describes is all in the file: a
-    truncated copy fails here, not half-way through loading."""
-    from safetensors import SafetensorError, safe_open
+def _check_weights(file: Path) -> None:
+    """Refuse a weight file that is truncated (opening it checks that the data its header describes
+    is all there: it fails here, not half-way through loading) or holds a NaN or an infinity (such
+    a model scores, every prediction empty or garbage, as if it were merely bad). Read once per
+    version of the file."""
+    from safetensors import SafetensorError
 
     try:
-        with safe_open(str(file), framework="pt"):
-            pass
+        stat = file.stat()
+        found = _non_finite_weights(str(file), stat.st_size, stat.st_mtime_ns)
     except (SafetensorError, OSError) as err:
         raise UserError(f"{file} is truncated or corrupt ({err}); copy it again from its source") from None
-
-
-def check_finite_weights(file: Path) -> None:
-    """Refuse a weight file holding a NaN or an infinity: such a model scores (every prediction
-    empty, or garbage) as if it were merely bad. Checked once per version of the file."""
-    stat = file.stat()
-    found = _non_finite_weights(str(file), stat.st_size, stat.st_mtime_ns)
     if found:
-        shown = ", ".join(f"{name} ({count:,} values)" for name, count in found[:KEYS_SHOWN])
-        more = f", … {len(found) - KEYS_SHOWN} more tensors" if len(found) > KEYS_SHOWN else ""
+        shown = _some([f"{name} ({count:,} values)" for name, count in found], " tensors")
         raise UserError(
-            f"{file} holds NaN or infinite weights: {shown}{more}; evalkit does not score a model with non-finite "
+            f"{file} holds NaN or infinite weights: {shown}; evalkit does not score a model with non-finite "
             "weights: use an earlier checkpoint, or re-save this one from a healthy model"
         )
 
@@ -394,9 +386,9 @@ def _weights(keys: list) -> str:
     return f"{len(keys)} weight{'s' if len(keys) != 1 else ''}"
 
 
-def _some(names: list[str]) -> str:
+def _some(names: list[str], what: str = "") -> str:
     shown = ", ".join(names[:KEYS_SHOWN])
-    return shown + (f", … {len(names) - KEYS_SHOWN} more" if len(names) > KEYS_SHOWN else "")
+    return shown + (f", … {len(names) - KEYS_SHOWN} more{what}" if len(names) > KEYS_SHOWN else "")
 
 
 def load_pretrained(

@@ -9,6 +9,7 @@ the file's size. Only then may gguf (or transformers through it) read the file.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from pathlib import Path
@@ -142,7 +143,4 @@ def _tensor_info(cursor: _Cursor) -> tuple[str, int, int]:
         block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor_type)]
     except (ValueError, KeyError):
         raise _Corrupt(f"tensor {name} declares an unknown type {tensor_type}") from None
-    elements = 1
-    for dim in dims:
-        elements *= dim
-    return name, -(-elements // block) * block_bytes, offset
+    return name, -(-math.prod(dims) // block) * block_bytes, offset

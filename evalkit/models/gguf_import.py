@@ -22,6 +22,7 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.models.check import one_line
 from evalkit.models.gguf_header import check_declared_sizes
 from evalkit.models.precision import check_dtype, torch_dtype
 from evalkit.models.refs import META
@@ -54,11 +55,6 @@ def check_gguf_header(path: Path) -> int:
     return version
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _load_dequantized(path: Path):
     """(model, tokenizer) from the GGUF file, weights dequantized to float32 on the CPU."""
     import torch
@@ -69,7 +65,7 @@ def _load_dequantized(path: Path):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
     except Exception as err:  # the GGUF parser raises many kinds (struct, numpy, ValueError) on bad files
-        raise UserError(f"cannot import {path}: {_first_line(err)}") from None
+        raise UserError(f"cannot import {path}: {one_line(err)}") from None
     return model, tokenizer
 
 
@@ -120,7 +116,7 @@ def _gguf_file_type(path: Path) -> str | None:
     try:
         reader = GGUFReader(str(path))
     except Exception as err:  # numpy/struct errors on a short or inconsistent file
-        raise UserError(f"{path} is truncated or corrupt: {_first_line(err)}; download it again") from None
+        raise UserError(f"{path} is truncated or corrupt: {one_line(err)}; download it again") from None
     field = reader.fields.get("general.file_type")
     try:
         return LlamaFileType(int(field.parts[field.data[0]][0])).name if field is not None else None

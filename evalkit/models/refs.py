@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import re
 import sys
@@ -24,8 +25,13 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.models.check import HubModel, checkpoint_source
 
-META = (
-    "meta.json"  # a checkpoint's record (step, paradigm, precision, hub source): written last, so it marks a whole one
+# A checkpoint's record (step, paradigm, precision, hub source): written last, so it marks a whole one.
+META = "meta.json"
+# What checkpoint_meta keeps of it; "hub" is an export of a hub model's, "base_model" the commit a
+# run trained from a hub model started from.
+META_KEYS = tuple(
+    "step tokens_seen paradigm anchor_token config precision data_fingerprint tokenizer_fingerprint git_hash model"
+    " source dtype attention hub base_model".split()
 )
 STEP_DIR = re.compile(r"^step-(\d+)$")  # the one step-directory rule: step-<N>, written by step_dir_name
 
@@ -52,13 +58,10 @@ def _step_of(path: Path) -> int:
     match = STEP_DIR.match(path.name)
     if match:
         return int(match.group(1))
-    meta = path / META
-    if meta.is_file():
-        try:
-            return int(json.loads(meta.read_text()).get("step", 0))
-        except (ValueError, json.JSONDecodeError):
-            return 0
-    return 0
+    try:
+        return int(_meta_record(path).get("step", 0))
+    except ValueError:
+        return 0
 
 
 def _run_checkpoints(run_dir: Path) -> list[CheckpointRef]:
@@ -109,9 +112,10 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
                 )
     unique = sorted(_one_per_directory(refs))
     _check_run_names(unique)
-    if last is not None:
-        unique = [ref for ref in unique if ref in _newest_per_run(unique, last)]
-    return unique
+    if last is None:
+        return unique
+    # sorted by run, then step: each run's group ends with its newest
+    return [ref for _, group in itertools.groupby(unique, key=lambda ref: ref.run) for ref in list(group)[-last:]]
 
 
 def _one_per_directory(refs: list[CheckpointRef]) -> set[CheckpointRef]:
@@ -149,13 +153,6 @@ def _check_run_names(refs: list[CheckpointRef]) -> None:
         raise UserError(f"two different runs are both named {clashes[0]!r}; rename one of the run directories")
 
 
-def _newest_per_run(refs: list[CheckpointRef], last: int) -> set[CheckpointRef]:
-    keep: set[CheckpointRef] = set()
-    for run in {ref.run for ref in refs}:
-        keep.update(sorted(ref for ref in refs if ref.run == run)[-last:])
-    return keep
-
-
 def checkpoint_meta(path: Path, hub: HubModel | None = None) -> dict:
     """What made a checkpoint: the trainer's record (paradigm, config, step, data), evalkit
     import's (model name, source file and hash, dtype), and for a model named by its hub name the
@@ -172,24 +169,7 @@ def _meta_record(path: Path) -> dict:
         data = json.loads(meta.read_text())
     except json.JSONDecodeError:
         return {}
-    keep = (
-        "step",
-        "tokens_seen",
-        "paradigm",
-        "anchor_token",
-        "config",
-        "precision",
-        "data_fingerprint",
-        "tokenizer_fingerprint",
-        "git_hash",
-        "model",
-        "source",
-        "dtype",
-        "attention",
-        "hub",  # an export of a hub model
-        "base_model",  # a run trained from a hub model: the commit it started from
-    )
-    return {key: data[key] for key in keep if key in data}
+    return {key: data[key] for key in META_KEYS if key in data}
 
 
 WEIGHTS_SAMPLES = 16  # evenly spaced blocks read from each weights file

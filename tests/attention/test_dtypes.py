@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from evalkit.attention import kernels, pack, register_hf_attention
 from evalkit.attention.hf import hf_name, set_rope_precision
-from evalkit.attention.kernels import varlen_reference
+from tests.attention.varlen import varlen_reference
 
 THETA = 10000.0
 TINY = dict(

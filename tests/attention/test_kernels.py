@@ -10,8 +10,8 @@ from evalkit.attention import (
     document_mask,
     kernels,
     varlen_layout,
-    varlen_reference,
 )
+from tests.attention.varlen import varlen_reference
 from tests.helpers import naive_attention, random_pack
 
 CPU_IMPLS = ["dense", "blocked", "flash_emulated"]

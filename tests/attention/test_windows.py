@@ -7,8 +7,9 @@ float64 attention under a mask written here from the definition (one loop over q
 import pytest
 import torch
 
-from evalkit.attention import ANCHOR_DOC_ID, Paradigm, document_attention, kernels, varlen_reference
+from evalkit.attention import ANCHOR_DOC_ID, Paradigm, document_attention, kernels
 from tests.attention.test_kernels import batch_of_packs, qkv
+from tests.attention.varlen import varlen_reference
 from tests.helpers import naive_attention
 
 ON_CUDA = torch.cuda.is_available()

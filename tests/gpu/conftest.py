@@ -256,9 +256,18 @@ def _fail_at_the_recompile_limit():
     """On CUDA, Dynamo's recompile limit is an error, not a silent eager fall-back (which
     materialises FlexAttention's scores): a failed check with a message, not a dead process."""
     if not dry_run():
-        from evalkit.attention.kernels import fail_on_recompile_limit
-
         fail_on_recompile_limit()
+
+
+def fail_on_recompile_limit() -> None:
+    """Make reaching Dynamo's recompile limit an error instead of a silent fall-back to eager
+    (which, for FlexAttention, materialises the scores and runs out of memory at long lengths).
+    For the device checks: a failed check with a message beats a dead process with nothing written."""
+    config = torch._dynamo.config
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):  # renamed across torch versions
+        if hasattr(config, name):
+            setattr(config, name, True)
+            return
 
 
 def sync(device: str) -> None:

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.attention import document_mask
-from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+from evalkit.attention import kernels as attention_kernels
+from evalkit.attention.kernels import recompile_limit
 from evalkit.vllm_plugin.cache_layout import learn_layout
 from evalkit.vllm_plugin.kernels import (
     anchor_attention,
@@ -38,6 +39,16 @@ def prefill_paged(query_QHD, key_cache, value_cache, block_table_row, doc_ids_L,
 BLOCK = 16  # vLLM's default block size on CUDA
 HEADS, KV_HEADS, DIM = 32, 8, 128
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 2e-3}  # max abs error vs the FP32 reference
+
+
+def flex_compile_counts() -> dict[tuple, int]:
+    """Graphs Dynamo holds per compiled FlexAttention function: the count its recompile limit
+    (recompile_limit()) applies to, one function at a time."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    functions = attention_kernels._compiled_flex.items()
+    # (ignore: .frame is an attribute flex_attention_function sets on each function it compiles)
+    return {key: len(_debug_get_cache_entry_list(fn.frame.__code__)) for key, fn in functions}  # type: ignore[attr-defined]
 
 
 def document_lengths(total: int, mean: int, seed: int) -> list[int]:

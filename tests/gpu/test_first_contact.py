@@ -189,8 +189,7 @@ def test_flex_against_dense(which, device, sizes, record):
     """FlexAttention in bf16 (compiled on CUDA) within twice the blocked implementation's bf16
     error from fp32 dense attention, forward and (on CUDA) backward."""
     from evalkit.attention import document_attention, pack
-    from evalkit.attention.kernels import flex_compile_counts
-    from tests.gpu.serving import document_lengths
+    from tests.gpu.serving import document_lengths, flex_compile_counts
 
     length = sizes.attention_lengths[which]
     hq, hkv, dim = sizes.heads
@@ -242,9 +241,9 @@ TRAIN_RUNS = (("full", ()), ("anchor", ()), ("anchor", ("dtype=bf16_full", "rope
 
 @pytest.mark.parametrize("paradigm, precision", TRAIN_RUNS, ids=["full", "anchor", "anchor-bf16_full"])
 def test_train_steps(paradigm, precision, device, sizes, record, tmp_path):
-    from evalkit.attention.kernels import flex_compile_counts
     from evalkit.train import load_recipe, memory, train
     from evalkit.train.loop import METRICS
+    from tests.gpu.serving import flex_compile_counts
 
     run_dir = tmp_path / f"tiny-gpu-{paradigm}"
     sets = [*sizes.train_sets, f"max_steps={sizes.train_steps}", *precision]

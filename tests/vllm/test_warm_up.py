@@ -41,7 +41,7 @@ def test_recompile_accounting_counts_every_graph_of_the_function_against_its_lim
     """The long run's count is all the graphs the serving function holds, earlier ones included
     (Dynamo's limit counts them all), not those compiled during the run; each dtype compiles
     into a function of its own."""
-    from evalkit.attention.kernels import flex_compile_counts
+    from tests.gpu.serving import flex_compile_counts
 
     compiled_on_cpu()
     one_prefill(torch.float32, scale=0.5)  # another dtype: another function, its graph not counted below
@@ -109,9 +109,10 @@ def test_the_checks_serving_after_the_warm_up_compile_nothing_under_vllms_stance
 def test_the_impl_compiles_flex_when_built_so_serving_never_compiles(compiled_on_cpu, monkeypatch):
     """The backend impl warms FlexAttention up with its heads, scale and the model's dtype; then
     prefills of any length, chunk and document layout replay graphs that exist."""
-    from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+    from evalkit.attention.kernels import recompile_limit
     from evalkit.vllm_plugin import kernels
     from evalkit.vllm_plugin.anchor_backend import AnchorAttentionImplMixin
+    from tests.gpu.serving import flex_compile_counts
 
     compiled_on_cpu()
     monkeypatch.setattr(kernels, "_warmed_up", set())
@@ -163,8 +164,9 @@ def test_served_shapes_replay_after_the_warm_up_under_the_cuda_lowerings_guards(
     """With the guards CUDA compiles under (Q <= 127 or Q >= 128), every prefill after the warm-up
     replays a graph: on the old warm-up a prefill of exactly 128 queries compiled under vLLM's
     fail-on-recompile stance and raised. The graphs stay under the serving function's limit."""
-    from evalkit.attention.kernels import flex_compile_counts, recompile_limit
+    from evalkit.attention.kernels import recompile_limit
     from evalkit.vllm_plugin import kernels
+    from tests.gpu.serving import flex_compile_counts
 
     compiled_on_cpu(cuda_lowering_guards)
     monkeypatch.setattr(kernels, "_warmed_up", set())
