@@ -31,18 +31,18 @@ from evalkit.engines import tokens as tok
 from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's HF model default, for tasks whose YAML sets no limit
-CHUNK = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
+REQUESTS_PER_CALL = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
 
-Progress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
+RequestProgress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
 
 
 class EngineLM(LM):
     """An evalkit Engine as an lm-eval LM (single process, greedy, no truncation)."""
 
-    def __init__(self, engine: Engine, progress: Progress | None = None, truncate_middle: bool = False) -> None:
+    def __init__(self, engine: Engine, progress: RequestProgress | None = None, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
-        self.progress: Progress = progress or (lambda _kind, _done, _total: None)
+        self.progress: RequestProgress = progress or (lambda _kind, _done, _total: None)
         self.truncate_middle = truncate_middle
         # --too-long middle: per lm-eval task, the documents whose generation prompt was cut, and all seen.
         self.cut: dict[str, set[int]] = {}
@@ -76,8 +76,8 @@ class EngineLM(LM):
         _refuse_overflow("loglikelihood", fed, self.engine.max_length, requests)
         order = sorted(range(len(encoded)), key=lambda i: -fed[i])  # similar lengths share engine batches
         results: list[tuple[float, bool]] = [(0.0, True)] * len(encoded)
-        for start in range(0, len(order), CHUNK):
-            chunk = order[start : start + CHUNK]
+        for start in range(0, len(order), REQUESTS_PER_CALL):
+            chunk = order[start : start + REQUESTS_PER_CALL]
             scores = self.engine.loglikelihood_tokens([encoded[i] for i in chunk])
             for i, (logprob, greedy) in zip(chunk, scores):
                 results[i] = (float(logprob), bool(greedy))
@@ -88,8 +88,10 @@ class EngineLM(LM):
         # The engine cuts long texts into windows that score every token once: nothing to refuse.
         texts = [args[0] for args in _args(requests)]
         results: list[float] = []
-        for start in range(0, len(texts), CHUNK):
-            results.extend(float(x) for x in self.engine.loglikelihood_rolling(texts[start : start + CHUNK]))
+        for start in range(0, len(texts), REQUESTS_PER_CALL):
+            results.extend(
+                float(x) for x in self.engine.loglikelihood_rolling(texts[start : start + REQUESTS_PER_CALL])
+            )
             self.progress("loglikelihood_rolling", len(results), len(texts))
         return results
 
@@ -105,8 +107,8 @@ class EngineLM(LM):
         done = 0
         for (stop, max_new_tokens), indices in _grouped(settings).items():
             indices.sort(key=lambda i: -needed[i])
-            for start in range(0, len(indices), CHUNK):
-                chunk = indices[start : start + CHUNK]
+            for start in range(0, len(indices), REQUESTS_PER_CALL):
+                chunk = indices[start : start + REQUESTS_PER_CALL]
                 texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
                 for i, text in zip(chunk, texts):
                     outputs[i] = text  # never None: prompts that do not fit were refused above

@@ -33,7 +33,7 @@ from evalkit.general.errors import RequestsExceedWindow
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.identity import EXECUTION, SELECTION, identity_key, setting
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from evalkit.sweep.pipeline import (
@@ -48,7 +48,6 @@ from evalkit.sweep.pipeline import (
 )
 
 DEFAULT_OUT = Path("results/general")
-SUMMARY = summary_name("general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
 TOO_LONG_CHOICES = ("task", "documents", "middle")
@@ -94,7 +93,7 @@ class TaskPlan:
     key: str
 
 
-def parse_tasks(text: str) -> list[str]:
+def parse_general_tasks(text: str) -> list[str]:
     """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped)."""
     names = parse_list(text)
     if not names:
@@ -226,7 +225,7 @@ class GeneralBenchmark(Benchmark):
         }
 
     def average(self, rows: list[ResultRow]) -> Averages:
-        from evalkit.general.tables import average_table, run_averages
+        from evalkit.general.tables import general_average_table, run_averages
 
         averages = run_averages(rows)
         settings = self.settings
@@ -237,7 +236,7 @@ class GeneralBenchmark(Benchmark):
             f"{json.dumps(settings.engine_settings, sort_keys=True)}. "
             "Mean ± population std over the checkpoints listed."
         )
-        return Averages(averages, average_table(averages), conditions)
+        return Averages(averages, general_average_table(averages), conditions)
 
 
 def _rows(record: dict[str, Any]) -> list[ResultRow]:

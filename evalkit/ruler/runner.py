@@ -40,7 +40,7 @@ from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
@@ -55,9 +55,8 @@ from evalkit.sweep.pipeline import (
     run_benchmark,
 )
 
-SUMMARY = summary_name("ruler")
 PROMPT_FORMATS = ("base", "chat")
-CHUNK = 32  # samples generated between durable appends: a kill loses at most one chunk's work
+SAMPLES_PER_APPEND = 32  # samples generated between durable appends: a kill loses at most one chunk's work
 
 
 @dataclass
@@ -100,7 +99,7 @@ class RulerSettings:
         return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
 
 
-def parse_tasks(text: str) -> list[str]:
+def parse_ruler_tasks(text: str) -> list[str]:
     if text.strip().lower() == "all":
         return list(TASKS)
     names = parse_list(text)
@@ -112,7 +111,7 @@ def parse_tasks(text: str) -> list[str]:
     return names
 
 
-def check_window(ref: CheckpointRef, settings: RulerSettings) -> None:
+def check_lengths_fit(ref: CheckpointRef, settings: RulerSettings) -> None:
     """Before any work: the checkpoint's window is long enough for every length asked for."""
     too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
     if too_long:
@@ -259,8 +258,8 @@ def _evaluate_task(
             answer = _standard_answers(engine.get(), fmt, spec, length)
         else:
             answer = _anchor_answers(engine.get(), spec, length, samples, settings.doc_tokens)
-    for start in range(0, len(todo), CHUNK):
-        chunk = todo[start : start + CHUNK]
+    for start in range(0, len(todo), SAMPLES_PER_APPEND):
+        chunk = todo[start : start + SAMPLES_PER_APPEND]
         prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]  # rendered once: fed and hashed
         predictions, extras = answer(chunk, prompts)
         log.append(
@@ -388,7 +387,7 @@ class RulerBenchmark(Benchmark):
 
     def check(self, refs: list[CheckpointRef]) -> None:
         for ref in refs:
-            check_window(ref, self.settings)
+            check_lengths_fit(ref, self.settings)
             if self.settings.encoding != STANDARD:
                 check_packed_attention(ref, self.settings)
 
