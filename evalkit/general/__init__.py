@@ -1,8 +1,5 @@
-"""General tasks (mmlu, hellaswag, any lm-evaluation-harness task or group) on evalkit's engines.
-
-    evalkit general --ckpts PATH... --tasks mmlu,hellaswag [--num-fewshot N] [--limit N]
-                    [--engine hf|vllm] [--dtype bf16|fp16|fp32] [--batch-size N] [--avg]
-                    [--include-path DIR] [--out DIR]
+"""General tasks (mmlu, hellaswag, any lm-evaluation-harness task or group) on evalkit's engines
+(`evalkit general`).
 
 lm-eval defines the tasks, prompts, few-shot sampling and metrics; evalkit answers its requests
 with the engine RULER uses (adapter.EngineLM), so a checkpoint is scored with one dtype, attention

@@ -9,14 +9,13 @@ attention, tokenization, BOS handling):
     generate_until         Instance.args = (context, gen_kwargs)    -> greedy text up to a stop string
 
 Where lm-eval's own HF model would silently drop the start of a context that does not fit the
-window, the adapter checks every request of a call before computing anything and, if any does
-not fit, raises RequestsExceedWindow with how many and how long: the task is then reported as
-skipped with that count, never scored on truncated prompts, unless the user asked for
-LongBench's own remedy (`--too-long middle`: a generation prompt over the window keeps its first
-and last halves of the tokens that fit, as LongBench's pred.py truncates; each cut document is
-counted). Sampling is refused the same way, since evalkit's engines decode greedily.
+window, the adapter checks every request of a call before computing anything and raises
+RequestsExceedWindow (how many, how long): the task is skipped with that count, never scored on
+truncated prompts, unless the user asked for LongBench's remedy (`--too-long middle`: a
+generation prompt over the window keeps the first and last halves of what fits, as LongBench's
+pred.py truncates; each cut document is counted). Sampling is refused: the engines are greedy.
 
-This module imports lm_eval at the top (the class derives from its LM): import it lazily.
+It imports lm_eval at the top (EngineLM derives from its LM): import this module lazily.
 """
 
 from __future__ import annotations
@@ -104,8 +103,11 @@ class EngineLM(LM):
         needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
         _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
         outputs: list[str | None] = [None] * len(prompts)
+        groups: dict[tuple[tuple[str, ...], int], list[int]] = {}  # one engine call serves one setting
+        for i, setting in enumerate(settings):
+            groups.setdefault(setting, []).append(i)
         done = 0
-        for (stop, max_new_tokens), indices in _grouped(settings).items():
+        for (stop, max_new_tokens), indices in groups.items():
             indices.sort(key=lambda i: -needed[i])
             for start in range(0, len(indices), REQUESTS_PER_CALL):
                 chunk = indices[start : start + REQUESTS_PER_CALL]
@@ -167,11 +169,3 @@ def _greedy_settings(gen_kwargs: dict) -> tuple[tuple[str, ...], int]:
         )
     stop = tuple(s for s in kwargs["until"] if s)
     return stop, int(kwargs["max_gen_toks"])
-
-
-def _grouped(settings: list[tuple[tuple[str, ...], int]]) -> dict[tuple[tuple[str, ...], int], list[int]]:
-    """Request indices per distinct generation setting: one engine call serves one setting."""
-    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
-    for i, setting in enumerate(settings):
-        groups.setdefault(setting, []).append(i)
-    return groups
