@@ -169,7 +169,7 @@ def _unavailable_reason(name: str, err: BaseException) -> str:
     first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
     where = f"dataset {dataset}" if dataset else f"{name} or its dataset"
     reason = f"{where} could not be loaded ({type(err).__name__}: {first_line})"
-    if loads_through_hub:
+    if task is not None and loads_through_hub:
         config_name = getattr(task, "DATASET_NAME", None)
         call = f"datasets.load_dataset({task.DATASET_PATH!r}{f', {config_name!r}' if config_name else ''})"
         reason += (

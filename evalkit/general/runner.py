@@ -244,7 +244,7 @@ class GeneralBenchmark(Benchmark):
         kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
         return {
             **kept,
-            "tasks": {result.detail.record["task"]: _task_entry(result.detail) for result in results},
+            "tasks": {done.record["task"]: _task_entry(done) for done in _task_details(results)},
             "provenance": {**summary["provenance"], "lm_eval_version": _lm_eval_version()},
         }
 
@@ -391,6 +391,13 @@ def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return record if record.get("key") == plan.key else None
+
+
+def _task_details(results: list[UnitResult]) -> list[TaskDone]:
+    """What each unit's evaluate (or stored) gave the summary: a TaskDone, always."""
+    details = [result.detail for result in results if isinstance(result.detail, TaskDone)]
+    assert len(details) == len(results)  # evaluate and stored give every unit its TaskDone
+    return details
 
 
 def _task_entry(done: TaskDone) -> dict[str, Any]:
