@@ -297,11 +297,11 @@ class PplBenchmark(Benchmark):
         return self._tokens[ref.path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        from evalkit.ruler.runner import check_window
+        from evalkit.ruler.runner import check_lengths_fit
 
         self.documents()  # a bad --data is one line before any model loads
         for ref in refs:
-            check_window(ref, self.settings)
+            check_lengths_fit(ref, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(TASK, length) for length in self.settings.lengths]

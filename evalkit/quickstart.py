@@ -402,13 +402,12 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
     from evalkit.markdown import markdown_table
-    from evalkit.results.summaries import find_summaries
-    from evalkit.ruler.runner import SUMMARY
+    from evalkit.results.summaries import RULER_SUMMARY, find_summaries
     from evalkit.store.averages import RunAverage, length_averages
     from evalkit.store.result_format import summary_rows
 
     averages = length_averages(
-        [row for summary in find_summaries([ruler_dir], SUMMARY) for row in summary_rows(summary)]
+        [row for summary in find_summaries([ruler_dir], RULER_SUMMARY) for row in summary_rows(summary)]
     )
     scored = {a.run for a in averages if a.mean > 0}
     zero = sorted({a.run for a in averages} - scored)
@@ -463,15 +462,14 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
     from evalkit.results.leaderboard import checkpoint_means
     from evalkit.results.plots import ruler_and_ppl_vs_step
     from evalkit.results.samples import PPL_SUMMARY
-    from evalkit.results.summaries import find_summaries
-    from evalkit.ruler.runner import SUMMARY
+    from evalkit.results.summaries import RULER_SUMMARY, find_summaries
     from evalkit.store.averages import per_checkpoint_length_means
     from evalkit.store.result_format import STANDARD, summary_rows
 
     def rows(folder: str, name: str) -> list:
         return [row for summary in find_summaries([out / folder], name) for row in summary_rows(summary)]
 
-    ruler = [row for row in rows("ruler", SUMMARY) if row.encoding in (None, STANDARD)]
+    ruler = [row for row in rows("ruler", RULER_SUMMARY) if row.encoding in (None, STANDARD)]
     ppl = [row for row in rows("ppl", PPL_SUMMARY) if row.metric == "perplexity"]
     ruler_means, ppl_means = per_checkpoint_length_means(ruler), per_checkpoint_length_means(ppl)
 

@@ -111,7 +111,7 @@ def bench_ruler_data(
     check_positive({"--samples": samples, "--vocab-size": vocab_size}, out)
 
     from evalkit.bench import ruler_data as bench
-    from evalkit.ruler.runner import parse_tasks
+    from evalkit.ruler.runner import parse_ruler_tasks
 
     console = Console(stderr=True)
     if tokenizer == "builtin":
@@ -130,7 +130,7 @@ def bench_ruler_data(
             raise UserError(f"could not load a tokenizer from {tokenizer!r}: {str(err).splitlines()[0]}") from None
         described = tokenizer
     rows = bench.run(
-        parse_tasks(tasks),
+        parse_ruler_tasks(tasks),
         parse_lengths(lengths),
         samples,
         tok,
@@ -168,11 +168,11 @@ def bench_eval(
     from rich.console import Console
 
     from evalkit.bench import eval as bench
-    from evalkit.ruler.runner import parse_tasks
+    from evalkit.ruler.runner import parse_ruler_tasks
 
     check_positive({"--samples": samples, "--batch-size": batch_size}, out)
     variants = bench.parse_engines(engines)
-    chosen_tasks, chosen_lengths = parse_tasks(tasks), parse_lengths(lengths)
+    chosen_tasks, chosen_lengths = parse_ruler_tasks(tasks), parse_lengths(lengths)
     console = Console(stderr=True)
     rows = bench.run(
         ckpt,

@@ -48,7 +48,7 @@ def general_command(
     from rich.console import Console
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.general import checkpoint_table, parse_tasks, run_general
+    from evalkit.general import general_checkpoint_table, parse_general_tasks, run_general
 
     console = Console(stderr=True)
     settings = {
@@ -62,7 +62,7 @@ def general_command(
     with options.progress_display(console) as shown:
         run = run_general(
             refs,
-            parse_tasks(tasks),
+            parse_general_tasks(tasks),
             out=out,
             num_fewshot=num_fewshot,
             limit=limit,
@@ -75,4 +75,4 @@ def general_command(
             executor=scale[1],
             **shown,
         )
-    options.report(console, run, out, checkpoint_table)
+    options.report(console, run, out, general_checkpoint_table)

@@ -57,7 +57,7 @@ def ruler_command(
     from rich.console import Console
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.ruler.runner import RulerSettings, parse_tasks
+    from evalkit.ruler.runner import RulerSettings, parse_ruler_tasks
     from evalkit.store.averages import checkpoint_table
 
     console = Console(stderr=True)
@@ -66,7 +66,7 @@ def ruler_command(
     except LengthBeyondLimit as err:  # the model is known: say its window, not evalkit's limit
         raise _beyond_window(err, [*(ckpts or []), *(paths or [])], max_length) from None
     settings = RulerSettings(
-        tasks=parse_tasks(tasks),
+        tasks=parse_ruler_tasks(tasks),
         lengths=parsed_lengths,
         num_samples=samples,
         seed=seed,

@@ -1,8 +1,5 @@
-"""General tasks (mmlu, hellaswag, any lm-evaluation-harness task or group) on evalkit's engines.
-
-    evalkit general --ckpts PATH... --tasks mmlu,hellaswag [--num-fewshot N] [--limit N]
-                    [--engine hf|vllm] [--dtype bf16|fp16|fp32] [--batch-size N] [--avg]
-                    [--include-path DIR] [--out DIR]
+"""General tasks (mmlu, hellaswag, any lm-evaluation-harness task or group) on evalkit's engines
+(`evalkit general`).
 
 lm-eval defines the tasks, prompts, few-shot sampling and metrics; evalkit answers its requests
 with the engine RULER uses (adapter.EngineLM), so a checkpoint is scored with one dtype, attention
@@ -12,24 +9,25 @@ than the model window is never truncated: the task is skipped, with the count, a
 tasks run. evalkit's tasks/ folder (offline fixtures with mmlu's and hellaswag's shapes)
 is always on the include path.
 
-    from evalkit.general import run_general, parse_tasks
-    run = run_general(refs, parse_tasks("mmlu,hellaswag"), out=Path("results/general"),
+    from evalkit.general import general_checkpoint_table, parse_general_tasks, run_general
+    run = run_general(refs, parse_general_tasks("mmlu,hellaswag"), out=Path("results/general"),
                       engine_settings={"dtype": "bf16", "batch_size": 8}, avg=True)
-    run.rows, run.skipped, run.averages  # a sweep.pipeline.EvaluationRun; tables.checkpoint_table(run.result_rows())
+    run.rows, run.skipped, run.averages  # a sweep.pipeline.EvaluationRun
+    general_checkpoint_table(run.result_rows())
 
 Nothing heavy is imported here: lm_eval and transformers load when a run starts.
 """
 
-from evalkit.general.runner import DEFAULT_OUT, GeneralBenchmark, GeneralSettings, parse_tasks, run_general
-from evalkit.general.tables import average_table, checkpoint_table, run_averages
+from evalkit.general.runner import DEFAULT_OUT, GeneralBenchmark, GeneralSettings, parse_general_tasks, run_general
+from evalkit.general.tables import general_average_table, general_checkpoint_table, run_averages
 
 __all__ = [
     "DEFAULT_OUT",
     "GeneralBenchmark",
     "GeneralSettings",
-    "average_table",
-    "checkpoint_table",
-    "parse_tasks",
+    "general_average_table",
+    "general_checkpoint_table",
+    "parse_general_tasks",
     "run_averages",
     "run_general",
 ]

@@ -9,14 +9,13 @@ attention, tokenization, BOS handling):
     generate_until         Instance.args = (context, gen_kwargs)    -> greedy text up to a stop string
 
 Where lm-eval's own HF model would silently drop the start of a context that does not fit the
-window, the adapter checks every request of a call before computing anything and, if any does
-not fit, raises RequestsExceedWindow with how many and how long: the task is then reported as
-skipped with that count, never scored on truncated prompts, unless the user asked for
-LongBench's own remedy (`--too-long middle`: a generation prompt over the window keeps its first
-and last halves of the tokens that fit, as LongBench's pred.py truncates; each cut document is
-counted). Sampling is refused the same way, since evalkit's engines decode greedily.
+window, the adapter checks every request of a call before computing anything and raises
+RequestsExceedWindow (how many, how long): the task is skipped with that count, never scored on
+truncated prompts, unless the user asked for LongBench's remedy (`--too-long middle`: a
+generation prompt over the window keeps the first and last halves of what fits, as LongBench's
+pred.py truncates; each cut document is counted). Sampling is refused: the engines are greedy.
 
-This module imports lm_eval at the top (the class derives from its LM): import it lazily.
+It imports lm_eval at the top (EngineLM derives from its LM): import this module lazily.
 """
 
 from __future__ import annotations
@@ -31,18 +30,18 @@ from evalkit.engines import tokens as tok
 from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's HF model default, for tasks whose YAML sets no limit
-CHUNK = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
+REQUESTS_PER_CALL = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
 
-Progress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
+RequestProgress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
 
 
 class EngineLM(LM):
     """An evalkit Engine as an lm-eval LM (single process, greedy, no truncation)."""
 
-    def __init__(self, engine: Engine, progress: Progress | None = None, truncate_middle: bool = False) -> None:
+    def __init__(self, engine: Engine, progress: RequestProgress | None = None, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
-        self.progress: Progress = progress or (lambda _kind, _done, _total: None)
+        self.progress: RequestProgress = progress or (lambda _kind, _done, _total: None)
         self.truncate_middle = truncate_middle
         # --too-long middle: per lm-eval task, the documents whose generation prompt was cut, and all seen.
         self.cut: dict[str, set[int]] = {}
@@ -76,8 +75,8 @@ class EngineLM(LM):
         _refuse_overflow("loglikelihood", fed, self.engine.max_length, requests)
         order = sorted(range(len(encoded)), key=lambda i: -fed[i])  # similar lengths share engine batches
         results: list[tuple[float, bool]] = [(0.0, True)] * len(encoded)
-        for start in range(0, len(order), CHUNK):
-            chunk = order[start : start + CHUNK]
+        for start in range(0, len(order), REQUESTS_PER_CALL):
+            chunk = order[start : start + REQUESTS_PER_CALL]
             scores = self.engine.loglikelihood_tokens([encoded[i] for i in chunk])
             for i, (logprob, greedy) in zip(chunk, scores):
                 results[i] = (float(logprob), bool(greedy))
@@ -88,8 +87,10 @@ class EngineLM(LM):
         # The engine cuts long texts into windows that score every token once: nothing to refuse.
         texts = [args[0] for args in _args(requests)]
         results: list[float] = []
-        for start in range(0, len(texts), CHUNK):
-            results.extend(float(x) for x in self.engine.loglikelihood_rolling(texts[start : start + CHUNK]))
+        for start in range(0, len(texts), REQUESTS_PER_CALL):
+            results.extend(
+                float(x) for x in self.engine.loglikelihood_rolling(texts[start : start + REQUESTS_PER_CALL])
+            )
             self.progress("loglikelihood_rolling", len(results), len(texts))
         return results
 
@@ -102,11 +103,14 @@ class EngineLM(LM):
         needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
         _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
         outputs: list[str | None] = [None] * len(prompts)
+        groups: dict[tuple[tuple[str, ...], int], list[int]] = {}  # one engine call serves one setting
+        for i, setting in enumerate(settings):
+            groups.setdefault(setting, []).append(i)
         done = 0
-        for (stop, max_new_tokens), indices in _grouped(settings).items():
+        for (stop, max_new_tokens), indices in groups.items():
             indices.sort(key=lambda i: -needed[i])
-            for start in range(0, len(indices), CHUNK):
-                chunk = indices[start : start + CHUNK]
+            for start in range(0, len(indices), REQUESTS_PER_CALL):
+                chunk = indices[start : start + REQUESTS_PER_CALL]
                 texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
                 for i, text in zip(chunk, texts):
                     outputs[i] = text  # never None: prompts that do not fit were refused above
@@ -165,11 +169,3 @@ def _greedy_settings(gen_kwargs: dict) -> tuple[tuple[str, ...], int]:
         )
     stop = tuple(s for s in kwargs["until"] if s)
     return stop, int(kwargs["max_gen_toks"])
-
-
-def _grouped(settings: list[tuple[tuple[str, ...], int]]) -> dict[tuple[tuple[str, ...], int], list[int]]:
-    """Request indices per distinct generation setting: one engine call serves one setting."""
-    groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
-    for i, setting in enumerate(settings):
-        groups.setdefault(setting, []).append(i)
-    return groups

@@ -1,10 +1,5 @@
-"""Which lm-eval tasks exist, how each is loaded, and with how many shots it is scored.
-
-    TaskCatalog(include_paths)    lm-eval's TaskManager over evalkit's tasks/ and the user's folders
-    catalog.check(names)          a UserError for a name lm-eval does not know (with a close match)
-    catalog.fewshot(name, given)  the shots to ask for: given, else evalkit's standard, else lm-eval's
-    catalog.load(name)            the Task/Group objects; a dataset that cannot be had is a DatasetUnavailable
-    catalog.loading(name)         the context to load and run a task in: offline for evalkit's own fixtures
+"""Which lm-eval tasks exist (TaskCatalog: lm-eval's TaskManager over evalkit's tasks/ and the
+user's folders), how each is loaded, and with how many shots it is scored.
 
 Standard settings (the paper's general tasks; written down because the paper does not state them):
 mmlu is 5-shot, as in the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0);
@@ -18,7 +13,7 @@ import difflib
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +125,9 @@ class TaskCatalog:
         except Exception as err:  # datasets, hub and file errors differ by version and backend: all are data errors
             if isinstance(err, KeyError) and not self.complete:
                 # A group in the include paths made of lm-eval's own tasks: those need the full index.
-                self._complete_index()
+                from lm_eval.tasks import TaskManager
+
+                self.manager, self.complete = TaskManager(include_path=self.include_paths or None), True
                 return self.load(name)
             self.unavailable[name] = _unavailable_reason(name, err)
             raise DatasetUnavailable(self.unavailable[name]) from err
@@ -139,12 +136,6 @@ class TaskCatalog:
         if name in loaded["tasks"]:
             return [loaded["tasks"][name]]
         return list(loaded["tasks"].values())  # a tag: the tasks it names
-
-    def _complete_index(self) -> None:
-        from lm_eval.tasks import TaskManager
-
-        self.manager = TaskManager(include_path=self.include_paths or None)
-        self.complete = True
 
     def _standard_name(self, name: str) -> str | None:
         """'mmlu' for lm-eval's mmlu group and its parts, 'hellaswag' for hellaswag, else None."""
@@ -173,12 +164,14 @@ def _is_under(path: Path | None, folder: Path) -> bool:
 
 def _unavailable_reason(name: str, err: BaseException) -> str:
     """One line: the dataset that failed, the library's own first line, and what to do about it."""
-    dataset, loads_through_hub = _failing_dataset(err)
+    task = _failing_task(err)
+    dataset, loads_through_hub = _failing_dataset(task) if task is not None else (None, False)
     first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
     where = f"dataset {dataset}" if dataset else f"{name} or its dataset"
     reason = f"{where} could not be loaded ({type(err).__name__}: {first_line})"
-    if loads_through_hub:
-        call = f"datasets.load_dataset({_dataset_call_arguments(err)})"
+    if task is not None and loads_through_hub:
+        config_name = getattr(task, "DATASET_NAME", None)
+        call = f"datasets.load_dataset({task.DATASET_PATH!r}{f', {config_name!r}' if config_name else ''})"
         reason += (
             "; it is neither in the Hugging Face cache nor reachable: run once where the hub is reachable to fill "
             f'the cache (or pre-download it: python -c "import datasets; {call}"), then HF_DATASETS_OFFLINE=1 '
@@ -199,11 +192,8 @@ def _failing_task(err: BaseException) -> Any | None:
     return found
 
 
-def _failing_dataset(err: BaseException) -> tuple[str | None, bool]:
-    """(a name for the dataset that failed, whether it loads through datasets/the hub)."""
-    task = _failing_task(err)
-    if task is None:
-        return None, False
+def _failing_dataset(task: Any) -> tuple[str, bool]:
+    """(a name for the task's dataset, whether it loads through datasets/the hub)."""
     kwargs = getattr(task.config, "dataset_kwargs", None) or {}
     if getattr(task.config, "custom_dataset", None) is not None:  # a local loader: name what it reads
         files = [str(v) for k, v in kwargs.items() if "file" in k]
@@ -212,14 +202,6 @@ def _failing_dataset(err: BaseException) -> tuple[str | None, bool]:
     if kwargs.get("data_files"):
         return f"{path} ({kwargs['data_files']})", False
     return (f"{path} ({config_name})" if config_name else str(path)), True
-
-
-def _dataset_call_arguments(err: BaseException) -> str:
-    task = _failing_task(err)
-    if task is None:
-        return "..."
-    config_name = getattr(task, "DATASET_NAME", None)
-    return repr(task.DATASET_PATH) + (f", {config_name!r}" if config_name else "")
 
 
 # ---------------------------------------------------------------------- offline fixtures
@@ -233,48 +215,42 @@ def offline_hubs() -> Iterator[None]:
     setting the environment alone would not reach them, and leaving it set would make the next
     (real) task offline too. So the environment and the constants are set, then restored.
     """
+    from unittest import mock
+
     import datasets.config
     import huggingface_hub.constants
 
-    saved_environment = {name: os.environ.get(name) for name in OFFLINE_VARIABLES}
     constants = [
         (huggingface_hub.constants, "HF_HUB_OFFLINE"),
         (datasets.config, "HF_HUB_OFFLINE"),
         (datasets.config, "HF_DATASETS_OFFLINE"),
     ]
-    saved_constants = [getattr(module, attribute, None) for module, attribute in constants]
-    os.environ.update({name: "1" for name in OFFLINE_VARIABLES})
-    for module, attribute in constants:
-        setattr(module, attribute, True)
+    # Only these variables are restored: the task may build an engine that sets others for good.
+    saved_environment = {name: os.environ.get(name) for name in OFFLINE_VARIABLES}
+    os.environ.update(dict.fromkeys(OFFLINE_VARIABLES, "1"))
     try:
-        yield
+        with ExitStack() as stack:
+            for module, attribute in constants:
+                stack.enter_context(mock.patch.object(module, attribute, True, create=True))
+            yield
     finally:
         for name, value in saved_environment.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        for (module, attribute), value in zip(constants, saved_constants):
-            setattr(module, attribute, value)
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, fragments: tuple[str, ...]) -> None:
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(fragment in message for fragment in self.fragments)
 
 
 @contextmanager
 def quiet_logger(name: str, fragments: tuple[str, ...]) -> Iterator[None]:
     """Drop the messages of logger `name` that contain any of `fragments`, for the duration."""
     logger = logging.getLogger(name)
-    quiet = _DropMessages(fragments)
-    logger.addFilter(quiet)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not any(fragment in record.getMessage() for fragment in fragments)
+
+    logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.removeFilter(quiet)
+        logger.removeFilter(keep)

@@ -30,26 +30,12 @@ class RequestsExceedWindow(TaskCannotRun):
         documents: dict[str, set[int]] | None = None,
         over: dict[str, set[int]] | None = None,
     ):
-        self.request_type, self.too_long, self.total, self.longest, self.window = (
-            request_type,
-            too_long,
-            total,
-            longest,
-            window,
-        )
-        self.documents, self.over = documents or {}, over or {}
+        self.request_type, self.too_long, self.total, self.longest = request_type, too_long, total, longest
+        self.window, self.documents, self.over = window, documents or {}, over or {}
         super().__init__(
             f"{too_long} of {total} {request_type} requests need more than the model window of {window} tokens "
             f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "
             "longer window, or the engine's max_length setting"
         )
-        self.details = dict(self.counts())  # kept in the skip record: reports count the requests that did not fit
-
-    def counts(self) -> dict[str, int]:
-        """What a skip record keeps, so that reports can count the requests that did not fit."""
-        return {
-            "requests_over_window": self.too_long,
-            "requests": self.total,
-            "longest": self.longest,
-            "window": self.window,
-        }
+        # Kept in the skip record, so that reports can count the requests that did not fit.
+        self.details = {"requests_over_window": too_long, "requests": total, "longest": longest, "window": window}

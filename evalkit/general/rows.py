@@ -26,10 +26,10 @@ def result_rows(results: dict[str, Any], requested: str, run: str, step: int) ->
     rows = []
     for task, entry in results["results"].items():
         for key, value in entry.items():
-            metric_filter = _split_metric_key(key)
-            if metric_filter is None or not _is_number(value):  # lists, strings: not a score
+            # "acc,none" is a score; "acc_stderr,none" its error; alias, sample_len have no filter.
+            metric, comma, filter_name = key.partition(",")
+            if not comma or metric.endswith(STDERR_MARK) or not _is_number(value):  # lists, strings: not a score
                 continue
-            metric, filter_name = metric_filter
             rows.append(
                 ResultRow(
                     "general",
@@ -71,16 +71,6 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
                 }
             )
     return kept
-
-
-def _split_metric_key(key: str) -> tuple[str, str] | None:
-    """("acc", "none") from "acc,none"; None for stderr keys and plain fields (alias, sample_len)."""
-    if "," not in key:
-        return None
-    metric, filter_name = key.split(",", 1)
-    if metric.endswith(STDERR_MARK):
-        return None
-    return metric, filter_name
 
 
 def _sample_count(results: dict[str, Any], task: str) -> int | None:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from evalkit.general.errors import RequestsExceedWindow
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.identity import EXECUTION, SELECTION, identity_key, setting
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from evalkit.sweep.pipeline import (
@@ -48,7 +47,6 @@ from evalkit.sweep.pipeline import (
 )
 
 DEFAULT_OUT = Path("results/general")
-SUMMARY = summary_name("general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
 TOO_LONG_CHOICES = ("task", "documents", "middle")
@@ -78,10 +76,22 @@ class GeneralSettings:
             raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
         if self.num_fewshot is not None and self.num_fewshot < 0:
             raise UserError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
-        _check_limit(self.limit)
-        _check_too_long(self.too_long, self.limit)
-        if self.limit is not None and self.limit >= 1:
-            self.limit = int(self.limit)  # 10.0 from a CLI float is 10 documents
+        # --limit is N documents or a fraction in (0, 1); inf and nan are neither (int(inf) would fail
+        # after the task catalog loads, and nan compares false with everything).
+        limit = self.limit
+        if limit is not None and not (math.isfinite(limit) and limit > 0):
+            raise UserError(f"--limit must be a number of documents per task (or a fraction below 1), got {limit}")
+        if limit is not None and limit >= 1 and not float(limit).is_integer():
+            raise UserError(f"--limit {limit}: give a whole number of documents, or a fraction below 1")
+        if self.too_long not in TOO_LONG_CHOICES:
+            raise UserError(f"--too-long must be one of {', '.join(TOO_LONG_CHOICES)}, got {self.too_long!r}")
+        if self.too_long == "documents" and limit is not None:
+            raise UserError(
+                "--too-long documents and --limit cannot be combined (lm-eval takes a limit or a list of documents, "
+                "not both); drop --limit"
+            )
+        if limit is not None and limit >= 1:
+            self.limit = int(limit)  # 10.0 from a CLI float is 10 documents
 
 
 @dataclass(frozen=True)
@@ -94,12 +104,10 @@ class TaskPlan:
     key: str
 
 
-def parse_tasks(text: str) -> list[str]:
-    """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped)."""
-    names = parse_list(text)
-    if not names:
-        raise UserError("no task given: pass --tasks NAME[,NAME...] (e.g. mmlu,hellaswag)")
-    return names
+def parse_general_tasks(text: str) -> list[str]:
+    """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped); GeneralSettings
+    refuses an empty list."""
+    return parse_list(text)
 
 
 def run_general(
@@ -122,13 +130,13 @@ def run_general(
 ) -> EvaluationRun:
     """Score every checkpoint on every task (see the module docstring); writes and returns the results.
     `shard` and `executor`: see evalkit.sweep."""
-    from evalkit.general.catalog import default_include_paths
+    from evalkit.general.catalog import default_include_paths, quiet_logger
 
     include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
     settings = GeneralSettings(
         list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), include_paths, too_long
     )  # validated here, once
-    with _quiet_lm_eval():
+    with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
         return run_benchmark(
             GeneralBenchmark(settings, log),
             refs,
@@ -203,8 +211,9 @@ class GeneralBenchmark(Benchmark):
         self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress
     ) -> UnitResult[TaskDone]:
         ref = store.ref
-        lm = _LazyEngineLM(engine, self._lms, progress, self.settings.too_long == "middle")
-        record = _evaluate_task(lm, self.catalog, self.plan(unit), self.settings, store)
+        record = _evaluate_task(
+            lambda: self._engine_lm(engine, progress), self.catalog, self.plan(unit), self.settings, store
+        )
         for task, left in record.get("over_window", {}).items():
             self.log(
                 f"{task} ({ref.run} step {ref.step}): {left['documents_over_window']} of {left['documents']} "
@@ -217,6 +226,20 @@ class GeneralBenchmark(Benchmark):
             )
         return UnitResult(_rows(record), TaskDone(record, False, _in_checkpoint(store)))
 
+    def _engine_lm(self, engine: LazyEngine, progress: UnitProgress):
+        """The engine as lm-eval's LM, made once per built engine and only when asked for: a
+        checkpoint whose tasks are all on disk already, or whose data cannot be had, builds no engine."""
+        from evalkit.general.adapter import EngineLM
+
+        built = engine.get()
+        if id(built) not in self._lms:
+            self._lms.clear()  # the previous checkpoint's engine is closed: drop its LM
+            self._lms[id(built)] = EngineLM(built, truncate_middle=self.settings.too_long == "middle")
+        lm = self._lms[id(built)]
+        lm.progress = lambda _request_type, done, total: progress(done, total)
+        lm.cut, lm.seen = {}, {}  # counted per requested task
+        return lm
+
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
         kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
         return {
@@ -226,7 +249,7 @@ class GeneralBenchmark(Benchmark):
         }
 
     def average(self, rows: list[ResultRow]) -> Averages:
-        from evalkit.general.tables import average_table, run_averages
+        from evalkit.general.tables import general_average_table, run_averages
 
         averages = run_averages(rows)
         settings = self.settings
@@ -237,7 +260,7 @@ class GeneralBenchmark(Benchmark):
             f"{json.dumps(settings.engine_settings, sort_keys=True)}. "
             "Mean ± population std over the checkpoints listed."
         )
-        return Averages(averages, average_table(averages), conditions)
+        return Averages(averages, general_average_table(averages), conditions)
 
 
 def _rows(record: dict[str, Any]) -> list[ResultRow]:
@@ -246,27 +269,6 @@ def _rows(record: dict[str, Any]) -> list[ResultRow]:
 
 
 # ---------------------------------------------------------------------- checks and plans
-
-
-def _check_too_long(too_long: str, limit: float | None) -> None:
-    if too_long not in TOO_LONG_CHOICES:
-        raise UserError(f"--too-long must be one of {', '.join(TOO_LONG_CHOICES)}, got {too_long!r}")
-    if too_long == "documents" and limit is not None:
-        raise UserError(
-            "--too-long documents and --limit cannot be combined (lm-eval takes a limit or a list of documents, "
-            "not both); drop --limit"
-        )
-
-
-def _check_limit(limit: float | None) -> None:
-    """--limit is N documents (a whole number) or a fraction in (0, 1); inf and nan are neither
-    (int(inf) would fail after the task catalog loads, and nan compares false with everything)."""
-    if limit is None:
-        return
-    if not (math.isfinite(limit) and limit > 0):
-        raise UserError(f"--limit must be a number of documents per task (or a fraction below 1), got {limit}")
-    if limit >= 1 and not float(limit).is_integer():
-        raise UserError(f"--limit {limit}: give a whole number of documents, or a fraction below 1")
 
 
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
@@ -293,46 +295,20 @@ def _engine_dtype(engine_settings: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------- one task
 
 
-class _LazyEngineLM:
-    """The engine as lm-eval's LM, made once per built engine: a checkpoint whose tasks are all
-    on disk already, or whose data cannot be had, builds no engine."""
-
-    def __init__(
-        self,
-        engine: LazyEngine,
-        made: dict[int, Any],
-        progress: Callable[[int, int], None],
-        truncate_middle: bool = False,
-    ) -> None:
-        self.engine, self.made, self.progress, self.truncate_middle = engine, made, progress, truncate_middle
-
-    def for_task(self, _task: str):
-        from evalkit.general.adapter import EngineLM
-
-        built = self.engine.get()
-        if id(built) not in self.made:
-            self.made.clear()  # the previous checkpoint's engine is closed: drop its LM
-            self.made[id(built)] = EngineLM(built, truncate_middle=self.truncate_middle)
-        lm = self.made[id(built)]
-        lm.progress = lambda _request_type, done, total: self.progress(done, total)
-        lm.cut, lm.seen = {}, {}  # counted per requested task
-        return lm
-
-
 def _evaluate_task(
-    engine: _LazyEngineLM, catalog, plan: TaskPlan, settings: GeneralSettings, store: UnitStore
+    engine_lm: Callable[[], Any], catalog, plan: TaskPlan, settings: GeneralSettings, store: UnitStore
 ) -> dict[str, Any]:
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
     from evalkit.general.rows import compact_samples, result_rows
 
     with catalog.loading(plan.name):
         tasks = catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
-        lm = engine.for_task(plan.name)
+        lm = engine_lm()
         results, over_window = _run_lm_eval(lm, tasks, catalog, plan, settings)
     samples = compact_samples(results.pop("samples", None) or {})
     ref, samples_file, lm_eval_file = store.ref, store.file(".samples.jsonl"), store.file(".lm_eval.json")
-    store.writer.text(samples_file, "".join(_json_line(s) for s in samples))
-    store.writer.text(lm_eval_file, _json_text(results))
+    store.writer.text(samples_file, "".join(_json(s) for s in samples))
+    store.writer.text(lm_eval_file, _json(results, indent=2))
     record = {
         "benchmark": "general",
         "run": ref.run,
@@ -428,8 +404,7 @@ def _task_entry(done: TaskDone) -> dict[str, Any]:
     """What the checkpoint's summary says of one task: its shots, its record file, whether it was resumed."""
     record = done.record
     return {
-        **({"over_window": record["over_window"]} if record.get("over_window") else {}),
-        **({"truncated_middle": record["truncated_middle"]} if record.get("truncated_middle") else {}),
+        **{key: record[key] for key in ("over_window", "truncated_middle") if record.get(key)},
         "num_fewshot": record["num_fewshot"],
         "fewshot_source": record["fewshot_source"],
         "file": done.file,
@@ -445,29 +420,14 @@ def _in_checkpoint(store: UnitStore) -> str:
     return store.file(".json").relative_to(store.folder.parent).as_posix()
 
 
-def _json_text(data: Any) -> str:
+def _json(data: Any, indent: int | None = None) -> str:
     from lm_eval.utils import handle_non_serializable
 
     # lm-eval's results carry numpy numbers and config callables; its own writer serialises them this way.
-    return json.dumps(data, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n"
-
-
-def _json_line(data: Any) -> str:
-    from lm_eval.utils import handle_non_serializable
-
-    return json.dumps(data, default=handle_non_serializable, ensure_ascii=False) + "\n"
+    return json.dumps(data, indent=indent, default=handle_non_serializable, ensure_ascii=False) + "\n"
 
 
 def _lm_eval_version() -> str:
     from importlib.metadata import version
 
     return version("lm_eval")
-
-
-@contextmanager
-def _quiet_lm_eval() -> Iterator[None]:
-    """Drop lm-eval warnings that evalkit's records make redundant (one per mmlu subject otherwise)."""
-    from evalkit.general.catalog import quiet_logger
-
-    with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
-        yield

@@ -49,7 +49,7 @@ def headline(rows: list, get: Callable[[Any, str], Any] = getattr) -> list:
     return [row for row in rows if get(row, "task") == get(row, "requested") or get(row, "requested") not in own]
 
 
-def checkpoint_table(rows: list[ResultRow]) -> str:
+def general_checkpoint_table(rows: list[ResultRow]) -> str:
     """One line per checkpoint, task and metric: value ± stderr, documents scored, shots."""
     return markdown_table(
         ["run", "step", "task", "metric", "value", "stderr", "n", "shots"],
@@ -69,7 +69,7 @@ def checkpoint_table(rows: list[ResultRow]) -> str:
     )
 
 
-def average_table(averages: list[dict[str, Any]]) -> str:
+def general_average_table(averages: list[dict[str, Any]]) -> str:
     """One line per run, task and metric: mean ± std over the checkpoints listed."""
     return markdown_table(
         ["run", "checkpoints", "task", "metric", "mean ± std", "shots"],

@@ -42,8 +42,7 @@ def data_key(
     sizing: str = DEFAULT_SIZING,
 ) -> str:
     """A hash of everything that decides the samples but the tokenizer (the cache's folder) and
-    their number (sample i draws from its own seed, so one key holds them all and a longer
-    request extends what is stored)."""
+    their number (see the module docstring)."""
     spec, fmt = as_spec(task), prompt_format or BASE
     fields = {
         "version": GENERATOR_VERSION,
@@ -83,51 +82,33 @@ def cache_path(
     holds. `key`: cache_key's value, where the caller derived it already."""
     spec = as_spec(task)
     fingerprint, digest = key or cache_key(spec, tokenizer, length, seed, **data)
-    return _root(cache_dir) / fingerprint / spec.name / f"{length}-s{seed}-{digest}.jsonl"
-
-
-def _root(cache_dir: Path | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else cache_root() / "ruler"
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "ruler"
+    return root / fingerprint / spec.name / f"{length}-s{seed}-{digest}.jsonl"
 
 
 CACHE_FORMAT = "evalkit-ruler-cache"
 
 
 class StaleEntry(Exception):
-    """A cache file that must not be served. `kind` groups its warning: one per damaged file."""
-
-    def __init__(self, message: str, kind: str):
-        super().__init__(message)
-        self.kind = kind
+    """A cache file that must not be served."""
 
 
 def samples_checksum(samples: list[Sample]) -> str:
     return hashlib.sha256(dumps_jsonl(samples).encode("utf-8")).hexdigest()
 
 
-def dumps_entry(samples: list[Sample]) -> str:
-    """A cache file's text: the header with the samples' checksum, then the samples."""
-    header = {"format": CACHE_FORMAT, "samples": len(samples), "sha256": samples_checksum(samples)}
-    return json.dumps(header, sort_keys=True) + "\n" + dumps_jsonl(samples)
-
-
 def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
     """The samples of a cache file whose header and checksum hold (and, given `num_samples`,
     that holds exactly that many); StaleEntry otherwise."""
-    damaged = StaleEntry(
-        f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it", str(path)
-    )
+    damaged = StaleEntry(f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it")
     try:
         first, _, rest = path.read_text(encoding="utf-8").partition("\n")
-    except UnicodeDecodeError:
-        raise damaged from None
-    header = _header(first)
-    if header is None:
-        raise damaged
-    try:
+        header = json.loads(first)
         samples = loads_jsonl(rest)
-    except (ValueError, KeyError, TypeError):  # not sample lines any more
+    except (ValueError, KeyError, TypeError):  # not UTF-8, no JSON header, not sample lines any more
         raise damaged from None
+    if not isinstance(header, dict) or header.get("format") != CACHE_FORMAT:
+        raise damaged
     expected = header.get("samples") if num_samples is None else num_samples
     if len(samples) != expected or header.get("sha256") != samples_checksum(samples):
         raise damaged
@@ -136,22 +117,7 @@ def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
     return samples
 
 
-def _header(line: str) -> dict | None:
-    try:
-        header = json.loads(line)
-    except ValueError:
-        return None
-    return header if isinstance(header, dict) and header.get("format") == CACHE_FORMAT else None
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(kind: str, message: str) -> None:
-    """One line on stderr per kind and process: a file read twice is warned about once."""
-    if kind not in _warned:
-        _warned.add(kind)
-        print(message, file=sys.stderr, flush=True)
+_warned: set[str] = set()  # one warning per damaged file and process: a file read twice is warned about once
 
 
 def load_or_generate(
@@ -165,13 +131,9 @@ def load_or_generate(
     key: tuple[str, str] | None = None,
     **data,
 ) -> list[Sample]:
-    """The first `num_samples` samples: served from the cache file when it holds that many (a
-    prefix of a longer file), else the stored ones extended by generating only those missing,
-    written atomically, and returned.
-
-    `task`: its name or its TaskSpec. `data` takes generate's keywords: essays=, qa_dir=,
-    prompt_format=, exact_lengths=, sizing=; `key`: their cache_key, where the caller derived it already.
-    """
+    """The first `num_samples` samples, from the cache file, extended (only those missing are
+    generated) and rewritten atomically when it holds fewer. `data`: generate's keywords (essays=,
+    qa_dir=, prompt_format=, exact_lengths=, sizing=); `key`: their cache_key, if derived already."""
     from evalkit.files import atomic_write_text
     from evalkit.ruler.generation import generate
 
@@ -181,7 +143,8 @@ def load_or_generate(
     if len(stored) >= num_samples:
         return stored[:num_samples]
     samples = generate(spec, tokenizer, length, num_samples, seed, first=stored, **data)
-    atomic_write_text(path, dumps_entry(samples))
+    header = {"format": CACHE_FORMAT, "samples": len(samples), "sha256": samples_checksum(samples)}
+    atomic_write_text(path, json.dumps(header, sort_keys=True) + "\n" + dumps_jsonl(samples))
     return samples
 
 
@@ -189,5 +152,7 @@ def _stored_samples(path: Path) -> list[Sample]:
     try:
         return read_entry(path)
     except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
-        _warn_once(why.kind, f"warning: {why}")
+        if str(path) not in _warned:
+            _warned.add(str(path))
+            print(f"warning: {why}", file=sys.stderr, flush=True)
         return []

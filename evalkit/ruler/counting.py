@@ -121,15 +121,6 @@ def space_chunks(text: str) -> tuple[str, ...]:
     return tuple(_WORD_START.split(text))
 
 
-def last_chars(pieces: Sequence[str]) -> str:
-    """The last LEFT_CONTEXT_CHARS characters of the pieces joined, without joining them all."""
-    tail, j = "", len(pieces) - 1
-    while len(tail) < LEFT_CONTEXT_CHARS and j >= 0:
-        tail = pieces[j] + tail
-        j -= 1
-    return tail[-LEFT_CONTEXT_CHARS:]
-
-
 def compose_count(counter: TokenCounter, items: Sequence[Item], special: bool = True, rough: bool = False) -> int:
     """Tokens of the text "".join(items) (plus specials): each item's start counted after the one before.
 

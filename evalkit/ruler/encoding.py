@@ -122,9 +122,7 @@ def _merge_blank(documents: list[str]) -> list[str]:
     """A piece of whitespace alone is no document: it joins the one before (or after, first)."""
     merged: list[str] = []
     for document in documents:
-        if merged and not document.strip():
-            merged[-1] += document
-        elif merged and not merged[-1].strip():
+        if merged and not (document.strip() and merged[-1].strip()):
             merged[-1] += document
         else:
             merged.append(document)

@@ -117,10 +117,7 @@ def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, hi
 
 def fit(plan: Plan, budget: int, measure: Callable[[int], int], high: int | None = None) -> tuple[int, int]:
     """(size, measured tokens) for the largest size (at most `high`, if given) that fits; TooLong if none does."""
-    if high is not None and plan.max_size is not None:
-        high = min(high, plan.max_size)
-    elif high is None:
-        high = plan.max_size
+    high = min((bound for bound in (high, plan.max_size) if bound is not None), default=None)
     size = search(plan.estimate, budget, plan.min_size, plan.guess(budget), high)
     if size is None:
         raise TooLong(measure(plan.min_size))

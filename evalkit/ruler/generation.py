@@ -49,16 +49,6 @@ def forget_counts(tokenizer) -> None:
         pass
 
 
-def _task_generator(ctx: Context):
-    from evalkit.ruler.essay import EssayError
-    from evalkit.ruler.words import WordListsMissing
-
-    try:
-        return generator_class(ctx.spec.kind)(ctx)
-    except (EssayError, WordListsMissing) as error:
-        raise TaskDataMissing(ctx.spec.name, ctx.length, str(error)) from error
-
-
 def generate(
     task: str | TaskSpec,
     tokenizer,
@@ -82,8 +72,8 @@ def generate(
     add up: then only the new samples are tokenised in full, the stored ones are kept).
 
     Raises TaskDataMissing when the task's data is not available and TaskDoesNotFit (with the
-    minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full.
-    `sizing`: "exact" (each sample as large as fits) or "nvidia" (NVIDIA's once-per-length size).
+    minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full;
+    `sizing`: see the module docstring.
     """
     check_sizing(sizing)
     spec = as_spec(task)
@@ -94,10 +84,8 @@ def generate(
     try:
         generator = _generator(spec, counter, int(length), int(seed), fmt, data)
         missing = range(len(first), num_samples)
-        if exact_lengths:
-            return first + _fit_samples(generator, missing, exact=True, sizing=sizing)
-        samples = first + _fit_samples(generator, missing, exact=False, sizing=sizing)
-        if _composed_counts_hold(generator.ctx, samples):
+        samples = first + _fit_samples(generator, missing, exact=exact_lengths, sizing=sizing)
+        if exact_lengths or _composed_counts_hold(generator.ctx, samples):
             return samples
         warnings.warn(
             f"{spec.name}: this tokenizer's counts do not add up piece by piece; "
@@ -112,15 +100,16 @@ def generate(
 
 
 def _generator(spec, counter, length, seed, fmt, data):
+    from evalkit.ruler.essay import EssayError
+    from evalkit.ruler.words import WordListsMissing
+
     ctx = Context(spec, counter, length, seed, fmt, data["essays"], data["qa_dir"])
     if ctx.budget <= 0:
         raise TaskDoesNotFit(spec.name, length, spec.max_new_tokens + 1, "the generation budget alone fills it")
-    return _task_generator(ctx)
-
-
-def _plans(spec, counter, length, seed, fmt, num_samples, data):
-    generator = _generator(spec, counter, length, seed, fmt, data)
-    return generator, [generator.plan(index) for index in range(num_samples)]
+    try:
+        return generator_class(spec.kind)(ctx)
+    except (EssayError, WordListsMissing) as error:
+        raise TaskDataMissing(spec.name, length, str(error)) from error
 
 
 def _smallest_length(spec, counter, length, seed, fmt, num_samples, data) -> int:
@@ -129,7 +118,8 @@ def _smallest_length(spec, counter, length, seed, fmt, num_samples, data) -> int
     candidate = length + 1
     for _ in range(16):
         try:
-            _, plans = _plans(spec, counter, candidate, seed, fmt, num_samples, data)
+            generator = _generator(spec, counter, candidate, seed, fmt, data)
+            plans = [generator.plan(index) for index in range(num_samples)]
         except TaskDoesNotFit as too_short:
             candidate = max(candidate + 1, too_short.min_length)
             continue

@@ -106,6 +106,22 @@ class GrowingStream:
         return "".join(self._pieces[a:b])
 
 
+class NumberedLabels:
+    """Tokens of numbered labels (`label` formatted with its number, after `left`) as prefix sums,
+    grown on demand: upto(n) is the tokens of labels first..n (qa's " k:", cwe's " i.")."""
+
+    def __init__(self, counter: TokenCounter, left: str, label: str, first: int):
+        self.counter, self.left, self.label = counter, left, label
+        self.prefix = np.zeros(first, dtype=np.int64)
+
+    def upto(self, n: int) -> int:
+        while len(self.prefix) <= n:
+            numbers = range(len(self.prefix), max(2 * len(self.prefix), n + 1))
+            counts = self.counter.after_many((self.left, self.label.format(k)) for k in numbers)
+            self.prefix = np.concatenate([self.prefix, self.prefix[-1] + np.cumsum(counts)])
+        return int(self.prefix[n])
+
+
 def stream_items(stream: Stream, size: int, insertions: Sequence[tuple[int, str]], strip_first: bool) -> list[Item]:
     """The context: units [0, size) with each (position, body) inserted before unit `position`.
 

@@ -50,10 +50,9 @@ def score(task: str | TaskSpec, predictions: Sequence[str], references: Sequence
         raise ValueError(f"{spec.name}: {len(predictions)} predictions for {len(references)} reference lists")
     if not predictions:
         raise ValueError(f"{spec.name}: no predictions to score")
+    if not all(references):
+        raise ValueError(f"{spec.name}: a sample has no reference answers")
     metric = _metric(spec)
-    for refs in references:
-        if not refs:
-            raise ValueError(f"{spec.name}: a sample has no reference answers")
     # Same order of operations as NVIDIA (sum / n * 100, then round) so ties round alike.
     return round(sum(metric(p, r) for p, r in zip(predictions, references)) / len(predictions) * 100, 2)
 

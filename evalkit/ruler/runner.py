@@ -40,7 +40,7 @@ from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, read_row, row_record, summary_name
+from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
@@ -55,9 +55,8 @@ from evalkit.sweep.pipeline import (
     run_benchmark,
 )
 
-SUMMARY = summary_name("ruler")
 PROMPT_FORMATS = ("base", "chat")
-CHUNK = 32  # samples generated between durable appends: a kill loses at most one chunk's work
+SAMPLES_PER_APPEND = 32  # samples generated between durable appends: a kill loses at most one chunk's work
 
 
 @dataclass
@@ -100,7 +99,7 @@ class RulerSettings:
         return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
 
 
-def parse_tasks(text: str) -> list[str]:
+def parse_ruler_tasks(text: str) -> list[str]:
     if text.strip().lower() == "all":
         return list(TASKS)
     names = parse_list(text)
@@ -112,7 +111,7 @@ def parse_tasks(text: str) -> list[str]:
     return names
 
 
-def check_window(ref: CheckpointRef, settings: RulerSettings) -> None:
+def check_lengths_fit(ref: CheckpointRef, settings: RulerSettings) -> None:
     """Before any work: the checkpoint's window is long enough for every length asked for."""
     too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
     if too_long:
@@ -174,24 +173,13 @@ class UnitKey:
 def unit_key(
     ref: CheckpointRef, spec: TaskSpec, length: int, tokenizer, settings: RulerSettings, data: dict
 ) -> UnitKey:
-    """The unit's keys: its samples' (ruler.cache.cache_key) and its answers' (answer_key), with
-    the engine's result facts known before it is built (_engine_facts)."""
+    """The unit's keys: its samples' (ruler.cache.cache_key) and its answers' (answer_key). Under
+    --encoding anchor, a checkpoint trained with the sink window reading is served that reading by
+    the hf engine: its answers are keyed apart."""
     fingerprint, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
-    label = encoding_label(settings.encoding, settings.doc_tokens)
-    facts = _engine_facts(settings, fingerprint)
-    return UnitKey(fingerprint, data_key, answer_key(settings, data_key, facts, _served_reading(ref, label)))
-
-
-def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
-    """What a stored answer must match to be reused, lm-eval's CachingLM idea with evalkit's checksums:
-    its prompt (the data key hashes everything that decides the sample's prompt and references),
-    the engine's result facts (`facts`: the resolved dtype and the tokenizer) and every setting that
-    changes an answer (evalkit.store.identity: not the count, not the batch size, not where the
-    data files lie), in the unit's encoding and window reading. So another dtype, engine, window
-    or tokenizer is answered anew, a larger count is not. The facts stand in for the settings they
-    resolve (`dtype`: --dtype, or the engine's default): asking for the default is asking for none."""
-    label = encoding_label(settings.encoding, settings.doc_tokens)
-    return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
+    sink = settings.encoding != STANDARD and trained_window_anchor(ref.path) == "sink"
+    reading = {"window_anchor": "sink"} if sink else {}
+    return UnitKey(fingerprint, data_key, answer_key(settings, data_key, _engine_facts(settings, fingerprint), reading))
 
 
 def _engine_facts(settings: RulerSettings, fingerprint: str) -> dict[str, str]:
@@ -204,17 +192,15 @@ def _engine_facts(settings: RulerSettings, fingerprint: str) -> dict[str, str]:
     return {"dtype": dtype, "tokenizer_fingerprint": fingerprint}
 
 
-def _served_reading(ref: CheckpointRef, label: str) -> dict[str, str]:
-    """{"window_anchor": "sink"} for the anchor encoding of a checkpoint trained with the sink reading
-    (the hf engine serves it: its answers are not those of the window reading), else {}."""
-    if label == STANDARD or trained_window_anchor(ref.path) != "sink":
-        return {}
-    return {"window_anchor": "sink"}
-
-
-def prompt_format(tokenizer, name: str) -> PromptFormat:
-    """base: the sample's text as is; chat: inside the tokenizer's chat template (one line if it has none)."""
-    return PromptFormat.from_chat_template(tokenizer) if name == "chat" else BASE
+def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
+    """What a stored answer must match to be reused (lm-eval's CachingLM idea with evalkit's
+    checksums): the data key (it hashes everything that decides the prompt and references), the
+    engine's result facts, the window reading and every setting that changes an answer
+    (evalkit.store.identity: not the count, the batch size or where the data files lie). So
+    another dtype, engine, window or tokenizer is answered anew, a larger count is not; the
+    resolved dtype stands for --dtype, so asking for the default is asking for none."""
+    label = encoding_label(settings.encoding, settings.doc_tokens)
+    return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
 
 
 def _fed(engine, fmt: PromptFormat, text: str) -> str | list[int]:
@@ -235,15 +221,12 @@ def _evaluate_task(
     progress: Callable[[int, int], None],
 ) -> tuple[ResultRow, str, int]:
     """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log:
-    its row, its data key and how many samples were generated now.
-
-    The samples, their data key and the log need only the checkpoint's tokenizer; the engine is
-    built when a sample is left to answer, so a unit whose log is complete loads no model.
-    The task's spec is resolved once, by the benchmark, and passed to the cache, the generators
-    and the metric."""
+    its row, its data key and how many samples were generated now. The engine is built only when a
+    sample is left to answer: a unit whose log is complete loads no model."""
     ref, length = store.ref, store.unit.length
     assert length is not None  # every RULER unit is a task at a length (RulerBenchmark.units)
-    fmt = prompt_format(tokenizer, settings.prompt_format)
+    chat = settings.prompt_format == "chat"
+    fmt = PromptFormat.from_chat_template(tokenizer) if chat else BASE
     data = {**settings.data_options(), "prompt_format": fmt}
     key = unit_key(ref, spec, length, tokenizer, settings, data)  # the one derivation of the unit's keys
     samples = load_or_generate(
@@ -259,8 +242,8 @@ def _evaluate_task(
             answer = _standard_answers(engine.get(), fmt, spec, length)
         else:
             answer = _anchor_answers(engine.get(), spec, length, samples, settings.doc_tokens)
-    for start in range(0, len(todo), CHUNK):
-        chunk = todo[start : start + CHUNK]
+    for start in range(0, len(todo), SAMPLES_PER_APPEND):
+        chunk = todo[start : start + SAMPLES_PER_APPEND]
         prompts = [fmt.render(s.input, s.answer_prefix) for s in chunk]  # rendered once: fed and hashed
         predictions, extras = answer(chunk, prompts)
         log.append(
@@ -375,9 +358,6 @@ class RulerBenchmark(Benchmark):
         self._specs = {task: task_spec(task) for task in settings.tasks}  # each task resolved once
         self._tokenizers: dict[Path, object] = {}
 
-    def _tokenizer(self, ref: CheckpointRef):
-        return self._tokenizer_at(ref.path)
-
     def _tokenizer_at(self, path: Path):
         """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
         if path not in self._tokenizers:
@@ -388,7 +368,7 @@ class RulerBenchmark(Benchmark):
 
     def check(self, refs: list[CheckpointRef]) -> None:
         for ref in refs:
-            check_window(ref, self.settings)
+            check_lengths_fit(ref, self.settings)
             if self.settings.encoding != STANDARD:
                 check_packed_attention(ref, self.settings)
 
@@ -403,7 +383,7 @@ class RulerBenchmark(Benchmark):
         """The unit's row; its detail is the cell's data key, which the summary records."""
         try:
             row, data_key, generated = _evaluate_task(
-                engine, self._tokenizer(store.ref), self._specs[unit.task], self.settings, store, progress
+                engine, self._tokenizer_at(store.ref.path), self._specs[unit.task], self.settings, store, progress
             )
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell

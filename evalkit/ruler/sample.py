@@ -19,14 +19,7 @@ class Sample:
 
     @classmethod
     def from_json(cls, line: str) -> Sample:
-        data = json.loads(line)
-        return cls(
-            index=int(data["index"]),
-            input=data["input"],
-            answer_prefix=data["answer_prefix"],
-            outputs=list(data["outputs"]),
-            length=int(data["length"]),
-        )
+        return cls(**json.loads(line))  # a missing or unknown field is a TypeError
 
 
 def dumps_jsonl(samples: list[Sample]) -> str:

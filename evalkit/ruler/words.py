@@ -31,26 +31,15 @@ def wonderwords_list(kind: str) -> tuple[str, ...]:
     return tuple(sorted({line.strip() for line in text.splitlines() if line.strip()}))
 
 
-def random_number(rng: random.Random, digits: int = 7) -> str:
-    return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
-
-
-def random_uuid(rng: random.Random) -> str:
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
-
-
-def random_key_word(rng: random.Random) -> str:
-    """An adjective-noun pair: uniform over NVIDIA's product list without building its 6.2M entries."""
-    return f"{rng.choice(wonderwords_list('adjectives'))}-{rng.choice(wonderwords_list('nouns'))}"
-
-
 def random_value(kind: str, rng: random.Random) -> str:
+    """A needle's key or value: a 7-digit number, an adjective-noun pair (uniform over NVIDIA's
+    product list without building its 6.2M entries) or a version-4 uuid."""
     if kind == "numbers":
-        return random_number(rng)
+        return str(rng.randint(10**6, 10**7 - 1))
     if kind == "words":
-        return random_key_word(rng)
+        return f"{rng.choice(wonderwords_list('adjectives'))}-{rng.choice(wonderwords_list('nouns'))}"
     if kind == "uuids":
-        return random_uuid(rng)
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     raise ValueError(f"unknown needle type {kind!r}")
 
 

@@ -78,7 +78,9 @@ def test_is_greedy_true_for_the_models_own_continuation_only(tiny_run, model, to
 
 def test_batched_and_chunked_equal_one_at_a_time(tiny_run, monkeypatch):
     one = EngineLM(engine_for(tiny_run / "step-1", batch_size=1)).loglikelihood(requests("loglikelihood", PAIRS))
-    monkeypatch.setattr(adapter, "CHUNK", 4)  # several engine calls, each sorted by length: order must survive
+    monkeypatch.setattr(
+        adapter, "REQUESTS_PER_CALL", 4
+    )  # several engine calls, each sorted by length: order must survive
     batched = EngineLM(engine_for(tiny_run / "step-1", batch_size=3)).loglikelihood(requests("loglikelihood", PAIRS))
     for (a, greedy_a), (b, greedy_b) in zip(one, batched):
         assert a == pytest.approx(b, abs=1e-5)

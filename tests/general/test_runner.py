@@ -12,7 +12,7 @@ import evalkit.engines
 from evalkit.errors import UserError
 from evalkit.general import run_general
 from evalkit.general.catalog import TASKS_DIR, offline_hubs
-from evalkit.general.tables import average_table
+from evalkit.general.tables import general_average_table
 from evalkit.models.refs import resolve_checkpoints
 
 from .conftest import RUN, engine_for
@@ -154,7 +154,7 @@ def test_average_over_checkpoints_matches_the_rows(scored):
         assert average["mean"] == pytest.approx(statistics.fmean(per_checkpoint))
         assert average["std"] == pytest.approx(statistics.pstdev(per_checkpoint))
     table = (out / "general-avg.md").read_text()
-    assert average_table(run.averages.records) in table
+    assert general_average_table(run.averages.records) in table
     for task, metric in ((MMLU_STYLE, "acc"), (HELLASWAG_STYLE, "acc"), (HELLASWAG_STYLE, "acc_norm")):
         values = [value([r for r in run.rows if r["step"] == step], task, metric) for step in (1, 2)]
         line = (

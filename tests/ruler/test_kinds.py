@@ -26,7 +26,7 @@ def test_every_task_kind_is_registered_with_its_generator(kind):
 def test_changing_a_generator_constant_changes_the_cache_key(kind, tokenizer, monkeypatch):
     task = ONE_TASK_PER_KIND[kind]
     before = cache_key(task, tokenizer, 2048, 1)
-    module = kinds_module._module(kind)
+    module = kinds_module.KINDS[kind].load()
     name, value = next(iter(module.DATA_CONSTANTS.items()))
     monkeypatch.setattr(module, "DATA_CONSTANTS", {**module.DATA_CONSTANTS, name: (value, "changed")})
     after = cache_key(task, tokenizer, 2048, 1)
@@ -69,7 +69,7 @@ def test_per_kind_behaviour_comes_from_the_kinds_module(tokenizer, monkeypatch):
     spec = task_spec("vt")
     (sample,) = generate(spec, tokenizer, 1024, 1, seed=0)
     by_tokens = split_sample(sample, spec, tokenizer, 64)
-    module = kinds_module._module("variable_tracking")
+    module = kinds_module.KINDS["variable_tracking"].load()
     monkeypatch.setattr(module, "context_documents", lambda context: [context[:10], context[10:]], raising=False)
     split = split_sample(sample, spec, tokenizer, 64)
     head = sample.input[: sample.input.index("\n\n") + 2]  # the template's instruction line and blank line

@@ -1,26 +1,18 @@
 """RULER's task kinds: one module per kind (its generator and what only it knows), and their registry.
 
-A task (spec.py) names its kind; the kind names the module and class that generate its samples
-and the constants in that module that shape them (needle depths, hop counts, noise words). Those
-constants are part of the cache key (cache.py): change one and cached samples of that kind are
-regenerated, never served stale.
+A task (spec.py) names its kind; the kind names the module and class that generate its samples.
+The module's DATA_CONSTANTS (every module-level value its samples depend on: needle depths, hop
+counts, noise words) are part of the cache key (cache.py): change one and cached samples of that
+kind are regenerated, never served stale. Adding a task or a kind: see the README.
 
 What else differs by kind, a kind's module says through optional functions, each asked through
 its TaskKind (the default, where the module has none, in brackets):
-- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its
-  samples read, keyed into the cache (niah's essays, qa's datasets: file_identity) [none: it
-  reads no file];
+- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its samples read,
+  keyed into the cache (niah's essays, qa's datasets: file_identity) [none: it reads no file];
 - prompt_templates(spec) -> list[str]: the templates a sample's text may follow, to find its
   context in (niah's singular rewrite) [the task's template];
 - context_documents(context) -> list[str] | None: the context as documents of its own, for
   --encoding anchor (qa's "Document k:" blocks) [None: cut into pieces of about --doc-tokens].
-
-Adding a task:
-- of an existing kind: one TaskSpec in spec.py (its params are keyed into the cache already);
-- of a new kind: a module here with a generator class (built with a Context; see niah.py), a
-  DATA_CONSTANTS dict of every module-level value its samples depend on and whichever of the
-  functions above it needs, its template in spec.TEMPLATES, and one TaskKind below.
-  tests/ruler/test_kinds.py checks that every kind is registered and keyed.
 """
 
 from __future__ import annotations
@@ -47,18 +39,16 @@ class TaskKind:
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
+    # The optional functions of the module's docstring, with their defaults.
     def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
-        """The identity of the data files `spec`'s samples read with these options (see the docstring)."""
         hook = getattr(self.load(), "data_identity", None)
         return hook(spec, essays, qa_dir) if hook is not None else []
 
     def prompt_templates(self, spec: TaskSpec) -> list[str]:
-        """The templates a sample of `spec` may follow (see the docstring)."""
         hook = getattr(self.load(), "prompt_templates", None)
         return hook(spec) if hook is not None else [spec.template]
 
     def context_documents(self, context: str) -> list[str] | None:
-        """The context's own documents, or None to have it cut by tokens (see the docstring)."""
         hook = getattr(self.load(), "context_documents", None)
         return hook(context) if hook is not None else None
 
@@ -99,16 +89,12 @@ def _content_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def _module(kind: str) -> ModuleType:
-    return KINDS[kind].load()
-
-
 def generator_class(kind: str) -> type:
     """The class that generates samples of this kind."""
-    return getattr(_module(kind), KINDS[kind].generator)
+    return getattr(KINDS[kind].load(), KINDS[kind].generator)
 
 
 def constants_digest(kind: str) -> str:
     """A hash of the module constants that shape this kind's samples."""
-    constants = _module(kind).DATA_CONSTANTS
+    constants = KINDS[kind].load().DATA_CONSTANTS
     return hashlib.sha256(json.dumps(constants, sort_keys=True, default=repr).encode()).hexdigest()[:20]

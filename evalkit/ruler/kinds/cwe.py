@@ -13,9 +13,10 @@ from collections.abc import Callable
 import numpy as np
 
 from evalkit.ruler.context import Context
-from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item, TokenCounter, compose_count
+from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, SPACED_LEFT, Block, Item, TokenCounter, compose_count
 from evalkit.ruler.errors import TaskDataMissing
 from evalkit.ruler.fitting import Coarse
+from evalkit.ruler.layout import NumberedLabels
 from evalkit.ruler.spec import CWE_PREFIX, CWE_TEMPLATE
 from evalkit.ruler.words import common_words_pool, extra_prose_words
 
@@ -38,27 +39,11 @@ class WordTable:
         return WordTable(np.concatenate([self.words, other.words]), np.concatenate([self.tokens, other.tokens]))
 
 
-class NumberTable:
-    """Tokens of the list labels " 2.", " 3.", ... as prefix sums, grown on demand."""
-
-    def __init__(self, counter: TokenCounter):
-        self.counter = counter
-        self.prefix = np.zeros(2, dtype=np.int64)  # prefix[e] = tokens of labels 2..e
-
-    def upto(self, entries: int) -> int:
-        while len(self.prefix) <= entries:
-            start = len(self.prefix)
-            stop = max(2 * start, entries + 1)
-            counts = self.counter.spaced([f" {i}." for i in range(start, stop)])
-            self.prefix = np.concatenate([self.prefix, self.prefix[-1] + np.cumsum(counts)])
-        return int(self.prefix[entries])
-
-
 def _tables(counter: TokenCounter) -> dict:
     if "cwe" not in counter.tables:
         counter.tables["cwe"] = {
             "words": WordTable.counted(counter, common_words_pool()),
-            "numbers": NumberTable(counter),
+            "numbers": NumberedLabels(counter, SPACED_LEFT, " {}.", 2),  # " 2." ...: "1." opens the list
         }
     return counter.tables["cwe"]
 
@@ -81,7 +66,7 @@ def numbered(words: list[str]) -> str:
 
 
 def list_block(
-    sep: str, words: Callable[[], list[str]], last_two: list[str], word_tokens: int, numbers: NumberTable, count: int
+    sep: str, words: Callable[[], list[str]], last_two: list[str], word_tokens: int, numbers: NumberedLabels, count: int
 ) -> Block:
     """`sep + "1. w1 2. w2 ..."` of `count` entries: its start counted in context, the rest from tables.
 

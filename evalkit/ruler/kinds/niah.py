@@ -149,8 +149,7 @@ class DistractorStream(GrowingStream):
         tokens = (key_tokens + pool.counts[values]).tolist()
         self._parts.extend(zip(tokens, pool.tails[values].tolist()))
         self._rest.extend(tokens)
-        prefix = self.start
-        return [prefix + key + value for key, value in zip(key_pieces, value_pieces)]
+        return [self.start + key + value for key, value in zip(key_pieces, value_pieces)]
 
     def split(self, j: int) -> tuple[str, int]:
         self.ensure(j + 1)

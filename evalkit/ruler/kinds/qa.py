@@ -26,6 +26,7 @@ from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item
 from evalkit.ruler.errors import TaskDataMissing
 from evalkit.ruler.fitting import Coarse
 from evalkit.ruler.kinds import file_identity
+from evalkit.ruler.layout import NumberedLabels
 from evalkit.ruler.spec import QA_PREFIX, QA_TEMPLATE
 
 if TYPE_CHECKING:
@@ -154,23 +155,10 @@ class QaTask:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.data = load_dataset(ctx)
-        head, tail = QA_TEMPLATE.split("{context}")
-        self.head, self.tail_template = head, tail
-        counter = ctx.counter
-        key = ("qa", self.data.source)
-        if key not in counter.tables:
-            counter.tables[key] = {}
-        self.body_tokens: dict[int, int] = counter.tables[key]  # tokens of "\n" + document after "Document i:"
-
-    def label_tokens(self, size: int) -> int:
-        """Tokens of the numbers " 1:" ... " {size}:" after "Document"."""
-        table = self.ctx.counter.tables.setdefault("qa labels", np.zeros(1, dtype=np.int64))
-        if len(table) <= size:
-            start, stop = len(table), max(2 * len(table), size + 1)
-            counts = self.ctx.counter.after_many(("Document", f" {k}:") for k in range(start, stop))
-            table = np.concatenate([table, table[-1] + np.cumsum(counts)])
-            self.ctx.counter.tables["qa labels"] = table
-        return int(table[size])
+        self.head, self.tail_template = QA_TEMPLATE.split("{context}")
+        self.labels = ctx.counter.tables.setdefault("qa labels", NumberedLabels(ctx.counter, "Document", " {}:", 1))
+        # Tokens of "\n" + document after "Document i:", per tokenizer and file version.
+        self.body_tokens: dict[int, int] = ctx.counter.tables.setdefault(("qa", self.data.source), {})
 
     def bodies(self, ids: list[int]) -> list[int]:
         missing = [i for i in dict.fromkeys(ids) if i not in self.body_tokens]
@@ -256,7 +244,7 @@ class QaPlan:
         head, first, start, tail = counter.after_many(
             [("", self.head), ("", "Document"), ("", DOCUMENT_START), ("", self.tail)]
         )
-        labels = self.task.label_tokens(size)
+        labels = self.task.labels.upto(size)
         return counter.specials + head + first + (size - 1) * start + labels + int(self._cumulative[size]) + tail
 
     def guess(self, budget: int) -> int:
