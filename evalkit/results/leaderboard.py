@@ -315,7 +315,7 @@ def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues
         if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
             continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.run, column)].append((row.value, row.stderr))
+        values[(row.series(), column)].append((row.value, row.stderr))  # an encoding: a series of its own
     return values
 
 
@@ -330,7 +330,7 @@ def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
 def benchmark_table(rows: list[ResultRow]) -> str:
     """Any benchmark's rows: one line per run, one column per task/metric (and length, where
     there is one), each the mean over the run's checkpoints ± the mean of their stderrs."""
-    described = {row.run: tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
+    described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values = benchmark_cells(rows)
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})

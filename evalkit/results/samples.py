@@ -257,7 +257,7 @@ def _ppl_cells(summary: dict, directory: Path):
         for samples in by_key.values():
             mean = math.fsum(s.score for s in samples.values()) / len(samples)
             if len(samples) == row.n and math.isclose(mean, math.log(row.value), rel_tol=1e-9):
-                yield summary["run"], Cell("ppl", row.task, row.length, "loss"), samples
+                yield row.series(), Cell("ppl", row.task, row.length, "loss"), samples
                 break
 
 
