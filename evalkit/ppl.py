@@ -384,11 +384,7 @@ class PplBenchmark(Benchmark):
             return self._evaluate(engine, unit, store, progress)
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
-                why.details = {
-                    **why.details,
-                    "encoding": self.settings.encoding,
-                    "doc_tokens": self.settings.doc_tokens,
-                }
+                why.details |= {"encoding": self.settings.encoding, "doc_tokens": self.settings.doc_tokens}
             raise
 
     def _evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
@@ -412,11 +408,8 @@ class PplBenchmark(Benchmark):
             progress(len(chosen) - len(todo) + start + len(batch), len(chosen))
         records = [done[(i, sha)] for i, sha in zip(chosen, shas)]
         rows = self._rows(store.ref, length, records)
-        detail = _detail(length, records, len(tokens)) | {
-            "encoding": rows[0].encoding,
-            "doc_tokens": rows[0].doc_tokens,
-        }
-        return UnitResult(rows, detail, bool(todo))
+        encoding = {"encoding": rows[0].encoding, "doc_tokens": rows[0].doc_tokens}
+        return UnitResult(rows, _detail(length, records, len(tokens)) | encoding, bool(todo))
 
     def _score(self, engine, rows: list[list[int]], docs: list[int]) -> list[dict[str, Any]]:
         score = hf_logprobs if engine.name == "hf" else vllm_logprobs
@@ -441,14 +434,10 @@ class PplBenchmark(Benchmark):
             count = sum(r["key_tokens"] for r in records)
             values["longppl"] = math.exp(sum(r["key_nll"] for r in records) / count) if count else None
         doc_tokens = None if self.settings.encoding == STANDARD else self.settings.doc_tokens
-        cell: dict[str, Any] = {
-            "n": len(records),
-            "length": length,
-            "encoding": self.settings.encoding,
-            "doc_tokens": doc_tokens,
-        }
+        cell: dict[str, Any] = {"n": len(records), "length": length, "encoding": self.settings.encoding}
         return [
-            ResultRow(self.name, ref.run, ref.step, TASK, metric, value, **cell) for metric, value in values.items()
+            ResultRow(self.name, ref.run, ref.step, TASK, m, v, doc_tokens=doc_tokens, **cell)
+            for m, v in values.items()
         ]
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
@@ -556,8 +545,8 @@ def _append_log(writer: Writer, path: Path, key: str, records: list[dict[str, An
 def checkpoint_table(rows: list[ResultRow]) -> str:
     """One line per checkpoint and metric: its value at each length."""
     lengths = sorted({row.length for row in rows if row.length is not None})
-    cells = {(row.run, row.step, row.metric, row.length): row for row in rows}
     rows = [replace(row, run=row.series()) for row in rows]  # an encoding other than standard: a series of its own
+    cells = {(row.run, row.step, row.metric, row.length): row for row in rows}
     lines = []
     for run, step, metric in sorted({(row.run, row.step, row.metric) for row in rows}):
         found = [cells.get((run, step, metric, n)) for n in lengths]
