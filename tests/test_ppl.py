@@ -323,6 +323,25 @@ def test_smollm2_anchor_encoding_equals_a_plain_forward_of_the_anchor_and_each_p
     _check_anchor_against_reference(smollm2, monkeypatch, 5e-4)
 
 
+def test_anchor_layout_by_hand_with_and_without_a_bos():
+    """Pieces of 2 after the anchor, each closed by EOS (3), positions running on; the scored tokens are
+    document positions 1..L-1. Without a BOS the EOS is the anchor and token 0 opens the first piece, unscored."""
+    from types import SimpleNamespace
+
+    with_bos = SimpleNamespace(bos_token_id=2, eos_token_id=3)
+    assert ppl.anchor_layout(with_bos, [2, 10, 11, 12, 13, 14], 2) == (
+        [2, 10, 11, 3, 12, 13, 3, 14, 3],
+        [0, 1, 1, 1, 2, 2, 2, 3, 3],
+        [1, 2, 4, 5, 7],  # 10 11 | 12 13 | 14
+    )
+    without = SimpleNamespace(bos_token_id=None, eos_token_id=3)
+    assert ppl.anchor_layout(without, [10, 11, 12, 13, 14], 2) == (
+        [3, 10, 11, 3, 12, 13, 3, 14, 3],
+        [0, 1, 1, 1, 2, 2, 2, 3, 3],
+        [2, 4, 5, 7],  # 11 | 12 13 | 14: token 0 (10) is not scored, as in standard
+    )
+
+
 def test_anchor_with_one_piece_equals_standard_and_a_second_piece_changes_only_its_token():
     """doc_tokens >= L-1: one piece, [anchor] d EOS, d attending causally to itself and the anchor at
     positions 0..L-1 as in standard; the trailing EOS is seen by no scored token: the same scores
