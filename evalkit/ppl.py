@@ -222,7 +222,7 @@ def vllm_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None
     packed layouts carry their segments as the engine's generate_packed sends them."""
     from evalkit.vllm_plugin.packing import segments_from_doc_ids
 
-    segments = [None if doc_ids is None else segments_from_doc_ids(docs) for docs in doc_ids or rows]
+    segments = [None] * len(rows) if doc_ids is None else [segments_from_doc_ids(docs) for docs in doc_ids]
     prompts = [
         {"prompt_token_ids": row} | ({"cache_salt": s.cache_salt()} if s else {}) for row, s in zip(rows, segments)
     ]
