@@ -51,17 +51,16 @@ def time_forward_backward(fn: Callable, shapes: tuple, dtype: torch.dtype, devic
     gen = torch.Generator(device="cpu").manual_seed(0)
     make = lambda h: torch.randn(b, h, s, d, generator=gen).to(device, dtype).requires_grad_()  # noqa: E731
     q, k, v = make(hq), make(hkv), make(hkv)
+    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
     times = []
     for i in range(repeats + 1):
         for t in (q, k, v):
             t.grad = None
-        if device == "cuda":
-            torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         out = fn(q, k, v)
         out.backward(torch.ones_like(out))
-        if device == "cuda":
-            torch.cuda.synchronize()
+        synchronize()
         if i:
             times.append(time.perf_counter() - start)
     return statistics.median(times)

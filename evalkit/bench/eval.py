@@ -128,7 +128,9 @@ def _time_cell(engine, name: str, task: str, length: int, num_samples: int, seed
 
     samples = load_or_generate(task, engine.tokenizer, length, num_samples, seed)
     prompts = [sample.input + sample.answer_prefix for sample in samples]
-    stats = _fresh_stats(engine)
+    stats = getattr(engine, "stats", None)  # the hf engine's counters (others keep none), zeroed
+    if stats is not None:
+        stats = engine.stats = type(stats)()
     start = time.perf_counter()
     predictions = engine.generate(prompts, task_spec(task).max_new_tokens)
     seconds = time.perf_counter() - start
@@ -159,11 +161,13 @@ def _lm_eval_rows(
     except ImportError as exc:
         raise UserError(f"the lm-eval variant needs lm-evaluation-harness ({exc}); install evalkit[dev]") from exc
 
+    import torch
+
     model = HFLM(
         pretrained=str(checkpoint),
         dtype=long_dtype_name(dtype or "fp32"),
         batch_size=batch_size,
-        device="cpu" if not _cuda() else "cuda",
+        device="cuda" if torch.cuda.is_available() else "cpu",
     )
     rows = []
     for length in lengths:
@@ -184,20 +188,6 @@ def _lm_eval_rows(
             row_score = 100.0 * float(results["results"][task][f"{length},none"])
             rows.append(EvalBenchRow("lm-eval", task, length, len(docs), seconds, prompt_tokens, row_score, None))
     return rows
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _fresh_stats(engine):
-    """The engine's counters, zeroed, where it keeps them (the hf engine); else None."""
-    if not hasattr(engine, "stats"):
-        return None
-    engine.stats = type(engine.stats)()
-    return engine.stats
 
 
 def to_markdown(rows: Sequence[EvalBenchRow]) -> str:

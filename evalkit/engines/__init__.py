@@ -49,17 +49,18 @@ ENGINE_NAMES = tuple(_ENGINES)
 
 def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
     """The engine `name` over the checkpoint at `model_path`; settings are the engine's keyword options."""
-    cls = engine_class(name)
-    _check_settings(name, cls, settings)
+    cls = check_engine_settings(name, settings)
     return cls(model_path, **settings)  # type: ignore[call-arg]  # every engine's constructor takes the path
 
 
-def check_engine_settings(name: str, settings: dict[str, Any]) -> None:
-    """Before a sweep: the engine can be had (its package installed), and the settings' names and
-    the values it judges without a checkpoint: said once, not recorded as each checkpoint's failure."""
+def check_engine_settings(name: str, settings: dict[str, Any]) -> type[Engine]:
+    """The engine's class, once it can be had (its package installed) and the settings' names and
+    the values it judges without a checkpoint are right: before a sweep, said once, not recorded
+    as each checkpoint's failure; and by get_engine before each engine is built."""
     cls = engine_class(name)
     _check_settings(name, cls, settings)
     cls.check_settings(settings)
+    return cls
 
 
 def engine_class(name: str) -> type[Engine]:

@@ -45,6 +45,14 @@ def context_window(config, max_length: int | None) -> int:
     return int(trained)
 
 
+def check_at_least_one(settings: dict[str, Any], *names: str) -> None:
+    """A UserError for a count setting below 1 (None: not given)."""
+    for name in names:
+        value = settings.get(name)
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be at least 1, got {value}")
+
+
 def check_max_new_tokens(max_new_tokens: int) -> None:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -79,8 +87,9 @@ class Engine(ABC):
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:  # noqa: B027  (a hook, empty by default)
-        """Refuse (UserError) a setting's value no checkpoint could run with, before any is loaded:
-        a bad setting is the user's error, said once, not every checkpoint's failure."""
+        """Refuse (UserError) a setting's value no checkpoint could run with (None: not given), before
+        any is loaded: a bad setting is the user's error, said once, not every checkpoint's failure.
+        get_engine asks it before the constructor, which can then take its settings as valid."""
 
     @abstractmethod
     def engine_info(self) -> dict[str, Any]:
@@ -116,10 +125,6 @@ class Engine(ABC):
     def count_tokens(self, prompt: Prompt) -> int:
         """len(encode(prompt)): what RULER sizes its samples with."""
         return len(self.encode(prompt))
-
-    def fits(self, prompt: Prompt, max_new_tokens: int) -> bool:
-        """Whether `prompt` plus `max_new_tokens` generated tokens fits the window."""
-        return self.count_tokens(prompt) + max_new_tokens <= self.max_length
 
     def generate(
         self,

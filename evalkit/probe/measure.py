@@ -61,20 +61,10 @@ def _shift_batches(delta1s: Sequence[int], per_batch: int) -> list[list[int]]:
     return [list(delta1s[i : i + per_batch]) for i in range(0, len(delta1s), per_batch)]
 
 
-def _positions(shifts: Sequence[int], seq_len: int, device: torch.device) -> torch.Tensor:
-    base = torch.arange(seq_len, device=device)
-    return torch.stack([base + shift for shift in shifts])
-
-
 def _check_model(model: torch.nn.Module) -> None:
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation != PROBE_ATTENTION:
         raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
-
-
-def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
-    # (ignore: torch types a Module's attributes, here HF's get_input_embeddings, as Tensor | Module)
-    return model.get_input_embeddings().weight.dtype  # type: ignore[operator]
 
 
 @torch.inference_mode()
@@ -82,26 +72,27 @@ def _measure_one(
     model, token_ids: torch.Tensor, delta1s: list[int], delta2: int, rope: str, block_elements: int
 ) -> ShiftRecorder:
     """One forward pass of [Δ2 copy, Δ1 copies...] of one text; returns the filled recorder."""
-    device = model.get_input_embeddings().weight.device
+    embedding = model.get_input_embeddings().weight  # its dtype is the activations'
+    device = embedding.device
     seq_len = token_ids.numel()
     recorder = ShiftRecorder(
         seq_len=seq_len,
         n_shifted=len(delta1s),
         device=device,
-        qk_dtype=expected_qk_dtype(_activation_dtype(model), rope),
+        qk_dtype=expected_qk_dtype(embedding.dtype, rope),
         block_elements=block_elements,
     )
     batch = len(delta1s) + 1
     input_ids = token_ids.to(device).unsqueeze(0).expand(batch, seq_len)
     model(
         input_ids=input_ids,
-        position_ids=_positions([delta2, *delta1s], seq_len, device),
+        position_ids=torch.arange(seq_len, device=device) + torch.tensor([delta2, *delta1s], device=device)[:, None],
         use_cache=False,
         probe_recorder=recorder,
     )
     layers = model.config.num_hidden_layers
-    if len(recorder.layers_seen) != layers:
-        raise RuntimeError(f"the probe attention ran in {len(recorder.layers_seen)} of {layers} layers")
+    if len(recorder.layer_windows) != layers:
+        raise RuntimeError(f"the probe attention ran in {len(recorder.layer_windows)} of {layers} layers")
     _check_windows(recorder.layer_windows, declared_windows(model.config))
     return recorder
 
@@ -157,8 +148,8 @@ def measure_shifts(
     types = sorted({layer_type(window) for window in layer_windows.values()})
     measurements = []
     for d in delta1s:
-        parts = {name: sums.measurement(name, d, delta2, seq_len) for name in types}
-        measurements.append(sums.measurement("all", d, delta2, seq_len, parts, dict(layer_windows)))
+        parts = {name: sums.measurement(name, d, delta2) for name in types}
+        measurements.append(sums.measurement("all", d, delta2, parts, dict(layer_windows)))
     return measurements
 
 
@@ -181,12 +172,12 @@ class _Sums:
         self.totals[key][text] = columns.sum()
         self.logits[key][text] = first_logit
 
-    def measurement(self, layers, delta1, delta2, seq_len, parts=None, windows=None) -> ShiftMeasurement:
+    def measurement(self, layers, delta1, delta2, parts=None, windows=None) -> ShiftMeasurement:
         key = (layers, delta1)
         return ShiftMeasurement(
             delta1=delta1,
             delta2=delta2,
-            seq_len=seq_len,
+            seq_len=self.seq_len,
             columns=self.columns[key],
             per_text_total=self.totals[key],
             per_text_logit_first=self.logits[key],

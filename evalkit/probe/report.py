@@ -13,11 +13,10 @@ The observations read the rows summed over all layers; a model with more than on
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from evalkit.files import atomic_write_bytes, atomic_write_text
+from evalkit.files import write_figure
 from evalkit.markdown import markdown_table
 from evalkit.store.provenance import provenance_lines
 
@@ -29,6 +28,12 @@ DTYPE_LABELS = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
 
 Row = dict
 ALL_LAYERS = "all"
+# Per kind: what the summary says it measured, and the metric of its values table with that table's axis.
+KIND_VALUES = {
+    "shift": ("attention difference D (Eq. 4)", "attn_diff", "delta1"),
+    "tokens": ("per-token attention difference", "attn_diff", "delta1"),
+    "length": ("first-token logit difference D_logit (Eq. 5)", "logit_diff_first", "length"),
+}
 LAYER_TYPE_METRICS = {"attn_diff": "D", "first_token_share": "first-token share", "logit_diff_first": "D_logit"}
 
 
@@ -53,8 +58,11 @@ def _prefer(values: Iterable, order: Sequence) -> object | None:
     return min(present) if present else None
 
 
-def _reference_series(rows: list[Row], metric: str, dtypes: Sequence[str] = LOW_PRECISION_ORDER) -> dict | None:
-    """The series the summary speaks about: pretrained, lowest precision, rope=cast, Δ1=0 where measured."""
+def _reference_series(
+    rows: list[Row], metric: str, dtypes: Sequence[str] = LOW_PRECISION_ORDER
+) -> tuple[dict, list[Row]] | None:
+    """The series the summary speaks about: pretrained, lowest precision, rope=cast, Δ1=0 where measured;
+    as (its dtype, rope and delta1, its rows)."""
     candidates = _select(rows, metric=metric, condition="pretrained")
     dtype = _prefer((row["dtype"] for row in candidates), dtypes)
     candidates = _select(candidates, dtype=dtype)
@@ -63,7 +71,7 @@ def _reference_series(rows: list[Row], metric: str, dtypes: Sequence[str] = LOW_
     delta1 = _prefer((row["delta1"] for row in shifted), (0,))
     if delta1 is None:
         return None
-    return {"dtype": dtype, "rope": rope, "delta1": delta1, "rows": _select(shifted, delta1=delta1)}
+    return {"dtype": dtype, "rope": rope, "delta1": delta1}, _select(shifted, delta1=delta1)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -72,21 +80,18 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 def precision_ratio(rows: list[Row]) -> dict | None:
     """D of the checkpoint in BF16 (else FP16) over D in FP32, at the reference Δ1 and RoPE variant."""
-    series = _reference_series(rows, "attn_diff", dtypes=("bf16", "fp16"))
-    if series is None or series["dtype"] == "fp32":
+    found = _reference_series(rows, "attn_diff", dtypes=("bf16", "fp16"))
+    if found is None or found[0]["dtype"] == "fp32":
         return None
-    length = max(row["length"] for row in series["rows"])
-    match = dict(
-        metric="attn_diff", condition="pretrained", rope=series["rope"], delta1=series["delta1"], length=length
-    )
-    low, high = _select(rows, dtype=series["dtype"], **match), _select(rows, dtype="fp32", **match)
+    where, series = found
+    length = max(row["length"] for row in series)
+    match = dict(where, metric="attn_diff", condition="pretrained", length=length)
+    low, high = _select(rows, **match), _select(rows, **{**match, "dtype": "fp32"})
     if not low or not high:
         return None
     low_value, fp32_value = low[0]["value"], high[0]["value"]
     return {
-        "dtype": series["dtype"],
-        "rope": series["rope"],
-        "delta1": series["delta1"],
+        **where,
         "delta2": low[0]["delta2"],
         "length": length,
         "low_precision": low_value,
@@ -98,18 +103,17 @@ def precision_ratio(rows: list[Row]) -> dict | None:
 
 def first_token_dominance(rows: list[Row]) -> dict | None:
     """The first key column's share of D and how far it stands above the other columns."""
-    series = _reference_series(rows, "attn_diff_column")
-    if series is None:
+    found = _reference_series(rows, "attn_diff_column")
+    if found is None:
         return None
-    columns = sorted(series["rows"], key=lambda row: row["column"])
+    where, series = found
+    columns = sorted(series, key=lambda row: row["column"])
     values = [row["value"] for row in columns]
     first, others = values[0], values[1:]
     mean_other = sum(others) / len(others) if others else 0.0
     is_largest = first >= max(others, default=0.0)
     return {
-        "dtype": series["dtype"],
-        "rope": series["rope"],
-        "delta1": series["delta1"],
+        **where,
         "delta2": columns[0]["delta2"],
         "length": columns[0]["length"],
         "share": _ratio(first, sum(values)),
@@ -121,15 +125,14 @@ def first_token_dominance(rows: list[Row]) -> dict | None:
 
 def logit_growth(rows: list[Row]) -> dict | None:
     """D_logit at the longest length over D_logit at the shortest."""
-    series = _reference_series(rows, "logit_diff_first")
-    if series is None or len(series["rows"]) < 2:
+    found = _reference_series(rows, "logit_diff_first")
+    if found is None or len(found[1]) < 2:
         return None
-    by_length = sorted(series["rows"], key=lambda row: row["length"])
+    where, series = found
+    by_length = sorted(series, key=lambda row: row["length"])
     short, long = by_length[0], by_length[-1]
     return {
-        "dtype": series["dtype"],
-        "rope": series["rope"],
-        "delta1": series["delta1"],
+        **where,
         "delta2": short["delta2"],
         "shortest": short["length"],
         "longest": long["length"],
@@ -176,12 +179,11 @@ def by_layer_type(rows: list[Row]) -> dict | None:
         return None
     found: dict = {"values": {name: {} for name in [*types, ALL_LAYERS]}}
     for metric in LAYER_TYPE_METRICS:
-        series = _reference_series(over_all_layers(rows), metric)
-        if series is None:
+        reference = _reference_series(over_all_layers(rows), metric)
+        if reference is None:
             continue
-        found |= {"dtype": series["dtype"], "rope": series["rope"], "delta1": series["delta1"]}
-        match = dict(metric=metric, condition="pretrained", dtype=series["dtype"], rope=series["rope"])
-        for row in _select(rows, delta1=series["delta1"], **match):
+        found |= reference[0]
+        for row in _select(rows, metric=metric, condition="pretrained", **reference[0]):
             found["delta2"] = row["delta2"]
             found["values"][_layers(row)].setdefault(metric, {})[row["length"]] = row["value"]
     return found
@@ -362,11 +364,7 @@ def _regime_lines(provenance: dict) -> list[str]:
 def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
     """The human-readable summary: what was measured, the key ratios, the observations, the values."""
     rows = over_all_layers(rows)
-    metric_name = {
-        "shift": "attention difference D (Eq. 4)",
-        "tokens": "per-token attention difference",
-        "length": "first-token logit difference D_logit (Eq. 5)",
-    }[kind]
+    metric_name, metric, axis = KIND_VALUES[kind]
     key_rows, lines = [], []
     for part, build in (
         ("precision_ratio", _precision_lines),
@@ -392,27 +390,13 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
     out += ["## The paper's observations, from these numbers", "", *lines, ""]
     layer_windows = (context.get("provenance") or {}).get("layer_windows")
     out += _layer_type_lines(summary.get("by_layer_type"), layer_windows)
-    table = {
-        "shift": ("attn_diff", "delta1"),
-        "tokens": ("attn_diff", "delta1"),
-        "length": ("logit_diff_first", "length"),
-    }[kind]
-    values = _value_table(rows, *table)
+    values = _value_table(rows, metric, axis)
     if values:
         out += ["## Values (mean over texts)", "", *values, ""]
     return "\n".join(out)
 
 
 # ---- plots ---------------------------------------------------------------------------------------
-
-
-def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
-    FigureCanvasAgg(figure)  # the Agg backend, without touching pyplot's global state
-    return figure, figure.add_subplot()
 
 
 def _style(row: Row, rows: list[Row]) -> dict:
@@ -422,35 +406,29 @@ def _style(row: Row, rows: list[Row]) -> dict:
     return {"color": colour, "linestyle": "-" if row["rope"] == "cast" else "--"}
 
 
-def _series(rows: list[Row], with_delta1: bool) -> dict[str, list[Row]]:
+def _plot_lines(axes, chosen: list[Row], x: str, with_delta1: bool = False, **line) -> list[tuple]:
+    """One line per series of `chosen`, its values against row[x] (zeros left out: the axes are
+    logarithmic); returns each line with its points."""
     grouped: dict[str, list[Row]] = {}
-    for row in rows:
+    for row in chosen:
         grouped.setdefault(_series_label(row, with_delta1), []).append(row)
-    return grouped
+    drawn = []
+    for label, series in grouped.items():
+        points = sorted((row[x], row["value"]) for row in series if row["value"] > 0)
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        drawn.append((axes.plot(xs, ys, label=label, **line, **_style(series[0], chosen))[0], points))
+    return drawn
 
 
 def _plot_shift(axes, rows: list[Row]) -> None:
     chosen = _select(rows, metric="attn_diff")
-    for label, series in _series(chosen, with_delta1=False).items():
-        points = sorted((row["delta1"], row["value"]) for row in series if row["value"] > 0)  # log axis: no zeros
-        axes.plot(
-            [p[0] for p in points],
-            [p[1] for p in points],
-            marker="o",
-            markersize=3,
-            label=label,
-            **_style(series[0], chosen),
-        )
+    _plot_lines(axes, chosen, "delta1", marker="o", markersize=3)
     if chosen:
         axes.axvline(chosen[0]["delta2"], color="grey", linestyle=":", linewidth=1, label=f"Δ2 = {chosen[0]['delta2']}")
     axes.set_xscale("symlog", linthresh=1)  # Δ1 runs from 0 to thousands
     axes.set_xlim(left=0)
-    axes.set(
-        yscale="log",
-        xlabel="Δ1 (position shift)",
-        ylabel="attention difference D",
-        title="Attention difference D(X, Δ1, Δ2) (Eq. 4)",
-    )
+    axes.set(yscale="log", xlabel="Δ1 (position shift)", ylabel="attention difference D",
+             title="Attention difference D(X, Δ1, Δ2) (Eq. 4)")  # fmt: skip
 
 
 def _plot_tokens(axes, rows: list[Row]) -> None:
@@ -458,58 +436,31 @@ def _plot_tokens(axes, rows: list[Row]) -> None:
     # One Δ1 keeps the panel readable: the first that differs from Δ2 (D(Δ2, Δ2) is all zeros).
     delta1s = sorted({row["delta1"] for row in chosen if row["delta1"] != row["delta2"]}) or [None]
     first_delta1 = delta1s[0]
-    for label, series in _series(_select(chosen, delta1=first_delta1), with_delta1=False).items():
-        points = sorted((row["column"], row["value"]) for row in series if row["value"] > 0)
-        line = axes.plot(
-            [p[0] for p in points], [p[1] for p in points], linewidth=0.8, label=label, **_style(series[0], chosen)
-        )[0]
+    for line, points in _plot_lines(axes, _select(chosen, delta1=first_delta1), "column", linewidth=0.8):
         first = [p for p in points if p[0] == 1]
         if first:  # the attention sink: highlighted with its own marker
             axes.plot(*first[0], marker="*", markersize=14, color=line.get_color(), markeredgecolor="black")
-    axes.set(
-        xscale="log",
-        yscale="log",
-        xlabel="key position j (1 = first token)",
-        ylabel="n_j Σ |ΔATTN| over layers, heads, queries",
-        title=f"Per-token attention difference (Δ1={first_delta1}; ★ first token)",
-    )
+    axes.set(xscale="log", yscale="log", xlabel="key position j (1 = first token)",
+             ylabel="n_j Σ |ΔATTN| over layers, heads, queries",
+             title=f"Per-token attention difference (Δ1={first_delta1}; ★ first token)")  # fmt: skip
 
 
 def _plot_length(axes, rows: list[Row]) -> None:
     chosen = _select(rows, metric="logit_diff_first")
-    with_delta1 = len({row["delta1"] for row in chosen}) > 1
-    for label, series in _series(chosen, with_delta1).items():
-        points = sorted((row["length"], row["value"]) for row in series if row["value"] > 0)
-        axes.plot(
-            [p[0] for p in points],
-            [p[1] for p in points],
-            marker="o",
-            markersize=4,
-            label=label,
-            **_style(series[0], chosen),
-        )
+    _plot_lines(axes, chosen, "length", len({row["delta1"] for row in chosen}) > 1, marker="o", markersize=4)
     axes.set_xscale("log", base=2)  # the lengths double
-    axes.set(
-        yscale="log",
-        xlabel="sequence length T",
-        ylabel="D_logit",
-        title="First-token logit difference D_logit vs length (Eq. 5)",
-    )
+    axes.set(yscale="log", xlabel="sequence length T", ylabel="D_logit",
+             title="First-token logit difference D_logit vs length (Eq. 5)")  # fmt: skip
 
 
 def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:
     """The kind's panel of the paper's Figure 1 as `stem`.png and `stem`.svg; returns their paths."""
-    figure, axes = _figure()
+    from evalkit.results.plots import new_figure
+
+    figure, axes = new_figure(7, 4.5)
     rows = over_all_layers(rows)
     {"shift": _plot_shift, "tokens": _plot_tokens, "length": _plot_length}[kind](axes, rows)
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=7, handlelength=3)  # long enough to show the dashes of rope=fp32
     axes.grid(True, which="both", alpha=0.3)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    png, svg = io.BytesIO(), io.StringIO()
-    figure.savefig(png, format="png", dpi=150)
-    figure.savefig(svg, format="svg")
-    png_path, svg_path = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    atomic_write_bytes(png_path, png.getvalue())
-    atomic_write_text(svg_path, svg.getvalue())
-    return [png_path, svg_path]
+    return write_figure(figure, stem)

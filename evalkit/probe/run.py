@@ -57,14 +57,6 @@ def attention_window(config) -> int:
     return model_window(config)
 
 
-def _load_config(checkpoint: Path):
-    return load_config(checkpoint)
-
-
-def _load_tokenizer(checkpoint: Path):
-    return load_tokenizer(checkpoint)
-
-
 @contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """No loading report or progress bars from transformers: the report would list the LM head the
@@ -324,13 +316,8 @@ def _options_record(plan: ProbePlan, options: ProbeOptions) -> dict:
 
 
 def output_paths(kind: str, out_dir: Path) -> dict[str, Path]:
-    stem = Path(out_dir) / f"probe-{kind}"
-    return {
-        "json": stem.with_suffix(".json"),
-        "markdown": stem.with_suffix(".md"),
-        "png": stem.with_suffix(".png"),
-        "svg": stem.with_suffix(".svg"),
-    }
+    suffixes = {"json": ".json", "markdown": ".md", "png": ".png", "svg": ".svg"}
+    return {name: Path(out_dir) / f"probe-{kind}{suffix}" for name, suffix in suffixes.items()}
 
 
 def run_probe(
@@ -359,10 +346,10 @@ def run_probe(
     hub = checkpoint_source(str(ckpt))[1]  # resolved once: checkpoint_directory reads the same answer
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
-    config = _load_config(checkpoint)
+    config = load_config(checkpoint)
     check_attention_supported(config, "evalkit probe")  # the one check every command shares
     plan = probe_options.plan(kind, attention_window(config), describe_window(config))
-    tokenizer = _load_tokenizer(checkpoint)
+    tokenizer = load_tokenizer(checkpoint)
     source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))
     windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
     device = resolve_device(probe_options.device)

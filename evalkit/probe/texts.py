@@ -50,12 +50,6 @@ def special_prefix(tokenizer) -> list[int]:
     return []
 
 
-def _paragraphs(text: str) -> Iterator[str]:
-    for paragraph in text.split("\n\n"):
-        if paragraph.strip():
-            yield paragraph
-
-
 def _read_jsonl_texts(path: Path) -> list[str]:
     texts = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -78,7 +72,6 @@ class TextSource:
         self.tokenizer = tokenizer
         self.prefix = special_prefix(tokenizer)
         self.path = Path(path) if path is not None else None
-        self.max_length = max_length
         self._stream: list[int] = []
         self._pieces: Iterator[str] | None = None
         self._texts: list[list[int]] | None = None
@@ -86,12 +79,12 @@ class TextSource:
             from evalkit.corpus import prose_documents
 
             self._pieces = iter(prose_documents())
-        elif not self.path.is_file():
-            raise UserError(f"texts file {self.path} not found")
         elif self.path.suffix == ".jsonl":
-            self._texts = self._tokenise_each(_read_jsonl_texts(self.path))
+            encode = dict(add_special_tokens=True, truncation=max_length is not None, max_length=max_length)
+            self._texts = [tokenizer(text, **encode)["input_ids"] for text in _read_jsonl_texts(self.path)]
         else:
-            self._pieces = _paragraphs(self.path.read_text(encoding="utf-8"))
+            paragraphs = self.path.read_text(encoding="utf-8").split("\n\n")
+            self._pieces = (paragraph for paragraph in paragraphs if paragraph.strip())
 
     def describe(self) -> str:
         return "built-in prose (evalkit.corpus)" if self.path is None else str(self.path)
@@ -105,10 +98,6 @@ class TextSource:
         if self._texts is not None:
             return self._windows_from_texts(length, count)
         return self._windows_from_stream(length, count)
-
-    def _tokenise_each(self, texts: list[str]) -> list[list[int]]:
-        encode = dict(add_special_tokens=True, truncation=self.max_length is not None, max_length=self.max_length)
-        return [self.tokenizer(text, **encode)["input_ids"] for text in texts]
 
     def _windows_from_texts(self, length: int, count: int) -> TokenWindows:
         assert self._texts is not None

@@ -45,7 +45,7 @@ from typing import Literal
 import numpy as np
 
 from evalkit.errors import UserError
-from evalkit.results.samples import Cell, Series
+from evalkit.results.samples import Cell, Series, mean_score
 
 # Metrics where a smaller number is the better model (perplexity's loss); every other is higher-better.
 LOWER_IS_BETTER = frozenset({"loss"})
@@ -165,7 +165,7 @@ class Bootstrap:
                 per_checkpoint.append(scores[draws[keys[(name, step)]]].mean(axis=1))
             resampled = np.stack(per_checkpoint)  # (checkpoints, replicates)
             self.values[(name, cell)] = _combine(resampled, self.checkpoint_draws[name])
-            self.point[(name, cell)] = float(np.mean([_mean(members[(name, step)]) for step in steps]))
+            self.point[(name, cell)] = float(np.mean([mean_score(members[(name, step)]) for step in steps]))
 
     def pairing_level(self, cell: Cell, a: str, b: str) -> str:
         """What the difference at `cell` was paired by: "checkpoints+samples", "checkpoints", "samples" or "none"."""
@@ -218,10 +218,6 @@ def _sample_name(key) -> str:
         place, index = key
         return str(index) if place == 0 else f"{index} of pooled directory {place + 1}"
     return str(key)
-
-
-def _mean(samples: dict) -> float:
-    return math.fsum(s.score for s in samples.values()) / len(samples)
 
 
 def _combine(resampled: np.ndarray, checkpoint_draws: np.ndarray) -> np.ndarray:
@@ -278,7 +274,6 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
     low, high = interval(draws)
     stderr = float(np.std(draws, ddof=1))
     first = cells[0]
-    pairings = sorted({boot.pairing_of(c, a, b) for c in cells})
     sizes = [
         "/".join(str(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c])) for s in (a, b)) for c in cells
     ]
@@ -303,15 +298,15 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
         p_holm=float("nan"),
         samples=samples,
         pairing=_level_over([boot.pairing_level(c, a, b) for c in cells]),
-        pairing_detail=_pairing_over(pairings, [boot.pairing_of(c, a, b) for c in cells]),
+        pairing_detail=_pairing_over([boot.pairing_of(c, a, b) for c in cells]),
         tasks=len(cells),
     )
 
 
-def _pairing_over(distinct: list[str], each: list[str]) -> str:
+def _pairing_over(each: list[str]) -> str:
     """One cell's pairing, or for an average over tasks: the same for all, else how many were paired."""
-    if len(distinct) == 1:
-        return distinct[0]
+    if len(set(each)) == 1:
+        return each[0]
     paired = sum(label.startswith("paired") for label in each)
     return "paired" if paired == len(each) else f"{paired} of {len(each)} tasks paired"
 

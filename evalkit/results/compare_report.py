@@ -75,9 +75,9 @@ def effective_table(comparison: Comparison) -> str:
     for e in comparison.effective:
         scores = [f"{e.scores[n]:.2f}" if n in e.scores else "–" for n in lengths]
         shortest = cell_length_label(min(e.scores)) if e.scores else "–"
-        shown = cell_length_label(e.length) if e.length is not None else f"< {shortest}"
-        low = cell_length_label(e.low) if e.low is not None else f"< {shortest}"
-        high = cell_length_label(e.high) if e.high is not None else f"< {shortest}"
+        shown, low, high = (
+            cell_length_label(n) if n is not None else f"< {shortest}" for n in (e.length, e.low, e.high)
+        )
         checkpoints = ", ".join(map(str, comparison.checkpoints.get(e.series, [])))
         rows.append([e.series, checkpoints, *scores, shown, f"[{low}, {high}]"])
     effective = f"effective length (≥ {comparison.threshold:.2f})"
@@ -117,17 +117,17 @@ def markdown(comparison: Comparison, command: str) -> str:
 def json_records(comparison: Comparison, command: str) -> dict:
     from evalkit.store.provenance import stamp
 
-    return {"command": command, **stamp(), **_finite(records(comparison))}
+    return {"command": command, **stamp(), **finite(records(comparison))}
 
 
-def _finite(value):
-    """NaN as null, so the JSON parses anywhere."""
+def finite(value):
+    """NaN (and ±inf) as None, so the JSON parses anywhere and a CSV cell is empty."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
@@ -135,14 +135,10 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     """The task average's B − A against length, with its 95% interval, one line per pair."""
     if not comparison.averages:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from evalkit.files import write_figure
+    from evalkit.results.plots import new_figure
 
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure, axes = new_figure()
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))
     for offset, (a, b) in enumerate(pairs):
         entries = sorted(
@@ -161,6 +157,4 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",
              title="Difference with its 95% interval (hierarchical bootstrap)")  # fmt: skip
     axes.legend(fontsize=7)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)

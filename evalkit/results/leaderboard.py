@@ -8,21 +8,15 @@ effective length (evalkit.results.compare), with its bootstrap interval where th
 logs are there; a second table per task. Runs evaluated with different settings are marked,
 not silently compared. `--format csv|json` writes every stored number as a ResultRow instead.
 
-Every table is computed from the same rows: one score per (run, step, task, length). A
-checkpoint (run, step) may therefore come from one summary only: the same (run, step) in two
-summary files (two results directories given together, or a copy inside one) is refused with
-both files named, whether or not they agree in evalkit version, settings or engine, since
-merging them could only pick one file's scores or average the two, silently. Pass one of the
-directories (or move the other file away). Giving the same file twice (overlapping directories)
-is not a duplicate: each file is read once. A summary whose rows name another checkpoint, or
-hold one (task, length) twice, is refused the same way.
+Every table is computed from the same rows: one score per (run, step, task, length), each
+checkpoint from one summary only (evalkit.results.summaries refuses it in two, naming both).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -54,7 +48,7 @@ from evalkit.store.result_format import (
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
-ColumnValues = dict[tuple[str, str], list[tuple[float, float | None]]]  # (run, column) -> (value, stderr)s
+ColumnValues = dict[tuple[str, str], tuple[float, float | None]]  # (run, column) -> (mean, mean stderr)
 
 
 @dataclass
@@ -92,16 +86,12 @@ def encoding_series(ruler: list[dict]) -> list[dict]:
                 {
                     **summary,
                     "run": name,
-                    "rows": [_renamed(row, name) for row in rows.get(label, [])],
+                    # its encoding is in the name now, so each row reads as standard
+                    "rows": [replace(r, run=name, encoding=STANDARD, doc_tokens=None) for r in rows.get(label, [])],
                     "skipped": skips.get(label, []),
                 }
             )
     return split
-
-
-def _renamed(row: ResultRow, name: str) -> ResultRow:
-    """A row under its series' name; its encoding is in the name now, so it reads as standard."""
-    return replace(row, run=name, encoding=STANDARD, doc_tokens=None)
 
 
 def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
@@ -173,17 +163,19 @@ def ahead_by_compare(rows: list[ResultRow], series: dict | None) -> dict[int, se
     one test for both). Nothing without usable per-sample logs: compare could not say either."""
     from evalkit.results.compare import compare, significant
 
-    bold: dict[int, set[str]] = {n: set() for n in leaders(rows)}
+    ahead = leaders(rows)
+    bold: dict[int, set[str]] = {n: set() for n in ahead}
     runs_at = {n: {run for run, at in ruler_cells(rows) if at == n} for n in bold}
-    for leader in sorted({run for found in leaders(rows).values() for run in found}):
-        if series is None or not set().union(*runs_at.values()) <= set(series):
-            continue
-        others = sorted(run for run in set().union(*runs_at.values()) if run != leader)
+    runs = set().union(*runs_at.values())
+    if series is None or not runs <= set(series):
+        return bold
+    for leader in sorted(set().union(*ahead.values())):
+        others = sorted(runs - {leader})
         try:
             found = compare({run: series[run] for run in [leader, *others]}, [leader, *others], baseline=leader, seed=0)
         except UserError:
             continue  # logs compare cannot read alike: no test, no bold
-        for n, candidates in leaders(rows).items():
+        for n, candidates in ahead.items():
             behind = [d for d in found.averages if d.length == n]
             if leader in candidates and len(behind) == len(runs_at[n]) - 1:
                 if all(d.difference < 0 and significant(d) for d in behind):
@@ -241,13 +233,9 @@ def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
 
 def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
     """Runs whose RULER settings differ from the most common ones (marked †)."""
-    if not infos:
-        return set()
-    counts: dict[str, int] = defaultdict(int)
-    for info in infos.values():
-        counts[json.dumps(info.settings, sort_keys=True, default=list)] += 1
-    common = max(counts, key=lambda k: counts[k])
-    return {run for run, info in infos.items() if json.dumps(info.settings, sort_keys=True, default=list) != common}
+    keys = {run: json.dumps(info.settings, sort_keys=True, default=list) for run, info in infos.items()}
+    common = Counter(keys.values()).most_common(1)  # a tie goes to the first run's settings
+    return {run for run, key in keys.items() if key != common[0][0]}
 
 
 def per_task_table(rows: list[ResultRow]) -> str:
@@ -302,21 +290,24 @@ def headline_rows(general: list[dict]) -> list[ResultRow]:
     return [row for row in rows if (row.requested or row.task) == row.task and row.value is not None]
 
 
-def general_table(general: list[dict]) -> str:
-    """One row per run (what it was evaluated on, from the checkpoint's meta), one column per
-    task/metric: mean over checkpoints ± stderr (mean of stderrs)."""
-    return benchmark_table(headline_rows(general))
-
-
 def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues:
-    """(run, column) -> each checkpoint's (value, stderr): one column per task/metric (and length)."""
-    values: ColumnValues = defaultdict(list)
+    """(run, column) -> the mean over its checkpoints and the mean of their stderrs (None where none
+    is recorded): one column per task/metric (and length)."""
+    values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
     for row in rows:
         if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
             continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
         values[(row.series(), column)].append((row.value, row.stderr))  # an encoding: a series of its own
-    return values
+    return {
+        key: (statistics.fmean(value for value, _ in found), _mean_or_none([error for _, error in found]))
+        for key, found in values.items()
+    }
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.fmean(known) if known else None
 
 
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
@@ -336,17 +327,16 @@ def benchmark_table(rows: list[ResultRow]) -> str:
     runs = sorted({r for r, _ in values})
     table = []
     for run in runs:
-        cells = []
-        for column in columns:
-            entries = values.get((run, column))
-            if not entries:
-                cells.append("–")
-                continue
-            mean = statistics.fmean(v for v, _ in entries)
-            errors = [e for _, e in entries if e is not None]
-            cells.append(f"{mean:.4f} ± {statistics.fmean(errors):.4f}" if errors else f"{mean:.4f}")
+        cells = [_mean_cell(values.get((run, column))) for column in columns]
         table.append([run, *described[run], *cells])
     return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
+
+
+def _mean_cell(found: tuple[float, float | None] | None) -> str:
+    if found is None:
+        return "–"
+    mean, error = found
+    return f"{mean:.4f}" if error is None else f"{mean:.4f} ± {error:.4f}"
 
 
 def provenance_notes(summaries: list[dict]) -> str:
@@ -515,15 +505,13 @@ def build_markdown(
             "",
             effective,
             "",
-        ]
-        parts += [
             "## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
             "",
             per_task_table(rows),
             "",
         ]
     if general:
-        parts += ["## General tasks (mean over checkpoints ± stderr)", "", general_table(general), ""]
+        parts += ["## General tasks (mean over checkpoints ± stderr)", "", benchmark_table(headline_rows(general)), ""]
     for name, summaries in others.items():
         title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), name)  # the benchmark's own
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
@@ -554,16 +542,13 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     what was left out goes to `unread` (and into the JSON as "not_read")."""
     import csv
     import io
-    import math
 
     from evalkit.files import atomic_write_json, atomic_write_text
+    from evalkit.results.compare_report import finite
     from evalkit.store.provenance import stamp
 
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
-    rows = [
-        {key: None if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
-        for row in map(export_record, export_rows([d for d in dirs if d.is_dir()], unread))
-    ]
+    rows = [finite(export_record(row)) for row in export_rows([d for d in dirs if d.is_dir()], unread)]
     fields = list(EXPORT_FIELDS)
     if form == "json":
         atomic_write_json(out, {"fields": fields, "rows": rows, "not_read": unread or [], "provenance": stamp()})

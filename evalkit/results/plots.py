@@ -5,39 +5,32 @@ Each takes the values the leaderboard's tables computed (evalkit.results.leaderb
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from evalkit.files import write_figure
 from evalkit.lengths import length_label
 
 
-def _pyplot():
-    import matplotlib
+def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
+    """A figure and its axes (one per column): matplotlib's Figure rather than pyplot's, so no
+    global state is touched, no backend chosen and nothing needs closing (savefig picks Agg/SVG)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    figure = Figure(figsize=(width, height))
+    return figure, figure.subplots(1, columns)
 
 
 def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Path) -> list[Path]:
     """One line per run: the checkpoint mean at each length, the band one std either side
     (`cells`: (run, length) -> (mean, std) over the run's checkpoints)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    import numpy as np
+
+    figure, axes = new_figure()
     for run in sorted({run for run, _ in cells}):
         lengths = sorted(n for r, n in cells if r == run)
-        means = [cells[(run, n)][0] for n in lengths]
-        stds = [cells[(run, n)][1] for n in lengths]
+        means, stds = np.array([cells[(run, n)] for n in lengths]).T
         (line,) = axes.plot(lengths, means, marker="o", label=run)
-        axes.fill_between(
-            lengths,
-            [m - s for m, s in zip(means, stds)],
-            [m + s for m, s in zip(means, stds)],
-            color=line.get_color(),
-            alpha=0.2,
-        )
+        axes.fill_between(lengths, means - stds, means + stds, color=line.get_color(), alpha=0.2)
     axes.set_xscale("log", base=2)
     all_lengths = sorted({n for _, n in cells})
     axes.set_xticks(all_lengths, [length_label(n) for n in all_lengths])
@@ -50,34 +43,26 @@ def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Pat
     )
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Path]:
     """The paper's Fig. 4 view: each checkpoint's RULER average (over lengths) against its step
     (`per_step`: run -> step -> that average)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure, axes = new_figure()
     _by_step(axes, per_step, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     axes.set(ylim=(-2, 102))
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def ruler_and_ppl_vs_step(
     ruler: dict[str, dict[int, float]], ppl: dict[str, dict[int, float]], stem: Path
 ) -> list[Path]:
     """Fig. 4 whole: RULER's average (left) and perplexity (right) against the step, one line per run."""
-    plt = _pyplot()
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (left, right) = new_figure(11, columns=2)
     _by_step(left, ruler, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     _by_step(right, ppl, "perplexity (mean over lengths)", "Perplexity across a run's checkpoints")
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: str) -> None:
@@ -89,28 +74,22 @@ def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: st
     axes.legend(fontsize=8)
 
 
-def general_bars(values: dict[tuple[str, str], list[tuple[float, float | None]]], stem: Path) -> list[Path]:
+def general_bars(values: dict[tuple[str, str], tuple[float, float | None]], stem: Path) -> list[Path]:
     """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers
-    (`values`: (run, column) -> each checkpoint's (value, stderr))."""
-    plt = _pyplot()
+    (`values`: (run, column) -> the mean over checkpoints and the mean of their stderrs, or None)."""
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
-    figure, axes = plt.subplots(figsize=(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2), 4.2))
+    figure, axes = new_figure(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2))
     width = 0.8 / max(1, len(runs))
     for i, run in enumerate(runs):
         xs, heights, errors = [], [], []
         for j, column in enumerate(columns):
-            entries = values.get((run, column))
-            if not entries:
-                continue
-            xs.append(j + i * width)
-            heights.append(statistics.fmean(v for v, _ in entries))
-            errs = [e for _, e in entries if e is not None]
-            errors.append(statistics.fmean(errs) if errs else 0.0)
+            if (run, column) in values:
+                xs.append(j + i * width)
+                heights.append(values[(run, column)][0])
+                errors.append(values[(run, column)][1] or 0.0)
         axes.bar(xs, heights, width=width, yerr=errors, capsize=3, label=run)
     axes.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, fontsize=7)
     axes.set(ylabel="score", title="General tasks (mean over checkpoints; whiskers: stderr)")
     axes.legend(fontsize=8)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)

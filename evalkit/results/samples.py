@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, find_summaries, other_summary_notes
+from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, other_summary_notes, summary_files
 from evalkit.store.result_format import STANDARD, describe_checkpoint, summary_name, summary_rows
 from evalkit.store.sample_log import CHECKSUM, KEY, record_checksum
 
@@ -53,6 +53,11 @@ class LoggedSample:
     score: float
     identity: str  # what makes it the same sample: its references (RULER), its document and target (lm-eval)
     prompt: str | None  # the prompt's hash, where recorded
+
+
+def mean_score(samples: dict) -> float:
+    """A cell's score at one checkpoint: the plain mean over its samples."""
+    return math.fsum(s.score for s in samples.values()) / len(samples)
 
 
 @dataclass
@@ -151,12 +156,9 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
     if notes is not None:
         notes += other_summary_notes([path], (RULER_SUMMARY, GENERAL_SUMMARY, PPL_SUMMARY))
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells), (PPL_SUMMARY, _ppl_cells)):
-        summaries = find_summaries([path], name, notes)
-        directories = _summary_dirs(path, name) if summaries else {}
-        for summary in summaries:
-            directory = directories[(summary["run"], int(summary["step"]))]
+        for file, summary in summary_files([path], name, notes):
             paradigm, model, _data = describe_checkpoint(summary)
-            for series_name, cell, samples in reader(summary, directory):
+            for series_name, cell, samples in reader(summary, file.parent):
                 standard = series_name == summary["run"]  # ResultRow.series: the run's own name when standard
                 one = found.setdefault(
                     series_name, Series(series_name, paradigm=paradigm, model=model, standard_encoding=standard)
@@ -185,18 +187,6 @@ def checkpoint_identity(summary: dict) -> str | None:
     meta = provenance.get("checkpoint_meta") or {}
     digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
     return f"{path}@{summary.get('step')}#{digest}"
-
-
-def _summary_dirs(root: Path, name: str) -> dict[tuple[str, int], Path]:
-    """(run, step) -> the directory of its summary under root (find_summaries returns contents, not paths)."""
-    found = {}
-    for candidate in sorted(Path(root).rglob(name)):
-        try:
-            data = json.loads(candidate.read_text())
-            found[(data["run"], int(data["step"]))] = candidate.parent
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue  # find_summaries has already refused what is not a summary
-    return found
 
 
 def _ruler_cells(summary: dict, directory: Path):
@@ -232,8 +222,7 @@ def _general_cells(summary: dict, directory: Path):
         samples = per_task.get((row.task, row.metric, row.filter))
         if row.value is None or not samples:
             continue
-        mean = math.fsum(s.score for s in samples.values()) / len(samples)
-        if not math.isclose(mean, row.value, rel_tol=1e-9, abs_tol=1e-9):
+        if not math.isclose(mean_score(samples), row.value, rel_tol=1e-9, abs_tol=1e-9):
             continue  # not a mean over documents (a group's aggregate, a corpus-level metric)
         yield summary["run"], Cell("general", row.task, row.length, row.metric, row.filter), samples
 
@@ -255,8 +244,7 @@ def _ppl_cells(summary: dict, directory: Path):
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, ZeroDivisionError):
                 continue  # a line cut by a kill
         for samples in by_key.values():
-            mean = math.fsum(s.score for s in samples.values()) / len(samples)
-            if len(samples) == row.n and math.isclose(mean, math.log(row.value), rel_tol=1e-9):
+            if len(samples) == row.n and math.isclose(mean_score(samples), math.log(row.value), rel_tol=1e-9):
                 yield row.series(), Cell("ppl", row.task, row.length, "loss"), samples
                 break
 
@@ -279,17 +267,14 @@ def _read_log(path: Path) -> list[dict]:
         records.append(record)
     if records and KEY in records[-1]:  # a log resumed under another key keeps only the latest key's lines
         records = [r for r in records if r.get(KEY) == records[-1][KEY]]
-    seen, kept = set(), []
+    first: dict = {}
     for record in records:
-        key = record.get("index", record.get("doc_id"))
-        if key not in seen:
-            seen.add(key)
-            kept.append(record)
-    return kept
+        first.setdefault(record.get("index", record.get("doc_id")), record)
+    return list(first.values())
 
 
 def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n, scale_digits: int) -> None:
-    mean = math.fsum(s.score for s in samples.values()) / len(samples) if samples else float("nan")
+    mean = mean_score(samples) if samples else float("nan")
     if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, scale_digits) - score) > 0.011:
         raise UserError(
             f"{log} does not hold the samples its summary scored ({len(samples)} samples, mean {mean:.2f}; "

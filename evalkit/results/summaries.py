@@ -54,8 +54,13 @@ def other_summary_notes(dirs: list[Path], known: tuple[str, ...]) -> list[str]:
 
 
 def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
-    """Every summary file `name` under `dirs`, each read once, at most one per (run, step). A file
-    of another format (a newer schema_version, another benchmark than its name) is left out, with
+    """Every summary file `name` under `dirs`, each read once, at most one per (run, step) (summary_files)."""
+    return [summary for _, summary in summary_files(dirs, name, notes)]
+
+
+def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[tuple[Path, dict]]:
+    """Every summary file `name` under `dirs` with its contents, each read once, at most one per (run, step).
+    A file of another format (a newer schema_version, another benchmark than its name) is left out, with
     a line saying why added to `notes`: tabling it as if it were current could only mislead."""
     found: dict[tuple[str, int], tuple[Path, dict]] = {}
     for path in _summary_paths(dirs, name):
@@ -69,19 +74,16 @@ def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) 
         if key in found:
             raise UserError(_duplicate_message(key, found[key], (path, summary)))
         found[key] = (path, summary)
-    return [summary for _, summary in found.values()]
+    return list(found.values())
 
 
 def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
     """The files in directory order, a file reached through two given directories only once."""
-    seen: set[Path] = set()
-    paths = []
+    paths: dict[Path, Path] = {}  # resolved -> as found first
     for directory in dirs:
         for path in sorted(Path(directory).rglob(name)):
-            if path.resolve() not in seen:
-                seen.add(path.resolve())
-                paths.append(path)
-    return paths
+            paths.setdefault(path.resolve(), path)
+    return list(paths.values())
 
 
 def _read_summary(path: Path) -> dict:

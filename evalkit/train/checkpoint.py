@@ -45,21 +45,19 @@ def mark_run(run_dir: Path) -> None:
 def is_evalkit_run(run_dir: Path) -> bool:
     """A run directory evalkit's trainer made: its marker, or (runs from before the marker) a
     checkpoint whose meta.json evalkit's trainer wrote (it records evalkit_version)."""
-    try:
-        marker = json.loads((Path(run_dir) / RUN_MARKER).read_text(encoding="utf-8"))
-        if isinstance(marker, dict) and marker.get("written_by") == "evalkit":
-            return True
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        pass
-    return any(_written_by_evalkits_trainer(path / META) for _step, path in complete_checkpoints(run_dir))
+    if _json_object(Path(run_dir) / RUN_MARKER).get("written_by") == "evalkit":
+        return True
+    metas = (_json_object(path / META) for _step, path in complete_checkpoints(run_dir))
+    return any("evalkit_version" in meta and "step" in meta for meta in metas)
 
 
-def _written_by_evalkits_trainer(meta: Path) -> bool:
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`; {} when it is missing, unreadable or not an object."""
     try:
-        record = json.loads(meta.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(record, dict) and "evalkit_version" in record and "step" in record
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def refuse_foreign_log(log: Path) -> None:
@@ -71,10 +69,6 @@ def refuse_foreign_log(log: Path) -> None:
             "evalkit checkpoint); evalkit never replaces or truncates a file it did not write: move it away, or "
             "choose another --out (an evalkit run that saved no checkpoint yet: delete it and start again)"
         )
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / step_dir_name(step)
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -143,9 +137,7 @@ def write_checkpoint(
 ) -> Path:
     """Write step-<step> atomically (rank 0 only); returns its path. model.safetensors is in
     `weights_dtype`; when that is not fp32 the fp32 weights go into the trainer state."""
-    from safetensors.torch import save_file
-
-    final = checkpoint_dir(run_dir, step)
+    final = Path(run_dir) / step_dir_name(step)
     tmp = Path(run_dir) / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -156,17 +148,13 @@ def write_checkpoint(
             weights.pop(head_key, None)  # stored once, as the input embedding
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
-        weights = {k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in weights.items()}
     with naming(tmp / "model.safetensors"):
-        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+        _write_weights(tmp, weights, weights_dtype)
     model.config.save_pretrained(tmp)
-    config_path = tmp / "config.json"
-    config = json.loads(config_path.read_text())
+    config = json.loads((tmp / "config.json").read_text())
     config.pop("_attn_implementation_autoset", None)
     config.pop("attn_implementation", None)  # readers choose their own; evalkit's needs registering
-    config["dtype"] = str(weights_dtype).removeprefix("torch.")
-    config.pop("torch_dtype", None)
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    _write_config(tmp, config, weights_dtype)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -177,6 +165,21 @@ def write_checkpoint(
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+def _write_weights(folder: Path, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """folder/model.safetensors: the floating tensors cast to `dtype`, the others as they are."""
+    from safetensors.torch import save_file
+
+    cast = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in weights.items()}
+    save_file(cast, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _write_config(folder: Path, config: dict, dtype: torch.dtype) -> None:
+    """folder/config.json stating the weights' dtype (under its current key, not torch_dtype)."""
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def load_trainer_state(path: Path) -> dict:
@@ -230,7 +233,9 @@ def export_checkpoint(
     (source, hub), destination = checkpoint_source(str(source)), Path(destination)
     if not (source / META).is_file() and hub is None:
         raise UserError(f"{source} is not a complete checkpoint (no {META})")
-    _check_export_destination(source, destination, overwrite)
+    if destination.is_dir() and destination.resolve() == source.resolve():
+        raise UserError(f"{destination} is the checkpoint being exported; give another directory")
+    check_replaceable(destination, lambda path: (path / META).is_file(), "an evalkit checkpoint", overwrite)
     # The checks every loader makes (config.json, whole safetensors), before anything is written;
     # trust_remote_code=True since an export runs no model code, custom or not.
     config = check_checkpoint(source, trust_remote_code=True)
@@ -244,25 +249,13 @@ def export_checkpoint(
     return destination
 
 
-def _check_export_destination(source: Path, destination: Path, overwrite: bool) -> None:
-    """Before any work: refuse a destination whose loss the user did not ask for."""
-    if destination.is_dir() and destination.resolve() == source.resolve():
-        raise UserError(f"{destination} is the checkpoint being exported; give another directory")
-    check_replaceable(destination, lambda path: (path / META).is_file(), "an evalkit checkpoint", overwrite)
-
-
 def _write_export(source: Path, tmp: Path, config: dict, dtype: torch.dtype, hub: HubModel | None) -> None:
-    from safetensors.torch import save_file
-
     for item in source.iterdir():
         if item.name in ("model.safetensors", TRAINER_STATE, META) or item.is_dir():
             continue
         shutil.copy2(item, tmp / item.name)
-    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_model_state(source).items()}
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    config["dtype"] = str(dtype).removeprefix("torch.")
-    config.pop("torch_dtype", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write_weights(tmp, load_model_state(source), dtype)
+    _write_config(tmp, config, dtype)
     if hub is not None:  # last, as when it was written
         atomic_write_json(tmp / META, {"hub": hub.record()})
     else:

@@ -136,7 +136,16 @@ class TrainConfig:
 
     def validate(self) -> None:
         _check_finite(self)
-        m, o = self.model, self.optim
+        m, o, d = self.model, self.optim, self.data
+        choices = {  # setting: (its value, the values it may take)
+            "dtype": (self.dtype, DTYPES),
+            "model.arch": (m.arch, ("llama", "qwen2", "mistral")),
+            "model.attention": (m.attention, ("auto", "blocked", "flex", "flash", "dense")),
+            "model.window_anchor": (m.window_anchor, ("window", "sink")),
+            "optim.schedule": (o.schedule, ("constant", "cosine")),
+            "data.retrieval_phrasing": (d.retrieval_phrasing, PHRASINGS),
+            "data.window_start": (d.window_start, WINDOW_STARTS),
+        }
         checks = [
             (self.seq_len >= 16, f"seq_len must be at least 16, got {self.seq_len}"),
             (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
@@ -144,7 +153,10 @@ class TrainConfig:
                 self.windows_per_step >= 1 and self.micro_batch >= 1,
                 "windows_per_step and micro_batch must be at least 1",
             ),
-            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+            *[
+                (value in allowed, f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+                for name, (value, allowed) in choices.items()
+            ],
             (
                 self.rope_precision in ROPE_PRECISIONS,
                 f"rope_precision must be {' or '.join(ROPE_PRECISIONS)}, got {self.rope_precision!r}",
@@ -154,37 +166,13 @@ class TrainConfig:
                 "rope_precision=bf16 needs dtype=bf16 or bf16_full (an fp32 run has no bf16 to rotate in)",
             ),
             (
-                self.model.attention != "flash" or self.dtype in BF16_DTYPES,
+                m.attention != "flash" or self.dtype in BF16_DTYPES,
                 "model.attention=flash needs dtype=bf16 or bf16_full (flash-attn runs fp16/bf16 only)",
             ),
+            (0.0 <= d.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
             (
-                self.model.arch in ("llama", "qwen2", "mistral"),
-                f"model.arch must be llama, qwen2 or mistral, got {self.model.arch!r}",
-            ),
-            (
-                self.model.attention in ("auto", "blocked", "flex", "flash", "dense"),
-                f"unknown model.attention {self.model.attention!r}",
-            ),
-            (
-                self.model.window_anchor in ("window", "sink"),
-                f"model.window_anchor must be window or sink, got {self.model.window_anchor!r}",
-            ),
-            (
-                self.optim.schedule in ("constant", "cosine"),
-                f"optim.schedule must be constant or cosine, got {self.optim.schedule!r}",
-            ),
-            (0.0 <= self.data.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
-            (
-                0.0 <= self.data.copy_fraction and self.data.retrieval_fraction + self.data.copy_fraction <= 1.0,
+                0.0 <= d.copy_fraction and d.retrieval_fraction + d.copy_fraction <= 1.0,
                 "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1",
-            ),
-            (
-                self.data.retrieval_phrasing in PHRASINGS,
-                f"data.retrieval_phrasing must be one of {', '.join(PHRASINGS)}, got {self.data.retrieval_phrasing!r}",
-            ),
-            (
-                self.data.window_start in WINDOW_STARTS,
-                f"data.window_start must be one of {', '.join(WINDOW_STARTS)}, got {self.data.window_start!r}",
             ),
             (
                 self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
@@ -197,12 +185,12 @@ class TrainConfig:
             *_model_checks(m),
             *_optim_checks(o),
             (
-                self.data.vocab_size >= 1 and self.data.num_retrieval_docs >= 0,
+                d.vocab_size >= 1 and d.num_retrieval_docs >= 0,
                 "data.vocab_size must be at least 1 and data.num_retrieval_docs at least 0",
             ),
             (
-                self.data.max_documents is None or self.data.max_documents >= 1,
-                f"data.max_documents must be at least 1 (or null: every document), got {self.data.max_documents}",
+                d.max_documents is None or d.max_documents >= 1,
+                f"data.max_documents must be at least 1 (or null: every document), got {d.max_documents}",
             ),
         ]
         for ok, message in checks:
@@ -396,11 +384,13 @@ def resolve_recipe(name_or_path: str) -> Path:
     raise UserError(f"no config {name_or_path!r}: give a YAML path or one of the recipes: {available}")
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values, section by section (a recipe over its base, a saved config over
+    the defaults)."""
     merged = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = merge_sections(merged[key], value)
         else:
             merged[key] = value
     return merged
@@ -422,7 +412,7 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     base_path = path.parent / f"{base}.yaml" if not str(base).endswith(".yaml") else path.parent / base
     if not base_path.is_file():
         base_path = resolve_recipe(str(base))
-    return _merge(_read_recipe(base_path, (*seen, path.resolve())), data)
+    return merge_sections(_read_recipe(base_path, (*seen, path.resolve())), data)
 
 
 RECIPE_RELATIVE_PATHS = (("model", "path"), ("data", "tokenizer"), ("data", "source"))

@@ -155,12 +155,6 @@ class JsonlSource:
             )
         return record
 
-    def _read(self, index: int) -> dict:
-        with self._path.open("rb") as handle:
-            handle.seek(self._offsets[index])
-            line = handle.readline()
-        return self._parse(line, self._lines[index])  # checked again: the file may change during a run
-
     def __len__(self) -> int:
         return len(self._offsets)
 
@@ -168,7 +162,10 @@ class JsonlSource:
         return list(self._domains)
 
     def __getitem__(self, index: int) -> tuple[str, str | None]:
-        record = self._read(index)
+        with self._path.open("rb") as handle:
+            handle.seek(self._offsets[index])
+            line = handle.readline()
+        record = self._parse(line, self._lines[index])  # checked again: the file may change during a run
         domain = record.get(self._domain_field)
         return record[self._text_field], None if domain is None else str(domain)
 
@@ -197,11 +194,9 @@ class HFDatasetSource:
         return len(self._dataset)
 
     def domains(self) -> list[str]:
-        return (
-            sorted(str(d) for d in self._dataset.unique(self._domain_field) if d is not None)
-            if self._domain_field
-            else []
-        )
+        if not self._domain_field:
+            return []
+        return sorted(str(d) for d in self._dataset.unique(self._domain_field) if d is not None)
 
     def __getitem__(self, index: int) -> tuple[str, str | None]:
         row = self._dataset[index]

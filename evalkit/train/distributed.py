@@ -24,6 +24,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from evalkit.train.regime import BF16_DTYPES
+
 
 @dataclass
 class DistContext:
@@ -89,7 +91,7 @@ def mixed_precision_policy(dtype: str):
     sharded master weights and AdamW stay fp32). Inputs are not cast (cast_forward_inputs=False):
     the residual stream and RoPE's cos/sin stay as the root unit and autocast (bf16) or the bf16
     root (bf16_full) make them, as in one process. None for fp32 runs."""
-    if dtype not in ("bf16", "bf16_full"):
+    if dtype not in BF16_DTYPES:
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -106,17 +108,11 @@ def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torc
     from torch.distributed.fsdp import fully_shard
 
     policy = mixed_precision_policy(dtype)
+    layer_policy = {} if policy is None else {"mp_policy": policy}
     decoder = cast(Any, model).lm.base_model
     for layer in cast(torch.nn.ModuleList, decoder.layers):  # HF decoders hold them in one
-        if policy is None:
-            fully_shard(layer)
-        else:
-            fully_shard(layer, mp_policy=policy)
-    root_policy = policy if dtype == "bf16_full" else None
-    if root_policy is None:
-        fully_shard(model)
-    else:
-        fully_shard(model, mp_policy=root_policy)
+        fully_shard(layer, **layer_policy)
+    fully_shard(model, **(layer_policy if dtype == "bf16_full" else {}))
     return model
 
 
@@ -137,57 +133,34 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return value
 
 
-def barrier(ctx: DistContext) -> None:
-    if ctx.distributed:
-        dist.barrier()
-
-
 def _full_options(**kwargs):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, **kwargs)
 
 
-def full_model_state(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor]:
-    """Unsharded weights on CPU, keyed by parameter name, in any world size."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> tuple[dict, dict]:
+    """(weights, optimizer state): unsharded, on CPU, keyed by parameter name, so any world size
+    can load them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    options = _full_options(cpu_offload=ctx.distributed)
     # A model's state dict holds only tensors (the type's other members are for optimizer states).
-    state = cast(
-        dict[str, torch.Tensor], get_model_state_dict(model, options=_full_options(cpu_offload=ctx.distributed))
-    )
-    return {k: v.detach().cpu() for k, v in state.items()}
+    weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    weights = {k: v.detach().cpu() for k, v in weights.items()}
+    return weights, get_optimizer_state_dict(model, optimizer, options=options)
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> dict:
-    """Unsharded optimizer state keyed by parameter name, so any world size can load it."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def load_full_state(
+    model, model_state: dict, ctx: DistContext, optimizer: torch.optim.Optimizer | None = None, optimizer_state=None
+) -> None:
+    """Load unsharded weights and, given an optimizer, its state keyed by parameter name, as saved
+    by a run of any world size. strict=False: tied weights are stored once. Distributed, only rank
+    0 holds the full states (the others pass {}); each tensor is broadcast from it and sharded on
+    arrival."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=ctx.distributed))
-
-
-def _load_options(ctx: DistContext):
-    # strict=False: tied weights are stored once. Distributed, only rank 0 holds the full state
-    # (the others pass {}); each tensor is broadcast from it and sharded on arrival.
-    return _full_options(strict=False, broadcast_from_rank0=ctx.distributed)
-
-
-def load_full_model_state(model, model_state: dict, ctx: DistContext) -> None:
-    """Load unsharded weights (rank 0's, when distributed) as saved by a run of any world size."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    set_model_state_dict(model, model_state if ctx.is_main else {}, options=_load_options(ctx))
-
-
-def load_full_optimizer_state(model, optimizer, optimizer_state: dict, ctx: DistContext) -> None:
-    """Load an unsharded optimizer state (rank 0's, when distributed) keyed by parameter name."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    state = optimizer_state if ctx.is_main else {}
-    set_optimizer_state_dict(model, optimizer, state, options=_load_options(ctx))
-
-
-def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict, ctx: DistContext) -> None:
-    """Load unsharded weights and optimizer state (as saved by a run of any world size)."""
-    load_full_model_state(model, model_state, ctx)
-    load_full_optimizer_state(model, optimizer, optimizer_state, ctx)
+    options = _full_options(strict=False, broadcast_from_rank0=ctx.distributed)
+    set_model_state_dict(model, model_state if ctx.is_main else {}, options=options)
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, optimizer_state if ctx.is_main else {}, options=options)

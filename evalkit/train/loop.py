@@ -32,14 +32,14 @@ from evalkit.models.check import check_checkpoint
 from evalkit.store.provenance import git_hash
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
-from evalkit.train.config import TrainConfig, base_model_record, check_inputs
+from evalkit.train.config import TrainConfig, base_model_record, check_inputs, merge_sections
 from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
+from evalkit.train.memory import LOSS_CHUNK
 from evalkit.train.model import build_model, recipe_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-LOSS_CHUNK = 4096  # target tokens per chunk of the output projection (bounds logits memory)
 METRICS = "metrics.jsonl"
 
 
@@ -83,15 +83,11 @@ class MaskedLMLoss(torch.nn.Module):
 
 
 def collate(windows: list[PackedSequence], device: torch.device) -> dict[str, torch.Tensor | None]:
-    doc_ids = None
-    if windows[0].paradigm.masks_documents:
-        doc_ids = torch.stack([w.doc_ids for w in windows]).to(device)
-    return {
-        "input_ids": torch.stack([w.input_ids for w in windows]).to(device),
-        "position_ids": torch.stack([w.position_ids for w in windows]).to(device),
-        "doc_ids": doc_ids,
-        "loss_mask": torch.stack([w.loss_mask for w in windows]).to(device),
-    }
+    """MaskedLMLoss's inputs for a micro-batch; doc_ids None under a paradigm that masks nothing."""
+    fields = ["input_ids", "position_ids", "loss_mask"]
+    fields += ["doc_ids"] if windows[0].paradigm.masks_documents else []
+    stacked = {name: torch.stack([getattr(w, name) for w in windows]).to(device) for name in fields}
+    return {"doc_ids": None, **stacked}
 
 
 def lr_lambda(config: TrainConfig):
@@ -108,14 +104,6 @@ def lr_lambda(config: TrainConfig):
     return factor
 
 
-def _with_defaults(defaults: dict, saved: dict) -> dict:
-    merged = dict(defaults)
-    for key, value in saved.items():
-        both_sections = isinstance(value, dict) and isinstance(defaults.get(key), dict)
-        merged[key] = _with_defaults(defaults[key], value) if both_sections else value
-    return merged
-
-
 def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     """A resumed run must be the same run: only the step budget and schedule may change.
 
@@ -128,7 +116,7 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
     saved_data = saved.get("data")
     if isinstance(saved_data, dict) and "window_start" not in saved_data:
         saved = {**saved, "data": {**saved_data, "window_start": "document"}}
-    saved = _with_defaults(TrainConfig().to_dict(), saved)
+    saved = merge_sections(TrainConfig().to_dict(), saved)
     was, now = saved["data"].get("window_start"), current["data"]["window_start"]
     if was != now:
         raise UserError(
@@ -181,31 +169,19 @@ def _logged_step(line: str) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-class _Progress:
-    """A rich progress bar on the main process; silent elsewhere."""
+def _progress_bar(enabled: bool, description: str, total: int, start: int):
+    """A rich progress bar (disabled: silent, off the main process) and its task."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    def __init__(self, enabled: bool, total: int, start: int, description: str):
-        self._bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
-                TimeRemainingColumn(),
-            )
-            self._task = self._bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
-            self._bar.start()
-
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step, loss=loss, tps=tokens_per_s)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
+        TimeRemainingColumn(),
+        disable=not enabled,
+    )
+    return bar, bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
 
 
 def optimizer_step(model, optimizer, windows: list[PackedSequence], config: TrainConfig, ctx, autocast) -> float:
@@ -319,7 +295,7 @@ def load_initial_weights(model, config: TrainConfig, tokenizer, ctx: distributed
         lm = build_model(config, tokenizer, ctx.device, on_host=True)
         weights = {f"lm.{k}": v for k, v in lm.state_dict().items()}
     distributed.wait_for_rank0(ctx)  # reading a large base model may outlast the collective timeout
-    distributed.load_full_model_state(model, weights, ctx)
+    distributed.load_full_state(model, weights, ctx)
     torch.set_rng_state(distributed.broadcast_object(torch.get_rng_state(), ctx))
 
 
@@ -398,7 +374,7 @@ def _restore(point: _ResumePoint | None, model, optimizer, scheduler, stream, ct
         return 0, 0
     state = point.trainer_state
     weights = {f"lm.{k}": v for k, v in point.weights.items()}
-    distributed.load_full_state(model, optimizer, weights, state.get("optimizer", {}), ctx)
+    distributed.load_full_state(model, weights, ctx, optimizer, state.get("optimizer", {}))
     scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["stream"])
     torch.set_rng_state(state["rng"])
@@ -458,9 +434,9 @@ def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) ->
     config, ctx = run.config, run.ctx
     save_steps = config.checkpoint_steps()
     autocast = autocast_context(config, ctx.device)
-    progress = _Progress(show_progress and ctx.is_main, config.max_steps, step, f"{run.run_dir.name}")
+    bar, task = _progress_bar(show_progress and ctx.is_main, run.run_dir.name, config.max_steps, step)
     tokens_per_step = config.windows_per_step * config.seq_len
-    try:
+    with bar:
         while step < config.max_steps:
             started = time.perf_counter()
             windows = [run.stream.next_window() for _ in range(config.windows_per_step)]
@@ -471,11 +447,9 @@ def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) ->
             tokens_per_s = tokens_per_step / step_s  # the model's speed, not packing's
             record = {"step": step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
             _log_step(run, {**record, "step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen})
-            progress.update(step, loss, tokens_per_s)
+            bar.update(task, completed=step, loss=loss, tps=tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
                 _save(run, step, tokens_seen)
-    finally:
-        progress.close()
 
 
 def _log_step(run: _Run, record: dict) -> None:
@@ -565,8 +539,8 @@ def _save(run: _Run, step: int, tokens_seen: int) -> None:
     """Gather the full state to rank 0, which writes it while the others wait in the I/O group
     (no collective of the training group is pending meanwhile, so its timeout cannot fire)."""
     model, optimizer, scheduler, config, ctx = run.model, run.optimizer, run.scheduler, run.config, run.ctx
-    model_state = {k.removeprefix("lm."): v for k, v in distributed.full_model_state(model, ctx).items()}
-    optimizer_state = distributed.full_optimizer_state(model, optimizer, ctx)
+    model_state, optimizer_state = distributed.full_state(model, optimizer, ctx)
+    model_state = {k.removeprefix("lm."): v for k, v in model_state.items()}
     if ctx.is_main:
         trainer_state = {
             "step": step,

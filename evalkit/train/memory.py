@@ -13,7 +13,7 @@ Terms, per GPU, for FSDP2 over N GPUs (N=1: one process, nothing sharded):
   and FSDP2 gathers the root in bf16 too; the residual stream is bf16.
 - activations at micro_batch x seq_len tokens: with gradient checkpointing, each decoder
   layer's fp32 input (the residual stream) plus the larger of one layer's recomputed set and
-  the loss's backward (the final norm, one chunk of loop.LOSS_CHUNK tokens of fp32 logits and
+  the loss's backward (the final norm, one chunk of LOSS_CHUNK tokens of fp32 logits and
   their gradient); without, every layer's set plus the loss's. A layer's set is counted from
   the tensors autograd saves in a Llama-style decoder layer (bytes per token: ACTIVATION_BYTES),
   plus the gradients in flight.
@@ -25,6 +25,7 @@ It is a model, checked against measured tensor bytes on CPU at small sizes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from evalkit.train.config import TrainConfig
 
 GiB = 2**30
 FP32, BF16 = 4, 2
-LOSS_CHUNK = 4096  # loop.LOSS_CHUNK (not imported: loop.py pulls in transformers)
+LOSS_CHUNK = 4096  # target tokens per chunk of the loss's output projection (loop.py; bounds logits memory)
 
 # Bytes per token of one decoder layer's saved tensors and in-flight gradients, as
 # (per hidden unit, per KV unit, per MLP unit): counted from a Llama decoder layer.
@@ -151,18 +152,13 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.working + self.activations
 
     def rows(self) -> list[tuple[str, float]]:
-        names = ("params", "grads", "optimizer", "working", "activations", "total")
-        return [(name, getattr(self, name)) for name in names]
-
-
-def layer_activation_bytes(arch: Architecture, tokens: int, dtype: str) -> float:
-    per_hidden, per_kv, per_mlp = ACTIVATION_BYTES[dtype]
-    return tokens * (per_hidden * arch.hidden + per_kv * arch.kv_width + per_mlp * arch.intermediate)
+        return [*dataclasses.asdict(self).items(), ("total", self.total)]
 
 
 def activation_bytes(arch: Architecture, config: TrainConfig) -> float:
     tokens = config.micro_batch * config.seq_len
-    layer = layer_activation_bytes(arch, tokens, config.dtype)
+    per_hidden, per_kv, per_mlp = ACTIVATION_BYTES[config.dtype]
+    layer = tokens * (per_hidden * arch.hidden + per_kv * arch.kv_width + per_mlp * arch.intermediate)
     residual = BF16 if config.dtype == "bf16_full" else FP32  # the stream between layers (train.regime)
     final_norm = 3 * tokens * arch.hidden * residual  # its input and output, and the targets' rows of it
     chunk = min(LOSS_CHUNK, tokens)

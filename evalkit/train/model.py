@@ -44,15 +44,6 @@ def recipe_tokenizer(config: TrainConfig):
         raise UserError(f"could not load a tokenizer from {name!r}: {str(err).splitlines()[0]}") from None
 
 
-def scratch_max_positions(config: TrainConfig) -> int:
-    """A model built from scratch states the window it is trained at, at least: 4 x seq_len by
-    default (so RULER can go beyond the training length), and never below seq_len. A smaller
-    model.max_position_embeddings is raised to seq_len, as a checkpoint's is when continued
-    (build_model), so the saved config.json never claims less than the run trained on."""
-    asked = config.model.max_position_embeddings or 4 * config.seq_len
-    return max(asked, config.seq_len)
-
-
 def _scratch_config(config: TrainConfig, tokenizer):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
@@ -64,7 +55,9 @@ def _scratch_config(config: TrainConfig, tokenizer):
         num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_heads,
         num_key_value_heads=m.num_kv_heads,
-        max_position_embeddings=scratch_max_positions(config),
+        # 4 x seq_len by default (so RULER can go beyond the training length); never below seq_len,
+        # as a continued checkpoint's (_checkpoint_config): config.json never claims less than trained on
+        max_position_embeddings=max(m.max_position_embeddings or 4 * config.seq_len, config.seq_len),
         tie_word_embeddings=m.tie_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -80,23 +73,17 @@ def _scratch_config(config: TrainConfig, tokenizer):
     return hf_config
 
 
-def check_rope_theta(hf_config, theta: float | None) -> None:
-    """One RoPE base (model.rope_theta) cannot stand for a model's several, one per layer type."""
+def check_rope_theta(hf_config, theta: float | None) -> dict:
+    """The config's rope_parameters (a copy), checked: one RoPE base (model.rope_theta) cannot
+    stand for a model's several, one per layer type."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    per_layer_type = any(isinstance(value, dict) for value in params.values())  # Gemma 3
+    per_layer_type = [k for k, v in params.items() if isinstance(v, dict)]  # Gemma 3
     if theta is not None and per_layer_type:
         raise UserError(
             f"model.rope_theta={theta} is one base, and this model declares one per layer type "
-            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); leave it unset: model.rope_theta=null"
+            f"({', '.join(per_layer_type)}); leave it unset: model.rope_theta=null"
         )
-
-
-def _set_rope_theta(hf_config, theta: float) -> None:
-    check_rope_theta(hf_config, theta)
-    params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    params.setdefault("rope_type", "default")
-    params["rope_theta"] = theta
-    hf_config.rope_parameters = params
+    return params
 
 
 def _checkpoint_config(config: TrainConfig, path: Path):
@@ -109,7 +96,8 @@ def _checkpoint_config(config: TrainConfig, path: Path):
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
     check_attention_supported(hf_config, "evalkit train")  # before any weight is read
     if m.rope_theta is not None:
-        _set_rope_theta(hf_config, m.rope_theta)
+        params = check_rope_theta(hf_config, m.rope_theta)
+        hf_config.rope_parameters = {"rope_type": "default", **params, "rope_theta": m.rope_theta}
     if getattr(hf_config, "max_position_embeddings", 0) < config.seq_len:
         hf_config.max_position_embeddings = config.seq_len
     return hf_config

@@ -83,8 +83,7 @@ def bf16_weights(model: torch.nn.Module) -> Iterator[None]:
 
     for param in params:
         if param.grad is not None:  # a gradient from before: kept, in fp32
-            grads[id(param)] = param.grad.float()
-            param.grad = None
+            fold(param)
     handles = [param.register_post_accumulate_grad_hook(fold) for param in params]
     for param in params:
         param.data = param.data.to(torch.bfloat16)

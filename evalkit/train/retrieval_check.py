@@ -86,8 +86,5 @@ def check_retrieval(path: Path, max_tokens: int, documents: int, device: str = "
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     # (ignore: transformers wraps PreTrainedModel.to with functools.wraps, which mypy types as unbound)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()  # type: ignore[arg-type]
-
-    def forward(input_ids: torch.Tensor):
-        return model(input_ids.to(device))
-
+    forward = lambda input_ids: model(input_ids.to(device))  # noqa: E731
     return answer_accuracy(forward, tokenizer, max_tokens=max_tokens, documents=documents, kind=kind)

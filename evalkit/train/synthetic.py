@@ -148,19 +148,10 @@ def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "p
     stated = {}
     for key, value in facts:
         position = rng.randint(0, len(filler))  # drawn before the template: the stream's order
-        stated[value] = (
-            _varied_fact(rng, key, value, phrasing)
-            if varied
-            else rng.choice(FACT_TEMPLATES).format(key=key, value=value)
-        )
+        stated[value] = _fact(rng, key, value, phrasing)
         filler.insert(position, stated[value])
     asked = rng.sample(facts, rng.randint(max(1, num_facts // 2), num_facts))
-    ask = (
-        (lambda r, k, v: _varied_question(r, k, v, phrasing))
-        if varied
-        else lambda r, k, v: r.choice(QUESTION_TEMPLATES).format(key=k, value=v)
-    )
-    questions = [ask(rng, key, value) for key, value in asked]
+    questions = [_question(rng, key, value, phrasing) for key, value in asked]
     body = " ".join(filler)
     text = body + "\n" + "\n".join(questions)
     fact_spans, answer_spans, start = [], [], len(body) + 1
@@ -180,13 +171,17 @@ def _key(rng: random.Random, varied: bool) -> str:
     return f"{rng.choice(words)}-{rng.choice(words)}"
 
 
-def _varied_fact(rng: random.Random, key: str, value: str, phrasing: str) -> str:
+def _fact(rng: random.Random, key: str, value: str, phrasing: str) -> str:
+    if phrasing == "plain":
+        return rng.choice(FACT_TEMPLATES).format(key=key, value=value)
     nouns, facts, _ = WORDINGS[phrasing]
     return rng.choice(facts).format(noun=rng.choice(nouns), key=key, value=value)
 
 
-def _varied_question(rng: random.Random, key: str, value: str, phrasing: str) -> str:
+def _question(rng: random.Random, key: str, value: str, phrasing: str) -> str:
     """A question and its answer sentence, which ends with the value."""
+    if phrasing == "plain":
+        return rng.choice(QUESTION_TEMPLATES).format(key=key, value=value)
     nouns, _, clauses = WORDINGS[phrasing]
     noun, clause = rng.choice(nouns), rng.choice(clauses)
     question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)

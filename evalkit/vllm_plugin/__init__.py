@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import os
 
-from evalkit.vllm_plugin.packing import EXTRA_ARGS_KEY, PackedSegments, segments_from_doc_ids
-
 TRACKER = "evalkit.vllm_plugin.tracker:PackedRequestTracker"
 CUDA_BACKEND = "evalkit.vllm_plugin.backend_cuda.AnchorFlashAttentionBackend"
 CPU_BACKEND = "evalkit.vllm_plugin.backend_cpu.AnchorCPUAttentionBackend"
@@ -60,18 +58,3 @@ def select_cpu_backend(*, packed: bool) -> None:
         register_backend(AttentionBackendEnum.CPU_ATTN, CPU_BACKEND)
     elif AttentionBackendEnum.CPU_ATTN.get_path() == CPU_BACKEND:
         AttentionBackendEnum.CPU_ATTN.clear_override()
-
-
-__all__ = [
-    "ARCHITECTURES",
-    "CPU_BACKEND",
-    "CUDA_BACKEND",
-    "CUDA_BACKEND_NAME",
-    "EXTRA_ARGS_KEY",
-    "PACKED_ENVIRONMENT",
-    "TRACKER",
-    "PackedSegments",
-    "register",
-    "segments_from_doc_ids",
-    "select_cpu_backend",
-]

@@ -19,8 +19,9 @@ prefix copy that vLLM's memory profile did not count.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -57,16 +58,12 @@ class DocumentQueries:
         return slice(self.query_start, self.query_start + self.num_queries)
 
 
-def _seq_lens_on_host(common) -> list[int]:
-    """Per-row context lengths; the host copy is exact for prefill rows, the only ones planned."""
-    host = getattr(common, "seq_lens_cpu_upper_bound", None)
-    return (host if host is not None else common.seq_lens.cpu()).tolist()
-
-
 def plan_document_queries(common, rows: Mapping[int, PackedRow], impl: str) -> list[DocumentQueries]:
     """Plans for the packed rows of a step described by vLLM's CommonAttentionMetadata."""
     query_start = common.query_start_loc_cpu.tolist()
-    seq_lens = _seq_lens_on_host(common)
+    # Per-row context lengths: the host copy is exact for prefill rows, the only ones planned.
+    host = getattr(common, "seq_lens_cpu_upper_bound", None)
+    seq_lens = (host if host is not None else common.seq_lens.cpu()).tolist()
     device = common.block_table_tensor.device
     plans = []
     for row, packed in rows.items():
@@ -118,6 +115,7 @@ class AnchorAttentionImplMixin:
     num_kv_heads: int
     head_size: int
     scale: float
+    do_kv_cache_update: Callable[..., None]  # (layer, key, value, kv_cache, slot_mapping): the cache writer
     _evalkit_layout: LearnedLayout | None = None
     _evalkit_views: tuple | None = None  # (the cache tensor's identity, its views)
     _evalkit_workspace: PrefixWorkspace | None = None
@@ -168,24 +166,20 @@ class AnchorAttentionImplMixin:
         layout = self._layout(layer, kv_cache)
         views = self._views(layout, kv_cache)
         for plan in plans:
-            q = query[plan.rows]
-            options = {"scale": self.scale, "impl": self.anchor_impl, "block_mask": plan.block_mask}
             key, value = self._prefix(layout, views, kv_cache, plan)
-            out = anchor_attention(q, key, value, plan.doc_ids, **options)
-            output[plan.rows] = out.to(output.dtype)
+            options = {"scale": self.scale, "impl": self.anchor_impl, "block_mask": plan.block_mask}
+            output[plan.rows] = anchor_attention(query[plan.rows], key, value, plan.doc_ids, **options).to(output.dtype)
 
     def _prefix(self, layout: LearnedLayout, views, kv_cache: torch.Tensor, plan: DocumentQueries):
         """Keys and values [L, Hkv, D] of the request's positions 0..L-1: into the workspace where the
         cache has strided views (every GPU backend seen); otherwise copies, through the learned
         layout (the CPU's AMX layout, whose KV cache is a fixed size, not sized from a profile)."""
-        length = plan.doc_ids.numel()
+        length, row = plan.doc_ids.numel(), plan.block_table_row
         if views is None:
-            return layout.gather(kv_cache, plan.block_table_row, length)
+            return layout.gather(kv_cache, row, length)
         if self._evalkit_workspace is not None:
-            return self._evalkit_workspace.gather(views[0], views[1], plan.block_table_row, length)
-        return gather_paged(views[0], plan.block_table_row, length), gather_paged(
-            views[1], plan.block_table_row, length
-        )
+            return self._evalkit_workspace.gather(views[0], views[1], row, length)
+        return gather_paged(views[0], row, length), gather_paged(views[1], row, length)
 
     def _views(self, layout: LearnedLayout, kv_cache: torch.Tensor):
         """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers).
@@ -205,11 +199,8 @@ class AnchorAttentionImplMixin:
             if remainder:
                 raise RuntimeError(f"cannot read {type(self).__name__}'s KV cache of shape {tuple(kv_cache.shape)}")
 
-            def write(key, value, cache, slots):
-                self.do_kv_cache_update(layer, key, value, cache, slots)
-
             self._evalkit_layout = learn_layout(
-                write,
+                functools.partial(self.do_kv_cache_update, layer),
                 tuple(kv_cache.shape[1:]),
                 kv_cache.dtype,
                 kv_cache.device,

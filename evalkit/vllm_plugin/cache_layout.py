@@ -63,17 +63,14 @@ class LearnedLayout:
         positions = torch.arange(length, device=device)
         block_size = self.key_index_BHD.shape[0]
         blocks = block_table_row.to(device)[positions // block_size].long()
-        storage = torch.as_strided(kv_cache, (_storage_numel(kv_cache),), (1,), 0)
+        storage_numel = kv_cache.untyped_storage().nbytes() // kv_cache.element_size()
+        storage = torch.as_strided(kv_cache, (storage_numel,), (1,), 0)
         out = []
         for index in (self.key_index_BHD, self.value_index_BHD):
             offsets = self._storage_offsets(index, kv_cache).to(device)
             flat = blocks[:, None, None] * kv_cache.stride(0) + offsets[positions % block_size]
             out.append(storage[flat + kv_cache.storage_offset()])
         return out[0], out[1]
-
-
-def _storage_numel(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().nbytes() // tensor.element_size()
 
 
 def _affine_strides(offsets_BHD: torch.Tensor) -> tuple[int, int, int] | None:
@@ -89,11 +86,6 @@ def _affine_strides(offsets_BHD: torch.Tensor) -> tuple[int, int, int] | None:
     return (strides[0], strides[1], strides[2]) if torch.equal(predicted, offsets_BHD) else None
 
 
-def _probe_digit(num_elements: int, digit: int, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
-    index = torch.arange(num_elements, device=device)
-    return ((index // _DIGIT_BASE**digit) % _DIGIT_BASE + 1).to(dtype).view(shape)
-
-
 def _learn_part(write: Writer, scratch: torch.Tensor, shape: tuple[int, int, int], part: str) -> torch.Tensor:
     """Logical index within block 1 of every element of the key (or value) part."""
     block_size, heads, dim = shape
@@ -102,9 +94,10 @@ def _learn_part(write: Writer, scratch: torch.Tensor, shape: tuple[int, int, int
     slots = torch.arange(block_size, 2 * block_size, device=scratch.device)  # block 1: block 0 must stay untouched
     zeros = torch.zeros(shape, dtype=scratch.dtype, device=scratch.device)
     source = torch.zeros(scratch[1].numel(), dtype=torch.long)
+    element = torch.arange(num_elements, device=scratch.device)
     for digit in range(num_digits):
         scratch.zero_()
-        probe = _probe_digit(num_elements, digit, shape, scratch.dtype, scratch.device)
+        probe = ((element // _DIGIT_BASE**digit) % _DIGIT_BASE + 1).to(scratch.dtype).view(shape)
         write(probe, zeros, scratch, slots) if part == "key" else write(zeros, probe, scratch, slots)
         if bool(scratch[0].ne(0).any()):
             raise RuntimeError("the KV cache's first dimension is not its block dimension")

@@ -53,16 +53,11 @@ def anchor_document_ids(anchor_length: int, document_lengths: Sequence[int]) -> 
     return torch.repeat_interleave(torch.arange(len(lengths)), lengths) + ANCHOR_DOC_ID
 
 
-def paged_slots(block_table_row: torch.Tensor, length: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block, offset) [L] of positions 0..length-1 of one request."""
-    positions = torch.arange(length, device=block_table_row.device)
-    return block_table_row[positions // block_size].long(), positions % block_size
-
-
 def gather_paged(cache_NBHD: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one request from a paged cache: [L, Hkv, D] (a copy)."""
-    blocks, offsets = paged_slots(block_table_row.to(cache_NBHD.device), length, cache_NBHD.shape[1])
-    return cache_NBHD[blocks, offsets]
+    positions = torch.arange(length, device=cache_NBHD.device)
+    block_size = cache_NBHD.shape[1]
+    return cache_NBHD[block_table_row.to(cache_NBHD.device)[positions // block_size].long(), positions % block_size]
 
 
 # ----------------------------------------------------------------------------- flex
@@ -142,15 +137,6 @@ def anchor_block_mask(
         BLOCK_SIZE=block_size,
         mask_mod=anchor_mask_mod(doc_ids_L, num_queries),
         seq_lengths=(num_queries, length),
-    )
-
-
-def _flex_anchor_attention(q_1HQD, k_1HLD, v_1HLD, doc_ids_L, scale, block_mask):
-    block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, q_1HQD.shape[2])
-    gqa = q_1HQD.shape[1] != k_1HLD.shape[1]
-    function = flex_attention_function(q_1HQD.device, dynamic=True, variant=flex_variant(q_1HQD, "anchor"))
-    return call_flex(
-        function, q_1HQD.device, q_1HQD, k_1HLD, v_1HLD, block_mask=block_mask, scale=scale, enable_gqa=gqa
     )
 
 
@@ -255,7 +241,13 @@ def warm_up_anchor_flex(
         return
     raise_recompile_limit(SERVING_RECOMPILE_LIMIT)
     with _as_vllm_serves():
-        _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device)
+        for num_queries, length in warm_up_shapes((num_heads, num_kv_heads, head_size)):
+            documents = [n for n in (length // 3, length - 1 - length // 3) if n > 0]
+            doc_ids = anchor_document_ids(1, documents).to(device)
+            query = torch.zeros(num_queries, num_heads, head_size, dtype=dtype, device=device)
+            key_value = torch.zeros(length, num_kv_heads, head_size, dtype=dtype, device=device)
+            block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)  # as plan_document_queries does
+            anchor_attention(query, key_value, key_value, doc_ids, scale=scale, impl="flex", block_mask=block_mask)
     _warmed_up.add(key)
 
 
@@ -279,16 +271,6 @@ def _as_vllm_serves():
         torch.set_default_dtype(previous)
         for mode in modes:
             _push_mode(mode)
-
-
-def _warm_up_prefills(num_heads, num_kv_heads, head_size, scale, dtype, device) -> None:
-    for num_queries, length in warm_up_shapes((num_heads, num_kv_heads, head_size)):
-        documents = [n for n in (length // 3, length - 1 - length // 3) if n > 0]
-        doc_ids = anchor_document_ids(1, documents).to(device)
-        query = torch.zeros(num_queries, num_heads, head_size, dtype=dtype, device=device)
-        key_value = torch.zeros(length, num_kv_heads, head_size, dtype=dtype, device=device)
-        block_mask = anchor_block_mask(doc_ids, num_queries, check_order=False)  # as plan_document_queries builds it
-        anchor_attention(query, key_value, key_value, doc_ids, scale=scale, impl="flex", block_mask=block_mask)
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -318,30 +300,10 @@ def anchor_attention(
     q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query_QHD, key_LHD, value_LHD))  # [1, H, S, D]
     doc_ids_L = doc_ids_L.to(query_QHD.device)
     if name == "flex":
-        out = _flex_anchor_attention(q, k, v, doc_ids_L, scale, block_mask)
+        block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, num_queries)
+        function = flex_attention_function(q.device, dynamic=True, variant=flex_variant(q, "anchor"))
+        gqa = q.shape[1] != k.shape[1]
+        out = call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     else:
         out = document_attention(q, k, v, doc_ids_L, scale=scale, impl=name)
     return out[0].transpose(0, 1)
-
-
-def anchor_prefill_paged(
-    query_QHD: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table_row: torch.Tensor,
-    doc_ids_L: torch.Tensor,
-    *,
-    scale: float,
-    impl: str = "auto",
-    block_mask=None,
-) -> torch.Tensor:
-    """Anchor-mode attention of one request's document queries, keys read from a paged cache.
-
-    query_QHD: the request's queries of this step (its positions L-Q .. L-1), already rotated;
-    key_cache/value_cache [NB, BS, Hkv, D] with every position 0..L-1 written; block_table_row:
-    the request's blocks; doc_ids_L: the documents of positions 0..L-1. Returns [Q, Hq, D].
-    """
-    length = doc_ids_L.numel()
-    key = gather_paged(key_cache, block_table_row, length)
-    value = gather_paged(value_cache, block_table_row, length)
-    return anchor_attention(query_QHD, key, value, doc_ids_L, scale=scale, impl=impl, block_mask=block_mask)

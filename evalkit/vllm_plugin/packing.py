@@ -16,6 +16,7 @@ generated token attends to everything before it. A request without the key is a 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,13 +58,7 @@ class PackedSegments:
 
 def segments_from_doc_ids(doc_ids: Sequence[int]) -> PackedSegments:
     """The segments of a packed layout's document part given as doc ids (0 anchor, then 1, 2, ...)."""
-    lengths: list[int] = []
-    previous = None
-    for doc in doc_ids:
-        if doc != previous:
-            lengths.append(0)
-            previous = doc
-        lengths[-1] += 1
+    lengths = [len(list(run)) for _, run in itertools.groupby(doc_ids)]
     if not doc_ids or doc_ids[0] != 0:
         raise ValueError("packed doc ids start with the anchor (doc id 0)")
     return PackedSegments(anchor_length=lengths[0], document_lengths=tuple(lengths[1:]))

@@ -24,8 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from evalkit.models.precision import ROPE_VARIANTS
-
 CONFIG_ROPE = "evalkit_rope"
 CONFIG_POSITION_SHIFT = "evalkit_position_shift"
 # Rotary classes whose tables are a plain function of the position: their tables can be
@@ -36,13 +34,7 @@ EXTENDABLE_ROTARY_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
 @dataclass(frozen=True)
 class RopeOptions:
     variant: str = "cast"
-    position_shift: int = 0
-
-    def __post_init__(self) -> None:
-        if self.variant not in ROPE_VARIANTS:
-            raise ValueError(f"unknown RoPE variant {self.variant!r}; choose one of: {', '.join(ROPE_VARIANTS)}")
-        if self.position_shift < 0:
-            raise ValueError(f"position_shift must be non-negative, got {self.position_shift}")
+    position_shift: int = 0  # both judged where the user gives them (VLLMEngine.check_settings)
 
     @property
     def is_stock(self) -> bool:

@@ -37,10 +37,6 @@ class PrefixWorkspace:
     def capacity_tokens(self) -> int:
         return self.key.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        return self.key.nbytes + self.value.nbytes
-
     def gather(
         self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table_row: torch.Tensor, length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:

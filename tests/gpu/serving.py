@@ -22,10 +22,18 @@ from evalkit.vllm_plugin.kernels import (
     anchor_attention,
     anchor_block_mask,
     anchor_document_ids,
-    anchor_prefill_paged,
     gather_paged,
 )
 from evalkit.vllm_plugin.workspace import PrefixWorkspace, workspace_capacity
+
+
+def prefill_paged(query_QHD, key_cache, value_cache, block_table_row, doc_ids_L, **options) -> torch.Tensor:
+    """Anchor attention of one request's document queries, its keys and values gathered from a paged
+    cache [NB, BS, Hkv, D] (the backend's path: positions 0..L-1 through the block-table row)."""
+    length = doc_ids_L.numel()
+    key, value = gather_paged(key_cache, block_table_row, length), gather_paged(value_cache, block_table_row, length)
+    return anchor_attention(query_QHD, key, value, doc_ids_L, **options)
+
 
 BLOCK = 16  # vLLM's default block size on CUDA
 HEADS, KV_HEADS, DIM = 32, 8, 128
@@ -76,7 +84,7 @@ def check_correctness(length: int, device: str, dtype: torch.dtype) -> Iterator[
         query = torch.randn(num_queries, HEADS, DIM, device=device).to(dtype)
         expected = reference(query, key, value, doc_ids)
         for impl in ("flex", "blocked"):
-            out = anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl=impl)
+            out = prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl=impl)
             error = float((out.float() - expected).abs().max())
             name = f"{impl} {str(dtype).removeprefix('torch.')} L={length} Q={num_queries}"
             yield (name, error, error <= TOLERANCE[dtype])
@@ -154,7 +162,7 @@ def long_run(steps: int, lengths: tuple[int, int], device: str = "cuda", seed: i
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             start = torch.cuda.memory_allocated()
-        anchor_prefill_paged(
+        prefill_paged(
             query, key_cache, value_cache, block_table, doc_ids, scale=DIM**-0.5, impl="flex", block_mask=block_mask
         )
         if device == "cuda":
@@ -212,12 +220,12 @@ def time_prefill(length: int, repeats: int, device: str = "cuda") -> tuple[list[
     scale = DIM**-0.5
 
     def anchor():
-        return anchor_prefill_paged(
+        return prefill_paged(
             query, key_cache, value_cache, block_table, doc_ids, scale=scale, impl="flex", block_mask=anchor_mask
         )
 
     def causal():
-        return anchor_prefill_paged(
+        return prefill_paged(
             query, key_cache, value_cache, block_table, causal_ids, scale=scale, impl="flex", block_mask=causal_mask
         )
 

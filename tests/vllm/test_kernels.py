@@ -14,7 +14,6 @@ from evalkit.vllm_plugin.kernels import (
     anchor_attention,
     anchor_block_mask,
     anchor_document_ids,
-    anchor_prefill_paged,
     gather_paged,
 )
 
@@ -64,7 +63,11 @@ def test_anchor_prefill_over_a_paged_cache_equals_the_reference(impl, num_querie
     num_queries = num_queries or length  # None: a whole prefill; else the last chunk of a chunked one
     key, value, key_cache, value_cache, block_table = random_paged_cache(length, 2, 32, block_size=16)
     query = torch.randn(num_queries, 4, 32, generator=torch.Generator().manual_seed(1))
-    out = anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=0.2, impl=impl)
+    key_gathered, value_gathered = (
+        gather_paged(key_cache, block_table, length),
+        gather_paged(value_cache, block_table, length),
+    )
+    out = anchor_attention(query, key_gathered, value_gathered, doc_ids, scale=0.2, impl=impl)
     torch.testing.assert_close(out, reference(query, key, value, doc_ids, 0.2), atol=2e-6, rtol=1e-5)
 
 

@@ -29,12 +29,12 @@ def compiled_on_cpu(monkeypatch):
 
 
 def one_prefill(dtype, scale):
-    from evalkit.vllm_plugin.kernels import anchor_document_ids, anchor_prefill_paged
+    from evalkit.vllm_plugin.kernels import anchor_document_ids
 
     _key, _value, key_cache, value_cache, block_table = serving.paged_request(300, dtype, 0, "cpu")
     query = torch.randn(300, serving.HEADS, serving.DIM).to(dtype)
     doc_ids = anchor_document_ids(1, [100, 199])
-    anchor_prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=scale, impl="flex")
+    serving.prefill_paged(query, key_cache, value_cache, block_table, doc_ids, scale=scale, impl="flex")
 
 
 def test_recompile_accounting_counts_every_graph_of_the_function_against_its_limit(compiled_on_cpu):

@@ -61,7 +61,7 @@ def test_the_bound_is_max_tokens_plus_a_block_less_one_for_keys_and_values():
     capacity = ws.workspace_capacity(MAX_TOKENS, BLOCK)
     assert capacity == MAX_TOKENS + BLOCK - 1
     workspace = ws.PrefixWorkspace(capacity, HEADS, DIM, torch.bfloat16, "cpu")
-    assert workspace.nbytes == 2 * (MAX_TOKENS + BLOCK - 1) * HEADS * DIM * 2
+    assert workspace.key.nbytes + workspace.value.nbytes == 2 * (MAX_TOKENS + BLOCK - 1) * HEADS * DIM * 2
     # Every request of up to MAX_TOKENS fits, whatever the cache's block size up to BLOCK.
     for block_size in (1, 5, 7, BLOCK):
         num_blocks = -(-MAX_TOKENS // block_size)
