@@ -19,6 +19,15 @@ W = min(1024, L/4) tokens (1024: the paper's), the document read in blocks of W,
 k seeing blocks k-1 and k only (between W and 2W-1 tokens before it; positions counted from the
 window's start). LongPPL = exp of the mean long-context NLL over the key tokens.
 
+--encoding anchor (README, "Perplexity"): the document's first L tokens as AnchorAttention trains
+on packed documents. After the anchor (the BOS; a tokenizer without one: its EOS, as
+engines.tokens.packed_layout anchors, and then all L tokens follow it), the tokens are cut into
+consecutive pieces of --doc-tokens tokens, laid out by packed_layout, [anchor] p1 EOS p2 EOS ...,
+positions 0..n-1, each piece attending to itself and the anchor only. The same tokens as standard
+are scored (document positions 1..L-1, never an inserted EOS), each at the fed position before it:
+a piece's first token at the EOS closing the piece before, which sees that piece and the anchor.
+Key tokens use these long-context scores against the same short windows as standard.
+
 The hf engine scores a batch of documents (all exactly L tokens: no padding) chunk by chunk
 through the KV cache, so only one chunk's logits exist at a time; vLLM scores with
 prompt_logprobs. A unit is one length; its documents are logged one record each as they finish
@@ -31,7 +40,7 @@ import hashlib
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +51,8 @@ from evalkit.files import check_output_dir, write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
-from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
-from evalkit.store.result_format import ResultRow
+from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
+from evalkit.store.result_format import STANDARD, ResultRow, encoding_label, read_row, row_record
 from evalkit.store.sample_log import CHECKSUM, Writer, record_checksum
 from evalkit.store.units import Unit, UnitStore
 from evalkit.sweep import options
@@ -72,8 +81,14 @@ class PplSettings:
     batch_size: int = setting(8, role=EXECUTION)
     max_length: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # A cell of its own, as in ruler (SELECTION): each row names its encoding, a log record's key too.
+    encoding: str = setting(STANDARD, role=SELECTION)
+    doc_tokens: int = setting(512, role=SELECTION)
 
     def __post_init__(self) -> None:
+        from evalkit.ruler.encoding import check_encoding  # light: no torch, no transformers
+
+        check_encoding(self.encoding, self.doc_tokens, "base")
         if self.docs < 1 or self.batch_size < 1:
             raise UserError(f"--docs and --batch-size must be at least 1, got {self.docs} and {self.batch_size}")
 
@@ -176,30 +191,71 @@ def key_window(length: int) -> int:
     return min(KEY_WINDOW, max(1, length // 4))
 
 
-def hf_logprobs(engine, rows: list[list[int]]) -> list[list[float]]:
+def hf_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
     """log P(token p | tokens 0..p-1) for p = 1..L-1 of each row (all of length L), in fp32, the
-    rows as one batch read chunk by chunk through the KV cache: one chunk's logits at a time."""
+    rows as one batch read chunk by chunk through the KV cache: one chunk's logits at a time.
+    With `doc_ids` (packed layouts): under the engine's packed attention, as its packed prefill."""
+    from contextlib import nullcontext
+
     import torch
 
     ids = torch.tensor(rows, dtype=torch.long, device=engine.device)
     batch, length = ids.shape
     chunk = max(16, LOGIT_BUDGET // (batch * engine.model.config.get_text_config().vocab_size))
-    cache, scored = engine._new_cache(), []
-    with torch.inference_mode():
+    docs = None if doc_ids is None else torch.tensor(doc_ids, dtype=torch.long, device=engine.device)
+    # evalkit's attention reads every key its doc ids name (and applies the windows itself): keep them all
+    cache, scored = engine._new_cache(every_key=docs is not None), []
+    packed = nullcontext() if docs is None else engine._attention_implementation(engine.packed_attention)
+    with torch.inference_mode(), packed:
         for start in range(0, length - 1, chunk):
             end = min(start + chunk, length - 1)  # the last token predicts nothing: never fed
             positions = torch.arange(start, end, device=ids.device).expand(batch, -1)
-            logits = engine._forward(ids[:, start:end], None, positions, cache=cache, logits_to_keep=0)
+            more = {} if docs is None else {"doc_ids": docs[:, :end], "window_anchor": engine.window_anchor}
+            logits = engine._forward(ids[:, start:end], None, positions, cache=cache, logits_to_keep=0, **more)
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             scored.append(logprobs.gather(-1, ids[:, start + 1 : end + 1, None])[..., 0])
     return torch.cat(scored, dim=1).cpu().tolist()
 
 
-def vllm_logprobs(engine, rows: list[list[int]]) -> list[list[float]]:
-    """The same from vLLM's prompt_logprobs (each prompt token's own log-probability comes back)."""
-    params = engine._greedy(1, prompt_logprobs=0)
-    answers = engine._run([{"prompt_token_ids": row} for row in rows], [params] * len(rows))
+def vllm_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
+    """The same from vLLM's prompt_logprobs (each prompt token's own log-probability comes back);
+    packed layouts carry their segments as the engine's generate_packed sends them."""
+    from evalkit.vllm_plugin.packing import segments_from_doc_ids
+
+    segments = [None] * len(rows) if doc_ids is None else [segments_from_doc_ids(docs) for docs in doc_ids]
+    prompts = [
+        {"prompt_token_ids": row} | ({"cache_salt": s.cache_salt()} if s else {}) for row, s in zip(rows, segments)
+    ]
+    params = [engine._greedy(1, prompt_logprobs=0, **({"extra_args": s.extra_args()} if s else {})) for s in segments]
+    answers = engine._run(prompts, params)
     return [[score[0] for score in answer.prompt_scores[1:]] for answer in answers]
+
+
+def anchor_layout(tokenizer, ids: list[int], doc_tokens: int) -> tuple[list[int], list[int], list[int]]:
+    """(fed ids, doc ids, the fed index of each scored token) of one document's first L tokens under
+    --encoding anchor (the module docstring): packed_layout's document part, its question dropped."""
+    from evalkit.engines.tokens import packed_layout
+
+    content = ids[1:] if tokenizer.bos_token_id is not None else ids  # the BOS is the anchor packed_layout puts
+    pieces = [content[start : start + doc_tokens] for start in range(0, len(content), doc_tokens)]
+    layout = packed_layout(tokenizer, pieces, [tokenizer.eos_token_id])  # a question is required there
+    size, docs = layout.num_document_tokens, layout.doc_ids
+    # a piece's own tokens: all of its document id but the last (the EOS closing it), never the anchor's
+    own = [i for i in range(1, size - 1) if docs[i + 1] == docs[i]]
+    return layout.input_ids[:size], docs, own[len(own) - (len(ids) - 1) :]  # document positions 1..L-1
+
+
+def anchor_logprobs(engine, score, rows: list[list[int]], doc_tokens: int) -> list[list[float]]:
+    """The rows' log-probabilities at document positions 1..L-1 under --encoding anchor, by `score`."""
+    layouts = [anchor_layout(engine.tokenizer, row, doc_tokens) for row in rows]
+    _fits(engine, len(layouts[0][0]), f"anchor encoding adds one EOS per {doc_tokens}-token piece: ")
+    fed = score(engine, [fed for fed, _, _ in layouts], [docs for _, docs, _ in layouts])
+    return [[logprobs[i - 1] for i in own] for logprobs, (_, _, own) in zip(fed, layouts)]
+
+
+def _fits(engine, tokens: int, why: str = "") -> None:
+    if tokens > engine.max_length:
+        raise Skipped(f"{why}{tokens} tokens exceed the engine's window of {engine.max_length}")
 
 
 def short_logprobs(score, rows: list[list[int]], window: int) -> list[list[float]]:
@@ -269,6 +325,8 @@ class PplBenchmark(Benchmark):
         engine_settings = {**settings.engine_args, "batch_size": settings.batch_size, "max_length": settings.max_length}
         if settings.dtype:
             engine_settings["dtype"] = settings.dtype
+        if settings.encoding != STANDARD and settings.engine == "vllm":
+            engine_settings["packed"] = True  # evalkit's attention backend, for the packed layouts
         self.engine = EngineChoice(settings.engine, engine_settings)
         self._documents: list[str] = []
         self._tokens: dict[Path, tuple[str, list[list[int]]]] = {}
@@ -297,11 +355,13 @@ class PplBenchmark(Benchmark):
         return self._tokens[ref.path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        from evalkit.ruler.runner import check_lengths_fit
+        from evalkit.ruler.runner import check_lengths_fit, check_packed_attention
 
         self.documents()  # a bad --data is one line before any model loads
         for ref in refs:
             check_lengths_fit(ref, self.settings)
+            if self.settings.encoding != STANDARD:
+                check_packed_attention(ref, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(TASK, length) for length in self.settings.lengths]
@@ -313,11 +373,21 @@ class PplBenchmark(Benchmark):
         """What a logged document's score depends on besides its text (its record's text_sha): the
         settings' identity, the weights and the tokenizer; not --docs, so a count reuses the others'."""
         fingerprint = self._tokenized(ref)[0]
+        label = encoding_label(self.settings.encoding, self.settings.doc_tokens)
+        encoding = {} if label == STANDARD else {"encoding": label}  # standard keys as before the option
         return identity_key(
-            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint
+            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint, **encoding
         )
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
+        try:
+            return self._evaluate(engine, unit, store, progress)
+        except Skipped as why:
+            if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
+                why.details |= {"encoding": self.settings.encoding, "doc_tokens": self.settings.doc_tokens}
+            raise
+
+    def _evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
         length = int(unit.length or 0)
         tokens = self.tokens(store.ref)
         chosen = [i for i, ids in enumerate(tokens) if len(ids) >= length]
@@ -337,13 +407,17 @@ class PplBenchmark(Benchmark):
             done.update({(r["doc"], r["text_sha"]): r for r in records})
             progress(len(chosen) - len(todo) + start + len(batch), len(chosen))
         records = [done[(i, sha)] for i, sha in zip(chosen, shas)]
-        return UnitResult(self._rows(store.ref, length, records), _detail(length, records, len(tokens)), bool(todo))
+        rows = self._rows(store.ref, length, records)
+        encoding = {"encoding": rows[0].encoding, "doc_tokens": rows[0].doc_tokens}
+        return UnitResult(rows, _detail(length, records, len(tokens)) | encoding, bool(todo))
 
     def _score(self, engine, rows: list[list[int]], docs: list[int]) -> list[dict[str, Any]]:
         score = hf_logprobs if engine.name == "hf" else vllm_logprobs
-        if len(rows[0]) > engine.max_length:
-            raise Skipped(f"{len(rows[0])} tokens exceed the engine's window of {engine.max_length}")
-        long = score(engine, rows)
+        _fits(engine, len(rows[0]))
+        if self.settings.encoding == STANDARD:
+            long = score(engine, rows)
+        else:
+            long = anchor_logprobs(engine, score, rows, self.settings.doc_tokens)
         short = (
             short_logprobs(lambda pieces: score(engine, pieces), rows, key_window(len(rows[0])))
             if self.settings.key_tokens
@@ -359,20 +433,25 @@ class PplBenchmark(Benchmark):
         if self.settings.key_tokens:
             count = sum(r["key_tokens"] for r in records)
             values["longppl"] = math.exp(sum(r["key_nll"] for r in records) / count) if count else None
+        doc_tokens = None if self.settings.encoding == STANDARD else self.settings.doc_tokens
+        cell: dict[str, Any] = {"n": len(records), "length": length, "encoding": self.settings.encoding}
         return [
-            ResultRow(self.name, ref.run, ref.step, TASK, metric, value, n=len(records), length=length)
-            for metric, value in values.items()
+            ResultRow(self.name, ref.run, ref.step, TASK, m, v, doc_tokens=doc_tokens, **cell)
+            for m, v in values.items()
         ]
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
-        """Per length: documents used of those read, and the loss per position bucket."""
-        return {**summary, "lengths": {str(r.detail["length"]): r.detail for r in results if r.detail}}
+        """Per length and encoding: documents used of those read, and the loss per position bucket;
+        the earlier summary's cells this run did not touch, when it was scored alike (_kept_cells)."""
+        lengths = {_cell_name(r.detail): r.detail for r in results if r.detail}
+        summary = {**summary, "lengths": lengths}
+        return _kept_cells(summary, earlier) if earlier else summary
 
     def average(self, rows: list[ResultRow]) -> Averages:
         cells: dict[tuple[str, str, int], list[float]] = {}
-        for row in rows:
+        for row in rows:  # the encodings of a run as two series (ResultRow.series), never averaged together
             if row.value is not None and row.length is not None:
-                cells.setdefault((row.run, row.metric, row.length), []).append(row.value)
+                cells.setdefault((row.series(), row.metric, row.length), []).append(row.value)
         records: list[dict[str, Any]] = [
             {"run": run, "metric": metric, "length": length, "mean": statistics.fmean(v), "std": statistics.pstdev(v)}
             | {"checkpoints": len(v)}
@@ -401,6 +480,38 @@ def _detail(length: int, records: list[dict[str, Any]], read: int) -> dict[str, 
         detail["key_tokens"] = sum(r["key_tokens"] for r in records)
         detail["key_window"] = key_window(length)
     return detail
+
+
+def _cell_name(entry: dict[str, Any]) -> str:
+    """A row's, skip's or detail's cell, its key in the summary's "lengths": "4096", or "4096@anchor-512"."""
+    label = encoding_label(entry.get("encoding"), entry.get("doc_tokens"))
+    return str(entry["length"]) if label == STANDARD else f"{entry['length']}@{label}"
+
+
+def _kept_cells(summary: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """The summary plus the earlier summary's cells (length, encoding) this run did not touch, when both
+    were scored alike (the settings' identity, which no cell's encoding or length is part of, and the
+    engine's result facts): standard, then anchor, into one --out is one summary. Cells scored
+    otherwise are dropped (their records stay in the logs)."""
+    from evalkit.engines.base import RESULT_FACTS
+
+    now, then = summary["provenance"], earlier.get("provenance") or {}
+    facts = [(info or {}).get(key) for info in (now["engine"], then.get("engine")) for key in RESULT_FACTS]
+    alike = stored_identity(PplSettings, now["settings"]) == stored_identity(PplSettings, then.get("settings"))
+    if not alike or facts[: len(RESULT_FACTS)] != facts[len(RESULT_FACTS) :]:
+        return summary
+    touched = {_cell_name(entry) for entry in summary["rows"] + summary["skipped"]}
+    version = earlier.get("schema_version", 1)  # kept rows are rewritten in this version's shape
+    rows = [
+        row_record(read_row(TASK, row, version)) for row in earlier.get("rows", []) if _cell_name(row) not in touched
+    ]
+    skipped = [skip for skip in earlier.get("skipped", []) if _cell_name(skip) not in touched]
+    lengths = {name: detail for name, detail in (earlier.get("lengths") or {}).items() if name not in touched}
+    return summary | {
+        "rows": rows + summary["rows"],
+        "skipped": skipped + summary["skipped"],
+        "lengths": lengths | summary["lengths"],
+    }
 
 
 def _read_log(path: Path, key: str) -> dict[tuple[int, str], dict[str, Any]]:
@@ -434,6 +545,7 @@ def _append_log(writer: Writer, path: Path, key: str, records: list[dict[str, An
 def checkpoint_table(rows: list[ResultRow]) -> str:
     """One line per checkpoint and metric: its value at each length."""
     lengths = sorted({row.length for row in rows if row.length is not None})
+    rows = [replace(row, run=row.series()) for row in rows]  # an encoding other than standard: a series of its own
     cells = {(row.run, row.step, row.metric, row.length): row for row in rows}
     lines = []
     for run, step, metric in sorted({(row.run, row.step, row.metric) for row in rows}):
@@ -453,13 +565,13 @@ def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     for summary in summaries:
-        if not summary.get("lengths"):
-            continue
-        longest = max(summary["lengths"].values(), key=lambda d: d["length"])
-        spans = [tuple(map(int, label.split("-"))) for label in longest["position_loss"]]
-        middles = [math.sqrt(low * high) for low, high in spans]
-        label = f"{summary['run']} step {summary['step']} ({length_label(longest['length'])})"
-        axes.plot(middles, list(longest["position_loss"].values()), marker="o", label=label)
+        details = sorted((summary.get("lengths") or {}).values(), key=lambda d: d["length"])
+        for encoding, longest in {encoding_label(d.get("encoding"), d.get("doc_tokens")): d for d in details}.items():
+            spans = [tuple(map(int, label.split("-"))) for label in longest["position_loss"]]
+            middles = [math.sqrt(low * high) for low, high in spans]
+            name = summary["run"] if encoding == STANDARD else f"{summary['run']} [{encoding}]"
+            label = f"{name} step {summary['step']} ({length_label(longest['length'])})"
+            axes.plot(middles, list(longest["position_loss"].values()), marker="o", label=label)
     axes.set_xscale("log", base=2)
     axes.set(xlabel="token position", ylabel="mean loss (nats)", title="Loss against position")
     axes.grid(True, alpha=0.3)
@@ -492,6 +604,13 @@ def command(
     batch_size: int = options.batch_size_option("Documents"),
     engine_arg: list[str] = options.engine_arg_option(),
     max_length: int = options.max_length_option("lengths"),
+    encoding: str = typer.Option(
+        "standard",
+        "--encoding",
+        help="standard: one causal sequence; anchor: the document cut into pieces behind "
+        "one anchor, each attending to itself and the anchor (AnchorAttention's packed documents).",
+    ),
+    doc_tokens: int = typer.Option(512, "--doc-tokens", help="--encoding anchor: tokens per piece."),
     out: Path = options.out_option("results/ppl"),
     shard: str = options.shard_option(),
     executor: str = options.executor_option(),
@@ -513,7 +632,9 @@ def command(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
-        engine_args=parse_engine_args(engine, engine_arg, OWN_FLAGS),
+        engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
+        encoding=encoding,
+        doc_tokens=doc_tokens,
     )
     scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
     check_output_dir(out)

@@ -264,3 +264,163 @@ def test_an_edited_record_is_refused_and_one_without_a_checksum_is_computed_agai
     log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sha"}) + "\n" for r in records))
     assert _values(_run(TINY, data, tmp_path / "out", [256])) == {256: (pytest.approx(first[256][0], rel=1e-6), 2)}
     assert len(log.read_text().splitlines()) == 4  # the two unsealed lines kept, two sealed ones added
+
+
+# ---- --encoding anchor ----------------------------------------------------------------------------
+
+
+def _anchor_reference(path: Path, row: list[int], doc_tokens: int, eos: int) -> list[float]:
+    """Each scored token's log-probability under --encoding anchor, written out by hand: the row's
+    tokens after the anchor (row[0], the BOS) in pieces of doc_tokens, piece k fed at positions
+    1 + k * (doc_tokens + 1) onwards (each piece and its EOS), one plain causal forward of
+    [anchor] + piece k + [EOS] per piece at those positions; a piece's first token read at the
+    EOS closing the piece before (the first piece's at the anchor)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    content = row[1:]
+    pieces = [content[start : start + doc_tokens] for start in range(0, len(content), doc_tokens)]
+    scores, previous = [], None  # previous: the log-probabilities read at the EOS closing the piece before
+    for k, piece in enumerate(pieces):
+        first = 1 + k * (doc_tokens + 1)
+        positions = [0, *range(first, first + len(piece) + 1)]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([[row[0], *piece, eos]]), position_ids=torch.tensor([positions]))
+        logprobs = torch.log_softmax(logits.logits[0].double(), dim=-1)
+        scores.append(float((logprobs[0] if previous is None else previous)[piece[0]]))
+        scores += [float(logprobs[j][piece[j]]) for j in range(1, len(piece))]
+        previous = logprobs[len(piece) + 1]
+    return scores
+
+
+def _check_anchor_against_reference(path: Path, monkeypatch, tolerance: float) -> None:
+    """hf anchor scores, read through the KV cache in chunks of 50 tokens (crossing pieces), against
+    _anchor_reference: every one of the L-1 tokens, the pieces' first among them, within `tolerance`
+    per token (fp32; evalkit's attention against transformers' own) and the document's mean loss to 1e-5."""
+    from evalkit.engines import get_engine
+
+    with get_engine("hf", path, dtype="fp32", batch_size=2) as engine:
+        vocab = engine.model.config.get_text_config().vocab_size
+        monkeypatch.setattr(ppl, "LOGIT_BUDGET", 2 * vocab * 50)  # batch 2 x vocab x 50 positions
+        bos, eos = engine.tokenizer.bos_token_id, engine.tokenizer.eos_token_id
+        assert bos is not None  # the reference takes the BOS as the anchor
+        rows = [[bos, *range(10 + shift, 309 + shift)] for shift in (0, 700)]  # L = 300: pieces 64 x 4 + 43
+        served = ppl.anchor_logprobs(engine, ppl.hf_logprobs, rows, 64)
+    for row, scores in zip(rows, served):
+        expected = _anchor_reference(path, row, 64, eos)
+        assert len(scores) == len(expected) == 299
+        assert max(abs(a - b) for a, b in zip(scores, expected)) < tolerance
+        assert sum(scores) / 299 == pytest.approx(sum(expected) / 299, rel=1e-5)
+
+
+def test_anchor_encoding_equals_a_plain_forward_of_the_anchor_and_each_piece(monkeypatch):
+    _check_anchor_against_reference(TINY, monkeypatch, 1e-4)
+
+
+def test_smollm2_anchor_encoding_equals_a_plain_forward_of_the_anchor_and_each_piece(smollm2, monkeypatch):
+    # 30 layers of fp32 rounding in two attention implementations: up to 1.2e-4 per token measured
+    _check_anchor_against_reference(smollm2, monkeypatch, 5e-4)
+
+
+def test_anchor_layout_by_hand_with_and_without_a_bos():
+    """Pieces of 2 after the anchor, each closed by EOS (3), positions running on; the scored tokens are
+    document positions 1..L-1. Without a BOS the EOS is the anchor and token 0 opens the first piece, unscored."""
+    from types import SimpleNamespace
+
+    with_bos = SimpleNamespace(bos_token_id=2, eos_token_id=3)
+    assert ppl.anchor_layout(with_bos, [2, 10, 11, 12, 13, 14], 2) == (
+        [2, 10, 11, 3, 12, 13, 3, 14, 3],
+        [0, 1, 1, 1, 2, 2, 2, 3, 3],
+        [1, 2, 4, 5, 7],  # 10 11 | 12 13 | 14
+    )
+    without = SimpleNamespace(bos_token_id=None, eos_token_id=3)
+    assert ppl.anchor_layout(without, [10, 11, 12, 13, 14], 2) == (
+        [3, 10, 11, 3, 12, 13, 3, 14, 3],
+        [0, 1, 1, 1, 2, 2, 2, 3, 3],
+        [2, 4, 5, 7],  # 11 | 12 13 | 14: token 0 (10) is not scored, as in standard
+    )
+
+
+def test_anchor_with_one_piece_equals_standard_and_a_second_piece_changes_only_its_token():
+    """doc_tokens >= L-1: one piece, [anchor] d EOS, d attending causally to itself and the anchor at
+    positions 0..L-1 as in standard; the trailing EOS is seen by no scored token: the same scores
+    (to float rounding: the packed path runs evalkit's attention). doc_tokens = L-2: the last token is
+    a piece of its own, read at the EOS after the first: only its score changes."""
+    from evalkit.engines import get_engine
+
+    with get_engine("hf", TINY, dtype="fp32", batch_size=2) as engine:
+        rows = [[engine.tokenizer.bos_token_id, *range(30 + shift, 229 + shift)] for shift in (0, 500)]  # L = 200
+        standard = ppl.hf_logprobs(engine, rows)
+        for doc_tokens in (199, 512):
+            anchor = ppl.anchor_logprobs(engine, ppl.hf_logprobs, rows, doc_tokens)
+            assert [pytest.approx(s, abs=1e-5) for s in standard] == anchor
+        split = ppl.anchor_logprobs(engine, ppl.hf_logprobs, rows, 198)
+    for one, two in zip(standard, split):
+        assert two[:-1] == [pytest.approx(s, abs=1e-5) for s in one[:-1]] and abs(two[-1] - one[-1]) > 1e-3
+
+
+def test_bad_encoding_or_doc_tokens_is_one_line_and_leaves_no_output(tmp_path):
+    import subprocess
+    import sys
+
+    for args, message in (
+        (["--encoding", "anchr"], "--encoding must be one of standard, anchor, got 'anchr'"),
+        (["--encoding", "anchor", "--doc-tokens", "0"], "--doc-tokens must be a positive number of tokens, got 0"),
+    ):
+        out = tmp_path / "out"
+        result = subprocess.run(
+            [sys.executable, "-m", "evalkit.cli", "ppl", str(TINY), "--lengths", "128", *args, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2 and not out.exists()
+        assert result.stderr.strip().splitlines() == [f"error: {message}"] or (
+            message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        ), result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_both_encodings_into_one_out_are_one_summary_two_series_and_compare_pairs_them(tmp_path):
+    """The CLI on the shipped tiny-long anchor run, standard then anchor into one --out: one summary
+    per checkpoint holding both (the anchor records under their own key in the same log), the
+    leaderboard's ppl table and --avg with the two as separate series, and compare pairing anchor
+    against standard per length by checkpoint and document; standard again keeps the anchor cells."""
+    import subprocess
+    import sys
+
+    from evalkit.results.compare import compare
+    from evalkit.results.leaderboard import build_markdown
+    from evalkit.results.samples import load_series
+
+    data, _ = _data(tmp_path, (1500, 1500, 1500))
+    run = TINY.parent / "tiny-long" / "tiny-long-anchor-shipped"
+    out = tmp_path / "out"
+    common = ["--lengths", "128,256", "--data", str(data), "--docs", "3", "--dtype", "fp32", "--out", str(out)]
+    for encoding in ("standard", "anchor", "standard"):  # the third: all read back, nothing dropped
+        cli = [sys.executable, "-m", "evalkit.cli", "ppl", str(run), "--encoding", encoding, "--doc-tokens", "50"]
+        result = subprocess.run([*cli, *common, "--avg"], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+    anchor = "tiny-long-anchor-shipped [anchor, 50-token docs]"
+    for step in (550, 600):
+        summary = json.loads((out / run.name / f"step-{step}" / "ppl-summary.json").read_text())
+        cells = sorted((r["length"], r.get("encoding"), r.get("doc_tokens")) for r in summary["rows"])
+        assert cells == [(128, "anchor", 50), (128, "standard", None), (256, "anchor", 50), (256, "standard", None)]
+        assert set(summary["lengths"]) == {"128", "256", "128@anchor-50", "256@anchor-50"}
+        log = out / run.name / f"step-{step}" / "ppl" / "ppl" / "256.jsonl"
+        assert len({json.loads(line)["key"] for line in log.read_text().splitlines()}) == 2
+    averages = json.loads((out / "ppl-avg.json").read_text())
+    assert {r["run"] for r in averages["averages"]} == {run.name, anchor}
+    section = build_markdown([out])[0].split("## Perplexity (lower is better)")[1].split("##")[0]
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| tiny")] == [
+        f"| {run.name}",
+        f"| {anchor}",
+    ]
+    series = load_series([str(out)])
+    comparison = compare(series, [run.name, anchor], replicates=200)
+    assert {(d.baseline, d.other, d.length) for d in comparison.differences} == {
+        (run.name, anchor, 128),
+        (run.name, anchor, 256),
+    }
+    assert all(d.pairing == "checkpoints+samples" for d in comparison.differences)

@@ -298,7 +298,7 @@ def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues
         if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
             continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.run, column)].append((row.value, row.stderr))
+        values[(row.series(), column)].append((row.value, row.stderr))  # an encoding: a series of its own
     return {
         key: (statistics.fmean(value for value, _ in found), _mean_or_none([error for _, error in found]))
         for key, found in values.items()
@@ -321,7 +321,7 @@ def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
 def benchmark_table(rows: list[ResultRow]) -> str:
     """Any benchmark's rows: one line per run, one column per task/metric (and length, where
     there is one), each the mean over the run's checkpoints ± the mean of their stderrs."""
-    described = {row.run: tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
+    described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values = benchmark_cells(rows)
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})

@@ -245,7 +245,7 @@ def _ppl_cells(summary: dict, directory: Path):
                 continue  # a line cut by a kill
         for samples in by_key.values():
             if len(samples) == row.n and math.isclose(mean_score(samples), math.log(row.value), rel_tol=1e-9):
-                yield summary["run"], Cell("ppl", row.task, row.length, "loss"), samples
+                yield row.series(), Cell("ppl", row.task, row.length, "loss"), samples
                 break
 
 

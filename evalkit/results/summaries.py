@@ -116,14 +116,15 @@ def _read_summary(path: Path) -> dict:
 def _row_cell(row: ResultRow, summary: dict) -> tuple | None:
     """The cell a row scores, None when the row names another checkpoint than its file.
 
-    RULER rows are cells (task, length, encoding); other rows (requested, task, metric, filter, length),
+    RULER rows are cells (task, length, encoding); other rows (requested, task, metric, filter, length, encoding),
     since an lm-eval group's member is scored once under each requested group that holds it."""
     if row.run != summary["run"] or row.step != summary["step"]:
         return None
+    label = row.encoding_label()  # an encoding other than standard (RULER's, ppl's) is a cell of its own
+    encoding = () if label in (None, STANDARD) else (label,)
     if row.benchmark == "ruler":
-        label = row.encoding_label()
-        return (row.task, row.length) + (() if label == STANDARD else (label,))
-    return (row.requested, row.task, row.metric, row.filter, row.length)
+        return (row.task, row.length) + encoding
+    return (row.requested, row.task, row.metric, row.filter, row.length) + encoding
 
 
 def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:

@@ -17,7 +17,7 @@ Stored rows (`schema_version` of the summary; a summary without one is of versio
   adds encoding, doc_tokens and documents. Version 1 rows carry no metric: RULER scored qa_1 and
   qa_2 by string_match_part and its other tasks by string_match_all (`_V1_RULER_METRICS`).
 - every other benchmark: run, step, requested, task, metric, filter, value, stderr, n,
-  num_fewshot (and length where it has one).
+  num_fewshot (and length, encoding and doc_tokens where it has them: ppl).
 """
 
 from __future__ import annotations
@@ -112,7 +112,10 @@ def row_record(row: ResultRow) -> dict[str, Any]:
         return record
     record = {"run": row.run, "step": row.step, "requested": row.requested, "task": row.task, "metric": row.metric}
     record.update(filter=row.filter, value=row.value, stderr=row.stderr, n=row.n, num_fewshot=row.num_fewshot)
-    return {**record, **({"length": row.length} if row.length is not None else {})}
+    record.update(
+        {name: getattr(row, name) for name in ("length", "encoding", "doc_tokens") if getattr(row, name) is not None}
+    )
+    return record
 
 
 def summary_rows(summary: dict[str, Any]) -> list[ResultRow]:
@@ -152,6 +155,8 @@ def read_row(
         metric=record["metric"],
         value=_float(record.get("value")),
         length=record.get("length"),
+        encoding=record.get("encoding"),  # ppl: "standard" or "anchor" (with doc_tokens); None where no encoding
+        doc_tokens=record.get("doc_tokens"),
         requested=record.get("requested"),
         filter=record.get("filter"),
         num_fewshot=record.get("num_fewshot"),

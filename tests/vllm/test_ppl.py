@@ -30,3 +30,24 @@ def test_vllm_logprobs_equal_the_hf_engine_per_token(engine, hf_engine, tokenize
         assert max(abs(a - b) for a, b in zip(got, want)) <= LOGPROB_ATOL
     nll = [-sum(lp) / len(lp) for lp in served], [-sum(lp) / len(lp) for lp in reference]
     assert math.exp(sum(nll[0]) / 2) == pytest.approx(math.exp(sum(nll[1]) / 2), rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def packed_engine(checkpoint):
+    started = start_vllm_engine(checkpoint, max_length=1024, packed=True)
+    yield started
+    stop_vllm_engine(started)
+
+
+def test_vllm_anchor_logprobs_equal_the_hf_engine_per_token(packed_engine, hf_engine, tokenizer):
+    """--encoding anchor: the packed layout's prompt log-probabilities through evalkit's backend, the
+    pieces' first tokens (read at the EOS before them) among them, against the hf engine's."""
+    draw = random.Random(1)
+    rows = [[tokenizer.bos_token_id, *(draw.randrange(10, 2000) for _ in range(599))] for _ in range(2)]
+    served = ppl.anchor_logprobs(packed_engine, ppl.vllm_logprobs, rows, 128)
+    reference = ppl.anchor_logprobs(hf_engine, ppl.hf_logprobs, rows, 128)
+    for got, want in zip(served, reference):
+        assert len(got) == len(want) == 599
+        assert max(abs(a - b) for a, b in zip(got, want)) <= LOGPROB_ATOL
+    standard = ppl.hf_logprobs(hf_engine, rows)  # not the same numbers: the pieces are read apart
+    assert max(abs(a - b) for a, b in zip(reference[0], standard[0])) > 10 * LOGPROB_ATOL
