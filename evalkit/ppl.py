@@ -38,7 +38,7 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import check_output_dir, write_figure
+from evalkit.files import write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -499,11 +499,12 @@ def command(
     ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Perplexity at each context length on checkpoints, with loss per position; --avg over checkpoints."""
+    from functools import partial
+
     from rich.console import Console
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
 
-    console = Console(stderr=True)
     settings = PplSettings(
         lengths=parse_lengths(lengths),
         data=data,
@@ -515,11 +516,18 @@ def command(
         max_length=max_length,
         engine_args=parse_engine_args(engine, engine_arg, OWN_FLAGS),
     )
-    scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
-    check_output_dir(out)
-    refs = options.checkpoints(paths, ckpts, last)
-    with options.progress_display(console) as shown:
-        run = run_ppl(refs, settings, out, avg=avg, shard=scale[0], executor=scale[1], **shown)
-    options.report(console, run, out, checkpoint_table)
+    run = options.run_command(
+        partial(run_ppl, settings=settings),
+        checkpoint_table,
+        out,
+        paths=paths,
+        ckpts=ckpts,
+        last=last,
+        avg=avg,
+        shard=shard,
+        executor=executor,
+        ray_address=ray_address,
+        ray_resources=ray_resources,
+    )
     if run.summaries:
-        console.print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")
+        Console(stderr=True).print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")
