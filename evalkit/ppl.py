@@ -516,18 +516,9 @@ def command(
         max_length=max_length,
         engine_args=parse_engine_args(engine, engine_arg, OWN_FLAGS),
     )
+    ppl = partial(run_ppl, settings=settings)
     run = options.run_command(
-        partial(run_ppl, settings=settings),
-        checkpoint_table,
-        out,
-        paths=paths,
-        ckpts=ckpts,
-        last=last,
-        avg=avg,
-        shard=shard,
-        executor=executor,
-        ray_address=ray_address,
-        ray_resources=ray_resources,
+        ppl, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )
     if run.summaries:
         Console(stderr=True).print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")

@@ -67,15 +67,5 @@ def general_command(
         too_long=too_long,
     )
     options.run_command(
-        run,
-        checkpoint_table,
-        out,
-        paths=paths,
-        ckpts=ckpts,
-        last=last,
-        avg=avg,
-        shard=shard,
-        executor=executor,
-        ray_address=ray_address,
-        ray_resources=ray_resources,
+        run, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )

@@ -81,18 +81,9 @@ def ruler_command(
         doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
+    run = partial(run_benchmark, RulerBenchmark(settings))
     options.run_command(
-        partial(run_benchmark, RulerBenchmark(settings)),
-        checkpoint_table,
-        out,
-        paths=paths,
-        ckpts=ckpts,
-        last=last,
-        avg=avg,
-        shard=shard,
-        executor=executor,
-        ray_address=ray_address,
-        ray_resources=ray_resources,
+        run, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )
 
 

@@ -153,7 +153,6 @@ def run_command(
     run: Callable[..., Any],
     table: Callable[[list], str],
     out: Path,
-    *,
     paths: list[str] | None,
     ckpts: list[str] | None,
     last: int | None,
