@@ -89,10 +89,10 @@ def averages_paths(out: Path, benchmark: str) -> tuple[Path, Path]:
 def check_results_dir(out: Path, benchmark: str, refs: Iterable[CheckpointRef]) -> None:
     """Before any work: `out` is writable, and every file this request may replace is evalkit's own
     (never a file of the user's) and of this format (a summary of another would lose its cells)."""
+    averages, checkpoints = averages_paths(out, benchmark), [CheckpointFiles(out, ref, benchmark) for ref in refs]
     check_output_dir(out)
-    refuse_foreign(averages_paths(out, benchmark))
-    for ref in refs:
-        files = CheckpointFiles(out, ref, benchmark)
+    refuse_foreign(averages)
+    for files in checkpoints:
         refuse_foreign([files.summary, files.failed])
         try:
             stored = json.loads(files.summary.read_text())
