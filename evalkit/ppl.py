@@ -47,7 +47,7 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import check_output_dir, write_figure
+from evalkit.files import write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -618,11 +618,12 @@ def command(
     ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Perplexity at each context length on checkpoints, with loss per position; --avg over checkpoints."""
+    from functools import partial
+
     from rich.console import Console
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
 
-    console = Console(stderr=True)
     settings = PplSettings(
         lengths=parse_lengths(lengths),
         data=data,
@@ -636,11 +637,9 @@ def command(
         encoding=encoding,
         doc_tokens=doc_tokens,
     )
-    scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
-    check_output_dir(out)
-    refs = options.checkpoints(paths, ckpts, last)
-    with options.progress_display(console) as shown:
-        run = run_ppl(refs, settings, out, avg=avg, shard=scale[0], executor=scale[1], **shown)
-    options.report(console, run, out, checkpoint_table)
+    ppl = partial(run_ppl, settings=settings)
+    run = options.run_command(
+        ppl, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
+    )
     if run.summaries:
-        console.print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")
+        Console(stderr=True).print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")

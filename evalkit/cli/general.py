@@ -45,34 +45,27 @@ def general_command(
     ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
-    from rich.console import Console
+    from functools import partial
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.general import general_checkpoint_table, parse_general_tasks, run_general
 
-    console = Console(stderr=True)
     settings = {
         **parse_engine_args(engine, engine_arg, OWN_FLAGS),
         "batch_size": batch_size,
         "max_length": max_length,
         **({"dtype": dtype} if dtype else {}),
     }
-    scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
-    refs = options.checkpoints(paths, ckpts, last)
-    with options.progress_display(console) as shown:
-        run = run_general(
-            refs,
-            parse_general_tasks(tasks),
-            out=out,
-            num_fewshot=num_fewshot,
-            limit=limit,
-            engine=engine,
-            engine_settings=settings,
-            include_path=include_path,  # type: ignore[arg-type]  # only read there: list[str] is safe
-            avg=avg,
-            too_long=too_long,
-            shard=scale[0],
-            executor=scale[1],
-            **shown,
-        )
-    options.report(console, run, out, general_checkpoint_table)
+    run = partial(
+        run_general,
+        tasks=parse_general_tasks(tasks),
+        num_fewshot=num_fewshot,
+        limit=limit,
+        engine=engine,
+        engine_settings=settings,
+        include_path=include_path,  # type: ignore[arg-type]  # only read there: list[str] is safe
+        too_long=too_long,
+    )
+    options.run_command(
+        run, general_checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
+    )

@@ -10,7 +10,7 @@ from evalkit.cli.app import probe_app
 from evalkit.store.provenance import command_line
 
 
-def _probe(kind: str, ckpt: str, out: Path | None, options: dict) -> None:
+def _probe(kind: str, ckpt: str, out: Path | None, **options) -> None:
     from rich.console import Console
 
     from evalkit.probe import run_probe
@@ -38,6 +38,7 @@ _DTYPES = typer.Option(None, "--dtypes", help="Weights' dtypes, comma-separated 
 _ROPE = typer.Option(None, "--rope", help="RoPE precision: cast (as HF/vLLM), fp32 (rotate in FP32), or both.")
 _SEED = typer.Option(None, "--seed", help="Seed of the random initialisation.")
 _DEVICE = typer.Option(None, "--device", help="auto, cpu or cuda.")
+_RANDOM_INIT = typer.Option(False, "--random-init", help="Add the same architecture freshly initialised, in BF16.")
 _OUT = typer.Option(None, "--out", help="Output directory (default results/probe/<checkpoint name>).")
 
 
@@ -53,9 +54,7 @@ def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
         delta1: str = typer.Option(None, "--delta1", help=delta1_help),
         dtypes: str = _DTYPES,
         rope: str = _ROPE,
-        random_init: bool = typer.Option(
-            False, "--random-init", help="Add the same architecture freshly initialised, in BF16."
-        ),
+        random_init: bool = _RANDOM_INIT,
         seed: int = _SEED,
         device: str = _DEVICE,
         out: Path = _OUT,
@@ -64,18 +63,16 @@ def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
             kind,
             ckpt,
             out,
-            dict(
-                texts=texts,
-                seq_len=seq,
-                n_texts=n,
-                delta2=delta2,
-                delta1=delta1,
-                dtypes=dtypes,
-                rope=rope,
-                random_init=random_init,
-                seed=seed,
-                device=device,
-            ),
+            texts=texts,
+            seq_len=seq,
+            n_texts=n,
+            delta2=delta2,
+            delta1=delta1,
+            dtypes=dtypes,
+            rope=rope,
+            random_init=random_init,
+            seed=seed,
+            device=device,
         )
 
     command.__doc__ = summary
@@ -106,9 +103,7 @@ def probe_length(
     delta1: str = typer.Option(None, "--delta1", help="Shift Δ1 (default 0)."),
     dtypes: str = _DTYPES,
     rope: str = _ROPE,
-    random_init: bool = typer.Option(
-        False, "--random-init", help="Add the same architecture freshly initialised, in BF16."
-    ),
+    random_init: bool = _RANDOM_INIT,
     seed: int = _SEED,
     device: str = _DEVICE,
     out: Path = _OUT,
@@ -118,16 +113,14 @@ def probe_length(
         "length",
         ckpt,
         out,
-        dict(
-            texts=texts,
-            lengths=lengths,
-            n_texts=n,
-            delta2=delta2,
-            delta1=delta1,
-            dtypes=dtypes,
-            rope=rope,
-            random_init=random_init,
-            seed=seed,
-            device=device,
-        ),
+        texts=texts,
+        lengths=lengths,
+        n_texts=n,
+        delta2=delta2,
+        delta1=delta1,
+        dtypes=dtypes,
+        rope=rope,
+        random_init=random_init,
+        seed=seed,
+        device=device,
     )

@@ -8,7 +8,6 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.files import check_output_dir
 from evalkit.lengths import LengthBeyondLimit, parse_lengths
 from evalkit.sweep import options
 
@@ -54,13 +53,13 @@ def ruler_command(
     ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
-    from rich.console import Console
+    from functools import partial
 
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.ruler.runner import RulerSettings, parse_ruler_tasks
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings, parse_ruler_tasks
     from evalkit.store.averages import checkpoint_table
+    from evalkit.sweep.pipeline import run_benchmark
 
-    console = Console(stderr=True)
     try:
         parsed_lengths = parse_lengths(lengths)
     except LengthBeyondLimit as err:  # the model is known: say its window, not evalkit's limit
@@ -82,11 +81,10 @@ def ruler_command(
         doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
-    scale = options.scale_options(shard, executor, ray_address, avg, ray_resources)
-    check_output_dir(out)  # before the checkpoints are resolved: a bad --out is named first
-    refs = options.checkpoints(paths, ckpts, last)
-    run = _run(console, refs, settings, out, avg, scale)
-    options.report(console, run, out, checkpoint_table)
+    run = partial(run_benchmark, RulerBenchmark(settings))
+    options.run_command(
+        run, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
+    )
 
 
 def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | None) -> UserError:
@@ -100,10 +98,3 @@ def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | N
         return beyond_window(err.text, ref, max_length)
     except UserError:
         return err
-
-
-def _run(console, refs, settings, out: Path, avg: bool, scale=(None, None)):
-    from evalkit.ruler.runner import run_ruler
-
-    with options.progress_display(console) as shown:
-        return run_ruler(refs, settings, out, avg=avg, shard=scale[0], executor=scale[1], **shown)

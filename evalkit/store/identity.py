@@ -40,10 +40,6 @@ def setting(
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
-def _role(field: dataclasses.Field) -> str:
-    return field.metadata.get(ROLE, RESULT)
-
-
 def _default(field: dataclasses.Field) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
@@ -59,12 +55,10 @@ def _value(field: dataclasses.Field, value: Any) -> Any:
     return value
 
 
-def _fields(cls: type, roles: tuple[str, ...]) -> list[dataclasses.Field]:
-    return [field for field in dataclasses.fields(cls) if _role(field) in roles]
-
-
-def _roles(with_count: bool, with_selection: bool = False) -> tuple[str, ...]:
-    return (RESULT,) + ((COUNT,) if with_count else ()) + ((SELECTION,) if with_selection else ())
+def _fields(cls: type, with_count: bool, with_selection: bool = False) -> list[dataclasses.Field]:
+    """The fields of the identity's roles: RESULT, and COUNT and SELECTION as asked."""
+    roles = (RESULT,) + ((COUNT,) if with_count else ()) + ((SELECTION,) if with_selection else ())
+    return [field for field in dataclasses.fields(cls) if field.metadata.get(ROLE, RESULT) in roles]
 
 
 def identity(settings: Any, *, with_count: bool = True, with_selection: bool = False) -> dict[str, Any]:
@@ -74,16 +68,14 @@ def identity(settings: Any, *, with_count: bool = True, with_selection: bool = F
     cells there are; never the EXECUTION or LOCATION fields."""
     return {
         field.name: _value(field, getattr(settings, field.name))
-        for field in _fields(type(settings), _roles(with_count, with_selection))
+        for field in _fields(type(settings), with_count, with_selection)
     }
 
 
 def stored_identity(cls: type, record: dict[str, Any] | None, *, with_count: bool = True) -> dict[str, Any]:
     """identity() of settings stored as a dict (asdict): a field it does not hold stands for the field's default."""
     record = record or {}
-    return {
-        field.name: _value(field, record.get(field.name, _default(field))) for field in _fields(cls, _roles(with_count))
-    }
+    return {field.name: _value(field, record.get(field.name, _default(field))) for field in _fields(cls, with_count)}
 
 
 def identity_key(settings: Any, *, with_count: bool = True, **more: Any) -> str:

@@ -1,14 +1,19 @@
-"""A unit of a benchmark and where its files live: below the pipeline, so its executors (the
-shards, the Ray workers: evalkit.sweep) and the benchmarks name a unit's files alike."""
+"""A unit of a benchmark and where a benchmark's files live under --out: below the pipeline, so its
+executors (the shards, the Ray workers: evalkit.sweep) and the benchmarks name the files alike."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalkit.errors import UserError
+from evalkit.files import check_output_dir, refuse_foreign
 from evalkit.models.refs import CheckpointRef
+from evalkit.store.result_format import failed_name, not_understood, summary_name
 from evalkit.store.sample_log import HERE, Writer, checkpoint_dir
 
 
@@ -53,3 +58,48 @@ class UnitStore:
         if self.unit.length is None:
             return self.folder / f"{stem}{suffix}"
         return self.folder / stem / f"{self.unit.length}{suffix}"
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """Where one checkpoint's results of one benchmark live: <out>/<run>/step-<N>/<benchmark>-summary.json,
+    <benchmark>-failed.json beside it (the leaderboard lists it), and its units' files."""
+
+    out: Path
+    ref: CheckpointRef
+    benchmark: str
+
+    @property
+    def summary(self) -> Path:
+        return checkpoint_dir(self.out, self.ref) / summary_name(self.benchmark)
+
+    @property
+    def failed(self) -> Path:
+        return checkpoint_dir(self.out, self.ref) / failed_name(self.benchmark)
+
+    def unit(self, unit: Unit, writer: Writer = HERE) -> UnitStore:
+        return UnitStore(self.out, self.ref, self.benchmark, unit, writer)
+
+
+def averages_paths(out: Path, benchmark: str) -> tuple[Path, Path]:
+    """--avg's files: <out>/<benchmark>-avg.json (the records) and .md (the table)."""
+    return out / f"{benchmark}-avg.json", out / f"{benchmark}-avg.md"
+
+
+def check_results_dir(out: Path, benchmark: str, refs: Iterable[CheckpointRef]) -> None:
+    """Before any work: `out` is writable, and every file this request may replace is evalkit's own
+    (never a file of the user's) and of this format (a summary of another would lose its cells)."""
+    averages, checkpoints = averages_paths(out, benchmark), [CheckpointFiles(out, ref, benchmark) for ref in refs]
+    check_output_dir(out)
+    refuse_foreign(averages)
+    for files in checkpoints:
+        refuse_foreign([files.summary, files.failed])
+        try:
+            stored = json.loads(files.summary.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        reason = not_understood(files.summary, stored)
+        if reason is not None:
+            raise UserError(
+                f"{files.summary} is of another format ({reason}); it is not replaced: choose another --out"
+            )

@@ -1,7 +1,8 @@
 """What every benchmark's command shares, declared once: its options (as lighteval's cli_args.py
-declares them), their checks before any work (--shard, --executor, --ray-address), the progress
-display and the closing report. A benchmark's typer command is built from these, so a new
-benchmark is its module plus one line registering the command (evalkit/cli/app.py)."""
+declares them), their checks before any work (--shard, --executor, --ray-address), and the one
+way from them to a run (run_command: progress display, run, closing report). A benchmark's typer
+command is its own settings plus run_command, so a new benchmark is its module plus one line
+registering the command (evalkit/cli/app.py)."""
 
 from __future__ import annotations
 
@@ -146,6 +147,33 @@ def progress_display(console) -> Iterator[dict[str, Callable]]:
             bar.update(bars[event.unit], completed=event.done)
 
         yield {"progress": progress, "on_checkpoint": on_checkpoint, "log": console.print}
+
+
+def run_command(
+    run: Callable[..., Any],
+    table: Callable[[list], str],
+    out: Path,
+    paths: list[str] | None,
+    ckpts: list[str] | None,
+    last: int | None,
+    avg: bool,
+    shard: str | None,
+    executor: str,
+    ray_address: str | None,
+    ray_resources: str | None,
+) -> Any:
+    """A benchmark command's body past its own settings: `run` (run_benchmark bound to the benchmark,
+    or the benchmark's run function bound to its settings) on the checkpoints the shared options name,
+    shown as it goes, then `report` with `table`. The pipeline checks --out; returns the run."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    scale = scale_options(shard, executor, ray_address, avg, ray_resources)
+    refs = checkpoints(paths, ckpts, last)
+    with progress_display(console) as shown:
+        result = run(refs, out=out, avg=avg, shard=scale[0], executor=scale[1], **shown)
+    report(console, result, out, table)
+    return result
 
 
 def report(console, run, out: Path, table: Callable[[list], str]) -> None:

@@ -8,8 +8,9 @@
 
 What the pipeline owns, once for every benchmark: the request checks (engine, its settings, the
 output directory, a tokenizer beside every checkpoint) before anything is loaded, the output
-lock, the engine's lifecycle, skip records, the summary file and its provenance (the stamp of
-the run that computed the scores, not of a rerun that read them back), --avg and progress.
+lock, the engine's lifecycle, skip records, the summary and its provenance (the stamp of the run
+that computed the scores, not of a rerun that read them back), --avg and progress. Where the
+files go under --out is the store's (evalkit.store.units).
 
 A benchmark is a subclass of Benchmark below: its units, how a unit is evaluated and how its
 rows are averaged over checkpoints; optionally its own request check, how a finished unit is
@@ -21,7 +22,6 @@ its rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,29 +29,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    disk_full_error,
-    output_lock,
-    refuse_foreign,
-)
+from evalkit.files import atomic_write_json, atomic_write_text, disk_full_error, output_lock
 from evalkit.lengths import check_max_length
 from evalkit.models.refs import CheckpointRef, checkpoint_meta, weights_fingerprint
 from evalkit.store.provenance import command_line, stamp, stamp_of
-from evalkit.store.result_format import (
-    SCHEMA_VERSION,
-    ResultRow,
-    failed_name,
-    not_understood,
-    read_summary,
-    row_record,
-    summary_name,
-    summary_rows,
-)
-from evalkit.store.sample_log import checkpoint_dir
-from evalkit.store.units import Unit, UnitStore
+from evalkit.store.result_format import SCHEMA_VERSION, ResultRow, failed_name, read_summary, row_record, summary_rows
+from evalkit.store.units import CheckpointFiles, Unit, UnitStore, averages_paths, check_results_dir
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 
 Detail = TypeVar("Detail")
@@ -186,26 +169,10 @@ def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) ->
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
     check_max_length(choice.settings.get("max_length"))
     check_engine_settings(choice.name, choice.settings)  # once: a bad value is not each checkpoint's failure
-    check_output_dir(out)
-    averages = [out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"]
-    refuse_foreign(averages)  # what this request may replace: never a file of the user's
+    check_results_dir(out, benchmark.name, refs)
     for ref in refs:
         check_tokenizer(ref)
-        folder = checkpoint_dir(out, ref)
-        refuse_foreign([folder / summary_name(benchmark.name), folder / failed_name(benchmark.name)])
-        _refuse_other_format(folder / summary_name(benchmark.name))
     benchmark.check(refs)
-
-
-def _refuse_other_format(path: Path) -> None:
-    """A summary of another format would be replaced (its cells lost) by this version's: refused."""
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return
-    reason = not_understood(path, stored)
-    if reason is not None:
-        raise UserError(f"{path} is of another format ({reason}); it is not replaced: choose another --out")
 
 
 def check_tokenizer(ref: CheckpointRef) -> None:
@@ -279,7 +246,7 @@ def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exc
     record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "run": ref.run, "step": ref.step}
     record["checkpoint"] = str(ref.path)
     record.update(reason=reason, provenance={**stamp(), "command": command_line()})
-    atomic_write_json(checkpoint_dir(out, ref) / failed_name(benchmark.name), record)
+    atomic_write_json(CheckpointFiles(out, ref, benchmark.name).failed, record)
     return record
 
 
@@ -304,6 +271,7 @@ def evaluate_checkpoint(
     some computed elsewhere); writes and returns its summary."""
     if work is not None and work.failure is not None:
         raise work.failure  # computed elsewhere and failed there: the sweep records it
+    files = CheckpointFiles(out, ref, benchmark.name)
     results, skipped, answered = [], [], []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
         for unit in benchmark.units() if work is None else work.units:
@@ -316,7 +284,7 @@ def evaluate_checkpoint(
                 results.append(elsewhere.result)
                 answered.append((unit, len(elsewhere.result.rows)))
                 continue
-            store = UnitStore(out, ref, benchmark.name, unit)
+            store = files.unit(unit)
             stored = benchmark.stored(unit, store)
             if stored is not None:
                 log(f"{unit.label()}: already scored with these settings, kept")
@@ -333,8 +301,7 @@ def evaluate_checkpoint(
         engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
         if engine_info is None and work is not None:  # computed on a Ray worker
             engine_info = work.engine_info()
-    path = checkpoint_dir(out, ref) / summary_name(benchmark.name)
-    earlier = read_summary(path)
+    earlier = read_summary(files.summary)
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
         engine_info = (earlier.get("provenance") or {}).get("engine")
     summary = {
@@ -356,8 +323,8 @@ def evaluate_checkpoint(
         },
     }
     summary = benchmark.finish_summary(summary, results, earlier)
-    atomic_write_json(path, summary)
-    (path.parent / failed_name(benchmark.name)).unlink(missing_ok=True)  # an earlier failure, now mended
+    atomic_write_json(files.summary, summary)
+    files.failed.unlink(missing_ok=True)  # an earlier failure, now mended
     return summary
 
 
@@ -371,7 +338,7 @@ def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> 
 def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tuple[Averages, dict[str, Path]]:
     """--avg, for every benchmark alike: <out>/<name>-avg.json (records) and .md (the table)."""
     averages = benchmark.average(rows)
-    json_path, markdown_path = out / f"{benchmark.name}-avg.json", out / f"{benchmark.name}-avg.md"
+    json_path, markdown_path = averages_paths(out, benchmark.name)
     provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
     averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
     atomic_write_json(json_path, {**averaged, "provenance": provenance})
