@@ -399,6 +399,15 @@ def written_by_evalkit(path: Path) -> bool:
     return False
 
 
+def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
+    """A figure and its axes (one per column): matplotlib's Figure rather than pyplot's, so no
+    global state is touched, no backend chosen and nothing needs closing (savefig picks Agg/SVG)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height))
+    return figure, figure.subplots(1, columns)
+
+
 def write_figure(figure: Any, stem: Path) -> list[Path]:
     """A matplotlib figure as stem.png (150 dpi) and stem.svg, each written atomically."""
     import io

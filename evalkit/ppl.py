@@ -47,7 +47,7 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import write_figure
+from evalkit.files import new_figure, write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -556,14 +556,8 @@ def checkpoint_table(rows: list[ResultRow]) -> str:
 
 def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     """Loss against position (the bucket's middle, log scale), one line per checkpoint at its longest
-    length, as the leaderboard's plots are drawn (evalkit.results.plots: Agg, PNG and SVG)."""
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    length, as the leaderboard's plots are drawn (PNG and SVG)."""
+    figure, axes = new_figure()
     for summary in summaries:
         details = sorted((summary.get("lengths") or {}).values(), key=lambda d: d["length"])
         for encoding, longest in {encoding_label(d.get("encoding"), d.get("doc_tokens")): d for d in details}.items():
@@ -576,9 +570,7 @@ def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     axes.set(xlabel="token position", ylabel="mean loss (nats)", title="Loss against position")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    paths = write_figure(figure, stem)
-    plt.close(figure)
-    return paths
+    return write_figure(figure, stem)
 
 
 def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:

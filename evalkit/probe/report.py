@@ -455,7 +455,7 @@ def _plot_length(axes, rows: list[Row]) -> None:
 
 def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:
     """The kind's panel of the paper's Figure 1 as `stem`.png and `stem`.svg; returns their paths."""
-    from evalkit.results.plots import new_figure
+    from evalkit.files import new_figure
 
     figure, axes = new_figure(7, 4.5)
     rows = over_all_layers(rows)

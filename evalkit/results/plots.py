@@ -7,17 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalkit.files import write_figure
+from evalkit.files import new_figure, write_figure
 from evalkit.lengths import length_label
-
-
-def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
-    """A figure and its axes (one per column): matplotlib's Figure rather than pyplot's, so no
-    global state is touched, no backend chosen and nothing needs closing (savefig picks Agg/SVG)."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    return figure, figure.subplots(1, columns)
 
 
 def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Path) -> list[Path]:
