@@ -267,17 +267,15 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
     from typer.testing import CliRunner
 
     from evalkit import cli
-    from evalkit.cli import ruler as ruler_command
-    from evalkit.models import refs as checkpoint_refs
+    from evalkit.sweep import options
 
     seen = []
 
-    def capture(console, refs, settings, out, avg, scale=(None, None)):
-        seen.append(settings)
+    def capture(run, *shared_options):  # run is run_benchmark bound to the command's benchmark
+        seen.append(run.args[0].settings)
         raise SystemExit(0)
 
-    monkeypatch.setattr(ruler_command, "_run", capture)
-    monkeypatch.setattr(checkpoint_refs, "resolve_checkpoints", lambda paths, last=None: [])
+    monkeypatch.setattr(options, "run_command", capture)
     for args, sizing in (([], "exact"), (["--sizing", "nvidia"], "nvidia")):
         result = CliRunner().invoke(cli.app, ["ruler", "--ckpts", "x", "--tasks", "fwe", *args])
         assert result.exit_code == 0, result.output
