@@ -25,18 +25,15 @@ from evalkit.files import atomic_write_json, check_replaceable, move_into_place,
 from evalkit.models.check import one_line
 from evalkit.models.gguf_header import check_declared_sizes
 from evalkit.models.precision import check_dtype, torch_dtype
-from evalkit.models.refs import META
+from evalkit.models.refs import META, checkpoint_meta
 
 GGUF_MAGIC = b"GGUF"
 IMPORT_KIND = "gguf-import"  # meta.json's "source.kind": marks a directory this command wrote
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def check_gguf_header(path: Path) -> int:
@@ -125,15 +122,12 @@ def _gguf_file_type(path: Path) -> str | None:
 
 
 def _is_import(destination: Path) -> bool:
-    try:
-        return json.loads((destination / META).read_text()).get("source", {}).get("kind") == IMPORT_KIND
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return False
+    source = checkpoint_meta(destination).get("source")
+    return isinstance(source, dict) and source.get("kind") == IMPORT_KIND
 
 
 def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite: bool = False) -> Path:
     """Write `destination` as a plain HF checkpoint of the GGUF model at `source`; returns it."""
-
     from evalkit import __version__
 
     check_dtype(dtype, ("bf16", "fp32"))

@@ -6,7 +6,7 @@ Every checkpoint gets a run name (its run directory's name) and a step, which is
 are stored and averaged.
 
 A name that is no local path but reads `org/name` or `org/name@revision` is a Hugging Face hub
-model, resolved by checkpoint_check.checkpoint_source to its snapshot in the hub cache; its run
+model, resolved by models.check.checkpoint_source to its snapshot in the hub cache; its run
 name is the repo's name part, its step 0 (or its meta.json's).
 """
 
@@ -162,14 +162,11 @@ def checkpoint_meta(path: Path, hub: HubModel | None = None) -> dict:
 
 
 def _meta_record(path: Path) -> dict:
-    meta = path / META
-    if not meta.is_file():
-        return {}
     try:
-        data = json.loads(meta.read_text())
-    except json.JSONDecodeError:
+        data = json.loads((path / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent or unreadable: no record (ValueError: not JSON, not UTF-8)
         return {}
-    return {key: data[key] for key in META_KEYS if key in data}
+    return {key: data[key] for key in META_KEYS if key in data} if isinstance(data, dict) else {}
 
 
 WEIGHTS_SAMPLES = 16  # evenly spaced blocks read from each weights file
