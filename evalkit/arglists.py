@@ -24,9 +24,5 @@ def parse_list(value: str | Iterable[str | T], parse: Callable[[str], T]) -> lis
 def parse_list(value: str | Iterable, parse: Callable[[str], Any] = str.strip) -> list[Any]:
     """`value` split at commas (or an iterable of items), each item parsed, duplicates dropped."""
     items = value.split(",") if isinstance(value, str) else list(value)
-    parsed = [parse(item.strip()) if isinstance(item, str) else item for item in items if _given(item)]
-    return list(dict.fromkeys(parsed))
-
-
-def _given(item: object) -> bool:
-    return not isinstance(item, str) or bool(item.strip())
+    given = [item for item in items if not isinstance(item, str) or item.strip()]  # blanks dropped
+    return list(dict.fromkeys(parse(item.strip()) if isinstance(item, str) else item for item in given))
