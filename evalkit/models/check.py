@@ -4,15 +4,16 @@ transformers loads a checkpoint whose weights do not match its config.json (a la
 stray tensor, a wrong shape) by initialising what is missing at random, with a warning in a log
 nobody reads; evalkit would then score noise. Other faults surface as tracebacks from deep
 inside transformers or safetensors. Every evalkit loader (the hf engine, the probe, `train
---model`) therefore goes through `load_pretrained`:
+--model`) therefore makes two checks:
 
-- before loading, `check_checkpoint`: config.json is valid JSON, no custom code is needed
-  unless trust_remote_code is on, the weights are safetensors (never pickle) and every
-  safetensors file is whole (its header readable and its data all there);
-- after loading, before the model is used: transformers' own loading report has no missing,
-  unexpected or mis-shaped weight. Its report, not a comparison of safetensors headers with the
-  model's state dict, because transformers renames and fuses weights on load for many
-  architectures (MoE experts, multimodal wrappers) and knows which weights are tied: an
+- `check_checkpoint`, before its first read (a tokenizer or AutoConfig reads config.json too):
+  config.json is valid JSON, no custom code is needed unless trust_remote_code is on, the
+  weights are safetensors (never pickle) and every safetensors file is whole (its header
+  readable and its data all there);
+- `load_pretrained`, after loading, before the model is used: transformers' own loading report
+  has no missing, unexpected or mis-shaped weight. Its report, not a comparison of safetensors
+  headers with the model's state dict, because transformers renames and fuses weights on load
+  for many architectures (MoE experts, multimodal wrappers) and knows which weights are tied: an
   independent comparison would refuse valid checkpoints of those.
 
 Every command names a checkpoint by its directory or, where no local path has that name, by its
@@ -264,8 +265,7 @@ def _faulty_tokenizer_file(path: Path) -> Path:
 def one_line(err: BaseException, limit: int = 300) -> str:
     """An error's message on one line (its type when it has none), cut to `limit` characters:
     libraries spread one fault over several lines (pydantic-style validation errors)."""
-    text = " ".join(str(err).split())
-    text = text or type(err).__name__
+    text = " ".join(str(err).split()) or type(err).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -287,7 +287,6 @@ def _check_custom_code(path: Path, config: dict[str, Any], trust_remote_code: bo
 
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint (one file, or the shards its index names)."""
-    path = Path(path)
     if (path / SAFETENSORS).is_file():
         return [path / SAFETENSORS]
     if (path / SAFETENSORS_INDEX).is_file():
@@ -394,13 +393,12 @@ def _some(names: list[str], what: str = "") -> str:
 def load_pretrained(
     auto_class, path: str | Path, *, trust_remote_code: bool = False, allowed_unexpected: Iterable[str] = (), **kwargs
 ):
-    """`auto_class.from_pretrained(path, **kwargs)` with both checks; a local directory or a hub name.
+    """`auto_class.from_pretrained(path, **kwargs)`, then check_loading_info (check_checkpoint is the
+    caller's, made before its first read of the checkpoint).
 
     Mis-shaped weights are let through transformers (ignore_mismatched_sizes) only so that
     they reach check_loading_info and become one line instead of a RuntimeError.
     """
-    if Path(path).is_dir():  # a hub name is checked by transformers as it downloads
-        check_checkpoint(path, trust_remote_code=trust_remote_code)
     with _no_loading_report():
         model, info = auto_class.from_pretrained(
             path,
