@@ -5,9 +5,11 @@ replacing only evalkit's own outputs, and the cache directory."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import tempfile
@@ -167,8 +169,6 @@ def _clean_after_dead_writers(destination: Path) -> None:
     directory is deleted; an earlier destination it had set aside (`.old`, see move_into_place) is
     put back if nothing took its place, else deleted (the new one was in place). Only directories
     whose writer's pid is no longer running are touched, so a live writer's build is left alone."""
-    import shutil
-
     if not destination.parent.is_dir():
         return
     pattern = re.compile(rf"^\.{re.escape(destination.name)}\.(\d+)\.[A-Za-z0-9_]+\.(tmp|old)$")
@@ -185,14 +185,12 @@ def _clean_after_dead_writers(destination: Path) -> None:
 
 
 def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists (this one does)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's live process
+        pass  # someone else's live process
     return True
 
 
@@ -200,8 +198,6 @@ def move_into_place(tmp: Path, destination: Path) -> None:
     """Rename the finished directory `tmp` to `destination`; an earlier one there is set aside
     first and deleted only once the new one is in place, so a kill in between loses neither
     (and the next writer puts a set-aside directory back if the new one never arrived)."""
-    import shutil
-
     if destination.exists() and any(destination.iterdir()):
         old = tmp.with_suffix(".old")
         destination.rename(old)
@@ -230,13 +226,11 @@ def output_lock(directory: Path, *, leave_no_trace: bool = False) -> Iterator[Pa
     one-line error instead of waiting. The lock is an flock on a file inside the directory, so
     the kernel releases it when the holder exits in any way, kill -9 included: a stale lock
     file never blocks anyone on this host. The file holds the holder's record (host, pid, start)
-    while held, nothing after: a run on another host of a shared file system, whose flock may
-    succeed regardless, refuses while that record names another host and the directory was
-    written in the last OTHER_HOST_QUIET_S (see _refuse_other_host). The file is left in place:
-    unlinking it could let a third process lock a new file while a second still holds the old
-    one; the one exception is `leave_no_trace`: a directory this call created, left holding
-    nothing but the lock when the block fails, is removed (a second process was refused, not
-    waiting, so no one holds it).
+    while held, nothing after, for runs on other hosts (see _refuse_other_host). The file is left
+    in place: unlinking it could let a third process lock a new file while a second still holds
+    the old one; the one exception is `leave_no_trace`: a directory this call created, left
+    holding nothing but the lock when the block fails, is removed (so a refused run, e.g. on a
+    broken checkpoint found after the lock was taken, leaves no trace).
     """
     directory = Path(directory)
     created = not directory.exists()
@@ -248,21 +242,14 @@ def output_lock(directory: Path, *, leave_no_trace: bool = False) -> Iterator[Pa
         record = _write_record(handle)
         yield directory / LOCK_NAME
     except BaseException:
-        if leave_no_trace and created:
-            _remove_if_only_the_lock(directory)  # while still held: no one else can be writing there
+        if leave_no_trace and created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
+            (directory / LOCK_NAME).unlink()  # while still held: no one else can be writing there
+            directory.rmdir()
         raise
     finally:
         if record is not None and _record(handle) == record:  # a clean end: no run holds it now
             handle.truncate(0)
         handle.close()  # closing the last descriptor releases the flock
-
-
-def _remove_if_only_the_lock(directory: Path) -> None:
-    """A directory this process created for its lock and then wrote nothing into: removed, so a
-    refused run (a broken checkpoint found after the lock was taken) leaves no trace."""
-    if [p.name for p in directory.iterdir()] == [LOCK_NAME]:
-        (directory / LOCK_NAME).unlink()
-        directory.rmdir()
 
 
 def _open_lock_file(directory: Path) -> TextIO:
@@ -350,9 +337,8 @@ def disk_full_error(err: BaseException) -> BaseException | None:
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return current
-        if "StorageFull" in str(current) or "No space left on device" in str(current):
+        full = isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or "StorageFull" in str(current) or "No space left on device" in str(current):
             return current
         current = current.__cause__ or current.__context__
     return None
@@ -410,8 +396,6 @@ def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
 
 def write_figure(figure: Any, stem: Path) -> list[Path]:
     """A matplotlib figure as stem.png (150 dpi) and stem.svg, each written atomically."""
-    import io
-
     png, svg = io.BytesIO(), io.StringIO()
     figure.tight_layout()
     figure.savefig(png, format="png", dpi=150)
