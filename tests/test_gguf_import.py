@@ -89,6 +89,31 @@ def test_an_earlier_import_is_replaced_only_when_asked(tmp_path):
     assert_one_line_error(evalkit_import(source, dest), "--overwrite")
 
 
+@pytest.mark.parametrize("file_type", [None, 2, 3, 999])
+def test_the_declared_file_type_is_what_ggufs_own_reader_reads(file_type, tmp_path):
+    """meta.json's source.file_type comes from evalkit's header check, not from a second read of
+    the file by gguf's reader: both must agree (999 is a code gguf does not name)."""
+    import numpy as np
+
+    from evalkit.models.gguf_import import _gguf_file_type
+
+    source = tmp_path / "typed.gguf"
+    writer = gguf.GGUFWriter(str(source), "llama")
+    if file_type is not None:
+        writer.add_file_type(file_type)
+    writer.add_custom_alignment(64)  # a uint32 read beside general.file_type
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    field = gguf.GGUFReader(str(source)).fields.get("general.file_type")
+    code = None if field is None else int(field.parts[field.data[0]][0])
+    expected = gguf.LlamaFileType(code).name if code in {t.value for t in gguf.LlamaFileType} else None
+    assert _gguf_file_type(source) == expected
+    assert (expected is None) == (file_type in (None, 999))
+
+
 def test_a_bad_dtype(tmp_path):
     source = tmp_path / "odd.gguf"
     write_gguf(source, "llama")

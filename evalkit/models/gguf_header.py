@@ -63,8 +63,9 @@ class _Cursor:
         return raw
 
 
-def check_declared_sizes(path: Path) -> None:
-    """A UserError naming `path` if any count or size its GGUF header declares does not fit the file."""
+def check_declared_sizes(path: Path) -> int | None:
+    """A UserError naming `path` if any count or size its GGUF header declares does not fit the file;
+    else the file type code its header declares (general.file_type), if any."""
     with open(path, "rb") as handle:
         size = handle.seek(0, 2)
         if size == 0:
@@ -72,24 +73,25 @@ def check_declared_sizes(path: Path) -> None:
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                _walk(_Cursor(view), size)
+                return _walk(_Cursor(view), size)
             except _Corrupt as err:
                 raise UserError(f"{path} is truncated or corrupt: {err}; download it again") from None
             finally:
                 view.release()
 
 
-def _walk(cursor: _Cursor, file_size: int) -> None:
+def _walk(cursor: _Cursor, file_size: int) -> int | None:
     cursor.unpack("<4sI", "the magic and version")
     n_tensors, n_entries = cursor.unpack("<QQ", "the tensor and metadata counts")
     cursor.need(n_entries, MIN_ENTRY, "a metadata table")
-    alignment = DEFAULT_ALIGNMENT
+    uint32s: dict[bytes, int] = {}  # general.alignment and general.file_type are uint32s
     for _ in range(n_entries):
         key = cursor.string("a metadata key")
         (value_type,) = cursor.unpack("<I", "a metadata value type")
         value = _skip_value(cursor, value_type, key.decode("utf-8", "replace"), depth=0)
-        if key == b"general.alignment" and value_type == 4 and value is not None:  # uint32s are returned
-            alignment = value
+        if value is not None:  # only a uint32 is returned
+            uint32s[key] = value
+    alignment = uint32s.get(b"general.alignment", DEFAULT_ALIGNMENT)
     if alignment <= 0 or alignment & (alignment - 1):
         raise _Corrupt(f"general.alignment is {alignment}, not a power of two")
     cursor.need(n_tensors, MIN_TENSOR, "a tensor index")
@@ -101,10 +103,11 @@ def _walk(cursor: _Cursor, file_size: int) -> None:
             raise _Corrupt(
                 f"tensor {name} declares data up to byte {end:,}, past the end of the file ({file_size:,} bytes)"
             )
+    return uint32s.get(b"general.file_type")
 
 
 def _skip_value(cursor: _Cursor, value_type: int, key: str, depth: int) -> int | None:
-    """Steps over one value (returning it when it is a uint32, for general.alignment)."""
+    """Steps over one value (returning it when it is a uint32, for general.alignment and .file_type)."""
     if value_type in FIXED_SIZES:
         if value_type == 4:
             return cursor.unpack("<I", f"the value of {key}")[0]

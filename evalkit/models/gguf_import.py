@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ def check_gguf_header(path: Path) -> int:
         raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     if len(head) < 24:
         raise UserError(f"{path} is truncated: {len(head)} bytes, shorter than a GGUF header")
-    (version,) = struct.unpack("<I", head[4:8])
+    version = int.from_bytes(head[4:8], "little")
     if version not in (2, 3):
         raise UserError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
     return version
@@ -87,8 +86,7 @@ def _weights_to_save(model, config, dtype) -> dict[str, Any]:
     with torch.device("meta"):
         fresh = AutoModelForCausalLM.from_config(config)
     expected = set(fresh.state_dict())
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    if tied:
+    if getattr(config, "tie_word_embeddings", False):
         head = fresh.get_output_embeddings()
         head_key = next((f"{n}.weight" for n, m in fresh.named_modules() if m is head), None)
         state.pop(head_key, None)
@@ -103,20 +101,15 @@ def _weights_to_save(model, config, dtype) -> dict[str, Any]:
 
 
 def _gguf_file_type(path: Path) -> str | None:
-    """Reads the whole tensor index (a truncated or corrupt file fails here, before any
-    dequantizing) and returns the quantization the file declares, e.g. MOSTLY_Q4_1."""
+    """The quantization the file declares, e.g. MOSTLY_Q4_1, from the check of its whole header and
+    tensor index (a truncated or corrupt file fails here, before any dequantizing)."""
     try:
-        from gguf import GGUFReader, LlamaFileType
+        from gguf import LlamaFileType
     except ImportError:
         raise UserError("reading GGUF needs the gguf package: pip install 'evalkit[gguf]'") from None
-    check_declared_sizes(path)  # gguf's reader trusts the header's counts; nothing may read it before this
+    code = check_declared_sizes(path)  # first: gguf's own reader trusts the header's counts
     try:
-        reader = GGUFReader(str(path))
-    except Exception as err:  # numpy/struct errors on a short or inconsistent file
-        raise UserError(f"{path} is truncated or corrupt: {one_line(err)}; download it again") from None
-    field = reader.fields.get("general.file_type")
-    try:
-        return LlamaFileType(int(field.parts[field.data[0]][0])).name if field is not None else None
+        return LlamaFileType(code).name if code is not None else None
     except ValueError:  # a code this gguf version does not name
         return None
 
