@@ -65,12 +65,11 @@ def _step_of(path: Path) -> int:
 
 
 def _run_checkpoints(run_dir: Path) -> list[CheckpointRef]:
-    found = []
-    for child in sorted(run_dir.iterdir()):
-        match = STEP_DIR.match(child.name)
-        if match and is_checkpoint(child):
-            found.append(CheckpointRef(run_dir.name, int(match.group(1)), child.resolve()))
-    return found
+    return [
+        CheckpointRef(run_dir.name, _step_of(child), child.resolve())
+        for child in sorted(run_dir.iterdir())
+        if STEP_DIR.match(child.name) and is_checkpoint(child)
+    ]
 
 
 def _expand(pattern: str) -> list[Path]:
