@@ -30,9 +30,12 @@ GGUF_MAGIC = b"GGUF"
 IMPORT_KIND = "gguf-import"  # meta.json's "source.kind": marks a directory this command wrote
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()  # by hand: hashlib.file_digest is Python 3.11+, evalkit supports 3.10
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_gguf_header(path: Path) -> int:
