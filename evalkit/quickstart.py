@@ -19,7 +19,10 @@ Every stage stores what it made, so a second run reuses all of it and finishes i
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,11 +100,13 @@ def check_plan(plan: QuickstartPlan) -> None:
     check_output_dir(plan.runs_dir, "--runs")
 
 
-def _stage(console: Console, number: list[int], title: str) -> float:
-    """A numbered heading (stages left out by the plan take no number); returns the stage's start."""
-    number[0] += 1
-    console.rule(f"[bold]{number[0]}. {title}")
-    return time.perf_counter()
+@contextmanager
+def _stage(console: Console, numbers: Iterator[int], title: str) -> Iterator[None]:
+    """A numbered heading (stages left out by the plan take no number), then the seconds the stage took."""
+    console.rule(f"[bold]{next(numbers)}. {title}")
+    started = time.perf_counter()
+    yield
+    console.print(f"[dim]{time.perf_counter() - started:.0f} s[/dim]")
 
 
 def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
@@ -175,60 +180,50 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
 
 
 def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], started: float) -> Path:
+    from evalkit.files import atomic_write_text
+    from evalkit.models.refs import resolve_checkpoints
+
     claims: list[str] = []
-    done = [0]  # stages so far
+    numbers = itertools.count(1)
     if plan.probe != "none":
-        t = _stage(console, done, "BF16 breaks RoPE: the probe in BF16 and FP32")
-        claims += _probe_claim(plan, console)
-        _took(console, t)
+        with _stage(console, numbers, "BF16 breaks RoPE: the probe in BF16 and FP32"):
+            claims += _probe_claim(plan, console)
     if plan.train_bench:
-        t = _stage(console, done, "anchor attention is cheaper to train")
-        claims += _train_claim(plan, console)
-        _took(console, t)
+        with _stage(console, numbers, "anchor attention is cheaper to train"):
+            claims += _train_claim(plan, console)
 
     shipped = shipped_runs(plan.recipe) if plan.shipped else []
     own = []
     if plan.train or not shipped:
-        t = _stage(console, done, f"train {plan.recipe} under {', '.join(plan.paradigms)} (short runs)")
-        own = train_runs(plan, console)
-        _took(console, t)
+        with _stage(console, numbers, f"train {plan.recipe} under {', '.join(plan.paradigms)} (short runs)"):
+            own = train_runs(plan, console)
     if shipped:
         console.print(f"evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
-    from evalkit.models.refs import resolve_checkpoints
-
     refs = resolve_checkpoints([str(run) for run in shipped + own], last=plan.last)
-    t = _stage(console, done, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
-    _ruler(refs, lengths, plan, console)
-    _took(console, t)
-
-    t = _stage(console, done, f"perplexity at the same lengths, {PPL_DOCS} documents of the built-in prose")
-    _ppl(refs, lengths, plan, console)
-    _took(console, t)
-
+    with _stage(console, numbers, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task"):
+        _ruler(refs, lengths, plan, console)
+    with _stage(console, numbers, f"perplexity at the same lengths, {PPL_DOCS} documents of the built-in prose"):
+        _ppl(refs, lengths, plan, console)
     sources = [plan.out / "ruler", plan.out / "ppl"]
     if plan.general:
-        t = _stage(console, done, "general tasks (offline fixtures)")
-        _general(refs, plan, console)
+        with _stage(console, numbers, "general tasks (offline fixtures)"):
+            _general(refs, plan, console)
         sources.append(plan.out / "general")
-        _took(console, t)
 
-    t = _stage(console, done, "leaderboard and the claims")
+    console.rule(f"[bold]{next(numbers)}. leaderboard and the claims")  # untimed: 'done in' ends it
     board = write_leaderboard(sources, plan.out / "leaderboard.md")
     claims += how_runs_trained(refs)
     claims += _ruler_claim(plan.out / "ruler", lengths)
     claims += compare_paradigms_against_full(plan.out / "ruler")
     claims += figure4_claim(plan.out, lengths)
-    claims_file = _write_claims(plan.out / "claims.md", claims)
+    claims_file = plan.out / "claims.md"
+    atomic_write_text(claims_file, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(claims))
     print(board.read_text(), flush=True)  # plain stdout: markdown, not rich markup
     print(claims_file.read_text(), flush=True)
     console.print(
         f"done in {time.perf_counter() - started:.0f} s: {claims_file}, {board} and plots in {board.parent / 'plots'}"
     )
     return board
-
-
-def _took(console: Console, started: float) -> None:
-    console.print(f"[dim]{time.perf_counter() - started:.0f} s[/dim]")
 
 
 # ---------------------------------------------------------------------- claim (a): the probe
@@ -383,12 +378,9 @@ def how_runs_trained(refs) -> list[str]:
     from evalkit.markdown import markdown_table
     from evalkit.store.result_format import training_precision, window_start
 
-    newest: dict[str, tuple[int, Path]] = {}
-    for ref in refs:  # CheckpointRef: run, step, path
-        if ref.run not in newest or ref.step >= newest[ref.run][0]:
-            newest[ref.run] = (ref.step, ref.path)
+    newest = {ref.run: ref.path for ref in sorted(refs, key=lambda ref: ref.step)}  # CheckpointRef
     rows = []
-    for run, (_, path) in sorted(newest.items()):
+    for run, path in sorted(newest.items()):
         try:
             meta = json.loads((Path(path) / META).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -541,25 +533,14 @@ def _scores_above_zero(one) -> bool:
     )
 
 
-def _write_claims(path: Path, lines: list[str]) -> Path:
-    from evalkit.files import atomic_write_text
-
-    atomic_write_text(path, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(lines))
-    return path
-
-
-def _builtin_ruler_tasks() -> list[str]:
-    """RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's
-    (qa_1, qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have)."""
-    from evalkit.ruler.spec import TASKS, task_spec
-
-    return [task for task in TASKS if task_spec(task).kind != "qa"]
-
-
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.spec import TASKS, task_spec
 
-    settings = RulerSettings(tasks=_builtin_ruler_tasks(), lengths=lengths, num_samples=plan.samples)
+    # RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's (qa_1,
+    # qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have).
+    tasks = [task for task in TASKS if task_spec(task).kind != "qa"]
+    settings = RulerSettings(tasks=tasks, lengths=lengths, num_samples=plan.samples)
     last_shown: dict = {}  # Unit -> samples done when last reported
 
     def progress(event) -> None:  # evalkit.sweep.pipeline.ProgressEvent
