@@ -28,7 +28,8 @@ def _check_counts(values: dict[str, int], out: Path | None) -> None:
         check_output_file(out)
 
 
-def _paradigms(text: str) -> list[Paradigm]:
+def parse_paradigms(text: str) -> list[Paradigm]:
+    """Paradigm names, comma-separated; a misspelt one is a one-line error naming the valid ones."""
     from evalkit.attention import Paradigm
 
     try:
@@ -91,7 +92,7 @@ def bench_attention(
 
         if not torch.cuda.is_available():
             raise UserError("--device cuda but no CUDA device is visible; use --device cpu")
-    chosen = _paradigms(paradigms) or None
+    chosen = parse_paradigms(paradigms) or None
     if chosen and not all(p.masks_documents for p in chosen):
         raise UserError("full is the baseline and always timed; list only document-masked paradigms")
     runnable = available_implementations(device)
@@ -230,7 +231,7 @@ def bench_train(
     from evalkit.bench import train as bench
 
     _check_counts({"--steps": steps}, out)
-    chosen = _paradigms(paradigms) or list(Paradigm)
+    chosen = parse_paradigms(paradigms) or list(Paradigm)
     rows = bench.run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps, progress=_progress())
     conditions = (
         f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
