@@ -23,7 +23,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -326,7 +326,7 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     if rows and rows[0]["seq_len"] == plan.bench_seq:
         console.print(f"training-step times: stored earlier ({stored}), reused")
     else:
-        rows = _time_training_steps(plan.bench_seq, console)
+        rows = [asdict(row) for row in _time_training_steps(plan.bench_seq, console)]
         atomic_write_json(stored, {"recipe": TRAIN_BENCH_RECIPE, "sets": list(TRAIN_BENCH_SETS), "rows": rows})
     full, anchor = (next(r for r in rows if r["paradigm"] == p) for p in ("full", "anchor"))
     return [
@@ -340,11 +340,9 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     ]
 
 
-def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
+def _time_training_steps(seq_len: int, console: Console) -> list:
     """bench train's rows for full and anchor, timed in CPU seconds on one torch thread: others'
     work on a shared machine inflates wall-clock time, not the CPU time a step takes."""
-    from dataclasses import asdict
-
     import torch
 
     from evalkit.attention import Paradigm
@@ -353,7 +351,7 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rows = run(
+        return run(
             [seq_len],
             [Paradigm.ANCHOR],
             recipe=TRAIN_BENCH_RECIPE,
@@ -364,7 +362,6 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
         )
     finally:
         torch.set_num_threads(previous)
-    return [asdict(row) for row in rows]
 
 
 # ---------------------------------------------------------------------- claim (c): RULER
@@ -373,18 +370,14 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
 def how_runs_trained(refs) -> list[str]:
     """One row per evaluated run: its paradigm, precision regime and window start, read from its
     newest checkpoint's meta.json, so a comparison shows that only the paradigm differs."""
-    import json
-
     from evalkit.markdown import markdown_table
+    from evalkit.models.refs import checkpoint_meta
     from evalkit.store.result_format import training_precision, window_start
 
     newest = {ref.run: ref.path for ref in sorted(refs, key=lambda ref: ref.step)}  # CheckpointRef
     rows = []
     for run, path in sorted(newest.items()):
-        try:
-            meta = json.loads((Path(path) / META).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            meta = {}
+        meta = checkpoint_meta(path)
         rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
     header = ["run", "paradigm", "precision", "window start"]
     return ["## How each run trained", "", markdown_table(header, rows), ""]
@@ -394,13 +387,10 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
     from evalkit.markdown import markdown_table
-    from evalkit.results.summaries import RULER_SUMMARY, find_summaries
+    from evalkit.results.summaries import RULER_SUMMARY
     from evalkit.store.averages import RunAverage, length_averages
-    from evalkit.store.result_format import summary_rows
 
-    averages = length_averages(
-        [row for summary in find_summaries([ruler_dir], RULER_SUMMARY) for row in summary_rows(summary)]
-    )
+    averages = length_averages(_stored_rows(ruler_dir, RULER_SUMMARY))
     scored = {a.run for a in averages if a.mean > 0}
     zero = sorted({a.run for a in averages} - scored)
     by_run: dict[str, dict[int, RunAverage]] = {}
@@ -454,15 +444,12 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
     from evalkit.results.leaderboard import checkpoint_means
     from evalkit.results.plots import ruler_and_ppl_vs_step
     from evalkit.results.samples import PPL_SUMMARY
-    from evalkit.results.summaries import RULER_SUMMARY, find_summaries
+    from evalkit.results.summaries import RULER_SUMMARY
     from evalkit.store.averages import per_checkpoint_length_means
-    from evalkit.store.result_format import STANDARD, summary_rows
+    from evalkit.store.result_format import STANDARD
 
-    def rows(folder: str, name: str) -> list:
-        return [row for summary in find_summaries([out / folder], name) for row in summary_rows(summary)]
-
-    ruler = [row for row in rows("ruler", RULER_SUMMARY) if row.encoding in (None, STANDARD)]
-    ppl = [row for row in rows("ppl", PPL_SUMMARY) if row.metric == "perplexity"]
+    ruler = [row for row in _stored_rows(out / "ruler", RULER_SUMMARY) if row.encoding in (None, STANDARD)]
+    ppl = [row for row in _stored_rows(out / "ppl", PPL_SUMMARY) if row.metric == "perplexity"]
     ruler_means, ppl_means = per_checkpoint_length_means(ruler), per_checkpoint_length_means(ppl)
 
     def cell(means: dict, key: tuple, digits: int) -> str:
@@ -522,6 +509,13 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
             f"the swing is {'' if beyond else 'not '}beyond noise."
         )
     return lines
+
+
+def _stored_rows(folder: Path, summary_name: str) -> list:
+    from evalkit.results.summaries import find_summaries
+    from evalkit.store.result_format import summary_rows
+
+    return [row for summary in find_summaries([folder], summary_name) for row in summary_rows(summary)]
 
 
 def _scores_above_zero(one) -> bool:
