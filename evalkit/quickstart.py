@@ -19,8 +19,11 @@ Every stage stores what it made, so a second run reuses all of it and finishes i
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -97,11 +100,13 @@ def check_plan(plan: QuickstartPlan) -> None:
     check_output_dir(plan.runs_dir, "--runs")
 
 
-def _stage(console: Console, number: list[int], title: str) -> float:
-    """A numbered heading (stages left out by the plan take no number); returns the stage's start."""
-    number[0] += 1
-    console.rule(f"[bold]{number[0]}. {title}")
-    return time.perf_counter()
+@contextmanager
+def _stage(console: Console, numbers: Iterator[int], title: str) -> Iterator[None]:
+    """A numbered heading (stages left out by the plan take no number), then the seconds the stage took."""
+    console.rule(f"[bold]{next(numbers)}. {title}")
+    started = time.perf_counter()
+    yield
+    console.print(f"[dim]{time.perf_counter() - started:.0f} s[/dim]")
 
 
 def train_runs(plan: QuickstartPlan, console: Console) -> list[Path]:
@@ -175,60 +180,50 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
 
 
 def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], started: float) -> Path:
+    from evalkit.files import atomic_write_text
+    from evalkit.models.refs import resolve_checkpoints
+
     claims: list[str] = []
-    done = [0]  # stages so far
+    numbers = itertools.count(1)
     if plan.probe != "none":
-        t = _stage(console, done, "BF16 breaks RoPE: the probe in BF16 and FP32")
-        claims += _probe_claim(plan, console)
-        _took(console, t)
+        with _stage(console, numbers, "BF16 breaks RoPE: the probe in BF16 and FP32"):
+            claims += _probe_claim(plan, console)
     if plan.train_bench:
-        t = _stage(console, done, "anchor attention is cheaper to train")
-        claims += _train_claim(plan, console)
-        _took(console, t)
+        with _stage(console, numbers, "anchor attention is cheaper to train"):
+            claims += _train_claim(plan, console)
 
     shipped = shipped_runs(plan.recipe) if plan.shipped else []
     own = []
     if plan.train or not shipped:
-        t = _stage(console, done, f"train {plan.recipe} under {', '.join(plan.paradigms)} (short runs)")
-        own = train_runs(plan, console)
-        _took(console, t)
+        with _stage(console, numbers, f"train {plan.recipe} under {', '.join(plan.paradigms)} (short runs)"):
+            own = train_runs(plan, console)
     if shipped:
         console.print(f"evaluated: the shipped runs {', '.join(run.name for run in shipped)} ({shipped[0].parent})")
-    from evalkit.models.refs import resolve_checkpoints
-
     refs = resolve_checkpoints([str(run) for run in shipped + own], last=plan.last)
-    t = _stage(console, done, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task")
-    _ruler(refs, lengths, plan, console)
-    _took(console, t)
-
-    t = _stage(console, done, f"perplexity at the same lengths, {PPL_DOCS} documents of the built-in prose")
-    _ppl(refs, lengths, plan, console)
-    _took(console, t)
-
+    with _stage(console, numbers, f"RULER at {', '.join(map(str, lengths))} tokens, {plan.samples} samples per task"):
+        _ruler(refs, lengths, plan, console)
+    with _stage(console, numbers, f"perplexity at the same lengths, {PPL_DOCS} documents of the built-in prose"):
+        _ppl(refs, lengths, plan, console)
     sources = [plan.out / "ruler", plan.out / "ppl"]
     if plan.general:
-        t = _stage(console, done, "general tasks (offline fixtures)")
-        _general(refs, plan, console)
+        with _stage(console, numbers, "general tasks (offline fixtures)"):
+            _general(refs, plan, console)
         sources.append(plan.out / "general")
-        _took(console, t)
 
-    t = _stage(console, done, "leaderboard and the claims")
+    console.rule(f"[bold]{next(numbers)}. leaderboard and the claims")  # untimed: 'done in' ends it
     board = write_leaderboard(sources, plan.out / "leaderboard.md")
     claims += how_runs_trained(refs)
     claims += _ruler_claim(plan.out / "ruler", lengths)
     claims += compare_paradigms_against_full(plan.out / "ruler")
     claims += figure4_claim(plan.out, lengths)
-    claims_file = _write_claims(plan.out / "claims.md", claims)
+    claims_file = plan.out / "claims.md"
+    atomic_write_text(claims_file, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(claims))
     print(board.read_text(), flush=True)  # plain stdout: markdown, not rich markup
     print(claims_file.read_text(), flush=True)
     console.print(
         f"done in {time.perf_counter() - started:.0f} s: {claims_file}, {board} and plots in {board.parent / 'plots'}"
     )
     return board
-
-
-def _took(console: Console, started: float) -> None:
-    console.print(f"[dim]{time.perf_counter() - started:.0f} s[/dim]")
 
 
 # ---------------------------------------------------------------------- claim (a): the probe
@@ -331,7 +326,7 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     if rows and rows[0]["seq_len"] == plan.bench_seq:
         console.print(f"training-step times: stored earlier ({stored}), reused")
     else:
-        rows = _time_training_steps(plan.bench_seq, console)
+        rows = [asdict(row) for row in _time_training_steps(plan.bench_seq, console)]
         atomic_write_json(stored, {"recipe": TRAIN_BENCH_RECIPE, "sets": list(TRAIN_BENCH_SETS), "rows": rows})
     full, anchor = (next(r for r in rows if r["paradigm"] == p) for p in ("full", "anchor"))
     return [
@@ -345,11 +340,9 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     ]
 
 
-def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
+def _time_training_steps(seq_len: int, console: Console) -> list:
     """bench train's rows for full and anchor, timed in CPU seconds on one torch thread: others'
     work on a shared machine inflates wall-clock time, not the CPU time a step takes."""
-    from dataclasses import asdict
-
     import torch
 
     from evalkit.attention import Paradigm
@@ -358,7 +351,7 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rows = run(
+        return run(
             [seq_len],
             [Paradigm.ANCHOR],
             recipe=TRAIN_BENCH_RECIPE,
@@ -369,7 +362,6 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
         )
     finally:
         torch.set_num_threads(previous)
-    return [asdict(row) for row in rows]
 
 
 # ---------------------------------------------------------------------- claim (c): RULER
@@ -378,21 +370,14 @@ def _time_training_steps(seq_len: int, console: Console) -> list[dict]:
 def how_runs_trained(refs) -> list[str]:
     """One row per evaluated run: its paradigm, precision regime and window start, read from its
     newest checkpoint's meta.json, so a comparison shows that only the paradigm differs."""
-    import json
-
     from evalkit.markdown import markdown_table
+    from evalkit.models.refs import checkpoint_meta
     from evalkit.store.result_format import training_precision, window_start
 
-    newest: dict[str, tuple[int, Path]] = {}
-    for ref in refs:  # CheckpointRef: run, step, path
-        if ref.run not in newest or ref.step >= newest[ref.run][0]:
-            newest[ref.run] = (ref.step, ref.path)
+    newest = {ref.run: ref.path for ref in sorted(refs, key=lambda ref: ref.step)}  # CheckpointRef
     rows = []
-    for run, (_, path) in sorted(newest.items()):
-        try:
-            meta = json.loads((Path(path) / META).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            meta = {}
+    for run, path in sorted(newest.items()):
+        meta = checkpoint_meta(path)
         rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
     header = ["run", "paradigm", "precision", "window start"]
     return ["## How each run trained", "", markdown_table(header, rows), ""]
@@ -402,13 +387,10 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
     from evalkit.markdown import markdown_table
-    from evalkit.results.summaries import RULER_SUMMARY, find_summaries
+    from evalkit.results.summaries import RULER_SUMMARY
     from evalkit.store.averages import RunAverage, length_averages
-    from evalkit.store.result_format import summary_rows
 
-    averages = length_averages(
-        [row for summary in find_summaries([ruler_dir], RULER_SUMMARY) for row in summary_rows(summary)]
-    )
+    averages = length_averages(_stored_rows(ruler_dir, RULER_SUMMARY))
     scored = {a.run for a in averages if a.mean > 0}
     zero = sorted({a.run for a in averages} - scored)
     by_run: dict[str, dict[int, RunAverage]] = {}
@@ -462,15 +444,12 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
     from evalkit.results.leaderboard import checkpoint_means
     from evalkit.results.plots import ruler_and_ppl_vs_step
     from evalkit.results.samples import PPL_SUMMARY
-    from evalkit.results.summaries import RULER_SUMMARY, find_summaries
+    from evalkit.results.summaries import RULER_SUMMARY
     from evalkit.store.averages import per_checkpoint_length_means
-    from evalkit.store.result_format import STANDARD, summary_rows
+    from evalkit.store.result_format import STANDARD
 
-    def rows(folder: str, name: str) -> list:
-        return [row for summary in find_summaries([out / folder], name) for row in summary_rows(summary)]
-
-    ruler = [row for row in rows("ruler", RULER_SUMMARY) if row.encoding in (None, STANDARD)]
-    ppl = [row for row in rows("ppl", PPL_SUMMARY) if row.metric == "perplexity"]
+    ruler = [row for row in _stored_rows(out / "ruler", RULER_SUMMARY) if row.encoding in (None, STANDARD)]
+    ppl = [row for row in _stored_rows(out / "ppl", PPL_SUMMARY) if row.metric == "perplexity"]
     ruler_means, ppl_means = per_checkpoint_length_means(ruler), per_checkpoint_length_means(ppl)
 
     def cell(means: dict, key: tuple, digits: int) -> str:
@@ -532,6 +511,13 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
     return lines
 
 
+def _stored_rows(folder: Path, summary_name: str) -> list:
+    from evalkit.results.summaries import find_summaries
+    from evalkit.store.result_format import summary_rows
+
+    return [row for summary in find_summaries([folder], summary_name) for row in summary_rows(summary)]
+
+
 def _scores_above_zero(one) -> bool:
     return any(
         sample.score > 0
@@ -541,25 +527,14 @@ def _scores_above_zero(one) -> bool:
     )
 
 
-def _write_claims(path: Path, lines: list[str]) -> Path:
-    from evalkit.files import atomic_write_text
-
-    atomic_write_text(path, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(lines))
-    return path
-
-
-def _builtin_ruler_tasks() -> list[str]:
-    """RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's
-    (qa_1, qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have)."""
-    from evalkit.ruler.spec import TASKS, task_spec
-
-    return [task for task in TASKS if task_spec(task).kind != "qa"]
-
-
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.spec import TASKS, task_spec
 
-    settings = RulerSettings(tasks=_builtin_ruler_tasks(), lengths=lengths, num_samples=plan.samples)
+    # RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's (qa_1,
+    # qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have).
+    tasks = [task for task in TASKS if task_spec(task).kind != "qa"]
+    settings = RulerSettings(tasks=tasks, lengths=lengths, num_samples=plan.samples)
     last_shown: dict = {}  # Unit -> samples done when last reported
 
     def progress(event) -> None:  # evalkit.sweep.pipeline.ProgressEvent

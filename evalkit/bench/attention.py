@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -91,10 +92,7 @@ def run(
         shapes = ((1, heads, seq_len, head_dim), kv_heads)
         docs = draw_documents(seq_len, mean_doc, seed)
         progress(f"S={seq_len}: full causal")
-
-        def full(q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-
+        full = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=gqa)
         full_time = time_forward_backward(full, shapes, torch_dtype, device, repeats)
         rows.append(BenchRow(seq_len, "full", "sdpa-causal", full_time, 1.0, 1.0, 1))
         for paradigm in paradigms:
@@ -102,34 +100,21 @@ def run(
             packed = pack(docs, seq_len, paradigm, bos_id=1, eos_id=2, domain_tags=tags, seed=seed)
             doc_ids = packed.doc_ids[None].to(device)
             ideal = sum(n * n for n in packed.doc_lengths) / seq_len**2
+            num_docs = len(packed.doc_lengths)
             for impl in impls:
                 progress(f"S={seq_len}: {paradigm} / {impl}")
-
-                def fn(q, k, v, impl=impl):
-                    return document_attention(q, k, v, doc_ids, impl=impl)
-
+                fn = partial(document_attention, doc_ids=doc_ids, impl=impl)
                 seconds = time_forward_backward(fn, shapes, torch_dtype, device, repeats)
-                rows.append(
-                    BenchRow(
-                        seq_len, paradigm.value, impl, seconds, seconds / full_time, ideal, len(packed.doc_lengths)
-                    )
-                )
+                rows.append(BenchRow(seq_len, paradigm.value, impl, seconds, seconds / full_time, ideal, num_docs))
     return rows
 
 
 def to_markdown(rows: list[BenchRow]) -> str:
     header = ["S", "paradigm", "implementation", "docs", "fwd+bwd s", "/ full causal", "ideal Σd²/S²", "/ ideal"]
     table = [
-        [
-            r.seq_len,
-            r.paradigm,
-            r.impl,
-            r.num_docs,
-            f"{r.seconds:.3f}",
-            f"{r.ratio_to_full:.3f}",
-            f"{r.ideal_ratio:.3f}",
-            f"{r.ratio_to_full / r.ideal_ratio:.2f}",
-        ]
+        [r.seq_len, r.paradigm, r.impl, r.num_docs]
+        + [f"{value:.3f}" for value in (r.seconds, r.ratio_to_full, r.ideal_ratio)]
+        + [f"{r.ratio_to_full / r.ideal_ratio:.2f}"]
         for r in rows
     ]
     return markdown_table(header, table)

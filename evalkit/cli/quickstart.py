@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
-from evalkit.arglists import parse_list
 from evalkit.cli.app import app
+from evalkit.cli.bench import parse_paradigms
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
-from evalkit.quickstart import QUICK_RECIPE, QUICK_STEPS
+from evalkit.quickstart import QUICK_PARADIGMS, QUICK_RECIPE, QUICK_STEPS, TRAIN_BENCH_SEQ
 
 
 @app.command("quickstart")
@@ -18,9 +18,7 @@ def quickstart_command(
     out: Path = typer.Option(Path("results/quickstart"), "--out", help="Where results, leaderboard and plots go."),
     runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
     recipe: str = typer.Option(QUICK_RECIPE, "--recipe", help="The recipe trained under each paradigm."),
-    paradigms: str = typer.Option(
-        ",".join(("full", "intra_doc", "anchor")), "--paradigms", help="Paradigms to train and compare."
-    ),
+    paradigms: str = typer.Option(",".join(QUICK_PARADIGMS), "--paradigms", help="Paradigms to train and compare."),
     max_steps: int = typer.Option(
         QUICK_STEPS, "--max-steps", help="Training steps per paradigm of its own runs (0: the recipe's own)."
     ),
@@ -45,16 +43,12 @@ def quickstart_command(
     train_bench: bool = typer.Option(
         True, "--train-bench/--no-train-bench", help="Time a training step under full and anchor attention."
     ),
-    bench_seq: int = typer.Option(4096, "--bench-seq", help="Window length of that timing, in tokens."),
+    bench_seq: int = typer.Option(TRAIN_BENCH_SEQ, "--bench-seq", help="Window length of that timing, in tokens."),
 ) -> None:
     """The paper's claims on a CPU: the BF16 probe, training-step cost, RULER per paradigm, RULER beside perplexity."""
-    from evalkit.attention import Paradigm
     from evalkit.quickstart import QuickstartPlan, run_quickstart
 
-    try:
-        chosen = tuple(p.value for p in parse_list(paradigms, Paradigm.parse))
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    chosen = tuple(p.value for p in parse_paradigms(paradigms))
     if max_steps < 0:
         raise UserError(f"--max-steps must be at least 1 (or 0: the recipe's own steps), got {max_steps}")
     plan = QuickstartPlan(
