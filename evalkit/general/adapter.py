@@ -98,7 +98,7 @@ class EngineLM(LM):
             prompts = [self._cut_middle(p, max_new, r) for p, (_stop, max_new), r in zip(prompts, settings, requests)]
         needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
         _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
-        outputs = [""] * len(prompts)  # every one set below: prompts that do not fit were refused above
+        outputs = [""] * len(prompts)
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}  # one engine call serves one setting
         for i, setting in enumerate(settings):
             groups.setdefault(setting, []).append(i)
@@ -109,7 +109,7 @@ class EngineLM(LM):
                 chunk = indices[start : start + REQUESTS_PER_CALL]
                 texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
                 for i, text in zip(chunk, texts):
-                    outputs[i] = text
+                    outputs[i] = text or ""  # never None: prompts that do not fit were refused above
                 done += len(chunk)
                 self.progress("generate_until", done, len(prompts))
         return outputs
