@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.files import refuse_foreign
 from evalkit.general.errors import RequestsExceedWindow
@@ -102,12 +101,6 @@ class TaskPlan:
     num_fewshot: int | None  # None: the task's own default (lm-eval then records what it used)
     fewshot_source: str  # given | evalkit standard for mmlu | lm-eval default
     key: str
-
-
-def parse_general_tasks(text: str) -> list[str]:
-    """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped); GeneralSettings
-    refuses an empty list."""
-    return parse_list(text)
 
 
 def run_general(
