@@ -234,11 +234,13 @@ class GeneralBenchmark(Benchmark):
         return lm
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
+        import lm_eval
+
         kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
         return {
             **kept,
             "tasks": {done.record["task"]: _task_entry(done) for done in _task_details(results)},
-            "provenance": {**summary["provenance"], "lm_eval_version": _lm_eval_version()},
+            "provenance": {**summary["provenance"], "lm_eval_version": lm_eval.__version__},
         }
 
     def average(self, rows: list[ResultRow]) -> Averages:
@@ -292,6 +294,8 @@ def _evaluate_task(
     engine_lm: Callable[[], Any], catalog, plan: TaskPlan, settings: GeneralSettings, store: UnitStore
 ) -> dict[str, Any]:
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
+    import lm_eval
+
     from evalkit.general.rows import compact_samples, result_rows
 
     with catalog.loading(plan.name):
@@ -321,7 +325,7 @@ def _evaluate_task(
             **stamp(),
             "engine": lm.engine.engine_info(),
             "settings": asdict(settings),
-            "lm_eval_version": _lm_eval_version(),
+            "lm_eval_version": lm_eval.__version__,
             "task_versions": results.get("versions", {}),
         },
     }
@@ -418,9 +422,3 @@ def _json(data: Any, indent: int | None = None) -> str:
 
     # lm-eval's results carry numpy numbers and config callables; its own writer serialises them this way.
     return json.dumps(data, indent=indent, default=handle_non_serializable, ensure_ascii=False) + "\n"
-
-
-def _lm_eval_version() -> str:
-    from importlib.metadata import version
-
-    return version("lm_eval")
