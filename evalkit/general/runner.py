@@ -22,6 +22,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -162,19 +163,16 @@ class GeneralBenchmark(Benchmark):
     def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
         self.settings, self.log = settings, log
         self.engine = EngineChoice(settings.engine, settings.engine_settings)
-        self._catalog = None  # the TaskCatalog: lm-eval's start, made by the request's check
         self._plans: dict[str, TaskPlan] = {}
         self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
 
-    @property
+    @cached_property
     def catalog(self):
-        """lm-eval's tasks under the settings' include paths, made once (on first use: after the
-        pipeline's checks, so a request refused there costs no lm-eval start)."""
+        """lm-eval's tasks under the settings' include paths, made on first use: after the pipeline's
+        checks, so a request refused there costs no lm-eval start."""
         from evalkit.general.catalog import TaskCatalog
 
-        if self._catalog is None:
-            self._catalog = TaskCatalog([Path(p) for p in self.settings.include_paths], self.settings.tasks)
-        return self._catalog
+        return TaskCatalog([Path(p) for p in self.settings.include_paths], self.settings.tasks)
 
     def check(self, refs: list[CheckpointRef]) -> None:
         """Every task is one lm-eval knows; whether a task fits the window is known once it runs."""
