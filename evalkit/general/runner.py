@@ -144,15 +144,6 @@ def run_general(
         )
 
 
-@dataclass(frozen=True)
-class TaskDone:
-    """What a general task's result keeps for the summary: its record and whether it was read back."""
-
-    record: dict[str, Any]
-    resumed: bool
-    file: str  # the record's file, relative to the checkpoint's folder of results (the summary names it)
-
-
 class GeneralBenchmark(Benchmark):
     """lm-eval tasks as a benchmark of the one pipeline (evalkit.sweep.pipeline): a unit is a requested task."""
 
@@ -195,12 +186,11 @@ class GeneralBenchmark(Benchmark):
         record = _stored_record(store, self.plan(unit))
         if record is None:
             return None
-        engine_info = record.get("provenance", {}).get("engine")
-        return UnitResult(_rows(record), TaskDone(record, True, _in_checkpoint(store)), False, engine_info)
+        return _result(record, store, resumed=True)
 
     def evaluate(
         self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress
-    ) -> UnitResult[TaskDone]:
+    ) -> UnitResult[tuple[str, dict]]:
         ref = store.ref
         record = _evaluate_task(
             lambda: self._engine_lm(engine, progress), self.catalog, self.plan(unit), self.settings, store
@@ -215,7 +205,7 @@ class GeneralBenchmark(Benchmark):
                 f"{task} ({ref.run} step {ref.step}): {cut['documents_truncated']} of {cut['documents']} "
                 f"documents cut in the middle to the window of {cut['window']} tokens (--too-long middle)"
             )
-        return UnitResult(_rows(record), TaskDone(record, False, _in_checkpoint(store)))
+        return _result(record, store, resumed=False)
 
     def _engine_lm(self, engine: LazyEngine, progress: UnitProgress):
         """The engine as lm-eval's LM, made once per built engine and only when asked for: a
@@ -237,7 +227,7 @@ class GeneralBenchmark(Benchmark):
         kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
         return {
             **kept,
-            "tasks": {done.record["task"]: _task_entry(done) for done in _task_details(results)},
+            "tasks": dict(result.detail for result in results if result.detail is not None),
             "provenance": {**summary["provenance"], "lm_eval_version": lm_eval.__version__},
         }
 
@@ -256,9 +246,20 @@ class GeneralBenchmark(Benchmark):
         return Averages(averages, general_average_table(averages), conditions)
 
 
-def _rows(record: dict[str, Any]) -> list[ResultRow]:
-    """A task record's rows (stored as the summary stores them) as ResultRows."""
-    return [read_row("general", row) for row in record["rows"]]
+def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResult[tuple[str, dict]]:
+    """A task record as the unit's result: its rows, and (the detail) what the checkpoint's summary
+    says of the task: its shots, its record file (relative to the checkpoint's folder of results,
+    as the summary names it), whether it was read back rather than computed."""
+    entry = {
+        **{key: record[key] for key in ("over_window", "truncated_middle") if record.get(key)},
+        "num_fewshot": record["num_fewshot"],
+        "fewshot_source": record["fewshot_source"],
+        "file": store.file(".json").relative_to(store.folder.parent).as_posix(),
+        "resumed": resumed,
+    }
+    rows = [read_row("general", row) for row in record["rows"]]
+    engine_info = record.get("provenance", {}).get("engine") if resumed else None  # no engine was built for it
+    return UnitResult(rows, (record["task"], entry), not resumed, engine_info)
 
 
 # ---------------------------------------------------------------------- checks and plans
@@ -388,31 +389,7 @@ def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
     return record if record.get("key") == plan.key else None
 
 
-def _task_details(results: list[UnitResult]) -> list[TaskDone]:
-    """What each unit's evaluate (or stored) gave the summary: a TaskDone, always."""
-    details = [result.detail for result in results if isinstance(result.detail, TaskDone)]
-    assert len(details) == len(results)  # evaluate and stored give every unit its TaskDone
-    return details
-
-
-def _task_entry(done: TaskDone) -> dict[str, Any]:
-    """What the checkpoint's summary says of one task: its shots, its record file, whether it was resumed."""
-    record = done.record
-    return {
-        **{key: record[key] for key in ("over_window", "truncated_middle") if record.get(key)},
-        "num_fewshot": record["num_fewshot"],
-        "fewshot_source": record["fewshot_source"],
-        "file": done.file,
-        "resumed": done.resumed,
-    }
-
-
 # ---------------------------------------------------------------------- small helpers
-
-
-def _in_checkpoint(store: UnitStore) -> str:
-    """The unit's record file as the summary names it: relative to the checkpoint's folder."""
-    return store.file(".json").relative_to(store.folder.parent).as_posix()
 
 
 def _json(data: Any, indent: int | None = None) -> str:
