@@ -35,16 +35,7 @@ from evalkit.store.provenance import stamp
 from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import (
-    Averages,
-    Benchmark,
-    EvaluationRun,
-    Progress,
-    Unit,
-    UnitProgress,
-    UnitResult,
-    run_benchmark,
-)
+from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, Unit, UnitProgress, UnitResult, run_benchmark
 
 DEFAULT_OUT = Path("results/general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
@@ -114,16 +105,12 @@ def run_general(
     engine: str = "hf",
     engine_settings: dict[str, Any] | None = None,
     include_path: list[str | Path] | None = None,
-    avg: bool = False,
     too_long: str = "task",
-    progress: Progress = lambda _event: None,
-    on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
-    shard=None,
-    executor=None,
+    **kwargs: Any,
 ) -> EvaluationRun:
     """Score every checkpoint on every task (see the module docstring); writes and returns the results.
-    `shard` and `executor`: see evalkit.sweep."""
+    kwargs: run_benchmark's (avg, progress, on_checkpoint, shard, executor: see evalkit.sweep)."""
     from evalkit.general.catalog import default_include_paths, quiet_logger
 
     include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
@@ -131,17 +118,7 @@ def run_general(
         list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), include_paths, too_long
     )  # validated here, once
     with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
-        return run_benchmark(
-            GeneralBenchmark(settings, log),
-            refs,
-            Path(out),
-            avg=avg,
-            progress=progress,
-            on_checkpoint=on_checkpoint,
-            log=log,
-            shard=shard,
-            executor=executor,
-        )
+        return run_benchmark(GeneralBenchmark(settings, log), refs, Path(out), log=log, **kwargs)
 
 
 class GeneralBenchmark(Benchmark):
