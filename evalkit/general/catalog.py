@@ -87,15 +87,13 @@ class TaskCatalog:
             return 1
         if entry.kind.name == "GROUP":  # lm_eval.tasks._index.Kind, by name: a private module
             members = (entry.cfg or {}).get("task") or []
-            children = [
-                m if isinstance(m, str) else None for m in (members if isinstance(members, list) else [members])
-            ]
+            children = members if isinstance(members, list) else [members]
         elif entry.kind.name == "TAG":
             children = [other for other, e in self.manager.task_index.items() if name in e.tags]
         else:
             return 1
         # an inline task config (a dict in the group's list) is one task
-        return max(1, sum(1 if child is None else self._leaves(child, seen | {name}) for child in children))
+        return max(1, sum(self._leaves(c, seen | {name}) if isinstance(c, str) else 1 for c in children))
 
     def is_fixture(self, name: str) -> bool:
         """Whether `name` is defined by evalkit's own tasks/ folder (local data, no download)."""
