@@ -161,9 +161,7 @@ class GeneralBenchmark(Benchmark):
 
     def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
         record = _stored_record(store, self.plan(unit))
-        if record is None:
-            return None
-        return _result(record, store, resumed=True)
+        return None if record is None else _result(record, store, resumed=True)
 
     def evaluate(
         self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress
