@@ -323,7 +323,7 @@ def test_finish_summary_returns_a_new_summary_and_leaves_the_pipelines_as_it_was
     """RULER's and lm-eval's own summary fields come in a new dict; the argument is not touched."""
     import copy
 
-    from evalkit.general.runner import GeneralBenchmark, GeneralSettings, TaskDone
+    from evalkit.general.runner import GeneralBenchmark, GeneralSettings
     from evalkit.ruler.runner import RulerBenchmark, RulerSettings
 
     def made(benchmark: str) -> dict:
@@ -340,11 +340,11 @@ def test_finish_summary_returns_a_new_summary_and_leaves_the_pipelines_as_it_was
     assert summary == before
     assert finished["provenance"]["data_keys"] == {"niah_single_1@1024": "key-1"}
 
-    record = {"task": "t", "num_fewshot": 0, "fewshot_source": "given"}
+    entry = {"num_fewshot": 0, "fewshot_source": "given", "file": "general/t.json", "resumed": True}
     general = GeneralBenchmark(GeneralSettings(tasks=["t"]))
     summary = made("general")
     before = copy.deepcopy(summary)
-    finished = general.finish_summary(summary, [UnitResult([], TaskDone(record, True, "general/t.json"))], None)
+    finished = general.finish_summary(summary, [UnitResult([], ("t", entry))], None)  # a unit's (task, entry)
     assert summary == before
     assert list(finished)[-2:] == ["tasks", "provenance"]  # the order the summaries have always had
     assert finished["tasks"] == {"t": {"num_fewshot": 0, "fewshot_source": "given", "file": "general/t.json",

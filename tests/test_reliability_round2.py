@@ -323,7 +323,7 @@ def test_a_length_or_task_given_twice_is_scored_and_stored_once(tmp_path, capsys
     [
         ("evalkit.lengths:parse_lengths", "4k,4096,,8k,4k", [4096, 8192]),
         ("evalkit.ruler.runner:parse_ruler_tasks", "vt,niah_single_1,vt", ["vt", "niah_single_1"]),
-        ("evalkit.general.runner:parse_general_tasks", "mmlu,hellaswag,mmlu", ["mmlu", "hellaswag"]),
+        ("evalkit.arglists:parse_list", "mmlu,hellaswag,mmlu", ["mmlu", "hellaswag"]),  # evalkit general --tasks
         ("evalkit.bench.eval:parse_engines", "hf, hf", ["hf"]),
     ],
 )

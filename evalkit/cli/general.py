@@ -47,8 +47,9 @@ def general_command(
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from functools import partial
 
+    from evalkit.arglists import parse_list
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.general import general_checkpoint_table, parse_general_tasks, run_general
+    from evalkit.general import general_checkpoint_table, run_general
 
     settings = {
         **parse_engine_args(engine, engine_arg, OWN_FLAGS),
@@ -58,7 +59,7 @@ def general_command(
     }
     run = partial(
         run_general,
-        tasks=parse_general_tasks(tasks),
+        tasks=parse_list(tasks),
         num_fewshot=num_fewshot,
         limit=limit,
         engine=engine,

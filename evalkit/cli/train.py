@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from evalkit.cli.app import app
@@ -67,7 +69,11 @@ def train_command(
     if inspect is not None:
         if resume or memory_estimate:
             raise UserError("--inspect trains nothing: leave out --resume and --memory-estimate")
-        _inspect(config, overrides, sets, paradigms, inspect, inspect_windows, inspect_tokens)
+        from evalkit.train import inspection
+
+        configs = [load_recipe(config, {**overrides, "paradigm": p}, sets) for p in paradigms]
+        for path in inspection.inspect_windows(configs, Path(inspect), windows=inspect_windows, tokens=inspect_tokens):
+            typer.echo(f"wrote {path}")
         return
     if len(paradigms) > 1:
         raise UserError(f"--paradigm takes one paradigm to train, got {paradigm!r} (a list only with --inspect)")
@@ -82,14 +88,3 @@ def train_command(
         return
     run_dir = train(cfg, resume=resume)
     typer.echo(f"checkpoints in {run_dir}")
-
-
-def _inspect(config, overrides, sets, paradigms, out: str, windows: int, tokens: int) -> None:
-    from pathlib import Path
-
-    from evalkit.train import load_recipe
-    from evalkit.train.inspection import inspect_windows
-
-    configs = [load_recipe(config, {**overrides, "paradigm": p}, sets) for p in paradigms]
-    for path in inspect_windows(configs, Path(out), windows=windows, tokens=tokens):
-        typer.echo(f"wrote {path}")

@@ -9,8 +9,8 @@ than the model window is never truncated: the task is skipped, with the count, a
 tasks run. evalkit's tasks/ folder (offline fixtures with mmlu's and hellaswag's shapes)
 is always on the include path.
 
-    from evalkit.general import general_checkpoint_table, parse_general_tasks, run_general
-    run = run_general(refs, parse_general_tasks("mmlu,hellaswag"), out=Path("results/general"),
+    from evalkit.general import general_checkpoint_table, run_general
+    run = run_general(refs, ["mmlu", "hellaswag"], out=Path("results/general"),
                       engine_settings={"dtype": "bf16", "batch_size": 8}, avg=True)
     run.rows, run.skipped, run.averages  # a sweep.pipeline.EvaluationRun
     general_checkpoint_table(run.result_rows())
@@ -18,7 +18,7 @@ is always on the include path.
 Nothing heavy is imported here: lm_eval and transformers load when a run starts.
 """
 
-from evalkit.general.runner import DEFAULT_OUT, GeneralBenchmark, GeneralSettings, parse_general_tasks, run_general
+from evalkit.general.runner import DEFAULT_OUT, GeneralBenchmark, GeneralSettings, run_general
 from evalkit.general.tables import general_average_table, general_checkpoint_table, run_averages
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "GeneralSettings",
     "general_average_table",
     "general_checkpoint_table",
-    "parse_general_tasks",
     "run_averages",
     "run_general",
 ]

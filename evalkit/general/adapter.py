@@ -38,10 +38,10 @@ RequestProgress = Callable[[str, int, int], None]  # (request type, requests don
 class EngineLM(LM):
     """An evalkit Engine as an lm-eval LM (single process, greedy, no truncation)."""
 
-    def __init__(self, engine: Engine, progress: RequestProgress | None = None, truncate_middle: bool = False) -> None:
+    def __init__(self, engine: Engine, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
-        self.progress: RequestProgress = progress or (lambda _kind, _done, _total: None)
+        self.progress: RequestProgress = lambda _kind, _done, _total: None  # the runner sets it per task
         self.truncate_middle = truncate_middle
         # --too-long middle: per lm-eval task, the documents whose generation prompt was cut, and all seen.
         self.cut: dict[str, set[int]] = {}
@@ -51,10 +51,6 @@ class EngineLM(LM):
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
-
-    @property
-    def max_length(self) -> int:
-        return self.engine.max_length
 
     @property
     def eot_token_id(self) -> int | None:
@@ -70,7 +66,7 @@ class EngineLM(LM):
         # Split once, with the same rule every evalkit engine uses (tokens.encode_pair), so the
         # window check below sees exactly the tokens the engine will feed.
         tokenizer = self.engine.tokenizer
-        encoded = [tok.encode_pair(tokenizer, context, continuation) for context, continuation in _args(requests)]
+        encoded = [tok.encode_pair(tokenizer, *request.args) for request in requests]  # (context, continuation)
         fed = [len(context) + len(continuation) - 1 for context, continuation in encoded]  # the last is only predicted
         _refuse_overflow("loglikelihood", fed, self.engine.max_length, requests)
         order = sorted(range(len(encoded)), key=lambda i: -fed[i])  # similar lengths share engine batches
@@ -85,7 +81,7 @@ class EngineLM(LM):
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         # The engine cuts long texts into windows that score every token once: nothing to refuse.
-        texts = [args[0] for args in _args(requests)]
+        texts = [request.args[0] for request in requests]
         results: list[float] = []
         for start in range(0, len(texts), REQUESTS_PER_CALL):
             results.extend(
@@ -95,14 +91,14 @@ class EngineLM(LM):
         return results
 
     def generate_until(self, requests: list[Any]) -> list[str]:
-        arguments = _args(requests)
+        arguments = [request.args for request in requests]
         settings = [_greedy_settings(gen_kwargs) for _context, gen_kwargs in arguments]
         prompts = [context for context, _gen_kwargs in arguments]
         if self.truncate_middle:
             prompts = [self._cut_middle(p, max_new, r) for p, (_stop, max_new), r in zip(prompts, settings, requests)]
         needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
         _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
-        outputs: list[str | None] = [None] * len(prompts)
+        outputs = [""] * len(prompts)
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}  # one engine call serves one setting
         for i, setting in enumerate(settings):
             groups.setdefault(setting, []).append(i)
@@ -113,15 +109,15 @@ class EngineLM(LM):
                 chunk = indices[start : start + REQUESTS_PER_CALL]
                 texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
                 for i, text in zip(chunk, texts):
-                    outputs[i] = text  # never None: prompts that do not fit were refused above
+                    outputs[i] = text or ""  # never None: prompts that do not fit were refused above
                 done += len(chunk)
                 self.progress("generate_until", done, len(prompts))
-        return [text or "" for text in outputs]
+        return outputs
 
     def _cut_middle(self, prompt: str, max_new_tokens: int, request: Any) -> str | list[int]:
         """The prompt's token ids without their middle when they and the budget exceed the window
         (LongBench's truncation: the first and the last half of what fits), else the prompt."""
-        task, doc_id = getattr(request, "task_name", None), getattr(request, "doc_id", None)
+        task, doc_id = request.task_name, request.doc_id
         if task is not None and doc_id is not None:
             self.seen.setdefault(task, set()).add(doc_id)
         ids = self.engine.encode(prompt)
@@ -134,11 +130,6 @@ class EngineLM(LM):
         return ids[:head] + ids[len(ids) - (room - head) :]
 
 
-def _args(requests: Sequence[Any]) -> list[tuple]:
-    """Each request's arguments: lm-eval Instances expose them as .args."""
-    return [request.args for request in requests]
-
-
 def _refuse_overflow(request_type: str, needed: list[int], window: int, requests: Sequence[Any]) -> None:
     """RequestsExceedWindow if any request needs more than `window` tokens, naming every request's
     (task, document) and those of the requests that do not fit."""
@@ -148,12 +139,11 @@ def _refuse_overflow(request_type: str, needed: list[int], window: int, requests
     documents: dict[str, set[int]] = {}
     over: dict[str, set[int]] = {}
     for request, tokens in zip(requests, needed):
-        task, doc_id = getattr(request, "task_name", None), getattr(request, "doc_id", None)
-        if task is None or doc_id is None:
+        if request.task_name is None or request.doc_id is None:
             continue
-        documents.setdefault(task, set()).add(doc_id)
+        documents.setdefault(request.task_name, set()).add(request.doc_id)
         if tokens > window:
-            over.setdefault(task, set()).add(doc_id)
+            over.setdefault(request.task_name, set()).add(request.doc_id)
     raise RequestsExceedWindow(request_type, len(too_long), len(needed), max(too_long), window, documents, over)
 
 

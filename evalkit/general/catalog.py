@@ -87,25 +87,20 @@ class TaskCatalog:
             return 1
         if entry.kind.name == "GROUP":  # lm_eval.tasks._index.Kind, by name: a private module
             members = (entry.cfg or {}).get("task") or []
-            children = [
-                m if isinstance(m, str) else None for m in (members if isinstance(members, list) else [members])
-            ]
+            children = members if isinstance(members, list) else [members]
         elif entry.kind.name == "TAG":
             children = [other for other, e in self.manager.task_index.items() if name in e.tags]
         else:
             return 1
         # an inline task config (a dict in the group's list) is one task
-        return max(1, sum(1 if child is None else self._leaves(child, seen | {name}) for child in children))
-
-    def is_fixture(self, name: str) -> bool:
-        """Whether `name` is defined by evalkit's own tasks/ folder (local data, no download)."""
-        entry = self.manager.task_index.get(name)
-        return entry is not None and _is_under(entry.yaml_path, TASKS_DIR)
+        return max(1, sum(self._leaves(c, seen | {name}) if isinstance(c, str) else 1 for c in children))
 
     @contextmanager
     def loading(self, name: str) -> Iterator[None]:
-        """Where to load and run `name`: offline and quiet for evalkit's fixtures, as is for the rest."""
-        if not self.is_fixture(name):
+        """Where to load and run `name`: offline and quiet for evalkit's fixtures (tasks defined in
+        evalkit's own tasks/ folder: local data, no download), as is for the rest."""
+        entry = self.manager.task_index.get(name)
+        if entry is None or not _is_under(entry.yaml_path, TASKS_DIR):
             yield
             return
         # lm-eval tells CLI users of custom_dataset tasks about --metadata; the fixtures take none.

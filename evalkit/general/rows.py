@@ -64,10 +64,7 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
                     "target": sample.get("target"),
                     "responses": sample.get("filtered_resps"),
                     "metrics": metrics,
-                    "doc": sample.get("doc"),
-                    "doc_hash": sample.get("doc_hash"),
-                    "prompt_hash": sample.get("prompt_hash"),
-                    "target_hash": sample.get("target_hash"),
+                    **{key: sample.get(key) for key in ("doc", "doc_hash", "prompt_hash", "target_hash")},
                 }
             )
     return kept

@@ -22,10 +22,10 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from evalkit.arglists import parse_list
 from evalkit.errors import UserError
 from evalkit.files import refuse_foreign
 from evalkit.general.errors import RequestsExceedWindow
@@ -35,16 +35,7 @@ from evalkit.store.provenance import stamp
 from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import (
-    Averages,
-    Benchmark,
-    EvaluationRun,
-    Progress,
-    Unit,
-    UnitProgress,
-    UnitResult,
-    run_benchmark,
-)
+from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, Unit, UnitProgress, UnitResult, run_benchmark
 
 DEFAULT_OUT = Path("results/general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
@@ -104,12 +95,6 @@ class TaskPlan:
     key: str
 
 
-def parse_general_tasks(text: str) -> list[str]:
-    """'mmlu, hellaswag' -> ['mmlu', 'hellaswag'] (order kept, duplicates dropped); GeneralSettings
-    refuses an empty list."""
-    return parse_list(text)
-
-
 def run_general(
     refs: list[CheckpointRef],
     tasks: list[str],
@@ -120,16 +105,12 @@ def run_general(
     engine: str = "hf",
     engine_settings: dict[str, Any] | None = None,
     include_path: list[str | Path] | None = None,
-    avg: bool = False,
     too_long: str = "task",
-    progress: Progress = lambda _event: None,
-    on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
-    shard=None,
-    executor=None,
+    **kwargs: Any,
 ) -> EvaluationRun:
     """Score every checkpoint on every task (see the module docstring); writes and returns the results.
-    `shard` and `executor`: see evalkit.sweep."""
+    kwargs: run_benchmark's (avg, progress, on_checkpoint, shard, executor: see evalkit.sweep)."""
     from evalkit.general.catalog import default_include_paths, quiet_logger
 
     include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
@@ -137,26 +118,7 @@ def run_general(
         list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), include_paths, too_long
     )  # validated here, once
     with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
-        return run_benchmark(
-            GeneralBenchmark(settings, log),
-            refs,
-            Path(out),
-            avg=avg,
-            progress=progress,
-            on_checkpoint=on_checkpoint,
-            log=log,
-            shard=shard,
-            executor=executor,
-        )
-
-
-@dataclass(frozen=True)
-class TaskDone:
-    """What a general task's result keeps for the summary: its record and whether it was read back."""
-
-    record: dict[str, Any]
-    resumed: bool
-    file: str  # the record's file, relative to the checkpoint's folder of results (the summary names it)
+        return run_benchmark(GeneralBenchmark(settings, log), refs, Path(out), log=log, **kwargs)
 
 
 class GeneralBenchmark(Benchmark):
@@ -169,19 +131,16 @@ class GeneralBenchmark(Benchmark):
     def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
         self.settings, self.log = settings, log
         self.engine = EngineChoice(settings.engine, settings.engine_settings)
-        self._catalog = None  # the TaskCatalog: lm-eval's start, made by the request's check
         self._plans: dict[str, TaskPlan] = {}
         self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
 
-    @property
+    @cached_property
     def catalog(self):
-        """lm-eval's tasks under the settings' include paths, made once (on first use: after the
-        pipeline's checks, so a request refused there costs no lm-eval start)."""
+        """lm-eval's tasks under the settings' include paths, made on first use: after the pipeline's
+        checks, so a request refused there costs no lm-eval start."""
         from evalkit.general.catalog import TaskCatalog
 
-        if self._catalog is None:
-            self._catalog = TaskCatalog([Path(p) for p in self.settings.include_paths], self.settings.tasks)
-        return self._catalog
+        return TaskCatalog([Path(p) for p in self.settings.include_paths], self.settings.tasks)
 
     def check(self, refs: list[CheckpointRef]) -> None:
         """Every task is one lm-eval knows; whether a task fits the window is known once it runs."""
@@ -202,14 +161,11 @@ class GeneralBenchmark(Benchmark):
 
     def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
         record = _stored_record(store, self.plan(unit))
-        if record is None:
-            return None
-        engine_info = record.get("provenance", {}).get("engine")
-        return UnitResult(_rows(record), TaskDone(record, True, _in_checkpoint(store)), False, engine_info)
+        return None if record is None else _result(record, store, resumed=True)
 
     def evaluate(
         self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress
-    ) -> UnitResult[TaskDone]:
+    ) -> UnitResult[tuple[str, dict]]:
         ref = store.ref
         record = _evaluate_task(
             lambda: self._engine_lm(engine, progress), self.catalog, self.plan(unit), self.settings, store
@@ -224,7 +180,7 @@ class GeneralBenchmark(Benchmark):
                 f"{task} ({ref.run} step {ref.step}): {cut['documents_truncated']} of {cut['documents']} "
                 f"documents cut in the middle to the window of {cut['window']} tokens (--too-long middle)"
             )
-        return UnitResult(_rows(record), TaskDone(record, False, _in_checkpoint(store)))
+        return _result(record, store, resumed=False)
 
     def _engine_lm(self, engine: LazyEngine, progress: UnitProgress):
         """The engine as lm-eval's LM, made once per built engine and only when asked for: a
@@ -241,11 +197,13 @@ class GeneralBenchmark(Benchmark):
         return lm
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
+        import lm_eval
+
         kept = {key: value for key, value in summary.items() if key != "provenance"}  # the tasks before it
         return {
             **kept,
-            "tasks": {done.record["task"]: _task_entry(done) for done in _task_details(results)},
-            "provenance": {**summary["provenance"], "lm_eval_version": _lm_eval_version()},
+            "tasks": dict(result.detail for result in results if result.detail is not None),
+            "provenance": {**summary["provenance"], "lm_eval_version": lm_eval.__version__},
         }
 
     def average(self, rows: list[ResultRow]) -> Averages:
@@ -263,9 +221,20 @@ class GeneralBenchmark(Benchmark):
         return Averages(averages, general_average_table(averages), conditions)
 
 
-def _rows(record: dict[str, Any]) -> list[ResultRow]:
-    """A task record's rows (stored as the summary stores them) as ResultRows."""
-    return [read_row("general", row) for row in record["rows"]]
+def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResult[tuple[str, dict]]:
+    """A task record as the unit's result: its rows, and (the detail) what the checkpoint's summary
+    says of the task: its shots, its record file (relative to the checkpoint's folder of results,
+    as the summary names it), whether it was read back rather than computed."""
+    entry = {
+        **{key: record[key] for key in ("over_window", "truncated_middle") if record.get(key)},
+        "num_fewshot": record["num_fewshot"],
+        "fewshot_source": record["fewshot_source"],
+        "file": store.file(".json").relative_to(store.folder.parent).as_posix(),
+        "resumed": resumed,
+    }
+    rows = [read_row("general", row) for row in record["rows"]]
+    engine_info = record.get("provenance", {}).get("engine") if resumed else None  # no engine was built for it
+    return UnitResult(rows, (record["task"], entry), not resumed, engine_info)
 
 
 # ---------------------------------------------------------------------- checks and plans
@@ -299,6 +268,8 @@ def _evaluate_task(
     engine_lm: Callable[[], Any], catalog, plan: TaskPlan, settings: GeneralSettings, store: UnitStore
 ) -> dict[str, Any]:
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
+    import lm_eval
+
     from evalkit.general.rows import compact_samples, result_rows
 
     with catalog.loading(plan.name):
@@ -328,7 +299,7 @@ def _evaluate_task(
             **stamp(),
             "engine": lm.engine.engine_info(),
             "settings": asdict(settings),
-            "lm_eval_version": _lm_eval_version(),
+            "lm_eval_version": lm_eval.__version__,
             "task_versions": results.get("versions", {}),
         },
     }
@@ -393,31 +364,7 @@ def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
     return record if record.get("key") == plan.key else None
 
 
-def _task_details(results: list[UnitResult]) -> list[TaskDone]:
-    """What each unit's evaluate (or stored) gave the summary: a TaskDone, always."""
-    details = [result.detail for result in results if isinstance(result.detail, TaskDone)]
-    assert len(details) == len(results)  # evaluate and stored give every unit its TaskDone
-    return details
-
-
-def _task_entry(done: TaskDone) -> dict[str, Any]:
-    """What the checkpoint's summary says of one task: its shots, its record file, whether it was resumed."""
-    record = done.record
-    return {
-        **{key: record[key] for key in ("over_window", "truncated_middle") if record.get(key)},
-        "num_fewshot": record["num_fewshot"],
-        "fewshot_source": record["fewshot_source"],
-        "file": done.file,
-        "resumed": done.resumed,
-    }
-
-
 # ---------------------------------------------------------------------- small helpers
-
-
-def _in_checkpoint(store: UnitStore) -> str:
-    """The unit's record file as the summary names it: relative to the checkpoint's folder."""
-    return store.file(".json").relative_to(store.folder.parent).as_posix()
 
 
 def _json(data: Any, indent: int | None = None) -> str:
@@ -425,9 +372,3 @@ def _json(data: Any, indent: int | None = None) -> str:
 
     # lm-eval's results carry numpy numbers and config callables; its own writer serialises them this way.
     return json.dumps(data, indent=indent, default=handle_non_serializable, ensure_ascii=False) + "\n"
-
-
-def _lm_eval_version() -> str:
-    from importlib.metadata import version
-
-    return version("lm_eval")

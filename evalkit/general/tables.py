@@ -59,10 +59,10 @@ def general_checkpoint_table(rows: list[ResultRow]) -> str:
                 row.step,
                 row.task,
                 _metric_label(row.metric, row.filter),
-                _number(row.value),
-                _number(row.stderr),
-                row.n if row.n is not None else "–",
-                _shots(row.num_fewshot),
+                _shown(row.value, "{:.4f}"),
+                _shown(row.stderr, "{:.4f}"),
+                _shown(row.n),
+                _shown(row.num_fewshot),
             )
             for row in headline(rows)
         ],
@@ -80,7 +80,7 @@ def general_average_table(averages: list[dict[str, Any]]) -> str:
                 avg["task"],
                 _metric_label(avg["metric"], avg["filter"]),
                 f"{avg['mean']:.4f} ± {avg['std']:.4f}",
-                _shots(avg["num_fewshot"]),
+                _shown(avg["num_fewshot"]),
             )
             for avg in headline(averages, dict.get)
         ],
@@ -91,9 +91,5 @@ def _metric_label(metric: str, filter_name: str | None) -> str:
     return metric if filter_name == "none" else f"{metric} ({filter_name})"
 
 
-def _number(value: float | None) -> str:
-    return "–" if value is None else f"{value:.4f}"
-
-
-def _shots(num_fewshot: int | None) -> str:
-    return "–" if num_fewshot is None else str(num_fewshot)
+def _shown(value: float | None, form: str = "{}") -> str:
+    return "–" if value is None else form.format(value)
