@@ -58,19 +58,16 @@ def attention_window(config) -> int:
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No loading report or progress bars from transformers: the report would list the LM head the
-    probe leaves out on purpose (weights are checked by `load_pretrained` instead), and
-    run_probe reports its own progress."""
+def _no_progress_bars() -> Iterator[None]:
+    """run_probe reports its own progress: transformers' loading bar would interleave with it. (Its
+    loading report, which would list the LM head left out on purpose, load_pretrained silences.)"""
     from transformers.utils import logging as hf_logging
 
-    verbosity, bars_on = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
+    bars_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        hf_logging.set_verbosity(verbosity)
         if bars_on:
             hf_logging.enable_progress_bar()
 
@@ -108,7 +105,7 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return AutoModel.from_config(config, **common).to(device).eval()
-    with _quiet_transformers():
+    with _no_progress_bars():
         # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
         model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), **common)
     if as_trained(condition, dtype, trained):
