@@ -144,16 +144,8 @@ def _std(values: torch.Tensor) -> float:
 def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
     """Long-form rows for one (condition, dtype, rope, Δ1, length); `column` is set only per-column.
 
-    Rows sum over all layers (`layers` "all"); a model with more than one layer type also gets the
+    Rows sum over `found.layers` ("all"); a model with more than one layer type also gets the
     same rows per layer type."""
-    rows = _rows_over(kind, found, condition, dtype, rope)
-    if len(found.by_layer_type) > 1:
-        for part in found.by_layer_type.values():
-            rows += _rows_over(kind, part, condition, dtype, rope)
-    return rows
-
-
-def _rows_over(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
     base = {
         "kind": kind,
         "condition": condition,
@@ -170,11 +162,15 @@ def _rows_over(kind: str, found: ShiftMeasurement, condition: str, dtype: str, r
         return {"metric": metric, **base, "column": column, "value": value, "std": std}
 
     if kind == "length":
-        return [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first))]
-    rows = [row("attn_diff", found.total, _std(found.per_text_total))]
+        rows = [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first))]
+    else:
+        rows = [row("attn_diff", found.total, _std(found.per_text_total))]
     if kind == "tokens":
         rows += [row("attn_diff_column", float(v), column=j) for j, v in enumerate(found.columns.tolist(), start=1)]
         rows.append(row("first_token_share", found.first_token_share))
+    if len(found.by_layer_type) > 1:  # the parts hold no parts of their own
+        for part in found.by_layer_type.values():
+            rows += measurement_rows(kind, part, condition, dtype, rope)
     return rows
 
 
