@@ -254,7 +254,6 @@ def _notes(plan: ProbePlan, config, windows: dict[int, TokenWindows], requested:
 def _provenance(
     checkpoint: Path,
     config,
-    tokenizer,
     source: TextSource,
     windows: dict[int, TokenWindows],
     plan: ProbePlan,
@@ -270,7 +269,7 @@ def _provenance(
     for length in sorted(windows):
         digest.update(windows[length].ids_NT.numpy().tobytes())
     try:
-        fingerprint = tokenizer_fingerprint(tokenizer)
+        fingerprint = tokenizer_fingerprint(source.tokenizer)
     except (AttributeError, ValueError):  # a slow tokenizer has no backend JSON to hash
         fingerprint = None
     return {
@@ -342,8 +341,7 @@ def run_probe(
     config = load_config(checkpoint)
     check_attention_supported(config, "evalkit probe")  # the one check every command shares
     plan = probe_options.plan(kind, attention_window(config), describe_window(config))
-    tokenizer = load_tokenizer(checkpoint)
-    source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))
+    source = TextSource(load_tokenizer(checkpoint), probe_options.texts, max_length=max(plan.lengths))
     windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
     device = resolve_device(probe_options.device)
 
@@ -352,7 +350,7 @@ def run_probe(
         regimes: list[dict] = []
         rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, regimes)
         summary = summarise(rows)
-        provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
+        provenance = _provenance(checkpoint, config, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
         provenance |= {"trained_precision": trained_regime(checkpoint), "condition_precision": regimes}
         provenance |= {"hub": hub.record()} if hub is not None else {}
