@@ -188,11 +188,11 @@ def _measure_all(
     windows: dict[int, TokenWindows],
     device: torch.device,
     progress: Callable[[str], None] | None,
-    regimes: list[dict],
-) -> list[dict]:
-    """Every condition's rows; `regimes` receives what each condition computed in."""
+    trained: dict | None,
+) -> tuple[list[dict], list[dict]]:
+    """Every condition's rows, and what each condition computed in (`trained`: trained_regime's answer)."""
     rows: list[dict] = []
-    trained = trained_regime(checkpoint)
+    regimes: list[dict] = []
     for condition, dtype in plan.conditions:
         if progress is not None:
             progress(f"loading the {'checkpoint' if condition == 'pretrained' else 'random-init model'} in {dtype}")
@@ -218,7 +218,7 @@ def _measure_all(
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return rows
+    return rows, regimes
 
 
 def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
@@ -347,12 +347,12 @@ def run_probe(
 
     # One writer per directory: two probes into one --out would mix one's markdown with the other's JSON.
     with output_lock(Path(out_dir), leave_no_trace=True):
-        regimes: list[dict] = []
-        rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, regimes)
+        trained = trained_regime(checkpoint)
+        rows, regimes = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, trained)
         summary = summarise(rows)
         provenance = _provenance(checkpoint, config, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
-        provenance |= {"trained_precision": trained_regime(checkpoint), "condition_precision": regimes}
+        provenance |= {"trained_precision": trained, "condition_precision": regimes}
         provenance |= {"hub": hub.record()} if hub is not None else {}
         notes = _notes(plan, config, windows, probe_options.n_texts, source)
         payload = {
