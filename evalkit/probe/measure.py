@@ -58,12 +58,6 @@ class ShiftMeasurement:
         return float(self.columns[0]) / total if total > 0 else 0.0
 
 
-def _check_model(model: torch.nn.Module) -> None:
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation != PROBE_ATTENTION:
-        raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
-
-
 @torch.inference_mode()
 def _measure_one(
     model, token_ids: torch.Tensor, delta1s: list[int], delta2: int, rope: str, block_elements: int
@@ -90,18 +84,15 @@ def _measure_one(
     layers = model.config.num_hidden_layers
     if len(recorder.layer_windows) != layers:
         raise RuntimeError(f"the probe attention ran in {len(recorder.layer_windows)} of {layers} layers")
-    _check_windows(recorder.layer_windows, declared_windows(model.config))
-    return recorder
-
-
-def _check_windows(applied: dict[int, int | None], declared: tuple[int | None, ...]) -> None:
-    """Each layer attended with the window its config declares: else its numbers would be filed under
-    the wrong layer type, or the model slides where the probe assumed it does not."""
-    for layer, window in sorted(applied.items()):
+    # Each layer attended with the window its config declares: else its numbers would be filed under
+    # the wrong layer type, or the model slides where the probe assumed it does not.
+    declared = declared_windows(model.config)
+    for layer, window in sorted(recorder.layer_windows.items()):
         if window != declared[layer]:
             raise RuntimeError(
                 f"layer {layer} attended with sliding_window={window}, but its config declares {declared[layer]}"
             )
+    return recorder
 
 
 def measure_shifts(
@@ -122,7 +113,9 @@ def measure_shifts(
     Each forward pass carries one text at Δ2 and up to `shifts_per_batch` Δ1 copies. Every
     measurement also holds its parts per layer type (`by_layer_type`), which add up to it.
     """
-    _check_model(model)
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation != PROBE_ATTENTION:
+        raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
     delta1s = list(dict.fromkeys(delta1s))  # a repeated Δ1 would be counted twice
     if min([*delta1s, delta2]) < 0:
         raise ValueError(f"position shifts must be non-negative: Δ1 {delta1s}, Δ2 {delta2}")
