@@ -48,15 +48,6 @@ MEASUREMENT = {
 }
 
 
-def attention_window(config) -> int:
-    """The longest sequence the probe measures on this model: the model's window, max_position_embeddings.
-
-    Sliding-window layers do not shorten it: the probe applies each layer's window (a UserError for
-    layer types it does not measure)."""
-    declared_windows(config)
-    return model_window(config)
-
-
 @contextmanager
 def _no_progress_bars() -> Iterator[None]:
     """run_probe reports its own progress: transformers' loading bar would interleave with it. (Its
@@ -340,7 +331,7 @@ def run_probe(
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = load_config(checkpoint)
     check_attention_supported(config, "evalkit probe")  # the one check every command shares
-    plan = probe_options.plan(kind, attention_window(config), describe_window(config))
+    plan = probe_options.plan(kind, model_window(config), describe_window(config))
     source = TextSource(load_tokenizer(checkpoint), probe_options.texts, max_length=max(plan.lengths))
     windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
     device = resolve_device(probe_options.device)
