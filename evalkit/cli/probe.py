@@ -9,15 +9,19 @@ import typer
 from evalkit.cli.app import probe_app
 from evalkit.store.provenance import command_line
 
+RUN_OPTION_NAMES = {"seq": "seq_len", "n": "n_texts"}  # the CLI's short names for run_probe's options
 
-def _probe(kind: str, ckpt: str, out: Path | None, **options) -> None:
+
+def _probe(kind: str, params: dict) -> None:
+    """Run `kind` with a command's parsed parameters (click's `ctx.params`); an option left out is the default."""
     from rich.console import Console
 
     from evalkit.probe import run_probe
 
     console = Console(stderr=True)
+    given = {RUN_OPTION_NAMES.get(name, name): value for name, value in params.items() if value is not None}
+    ckpt, out = given.pop("ckpt"), given.pop("out", None)
     out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name
-    given = {key: value for key, value in options.items() if value is not None}
     result = run_probe(
         kind, ckpt, out_dir, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"), command=command_line(), **given
     )
@@ -46,6 +50,7 @@ def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
     """shift and tokens take the same options: one T, several Δ1."""
 
     def command(
+        ctx: typer.Context,
         ckpt: str = _CKPT,
         texts: str = _TEXTS,
         seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
@@ -59,21 +64,7 @@ def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
         device: str = _DEVICE,
         out: Path = _OUT,
     ) -> None:
-        _probe(
-            kind,
-            ckpt,
-            out,
-            texts=texts,
-            seq_len=seq,
-            n_texts=n,
-            delta2=delta2,
-            delta1=delta1,
-            dtypes=dtypes,
-            rope=rope,
-            random_init=random_init,
-            seed=seed,
-            device=device,
-        )
+        _probe(kind, ctx.params)
 
     command.__doc__ = summary
     probe_app.command(kind)(command)
@@ -93,6 +84,7 @@ _probe_over_texts(
 
 @probe_app.command("length")
 def probe_length(
+    ctx: typer.Context,
     ckpt: str = _CKPT,
     texts: str = _TEXTS,
     lengths: str = typer.Option(
@@ -109,18 +101,4 @@ def probe_length(
     out: Path = _OUT,
 ) -> None:
     """D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right)."""
-    _probe(
-        "length",
-        ckpt,
-        out,
-        texts=texts,
-        lengths=lengths,
-        n_texts=n,
-        delta2=delta2,
-        delta1=delta1,
-        dtypes=dtypes,
-        rope=rope,
-        random_init=random_init,
-        seed=seed,
-        device=device,
-    )
+    _probe("length", ctx.params)

@@ -198,7 +198,8 @@ def probe_attention_forward(
     batch, heads, seq_len, head_dim = query.shape
     if probe_recorder is not None:
         # (ignore: layer_idx is an int; torch types Module attributes as Tensor | Module)
-        probe_recorder.check_inputs(module.layer_idx, query, key, sliding_window)  # type: ignore[arg-type]
+        layer: int = module.layer_idx  # type: ignore[assignment]
+        probe_recorder.check_inputs(layer, query, key, sliding_window)
     # Under the fp32 RoPE variant q and k arrive rotated in FP32: this cast is their one rounding.
     query, key = query.to(value.dtype), key.to(value.dtype)
     scaling = head_dim**-0.5 if scaling is None else scaling
@@ -214,8 +215,7 @@ def probe_attention_forward(
         )
         if probe_recorder is not None:
             first = _first_key_logits(logits, start, key_start, sliding_window)
-            # (ignore: layer_idx is an int; torch types Module attributes as Tensor | Module)
-            probe_recorder.add_block(module.layer_idx, probs, key_start, first)  # type: ignore[arg-type]
+            probe_recorder.add_block(layer, probs, key_start, first)
         values = value[:, :, key_start:stop].unsqueeze(2)
         out = torch.matmul(_grouped(probs, kv_heads), values)
         out_BHSD[:, :, start:stop] = out.reshape(batch, heads, stop - start, head_dim)

@@ -14,6 +14,7 @@ sliding_attention), and the types add up to the total.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -57,16 +58,6 @@ class ShiftMeasurement:
         return float(self.columns[0]) / total if total > 0 else 0.0
 
 
-def _shift_batches(delta1s: Sequence[int], per_batch: int) -> list[list[int]]:
-    return [list(delta1s[i : i + per_batch]) for i in range(0, len(delta1s), per_batch)]
-
-
-def _check_model(model: torch.nn.Module) -> None:
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation != PROBE_ATTENTION:
-        raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
-
-
 @torch.inference_mode()
 def _measure_one(
     model, token_ids: torch.Tensor, delta1s: list[int], delta2: int, rope: str, block_elements: int
@@ -93,18 +84,15 @@ def _measure_one(
     layers = model.config.num_hidden_layers
     if len(recorder.layer_windows) != layers:
         raise RuntimeError(f"the probe attention ran in {len(recorder.layer_windows)} of {layers} layers")
-    _check_windows(recorder.layer_windows, declared_windows(model.config))
-    return recorder
-
-
-def _check_windows(applied: dict[int, int | None], declared: tuple[int | None, ...]) -> None:
-    """Each layer attended with the window its config declares: else its numbers would be filed under
-    the wrong layer type, or the model slides where the probe assumed it does not."""
-    for layer, window in sorted(applied.items()):
+    # Each layer attended with the window its config declares: else its numbers would be filed under
+    # the wrong layer type, or the model slides where the probe assumed it does not.
+    declared = declared_windows(model.config)
+    for layer, window in sorted(recorder.layer_windows.items()):
         if window != declared[layer]:
             raise RuntimeError(
                 f"layer {layer} attended with sliding_window={window}, but its config declares {declared[layer]}"
             )
+    return recorder
 
 
 def measure_shifts(
@@ -125,63 +113,45 @@ def measure_shifts(
     Each forward pass carries one text at Δ2 and up to `shifts_per_batch` Δ1 copies. Every
     measurement also holds its parts per layer type (`by_layer_type`), which add up to it.
     """
-    _check_model(model)
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation != PROBE_ATTENTION:
+        raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
     delta1s = list(dict.fromkeys(delta1s))  # a repeated Δ1 would be counted twice
     if min([*delta1s, delta2]) < 0:
         raise ValueError(f"position shifts must be non-negative: Δ1 {delta1s}, Δ2 {delta2}")
     n_texts, seq_len = texts_NT.shape
-    sums = _Sums(n_texts, seq_len)
+    # Keyed by (layers, Δ1): the mean of the columns over the texts, each text's total and D_logit.
+    columns: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(seq_len, dtype=torch.float64))
+    totals: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(n_texts, dtype=torch.float64))
+    logits: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(n_texts, dtype=torch.float64))
     layer_windows: dict[int, int | None] = {}
     with rope_precision(model, rope):
         for text_index, token_ids in enumerate(texts_NT):
             if progress is not None:
                 progress(f"text {text_index + 1}/{n_texts} ({seq_len} tokens)")
-            for shifts in _shift_batches(delta1s, shifts_per_batch):
+            for start in range(0, len(delta1s), shifts_per_batch):
+                shifts = delta1s[start : start + shifts_per_batch]
                 recorder = _measure_one(model, token_ids, shifts, delta2, rope, block_elements)
                 layer_windows = recorder.layer_windows
-                groups = {"all": None, **recorder.layers_of_type()}
-                for layers, chosen in groups.items():
+                for layers, chosen in {"all": None, **recorder.layers_of_type()}.items():
                     normalised = recorder.normalised_columns(chosen).cpu()
                     first_logit = recorder.first_logit_means(chosen).cpu()
                     for k, delta1 in enumerate(shifts):
-                        sums.add(layers, delta1, text_index, normalised[k], first_logit[k])
+                        columns[layers, delta1] += normalised[k] / n_texts
+                        totals[layers, delta1][text_index] = normalised[k].sum()
+                        logits[layers, delta1][text_index] = first_logit[k]
+
+    def measurement(layers: str, delta1: int, **parts) -> ShiftMeasurement:
+        key = (layers, delta1)
+        return ShiftMeasurement(delta1, delta2, seq_len, columns[key], totals[key], logits[key], layers, **parts)
+
     types = sorted({layer_type(window) for window in layer_windows.values()})
-    measurements = []
-    for d in delta1s:
-        parts = {name: sums.measurement(name, d, delta2) for name in types}
-        measurements.append(sums.measurement("all", d, delta2, parts, dict(layer_windows)))
-    return measurements
-
-
-class _Sums:
-    """Running means of the columns and per-text totals, keyed by (layers, Δ1)."""
-
-    def __init__(self, n_texts: int, seq_len: int) -> None:
-        self.n_texts, self.seq_len = n_texts, seq_len
-        self.columns: dict[tuple[str, int], torch.Tensor] = {}
-        self.totals: dict[tuple[str, int], torch.Tensor] = {}
-        self.logits: dict[tuple[str, int], torch.Tensor] = {}
-
-    def add(self, layers: str, delta1: int, text: int, columns: torch.Tensor, first_logit: torch.Tensor) -> None:
-        key = (layers, delta1)
-        if key not in self.columns:
-            self.columns[key] = torch.zeros(self.seq_len, dtype=torch.float64)
-            self.totals[key] = torch.zeros(self.n_texts, dtype=torch.float64)
-            self.logits[key] = torch.zeros(self.n_texts, dtype=torch.float64)
-        self.columns[key] += columns / self.n_texts
-        self.totals[key][text] = columns.sum()
-        self.logits[key][text] = first_logit
-
-    def measurement(self, layers, delta1, delta2, parts=None, windows=None) -> ShiftMeasurement:
-        key = (layers, delta1)
-        return ShiftMeasurement(
-            delta1=delta1,
-            delta2=delta2,
-            seq_len=self.seq_len,
-            columns=self.columns[key],
-            per_text_total=self.totals[key],
-            per_text_logit_first=self.logits[key],
-            layers=layers,
-            by_layer_type=parts or {},
-            layer_windows=windows or {},
+    return [
+        measurement(
+            "all",
+            delta1,
+            by_layer_type={name: measurement(name, delta1) for name in types},
+            layer_windows=dict(layer_windows),
         )
+        for delta1 in delta1s
+    ]

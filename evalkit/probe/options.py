@@ -109,16 +109,15 @@ class ProbeOptions:
             raise UserError(f"--{option}: a length must be at least 2 tokens, got {length}")
         return length
 
-    def plan(self, kind: str, window: int, window_words: str | None = None) -> ProbePlan:
-        """What one probe kind will run on a model with this window; `window_words` says it in messages
-        (default "<window>-token window"; run_probe names the sliding layers too)."""
-        kind = check_kind(kind)
+    def plan(self, kind: str, window: int, window_words: str) -> ProbePlan:
+        """What one probe kind (checked by run_probe) will run on a model with this window; `window_words`
+        says it in messages (windows.describe_window)."""
         if kind == "length" and self.seq_len is not None:
             raise UserError("--seq does not apply to `probe length`: give --lengths")
         if kind != "length" and self.lengths is not None:
             raise UserError(f"--lengths applies to `probe length` only: give `probe {kind}` one --seq")
         delta1 = self.delta1 if self.delta1 is not None else (PAPER_DELTA1 if kind == "shift" else (0,))
-        lengths, notes = self._lengths(kind, window, window_words or f"{window}-token window")
+        lengths, notes = self._lengths(kind, window, window_words)
         return ProbePlan(
             kind=kind,
             delta1=delta1,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from evalkit.files import write_figure
+from evalkit.files import new_figure, write_figure
 from evalkit.markdown import markdown_table
 from evalkit.store.provenance import provenance_lines
 
@@ -59,11 +59,11 @@ def _prefer(values: Iterable, order: Sequence) -> object | None:
 
 
 def _reference_series(
-    rows: list[Row], metric: str, dtypes: Sequence[str] = LOW_PRECISION_ORDER
+    rows: list[Row], metric: str, dtypes: Sequence[str] = LOW_PRECISION_ORDER, condition: str = "pretrained"
 ) -> tuple[dict, list[Row]] | None:
-    """The series the summary speaks about: pretrained, lowest precision, rope=cast, Δ1=0 where measured;
+    """The series the summary speaks about: `condition`, lowest precision, rope=cast, Δ1=0 where measured;
     as (its dtype, rope and delta1, its rows)."""
-    candidates = _select(rows, metric=metric, condition="pretrained")
+    candidates = _select(rows, metric=metric, condition=condition)
     dtype = _prefer((row["dtype"] for row in candidates), dtypes)
     candidates = _select(candidates, dtype=dtype)
     rope = _prefer((row["rope"] for row in candidates), ("cast", "fp32"))
@@ -146,24 +146,15 @@ def logit_growth(rows: list[Row]) -> dict | None:
 def pretraining_amplification(rows: list[Row]) -> dict | None:
     """D of the checkpoint over D of the same architecture freshly initialised (both BF16), where measured."""
     for metric in ("attn_diff", "logit_diff_first"):
-        random_rows = _select(rows, metric=metric, condition="random_init")
-        if not random_rows:
+        found = _reference_series(rows, metric, condition="random_init")
+        if found is None:
             continue
-        dtype, rope = random_rows[0]["dtype"], _prefer((row["rope"] for row in random_rows), ("cast", "fp32"))
-        series = [r for r in _select(random_rows, rope=rope) if r["delta1"] != r["delta2"]]
-        delta1 = _prefer((row["delta1"] for row in series), (0,))
-        if delta1 is None:
-            continue
-        length = max(row["length"] for row in _select(series, delta1=delta1))
-        match = dict(metric=metric, dtype=dtype, rope=rope, delta1=delta1, length=length)
+        where, series = found
+        match = {"metric": metric, **where, "length": max(row["length"] for row in series)}
         trained, fresh = _select(rows, condition="pretrained", **match), _select(rows, condition="random_init", **match)
         if trained and fresh:
             return {
-                "metric": metric,
-                "dtype": dtype,
-                "rope": rope,
-                "delta1": delta1,
-                "length": length,
+                **match,
                 "pretrained": trained[0]["value"],
                 "random_init": fresh[0]["value"],
                 "ratio": _ratio(trained[0]["value"], fresh[0]["value"]),
@@ -455,8 +446,6 @@ def _plot_length(axes, rows: list[Row]) -> None:
 
 def write_plots(kind: str, rows: list[Row], stem: Path) -> list[Path]:
     """The kind's panel of the paper's Figure 1 as `stem`.png and `stem`.svg; returns their paths."""
-    from evalkit.files import new_figure
-
     figure, axes = new_figure(7, 4.5)
     rows = over_all_layers(rows)
     {"shift": _plot_shift, "tokens": _plot_tokens, "length": _plot_length}[kind](axes, rows)

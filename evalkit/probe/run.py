@@ -48,29 +48,17 @@ MEASUREMENT = {
 }
 
 
-def attention_window(config) -> int:
-    """The longest sequence the probe measures on this model: the model's window, max_position_embeddings.
-
-    Sliding-window layers do not shorten it: the probe applies each layer's window (a UserError for
-    layer types it does not measure)."""
-    declared_windows(config)
-    return model_window(config)
-
-
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No loading report or progress bars from transformers: the report would list the LM head the
-    probe leaves out on purpose (weights are checked by `load_pretrained` instead), and
-    run_probe reports its own progress."""
+def _no_progress_bars() -> Iterator[None]:
+    """run_probe reports its own progress: transformers' loading bar would interleave with it. (Its
+    loading report, which would list the LM head left out on purpose, load_pretrained silences.)"""
     from transformers.utils import logging as hf_logging
 
-    verbosity, bars_on = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
+    bars_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        hf_logging.set_verbosity(verbosity)
         if bars_on:
             hf_logging.enable_progress_bar()
 
@@ -108,7 +96,7 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return AutoModel.from_config(config, **common).to(device).eval()
-    with _quiet_transformers():
+    with _no_progress_bars():
         # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
         model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), **common)
     if as_trained(condition, dtype, trained):
@@ -147,16 +135,8 @@ def _std(values: torch.Tensor) -> float:
 def measurement_rows(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
     """Long-form rows for one (condition, dtype, rope, Δ1, length); `column` is set only per-column.
 
-    Rows sum over all layers (`layers` "all"); a model with more than one layer type also gets the
+    Rows sum over `found.layers` ("all"); a model with more than one layer type also gets the
     same rows per layer type."""
-    rows = _rows_over(kind, found, condition, dtype, rope)
-    if len(found.by_layer_type) > 1:
-        for part in found.by_layer_type.values():
-            rows += _rows_over(kind, part, condition, dtype, rope)
-    return rows
-
-
-def _rows_over(kind: str, found: ShiftMeasurement, condition: str, dtype: str, rope: str) -> list[dict]:
     base = {
         "kind": kind,
         "condition": condition,
@@ -173,11 +153,15 @@ def _rows_over(kind: str, found: ShiftMeasurement, condition: str, dtype: str, r
         return {"metric": metric, **base, "column": column, "value": value, "std": std}
 
     if kind == "length":
-        return [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first))]
-    rows = [row("attn_diff", found.total, _std(found.per_text_total))]
+        rows = [row("logit_diff_first", found.logit_first, _std(found.per_text_logit_first))]
+    else:
+        rows = [row("attn_diff", found.total, _std(found.per_text_total))]
     if kind == "tokens":
         rows += [row("attn_diff_column", float(v), column=j) for j, v in enumerate(found.columns.tolist(), start=1)]
         rows.append(row("first_token_share", found.first_token_share))
+    if len(found.by_layer_type) > 1:  # the parts hold no parts of their own
+        for part in found.by_layer_type.values():
+            rows += measurement_rows(kind, part, condition, dtype, rope)
     return rows
 
 
@@ -195,11 +179,11 @@ def _measure_all(
     windows: dict[int, TokenWindows],
     device: torch.device,
     progress: Callable[[str], None] | None,
-    regimes: list[dict],
-) -> list[dict]:
-    """Every condition's rows; `regimes` receives what each condition computed in."""
+    trained: dict | None,
+) -> tuple[list[dict], list[dict]]:
+    """Every condition's rows, and what each condition computed in (`trained`: trained_regime's answer)."""
     rows: list[dict] = []
-    trained = trained_regime(checkpoint)
+    regimes: list[dict] = []
     for condition, dtype in plan.conditions:
         if progress is not None:
             progress(f"loading the {'checkpoint' if condition == 'pretrained' else 'random-init model'} in {dtype}")
@@ -225,7 +209,7 @@ def _measure_all(
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return rows
+    return rows, regimes
 
 
 def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
@@ -261,7 +245,6 @@ def _notes(plan: ProbePlan, config, windows: dict[int, TokenWindows], requested:
 def _provenance(
     checkpoint: Path,
     config,
-    tokenizer,
     source: TextSource,
     windows: dict[int, TokenWindows],
     plan: ProbePlan,
@@ -277,7 +260,7 @@ def _provenance(
     for length in sorted(windows):
         digest.update(windows[length].ids_NT.numpy().tobytes())
     try:
-        fingerprint = tokenizer_fingerprint(tokenizer)
+        fingerprint = tokenizer_fingerprint(source.tokenizer)
     except (AttributeError, ValueError):  # a slow tokenizer has no backend JSON to hash
         fingerprint = None
     return {
@@ -348,20 +331,19 @@ def run_probe(
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
     config = load_config(checkpoint)
     check_attention_supported(config, "evalkit probe")  # the one check every command shares
-    plan = probe_options.plan(kind, attention_window(config), describe_window(config))
-    tokenizer = load_tokenizer(checkpoint)
-    source = TextSource(tokenizer, probe_options.texts, max_length=max(plan.lengths))
+    plan = probe_options.plan(kind, model_window(config), describe_window(config))
+    source = TextSource(load_tokenizer(checkpoint), probe_options.texts, max_length=max(plan.lengths))
     windows = {length: source.windows(length, probe_options.n_texts) for length in plan.lengths}
     device = resolve_device(probe_options.device)
 
     # One writer per directory: two probes into one --out would mix one's markdown with the other's JSON.
     with output_lock(Path(out_dir), leave_no_trace=True):
-        regimes: list[dict] = []
-        rows = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, regimes)
+        trained = trained_regime(checkpoint)
+        rows, regimes = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, trained)
         summary = summarise(rows)
-        provenance = _provenance(checkpoint, config, tokenizer, source, windows, plan, probe_options, device)
+        provenance = _provenance(checkpoint, config, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
-        provenance |= {"trained_precision": trained_regime(checkpoint), "condition_precision": regimes}
+        provenance |= {"trained_precision": trained, "condition_precision": regimes}
         provenance |= {"hub": hub.record()} if hub is not None else {}
         notes = _notes(plan, config, windows, probe_options.n_texts, source)
         payload = {

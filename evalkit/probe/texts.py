@@ -28,10 +28,9 @@ TEXT_FIELD = "text"
 
 @dataclass(frozen=True)
 class TokenWindows:
-    """N windows of `length` token ids, and how many texts were too short to give one."""
+    """N windows of T token ids, and how many texts were too short to give one."""
 
     ids_NT: torch.Tensor
-    length: int
     skipped_short: int
 
     @property
@@ -108,7 +107,7 @@ class TextSource:
                 f"no text in {self.path} has {length} tokens (the longest has {longest}): use a smaller length"
             )
         chosen = long_enough[:count]
-        return TokenWindows(torch.tensor(chosen, dtype=torch.long), length, len(self._texts) - len(long_enough))
+        return TokenWindows(torch.tensor(chosen, dtype=torch.long), len(self._texts) - len(long_enough))
 
     def _extend_stream(self, tokens_needed: int) -> None:
         separator = self.tokenizer("\n\n", add_special_tokens=False)["input_ids"]
@@ -133,4 +132,4 @@ class TextSource:
                 "use a smaller length or a longer texts file"
             )
         windows = [self.prefix + self._stream[i * body : (i + 1) * body] for i in range(available)]
-        return TokenWindows(torch.tensor(windows, dtype=torch.long), length, 0)
+        return TokenWindows(torch.tensor(windows, dtype=torch.long), 0)

@@ -17,7 +17,11 @@ MEASURED_LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 
 
 def model_window(config) -> int:
-    """The longest sequence the model takes: max_position_embeddings."""
+    """The longest sequence the probe measures on this model: the model's window, max_position_embeddings.
+
+    Sliding-window layers do not shorten it: the probe applies each layer's window (a UserError for
+    layer types it does not measure)."""
+    declared_windows(config)
     window = getattr(config, "max_position_embeddings", None)
     if not window:
         raise UserError(f"the checkpoint's config ({config.model_type}) states no max_position_embeddings")

@@ -5,7 +5,7 @@ import torch
 from transformers import MistralConfig, Qwen2Config
 
 from evalkit.probe import measure_shifts
-from evalkit.probe.run import attention_window
+from evalkit.probe.windows import model_window
 from tests.helpers import probe_config, probe_model
 
 CONFIGS = {"qwen2": lambda: probe_config("qwen2"), "mistral": lambda: probe_config("mistral")}
@@ -29,6 +29,6 @@ def test_probe_runs_and_matches_eager_attention(family, texts):
 
 
 def test_sliding_windows_do_not_bound_the_probe_the_model_window_does():
-    assert attention_window(MistralConfig(sliding_window=32, max_position_embeddings=128)) == 128
-    assert attention_window(MistralConfig(sliding_window=None, max_position_embeddings=128)) == 128
-    assert attention_window(Qwen2Config(max_position_embeddings=512)) == 512
+    assert model_window(MistralConfig(sliding_window=32, max_position_embeddings=128)) == 128
+    assert model_window(MistralConfig(sliding_window=None, max_position_embeddings=128)) == 128
+    assert model_window(Qwen2Config(max_position_embeddings=512)) == 512
