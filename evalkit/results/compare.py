@@ -433,7 +433,6 @@ def effective_length(boot: Bootstrap, name: str, threshold: float) -> EffectiveL
 
 
 def records(comparison: Comparison) -> dict:
-    """The comparison as JSON-ready records."""
     return {
         "seed": comparison.seed,
         "replicates": comparison.replicates,

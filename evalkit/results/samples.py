@@ -174,10 +174,8 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
 def checkpoint_identity(summary: dict) -> str | None:
     """What identifies the weights a summary scored, so that two series of one checkpoint (two
     encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
-    are called: the fingerprint of the weights the summary records (provenance.weights, the one
-    merge checks shards by). Summaries written before it: the nearest they hold, the checkpoint's
-    resolved path, its step and what its meta.json recorded (a checkpoint retrained in place
-    changes the latter). None where the summary names no checkpoint (then no pairing by checkpoint)."""
+    are called: provenance.weights (what merge checks shards by). Summaries written before it: its
+    resolved path, step and meta.json record (changed by retraining in place). None: no checkpoint."""
     provenance = summary.get("provenance") or {}
     if provenance.get("weights"):
         return f"weights:{provenance['weights']}"
