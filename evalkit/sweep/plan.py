@@ -27,9 +27,6 @@ class Shard:
     index: int
     count: int
 
-    def label(self) -> str:
-        return f"{self.index}/{self.count}"
-
 
 # Job-array schedulers whose task's place in its array is read from the environment (--shard slurm):
 # (task id, first id, step, count or None, last id or None). Slurm gives the count; SGE the last id.
