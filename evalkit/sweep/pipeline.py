@@ -43,15 +43,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 @dataclass
 class UnitResult(Generic[Detail]):
-    """What scoring one unit produced: its long-form rows, what the benchmark's summary keeps of it
-    (`detail`, of the benchmark's own type: RULER's data key, a general task's record), whether
-    anything was computed now, and the engine that computed it when the result was read back from
-    disk (no engine is built for a stored result)."""
+    """What scoring one unit produced. `detail`: what the benchmark's summary keeps of it, of its own
+    type (RULER's data key, a general task's record)."""
 
     rows: list[ResultRow]
     detail: Detail | None = None
-    computed: bool = True
-    stored_engine_info: dict[str, Any] | None = None
+    computed: bool = True  # False: read back from disk
+    stored_engine_info: dict[str, Any] | None = None  # read back: the engine that computed it (none is built)
 
 
 @dataclass

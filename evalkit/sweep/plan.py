@@ -92,12 +92,10 @@ class Outcome:
 
 @dataclass
 class CheckpointWork:
-    """One checkpoint's share: the units it evaluates here (in the benchmark's order), their
-    index among all its units (for merging shards back into that order), what was computed
-    elsewhere, and what its summary records of the plan."""
+    """One checkpoint's share of the plan (what its summary records of it: provenance)."""
 
-    units: list  # list[Unit]
-    positions: dict  # Unit -> index in benchmark.units()
+    units: list  # list[Unit]: those evaluated here, in the benchmark's order
+    positions: dict  # Unit -> index in benchmark.units(), to merge shards back into that order
     shard: dict[str, Any] | None = None
     outcomes: dict = field(default_factory=dict)  # Unit -> Outcome
     # An error that ended this checkpoint's units elsewhere (a broken checkpoint on a Ray worker):
