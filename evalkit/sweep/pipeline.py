@@ -231,7 +231,11 @@ def run_benchmark(
     if failed and len(refs) == 1 and first_error is not None:
         raise first_error  # no sweep to go on with: the error itself, as for any command
     if failed:
-        raise UserError(_failures_message(failed, len(refs), out))
+        first = failed[0]
+        raise UserError(
+            f"{len(failed)} of {len(refs)} checkpoints failed (each recorded as {failed_name(first['benchmark'])} "
+            f"under {out}, the others evaluated); first: {first['run']} step {first['step']}: {first['reason']}"
+        )
     return run
 
 
@@ -246,14 +250,6 @@ def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exc
     record.update(reason=reason, provenance={**stamp(), "command": command_line()})
     atomic_write_json(CheckpointFiles(out, ref, benchmark.name).failed, record)
     return record
-
-
-def _failures_message(failed: list[dict[str, Any]], total: int, out: Path) -> str:
-    first = failed[0]
-    return (
-        f"{len(failed)} of {total} checkpoints failed (each recorded as {failed_name(first['benchmark'])} under "
-        f"{out}, the others evaluated); first: {first['run']} step {first['step']}: {first['reason']}"
-    )
 
 
 def evaluate_checkpoint(
