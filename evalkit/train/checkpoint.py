@@ -221,15 +221,11 @@ def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
 def export_checkpoint(
     source: str | Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *, overwrite: bool = False
 ) -> Path:
-    """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state.
-
-    config.json, the tokenizer, generation_config.json and meta.json are copied as they are (the
-    config's dtype is updated), so evaluators read the copy exactly like the original. Written
-    to a temporary directory beside the destination and renamed: the destination is never
-    half-written, and a failed export leaves nothing behind. A destination is replaced only if
-    it is empty or, with `overwrite`, an earlier evalkit checkpoint: never a user's own files.
-    A hub name's snapshot (no meta.json of its own) gets one recording its repo, revision and commit.
-    """
+    """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state, the rest
+    copied as it is (config.json's dtype updated), so evaluators read the copy like the original.
+    Built beside the destination and renamed: never half-written, nothing left by a failure. A
+    destination is replaced only if empty or, with `overwrite`, an earlier evalkit checkpoint. A
+    hub name's snapshot (no meta.json of its own) gets one recording its repo, revision and commit."""
     (source, hub), destination = checkpoint_source(str(source)), Path(destination)
     if not (source / META).is_file() and hub is None:
         raise UserError(f"{source} is not a complete checkpoint (no {META})")

@@ -92,14 +92,11 @@ class BuiltinSource:
 class JsonlSource:
     """One JSON object per line with a text field (and optionally a domain field).
 
-    The whole file is checked when the source opens, before any training: every non-blank line
-    must be UTF-8, parse as JSON, be an object and hold the text field as a string. A fault found
-    lazily at step N would stop a run that has already written metrics and checkpoints, and a
-    record without the field would train on an empty document unnoticed. It is one streaming
-    pass (a line at a time, memory flat whatever the size), the pass the source makes anyway
-    for its line offsets and content hash; parsing a line costs far less than tokenizing and
-    training on it, so even a file of many GB is checked in a small share of the run's time.
-    The same pass collects the domains (anchor_tag's tags).
+    The whole file is checked when the source opens: every non-blank line must be UTF-8 JSON, an
+    object, its text field a string. A fault found lazily at step N would stop a run that has
+    already written checkpoints, and a record without the field would train on an empty document
+    unnoticed. It is the one streaming pass (memory flat) the source makes anyway for its line
+    offsets, content hash and domains; parsing costs far less than tokenizing and training on it.
     """
 
     def __init__(self, path: Path, text_field: str, domain_field: str):
@@ -312,7 +309,6 @@ class WindowStream:
         self._orders: dict[int, torch.Tensor] = {}
 
     def _order(self, epoch: int) -> torch.Tensor:
-        """Epoch `epoch`'s document order: a permutation seeded by (seed, epoch)."""
         if epoch not in self._orders:
             generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}

@@ -62,11 +62,8 @@ def shutdown(ctx: DistContext) -> None:
 
 
 def open_io_group(ctx: DistContext, timeout_minutes: float) -> None:
-    """A CPU (gloo) group over all ranks for waiting on rank 0's file work, with its own timeout.
-
-    NCCL's watchdog watches only NCCL collectives: a rank blocked in this group's barrier has none
-    in flight, so a save or a read lasting longer than the training group's timeout trips nothing.
-    """
+    """A CPU (gloo) group over all ranks, with its own timeout, for waits on rank 0's file work:
+    NCCL's watchdog sees no NCCL collective in flight on a rank blocked in it (module docstring)."""
     if ctx.distributed and ctx.io_group is None:
         ctx.io_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
 

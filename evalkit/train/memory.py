@@ -198,7 +198,6 @@ def estimate(config: TrainConfig, arch: Architecture, gpus: int) -> MemoryEstima
 
 
 def report(config: TrainConfig, arch: Architecture, gpus: int) -> str:
-    """The estimate as a few lines of text."""
     est = estimate(config, arch, gpus)
     tokens = config.micro_batch * config.seq_len
     lines = [
