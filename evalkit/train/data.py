@@ -294,14 +294,12 @@ class WindowStream:
         domain_tags: dict[str, int] | None = None,
         window_start: str = "bos",
     ):
-        if tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
-            raise UserError("the tokenizer has neither a BOS nor an EOS token; packing needs one")
         if len(source) == 0:
             raise UserError("the data source has no documents")
         self.source, self.tokenizer, self.paradigm = source, tokenizer, paradigm
         self.seq_len, self.seed, self.window_start = seq_len, seed, window_start
-        # The anchor is the BOS; tokenizers without one (Qwen) use EOS, as the paper does: the one rule
-        # of every anchor (evalkit.attention.anchor), recorded in the checkpoints' meta.json.
+        # The anchor's one rule (BOS, else EOS: evalkit.attention.anchor), which also refuses a
+        # tokenizer with neither.
         self.bos_id = anchor_token_id(tokenizer)
         self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
         self.domain_tags = domain_tags or {}
