@@ -128,9 +128,6 @@ class WorkPlan:
     checkpoints: list[tuple[CheckpointRef, CheckpointWork]]
     shard: dict[str, Any] | None = None
 
-    def refs(self) -> list[CheckpointRef]:
-        return [ref for ref, _ in self.checkpoints]
-
 
 def plan_work(benchmark, refs: list[CheckpointRef], shard: Shard | None = None) -> WorkPlan:
     units = benchmark.units()

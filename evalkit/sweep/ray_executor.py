@@ -55,10 +55,11 @@ class RayExecutor:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
         back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status): groups done and
         each worker's samples/s, every 10 s."""
-        ray = _import_ray()
+        import ray  # evalkit.sweep.options.make_executor checked that it is installed
+
         started_here = self._connect(ray)
         try:
-            resources = task_resources(ray, benchmark, [ref.path for ref in work.refs()], self.resources)
+            resources = task_resources(ray, benchmark, [ref.path for ref, _ in work.checkpoints], self.resources)
             slots = concurrent_copies(_alive_nodes(ray), resources)
             groups = plan_groups(benchmark, work, out, slots)
             if groups:
@@ -337,14 +338,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__} within "
             f"{timeout_s:.0f} s); check --ray-address (the head node's HOST:PORT, as `ray start --head` printed it)"
         ) from None
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UserError("--executor ray needs Ray: pip install 'evalkit[ray]'") from None
-    return ray
 
 
 def _for_workers(benchmark):
