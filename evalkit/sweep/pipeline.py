@@ -294,7 +294,7 @@ def evaluate_checkpoint(
                 log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {why.reason}")
         engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
         if engine_info is None and work is not None:  # computed on a Ray worker
-            engine_info = work.engine_info()
+            engine_info = next((o.engine_info for o in work.outcomes.values() if o.engine_info), None)
     earlier = read_summary(files.summary)
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
         engine_info = (earlier.get("provenance") or {}).get("engine")

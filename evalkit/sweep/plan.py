@@ -117,9 +117,6 @@ class CheckpointWork:
             record["answered_by"] = workers
         return record
 
-    def engine_info(self) -> dict[str, Any] | None:
-        return next((o.engine_info for o in self.outcomes.values() if o.engine_info), None)
-
 
 @dataclass
 class WorkPlan:
