@@ -37,6 +37,7 @@ from evalkit.errors import Skipped, UserError
 from evalkit.files import disk_full_error
 from evalkit.store.sample_log import HERE, Writer
 from evalkit.store.units import UnitStore
+from evalkit.sweep.engine_choice import LazyEngine
 from evalkit.sweep.plan import Outcome, WorkPlan, assign_shards
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
@@ -207,30 +208,24 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, attempt: in
     # start more workers than the cluster has CPUs.
     inbox.started.remote(name, worker)
     writer = Handover(Path(out), lambda kind, rel, text: inbox.write.remote(name, attempt, kind, rel, text))
+    outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
     try:
-        return _evaluate_units(benchmark, ref, units, Path(out), name, inbox, open_engine, worker, writer)
+        with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
+            for unit in units:
+                began = time.monotonic()
+                report = lambda done, total, u=unit: inbox.progress.remote(name, u.label(), done, total)  # noqa: E731
+                try:
+                    store = UnitStore(Path(out), ref, benchmark.name, unit, writer)
+                    result = benchmark.evaluate(engine, unit, store, report)
+                    outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
+                except Skipped as why:  # a user error: recorded, never retried
+                    outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
+            engine_info = engine.info()
+        return outcomes, engine_info
     finally:
         # Waited for at the end (its engine closed, so lending its CPU costs nothing): Ray runs one
         # caller's calls to an actor in order, so every write above is in the inbox before the task ends.
         ray.get(inbox.flush.remote())
-
-
-def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, inbox, open_engine, worker: dict, writer):
-    from evalkit.sweep.engine_choice import LazyEngine
-
-    outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
-    with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
-        for unit in units:
-            began = time.monotonic()
-            report = lambda done, total, u=unit: inbox.progress.remote(name, u.label(), done, total)  # noqa: E731
-            try:
-                store = UnitStore(out, ref, benchmark.name, unit, writer)
-                result = benchmark.evaluate(engine, unit, store, report)
-                outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
-            except Skipped as why:  # a user error: recorded, never retried
-                outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
-        engine_info = engine.info()
-    return outcomes, engine_info
 
 
 class Inbox:
