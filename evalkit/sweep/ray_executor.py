@@ -45,9 +45,7 @@ STATUS_EVERY_S = 10.0  # the driver's progress line
 
 
 class RayExecutor:
-    """`resources`: what each group's task asks of Ray (parse_ray_resources; --ray-resources), the rest
-    task_resources' default: one CPU, the GPUs of its tensor-parallel size, and on a CPU cluster the
-    memory its model needs, so that a node runs only as many model copies as fit in its memory."""
+    """`resources`: what each group's task asks of Ray (--ray-resources); task_resources fills the rest."""
 
     def __init__(self, address: str | None = None, resources: dict[str, float] | None = None, **init_options: Any):
         self.address, self.resources, self.init_options = address, resources, init_options
@@ -191,7 +189,6 @@ class Handover(Writer):
 
 
 def write_handed_over(out: Path, kind: str, rel: str, text: str) -> None:
-    """The driver writes a worker's write into its own --out."""
     if Path(rel).is_absolute() or ".." in Path(rel).parts or kind not in ("text", "append"):
         raise RuntimeError(f"a worker handed over a write evalkit does not make: {kind} {rel}")
     (HERE.text if kind == "text" else HERE.append)(out / rel, text)
@@ -459,6 +456,6 @@ def _asked(resources: dict[str, float]) -> str:
 
 def _describe(ray) -> str:
     resources = ray.cluster_resources()
-    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    nodes = len(_alive_nodes(ray))
     gpus = f", {int(resources['GPU'])} GPUs" if resources.get("GPU") else ""
     return f"{nodes} node(s), {int(resources.get('CPU', 0))} CPUs{gpus}"
