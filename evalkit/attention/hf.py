@@ -92,14 +92,11 @@ def _rope_precision_hook(precision: str):
 
 
 def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
-    """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast.
-
-    transformers' rotary module returns cos/sin in the dtype of the hidden states it is given:
-    fp32 with fp32 master weights, whatever autocast does, and bf16 in a bf16 model (bf16_full).
-    Hooks on that module set their dtype instead (for fp32 in a bf16 model, the module is handed
-    an fp32 stand-in first, so nothing is rounded on the way), so the setting holds for every
-    architecture built on it (Llama, Qwen2, Mistral), in every layer, without patched model files.
-    """
+    """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast. transformers'
+    rotary module returns cos/sin in the dtype of the hidden states it is given (fp32 with fp32
+    master weights whatever autocast does, bf16 in a bf16 model); hooks on it set their dtype
+    instead (_fp32_angles: nothing rounded on the way), so the setting holds for every architecture
+    built on it (Llama, Qwen2, Mistral), in every layer, without patched model files."""
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
     modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]

@@ -511,16 +511,12 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
 
 def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v in the one dtype attention runs in, each rounded once (autograd carries the gradient
-    back through the cast): autocast's when autocast is on for q's device, else v's (a caller
-    passing one dtype keeps it). v is never rotated, so it carries the model's compute dtype,
-    while an fp32 rotation (rope_precision=fp32) hands a bf16 model q and k in fp32: q·k then runs
-    in bf16, as the paper's text has it, not silently in fp32.
-
-    Under bf16 autocast with fp32 master weights transformers hands over q and k in fp32 (its
-    fp32 cos/sin promote them in the rotation) and v in bf16: flash-attn refuses that mix, and
-    FlexAttention either refuses it or runs an fp32 kernel whose numbers differ from SDPA's
-    (which autocast casts itself). Casting here gives every implementation the same inputs.
-    """
+    back through the cast): autocast's when autocast is on for q's device, else v's. v is never
+    rotated, so it carries the model's compute dtype, while an fp32 rotation (rope_precision=fp32,
+    or fp32 cos/sin under autocast over fp32 weights) hands over q and k in fp32: q·k then runs in
+    bf16, as the paper's text has it. flash-attn refuses the mix, and FlexAttention refuses it or
+    runs an fp32 kernel whose numbers differ from SDPA's: cast here, every implementation gets the
+    same inputs."""
     device_type = q.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
     return q.to(dtype), k.to(dtype), v.to(dtype)
@@ -537,12 +533,9 @@ def document_attention(
     window: int | None = None,
     anchor: str = "window",
 ) -> torch.Tensor:
-    """Attention under the document rule (masks.py) with the chosen implementation, within the
-    layer's sliding `window` when given (`anchor`: how the anchor meets it, masks.ANCHOR_MODES).
-
-    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], doc_ids [B, Sk] or [Sk] (None: causal) -> [B, Hq, Sq, D],
-    computed in one dtype (one_dtype: the autocast dtype under autocast) whatever the caller's.
-    """
+    """Attention under the document rule (masks.py) with the chosen implementation (shapes: module
+    docstring; doc_ids may also be [Sk]), within the layer's sliding `window` when given (`anchor`:
+    how the anchor meets it, masks.ANCHOR_MODES), computed in one dtype (one_dtype)."""
     _check_shapes(q, k, v, doc_ids)
     q, k, v = one_dtype(q, k, v)
     check_window(window, anchor)

@@ -261,17 +261,12 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def interval(replicates: np.ndarray) -> tuple[float, float]:
-    low, high = np.percentile(replicates, [2.5, 97.5])
-    return float(low), float(high)
-
-
 def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -> Difference:
     """B − A over `cells` (one cell, or a length's tasks averaged)."""
     point_a = float(np.mean([boot.point[(a, c)] for c in cells]))
     point_b = float(np.mean([boot.point[(b, c)] for c in cells]))
     draws = np.mean([boot.values[(b, c)] - boot.values[(a, c)] for c in cells], axis=0)
-    low, high = interval(draws)
+    low, high = (float(x) for x in np.percentile(draws, [2.5, 97.5]))  # the 95% percentile interval
     stderr = float(np.std(draws, ddof=1))
     first = cells[0]
     sizes = [
@@ -433,7 +428,6 @@ def effective_length(boot: Bootstrap, name: str, threshold: float) -> EffectiveL
 
 
 def records(comparison: Comparison) -> dict:
-    """The comparison as JSON-ready records."""
     return {
         "seed": comparison.seed,
         "replicates": comparison.replicates,

@@ -174,10 +174,8 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
 def checkpoint_identity(summary: dict) -> str | None:
     """What identifies the weights a summary scored, so that two series of one checkpoint (two
     encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
-    are called: the fingerprint of the weights the summary records (provenance.weights, the one
-    merge checks shards by). Summaries written before it: the nearest they hold, the checkpoint's
-    resolved path, its step and what its meta.json recorded (a checkpoint retrained in place
-    changes the latter). None where the summary names no checkpoint (then no pairing by checkpoint)."""
+    are called: provenance.weights (what merge checks shards by). Summaries written before it: its
+    resolved path, step and meta.json record (changed by retraining in place). None: no checkpoint."""
     provenance = summary.get("provenance") or {}
     if provenance.get("weights"):
         return f"weights:{provenance['weights']}"
@@ -200,7 +198,7 @@ def _ruler_cells(summary: dict, directory: Path):
             for r in records
         }
         assert row.value is not None  # RULER rows always carry a score
-        _check_mean(log, samples, row.value, row.n, scale_digits=2)
+        _check_mean(log, samples, row.value, row.n)
         yield row.series(), Cell("ruler", row.task, length, row.metric), samples
 
 
@@ -273,9 +271,10 @@ def _read_log(path: Path) -> list[dict]:
     return list(first.values())
 
 
-def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n, scale_digits: int) -> None:
+def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n) -> None:
     mean = mean_score(samples) if samples else float("nan")
-    if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, scale_digits) - score) > 0.011:
+    # A RULER summary keeps its scores to 2 digits.
+    if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, 2) - score) > 0.011:
         raise UserError(
             f"{log} does not hold the samples its summary scored ({len(samples)} samples, mean {mean:.2f}; "
             f"summary: {n} samples, {score}); rerun that evaluation to rewrite both"

@@ -130,14 +130,10 @@ def _row_cell(row: ResultRow, summary: dict) -> tuple | None:
 def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:
     """One line naming both files, and the evalkit versions when they differ."""
     (path_a, a), (path_b, b) = first, second
-    versions = {_version(a), _version(b)}
+    provenances = [summary.get("provenance") or {} for summary in (a, b)]
+    versions = {f"{p.get('evalkit_version', '?')} ({p.get('git_hash', '?')})" for p in provenances}
     differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
     return (
         f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
         "pass only one of the directories, or move one file away"
     )
-
-
-def _version(summary: dict) -> str:
-    provenance = summary.get("provenance") or {}
-    return f"{provenance.get('evalkit_version', '?')} ({provenance.get('git_hash', '?')})"

@@ -29,11 +29,9 @@ class LazyEngine:
 
     def get(self):
         if self._engine is None:
-            if self._open is None:
-                from evalkit.engines import get_engine
+            from evalkit.engines import get_engine
 
-                self._open = get_engine
-            self._engine = self._open(self.choice.name, self.path, **self.choice.settings)
+            self._engine = (self._open or get_engine)(self.choice.name, self.path, **self.choice.settings)
         return self._engine
 
     def info(self) -> dict[str, Any] | None:

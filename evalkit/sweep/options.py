@@ -119,13 +119,6 @@ def ray_resources_option() -> Any:
     return typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP)
 
 
-def checkpoints(paths: list[str] | None, ckpts: list[str] | None, last: int | None) -> list:
-    """The checkpoints the options name (--ckpts, then the arguments), each run's newest --last."""
-    from evalkit.models.refs import resolve_checkpoints
-
-    return resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)
-
-
 @contextmanager
 def progress_display(console) -> Iterator[dict[str, Callable]]:
     """The callbacks run_benchmark takes (progress, on_checkpoint, log), shown on `console`: each
@@ -167,11 +160,17 @@ def run_command(
     shown as it goes, then `report` with `table`. The pipeline checks --out; returns the run."""
     from rich.console import Console
 
+    from evalkit.models.refs import resolve_checkpoints
+    from evalkit.sweep.plan import parse_shard
+
     console = Console(stderr=True)
-    scale = scale_options(shard, executor, ray_address, avg, ray_resources)
-    refs = checkpoints(paths, ckpts, last)
+    parsed = parse_shard(shard)
+    if parsed is not None and avg:
+        raise UserError("--avg averages over every checkpoint; with --shard, run it after evalkit merge instead")
+    chosen = make_executor(executor, ray_address, ray_resources)
+    refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)  # --ckpts, then the arguments
     with progress_display(console) as shown:
-        result = run(refs, out=out, avg=avg, shard=scale[0], executor=scale[1], **shown)
+        result = run(refs, out=out, avg=avg, shard=parsed, executor=chosen, **shown)
     report(console, result, out, table)
     return result
 
@@ -223,13 +222,3 @@ def check_ray_address(address: str | None) -> None:
             f"--ray-address {address!r} is not a Ray address: give the head node's HOST:PORT (as `ray start "
             "--head` printed it, e.g. 10.0.0.5:6379), ray://HOST:10001 (Ray Client), or auto (this node's cluster)"
         )
-
-
-def scale_options(shard: str | None, executor: str, ray_address: str | None, avg: bool, ray_resources=None):
-    """(Shard or None, executor or None) from the options, refusing what cannot work together."""
-    from evalkit.sweep.plan import parse_shard
-
-    parsed = parse_shard(shard)
-    if parsed is not None and avg:
-        raise UserError("--avg averages over every checkpoint; with --shard, run it after evalkit merge instead")
-    return parsed, make_executor(executor, ray_address, ray_resources)

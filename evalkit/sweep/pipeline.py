@@ -43,15 +43,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 @dataclass
 class UnitResult(Generic[Detail]):
-    """What scoring one unit produced: its long-form rows, what the benchmark's summary keeps of it
-    (`detail`, of the benchmark's own type: RULER's data key, a general task's record), whether
-    anything was computed now, and the engine that computed it when the result was read back from
-    disk (no engine is built for a stored result)."""
+    """What scoring one unit produced. `detail`: what the benchmark's summary keeps of it, of its own
+    type (RULER's data key, a general task's record)."""
 
     rows: list[ResultRow]
     detail: Detail | None = None
-    computed: bool = True
-    stored_engine_info: dict[str, Any] | None = None
+    computed: bool = True  # False: read back from disk
+    stored_engine_info: dict[str, Any] | None = None  # read back: the engine that computed it (none is built)
 
 
 @dataclass
@@ -233,7 +231,11 @@ def run_benchmark(
     if failed and len(refs) == 1 and first_error is not None:
         raise first_error  # no sweep to go on with: the error itself, as for any command
     if failed:
-        raise UserError(_failures_message(failed, len(refs), out))
+        first = failed[0]
+        raise UserError(
+            f"{len(failed)} of {len(refs)} checkpoints failed (each recorded as {failed_name(first['benchmark'])} "
+            f"under {out}, the others evaluated); first: {first['run']} step {first['step']}: {first['reason']}"
+        )
     return run
 
 
@@ -248,14 +250,6 @@ def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exc
     record.update(reason=reason, provenance={**stamp(), "command": command_line()})
     atomic_write_json(CheckpointFiles(out, ref, benchmark.name).failed, record)
     return record
-
-
-def _failures_message(failed: list[dict[str, Any]], total: int, out: Path) -> str:
-    first = failed[0]
-    return (
-        f"{len(failed)} of {total} checkpoints failed (each recorded as {failed_name(first['benchmark'])} under "
-        f"{out}, the others evaluated); first: {first['run']} step {first['step']}: {first['reason']}"
-    )
 
 
 def evaluate_checkpoint(
@@ -300,7 +294,7 @@ def evaluate_checkpoint(
                 log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {why.reason}")
         engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
         if engine_info is None and work is not None:  # computed on a Ray worker
-            engine_info = work.engine_info()
+            engine_info = next((o.engine_info for o in work.outcomes.values() if o.engine_info), None)
     earlier = read_summary(files.summary)
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
         engine_info = (earlier.get("provenance") or {}).get("engine")

@@ -27,9 +27,6 @@ class Shard:
     index: int
     count: int
 
-    def label(self) -> str:
-        return f"{self.index}/{self.count}"
-
 
 # Job-array schedulers whose task's place in its array is read from the environment (--shard slurm):
 # (task id, first id, step, count or None, last id or None). Slurm gives the count; SGE the last id.
@@ -95,12 +92,10 @@ class Outcome:
 
 @dataclass
 class CheckpointWork:
-    """One checkpoint's share: the units it evaluates here (in the benchmark's order), their
-    index among all its units (for merging shards back into that order), what was computed
-    elsewhere, and what its summary records of the plan."""
+    """One checkpoint's share of the plan (what its summary records of it: provenance)."""
 
-    units: list  # list[Unit]
-    positions: dict  # Unit -> index in benchmark.units()
+    units: list  # list[Unit]: those evaluated here, in the benchmark's order
+    positions: dict  # Unit -> index in benchmark.units(), to merge shards back into that order
     shard: dict[str, Any] | None = None
     outcomes: dict = field(default_factory=dict)  # Unit -> Outcome
     # An error that ended this checkpoint's units elsewhere (a broken checkpoint on a Ray worker):
@@ -122,9 +117,6 @@ class CheckpointWork:
             record["answered_by"] = workers
         return record
 
-    def engine_info(self) -> dict[str, Any] | None:
-        return next((o.engine_info for o in self.outcomes.values() if o.engine_info), None)
-
 
 @dataclass
 class WorkPlan:
@@ -132,9 +124,6 @@ class WorkPlan:
 
     checkpoints: list[tuple[CheckpointRef, CheckpointWork]]
     shard: dict[str, Any] | None = None
-
-    def refs(self) -> list[CheckpointRef]:
-        return [ref for ref, _ in self.checkpoints]
 
 
 def plan_work(benchmark, refs: list[CheckpointRef], shard: Shard | None = None) -> WorkPlan:

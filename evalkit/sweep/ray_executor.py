@@ -37,6 +37,7 @@ from evalkit.errors import Skipped, UserError
 from evalkit.files import disk_full_error
 from evalkit.store.sample_log import HERE, Writer
 from evalkit.store.units import UnitStore
+from evalkit.sweep.engine_choice import LazyEngine
 from evalkit.sweep.plan import Outcome, WorkPlan, assign_shards
 
 MAX_RETRIES = 3  # a group's attempts after its worker dies (kill -9, a lost node)
@@ -44,9 +45,7 @@ STATUS_EVERY_S = 10.0  # the driver's progress line
 
 
 class RayExecutor:
-    """`resources`: what each group's task asks of Ray (parse_ray_resources; --ray-resources), the rest
-    task_resources' default: one CPU, the GPUs of its tensor-parallel size, and on a CPU cluster the
-    memory its model needs, so that a node runs only as many model copies as fit in its memory."""
+    """`resources`: what each group's task asks of Ray (--ray-resources); task_resources fills the rest."""
 
     def __init__(self, address: str | None = None, resources: dict[str, float] | None = None, **init_options: Any):
         self.address, self.resources, self.init_options = address, resources, init_options
@@ -55,10 +54,11 @@ class RayExecutor:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
         back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status): groups done and
         each worker's samples/s, every 10 s."""
-        ray = _import_ray()
+        import ray  # evalkit.sweep.options.make_executor checked that it is installed
+
         started_here = self._connect(ray)
         try:
-            resources = task_resources(ray, benchmark, [ref.path for ref in work.refs()], self.resources)
+            resources = task_resources(ray, benchmark, [ref.path for ref, _ in work.checkpoints], self.resources)
             slots = concurrent_copies(_alive_nodes(ray), resources)
             groups = plan_groups(benchmark, work, out, slots)
             if groups:
@@ -189,7 +189,6 @@ class Handover(Writer):
 
 
 def write_handed_over(out: Path, kind: str, rel: str, text: str) -> None:
-    """The driver writes a worker's write into its own --out."""
     if Path(rel).is_absolute() or ".." in Path(rel).parts or kind not in ("text", "append"):
         raise RuntimeError(f"a worker handed over a write evalkit does not make: {kind} {rel}")
     (HERE.text if kind == "text" else HERE.append)(out / rel, text)
@@ -206,30 +205,24 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, attempt: in
     # start more workers than the cluster has CPUs.
     inbox.started.remote(name, worker)
     writer = Handover(Path(out), lambda kind, rel, text: inbox.write.remote(name, attempt, kind, rel, text))
+    outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
     try:
-        return _evaluate_units(benchmark, ref, units, Path(out), name, inbox, open_engine, worker, writer)
+        with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
+            for unit in units:
+                began = time.monotonic()
+                report = lambda done, total, u=unit: inbox.progress.remote(name, u.label(), done, total)  # noqa: E731
+                try:
+                    store = UnitStore(Path(out), ref, benchmark.name, unit, writer)
+                    result = benchmark.evaluate(engine, unit, store, report)
+                    outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
+                except Skipped as why:  # a user error: recorded, never retried
+                    outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
+            engine_info = engine.info()
+        return outcomes, engine_info
     finally:
         # Waited for at the end (its engine closed, so lending its CPU costs nothing): Ray runs one
         # caller's calls to an actor in order, so every write above is in the inbox before the task ends.
         ray.get(inbox.flush.remote())
-
-
-def _evaluate_units(benchmark, ref, units: list, out: Path, name: str, inbox, open_engine, worker: dict, writer):
-    from evalkit.sweep.engine_choice import LazyEngine
-
-    outcomes: list[tuple[Any, Any, dict | None, dict]] = []  # (unit, result or None, skip or None, who answered)
-    with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
-        for unit in units:
-            began = time.monotonic()
-            report = lambda done, total, u=unit: inbox.progress.remote(name, u.label(), done, total)  # noqa: E731
-            try:
-                store = UnitStore(out, ref, benchmark.name, unit, writer)
-                result = benchmark.evaluate(engine, unit, store, report)
-                outcomes.append((unit, result, None, {**worker, "seconds": round(time.monotonic() - began, 2)}))
-            except Skipped as why:  # a user error: recorded, never retried
-                outcomes.append((unit, None, {**unit.fields(), "reason": why.reason, **why.details}, worker))
-        engine_info = engine.info()
-    return outcomes, engine_info
 
 
 class Inbox:
@@ -337,14 +330,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__} within "
             f"{timeout_s:.0f} s); check --ray-address (the head node's HOST:PORT, as `ray start --head` printed it)"
         ) from None
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UserError("--executor ray needs Ray: pip install 'evalkit[ray]'") from None
-    return ray
 
 
 def _for_workers(benchmark):
@@ -471,6 +456,6 @@ def _asked(resources: dict[str, float]) -> str:
 
 def _describe(ray) -> str:
     resources = ray.cluster_resources()
-    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    nodes = len(_alive_nodes(ray))
     gpus = f", {int(resources['GPU'])} GPUs" if resources.get("GPU") else ""
     return f"{nodes} node(s), {int(resources.get('CPU', 0))} CPUs{gpus}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,9 +22,6 @@ from evalkit.files import atomic_write_json, check_replaceable, move_into_place,
 from evalkit.models.check import HubModel, check_checkpoint, checkpoint_source
 from evalkit.models.refs import META, STEP_DIR, step_dir_name
 from evalkit.store.provenance import stamp
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 TRAINER_STATE = "trainer_state.pt"
 MASTER_WEIGHTS = "master_weights"  # trainer_state key: the fp32 weights when model.safetensors is bf16
@@ -116,14 +112,6 @@ def remove_partial(run_dir: Path) -> None:
         shutil.rmtree(child, ignore_errors=True)
 
 
-def _output_embedding_key(model: PreTrainedModel) -> str | None:
-    head = model.get_output_embeddings()
-    for name, module in model.named_modules():
-        if module is head:
-            return f"{name}.weight"
-    return None
-
-
 def write_checkpoint(
     run_dir: Path,
     step: int,
@@ -143,9 +131,10 @@ def write_checkpoint(
     tmp.mkdir(parents=True)
     weights = dict(model_state)
     if getattr(model.config, "tie_word_embeddings", False):
-        head_key = _output_embedding_key(model)
-        if head_key is not None:
-            weights.pop(head_key, None)  # stored once, as the input embedding
+        head = model.get_output_embeddings()
+        for name, module in model.named_modules():  # each module once
+            if module is head:
+                weights.pop(f"{name}.weight", None)  # stored once, as the input embedding
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
     with naming(tmp / "model.safetensors"):
@@ -221,15 +210,11 @@ def prune(run_dir: Path, keep_steps: set[int], keep_periodic: bool) -> None:
 def export_checkpoint(
     source: str | Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *, overwrite: bool = False
 ) -> Path:
-    """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state.
-
-    config.json, the tokenizer, generation_config.json and meta.json are copied as they are (the
-    config's dtype is updated), so evaluators read the copy exactly like the original. Written
-    to a temporary directory beside the destination and renamed: the destination is never
-    half-written, and a failed export leaves nothing behind. A destination is replaced only if
-    it is empty or, with `overwrite`, an earlier evalkit checkpoint: never a user's own files.
-    A hub name's snapshot (no meta.json of its own) gets one recording its repo, revision and commit.
-    """
+    """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state, the rest
+    copied as it is (config.json's dtype updated), so evaluators read the copy like the original.
+    Built beside the destination and renamed: never half-written, nothing left by a failure. A
+    destination is replaced only if empty or, with `overwrite`, an earlier evalkit checkpoint. A
+    hub name's snapshot (no meta.json of its own) gets one recording its repo, revision and commit."""
     (source, hub), destination = checkpoint_source(str(source)), Path(destination)
     if not (source / META).is_file() and hub is None:
         raise UserError(f"{source} is not a complete checkpoint (no {META})")

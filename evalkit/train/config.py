@@ -419,10 +419,8 @@ RECIPE_RELATIVE_PATHS = (("model", "path"), ("data", "tokenizer"), ("data", "sou
 
 
 def _resolve_relative_paths(data: dict[str, Any], recipe_dir: Path) -> None:
-    """Paths a recipe writes as ./x or ../x are relative to the recipe file, not to where evalkit runs.
-
-    So a recipe can name files shipped beside it (a base checkpoint) and work from any directory.
-    """
+    """Paths a recipe writes as ./x or ../x are relative to the recipe file, not to where evalkit runs,
+    so a recipe can name files shipped beside it (a base checkpoint) and work from any directory."""
     for section, key in RECIPE_RELATIVE_PATHS:
         value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value.startswith(("./", "../")):

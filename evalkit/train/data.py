@@ -92,14 +92,11 @@ class BuiltinSource:
 class JsonlSource:
     """One JSON object per line with a text field (and optionally a domain field).
 
-    The whole file is checked when the source opens, before any training: every non-blank line
-    must be UTF-8, parse as JSON, be an object and hold the text field as a string. A fault found
-    lazily at step N would stop a run that has already written metrics and checkpoints, and a
-    record without the field would train on an empty document unnoticed. It is one streaming
-    pass (a line at a time, memory flat whatever the size), the pass the source makes anyway
-    for its line offsets and content hash; parsing a line costs far less than tokenizing and
-    training on it, so even a file of many GB is checked in a small share of the run's time.
-    The same pass collects the domains (anchor_tag's tags).
+    The whole file is checked when the source opens: every non-blank line must be UTF-8 JSON, an
+    object, its text field a string. A fault found lazily at step N would stop a run that has
+    already written checkpoints, and a record without the field would train on an empty document
+    unnoticed. It is the one streaming pass (memory flat) the source makes anyway for its line
+    offsets, content hash and domains; parsing costs far less than tokenizing and training on it.
     """
 
     def __init__(self, path: Path, text_field: str, domain_field: str):
@@ -297,14 +294,12 @@ class WindowStream:
         domain_tags: dict[str, int] | None = None,
         window_start: str = "bos",
     ):
-        if tokenizer.bos_token_id is None and tokenizer.eos_token_id is None:
-            raise UserError("the tokenizer has neither a BOS nor an EOS token; packing needs one")
         if len(source) == 0:
             raise UserError("the data source has no documents")
         self.source, self.tokenizer, self.paradigm = source, tokenizer, paradigm
         self.seq_len, self.seed, self.window_start = seq_len, seed, window_start
-        # The anchor is the BOS; tokenizers without one (Qwen) use EOS, as the paper does: the one rule
-        # of every anchor (evalkit.attention.anchor), recorded in the checkpoints' meta.json.
+        # The anchor's one rule (BOS, else EOS: evalkit.attention.anchor), which also refuses a
+        # tokenizer with neither.
         self.bos_id = anchor_token_id(tokenizer)
         self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
         self.domain_tags = domain_tags or {}
@@ -312,7 +307,6 @@ class WindowStream:
         self._orders: dict[int, torch.Tensor] = {}
 
     def _order(self, epoch: int) -> torch.Tensor:
-        """Epoch `epoch`'s document order: a permutation seeded by (seed, epoch)."""
         if epoch not in self._orders:
             generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}

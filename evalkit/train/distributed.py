@@ -62,11 +62,8 @@ def shutdown(ctx: DistContext) -> None:
 
 
 def open_io_group(ctx: DistContext, timeout_minutes: float) -> None:
-    """A CPU (gloo) group over all ranks for waiting on rank 0's file work, with its own timeout.
-
-    NCCL's watchdog watches only NCCL collectives: a rank blocked in this group's barrier has none
-    in flight, so a save or a read lasting longer than the training group's timeout trips nothing.
-    """
+    """A CPU (gloo) group over all ranks, with its own timeout, for waits on rank 0's file work:
+    NCCL's watchdog sees no NCCL collective in flight on a rank blocked in it (module docstring)."""
     if ctx.distributed and ctx.io_group is None:
         ctx.io_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
 
@@ -133,18 +130,12 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return value
 
 
-def _full_options(**kwargs):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, **kwargs)
-
-
 def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> tuple[dict, dict]:
     """(weights, optimizer state): unsharded, on CPU, keyed by parameter name, so any world size
     can load them."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    options = _full_options(cpu_offload=ctx.distributed)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=ctx.distributed)
     # A model's state dict holds only tensors (the type's other members are for optimizer states).
     weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
     weights = {k: v.detach().cpu() for k, v in weights.items()}
@@ -158,9 +149,9 @@ def load_full_state(
     by a run of any world size. strict=False: tied weights are stored once. Distributed, only rank
     0 holds the full states (the others pass {}); each tensor is broadcast from it and sharded on
     arrival."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    options = _full_options(strict=False, broadcast_from_rank0=ctx.distributed)
+    options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=ctx.distributed)
     set_model_state_dict(model, model_state if ctx.is_main else {}, options=options)
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, optimizer_state if ctx.is_main else {}, options=options)

@@ -72,7 +72,6 @@ def shown_mask(window: PackedSequence, tokens: int) -> torch.Tensor:
 
 
 def window_record(config: TrainConfig, packed: list[PackedSequence], tokenizer, tokens: int) -> dict:
-    """window.json's content: what the run is, then each window."""
     return {
         "schema_version": WINDOW_SCHEMA_VERSION,
         "recipe": config.name,

@@ -132,14 +132,10 @@ def _check_resume_config(saved: dict, config: TrainConfig) -> None:
 
 
 def _metrics_to_keep(path: Path, step: int) -> list[str]:
-    """The log lines of steps up to `step`, the step resumed from (later ones are redone), read
-    before any work so that a corrupt log stops the run before anything changes.
-
-    A run killed while appending leaves a torn last line: it is dropped, since its step is newer
-    than any checkpoint (a step is logged before it is saved) and is redone. A line that does not
-    parse anywhere else is corruption, not a kill: a one-line error. From step 0 nothing of the
-    log is kept, so nothing of it needs to parse.
-    """
+    """The log lines of steps up to `step` (later ones are redone), read before any work so that a
+    corrupt log stops the run before anything changes. A torn last line is a kill while appending:
+    dropped, its step being newer than any checkpoint (a step is logged before it is saved). A bad
+    line anywhere else is corruption: a one-line error. From step 0 nothing is kept, nor parsed."""
     if step == 0 or not path.is_file():
         return []
     numbered = enumerate(path.read_text(errors="replace").splitlines(), start=1)
@@ -185,11 +181,8 @@ def _progress_bar(enabled: bool, description: str, total: int, start: int):
 
 
 def optimizer_step(model, optimizer, windows: list[PackedSequence], config: TrainConfig, ctx, autocast) -> float:
-    """One optimizer step on the global batch `windows`; returns its mean loss per target token.
-
-    Each process takes its share of the windows; every loss is divided by the global number of
-    targets, so gradient accumulation and any number of processes give the same step.
-    """
+    """One optimizer step on the global batch `windows`, the same for any number of processes and
+    micro-batches (module docstring); returns its mean loss per target token."""
     mine = windows[ctx.rank :: ctx.world_size]
     num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
     loss_sum = torch.zeros((), device=ctx.device)
@@ -256,11 +249,9 @@ def build_stream(config: TrainConfig, tokenizer, source: DocumentSource | None =
 def build_training(
     config: TrainConfig, tokenizer, ctx: distributed.DistContext, *, initial_weights: bool = True
 ) -> tuple:
-    """(loss module, optimizer, scheduler): the model sharded when distributed, in training mode.
-
-    Distributed, every rank builds the model without weights and allocates only its shards;
-    the initial weights are built or read by rank 0 alone (load_initial_weights), or, with
-    initial_weights=False, left for the caller to load (a resumed run's, by broadcast too)."""
+    """(loss module, optimizer, scheduler): the model sharded when distributed (each rank allocates
+    only its shards; load_initial_weights fills them), in training mode. initial_weights=False
+    leaves the weights to the caller (a resumed run's)."""
     lm = build_model(config, tokenizer, ctx.device, weights=not ctx.distributed)
     if config.grad_checkpointing:
         kwargs = {"use_reentrant": False}
@@ -406,10 +397,8 @@ def _announce_attention(config: TrainConfig, model: MaskedLMLoss, tokenizer, ctx
 
 
 def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source, ctx) -> dict:
-    """What every checkpoint's meta.json records about the run, besides its step and token count."""
     return {
         "paradigm": config.paradigm.value,
-        # every paradigm with an anchor (anchor, anchor_tag, anchor_interleaved) records which token it is
         **({"anchor_token": anchor_record(tokenizer)} if config.paradigm.has_anchor else {}),
         # the attention trained: each layer's window as the saved config declares it, and the anchor's reading
         "attention": {
@@ -430,7 +419,6 @@ def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source
 
 
 def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) -> None:
-    """Steps from `step` to max_steps, each logged, checkpoints saved at the configured steps."""
     config, ctx = run.config, run.ctx
     save_steps = config.checkpoint_steps()
     autocast = autocast_context(config, ctx.device)
@@ -478,12 +466,9 @@ def _synchronize(device: torch.device) -> None:
 def _resume_point(
     run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext
 ) -> _ResumePoint | None:
-    """The checkpoint --resume continues from, its config checked against this one and its files
-    (meta.json, config.json, the whole safetensors file, the trainer state) read; None to start at 0.
-
-    Distributed, rank 0 alone reads; the other ranks receive the small part (step, scheduler,
-    data position, RNG) or rank 0's error, and their weights and optimizer state by broadcast later.
-    """
+    """The checkpoint --resume continues from, checked and read whole (_read_resume_point); None to
+    start at 0. Distributed, rank 0 alone reads; the others receive the small part (step, scheduler,
+    data position, RNG) or rank 0's error, and the weights and optimizer state by broadcast later."""
     if not ctx.distributed:
         return _read_resume_point(run_dir, config, resume, ctx)
     point, error = None, None

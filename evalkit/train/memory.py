@@ -151,9 +151,6 @@ class MemoryEstimate:
     def total(self) -> float:
         return self.params + self.grads + self.optimizer + self.working + self.activations
 
-    def rows(self) -> list[tuple[str, float]]:
-        return [*dataclasses.asdict(self).items(), ("total", self.total)]
-
 
 def activation_bytes(arch: Architecture, config: TrainConfig) -> float:
     tokens = config.micro_batch * config.seq_len
@@ -198,7 +195,6 @@ def estimate(config: TrainConfig, arch: Architecture, gpus: int) -> MemoryEstima
 
 
 def report(config: TrainConfig, arch: Architecture, gpus: int) -> str:
-    """The estimate as a few lines of text."""
     est = estimate(config, arch, gpus)
     tokens = config.micro_batch * config.seq_len
     lines = [
@@ -206,6 +202,7 @@ def report(config: TrainConfig, arch: Architecture, gpus: int) -> str:
         f"{gpus} GPU(s), {tokens} tokens per micro-batch, {config.dtype}, "
         f"gradient checkpointing {'on' if config.grad_checkpointing else 'off'}",
     ]
-    lines += [f"  {name:<12}{value / GiB:8.1f} GiB" for name, value in est.rows()]
+    rows = [*dataclasses.asdict(est).items(), ("total", est.total)]
+    lines += [f"  {name:<12}{value / GiB:8.1f} GiB" for name, value in rows]
     lines.append("  not counted: attention kernel workspace, CUDA context, allocator fragmentation, NCCL buffers")
     return "\n".join(lines)

@@ -105,14 +105,11 @@ def _checkpoint_config(config: TrainConfig, path: Path):
 
 def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True, on_host: bool = False):
     """The model in fp32 (master weights) on `device`, with evalkit attention selected and q, k
-    rotated in config.rope_precision under autocast.
-    on_host=True leaves the weights on the CPU, attention still chosen for `device` (rank 0's
-    full copy, which the other ranks' shards are filled from).
-
-    weights=False builds the same architecture with its parameters on the meta device (no memory,
-    no read of model.path's weights) and its buffers (RoPE frequencies, in no state dict) real, on
-    the CPU: the form the non-zero ranks of a distributed run take before rank 0's weights reach
-    them by broadcast (train/distributed.py)."""
+    rotated in config.rope_precision under autocast. on_host=True leaves the weights on the CPU,
+    attention still chosen for `device` (rank 0's full copy, which fills the other ranks' shards).
+    weights=False: parameters on the meta device (no memory, no read of model.path's weights),
+    buffers (RoPE frequencies, in no state dict) real on the CPU: the non-zero ranks' form before
+    rank 0's weights reach them by broadcast (train/distributed.py)."""
     from transformers import AutoModelForCausalLM
 
     register_hf_attention()

@@ -44,16 +44,12 @@ def record(dtype: str, rope_precision: str) -> dict[str, str]:
     }
 
 
-def _is_rotary(module: torch.nn.Module) -> bool:
-    return type(module).__name__.endswith("RotaryEmbedding")
-
-
 def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
     """bf16_full: every floating buffer to bf16, as casting the whole model does; RoPE's
     frequencies (computed in fp32 at construction, as the model computes them) are cast too,
     unless the rotation is to be fp32."""
     for module in model.modules():
-        if _is_rotary(module) and rope_precision == "fp32":
+        if type(module).__name__.endswith("RotaryEmbedding") and rope_precision == "fp32":
             continue
         for name, buffer in module.named_buffers(recurse=False):
             if buffer is not None and buffer.is_floating_point():

@@ -46,12 +46,10 @@ def answer_accuracy(
 ) -> dict:
     """Teacher-forced accuracy and mean NLL on answer tokens and on first-statement tokens.
 
-    kind "retrieval" / "retrieval-varied" / "retrieval-broad": the synthetic retrieval documents
-    in plain, varied or broad phrasing; "copy": the copy documents, whose answers are the repeated segments and whose
-    control is their first occurrence.
-
-    `model(input_ids)` must return an object with `.logits` [1, T, V]; `tokenizer` must give
-    offset mappings (a fast tokenizer). Documents longer than `max_tokens` are skipped.
+    kind: a key of EXAMPLES, the retrieval documents in each phrasing or the copy documents (whose
+    answers are the repeated segments, the control their first occurrence). `model(input_ids)` must
+    return `.logits` [1, T, V]; `tokenizer` must give offset mappings (a fast tokenizer). Documents
+    longer than `max_tokens` are skipped.
     """
     make_example = EXAMPLES[kind]
     tally = {"answer": [0, 0, 0.0], "fact": [0, 0, 0.0]}  # correct, tokens, summed NLL

@@ -128,12 +128,8 @@ def retrieval_document(index: int, seed: int, max_tokens: int, phrasing: str = "
 
 
 def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "plain") -> RetrievalExample:
-    """Document `index` with its value spans.
-
-    Up to 12 key -> 7-digit facts at random depths of the filler, then questions about some of
-    them, each answered: the answer digits are predictable only by looking back. `phrasing`
-    "plain" uses the three fixed templates; "varied" the wider set above.
-    """
+    """Document `index` with its value spans: up to 12 key -> 7-digit facts at random depths of the
+    filler, then questions about some of them, each answered, worded as `phrasing` (PHRASINGS) says."""
     if phrasing not in PHRASINGS:
         raise ValueError(f"unknown phrasing {phrasing!r}")
     varied = phrasing != "plain"
