@@ -116,8 +116,9 @@ def loaded_regime(model, condition: str, dtype: str, trained: dict | None) -> di
     from evalkit.probe.rope import rotary_modules
 
     weights = _dtype_name(next(model.parameters()).dtype)
-    buffers = [getattr(m, "inv_freq", None) for m in rotary_modules(model)]
-    frequencies = {_dtype_name(b.dtype) for b in buffers if isinstance(b, torch.Tensor)}
+    # Gemma 3 keeps one table per layer type (full_attention_inv_freq, sliding_attention_inv_freq)
+    buffers = [b for m in rotary_modules(model) for name, b in m.named_buffers() if name.endswith("inv_freq")]
+    frequencies = {_dtype_name(b.dtype) for b in buffers}
     return {
         "condition": condition,
         "dtype": dtype,

@@ -253,6 +253,8 @@ def test_cli_tokens_runs_beyond_the_sliding_window_and_names_the_real_window(gem
     stored = json.loads((out / "probe-tokens.json").read_text())
     assert stored["provenance"]["model_window"] == 64
     assert stored["provenance"]["layer_windows"] == [WINDOW, None, WINDOW]
+    (precision,) = stored["provenance"]["condition_precision"]  # both per-layer-type RoPE tables read
+    assert (precision["weights"], precision["rope_frequencies"]) == ("bf16", "fp32")
     totals = {r["layers"]: r["value"] for r in stored["rows"] if r["metric"] == "attn_diff"}
     assert set(totals) == {"all", "full_attention", "sliding_attention"}
     assert totals["all"] == pytest.approx(totals["full_attention"] + totals["sliding_attention"], rel=1e-12)
