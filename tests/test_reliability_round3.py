@@ -351,3 +351,19 @@ def test_the_vllm_engine_judges_its_settings_without_a_checkpoint(settings, mess
     VLLMEngine.check_settings({"rope": "cast", "position_shift": 0, "batch_size": 4})  # its defaults pass
     with pytest.raises(UserError, match=message):
         VLLMEngine.check_settings(settings)
+
+
+@pytest.mark.parametrize("step", [None, [600], "six hundred"])
+def test_a_meta_step_that_is_no_number_reads_as_step_zero(tmp_path, step):
+    """A checkpoint directory not named step-N takes its step from meta.json; one that holds no
+    number there (null, a list, a word) is step 0, as one without the field, never a traceback."""
+    import json
+
+    from evalkit.models.refs import resolve_checkpoints
+
+    checkpoint = tmp_path / "mine"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "meta.json").write_text(json.dumps({"step": step}))
+    ((ref,),) = [resolve_checkpoints([str(checkpoint)])]
+    assert (ref.run, ref.step) == ("mine", 0)

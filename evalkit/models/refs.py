@@ -60,7 +60,7 @@ def _step_of(path: Path) -> int:
         return int(match.group(1))
     try:
         return int(_meta_record(path).get("step", 0))
-    except ValueError:
+    except (TypeError, ValueError):  # a step of null or a list reads as none
         return 0
 
 

@@ -27,7 +27,7 @@ from evalkit.train.data import open_source
 from evalkit.train.loop import build_stream
 from evalkit.train.model import recipe_tokenizer
 
-WINDOW_SCHEMA_VERSION = 1  # also what marks window.json as evalkit's own (storage.written_by_evalkit)
+WINDOW_SCHEMA_VERSION = 1  # also what marks window.json as evalkit's own (files.written_by_evalkit)
 WINDOW_FILE, MASK_FILE = "window.json", "mask.png"
 OPTION = "--inspect"
 ANCHOR_COLOUR, PAD_COLOUR, MASKED_COLOUR = (0.0, 0.0, 0.0), (0.6, 0.6, 0.6), (1.0, 1.0, 1.0)
