@@ -144,11 +144,11 @@ def check_packed_attention(ref: CheckpointRef, settings: RulerSettings) -> None:
     reproduce the model's (attention.features); vLLM's packed backend has no sliding windows."""
     from transformers import AutoConfig
 
-    from evalkit.attention.features import check_attention_supported, layer_windows
+    from evalkit.attention.features import check_attention_supported, windows_shorter_than
 
     config = AutoConfig.from_pretrained(ref.path, local_files_only=True)
     check_attention_supported(config, f"--encoding {settings.encoding}")
-    windows = [w for w in layer_windows(config) if w is not None and w < max(settings.lengths)]
+    windows = windows_shorter_than(config, max(settings.lengths))
     if windows and settings.engine == "vllm":
         raise UserError(
             f"--encoding {settings.encoding} on the vllm engine: evalkit's packed backend has no sliding-window "
