@@ -393,11 +393,9 @@ class HFEngine(PackedEngine):
             logits.append(row_logits[0, -1])
             computed += len(ids) - last.reused
             if not padded_kv:
+                rows = len(prompts)
                 padded_kv = [
-                    (
-                        k.new_zeros(len(prompts), *k.shape[1:2], width, k.shape[3]),
-                        v.new_zeros(len(prompts), *v.shape[1:2], width, v.shape[3]),
-                    )
+                    (k.new_zeros(rows, k.shape[1], width, k.shape[3]), v.new_zeros(rows, v.shape[1], width, v.shape[3]))
                     for k, v in last.keys_values
                 ]
             for (keys, values), (row_keys, row_values) in zip(padded_kv, last.keys_values):
