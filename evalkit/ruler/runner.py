@@ -48,7 +48,6 @@ from evalkit.sweep.pipeline import (
     Averages,
     Benchmark,
     EvaluationRun,
-    Progress,
     Unit,
     UnitProgress,
     UnitResult,
@@ -459,28 +458,6 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     return summary
 
 
-def run_ruler(
-    refs: list[CheckpointRef],
-    settings: RulerSettings,
-    out: Path,
-    progress: Progress = lambda _event: None,
-    on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
-    *,
-    avg: bool = False,
-    log: Callable[[str], None] = lambda _line: None,
-    shard=None,
-    executor=None,
-) -> EvaluationRun:
-    """RULER on every checkpoint through the one pipeline (which takes `out`'s lock); returns its run.
-    `shard` and `executor`: see evalkit.sweep."""
-    return run_benchmark(
-        RulerBenchmark(settings),
-        refs,
-        out,
-        avg=avg,
-        progress=progress,
-        on_checkpoint=on_checkpoint,
-        log=log,
-        shard=shard,
-        executor=executor,
-    )
+def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path, **kwargs: Any) -> EvaluationRun:
+    """RULER on every checkpoint through the one pipeline (kwargs: run_benchmark's: progress, avg, shard...)."""
+    return run_benchmark(RulerBenchmark(settings), refs, out, **kwargs)
