@@ -31,6 +31,11 @@ def layer_windows(config) -> list[int | None]:
     return [window if kind == "sliding_attention" and window else None for kind in layer_types]
 
 
+def windows_shorter_than(config, length: int) -> list[int]:
+    """The windows of the layers that cannot see `length` tokens back (empty: none is windowed there)."""
+    return [w for w in layer_windows(config) if w is not None and w < length]
+
+
 def unsupported_attention_features(config) -> list[str]:
     """What this config declares that evalkit's attention does not reproduce (empty: nothing)."""
     text = config.get_text_config()

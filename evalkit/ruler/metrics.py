@@ -8,6 +8,7 @@ references found, string_match_part credits 1 when any reference is found (QA).
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Sequence
 
 from evalkit.ruler.spec import TaskSpec, as_spec
@@ -64,6 +65,4 @@ def standard_error(task: str | TaskSpec, predictions: Sequence[str], references:
     values = [sample_score(spec, p, r) for p, r in zip(predictions, references)]
     if len(values) < 2:
         return 0.0
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return round((variance / len(values)) ** 0.5, 2)
+    return round((statistics.variance(values) / len(values)) ** 0.5, 2)

@@ -48,7 +48,6 @@ from evalkit.sweep.pipeline import (
     Averages,
     Benchmark,
     EvaluationRun,
-    Progress,
     Unit,
     UnitProgress,
     UnitResult,
@@ -144,11 +143,11 @@ def check_packed_attention(ref: CheckpointRef, settings: RulerSettings) -> None:
     reproduce the model's (attention.features); vLLM's packed backend has no sliding windows."""
     from transformers import AutoConfig
 
-    from evalkit.attention.features import check_attention_supported, layer_windows
+    from evalkit.attention.features import check_attention_supported, windows_shorter_than
 
     config = AutoConfig.from_pretrained(ref.path, local_files_only=True)
     check_attention_supported(config, f"--encoding {settings.encoding}")
-    windows = [w for w in layer_windows(config) if w is not None and w < max(settings.lengths)]
+    windows = windows_shorter_than(config, max(settings.lengths))
     if windows and settings.engine == "vllm":
         raise UserError(
             f"--encoding {settings.encoding} on the vllm engine: evalkit's packed backend has no sliding-window "
@@ -459,28 +458,6 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     return summary
 
 
-def run_ruler(
-    refs: list[CheckpointRef],
-    settings: RulerSettings,
-    out: Path,
-    progress: Progress = lambda _event: None,
-    on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
-    *,
-    avg: bool = False,
-    log: Callable[[str], None] = lambda _line: None,
-    shard=None,
-    executor=None,
-) -> EvaluationRun:
-    """RULER on every checkpoint through the one pipeline (which takes `out`'s lock); returns its run.
-    `shard` and `executor`: see evalkit.sweep."""
-    return run_benchmark(
-        RulerBenchmark(settings),
-        refs,
-        out,
-        avg=avg,
-        progress=progress,
-        on_checkpoint=on_checkpoint,
-        log=log,
-        shard=shard,
-        executor=executor,
-    )
+def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path, **kwargs: Any) -> EvaluationRun:
+    """RULER on every checkpoint through the one pipeline (kwargs: run_benchmark's: progress, avg, shard...)."""
+    return run_benchmark(RulerBenchmark(settings), refs, out, **kwargs)

@@ -31,13 +31,10 @@ class _ServingOptions:
         )
 
 
-class EvalkitLlamaForCausalLM(_ServingOptions, LlamaForCausalLM):
-    """vLLM's LlamaForCausalLM with evalkit's serving options."""
+class EvalkitLlamaForCausalLM(_ServingOptions, LlamaForCausalLM): ...
 
 
-class EvalkitQwen2ForCausalLM(_ServingOptions, Qwen2ForCausalLM):
-    """vLLM's Qwen2ForCausalLM with evalkit's serving options."""
+class EvalkitQwen2ForCausalLM(_ServingOptions, Qwen2ForCausalLM): ...
 
 
-class EvalkitMistralForCausalLM(_ServingOptions, MistralForCausalLM):
-    """vLLM's MistralForCausalLM with evalkit's serving options."""
+class EvalkitMistralForCausalLM(_ServingOptions, MistralForCausalLM): ...
