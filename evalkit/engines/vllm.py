@@ -681,13 +681,11 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
     The backend implements plain softmax attention (vllm_plugin.anchor_backend refuses the rest
     inside vLLM's worker, which would kill every request in flight); on CUDA it is vLLM's
     FlashAttention backend, which serves bf16 and fp16 only."""
-    text = config.get_text_config()
-    window = getattr(text, "sliding_window", None)
-    windowed = bool(window and getattr(text, "use_sliding_window", True) is not False and window < max_length)
-    from evalkit.attention.features import unsupported_attention_features
+    from evalkit.attention.features import unsupported_attention_features, windows_shorter_than
 
+    windows = windows_shorter_than(config, max_length)  # per layer, as the model applies them
     problems = {
-        f"sliding-window attention (a {window}-token window)": windowed,
+        f"sliding-window attention (a {min(windows, default=0)}-token window)": bool(windows),
         "fp32 on CUDA (FlashAttention serves bf16 and fp16)": device == "cuda" and dtype == "fp32",
     }
     # what no evalkit attention path reproduces (soft-capping, ALiBi, sinks...): checked in one place

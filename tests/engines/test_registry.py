@@ -105,7 +105,7 @@ def test_plain_attention_must_take_padding_masks(checkpoint):
 
 def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_starts():
     """Checked from the HF config alone (no vLLM needed): the packed backend serves plain softmax attention."""
-    from transformers import Gemma2Config, LlamaConfig, MistralConfig
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     from evalkit.engines.vllm import packed_support_problems
 
@@ -118,6 +118,9 @@ def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_s
     windowed = MistralConfig(sliding_window=1024)
     assert packed_support_problems(windowed, "bf16", "cpu", 4096) == ["sliding-window attention (a 1024-token window)"]
     assert packed_support_problems(windowed, "bf16", "cpu", 1024) == []  # a window as wide as every context is none
+    # Qwen2 declares a window but applies it to no layer (max_window_layers = every layer): nothing slides
+    unwindowed = Qwen2Config(use_sliding_window=True, sliding_window=8, num_hidden_layers=2, max_window_layers=2)
+    assert packed_support_problems(unwindowed, "bf16", "cpu", 4096) == []
     assert "attention logit soft-capping (attn_logit_softcapping=50.0)" in packed_support_problems(
         Gemma2Config(), "bf16", "cpu", 4096
     )
