@@ -161,9 +161,9 @@ def _check_windows_with(attn: str, hf_config, config: TrainConfig) -> None:
     """flash counts a window inside each regrouped document: with the anchor prepended, or with
     interleaved documents, that is not the model's window (attention.kernels); refused here,
     before the first step, rather than inside it."""
-    from evalkit.attention.features import layer_windows
+    from evalkit.attention.features import windows_shorter_than
 
-    windowed = any(w is not None and w < config.seq_len for w in layer_windows(hf_config))
+    windowed = windows_shorter_than(hf_config, config.seq_len)
     if attn == hf_name("flash") and windowed and (config.paradigm.has_anchor or config.paradigm.interleaves):
         raise UserError(
             f"model.attention=flash cannot apply this model's sliding windows under {config.paradigm}; "
