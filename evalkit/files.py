@@ -385,6 +385,16 @@ def written_by_evalkit(path: Path) -> bool:
     return False
 
 
+def read_json_object(path: Path) -> dict:
+    """The JSON object stored at `path`; {} when it is absent, unreadable, not JSON or not an object
+    (to its callers: nothing usable stored there)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
     """A figure and its axes (one per column): matplotlib's Figure rather than pyplot's, so no
     global state is touched, no backend chosen and nothing needs closing (savefig picks Agg/SVG)."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import refuse_foreign
+from evalkit.files import read_json_object, refuse_foreign
 from evalkit.general.errors import RequestsExceedWindow
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.identity import EXECUTION, SELECTION, identity_key, setting
@@ -357,10 +357,7 @@ def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
     """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
     path = store.file(".json")
     refuse_foreign([path])  # a stale record is replaced below: never a file of the user's
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+    record = read_json_object(path)
     return record if record.get("key") == plan.key else None
 
 

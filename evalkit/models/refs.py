@@ -16,13 +16,13 @@ import functools
 import glob
 import hashlib
 import itertools
-import json
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.files import read_json_object
 from evalkit.models.check import HubModel, checkpoint_source
 
 # A checkpoint's record (step, paradigm, precision, hub source): written last, so it marks a whole one.
@@ -161,11 +161,8 @@ def checkpoint_meta(path: Path, hub: HubModel | None = None) -> dict:
 
 
 def _meta_record(path: Path) -> dict:
-    try:
-        data = json.loads((path / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # absent or unreadable: no record (ValueError: not JSON, not UTF-8)
-        return {}
-    return {key: data[key] for key in META_KEYS if key in data} if isinstance(data, dict) else {}
+    data = read_json_object(path / META)  # absent or unreadable: no record
+    return {key: data[key] for key in META_KEYS if key in data}
 
 
 WEIGHTS_SAMPLES = 16  # evenly spaced blocks read from each weights file

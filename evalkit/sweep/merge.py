@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import LOCK_NAME, atomic_write_json, check_output_dir, move_into_place, new_directory_beside
+from evalkit.files import (
+    LOCK_NAME,
+    atomic_write_json,
+    check_output_dir,
+    move_into_place,
+    new_directory_beside,
+    read_json_object,
+)
 from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary
 from evalkit.sweep.plan import empty_shard_name
 
@@ -54,11 +61,8 @@ def _read_empty_shards(inputs: list[Path]) -> dict[Path, dict]:
         records = sorted(directory.glob(empty_shard_name("*")))
         if not records or _summary_files(directory):
             continue
-        try:
-            record = json.loads(records[0].read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            record = None
-        if not isinstance(record, dict) or not isinstance(record.get("shard"), dict):
+        record = read_json_object(records[0])
+        if not isinstance(record.get("shard"), dict):
             raise UserError(f"{records[0]} is not an evalkit empty-shard record; rerun that shard")
         found[directory] = record
     return found

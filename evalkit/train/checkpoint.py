@@ -18,7 +18,14 @@ from pathlib import Path
 import torch
 
 from evalkit.errors import UserError
-from evalkit.files import atomic_write_json, check_replaceable, move_into_place, naming, new_directory_beside
+from evalkit.files import (
+    atomic_write_json,
+    check_replaceable,
+    move_into_place,
+    naming,
+    new_directory_beside,
+    read_json_object,
+)
 from evalkit.models.check import HubModel, check_checkpoint, checkpoint_source
 from evalkit.models.refs import META, STEP_DIR, step_dir_name
 from evalkit.store.provenance import stamp
@@ -41,19 +48,10 @@ def mark_run(run_dir: Path) -> None:
 def is_evalkit_run(run_dir: Path) -> bool:
     """A run directory evalkit's trainer made: its marker, or (runs from before the marker) a
     checkpoint whose meta.json evalkit's trainer wrote (it records evalkit_version)."""
-    if _json_object(Path(run_dir) / RUN_MARKER).get("written_by") == "evalkit":
+    if read_json_object(Path(run_dir) / RUN_MARKER).get("written_by") == "evalkit":
         return True
-    metas = (_json_object(path / META) for _step, path in complete_checkpoints(run_dir))
+    metas = (read_json_object(path / META) for _step, path in complete_checkpoints(run_dir))
     return any("evalkit_version" in meta and "step" in meta for meta in metas)
-
-
-def _json_object(path: Path) -> dict:
-    """The JSON object in `path`; {} when it is missing, unreadable or not an object."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return record if isinstance(record, dict) else {}
 
 
 def refuse_foreign_log(log: Path) -> None:
