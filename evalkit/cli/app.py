@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 app = typer.Typer(
@@ -21,8 +19,3 @@ probe_app = typer.Typer(
     help="Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", no_args_is_help=True
 )
 app.add_typer(probe_app, name="probe")
-
-
-def echo_size(checkpoint: Path) -> None:
-    size = sum(f.stat().st_size for f in checkpoint.iterdir())
-    typer.echo(f"{checkpoint}: {size / 2**20:.1f} MiB")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from evalkit.cli.app import app, echo_size
+from evalkit.cli.app import app
 from evalkit.models.precision import check_dtype, torch_dtype
 
 
@@ -45,3 +45,8 @@ def import_command(
     from evalkit.models.gguf_import import import_gguf
 
     echo_size(import_gguf(source, dest, dtype, overwrite=overwrite))
+
+
+def echo_size(checkpoint: Path) -> None:
+    size = sum(f.stat().st_size for f in checkpoint.iterdir())
+    typer.echo(f"{checkpoint}: {size / 2**20:.1f} MiB")
