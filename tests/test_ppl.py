@@ -212,6 +212,7 @@ def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
         assert d.pairing_detail.startswith("paired")
     assert "loss (lower is better)" in differences_table(comparison)
     board = build_markdown([tmp_path / "out"])[0]  # the leaderboard's own table, titled with the direction
+    assert "## Perplexity (lower is better) (mean over checkpoints)\n" in board  # no stderr: ppl rows have none
     section = board.split("## Perplexity (lower is better)")[1].split("##")[0]
     anchor_line = next(line for line in section.splitlines() if line.startswith("| tiny-long-anchor-shipped"))
     mean_at_128 = statistics.fmean(v for (_, n), v in rows["tiny-long-anchor-shipped"].items() if n == 128)
