@@ -260,7 +260,7 @@ def test_an_edited_record_is_refused_and_one_without_a_checksum_is_computed_agai
     assert len(records) == 2 and all("sha" in r for r in records)
     edited = [{**records[0], "nll": records[0]["nll"] / 2}, records[1]]
     log.write_text("".join(json.dumps(r) + "\n" for r in edited))
-    with pytest.raises(UserError, match=r"256\.jsonl, line 1: the record was changed"):
+    with pytest.raises(UserError, match=r"256\.jsonl:1 does not match its checksum"):
         _run(TINY, data, tmp_path / "out", [256])
     log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sha"}) + "\n" for r in records))
     assert _values(_run(TINY, data, tmp_path / "out", [256])) == {256: (pytest.approx(first[256][0], rel=1e-6), 2)}
