@@ -136,23 +136,14 @@ class SampleLog:
             )
         return sample
 
-    def done(self) -> set[Any]:
-        return set(self.records)
-
     def append(self, records: list[dict[str, Any]]) -> None:
         """Add finished samples durably: a kill after this returns loses none of them."""
         if not records:
             return
-        sealed = []
-        for record in records:
-            record = {**record, KEY: self.key}
-            record[CHECKSUM] = record_checksum(record)
-            sealed.append(record)
+        keyed = [{**record, KEY: self.key} for record in records]
+        sealed = [{**record, CHECKSUM: record_checksum(record)} for record in keyed]
         self.writer.append(self.path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in sealed))
         self.records.update((self.identify(record), record) for record in sealed)
-
-    def ordered(self) -> list[dict[str, Any]]:
-        return [self.records[i] for i in sorted(self.records)]
 
 
 def record_checksum(record: dict[str, Any]) -> str:
