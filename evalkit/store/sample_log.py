@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ def sample_index(record: dict[str, Any]) -> int | None:
     return index if isinstance(index, int) else None
 
 
+@dataclass
 class SampleLog:
     """Append-only JSONL of finished samples for one unit, each record sealed with its key and
     checksum, read back by its sample's id (`identify`: None for a record that is not a sample's).
@@ -72,19 +74,15 @@ class SampleLog:
     lines of other keys stay for their own reruns, a torn line anywhere is passed over, and a record
     from before checksums is computed again rather than refused."""
 
-    def __init__(
-        self,
-        path: Path,
-        key: str,
-        writer: Writer = HERE,
-        *,
-        identify: Callable[[dict[str, Any]], Any] = sample_index,
-        shared: bool = False,
-    ):
-        """`writer`: where the log's changes go (a Ray worker's: to its driver)."""
-        self.path, self.key, self.writer = Path(path), key, writer
-        self.identify, self.shared = identify, shared
-        self.records: dict[Any, dict[str, Any]] = {}
+    path: Path
+    key: str
+    writer: Writer = HERE  # where the log's changes go (a Ray worker's: to its driver)
+    _: KW_ONLY
+    identify: Callable[[dict[str, Any]], Any] = sample_index
+    shared: bool = False
+    records: dict[Any, dict[str, Any]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
         if self.path.is_file():
             self._load()
 
