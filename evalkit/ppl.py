@@ -339,12 +339,8 @@ class PplBenchmark(Benchmark):
                 raise UserError(f"--data {self.settings.data} holds no document")
         return self._documents
 
-    def tokens(self, ref: CheckpointRef) -> list[list[int]]:
-        """The documents' token ids by the checkpoint's tokenizer, tokenized once."""
-        return self._tokenized(ref)[1]
-
     def _tokenized(self, ref: CheckpointRef) -> tuple[str, list[list[int]]]:
-        """(the tokenizer's fingerprint, the documents' token ids)."""
+        """(the checkpoint tokenizer's fingerprint, the documents' token ids by it), tokenized once."""
         if ref.path not in self._tokens:
             from evalkit.corpus.tokenizer import tokenizer_fingerprint
             from evalkit.models.check import load_tokenizer
@@ -389,28 +385,28 @@ class PplBenchmark(Benchmark):
 
     def _evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
         length = int(unit.length or 0)
-        tokens = self.tokens(store.ref)
+        tokens = self._tokenized(store.ref)[1]
         chosen = [i for i, ids in enumerate(tokens) if len(ids) >= length]
         if not chosen:
             raise Skipped(
                 f"no document of the {len(tokens)} reaches {length} tokens (longest: {max(map(len, tokens))})",
                 documents=len(tokens),
             )
-        ids = [(i, _sha(self.documents()[i])) for i in chosen]
+        documents = [(i, _sha(self.documents()[i])) for i in chosen]
         # one file per length, every encoding and setting under its own key (SampleLog's shared log)
         log = SampleLog(store.file(".jsonl"), self._key(store.ref), store.writer, identify=_document, shared=True)
-        todo = [i for i, sha in ids if (i, sha) not in log.records]
+        todo = [document for document in documents if document not in log.records]
         progress(len(chosen) - len(todo), len(chosen))
         for start in range(0, len(todo), self.settings.batch_size):
             batch = todo[start : start + self.settings.batch_size]
-            log.append(self._score(engine.get(), [tokens[i][:length] for i in batch], batch))
+            log.append(self._score(engine.get(), [tokens[i][:length] for i, _ in batch], batch))
             progress(len(chosen) - len(todo) + start + len(batch), len(chosen))
-        records = [log.records[sample] for sample in ids]
+        records = [log.records[document] for document in documents]
         rows = self._rows(store.ref, length, records)
         encoding = {"encoding": rows[0].encoding, "doc_tokens": rows[0].doc_tokens}
         return UnitResult(rows, _detail(length, records, len(tokens)) | encoding, bool(todo))
 
-    def _score(self, engine, rows: list[list[int]], docs: list[int]) -> list[dict[str, Any]]:
+    def _score(self, engine, rows: list[list[int]], docs: list[tuple[int, str]]) -> list[dict[str, Any]]:
         score = hf_logprobs if engine.name == "hf" else vllm_logprobs
         _fits(engine, len(rows[0]))
         if self.settings.encoding == STANDARD:
@@ -423,8 +419,8 @@ class PplBenchmark(Benchmark):
             else [None] * len(rows)
         )
         return [
-            document_record(doc, _sha(self.documents()[doc]), lp, None if sl is None else key_token_mask(lp, sl))
-            for doc, lp, sl in zip(docs, long, short)
+            document_record(doc, sha, lp, None if sl is None else key_token_mask(lp, sl))
+            for (doc, sha), lp, sl in zip(docs, long, short)
         ]
 
     def _rows(self, ref: CheckpointRef, length: int, records: list[dict[str, Any]]) -> list[ResultRow]:
@@ -451,24 +447,15 @@ class PplBenchmark(Benchmark):
         for row in rows:  # the encodings of a run as two series (ResultRow.series), never averaged together
             if row.value is not None and row.length is not None:
                 cells.setdefault((row.series(), row.metric, row.length), []).append(row.value)
-        records: list[dict[str, Any]] = [
-            {"run": run, "metric": metric, "length": length, "mean": statistics.fmean(v), "std": statistics.pstdev(v)}
-            | {"checkpoints": len(v)}
-            for (run, metric, length), v in sorted(cells.items())
-        ]
-        table = markdown_table(
-            ["run", "metric", "length", "mean ± std", "checkpoints"],
-            [
-                (
-                    r["run"],
-                    r["metric"],
-                    length_label(r["length"]),
-                    f"{r['mean']:.3f} ± {r['std']:.3f}",
-                    r["checkpoints"],
-                )
-                for r in records
-            ],
-        )
+        records: list[dict[str, Any]] = []
+        lines: list[list[Any]] = []
+        for (run, metric, length), values in sorted(cells.items()):
+            mean, std, count = statistics.fmean(values), statistics.pstdev(values), len(values)
+            records.append(
+                {"run": run, "metric": metric, "length": length, "mean": mean, "std": std, "checkpoints": count}
+            )
+            lines.append([run, metric, length_label(length), f"{mean:.3f} ± {std:.3f}", count])
+        table = markdown_table(["run", "metric", "length", "mean ± std", "checkpoints"], lines)
         return Averages(records, table, "Mean ± population std over each run's checkpoints (lower is better).")
 
 
