@@ -53,7 +53,7 @@ from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
 from evalkit.store.result_format import STANDARD, ResultRow, encoding_label, read_row, row_record
-from evalkit.store.sample_log import CHECKSUM, Writer, record_checksum
+from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import Unit, UnitStore
 from evalkit.sweep import options
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
@@ -339,12 +339,8 @@ class PplBenchmark(Benchmark):
                 raise UserError(f"--data {self.settings.data} holds no document")
         return self._documents
 
-    def tokens(self, ref: CheckpointRef) -> list[list[int]]:
-        """The documents' token ids by the checkpoint's tokenizer, tokenized once."""
-        return self._tokenized(ref)[1]
-
     def _tokenized(self, ref: CheckpointRef) -> tuple[str, list[list[int]]]:
-        """(the tokenizer's fingerprint, the documents' token ids)."""
+        """(the checkpoint tokenizer's fingerprint, the documents' token ids by it), tokenized once."""
         if ref.path not in self._tokens:
             from evalkit.corpus.tokenizer import tokenizer_fingerprint
             from evalkit.models.check import load_tokenizer
@@ -389,29 +385,28 @@ class PplBenchmark(Benchmark):
 
     def _evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
         length = int(unit.length or 0)
-        tokens = self.tokens(store.ref)
+        tokens = self._tokenized(store.ref)[1]
         chosen = [i for i, ids in enumerate(tokens) if len(ids) >= length]
         if not chosen:
             raise Skipped(
                 f"no document of the {len(tokens)} reaches {length} tokens (longest: {max(map(len, tokens))})",
                 documents=len(tokens),
             )
-        key, shas = self._key(store.ref), [_sha(self.documents()[i]) for i in chosen]
-        done = _read_log(store.file(".jsonl"), key)
-        todo = [i for i, sha in zip(chosen, shas) if (i, sha) not in done]
+        documents = [(i, _sha(self.documents()[i])) for i in chosen]
+        # one file per length, every encoding and setting under its own key (SampleLog's shared log)
+        log = SampleLog(store.file(".jsonl"), self._key(store.ref), store.writer, identify=_document, shared=True)
+        todo = [document for document in documents if document not in log.records]
         progress(len(chosen) - len(todo), len(chosen))
         for start in range(0, len(todo), self.settings.batch_size):
             batch = todo[start : start + self.settings.batch_size]
-            records = self._score(engine.get(), [tokens[i][:length] for i in batch], batch)
-            _append_log(store.writer, store.file(".jsonl"), key, records)
-            done.update({(r["doc"], r["text_sha"]): r for r in records})
+            log.append(self._score(engine.get(), [tokens[i][:length] for i, _ in batch], batch))
             progress(len(chosen) - len(todo) + start + len(batch), len(chosen))
-        records = [done[(i, sha)] for i, sha in zip(chosen, shas)]
+        records = [log.records[document] for document in documents]
         rows = self._rows(store.ref, length, records)
         encoding = {"encoding": rows[0].encoding, "doc_tokens": rows[0].doc_tokens}
         return UnitResult(rows, _detail(length, records, len(tokens)) | encoding, bool(todo))
 
-    def _score(self, engine, rows: list[list[int]], docs: list[int]) -> list[dict[str, Any]]:
+    def _score(self, engine, rows: list[list[int]], docs: list[tuple[int, str]]) -> list[dict[str, Any]]:
         score = hf_logprobs if engine.name == "hf" else vllm_logprobs
         _fits(engine, len(rows[0]))
         if self.settings.encoding == STANDARD:
@@ -424,8 +419,8 @@ class PplBenchmark(Benchmark):
             else [None] * len(rows)
         )
         return [
-            document_record(doc, _sha(self.documents()[doc]), lp, None if sl is None else key_token_mask(lp, sl))
-            for doc, lp, sl in zip(docs, long, short)
+            document_record(doc, sha, lp, None if sl is None else key_token_mask(lp, sl))
+            for (doc, sha), lp, sl in zip(docs, long, short)
         ]
 
     def _rows(self, ref: CheckpointRef, length: int, records: list[dict[str, Any]]) -> list[ResultRow]:
@@ -452,24 +447,15 @@ class PplBenchmark(Benchmark):
         for row in rows:  # the encodings of a run as two series (ResultRow.series), never averaged together
             if row.value is not None and row.length is not None:
                 cells.setdefault((row.series(), row.metric, row.length), []).append(row.value)
-        records: list[dict[str, Any]] = [
-            {"run": run, "metric": metric, "length": length, "mean": statistics.fmean(v), "std": statistics.pstdev(v)}
-            | {"checkpoints": len(v)}
-            for (run, metric, length), v in sorted(cells.items())
-        ]
-        table = markdown_table(
-            ["run", "metric", "length", "mean ± std", "checkpoints"],
-            [
-                (
-                    r["run"],
-                    r["metric"],
-                    length_label(r["length"]),
-                    f"{r['mean']:.3f} ± {r['std']:.3f}",
-                    r["checkpoints"],
-                )
-                for r in records
-            ],
-        )
+        records: list[dict[str, Any]] = []
+        lines: list[list[Any]] = []
+        for (run, metric, length), values in sorted(cells.items()):
+            mean, std, count = statistics.fmean(values), statistics.pstdev(values), len(values)
+            records.append(
+                {"run": run, "metric": metric, "length": length, "mean": mean, "std": std, "checkpoints": count}
+            )
+            lines.append([run, metric, length_label(length), f"{mean:.3f} ± {std:.3f}", count])
+        table = markdown_table(["run", "metric", "length", "mean ± std", "checkpoints"], lines)
         return Averages(records, table, "Mean ± population std over each run's checkpoints (lower is better).")
 
 
@@ -514,29 +500,10 @@ def _kept_cells(summary: dict[str, Any], earlier: dict[str, Any]) -> dict[str, A
     }
 
 
-def _read_log(path: Path, key: str) -> dict[tuple[int, str], dict[str, Any]]:
-    """The documents this log holds under `key`: a line cut by a kill, or of other settings, is not;
-    an edited record (its checksum no longer matches) is refused, naming the file and line."""
-    done: dict[tuple[int, str], dict[str, Any]] = {}
-    if not path.is_file():
-        return done
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or record.get("key") != key or CHECKSUM not in record:
-            continue  # a record of other settings, or from before checksums: computed again, never trusted
-        if record.get(CHECKSUM) != record_checksum(record):
-            raise UserError(f"{path}, line {number}: the record was changed after it was written; delete the line")
-        done[(record["doc"], record["text_sha"])] = record
-    return done
-
-
-def _append_log(writer: Writer, path: Path, key: str, records: list[dict[str, Any]]) -> None:
-    """Through the unit's writer (on a Ray worker: handed to the driver, the one writer), durably."""
-    sealed = [{"key": key, **record} for record in records]
-    writer.append(path, "".join(json.dumps({**r, CHECKSUM: record_checksum(r)}) + "\n" for r in sealed))
+def _document(record: dict[str, Any]) -> tuple[int, str] | None:
+    """A log record's document: its index in --data and its text's hash (None: not a document's record)."""
+    doc, sha = record.get("doc"), record.get("text_sha")
+    return (doc, sha) if isinstance(doc, int) and isinstance(sha, str) else None
 
 
 # ---- tables, plot and command -------------------------------------------------------------------

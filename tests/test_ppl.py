@@ -212,6 +212,7 @@ def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
         assert d.pairing_detail.startswith("paired")
     assert "loss (lower is better)" in differences_table(comparison)
     board = build_markdown([tmp_path / "out"])[0]  # the leaderboard's own table, titled with the direction
+    assert "## Perplexity (lower is better) (mean over checkpoints)\n" in board  # no stderr: ppl rows have none
     section = board.split("## Perplexity (lower is better)")[1].split("##")[0]
     anchor_line = next(line for line in section.splitlines() if line.startswith("| tiny-long-anchor-shipped"))
     mean_at_128 = statistics.fmean(v for (_, n), v in rows["tiny-long-anchor-shipped"].items() if n == 128)
@@ -259,7 +260,7 @@ def test_an_edited_record_is_refused_and_one_without_a_checksum_is_computed_agai
     assert len(records) == 2 and all("sha" in r for r in records)
     edited = [{**records[0], "nll": records[0]["nll"] / 2}, records[1]]
     log.write_text("".join(json.dumps(r) + "\n" for r in edited))
-    with pytest.raises(UserError, match=r"256\.jsonl, line 1: the record was changed"):
+    with pytest.raises(UserError, match=r"256\.jsonl:1 does not match its checksum"):
         _run(TINY, data, tmp_path / "out", [256])
     log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sha"}) + "\n" for r in records))
     assert _values(_run(TINY, data, tmp_path / "out", [256])) == {256: (pytest.approx(first[256][0], rel=1e-6), 2)}

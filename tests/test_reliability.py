@@ -331,7 +331,7 @@ def test_a_sample_log_with_duplicated_lines_keeps_the_first_of_each(tmp_path):
     ]
     path.write_text("".join(json.dumps({**line, "sha": record_checksum(line)}) + "\n" for line in lines))
     log = SampleLog(path, "k")
-    assert [(r["index"], r["prediction"]) for r in log.ordered()] == [(0, "a"), (1, "b"), (2, "c")]
+    assert [(i, r["prediction"]) for i, r in sorted(log.records.items())] == [(0, "a"), (1, "b"), (2, "c")]
     log.append([{"index": 3, "prediction": "d"}])
     on_disk = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["index"], r["prediction"]) for r in on_disk] == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]

@@ -332,6 +332,13 @@ def benchmark_table(rows: list[ResultRow]) -> str:
     return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
 
 
+def _benchmark_heading(title: str, rows: list[ResultRow]) -> str:
+    """A benchmark_table's heading, naming what its cells hold: "± stderr" only when a row records one
+    (ppl's rows never do)."""
+    errors = " ± stderr" if any(row.stderr is not None for row in rows) else ""
+    return f"## {title} (mean over checkpoints{errors})"
+
+
 def _mean_cell(found: tuple[float, float | None] | None) -> str:
     if found is None:
         return "–"
@@ -511,11 +518,12 @@ def build_markdown(
             "",
         ]
     if general:
-        parts += ["## General tasks (mean over checkpoints ± stderr)", "", benchmark_table(headline_rows(general)), ""]
+        headline = headline_rows(general)
+        parts += [_benchmark_heading("General tasks", headline), "", benchmark_table(headline), ""]
     for name, summaries in others.items():
         title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), name)  # the benchmark's own
         rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
-        parts += [f"## {title} (mean over checkpoints ± stderr)", "", benchmark_table(rows), ""]
+        parts += [_benchmark_heading(title, rows), "", benchmark_table(rows), ""]
     if unread:
         parts += ["## " + not_read_note(unread), ""]
     failures = failure_notes(dirs)

@@ -234,7 +234,7 @@ def _evaluate_task(
     label = encoding_label(settings.encoding, settings.doc_tokens)
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
     log = SampleLog(log_file, key.answers, writer=store.writer)
-    todo = [s for s in samples if s.index not in log.done()]
+    todo = [s for s in samples if s.index not in log.records]
     progress(len(samples) - len(todo), len(samples))
     if todo:
         if label == STANDARD:

@@ -23,45 +23,21 @@ def git_state() -> tuple[str, tuple[str, ...]]:
 
 
 def checkout_state(root: Path) -> tuple[str, tuple[str, ...]]:
-    """(commit, changed tracked files) of the git checkout at `root`; see git_state."""
+    """(commit, changed tracked files) of the git checkout at `root`; see git_state. A change counts
+    whether staged or not (the work tree against HEAD), and a rename names both its paths."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
-        if head.returncode != 0:
-            return "unknown", ()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "-z"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
+        head = git("rev-parse", "--short=12", "HEAD")
+        changed = git("diff", "HEAD", "--name-only", "--no-renames", "-z")
     except (OSError, subprocess.SubprocessError):
         return "unknown", ()
-    files = _changed_files(dirty.stdout)
+    if head.returncode != 0:
+        return "unknown", ()
+    files = tuple(sorted(name for name in changed.stdout.split("\0") if name))
     return head.stdout.strip() + ("+dirty" if files else ""), files
-
-
-def _changed_files(porcelain_z: str) -> tuple[str, ...]:
-    """The paths of `git status --porcelain -z`: "XY path" entries; a rename or copy is followed
-    by its source path as an entry of its own, listed too (both sides changed)."""
-    entries, files = porcelain_z.split("\0"), set()
-    i = 0
-    while i < len(entries):
-        entry = entries[i]
-        if len(entry) > 3:
-            files.add(entry[3:])
-            if "R" in entry[:2] or "C" in entry[:2]:
-                files.add(entries[i + 1])
-                i += 1
-        i += 1
-    return tuple(sorted(files))
-
-
-def git_hash() -> str:
-    """The evalkit checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
-    return git_state()[0]
 
 
 def cpu_name() -> str:

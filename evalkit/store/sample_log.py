@@ -1,12 +1,13 @@
 """Where results live and how they survive a kill.
 
     <out>/<run>/step-<N>/ruler/<task>/<length>.jsonl   one line per finished sample (appended, fsynced)
+    <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl        one line per finished document (the same)
     <out>/<run>/step-<N>/ruler-summary.json            long-form rows + provenance (atomic)
 
 A per-sample log is the unit of resumption: a rerun reads it, keeps the lines made under the
 same key (`key`: RULER's answer key, evalkit.ruler.runner.answer_key: the sample's prompt, the
-engine's result facts and every setting that changes an answer, not the sample count) and
-computes only the samples that are missing.
+engine's result facts and every setting that changes an answer, not the sample count; ppl's,
+PplBenchmark._key) and computes only the samples that are missing.
 
 Each record carries `sha`, the sha256 of its own canonical JSON without that field: a record
 edited by hand (an answer or a score changed) no longer matches it, and loading the log refuses
@@ -19,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +58,31 @@ class Writer:
 HERE = Writer()
 
 
-class SampleLog:
-    """Append-only JSONL of finished samples, keyed by sample index, for one (task, length)."""
+def sample_index(record: dict[str, Any]) -> int | None:
+    """RULER's sample id: its index (None: not a sample record)."""
+    index = record.get("index")
+    return index if isinstance(index, int) else None
 
-    def __init__(self, path: Path, key: str, writer: Writer = HERE):
-        """`writer`: where the log's changes go (a Ray worker's: to its driver)."""
-        self.path, self.key, self.writer = Path(path), key, writer
-        self.records: dict[int, dict[str, Any]] = {}
+
+@dataclass
+class SampleLog:
+    """Append-only JSONL of finished samples for one unit, each record sealed with its key and
+    checksum, read back by its sample's id (`identify`: None for a record that is not a sample's).
+
+    A log of its own (RULER's: one per cell) is rewritten without the lines it will not use. A
+    `shared` log (ppl's: every encoding and setting of a length in one file) is never rewritten: the
+    lines of other keys stay for their own reruns, a torn line anywhere is passed over, and a record
+    from before checksums is computed again rather than refused."""
+
+    path: Path
+    key: str
+    writer: Writer = HERE  # where the log's changes go (a Ray worker's: to its driver)
+    _: KW_ONLY
+    identify: Callable[[dict[str, Any]], Any] = sample_index
+    shared: bool = False
+    records: dict[Any, dict[str, Any]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
         if self.path.is_file():
             self._load()
 
@@ -72,31 +93,32 @@ class SampleLog:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                if number < len(lines) and line.strip():  # only a killed run's last line is torn
+                if not self.shared and number < len(lines) and line.strip():  # only a killed run's last line is torn
                     raise UserError(
                         f"{self.path}:{number} is not a sample record (not written by evalkit?); move the file "
                         "away, or delete that line, and rerun"
                     ) from None
                 dropped = True
                 continue
-            self._verify(record, number)
-            if record.get(KEY) != self.key:  # made from other data or settings: recompute
+            if self.shared and not (isinstance(record, dict) and record.get(KEY) == self.key and CHECKSUM in record):
+                continue  # another key's record, or one from before checksums: computed again, never trusted
+            sample = self._verify(record, number)
+            # Made from other data or settings: recompute. A sample twice: two writers once appended it
+            # (before output_lock existed), and the first line stands, so the log holds each sample once.
+            if record.get(KEY) != self.key or sample in self.records:
                 dropped = True
                 continue
-            if int(record["index"]) in self.records:
-                # Two writers once appended the same sample (before output_lock existed): the
-                # first line stands, so the log again holds each sample once.
-                dropped = True
-                continue
-            self.records[int(record["index"])] = record
+            self.records[sample] = record
             kept.append(line)
-        if dropped:  # rewrite without the lines we will not use, so appends stay clean
+        if dropped and not self.shared:  # rewrite without the lines we will not use, so appends stay clean
             self.writer.text(self.path, "".join(line + "\n" for line in kept))
 
-    def _verify(self, record: Any, number: int) -> None:
-        """Refuse a record that is not what evalkit wrote: not a sample record, or not matching its checksum."""
+    def _verify(self, record: Any, number: int) -> Any:
+        """The record's sample id; refuse a record that is not what evalkit wrote: not a sample
+        record, or not matching its checksum."""
         where = f"{self.path}:{number}"
-        if not isinstance(record, dict) or not isinstance(record.get("index"), int):
+        sample = self.identify(record) if isinstance(record, dict) else None
+        if sample is None:
             raise UserError(
                 f"{where} is not a sample record (edited by hand?); delete that line, "
                 "or the file, and rerun to recompute it"
@@ -110,24 +132,16 @@ class SampleLog:
                 f"{where} does not match its checksum (edited or damaged); delete that line, "
                 "or the file, and rerun to recompute it"
             )
-
-    def done(self) -> set[int]:
-        return set(self.records)
+        return sample
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Add finished samples durably: a kill after this returns loses none of them."""
         if not records:
             return
-        sealed = []
-        for record in records:
-            record = {**record, KEY: self.key}
-            record[CHECKSUM] = record_checksum(record)
-            sealed.append(record)
+        keyed = [{**record, KEY: self.key} for record in records]
+        sealed = [{**record, CHECKSUM: record_checksum(record)} for record in keyed]
         self.writer.append(self.path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in sealed))
-        self.records.update((int(record["index"]), record) for record in sealed)
-
-    def ordered(self) -> list[dict[str, Any]]:
-        return [self.records[i] for i in sorted(self.records)]
+        self.records.update((self.identify(record), record) for record in sealed)
 
 
 def record_checksum(record: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
 from evalkit.models.check import check_checkpoint
-from evalkit.store.provenance import git_hash
+from evalkit.store.provenance import git_state
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
 from evalkit.train.config import TrainConfig, base_model_record, check_inputs, merge_sections
@@ -413,7 +413,7 @@ def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source
         "data_fingerprint": data_fingerprint(source, config.data.window_start),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "evalkit_version": evalkit.__version__,
-        "git_hash": git_hash(),
+        "git_hash": git_state()[0],
         "world_size": ctx.world_size,
     }
 

@@ -146,6 +146,7 @@ def test_tables_match_hand_arithmetic(results):
     assert "- tiny-anchor: cwe at 512 skipped: does not fit: needs a length of at least 1156 tokens" in text
     assert "| tiny-anchor | niah_single_1 | 85.00 | 45.00 |" in text  # per task: (80+90)/2, (40+50)/2
     # general: paradigm from the checkpoint's meta; a summary without it (written before 0.1) shows "?"
+    assert "## General tasks (mean over checkpoints ± stderr)\n" in text  # its rows record a stderr
     assert (
         "| tiny-anchor | anchor | ? | ? | 0.3500 ± 0.0200 |" in text
         and "| tiny-full | ? | ? | ? | 0.3000 ± 0.0200 |" in text
