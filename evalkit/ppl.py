@@ -322,12 +322,7 @@ class PplBenchmark(Benchmark):
 
     def __init__(self, settings: PplSettings) -> None:
         self.settings = settings
-        engine_settings = {**settings.engine_args, "batch_size": settings.batch_size, "max_length": settings.max_length}
-        if settings.dtype:
-            engine_settings["dtype"] = settings.dtype
-        if settings.encoding != STANDARD and settings.engine == "vllm":
-            engine_settings["packed"] = True  # evalkit's attention backend, for the packed layouts
-        self.engine = EngineChoice(settings.engine, engine_settings)
+        self.engine = EngineChoice.of(settings)
         self._documents: list[str] = []
         self._tokens: dict[Path, tuple[str, list[list[int]]]] = {}
 

@@ -348,12 +348,7 @@ class RulerBenchmark(Benchmark):
 
     def __init__(self, settings: RulerSettings) -> None:
         self.settings = settings
-        engine_settings = {**settings.engine_args, "batch_size": settings.batch_size, "max_length": settings.max_length}
-        if settings.dtype:
-            engine_settings["dtype"] = settings.dtype
-        if settings.encoding != STANDARD and settings.engine == "vllm":
-            engine_settings["packed"] = True  # evalkit's attention backend, for the packed requests
-        self.engine = EngineChoice(settings.engine, engine_settings)
+        self.engine = EngineChoice.of(settings)
         self._specs = {task: task_spec(task) for task in settings.tasks}  # each task resolved once
         self._tokenizers: dict[Path, object] = {}
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalkit.store.result_format import STANDARD
+
 
 @dataclass(frozen=True)
 class EngineChoice:
@@ -15,6 +17,17 @@ class EngineChoice:
 
     name: str = "hf"
     settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, settings: Any) -> EngineChoice:
+        """From a benchmark's settings (engine, engine_args, batch_size, max_length, dtype, encoding).
+        Any encoding but the standard one packs documents: vLLM then needs evalkit's attention backend."""
+        chosen = {**settings.engine_args, "batch_size": settings.batch_size, "max_length": settings.max_length}
+        if settings.dtype:
+            chosen["dtype"] = settings.dtype
+        if settings.encoding != STANDARD and settings.engine == "vllm":
+            chosen["packed"] = True
+        return cls(settings.engine, chosen)
 
 
 class LazyEngine:
