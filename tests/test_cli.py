@@ -50,6 +50,7 @@ def test_help_lists_every_command_without_importing_heavy_optionals():
         (["--paradigms", "anchr"], "unknown paradigm 'anchr'"),
         (["--paradigms", "full"], "full is the baseline"),
         (["--impls", "flex"], "cannot run forward+backward on cpu"),
+        (["--device", "cpux"], "--device must be cpu or cuda, got 'cpux'"),
     ],
 )
 def test_bad_bench_input_is_one_line_error(args, message):

@@ -87,6 +87,8 @@ def bench_attention(
         raise UserError(f"--kv-heads must be at least 1 (or 0: same as --heads), got {kv_heads}")
 
     check_dtype(dtype)
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda":
         import torch
 
