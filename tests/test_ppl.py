@@ -425,3 +425,19 @@ def test_both_encodings_into_one_out_are_one_summary_two_series_and_compare_pair
         (run.name, anchor, 256),
     }
     assert all(d.pairing == "checkpoints+samples" for d in comparison.differences)
+
+
+def test_a_record_appended_after_a_killed_runs_torn_line_is_read_back(tmp_path):
+    """A kill can tear the last line of a shared log (ppl's, never rewritten): the next run's first
+    record must start a line of its own, not continue the torn one and be lost to every later read."""
+    from evalkit.store.sample_log import SampleLog
+
+    path = tmp_path / "1024.jsonl"
+    path.write_text('{"doc": 0, "text_sha": "ab')  # a kill mid-line
+
+    def opened() -> SampleLog:
+        return SampleLog(path, "k", identify=lambda record: record.get("doc"), shared=True)
+
+    opened().append([{"doc": 1, "loss": 2.5}])
+    assert {doc: record["loss"] for doc, record in opened().records.items()} == {1: 2.5}
+    assert path.read_text().startswith('{"doc": 0, "text_sha": "ab\n')  # the torn line is kept, not rewritten

@@ -88,7 +88,8 @@ class SampleLog:
 
     def _load(self) -> None:
         kept, dropped = [], False
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        text = self.path.read_text(encoding="utf-8")
+        lines = text.splitlines()
         for number, line in enumerate(lines, start=1):
             try:
                 record = json.loads(line)
@@ -112,6 +113,8 @@ class SampleLog:
             kept.append(line)
         if dropped and not self.shared:  # rewrite without the lines we will not use, so appends stay clean
             self.writer.text(self.path, "".join(line + "\n" for line in kept))
+        elif text and not text.endswith("\n"):  # a shared log's torn last line: later appends start a new one
+            self.writer.append(self.path, "\n")
 
     def _verify(self, record: Any, number: int) -> Any:
         """The record's sample id; refuse a record that is not what evalkit wrote: not a sample
