@@ -31,7 +31,7 @@ from evalkit.results.summaries import (
     find_summaries,
     not_read_note,
 )
-from evalkit.store.averages import length_averages, per_checkpoint_length_means
+from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
 from evalkit.store.result_format import (
     EXPORT_FIELDS,
     STANDARD,
@@ -57,9 +57,7 @@ class RunInfo:
 
     run: str
     steps: list[int] = field(default_factory=list)
-    paradigm: str = "?"
-    model: str = "?"
-    data: str = "?"
+    described: tuple[str, str, str] = ("?", "?", "?")  # CHECKPOINT_COLUMNS
     settings: dict = field(default_factory=dict)  # RULER: tasks, samples, seed per run
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)
 
@@ -99,7 +97,7 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
     for summary in ruler:
         info = infos.setdefault(summary["run"], RunInfo(summary["run"]))
         info.steps.append(int(summary["step"]))
-        info.paradigm, info.model, info.data = describe_checkpoint(summary)
+        info.described = describe_checkpoint(summary)
         settings = summary.get("provenance", {}).get("settings", {})
         key = {
             "tasks": tuple(sorted(settings.get("tasks", []))),
@@ -119,24 +117,11 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
     return infos
 
 
-@dataclass
-class TableCell:
-    mean: float
-    std: float
-    checkpoints: int
-    tasks: int
-
-
-def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], TableCell]:
+def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], RunAverage]:
     """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average (the one
     computation of --avg, evalkit.store.averages, without its demand that every checkpoint scored
     the same tasks: the leaderboard shows what is stored)."""
-    return {
-        (average.run, average.length): TableCell(
-            average.mean, average.std, len(average.checkpoints), len(average.tasks)
-        )
-        for average in length_averages(rows, same_tasks=False)
-    }
+    return {(average.run, average.length): average for average in length_averages(rows, same_tasks=False)}
 
 
 def _best(values: dict[str, float]) -> set[str]:
@@ -186,41 +171,30 @@ def ahead_by_compare(rows: list[ResultRow], series: dict | None) -> dict[int, se
 def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int, set[str]]) -> str:
     """`best`: per length, the runs to bold (ahead_by_compare)."""
     cells = ruler_cells(rows)
-    runs = sorted(infos)
     lengths = sorted({length for _, length in cells})
-    averages = {
-        run: statistics.fmean(cells[(run, n)].mean for n in lengths if (run, n) in cells)
-        for run in runs
-        if any((run, n) in cells for n in lengths)
-    }
     differs = _differing_settings(infos)
     table = []
-    for run in runs:
-        info = infos[run]
+    for run, info in sorted(infos.items()):
+        mine = {n: cells[(run, n)] for n in lengths if (run, n) in cells}
         text = []
         for n in lengths:
-            cell = cells.get((run, n))
-            if cell is None:
-                text.append("–")
-                continue
-            value = f"{cell.mean:.2f} ± {cell.std:.2f}"
+            value = f"{mine[n].mean:.2f} ± {mine[n].std:.2f}" if n in mine else "–"
             text.append(f"**{value}**" if run in best.get(n, set()) else value)
-        avg = f"{averages[run]:.2f}" if run in averages else "–"  # never bold: compare tests no average over lengths
-        behind = _behind(cells, run, lengths, info.settings.get("samples"))
+        # never bold: compare tests no average over lengths
+        avg = f"{statistics.fmean(cell.mean for cell in mine.values()):.2f}" if mine else "–"
+        behind = _behind(mine, info.settings.get("samples"))
         mark = " †" if run in differs else ""
-        steps = ", ".join(map(str, info.steps))
-        described = [getattr(info, name) for name in CHECKPOINT_COLUMNS]
-        table.append([f"{run}{mark}", *described, steps, *text, avg, behind])
+        table.append([f"{run}{mark}", *info.described, ", ".join(map(str, info.steps)), *text, avg, behind])
     header = ["run", *CHECKPOINT_COLUMNS, "steps", *map(_label, lengths), "avg", "behind each value"]
     return markdown_table(header, table)
 
 
-def _behind(cells: dict, run: str, lengths: list[int], samples) -> str:
-    """Checkpoints, tasks and samples behind a run's values; the lengths named when counts differ."""
+def _behind(cells: dict[int, RunAverage], samples) -> str:
+    """Checkpoints, tasks and samples behind a run's values (`cells`: by length); the lengths named
+    when counts differ."""
     by_count: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for n in lengths:
-        if (run, n) in cells:
-            by_count[(cells[(run, n)].checkpoints, cells[(run, n)].tasks)].append(n)
+    for n, cell in cells.items():
+        by_count[(len(cell.checkpoints), len(cell.tasks))].append(n)
     if len(by_count) == 1:
         ((k, t),) = by_count
         return f"{k} ckpt × {t} tasks × {samples} samples"
@@ -299,15 +273,11 @@ def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues
             continue
         column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
         values[(row.series(), column)].append((row.value, row.stderr))  # an encoding: a series of its own
-    return {
-        key: (statistics.fmean(value for value, _ in found), _mean_or_none([error for _, error in found]))
-        for key, found in values.items()
-    }
-
-
-def _mean_or_none(values: list[float | None]) -> float | None:
-    known = [value for value in values if value is not None]
-    return statistics.fmean(known) if known else None
+    cells: ColumnValues = {}
+    for key, found in values.items():
+        errors = [error for _, error in found if error is not None]
+        cells[key] = (statistics.fmean(value for value, _ in found), statistics.fmean(errors) if errors else None)
+    return cells
 
 
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
@@ -347,8 +317,7 @@ def _mean_cell(found: tuple[float, float | None] | None) -> str:
 
 
 def provenance_notes(summaries: list[dict]) -> str:
-    seen = set()
-    lines = []
+    lines: dict[tuple, str] = {}  # one line per engine and evalkit of a run: the first summary's tokenizer
     for summary in summaries:
         p = summary.get("provenance", {})
         engine = p.get("engine", {})
@@ -361,14 +330,12 @@ def provenance_notes(summaries: list[dict]) -> str:
             p.get("evalkit_version"),
             p.get("git_hash"),
         )
-        if key in seen:
-            continue
-        seen.add(key)
-        lines.append(
+        lines.setdefault(
+            key,
             f"- {key[0]} {summary['run']}: engine {key[2]}, dtype {key[3]}, batch size {key[4]}, "
-            f"evalkit {key[5]} ({key[6]}), tokenizer {engine.get('tokenizer_fingerprint', '?')}"
+            f"evalkit {key[5]} ({key[6]}), tokenizer {engine.get('tokenizer_fingerprint', '?')}",
         )
-    return "\n".join(lines)
+    return "\n".join(lines.values())
 
 
 def other_benchmarks(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
@@ -534,20 +501,10 @@ def build_markdown(
     return "\n".join(parts), ruler, general
 
 
-def export_rows(dirs: list[Path], unread: list[str] | None = None) -> list[ResultRow]:
-    """Every stored number under `dirs` as a schema row (RULER, lm-eval tasks and any other benchmark);
-    a summary of another format is left out, a line saying why added to `unread`."""
-    summaries = find_summaries(dirs, RULER_SUMMARY, unread) + find_summaries(dirs, GENERAL_SUMMARY, unread)
-    summaries += [summary for found in other_benchmarks(dirs, unread).values() for summary in found]
-    rows = [row for summary in summaries for row in summary_rows(summary)]
-    if not rows:
-        raise nothing_to_show(f"no *{SUMMARY_SUFFIX} with rows", dirs)
-    return rows
-
-
 def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | None = None) -> Path:
-    """--format csv|json: long-form rows, one per number, the schema's fields (EXPORT_FIELDS) as columns;
-    what was left out goes to `unread` (and into the JSON as "not_read")."""
+    """--format csv|json: every stored number under `dirs` (RULER, lm-eval tasks and any other
+    benchmark) as a long-form row, the schema's fields (EXPORT_FIELDS) as columns; a summary of
+    another format is left out, a line saying why added to `unread` (and to the JSON's "not_read")."""
     import csv
     import io
 
@@ -555,8 +512,12 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     from evalkit.results.compare_report import finite
     from evalkit.store.provenance import stamp
 
+    summaries = find_summaries(dirs, RULER_SUMMARY, unread) + find_summaries(dirs, GENERAL_SUMMARY, unread)
+    summaries += [summary for found in other_benchmarks(dirs, unread).values() for summary in found]
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
-    rows = [finite(export_record(row)) for row in export_rows([d for d in dirs if d.is_dir()], unread)]
+    rows = [finite(export_record(row)) for summary in summaries for row in summary_rows(summary)]
+    if not rows:
+        raise nothing_to_show(f"no *{SUMMARY_SUFFIX} with rows", dirs)
     fields = list(EXPORT_FIELDS)
     if form == "json":
         atomic_write_json(out, {"fields": fields, "rows": rows, "not_read": unread or [], "provenance": stamp()})
@@ -594,7 +555,7 @@ def write_leaderboard(
     from evalkit.files import atomic_write_text
     from evalkit.results import plots
 
-    markdown, ruler, general = build_markdown([d for d in dirs if d.is_dir()], threshold, threshold_from)
+    markdown, ruler, general = build_markdown(dirs, threshold, threshold_from)
     plots_dir = plots_dir or out.parent / "plots"
     written = []
     if ruler:
