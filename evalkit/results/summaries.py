@@ -31,26 +31,22 @@ GENERAL_SUMMARY = summary_name("general")
 FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could not evaluate
 
 
-NOT_READ = "Not read (another format; not in any table)"  # the heading of the note below, everywhere
-
-
 def not_read_note(unread: list[str]) -> str:
     """The one note on summaries left out (find_summaries' `notes`): the same heading and lines in
     the markdown leaderboard, on stderr for its csv/json export and for compare, and in compare.md."""
-    return f"{NOT_READ}:\n\n" + "\n".join(unread)
+    return "Not read (another format; not in any table):\n\n" + "\n".join(unread)
 
 
 def other_summary_notes(dirs: list[Path], known: tuple[str, ...]) -> list[str]:
     """One note line per summary of a benchmark a reader does not read (compare: only RULER, lm-eval
     tasks and perplexity have per-sample scores it compares), so that none is left out without a word."""
-    lines = []
-    for directory in dirs:
-        for path in sorted(Path(directory).rglob(f"*{SUMMARY_SUFFIX}")):
-            if path.name not in known:
-                benchmark = path.name[: -len(SUMMARY_SUFFIX)]
-                read = f"{', '.join(known[:-1])} and {known[-1]}" if len(known) > 1 else known[0]
-                lines.append(f"- {path}: not read: compare reads {read}, not {benchmark!r} summaries")
-    return lines
+    read = f"{', '.join(known[:-1])} and {known[-1]}"
+    return [
+        f"- {path}: not read: compare reads {read}, not {path.name[: -len(SUMMARY_SUFFIX)]!r} summaries"
+        for directory in dirs
+        for path in sorted(Path(directory).rglob(f"*{SUMMARY_SUFFIX}"))
+        if path.name not in known
+    ]
 
 
 def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
@@ -64,12 +60,16 @@ def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -
     a line saying why added to `notes`: tabling it as if it were current could only mislead."""
     found: dict[tuple[str, int], tuple[Path, dict]] = {}
     for path in _summary_paths(dirs, name):
-        summary = _read_summary(path)
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserError(f"cannot read {path}: {err}") from None
         reason = not_understood(path, summary)
         if reason is not None:
             if notes is not None:
                 notes.append(f"- {path}: not read: {reason}")
             continue
+        _check_summary(path, summary)
         key = (summary["run"], summary["step"])
         if key in found:
             raise UserError(_duplicate_message(key, found[key], (path, summary)))
@@ -86,14 +86,9 @@ def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
     return list(paths.values())
 
 
-def _read_summary(path: Path) -> dict:
-    """A summary with run, step and rows that all belong to that checkpoint, once per cell."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}") from None
-    if not_understood(path, summary) is not None:
-        return summary  # find_summaries leaves it out, with the reason
+def _check_summary(path: Path, summary: dict) -> None:
+    """Refuse a summary without run, step and rows that all belong to that checkpoint, once per cell
+    (its step read as an int)."""
     shaped = isinstance(summary, dict) and isinstance(summary.get("run"), str) and isinstance(summary.get("rows"), list)
     if not shaped:
         raise UserError(f"{path} is not an evalkit summary (no run or rows); remove it or rerun that checkpoint")
@@ -110,7 +105,6 @@ def _read_summary(path: Path) -> dict:
     twice = sorted((cell for cell, count in Counter(cells).items() if count > 1 and cell is not None), key=str)
     if twice:
         raise UserError(f"{path} holds {' '.join(map(str, twice[0]))} twice; remove it or rerun that checkpoint")
-    return summary
 
 
 def _row_cell(row: ResultRow, summary: dict) -> tuple | None:

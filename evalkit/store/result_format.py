@@ -22,10 +22,11 @@ Stored rows (`schema_version` of the summary; a summary without one is of versio
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from evalkit.files import read_json_object
 
 # The format of every file the pipeline writes (summaries, failure records, averages). Raised when
 # a reader of the old format would misread the new one; readers skip, with a note, a higher one.
@@ -195,10 +196,7 @@ def not_understood(path: Path, record: Any, suffix: str = SUMMARY_SUFFIX) -> str
 
 def read_summary(path: Path) -> dict[str, Any] | None:
     """The summary stored at `path`, or None when there is none (or it is not one)."""
-    try:
-        earlier = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
+    earlier = read_json_object(path)
     if not_understood(path, earlier) is not None:  # another format: neither its stamp nor its engine is reused
         return None
     return earlier if isinstance(earlier.get("rows"), list) else None

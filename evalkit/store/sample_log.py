@@ -119,23 +119,16 @@ class SampleLog:
     def _verify(self, record: Any, number: int) -> Any:
         """The record's sample id; refuse a record that is not what evalkit wrote: not a sample
         record, or not matching its checksum."""
-        where = f"{self.path}:{number}"
         sample = self.identify(record) if isinstance(record, dict) else None
         if sample is None:
-            raise UserError(
-                f"{where} is not a sample record (edited by hand?); delete that line, "
-                "or the file, and rerun to recompute it"
-            )
-        if CHECKSUM not in record:
-            raise UserError(
-                f"{where} has no checksum (edited by hand?); delete that line, or the file, and rerun to recompute it"
-            )
-        if record[CHECKSUM] != record_checksum(record):
-            raise UserError(
-                f"{where} does not match its checksum (edited or damaged); delete that line, "
-                "or the file, and rerun to recompute it"
-            )
-        return sample
+            problem = "is not a sample record (edited by hand?)"
+        elif CHECKSUM not in record:
+            problem = "has no checksum (edited by hand?)"
+        elif record[CHECKSUM] != record_checksum(record):
+            problem = "does not match its checksum (edited or damaged)"
+        else:
+            return sample
+        raise UserError(f"{self.path}:{number} {problem}; delete that line, or the file, and rerun to recompute it")
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Add finished samples durably: a kill after this returns loses none of them."""

@@ -3,7 +3,6 @@ executors (the shards, the Ray workers: evalkit.sweep) and the benchmarks name t
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import check_output_dir, refuse_foreign
+from evalkit.files import check_output_dir, read_json_object, refuse_foreign
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.result_format import failed_name, not_understood, summary_name
 from evalkit.store.sample_log import HERE, Writer, checkpoint_dir
@@ -93,12 +92,8 @@ def check_results_dir(out: Path, benchmark: str, refs: Iterable[CheckpointRef]) 
     check_output_dir(out)
     refuse_foreign(averages)
     for files in checkpoints:
-        refuse_foreign([files.summary, files.failed])
-        try:
-            stored = json.loads(files.summary.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        reason = not_understood(files.summary, stored)
+        refuse_foreign([files.summary, files.failed])  # what is left there is an evalkit JSON object, or nothing
+        reason = not_understood(files.summary, read_json_object(files.summary))
         if reason is not None:
             raise UserError(
                 f"{files.summary} is of another format ({reason}); it is not replaced: choose another --out"
