@@ -37,7 +37,6 @@ from evalkit.store.result_format import (
     STANDARD,
     ResultRow,
     describe_checkpoint,
-    encoding_label,
     export_record,
     not_understood,
     series_name,
@@ -68,27 +67,16 @@ def encoding_series(ruler: list[dict]) -> list[dict]:
     every table and plot then shows the two encodings as two rows, never averaged together."""
     split = []
     for summary in ruler:
-        rows: dict[str | None, list[ResultRow]] = defaultdict(list)
-        skips: dict[str | None, list[dict]] = defaultdict(list)
+        rows: dict[str, list[ResultRow]] = defaultdict(list)
+        skips: dict[str, list[dict]] = defaultdict(list)
         for row in summary_rows(summary):
-            rows[row.encoding_label()].append(row)
+            rows[row.series()].append(row)
         for skip in summary.get("skipped", []):
-            skips[encoding_label(skip.get("encoding"), skip.get("doc_tokens"))].append(skip)
-        for label in sorted(set(rows) | set(skips), key=lambda label: (label != STANDARD, label)):
-            if rows.get(label):
-                encoding, doc_tokens = rows[label][0].encoding, rows[label][0].doc_tokens
-            else:
-                encoding, doc_tokens = skips[label][0].get("encoding"), skips[label][0].get("doc_tokens")
-            name = series_name(summary["run"], encoding, doc_tokens)
-            split.append(
-                {
-                    **summary,
-                    "run": name,
-                    # its encoding is in the name now, so each row reads as standard
-                    "rows": [replace(r, run=name, encoding=STANDARD, doc_tokens=None) for r in rows.get(label, [])],
-                    "skipped": skips.get(label, []),
-                }
-            )
+            skips[series_name(summary["run"], skip.get("encoding"), skip.get("doc_tokens"))].append(skip)
+        for name in sorted(set(rows) | set(skips), key=lambda name: (name != summary["run"], name)):
+            # its encoding is in the name now, so each row reads as standard
+            standard = [replace(row, run=name, encoding=STANDARD, doc_tokens=None) for row in rows[name]]
+            split.append({**summary, "run": name, "rows": standard, "skipped": skips[name]})
     return split
 
 
@@ -135,25 +123,21 @@ def _best(values: dict[str, float]) -> set[str]:
     return set(leaders) if len(leaders) == 1 else set()
 
 
-def leaders(rows: list[ResultRow]) -> dict[int, set[str]]:
-    """Per length, the strict leader of the task averages (_best), before any test."""
-    cells = ruler_cells(rows)
-    lengths = sorted({length for _, length in cells})
-    return {n: _best({run: cell.mean for (run, at), cell in cells.items() if at == n}) for n in lengths}
-
-
 def ahead_by_compare(rows: list[ResultRow], series: dict | None) -> dict[int, set[str]]:
     """Per length, the run to bold: the strict leader there where `evalkit compare --baseline LEADER`
     (same bootstrap, seed 0) finds every other run there behind it, significantly (compare.significant,
     one test for both). Nothing without usable per-sample logs: compare could not say either."""
     from evalkit.results.compare import compare, significant
 
-    ahead = leaders(rows)
-    bold: dict[int, set[str]] = {n: set() for n in ahead}
-    runs_at = {n: {run for run, at in ruler_cells(rows) if at == n} for n in bold}
+    cells = ruler_cells(rows)
+    runs_at: dict[int, set[str]] = defaultdict(set)
+    for run, n in cells:
+        runs_at[n].add(run)
+    bold: dict[int, set[str]] = {n: set() for n in runs_at}
     runs = set().union(*runs_at.values())
     if series is None or not runs <= set(series):
         return bold
+    ahead = {n: _best({run: cells[(run, n)].mean for run in at}) for n, at in runs_at.items()}  # before any test
     for leader in sorted(set().union(*ahead.values())):
         others = sorted(runs - {leader})
         try:
@@ -399,14 +383,11 @@ def effective_length_table(
         point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
         below = f"< {_label(lengths[run][0])}"
         shown = _label(point) if point is not None else below
-        has_logs = (
-            boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells())
-        )
-        found = effective_length(boot, run, threshold) if boot is not None and has_logs else None
-        if found is None:
-            spread = f"– ({unusable})"
-        else:
+        if boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells()):
+            found = effective_length(boot, run, threshold)
             spread = "[" + ", ".join(_label(n) if n is not None else below for n in (found.low, found.high)) + "]"
+        else:
+            spread = f"– ({unusable})"
         table.append([run, shown, spread])
     return markdown_table(["run", "effective length", "95% interval (bootstrap, seed 0)"], table), threshold
 
