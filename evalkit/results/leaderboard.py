@@ -27,7 +27,6 @@ from evalkit.results.summaries import (
     FAILED_SUFFIX,
     GENERAL_SUMMARY,
     RULER_SUMMARY,
-    SUMMARY_SUFFIX,
     find_summaries,
     not_read_note,
 )
@@ -35,6 +34,7 @@ from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_l
 from evalkit.store.result_format import (
     EXPORT_FIELDS,
     STANDARD,
+    SUMMARY_SUFFIX,
     ResultRow,
     describe_checkpoint,
     export_record,
@@ -100,8 +100,6 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
         info.settings = key
         for skip in summary.get("skipped", []):
             info.skipped[(skip["task"], int(skip["length"]))] = skip["reason"]
-    for info in infos.values():
-        info.steps.sort()
     return infos
 
 
@@ -168,7 +166,7 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int
         avg = f"{statistics.fmean(cell.mean for cell in mine.values()):.2f}" if mine else "–"
         behind = _behind(mine, info.settings.get("samples"))
         mark = " †" if run in differs else ""
-        table.append([f"{run}{mark}", *info.described, ", ".join(map(str, info.steps)), *text, avg, behind])
+        table.append([f"{run}{mark}", *info.described, ", ".join(map(str, sorted(info.steps))), *text, avg, behind])
     header = ["run", *CHECKPOINT_COLUMNS, "steps", *map(_label, lengths), "avg", "behind each value"]
     return markdown_table(header, table)
 

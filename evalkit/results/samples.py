@@ -4,16 +4,12 @@
     <out>/<run>/step-<N>/general/<task>.samples.jsonl              lm-eval: doc_id, doc/target/prompt hashes, metrics
     <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl                    perplexity: doc, text_sha, tokens, nll
 
-Everything is keyed by series and cell: a series is one line of the leaderboard (a run, or a run
-under another encoding: `ResultRow.series`), a cell one number of it (a task at a
-length for RULER, a task's metric under a filter for lm-eval). Each sample carries its identity
-(RULER: its reference answers; lm-eval: the document's and target's hashes) and its prompt hash:
-two checkpoints answered the same sample when the index and the identity agree. Nothing is
-assumed paired: `evalkit.results.compare` checks these.
-
-A log is checked against its summary: the mean of its per-sample scores must be the summary's
-score (to the summary's rounding), so a log from another evaluation than the one the summary
-reports is refused rather than compared.
+Keyed by series (a leaderboard line: a run, or a run under another encoding, `ResultRow.series`)
+and cell (one number of it: RULER's task at a length, an lm-eval task's metric under a filter).
+Each sample carries its identity (RULER: its references; lm-eval: the document's and target's
+hashes) and its prompt hash: two checkpoints answered the same sample when index and identity
+agree, which `evalkit.results.compare` checks rather than assumes. A log whose mean is not its
+summary's score (to the summary's rounding) is from another evaluation: refused, not compared.
 """
 
 from __future__ import annotations
@@ -25,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, other_summary_notes, summary_files
-from evalkit.store.result_format import STANDARD, describe_checkpoint, summary_name, summary_rows
+from evalkit.results.summaries import GENERAL_SUMMARY, RULER_SUMMARY, summary_files
+from evalkit.store.result_format import STANDARD, SUMMARY_SUFFIX, describe_checkpoint, summary_name, summary_rows
 from evalkit.store.sample_log import CHECKSUM, KEY, record_checksum
 
 PPL_SUMMARY = summary_name("ppl")
@@ -153,8 +149,13 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
-    if notes is not None:
-        notes += other_summary_notes([path], (RULER_SUMMARY, GENERAL_SUMMARY, PPL_SUMMARY))
+    if notes is not None:  # only these benchmarks have per-sample scores to compare: the others noted, not dropped
+        notes += [
+            f"- {other}: not read: compare reads {RULER_SUMMARY}, {GENERAL_SUMMARY} and {PPL_SUMMARY}, "
+            f"not {other.name[: -len(SUMMARY_SUFFIX)]!r} summaries"
+            for other in sorted(path.rglob(f"*{SUMMARY_SUFFIX}"))
+            if other.name not in (RULER_SUMMARY, GENERAL_SUMMARY, PPL_SUMMARY)
+        ]
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells), (PPL_SUMMARY, _ppl_cells)):
         for file, summary in summary_files([path], name, notes):
             paradigm, model, _data = describe_checkpoint(summary)

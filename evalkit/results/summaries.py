@@ -18,7 +18,6 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.store.result_format import (
     STANDARD,
-    SUMMARY_SUFFIX,
     ResultRow,
     failed_name,
     not_understood,
@@ -35,18 +34,6 @@ def not_read_note(unread: list[str]) -> str:
     """The one note on summaries left out (find_summaries' `notes`): the same heading and lines in
     the markdown leaderboard, on stderr for its csv/json export and for compare, and in compare.md."""
     return "Not read (another format; not in any table):\n\n" + "\n".join(unread)
-
-
-def other_summary_notes(dirs: list[Path], known: tuple[str, ...]) -> list[str]:
-    """One note line per summary of a benchmark a reader does not read (compare: only RULER, lm-eval
-    tasks and perplexity have per-sample scores it compares), so that none is left out without a word."""
-    read = f"{', '.join(known[:-1])} and {known[-1]}"
-    return [
-        f"- {path}: not read: compare reads {read}, not {path.name[: -len(SUMMARY_SUFFIX)]!r} summaries"
-        for directory in dirs
-        for path in sorted(Path(directory).rglob(f"*{SUMMARY_SUFFIX}"))
-        if path.name not in known
-    ]
 
 
 def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
