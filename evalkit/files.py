@@ -85,9 +85,9 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 def check_replaceable(destination: Path, is_ours: Callable[[Path], bool], what: str, overwrite: bool) -> None:
-    """Refuse, before any work, a destination whose loss the user did not ask for: a file, a
-    symbolic link, a non-empty directory evalkit did not write (`is_ours(destination)` False:
-    never replaced), or one it did without `overwrite`. `what` names evalkit's own output in the message."""
+    """Refuse, before any work, a destination whose loss the user did not ask for: a file, a symbolic
+    link, a non-empty directory evalkit did not write (`is_ours` False), or one it did without
+    `overwrite`. `what` names evalkit's own output in the message."""
     destination = Path(destination)
     _check_creatable(destination, destination.parent, "destination")  # written beside it, then renamed into place
     # What a killed earlier writer left goes first: a destination it had set aside is put back,
@@ -152,10 +152,9 @@ def _kind(path: Path, target: Path, option: str) -> str | None:
 
 
 def new_directory_beside(destination: Path) -> Path:
-    """A fresh hidden directory next to `destination` (same filesystem, so a rename moves it in),
-    with the permissions mkdir would give (mkdtemp makes 0700). Its name carries this process's
-    pid, so a later writer can tell a build left by a killed process (kill -9, a power cut) from
-    one in progress, and first cleans what such a process left (see _clean_after_dead_writers)."""
+    """A fresh hidden directory next to `destination` (same filesystem: a rename moves it in), with
+    mkdir's permissions (mkdtemp makes 0700). Its name carries this pid, so a later writer tells a
+    killed process's build from one in progress (_clean_after_dead_writers)."""
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     _clean_after_dead_writers(destination)
@@ -221,16 +220,13 @@ OTHER_HOST_QUIET_S = 15 * 60
 def output_lock(directory: Path, *, leave_no_trace: bool = False) -> Iterator[Path]:
     """Hold `directory` as this process's results directory until the block ends; yields the lock file.
 
-    Two evalkit processes writing the same results (the same per-sample logs, the same
-    summaries) would duplicate lines and overwrite each other: a second one is refused with a
-    one-line error instead of waiting. The lock is an flock on a file inside the directory, so
-    the kernel releases it when the holder exits in any way, kill -9 included: a stale lock
-    file never blocks anyone on this host. The file holds the holder's record (host, pid, start)
-    while held, nothing after, for runs on other hosts (see _refuse_other_host). The file is left
-    in place: unlinking it could let a third process lock a new file while a second still holds
-    the old one; the one exception is `leave_no_trace`: a directory this call created, left
-    holding nothing but the lock when the block fails, is removed (so a refused run, e.g. on a
-    broken checkpoint found after the lock was taken, leaves no trace).
+    A second evalkit process writing the same results would duplicate log lines and overwrite
+    summaries: it is refused with one line instead of waiting. The lock is an flock on a file in
+    the directory, which the kernel releases however the holder exits (kill -9 included), so a
+    stale file never blocks this host; while held it records the holder (host, pid, start) for
+    runs on other hosts (_refuse_other_host). The file stays: unlinking it could let a third
+    process lock a new file while a second holds the old one. `leave_no_trace`: a directory this
+    call created that holds only the lock when the block fails is removed (a refused run leaves none).
     """
     directory = Path(directory)
     created = not directory.exists()
@@ -319,7 +315,6 @@ def _write_record(handle: TextIO) -> dict:
 
 
 def _last_write(directory: Path) -> float:
-    """The newest modification time of anything under `directory` (its files and folders)."""
     newest = 0.0
     for folder, _, files in os.walk(directory):
         for name in [".", *files]:

@@ -13,26 +13,14 @@ def _cell(value: object) -> str:
 
 
 def markdown_row(cells: Sequence[object]) -> str:
-    """One table line, `| a | b |`: each cell through str(), a "|" in it escaped as "\\|".
-
-    For a table printed a line at a time (a row as soon as it is measured); otherwise use
-    markdown_table, which also checks each row's width against the header."""
+    """One line, `| a | b |`, of a table printed a row at a time (as soon as it is measured)."""
     return "|" + "|".join(_cell(cell) for cell in cells) + "|"
 
 
 def markdown_table(header: Sequence[object], rows: Iterable[Sequence[object]]) -> str:
-    """A markdown table: the header line, a `|---|---|` separator, then one line per row.
-
-    Cells are converted with str() (format numbers before passing them) and a "|" in a cell is
-    escaped as "\\|". No trailing newline. A row with more or fewer cells than the header is a
-    ValueError: a markdown renderer would silently drop or pad its cells.
-
-    >>> print(markdown_table(["run", "score"], [["a", "1.50"], ["b", 2]]))
-    | run | score |
-    |---|---|
-    | a | 1.50 |
-    | b | 2 |
-    """
+    """The header line, a `|---|---|` separator and one line per row, without a trailing newline.
+    Cells go through str() (format numbers first). A row wider or narrower than the header is a
+    ValueError: a markdown renderer would silently drop or pad its cells."""
     if not header:
         raise ValueError("a markdown table needs at least one column")
     lines = [markdown_row(header), "|" + "---|" * len(header)]

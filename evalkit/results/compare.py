@@ -1,39 +1,34 @@
 """`evalkit compare`: is series B better than series A, by how much, and is that more than noise?
 
-Read from stored per-sample scores (evalkit.results.samples), never re-running. For each cell
-(a RULER task at a length, an lm-eval task's metric) and each compared pair, B − A, where a
-series' value is what the leaderboard shows: the mean over its checkpoints of the per-checkpoint
-score (the mean over samples); per length also the task average, as the leaderboard averages it.
+Read from stored per-sample scores (evalkit.results.samples), never re-running. For each cell (a
+RULER task at a length, an lm-eval task's metric) and each pair, B − A of what the leaderboard
+shows: the mean over checkpoints of the per-checkpoint score (the mean over samples); per length
+also the task average, as the leaderboard averages it.
 
-How the uncertainty is computed (a hierarchical bootstrap, `replicates` draws from `seed`):
-each replicate draws, for every series, its checkpoints with replacement (one draw shared by all
-of that series' cells, so a task average and an effective length see the same checkpoints), and
-for every cell, the samples with replacement, one draw per *sample set*. A sample set is the
-samples of the checkpoints that answered the same samples: the same indices with the same
-identity (references for RULER, document and target hashes for lm-eval), checked sample by
-sample, never assumed. Two series that answered the same samples therefore share the sample
-draw: their difference is paired (the per-sample differences are resampled), and series that
-did not are resampled independently. Likewise series of the same checkpoints (the same weights
+The uncertainty is a hierarchical bootstrap (`replicates` draws from `seed`). Each replicate draws
+every series' checkpoints with replacement (one draw shared by all its cells, so a task average and
+an effective length see the same checkpoints), and every cell's samples with replacement, one draw
+per *sample set*: the checkpoints that answered the same samples, the same indices with the same
+identity (references for RULER, document and target hashes for lm-eval), checked sample by sample,
+never assumed. Series that answered the same samples share the sample draw, so their difference is
+paired; the others are resampled independently. Series of the same checkpoints (the same weights
 by samples.checkpoint_identity: two encodings, sizings or prompt formats of one run) share the
-checkpoint draw, so a per-checkpoint effect common to both cancels from their difference; each
-difference says what it was paired by ("checkpoints+samples", "checkpoints", "samples", "none").
-A series' replicate value is the mean over all its
-checkpoints of their resampled scores (the spread over samples) plus √(K/(K−1)) times the
-deviation of the drawn checkpoints' mean from it (the spread over K checkpoints, scaled so its
-variance is the unbiased s²/K rather than the plug-in (K−1)/K of it); with one checkpoint only
-the samples vary.
+checkpoint draw, so a per-checkpoint effect common to both cancels. Each difference says what it
+was paired by ("checkpoints+samples", "checkpoints", "samples", "none"). A replicate's value is the
+mean over all K checkpoints of their resampled scores plus √(K/(K−1)) times the drawn checkpoints'
+deviation from it (so its variance is the unbiased s²/K, not the plug-in (K−1)/K of it); with one
+checkpoint only the samples vary.
 
-From the replicates: the standard error (their standard deviation), the 95% percentile interval
-and a two-sided p-value from the difference over that standard error (normal approximation; a
-percentile p-value would be floored at about 2/replicates, which Holm multiplies). Many cells
-are compared at once, so the p-values are Holm-adjusted: across every task × length × pair
-cell of one command, and separately across the per-length task averages.
+From the replicates: the standard error (their standard deviation), the 95% percentile interval,
+and a two-sided p-value from the difference over that standard error (normal approximation: a
+percentile p-value is floored at about 2/replicates, which Holm multiplies). The p-values are
+Holm-adjusted across every task × length × pair cell of one command, and separately across the
+per-length task averages.
 
-Effective length (RULER): the longest evaluated length L such that the series' task average
-is at or above the threshold at L *and at every shorter evaluated length* (a dip below the
-threshold ends it, as RULER's "effective length" reads: the length up to which the model
-holds). None when the shortest length already falls below. Its interval is the 2.5th and
-97.5th percentiles of the same quantity over the bootstrap replicates.
+Effective length (RULER): the longest evaluated length L with the task average at or above the
+threshold at L *and at every shorter evaluated length* (a dip ends it, as RULER reads it: the
+length up to which the model holds); None when the shortest length already falls below. Its
+interval: the 2.5th and 97.5th percentiles of the same quantity over the replicates.
 """
 
 from __future__ import annotations

@@ -42,10 +42,8 @@ class RunAverage:
 
 
 def per_checkpoint_length_means(rows: list[ResultRow]) -> dict[tuple[str, int, int], tuple[float, list[str]]]:
-    """(run, step, length) -> (unweighted mean over tasks, the tasks) from long-form rows with a length.
-
-    An anchor-encoded row counts under its series (ResultRow.series: its run and encoding): the
-    two encodings of a checkpoint are two series, never averaged together."""
+    """(run, step, length) -> (unweighted mean over tasks, the tasks), a row counted under its series
+    (ResultRow.series): a checkpoint's two encodings are two series, never averaged together."""
     groups: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
     for row in rows:
         if row.length is None or row.value is None:  # not a row of a length (the docstring's rows have both)
@@ -56,12 +54,9 @@ def per_checkpoint_length_means(rows: list[ResultRow]) -> dict[tuple[str, int, i
 
 def length_averages(rows: list[ResultRow], *, same_tasks: bool = True) -> list[RunAverage]:
     """Per run and length: mean and std over checkpoints of the per-checkpoint task average.
-
-    `same_tasks`: checkpoints of one run must have scored the same tasks at a length; a
-    ValueError says which differ rather than averaging unlike things (--avg). The leaderboard,
-    which shows whatever is stored, passes False: the average then names the tasks of the
-    checkpoint that scored most.
-    """
+    `same_tasks` (--avg): a ValueError names a run whose checkpoints scored different tasks at a
+    length rather than average unlike things. The leaderboard shows what is stored (False): the
+    average then names the tasks of the checkpoint that scored most."""
     by_run: dict[tuple[str, int], dict[int, tuple[float, list[str]]]] = defaultdict(dict)
     for (run, step, length), (mean, tasks) in per_checkpoint_length_means(rows).items():
         by_run[(run, length)][step] = (mean, tasks)

@@ -1,15 +1,10 @@
 """The format of every result file evalkit writes, and the one typed row every benchmark produces.
 
-A benchmark constructs a `ResultRow` for each number it computes; the pipeline writes it into
-the checkpoint's summary with `row_record` (the on-disk shape below), and every reader of stored
-results (the leaderboard, its plots, compare, scripts) reads it back through `summary_rows`, which
-maps every shape any evalkit version wrote onto one typed row per number:
-
-    ResultRow(benchmark="ruler", run="anchor", step=2000, task="niah_single_1", metric="string_match_all",
-              value=98.2, stderr=0.6, n=500, length=4096, encoding="standard", paradigm="anchor", ...)
-
-No dimension is packed into a string: a RULER length and encoding, an lm-eval filter and the shots
-are fields.
+A benchmark constructs a `ResultRow` for each number it computes; the pipeline stores it in the
+checkpoint's summary with `row_record` (the shapes below), and every reader (the leaderboard, its
+plots, compare, scripts) reads it back through `summary_rows`, which maps every shape any evalkit
+version wrote onto one typed row per number. No dimension is packed into a string: a RULER length
+and encoding, an lm-eval filter and the shots are fields.
 
 Stored rows (`schema_version` of the summary; a summary without one is of version 1):
 - RULER (benchmark "ruler"; a summary without a benchmark field is RULER's, as the first ones

@@ -4,15 +4,13 @@
     <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl        one line per finished document (the same)
     <out>/<run>/step-<N>/ruler-summary.json            long-form rows + provenance (atomic)
 
-A per-sample log is the unit of resumption: a rerun reads it, keeps the lines made under the
-same key (`key`: RULER's answer key, evalkit.ruler.runner.answer_key: the sample's prompt, the
-engine's result facts and every setting that changes an answer, not the sample count; ppl's,
-PplBenchmark._key) and computes only the samples that are missing.
+A per-sample log is the unit of resumption: a rerun keeps the lines made under the same key
+(RULER's evalkit.ruler.runner.answer_key: the prompt, the engine's result facts and every setting
+that changes an answer, not the sample count; ppl's PplBenchmark._key) and computes the rest.
 
-Each record carries `sha`, the sha256 of its own canonical JSON without that field: a record
-edited by hand (an answer or a score changed) no longer matches it, and loading the log refuses
-it with the file and line instead of scoring it. These are results, so nothing is recomputed or
-trusted behind the user's back: they delete the line (or the file) and rerun to recompute it.
+Each record carries `sha`, the sha256 of its canonical JSON without that field: a record edited
+by hand no longer matches, and loading refuses it with file and line rather than score it or
+recompute it behind the user's back: they delete the line (or the file) and rerun.
 """
 
 from __future__ import annotations

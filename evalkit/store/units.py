@@ -32,13 +32,11 @@ class Unit:
 
 @dataclass(frozen=True)
 class UnitStore:
-    """Where one unit of one checkpoint keeps its files. The pipeline says where, the benchmark
-    what: every unit of a benchmark on a checkpoint lives in <out>/<run>/step-<N>/<benchmark>/
-    (`folder`, beside the checkpoint's summary), in files named from the unit (`file`). No
-    benchmark builds a path under --out, so the pipeline's loop, a shard and a Ray worker find a unit's
-    files alike; what makes a stored result valid (its settings' identity, evalkit.store.identity) is
-    written in those files and checked by the benchmark that reads them. A benchmark writes them
-    only through `writer`: on a Ray worker, it hands every write to the driver, the one writer."""
+    """Where one unit of one checkpoint keeps its files: <out>/<run>/step-<N>/<benchmark>/ (`folder`,
+    beside the summary), named from the unit (`file`). No benchmark builds a path under --out, so the
+    pipeline's loop, a shard and a Ray worker find a unit's files alike; their validity (the settings'
+    identity, evalkit.store.identity) is written in them and checked by the benchmark that reads them.
+    Writes go only through `writer`: a Ray worker's hands each to the driver, the one writer."""
 
     out: Path
     ref: CheckpointRef
