@@ -1,14 +1,12 @@
 """`evalkit leaderboard`: markdown tables and plots from stored summaries, never re-running.
 
-Reads every ruler-summary.json and general-summary.json under the given directories. RULER:
-one row per run, one column per length plus the average, each value the mean over the run's
-checkpoints of the per-length task average, with its spread, a strict best per column in
-bold (none for a tie), and the checkpoints, tasks and samples behind every value; each run's
-effective length (evalkit.results.compare), with its bootstrap interval where the per-sample
-logs are there; a second table per task. Runs evaluated with different settings are marked,
-not silently compared. `--format csv|json` writes every stored number as a ResultRow instead.
-
-Every table is computed from the same rows: one score per (run, step, task, length), each
+RULER: one row per run (and encoding), one column per length plus the average, each value the
+mean ± spread over the run's checkpoints of the per-length task average, bold where `evalkit
+compare`'s test puts the run ahead of every other, with the checkpoints, tasks and samples behind
+it; each run's effective length (evalkit.results.compare), with its bootstrap interval where the
+per-sample logs are there; a table per task. Runs evaluated with different settings are marked,
+not silently compared. lm-eval tasks and every other benchmark: a table each. `--format csv|json`
+writes every stored number as a ResultRow instead. Every table reads the same rows, each
 checkpoint from one summary only (evalkit.results.summaries refuses it in two, naming both).
 """
 

@@ -1,12 +1,11 @@
 """The stored summaries under results directories, read once each and at most one per checkpoint.
 
-Every table is computed from the same rows: one score per (run, step, task, length). A
-checkpoint (run, step) may therefore come from one summary only: the same (run, step) in two
-summary files (two results directories given together, or a copy inside one) is refused with
-both files named, whether or not they agree in evalkit version, settings or engine, since
-merging them could only pick one file's scores or average the two, silently. Giving the same
-file twice (overlapping directories) is not a duplicate: each file is read once. A summary whose
-rows name another checkpoint, or hold one cell twice, is refused the same way.
+Every table reads one score per (run, step, task, length), so a checkpoint comes from one summary
+only: the same (run, step) in two files (two directories given together, or a copy inside one) is
+refused naming both, whether or not they agree in evalkit version, settings or engine, since
+merging could only pick one file's scores or average the two, silently. The same file reached
+twice (overlapping directories) is read once. A summary whose rows name another checkpoint, or
+hold one cell twice, is refused the same way.
 """
 
 from __future__ import annotations
