@@ -258,13 +258,18 @@ class VarlenLayout:
     cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
     max_seqlen_q: int
     max_seqlen_k: int
+    # Every sequence is one contiguous run of its row (no anchor prepended, no interleaving): where
+    # flash's window, which counts positions inside each sequence, is the layer's window.
+    runs: bool
 
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
     """One varlen sequence per (row, document): the anchor's K/V prepended to each document."""
     q_parts, k_parts, len_q, len_k = [], [], [], []
+    runs = True
     for b, doc_row in enumerate(_rows(doc_ids, batch)):
         for seg in document_segments(doc_row, kv_len, q_len):
+            runs = runs and not seg.num_prefix and _is_run(seg.k_index)
             q_parts.append(seg.q_index + b * q_len)
             k_parts.append(seg.k_index + b * kv_len)
             len_q.append(seg.q_index.numel())
@@ -280,6 +285,7 @@ def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: 
         cu_seqlens_k=cumulative(len_k),
         max_seqlen_q=max(len_q),
         max_seqlen_k=max(len_k),
+        runs=runs,
     )
 
 
@@ -316,8 +322,11 @@ def flash_attention(
     layout = varlen_layout(doc_ids, batch, sk, sq)
     window = _effective_window(window, sk)
     window_options = {} if window is None else {"window_size": (window - 1, 0)}  # flash-attn: keys i-left..i
-    if window is not None:
-        _check_flash_window(doc_ids, batch, sk, sq)
+    if window is not None and not layout.runs:
+        raise ValueError(
+            "the flash implementation cannot combine a sliding window with the anchor or interleaved "
+            "documents; use flex (CUDA) or blocked"
+        )
     device = q.device
     q_flat, k_flat, v_flat = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))  # [B*S, H, D]
     k_index = layout.k_index.to(device)
@@ -335,17 +344,6 @@ def flash_attention(
     )
     out = out.index_select(0, torch.argsort(layout.q_index).to(device))  # argsort inverts the permutation
     return out.reshape(batch, sq, hq, dim).transpose(1, 2)
-
-
-def _check_flash_window(doc_ids, batch: int, kv_len: int, q_len: int) -> None:
-    """flash's window counts positions inside each regrouped sequence: exact only where every
-    sequence is one contiguous run of the row's tokens (no anchor prepended, no interleaving)."""
-    for doc_row in _rows(doc_ids, batch):
-        if any(seg.num_prefix or not _is_run(seg.k_index) for seg in document_segments(doc_row, kv_len, q_len)):
-            raise ValueError(
-                "the flash implementation cannot combine a sliding window with the anchor or interleaved "
-                "documents; use flex (CUDA) or blocked"
-            )
 
 
 # ----------------------------------------------------------------------------- flex
