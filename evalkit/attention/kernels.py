@@ -448,9 +448,13 @@ def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torc
         return function(*args, **kwargs)
 
 
-def flex_variant(q: torch.Tensor, mask_kind: str) -> tuple:
-    """What besides the length changes FlexAttention's compiled graph."""
-    return (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
+def run_flex(q, k, v, block_mask, *, scale, mask_kind: str, dynamic: bool = False) -> torch.Tensor:
+    """FlexAttention through the function of its variant: what besides the lengths changes the
+    compiled graph (dtype, head dim, mask kind)."""
+    variant = (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
+    function = flex_attention_function(q.device, dynamic=dynamic, variant=variant)
+    gqa = q.shape[1] != k.shape[1]
+    return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 def raise_recompile_limit(limit: int) -> None:
@@ -475,9 +479,7 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
     window = _effective_window(window, k.shape[2])
     block_mask = _cached_block_mask(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
-    gqa = q.shape[1] != k.shape[1]
-    function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
-    return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return run_flex(q, k, v, block_mask, scale=scale, mask_kind="causal" if doc_ids is None else "documents")
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -30,13 +30,7 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import (
-    call_flex,
-    default_implementation,
-    flex_attention_function,
-    flex_variant,
-    raise_recompile_limit,
-)
+from evalkit.attention.kernels import default_implementation, raise_recompile_limit, run_flex
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -301,9 +295,7 @@ def anchor_attention(
     doc_ids_L = doc_ids_L.to(query_QHD.device)
     if name == "flex":
         block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, num_queries)
-        function = flex_attention_function(q.device, dynamic=True, variant=flex_variant(q, "anchor"))
-        gqa = q.shape[1] != k.shape[1]
-        out = call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        out = run_flex(q, k, v, block_mask, scale=scale, mask_kind="anchor", dynamic=True)
     else:
         out = document_attention(q, k, v, doc_ids_L, scale=scale, impl=name)
     return out[0].transpose(0, 1)
