@@ -130,9 +130,7 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
     window = _effective_window(window, sk)
     if doc_ids is None and sq == sk and window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    if doc_ids is not None and doc_ids.dim() == 1:
-        doc_ids = doc_ids.unsqueeze(0)
-    mask = document_mask(doc_ids, sk, sq, window=window, anchor=anchor)
+    mask = document_mask(doc_ids, sk, sq, window=window, anchor=anchor)  # [Sq, Sk] or [B, Sq, Sk]
     if mask.dim() == 3:
         mask = mask.unsqueeze(1)  # [B, 1, Sq, Sk], broadcast over heads
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
