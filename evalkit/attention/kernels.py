@@ -356,12 +356,12 @@ def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, win
     Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
     """
     key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
-    last_ids = _last_block_mask.get("doc_ids")
-    same_ids = last_ids is None if doc_ids is None else last_ids is not None and torch.equal(doc_ids, last_ids)
-    if key != _last_block_mask.get("key") or not same_ids:
+    last = _last_block_mask
+    # An equal key means doc_ids of the same shape, or None on both sides.
+    if key != last.get("key") or (doc_ids is not None and not torch.equal(doc_ids, last["doc_ids"])):
         mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
-        _last_block_mask.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
-    return _last_block_mask["mask"]
+        last.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
+    return last["mask"]
 
 
 def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
