@@ -33,9 +33,6 @@ import torch.nn.functional as F
 from evalkit.attention.masks import check_window, document_mask
 from evalkit.attention.packing import ANCHOR_DOC_ID
 
-IMPLEMENTATIONS = ("dense", "blocked", "flex", "flash")
-
-
 # ----------------------------------------------------------------------------- segments
 
 
@@ -52,20 +49,15 @@ class Segment:
     num_prefix: int  # leading keys shared from the anchor (0 when none)
 
 
-def _anchor_positions(doc_row: torch.Tensor) -> torch.Tensor:
-    anchor = (doc_row == ANCHOR_DOC_ID).nonzero().flatten()
-    if anchor.numel() and not torch.equal(anchor, torch.arange(anchor.numel(), device=anchor.device)):
-        raise ValueError("anchor tokens (doc id 0) must come first in the sequence")
-    return anchor
-
-
 def document_segments(doc_row: torch.Tensor | None, kv_len: int, q_len: int) -> list[Segment]:
     """Split one row's attention into per-document causal problems (the anchor prepended to each)."""
     offset = kv_len - q_len
     if doc_row is None:
         return [Segment(torch.arange(q_len), torch.arange(kv_len), 0)]
     doc_row = doc_row.cpu()
-    anchor = _anchor_positions(doc_row)
+    anchor = (doc_row == ANCHOR_DOC_ID).nonzero().flatten()
+    if anchor.numel() and not torch.equal(anchor, torch.arange(anchor.numel())):
+        raise ValueError("anchor tokens (doc id 0) must come first in the sequence")
     sorted_ids, order = torch.sort(doc_row, stable=True)
     _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     segments = []
@@ -488,6 +480,7 @@ _FUNCTIONS: dict[str, Callable] = {
     "flex": flex_attention,
     "flash": flash_attention,
 }
+IMPLEMENTATIONS = tuple(_FUNCTIONS)
 
 
 def default_implementation(device: torch.device) -> str:
