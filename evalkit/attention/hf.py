@@ -195,14 +195,9 @@ def register_anchor_sink_sdpa() -> str:
 def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if kwargs.get("sliding_window") and attention_mask is not None:
-        attention_mask = _anchor_visible(attention_mask)  # None: every earlier key is visible already
+    if kwargs.get("sliding_window") and attention_mask is not None:  # None: every earlier key is visible
+        # Key 0, the anchor, attended by every query (it precedes them all: causality holds), in a
+        # copy since layers may share the mask [B, 1, Q, K] (bool: True attends; float: 0 attends).
+        attention_mask = attention_mask.clone()
+        attention_mask[..., 0] = True if attention_mask.dtype == torch.bool else 0.0
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-
-
-def _anchor_visible(mask: torch.Tensor) -> torch.Tensor:
-    """`mask` [B, 1, Q, K] (bool: True attends; float: 0 attends) with key 0, the anchor, attended by
-    every query (it precedes them all: causality holds). A copy: layers may share the mask."""
-    mask = mask.clone()
-    mask[..., 0] = True if mask.dtype == torch.bool else 0.0
-    return mask
