@@ -1,24 +1,18 @@
-"""Anchor-mode prefill attention over a paged KV cache: the vLLM backend's kernel work, without vLLM.
+"""Anchor-mode prefill attention over a paged KV cache: the vLLM backend's kernel work, without
+vLLM (so a GPU machine without vLLM can check it: tests/gpu/test_vllm_kernels.py).
 
-Shape legend: Q queries of one request in this step, L keys (the request's context so far,
-the queries are its last Q positions), Hq query heads, Hkv key/value heads, D head dim, NB
-blocks of the paged cache, BS tokens per block, nQb/nKb query/key blocks of a BlockMask.
+Shapes: Q queries of one request in this step (its last Q positions), L keys (its context so
+far), Hq/Hkv query/key-value heads, D head dim, nQb/nKb a BlockMask's query/key blocks. A paged
+cache is [NB blocks, BS tokens, Hkv, D] (views are fine) and a request's block-table row lists
+the blocks of its positions 0, BS, 2*BS, ... in order, as vLLM's block tables do.
 
-A paged cache here is a pair of tensors [NB, BS, Hkv, D] (views are fine: only blocks named by
-the block table are read) and a request's block-table row lists the blocks holding its
-positions 0, BS, 2*BS, ... in order, as vLLM's block tables do.
+The rule is evalkit.attention's (masks.py). Only document queries come here: the question and
+generated tokens attend to everything, which is plain causal attention.
 
-The rule is evalkit.attention's (masks.py): query position i attends key position j iff j <= i
-and (doc[i] == doc[j] or doc[j] == ANCHOR_DOC_ID). Only document queries come here: the question
-and generated tokens attend to everything, which is plain causal attention.
-
-    flex     FlexAttention with a BlockMask built from document boundaries at block level
-             (no Q x L mask exists anywhere); compiled on CUDA, eager elsewhere (the CPU tests)
+    flex     FlexAttention with a BlockMask built at block level from document boundaries (no
+             Q x L mask anywhere); compiled on CUDA, eager elsewhere (the CPU tests)
     blocked  one SDPA call per document (evalkit.attention's blocked kernel): the CPU path
     dense    SDPA with the materialised reference mask: the reference, O(Q x L) memory
-
-Everything here runs without vLLM, so a GPU machine without vLLM can check it
-(tests/gpu/test_vllm_kernels.py).
 """
 
 from __future__ import annotations
@@ -57,12 +51,6 @@ def gather_paged(cache_NBHD: torch.Tensor, block_table_row: torch.Tensor, length
 # ----------------------------------------------------------------------------- flex
 
 
-def _check_document_order(doc_ids_L: torch.Tensor) -> None:
-    """Block-level reasoning below needs documents as contiguous runs in order, the anchor first."""
-    if doc_ids_L.numel() and (bool((doc_ids_L.diff() < 0).any()) or int(doc_ids_L.min()) < ANCHOR_DOC_ID):
-        raise ValueError("anchor-mode prefill needs the anchor first and each document contiguous, in order")
-
-
 def _block_ranges(doc_ids_L: torch.Tensor, start: int, stop: int, block_size: int):
     """Per block of positions [start, stop): first and last position, smallest and largest doc id."""
     first = torch.arange(start, stop, block_size, device=doc_ids_L.device)
@@ -99,15 +87,16 @@ def anchor_block_mask(
     """BlockMask for the last `num_queries` of L positions under the document rule, built per block.
 
     Work and memory are O(nQb x nKb): a block pair is skipped when causality or the documents
-    rule out every entry, full when they allow every entry (mask_mod not evaluated), partial
-    otherwise. Partial is the safe side: mask_mod decides exactly within it. Everything stays on
-    the ids' device; only the order check reads values back (a host sync on CUDA), so a caller
-    whose ids are in order by construction passes check_order=False.
+    rule out every entry, full when they allow every entry (mask_mod not evaluated), partial (the
+    safe side: mask_mod decides within it) otherwise. The block-level reasoning needs the anchor
+    first and documents contiguous, in order: checking that reads values back (a host sync on
+    CUDA), so a caller whose ids are in order by construction passes check_order=False.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    if check_order:
-        _check_document_order(doc_ids_L)
+    if check_order and doc_ids_L.numel():
+        if bool((doc_ids_L.diff() < 0).any()) or int(doc_ids_L.min()) < ANCHOR_DOC_ID:
+            raise ValueError("anchor-mode prefill needs the anchor first and each document contiguous, in order")
     length = doc_ids_L.numel()
     offset = length - num_queries
     q_first, q_last, q_doc_min, q_doc_max = _block_ranges(doc_ids_L, offset, length, block_size)
