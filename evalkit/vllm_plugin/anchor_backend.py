@@ -1,20 +1,19 @@
 """Anchor-mode attention inside a stock vLLM backend, added by subclassing, never by patching.
 
-The stock backend runs every token of every step exactly as it would without the plugin
-(plain requests are stock vLLM, bit for bit). For packed requests, only the document queries
-of a prefill step differ from causal attention; afterwards the impl recomputes just those
-rows with evalkit's anchor kernels, reading keys and values back from the paged cache (which
-the stock writer has already filled, this step's tokens included), and overwrites them.
-Question tokens and generated tokens keep the stock result: they attend to everything.
+The stock backend runs every token of every step as without the plugin (plain requests are
+stock vLLM, bit for bit). Of a packed request only the document queries of a prefill step
+differ from causal attention: the impl then recomputes just those rows with evalkit's anchor
+kernels, reading keys and values back from the paged cache (the stock writer has filled it,
+this step's tokens included), and overwrites them. Question and generated tokens keep the
+stock result: they attend to everything.
 
     builder.build()   -> the stock metadata + `evalkit_document_queries`: one plan per packed
                          row with document queries in this step (rows from tracker.packed_rows)
     impl.forward()    -> the stock forward, then anchor attention for the planned rows
 
 Chunked prefill and preemption need nothing special: a document query's keys are positions
-0..L-1 of its own request, all in the cache, and its document ids come from its layout. They are
-read into a workspace made when the impl is built (workspace.py), so that serving allocates no
-prefix copy that vLLM's memory profile did not count.
+0..L-1 of its own request, all in the cache, read into a workspace made with the impl
+(workspace.py) so that serving allocates nothing vLLM's memory profile did not count.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """RoPE at serving time: FP32 rotation with one rounding, a constant position shift, long windows.
 
-The two precision variants are evalkit.probe.rope's (the BF16 probe, now runnable in vLLM):
+The precision variants are evalkit.probe.rope's (the BF16 probe, runnable in vLLM): `cast` is
+vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k rotated in it,
+as transformers does); `fp32` rotates q and k in FP32 with FP32 cos/sin, rounded once.
 
-- `cast`: vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k
-  rotated in it), as transformers does.
-- `fp32`: q and k rotated in FP32 with FP32 cos/sin, rounded to the model dtype once.
-
-`position_shift` adds a constant to every position id before the rotation (positions stay
-continuous; the anchor moves to the shift), which is what the probe's Δ measures. Windows
-beyond the checkpoint's max_position_embeddings (evalkit allows them to test extrapolation, as
-its hf engine does) need longer cos/sin tables than vLLM builds; the table grows with them.
-
-Options reach the model through the HF config (the engine passes them as hf_overrides):
-`evalkit_rope` and `evalkit_position_shift`.
+`position_shift` adds a constant to every position id before the rotation (the probe's Δ; the
+anchor moves to the shift). Windows beyond the checkpoint's max_position_embeddings (allowed to
+test extrapolation, as in the hf engine) grow the cos/sin table beyond what vLLM builds.
+Options reach the model through the HF config (hf_overrides): `evalkit_rope`, `evalkit_position_shift`.
 """
 
 from __future__ import annotations
