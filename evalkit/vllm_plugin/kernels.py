@@ -167,21 +167,13 @@ def warm_up_shapes(other_sizes: Sequence[int] = (), block: int = FLEX_BLOCK_SIZE
     covers the whole class. A class all of whose members coincide keeps its smallest member (a
     graph specialised to a coincidence every member shares, such as Q = 128 = head size)."""
     avoided = set(other_sizes)
-    chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
-    clean: set[tuple[bool, ...]] = set()
     candidates = _candidate_sizes(block)
-    for length in candidates:
-        if length < 2:  # the anchor and at least one document token
-            continue
-        for num_queries in (q for q in candidates if q <= length):
-            key = shape_class(num_queries, length, block)
-            if key in clean:
-                continue
-            if not _coincides(num_queries, length, block, avoided):
-                chosen[key] = (num_queries, length)
-                clean.add(key)
-            else:
-                chosen.setdefault(key, (num_queries, length))
+    # L >= 2: the anchor and at least one document token.
+    prefills = [(q, length) for length in candidates if length >= 2 for q in candidates if q <= length]
+    chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
+    # A stable sort puts the members that coincide nowhere first, each group in candidate order.
+    for num_queries, length in sorted(prefills, key=lambda prefill: _coincides(*prefill, block, avoided)):
+        chosen.setdefault(shape_class(num_queries, length, block), (num_queries, length))
     # Largest first: where FlexAttention runs uncompiled (a CPU), torch still compiles its inner
     # wrapper with automatic dynamic shapes, whose first graph is static: spent on a large prefill,
     # the graphs after it are general.
