@@ -93,10 +93,9 @@ def _rope_precision_hook(precision: str):
 
 def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast. transformers'
-    rotary module returns cos/sin in the dtype of the hidden states it is given (fp32 with fp32
-    master weights whatever autocast does, bf16 in a bf16 model); hooks on it set their dtype
-    instead (_fp32_angles: nothing rounded on the way), so the setting holds for every architecture
-    built on it (Llama, Qwen2, Mistral), in every layer, without patched model files."""
+    rotary module returns cos/sin in its input's dtype (fp32 with fp32 master weights whatever
+    autocast does, bf16 in a bf16 model); hooks on it set their dtype instead (_fp32_angles: nothing
+    rounded on the way), in every layer of every architecture built on it, without patched files."""
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
     modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
@@ -138,16 +137,12 @@ GROUPED_SDPA = "evalkit_grouped_sdpa"
 
 
 def register_grouped_sdpa() -> str:
-    """Register transformers' SDPA attention with one change at decoding (a single query per row):
-    grouped-query models attend with their key-value heads as they are instead of copies.
-
-    transformers feeds SDPA a padding mask at every decoding step of a padded batch, and with a
-    mask its SDPA path repeats each key-value head for its query heads (repeat_kv) in the
-    versions evalkit meets (5.19; 5.24 packs instead): at 8 rows x 4K on SmolLM2 that copies
-    ~150 MB per layer per step, more than the attention itself reads. Here the query heads that
-    share a key-value head become that head's queries, so the one SDPA call reads each K/V once:
-    the same products and sums per query, in the same order. Returns the name to load with.
-    """
+    """Register transformers' SDPA attention with one change at decoding (one query per row): the
+    query heads sharing a key-value head become that head's queries, so one SDPA call reads each
+    K/V once (the same products and sums per query, in the same order). With the padding mask it
+    gets at every decoding step of a padded batch, transformers' SDPA repeats each key-value head
+    instead (repeat_kv, in 5.19; 5.24 packs): ~150 MB per layer per step at 8 rows x 4K on SmolLM2,
+    more than the attention itself reads. Returns the name to load with."""
     return _register_sdpa_variant(GROUPED_SDPA, _grouped_sdpa_forward)
 
 
@@ -184,11 +179,10 @@ ANCHOR_SINK_SDPA = "evalkit_anchor_sink_sdpa"
 
 
 def register_anchor_sink_sdpa() -> str:
-    """Register transformers' SDPA with the anchor (key 0) visible to every query of a sliding
-    layer beyond its window: the question and the decoded tokens of a packed request on a model
-    trained with window_anchor="sink" (attention.masks). Valid for one unpadded row whose cache
-    holds every key from the anchor on (the hf engine's packed requests on windowed models).
-    Returns the name to set."""
+    """Register transformers' SDPA with the anchor (key 0) visible to every query of a sliding layer
+    beyond its window (a packed request's question and decoded tokens on a model trained with
+    window_anchor="sink", attention.masks). Valid for one unpadded row whose cache holds every key
+    from the anchor on, as the hf engine's packed requests on windowed models. Returns the name."""
     return _register_sdpa_variant(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
 
 

@@ -1,21 +1,18 @@
 """Interchangeable implementations of document-masked attention (the rule in masks.py).
 
-Shape legend: B batch, Hq query heads, Hkv key/value heads (grouped-query when fewer), Sq
-queries, Sk keys, D head dim, N tokens of a varlen (flattened, regrouped) layout.
+All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] (grouped-query when Hkv < Hq), doc_ids
+[B, Sk] or None, and return [B, Hq, Sq, D]; with Sq < Sk the queries are the last Sq keys
+(decoding with a KV cache). A layer's sliding `window` (`anchor`: how the anchor meets it,
+masks.py) applies on top of the document rule in every implementation.
 
     dense    SDPA with the reference mask: obviously correct, O(Sk^2) memory and work.
     blocked  one causal SDPA call per document, cross-document work skipped: the CPU training
              path (FlexAttention has no CPU backward), work sum(d_i^2) instead of S^2.
     flex     FlexAttention with a mask_mod; compiled on CUDA (training), eager elsewhere.
-    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's
-             K/V prepended to each document (imported only when used; needs CUDA).
-
-All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D], doc_ids [B, Sk] or None, and return
-[B, Hq, Sq, D]. With Sq < Sk the queries are the last Sq keys (decoding with a KV cache).
-A layer's sliding window (`window`, with `anchor` saying how the anchor meets it: masks.py)
-applies on top of the document rule in every implementation; flash serves windows on
-anchor-free, contiguous documents only (its window counts positions within each regrouped
-sequence, where a prepended anchor is not at its real distance).
+    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's K/V
+             prepended to each (imported only when used; needs CUDA). Windows on anchor-free,
+             contiguous documents only: its window counts positions within each regrouped
+             sequence, where a prepended anchor is not at its real distance.
 """
 
 from __future__ import annotations
@@ -295,11 +292,8 @@ def _flash_varlen_func() -> Callable:
 def flash_attention(
     q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window", varlen_func: Callable | None = None
 ):
-    """Regroup tokens by document, run a varlen causal kernel, scatter back.
-
-    varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
-    documented semantics (tests/attention/varlen.py) to check the layout without CUDA.
-    """
+    """Regroup tokens by document, run a varlen causal kernel, scatter back. varlen_func: tests pass
+    an emulation of flash_attn_varlen_func (tests/attention/varlen.py) to check the layout on a CPU."""
     if varlen_func is None:
         varlen_func = _flash_varlen_func()
         if q.dtype not in FLASH_DTYPES or not q.dtype == k.dtype == v.dtype:
@@ -427,10 +421,9 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
 
 
 def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torch.Tensor:
-    """Call a function from flex_attention_function. Where evalkit runs FlexAttention uncompiled on
-    purpose (off COMPILE_DEVICES: correct, scores materialised at the sizes used there), torch's
-    "called without torch.compile" warning is silenced; on a compiled device it is left to be
-    seen, since there it would mean that the compiled path was lost."""
+    """Call a function from flex_attention_function, with torch's "called without torch.compile"
+    warning silenced off COMPILE_DEVICES, where evalkit runs FlexAttention uncompiled on purpose; on
+    a compiled device it would mean that the compiled path was lost, so it is left to be seen."""
     if device.type in COMPILE_DEVICES:
         return function(*args, **kwargs)
     with warnings.catch_warnings():
@@ -501,13 +494,11 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
 
 
 def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v in the one dtype attention runs in, each rounded once (autograd carries the gradient
-    back through the cast): autocast's when autocast is on for q's device, else v's. v is never
-    rotated, so it carries the model's compute dtype, while an fp32 rotation (rope_precision=fp32,
-    or fp32 cos/sin under autocast over fp32 weights) hands over q and k in fp32: q·k then runs in
-    bf16, as the paper's text has it. flash-attn refuses the mix, and FlexAttention refuses it or
-    runs an fp32 kernel whose numbers differ from SDPA's: cast here, every implementation gets the
-    same inputs."""
+    """q, k, v in one dtype, each rounded once (autograd carries the gradient through the cast):
+    autocast's when it is on for q's device, else v's, the model's compute dtype (v is never rotated;
+    an fp32 rotation, rope_precision=fp32 or fp32 cos/sin under autocast, hands over q and k in fp32,
+    so q·k runs in bf16 as the paper's text has it). flash-attn refuses the mix, FlexAttention refuses
+    it or runs an fp32 kernel whose numbers differ from SDPA's: every implementation gets the same inputs."""
     device_type = q.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
     return q.to(dtype), k.to(dtype), v.to(dtype)
