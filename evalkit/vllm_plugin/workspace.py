@@ -46,9 +46,7 @@ class PrefixWorkspace:
                 f"a packed request of {length} tokens in blocks of {block_size} needs "
                 f"{num_blocks * block_size} tokens of prefix workspace, built for {self.capacity_tokens}"
             )
-        blocks = block_table_row[:num_blocks]
-        if blocks.device != key_cache.device:
-            blocks = blocks.to(key_cache.device)
+        blocks = block_table_row[:num_blocks].to(key_cache.device)  # no copy where it is already there
         shape = (num_blocks, block_size, *self.key.shape[1:])
         # The block table lists a request's blocks in position order, so whole blocks side by side
         # are its positions 0, 1, ... in order: the first L rows are the prefix.
