@@ -46,13 +46,6 @@ def rope_options_from_config(hf_config) -> RopeOptions:
     )
 
 
-def fp32_cos_sin_table(rotary: Any, num_positions: int) -> torch.Tensor:
-    """[num_positions, rotary_dim] FP32 cos|sin table computed by the rotary module's own formula."""
-    sized = copy.copy(rotary)  # a shallow copy: the module itself keeps its size
-    sized.max_position_embeddings = num_positions
-    return sized._compute_cos_sin_cache().float()
-
-
 class ServingRotaryEmbedding(nn.Module):
     """Stands in for a vLLM rotary embedding: same call, (positions, query, key) -> (query, key)."""
 
@@ -70,7 +63,11 @@ class ServingRotaryEmbedding(nn.Module):
         self.head_size = original.head_size
         self.rotary_dim = original.rotary_dim
         self.is_neox_style = original.is_neox_style
-        table = fp32_cos_sin_table(original, num_positions + options.position_shift)
+        # The FP32 cos|sin table [positions, rotary_dim] by the module's own formula, computed on a
+        # shallow copy: the original keeps its size.
+        sized = copy.copy(original)
+        sized.max_position_embeddings = num_positions + options.position_shift
+        table = sized._compute_cos_sin_cache().float()
         if self.variant == "cast":
             # vLLM's own kernels, on a table long enough for the shifted positions.
             original.cos_sin_cache = table.to(original.cos_sin_cache.dtype)
