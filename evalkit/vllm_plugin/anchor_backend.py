@@ -27,12 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from evalkit.vllm_plugin.cache_layout import LearnedLayout, learn_layout
-from evalkit.vllm_plugin.kernels import (
-    anchor_attention,
-    anchor_block_mask,
-    gather_paged,
-    warm_up_anchor_flex,
-)
+from evalkit.vllm_plugin.kernels import anchor_attention, anchor_block_mask, gather_paged, warm_up_anchor_flex
 from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
 from evalkit.vllm_plugin.workspace import PrefixWorkspace, shared_prefix_workspace
 
