@@ -176,10 +176,8 @@ class AnchorAttentionImplMixin:
         return gather_paged(views[0], row, length), gather_paged(views[1], row, length)
 
     def _views(self, layout: LearnedLayout, kv_cache: torch.Tensor):
-        """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers).
-
-        A layer keeps its cache tensor for the engine's life: the views are made once per tensor.
-        """
+        """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers),
+        made once per cache tensor (a layer keeps its tensor for the engine's life)."""
         key = (kv_cache.data_ptr(), tuple(kv_cache.shape), kv_cache.stride())
         if self._evalkit_views is None or self._evalkit_views[0] != key:
             self._evalkit_views = (key, layout.views(kv_cache))
