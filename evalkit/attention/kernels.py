@@ -59,14 +59,11 @@ def document_segments(doc_row: torch.Tensor | None, kv_len: int, q_len: int) -> 
     _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     segments = []
     for keys in torch.split(order, counts.tolist()):
-        is_anchor = bool(doc_row[keys[0]] == ANCHOR_DOC_ID)
         queries = keys[keys >= offset] - offset
         if queries.numel() == 0:
             continue  # a document entirely in the cache: no query of this step is in it
-        if is_anchor or anchor.numel() == 0:
-            segments.append(Segment(queries, keys, 0))
-        else:
-            segments.append(Segment(queries, torch.cat([anchor, keys]), int(anchor.numel())))
+        prefix = anchor[:0] if bool(doc_row[keys[0]] == ANCHOR_DOC_ID) else anchor  # none for the anchor's own
+        segments.append(Segment(queries, torch.cat([prefix, keys]), int(prefix.numel())))
     segments.sort(key=lambda seg: int(seg.k_index[seg.num_prefix]))  # order of appearance
     return segments
 
