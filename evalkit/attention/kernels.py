@@ -165,14 +165,12 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     if _documents_are_contiguous(segments, length):
         sizes = [_own_keys(seg).numel() for seg in segments]
         pieces = [t.split(sizes, dim=1) for t in (q_row, k_row, v_row)]  # views, no copy
-        n_anchor = max(seg.num_prefix for seg in segments)
-        anchors = [t[0] if segments[0].num_prefix == 0 and n_anchor else None for t in pieces]
+        anchors = [t[0] for t in pieces]  # where a document has a prefix, segment 0 is the anchor's own
         outputs = []
         for i, seg in enumerate(segments):
             q, k, v = (p[i] for p in pieces)
             if seg.num_prefix:
-                # (ignore: anchors are None only when no document has a prefix; segment 0 is the anchor's own)
-                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))  # type: ignore[list-item]
+                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))
             # The rows here are [anchor, document]: their positions are seg.k_index, in order.
             out = sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), seg, seg.k_index)
             outputs.append(out[0, :, seg.num_prefix :])
