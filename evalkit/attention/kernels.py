@@ -415,24 +415,19 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
     return _compiled_flex[key]
 
 
-def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torch.Tensor:
-    """Call a function from flex_attention_function, with torch's "called without torch.compile"
-    warning silenced off COMPILE_DEVICES, where evalkit runs FlexAttention uncompiled on purpose; on
-    a compiled device it would mean that the compiled path was lost, so it is left to be seen."""
-    if device.type in COMPILE_DEVICES:
-        return function(*args, **kwargs)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return function(*args, **kwargs)
-
-
 def run_flex(q, k, v, block_mask, *, scale, mask_kind: str, dynamic: bool = False) -> torch.Tensor:
     """FlexAttention through the function of its variant: what besides the lengths changes the
-    compiled graph (dtype, head dim, mask kind)."""
+    compiled graph (dtype, head dim, mask kind). Off COMPILE_DEVICES, where evalkit runs it
+    uncompiled on purpose, torch's "called without torch.compile" warning is silenced; on a compiled
+    device it would mean that the compiled path was lost, so it is left to be seen."""
     variant = (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
     function = flex_attention_function(q.device, dynamic=dynamic, variant=variant)
-    gqa = q.shape[1] != k.shape[1]
-    return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    options = {"block_mask": block_mask, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if q.device.type in COMPILE_DEVICES:
+        return function(q, k, v, **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return function(q, k, v, **options)
 
 
 def raise_recompile_limit(limit: int) -> None:
