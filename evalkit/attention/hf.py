@@ -122,13 +122,18 @@ def _no_padding_mask(*, attention_mask=None, **_kwargs):
 
 def register_hf_attention() -> list[str]:
     """Register evalkit's implementations with transformers; returns the names (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    return [_register(name, _attention_forward(impl), _no_padding_mask) for name, impl in HF_NAMES.items()]
 
-    for name, impl in HF_NAMES.items():
-        AttentionInterface.register(name, _attention_forward(impl))
-        AttentionMaskInterface.register(name, _no_padding_mask)
-    return list(HF_NAMES)
+
+def _register(name: str, forward, mask=None) -> str:
+    """`forward` registered with transformers as the attention called `name`, with `mask` as its
+    mask function (None: SDPA's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, mask or sdpa_mask)
+    return name
 
 
 # ---------------------------------------------------------------------- plain SDPA, grouped at decode
@@ -143,17 +148,7 @@ def register_grouped_sdpa() -> str:
     gets at every decoding step of a padded batch, transformers' SDPA repeats each key-value head
     instead (repeat_kv, in 5.19; 5.24 packs): ~150 MB per layer per step at 8 rows x 4K on SmolLM2,
     more than the attention itself reads. Returns the name to load with."""
-    return _register_sdpa_variant(GROUPED_SDPA, _grouped_sdpa_forward)
-
-
-def _register_sdpa_variant(name: str, forward) -> str:
-    """`forward` registered with transformers as the attention called `name`, with SDPA's mask."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
-    return name
+    return _register(GROUPED_SDPA, _grouped_sdpa_forward)
 
 
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -183,7 +178,7 @@ def register_anchor_sink_sdpa() -> str:
     beyond its window (a packed request's question and decoded tokens on a model trained with
     window_anchor="sink", attention.masks). Valid for one unpadded row whose cache holds every key
     from the anchor on, as the hf engine's packed requests on windowed models. Returns the name."""
-    return _register_sdpa_variant(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
+    return _register(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
 
 
 def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
