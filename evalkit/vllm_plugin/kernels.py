@@ -171,7 +171,7 @@ def warm_up_shapes(other_sizes: Sequence[int] = (), block: int = FLEX_BLOCK_SIZE
     prefills = [(q, length) for length in candidates if length >= 2 for q in candidates if q <= length]
     chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
     # A stable sort puts the members that coincide nowhere first, each group in candidate order.
-    for num_queries, length in sorted(prefills, key=lambda prefill: _coincides(*prefill, block, avoided)):
+    for num_queries, length in sorted(prefills, key=lambda qk: _coincides(qk[0], qk[1], block, avoided)):
         chosen.setdefault(shape_class(num_queries, length, block), (num_queries, length))
     # Largest first: where FlexAttention runs uncompiled (a CPU), torch still compiles its inner
     # wrapper with automatic dynamic shapes, whose first graph is static: spent on a large prefill,
