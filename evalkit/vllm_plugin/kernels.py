@@ -202,13 +202,10 @@ _warmed_up: set[tuple] = set()
 def warm_up_anchor_flex(
     num_heads: int, num_kv_heads: int, head_size: int, scale: float, dtype: torch.dtype, device
 ) -> None:
-    """Compile the serving FlexAttention function before vLLM serves, once per process and kind.
-
-    vLLM runs its compiled model under torch's "fail_on_recompile" stance, so a first compile
-    inside the attention op, at the first packed request, raises. Each prefill here is one of
-    the shape classes the compiled function specialises on (warm_up_shapes), with the layer's
-    heads, scale and dtype, so that serving only replays graphs that exist.
-    """
+    """Compile the serving FlexAttention function before vLLM serves (once per process and kind):
+    under vLLM's "fail_on_recompile" stance a first compile at the first packed request raises.
+    One prefill per shape class the compiled function specialises on (warm_up_shapes), with the
+    layer's heads, scale and dtype, so that serving only replays graphs that exist."""
     device = torch.device(device)
     key = (num_heads, num_kv_heads, head_size, scale, dtype, str(device))
     if key in _warmed_up:
@@ -260,11 +257,9 @@ def anchor_attention(
     impl: str = "auto",
     block_mask=None,
 ) -> torch.Tensor:
-    """Attention of the last Q of L positions under the document rule: [Q, Hq, D].
-
-    doc_ids_L gives every key position's document (anchor first, documents contiguous);
-    block_mask (flex only) may be prebuilt with anchor_block_mask and reused across layers.
-    """
+    """Attention of the last Q of L positions under the document rule: [Q, Hq, D]. doc_ids_L: every
+    key's document (anchor first, documents contiguous); block_mask (flex only): prebuilt with
+    anchor_block_mask, reused across layers."""
     num_queries, length = query_QHD.shape[0], key_LHD.shape[0]
     if num_queries > length or doc_ids_L.numel() != length:
         raise ValueError(f"{num_queries} queries, {length} keys and {doc_ids_L.numel()} doc ids do not line up")
