@@ -97,18 +97,6 @@ def _effective_window(window: int | None, kv_len: int) -> int | None:
     return window if window is not None and window < kv_len else None
 
 
-def _window_mask(q_pos, k_pos, k_is_anchor, window: int | None, anchor: str):
-    """Bool [Lq, Lk] causal mask of one segment from the tokens' sequence positions, with the
-    window (masks.py's rule); None where plain bottom-right causality is the whole rule."""
-    if window is None or int(q_pos.max()) - int(k_pos.min()) < window:
-        return None
-    distance = q_pos[:, None] - k_pos[None, :]
-    seen = distance < window
-    if anchor == "sink":
-        seen = seen | k_is_anchor[None, :]
-    return (distance >= 0) & seen
-
-
 def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
     """SDPA with the materialised reference mask."""
     sq, sk = q.shape[2], k.shape[2]
@@ -141,14 +129,19 @@ def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
 
 
 def _segment_sdpa(q, k, v, seg: Segment, q_pos, *, doc_row, scale, gqa: bool, window, anchor):
-    """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`,
-    windowed when the window cuts into it."""
+    """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`, within
+    the window (masks.py's rule) where it cuts into the segment."""
     k_pos = seg.k_index
-    mask = _window_mask(q_pos, k_pos, doc_row[k_pos] == ANCHOR_DOC_ID, window, anchor)
-    if mask is None and q.shape[2] == k.shape[2]:
+    windowed = window is not None and int(q_pos.max()) - int(k_pos.min()) >= window
+    if not windowed and q.shape[2] == k.shape[2]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    if mask is None:  # SDPA's is_causal aligns top-left; a KV cache needs bottom-right
-        mask = k_pos[None, :] <= q_pos[:, None]
+    distance = q_pos[:, None] - k_pos[None, :]
+    mask = distance >= 0  # SDPA's is_causal aligns top-left; a KV cache needs bottom-right
+    if windowed:
+        seen = distance < window
+        if anchor == "sink":
+            seen = seen | (doc_row[k_pos] == ANCHOR_DOC_ID)[None, :]
+        mask = mask & seen
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
 
 
