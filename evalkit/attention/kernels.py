@@ -93,7 +93,8 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: to
 
 
 def _effective_window(window: int | None, kv_len: int) -> int | None:
-    """None when the window cannot cut anything at this length (no query is W keys from key 0)."""
+    """None when the window cannot cut anything at this length (no query is W keys from key 0), so
+    that every implementation takes its unwindowed path there."""
     return window if window is not None and window < kv_len else None
 
 
@@ -101,7 +102,6 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
     """SDPA with the materialised reference mask."""
     sq, sk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    window = _effective_window(window, sk)
     if doc_ids is None and sq == sk and window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     mask = document_mask(doc_ids, sk, sq, window=window, anchor=anchor)  # [Sq, Sk] or [B, Sq, Sk]
@@ -200,7 +200,6 @@ def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor=
     batch, _, sq, _ = q.shape
     sk = k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    window = _effective_window(window, sk)
     if doc_ids is None:
         return dense_attention(q, k, v, None, scale=scale, window=window)
     if batch == 1:  # views, not unbind/stack: each of those costs a full-size copy in backward
@@ -443,7 +442,6 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
-    window = _effective_window(window, k.shape[2])
     block_mask = _cached_block_mask(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
     return run_flex(q, k, v, block_mask, scale=scale, mask_kind="causal" if doc_ids is None else "documents")
 
@@ -504,6 +502,7 @@ def document_attention(
     _check_shapes(q, k, v, doc_ids)
     q, k, v = one_dtype(q, k, v)
     check_window(window, anchor)
+    window = _effective_window(window, k.shape[2])  # flash, which tests call directly, applies it too
     name = default_implementation(q.device) if impl == "auto" else impl
     if name not in _FUNCTIONS:
         raise ValueError(
