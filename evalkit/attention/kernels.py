@@ -368,14 +368,12 @@ _compiled_flex: dict[tuple, Callable] = {}
 
 
 def _flex_frame() -> Callable:
-    """A function that calls flex_attention, with a code object of its own.
-
-    Dynamo keeps its compiled graphs, and counts them against its recompile limit, per code
-    object, however many torch.compile wrappers share it: one compiled flex_attention seeing
-    two dtypes, two mask functions, two head dims and many lengths reaches the limit (default
-    8) and then runs eager, materialising the Sq x Sk scores (hundreds of GB at 64K). A frame
-    per variant gives each variant its own graphs and its own count (tests count them per frame).
-    """
+    """A function that calls flex_attention, with a code object of its own. Dynamo keeps its
+    compiled graphs, and counts them against its recompile limit, per code object, however many
+    torch.compile wrappers share it: one compiled flex_attention seeing two dtypes, two mask
+    functions, two head dims and many lengths reaches the limit (default 8) and then runs eager,
+    materialising the Sq x Sk scores (hundreds of GB at 64K). A frame per variant gives each
+    variant its own graphs and its own count (tests count them per frame)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     def call(q, k, v, *, block_mask, scale=None, enable_gqa=False):
@@ -387,11 +385,9 @@ def _flex_frame() -> Callable:
 
 def flex_attention_function(device: torch.device, dynamic: bool = False, variant: tuple = ()) -> Callable:
     """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores).
-
     Training windows have one shape (static compile); serving prefills change length every step
     (`dynamic=True`). `variant` names what else changes the graph (dtype, head dim, mask kind):
-    each (variant, dynamic) is compiled once per process, as its own function.
-    """
+    each (variant, dynamic) is compiled once per process, as its own function."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if device.type not in COMPILE_DEVICES:
