@@ -12,7 +12,6 @@ from evalkit.attention.kernels import (
     available_implementations,
     default_implementation,
     document_attention,
-    document_segments,
     varlen_layout,
 )
 from evalkit.attention.masks import document_mask, reference_mask
@@ -31,7 +30,6 @@ __all__ = [
     "default_implementation",
     "document_attention",
     "document_mask",
-    "document_segments",
     "pack",
     "reference_mask",
     "register_hf_attention",

@@ -93,10 +93,9 @@ def _rope_precision_hook(precision: str):
 
 def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast. transformers'
-    rotary module returns cos/sin in the dtype of the hidden states it is given (fp32 with fp32
-    master weights whatever autocast does, bf16 in a bf16 model); hooks on it set their dtype
-    instead (_fp32_angles: nothing rounded on the way), so the setting holds for every architecture
-    built on it (Llama, Qwen2, Mistral), in every layer, without patched model files."""
+    rotary module returns cos/sin in its input's dtype (fp32 with fp32 master weights whatever
+    autocast does, bf16 in a bf16 model); hooks on it set their dtype instead (_fp32_angles: nothing
+    rounded on the way), in every layer of every architecture built on it, without patched files."""
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
     modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
@@ -123,13 +122,18 @@ def _no_padding_mask(*, attention_mask=None, **_kwargs):
 
 def register_hf_attention() -> list[str]:
     """Register evalkit's implementations with transformers; returns the names (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    return [_register(name, _attention_forward(impl), _no_padding_mask) for name, impl in HF_NAMES.items()]
 
-    for name, impl in HF_NAMES.items():
-        AttentionInterface.register(name, _attention_forward(impl))
-        AttentionMaskInterface.register(name, _no_padding_mask)
-    return list(HF_NAMES)
+
+def _register(name: str, forward, mask=None) -> str:
+    """`forward` registered with transformers as the attention called `name`, with `mask` as its
+    mask function (None: SDPA's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, mask or sdpa_mask)
+    return name
 
 
 # ---------------------------------------------------------------------- plain SDPA, grouped at decode
@@ -138,27 +142,13 @@ GROUPED_SDPA = "evalkit_grouped_sdpa"
 
 
 def register_grouped_sdpa() -> str:
-    """Register transformers' SDPA attention with one change at decoding (a single query per row):
-    grouped-query models attend with their key-value heads as they are instead of copies.
-
-    transformers feeds SDPA a padding mask at every decoding step of a padded batch, and with a
-    mask its SDPA path repeats each key-value head for its query heads (repeat_kv) in the
-    versions evalkit meets (5.19; 5.24 packs instead): at 8 rows x 4K on SmolLM2 that copies
-    ~150 MB per layer per step, more than the attention itself reads. Here the query heads that
-    share a key-value head become that head's queries, so the one SDPA call reads each K/V once:
-    the same products and sums per query, in the same order. Returns the name to load with.
-    """
-    return _register_sdpa_variant(GROUPED_SDPA, _grouped_sdpa_forward)
-
-
-def _register_sdpa_variant(name: str, forward) -> str:
-    """`forward` registered with transformers as the attention called `name`, with SDPA's mask."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
-    return name
+    """Register transformers' SDPA attention with one change at decoding (one query per row): the
+    query heads sharing a key-value head become that head's queries, so one SDPA call reads each
+    K/V once (the same products and sums per query, in the same order). With the padding mask it
+    gets at every decoding step of a padded batch, transformers' SDPA repeats each key-value head
+    instead (repeat_kv, in 5.19; 5.24 packs): ~150 MB per layer per step at 8 rows x 4K on SmolLM2,
+    more than the attention itself reads. Returns the name to load with."""
+    return _register(GROUPED_SDPA, _grouped_sdpa_forward)
 
 
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -184,25 +174,19 @@ ANCHOR_SINK_SDPA = "evalkit_anchor_sink_sdpa"
 
 
 def register_anchor_sink_sdpa() -> str:
-    """Register transformers' SDPA with the anchor (key 0) visible to every query of a sliding
-    layer beyond its window: the question and the decoded tokens of a packed request on a model
-    trained with window_anchor="sink" (attention.masks). Valid for one unpadded row whose cache
-    holds every key from the anchor on (the hf engine's packed requests on windowed models).
-    Returns the name to set."""
-    return _register_sdpa_variant(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
+    """Register transformers' SDPA with the anchor (key 0) visible to every query of a sliding layer
+    beyond its window (a packed request's question and decoded tokens on a model trained with
+    window_anchor="sink", attention.masks). Valid for one unpadded row whose cache holds every key
+    from the anchor on, as the hf engine's packed requests on windowed models. Returns the name."""
+    return _register(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
 
 
 def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if kwargs.get("sliding_window") and attention_mask is not None:
-        attention_mask = _anchor_visible(attention_mask)  # None: every earlier key is visible already
+    if kwargs.get("sliding_window") and attention_mask is not None:  # None: every earlier key is visible
+        # Key 0, the anchor, attended by every query (it precedes them all: causality holds), in a
+        # copy since layers may share the mask [B, 1, Q, K] (bool: True attends; float: 0 attends).
+        attention_mask = attention_mask.clone()
+        attention_mask[..., 0] = True if attention_mask.dtype == torch.bool else 0.0
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-
-
-def _anchor_visible(mask: torch.Tensor) -> torch.Tensor:
-    """`mask` [B, 1, Q, K] (bool: True attends; float: 0 attends) with key 0, the anchor, attended by
-    every query (it precedes them all: causality holds). A copy: layers may share the mask."""
-    mask = mask.clone()
-    mask[..., 0] = True if mask.dtype == torch.bool else 0.0
-    return mask

@@ -1,21 +1,18 @@
 """Interchangeable implementations of document-masked attention (the rule in masks.py).
 
-Shape legend: B batch, Hq query heads, Hkv key/value heads (grouped-query when fewer), Sq
-queries, Sk keys, D head dim, N tokens of a varlen (flattened, regrouped) layout.
+All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] (grouped-query when Hkv < Hq), doc_ids
+[B, Sk] or None, and return [B, Hq, Sq, D]; with Sq < Sk the queries are the last Sq keys
+(decoding with a KV cache). A layer's sliding `window` (`anchor`: how the anchor meets it,
+masks.py) applies on top of the document rule in every implementation.
 
     dense    SDPA with the reference mask: obviously correct, O(Sk^2) memory and work.
     blocked  one causal SDPA call per document, cross-document work skipped: the CPU training
              path (FlexAttention has no CPU backward), work sum(d_i^2) instead of S^2.
     flex     FlexAttention with a mask_mod; compiled on CUDA (training), eager elsewhere.
-    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's
-             K/V prepended to each document (imported only when used; needs CUDA).
-
-All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D], doc_ids [B, Sk] or None, and return
-[B, Hq, Sq, D]. With Sq < Sk the queries are the last Sq keys (decoding with a KV cache).
-A layer's sliding window (`window`, with `anchor` saying how the anchor meets it: masks.py)
-applies on top of the document rule in every implementation; flash serves windows on
-anchor-free, contiguous documents only (its window counts positions within each regrouped
-sequence, where a prepended anchor is not at its real distance).
+    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's K/V
+             prepended to each (imported only when used; needs CUDA). Windows on anchor-free,
+             contiguous documents only: its window counts positions within each regrouped
+             sequence, where a prepended anchor is not at its real distance.
 """
 
 from __future__ import annotations
@@ -33,9 +30,6 @@ import torch.nn.functional as F
 from evalkit.attention.masks import check_window, document_mask
 from evalkit.attention.packing import ANCHOR_DOC_ID
 
-IMPLEMENTATIONS = ("dense", "blocked", "flex", "flash")
-
-
 # ----------------------------------------------------------------------------- segments
 
 
@@ -52,32 +46,24 @@ class Segment:
     num_prefix: int  # leading keys shared from the anchor (0 when none)
 
 
-def _anchor_positions(doc_row: torch.Tensor) -> torch.Tensor:
-    anchor = (doc_row == ANCHOR_DOC_ID).nonzero().flatten()
-    if anchor.numel() and not torch.equal(anchor, torch.arange(anchor.numel(), device=anchor.device)):
-        raise ValueError("anchor tokens (doc id 0) must come first in the sequence")
-    return anchor
-
-
 def document_segments(doc_row: torch.Tensor | None, kv_len: int, q_len: int) -> list[Segment]:
     """Split one row's attention into per-document causal problems (the anchor prepended to each)."""
     offset = kv_len - q_len
     if doc_row is None:
         return [Segment(torch.arange(q_len), torch.arange(kv_len), 0)]
     doc_row = doc_row.cpu()
-    anchor = _anchor_positions(doc_row)
+    anchor = (doc_row == ANCHOR_DOC_ID).nonzero().flatten()
+    if anchor.numel() and not torch.equal(anchor, torch.arange(anchor.numel())):
+        raise ValueError("anchor tokens (doc id 0) must come first in the sequence")
     sorted_ids, order = torch.sort(doc_row, stable=True)
     _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     segments = []
     for keys in torch.split(order, counts.tolist()):
-        is_anchor = bool(doc_row[keys[0]] == ANCHOR_DOC_ID)
         queries = keys[keys >= offset] - offset
         if queries.numel() == 0:
             continue  # a document entirely in the cache: no query of this step is in it
-        if is_anchor or anchor.numel() == 0:
-            segments.append(Segment(queries, keys, 0))
-        else:
-            segments.append(Segment(queries, torch.cat([anchor, keys]), int(anchor.numel())))
+        prefix = anchor[:0] if bool(doc_row[keys[0]] == ANCHOR_DOC_ID) else anchor  # none for the anchor's own
+        segments.append(Segment(queries, torch.cat([prefix, keys]), int(prefix.numel())))
     segments.sort(key=lambda seg: int(seg.k_index[seg.num_prefix]))  # order of appearance
     return segments
 
@@ -107,32 +93,18 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: to
 
 
 def _effective_window(window: int | None, kv_len: int) -> int | None:
-    """None when the window cannot cut anything at this length (no query is W keys from key 0)."""
+    """None when the window cannot cut anything at this length (no query is W keys from key 0), so
+    that every implementation takes its unwindowed path there."""
     return window if window is not None and window < kv_len else None
-
-
-def _window_mask(q_pos, k_pos, k_is_anchor, window: int | None, anchor: str):
-    """Bool [Lq, Lk] causal mask of one segment from the tokens' sequence positions, with the
-    window (masks.py's rule); None where plain bottom-right causality is the whole rule."""
-    if window is None or int(q_pos.max()) - int(k_pos.min()) < window:
-        return None
-    distance = q_pos[:, None] - k_pos[None, :]
-    seen = distance < window
-    if anchor == "sink":
-        seen = seen | k_is_anchor[None, :]
-    return (distance >= 0) & seen
 
 
 def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
     """SDPA with the materialised reference mask."""
     sq, sk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    window = _effective_window(window, sk)
     if doc_ids is None and sq == sk and window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    if doc_ids is not None and doc_ids.dim() == 1:
-        doc_ids = doc_ids.unsqueeze(0)
-    mask = document_mask(doc_ids, sk, sq, window=window, anchor=anchor)
+    mask = document_mask(doc_ids, sk, sq, window=window, anchor=anchor)  # [Sq, Sk] or [B, Sq, Sk]
     if mask.dim() == 3:
         mask = mask.unsqueeze(1)  # [B, 1, Sq, Sk], broadcast over heads
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
@@ -157,14 +129,19 @@ def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
 
 
 def _segment_sdpa(q, k, v, seg: Segment, q_pos, *, doc_row, scale, gqa: bool, window, anchor):
-    """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`,
-    windowed when the window cuts into it."""
+    """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`, within
+    the window (masks.py's rule) where it cuts into the segment."""
     k_pos = seg.k_index
-    mask = _window_mask(q_pos, k_pos, doc_row[k_pos] == ANCHOR_DOC_ID, window, anchor)
-    if mask is None and q.shape[2] == k.shape[2]:
+    windowed = window is not None and int(q_pos.max()) - int(k_pos.min()) >= window
+    if not windowed and q.shape[2] == k.shape[2]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    if mask is None:  # SDPA's is_causal aligns top-left; a KV cache needs bottom-right
-        mask = k_pos[None, :] <= q_pos[:, None]
+    distance = q_pos[:, None] - k_pos[None, :]
+    mask = distance >= 0  # SDPA's is_causal aligns top-left; a KV cache needs bottom-right
+    if windowed:
+        seen = distance < window
+        if anchor == "sink":
+            seen = seen | (doc_row[k_pos] == ANCHOR_DOC_ID)[None, :]
+        mask = mask & seen
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
 
 
@@ -181,14 +158,12 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     if _documents_are_contiguous(segments, length):
         sizes = [_own_keys(seg).numel() for seg in segments]
         pieces = [t.split(sizes, dim=1) for t in (q_row, k_row, v_row)]  # views, no copy
-        n_anchor = max(seg.num_prefix for seg in segments)
-        anchors = [t[0] if segments[0].num_prefix == 0 and n_anchor else None for t in pieces]
+        anchors = [t[0] for t in pieces]  # where a document has a prefix, segment 0 is the anchor's own
         outputs = []
         for i, seg in enumerate(segments):
             q, k, v = (p[i] for p in pieces)
             if seg.num_prefix:
-                # (ignore: anchors are None only when no document has a prefix; segment 0 is the anchor's own)
-                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))  # type: ignore[list-item]
+                q, k, v = (torch.cat([a, t], dim=1) for a, t in zip(anchors, (q, k, v)))
             # The rows here are [anchor, document]: their positions are seg.k_index, in order.
             out = sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), seg, seg.k_index)
             outputs.append(out[0, :, seg.num_prefix :])
@@ -225,7 +200,6 @@ def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor=
     batch, _, sq, _ = q.shape
     sk = k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    window = _effective_window(window, sk)
     if doc_ids is None:
         return dense_attention(q, k, v, None, scale=scale, window=window)
     if batch == 1:  # views, not unbind/stack: each of those costs a full-size copy in backward
@@ -258,13 +232,18 @@ class VarlenLayout:
     cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
     max_seqlen_q: int
     max_seqlen_k: int
+    # Every sequence is one contiguous run of its row (no anchor prepended, no interleaving): where
+    # flash's window, which counts positions inside each sequence, is the layer's window.
+    runs: bool
 
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
     """One varlen sequence per (row, document): the anchor's K/V prepended to each document."""
     q_parts, k_parts, len_q, len_k = [], [], [], []
+    runs = True
     for b, doc_row in enumerate(_rows(doc_ids, batch)):
         for seg in document_segments(doc_row, kv_len, q_len):
+            runs = runs and not seg.num_prefix and _is_run(seg.k_index)
             q_parts.append(seg.q_index + b * q_len)
             k_parts.append(seg.k_index + b * kv_len)
             len_q.append(seg.q_index.numel())
@@ -280,6 +259,7 @@ def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: 
         cu_seqlens_k=cumulative(len_k),
         max_seqlen_q=max(len_q),
         max_seqlen_k=max(len_k),
+        runs=runs,
     )
 
 
@@ -299,11 +279,8 @@ def _flash_varlen_func() -> Callable:
 def flash_attention(
     q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window", varlen_func: Callable | None = None
 ):
-    """Regroup tokens by document, run a varlen causal kernel, scatter back.
-
-    varlen_func defaults to flash_attn.flash_attn_varlen_func; tests pass an emulation of its
-    documented semantics (tests/attention/varlen.py) to check the layout without CUDA.
-    """
+    """Regroup tokens by document, run a varlen causal kernel, scatter back. varlen_func: tests pass
+    an emulation of flash_attn_varlen_func (tests/attention/varlen.py) to check the layout on a CPU."""
     if varlen_func is None:
         varlen_func = _flash_varlen_func()
         if q.dtype not in FLASH_DTYPES or not q.dtype == k.dtype == v.dtype:
@@ -316,8 +293,11 @@ def flash_attention(
     layout = varlen_layout(doc_ids, batch, sk, sq)
     window = _effective_window(window, sk)
     window_options = {} if window is None else {"window_size": (window - 1, 0)}  # flash-attn: keys i-left..i
-    if window is not None:
-        _check_flash_window(doc_ids, batch, sk, sq)
+    if window is not None and not layout.runs:
+        raise ValueError(
+            "the flash implementation cannot combine a sliding window with the anchor or interleaved "
+            "documents; use flex (CUDA) or blocked"
+        )
     device = q.device
     q_flat, k_flat, v_flat = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))  # [B*S, H, D]
     k_index = layout.k_index.to(device)
@@ -337,17 +317,6 @@ def flash_attention(
     return out.reshape(batch, sq, hq, dim).transpose(1, 2)
 
 
-def _check_flash_window(doc_ids, batch: int, kv_len: int, q_len: int) -> None:
-    """flash's window counts positions inside each regrouped sequence: exact only where every
-    sequence is one contiguous run of the row's tokens (no anchor prepended, no interleaving)."""
-    for doc_row in _rows(doc_ids, batch):
-        if any(seg.num_prefix or not _is_run(seg.k_index) for seg in document_segments(doc_row, kv_len, q_len)):
-            raise ValueError(
-                "the flash implementation cannot combine a sliding window with the anchor or interleaved "
-                "documents; use flex (CUDA) or blocked"
-            )
-
-
 # ----------------------------------------------------------------------------- flex
 
 
@@ -360,12 +329,12 @@ def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, win
     Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
     """
     key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
-    last_ids = _last_block_mask.get("doc_ids")
-    same_ids = last_ids is None if doc_ids is None else last_ids is not None and torch.equal(doc_ids, last_ids)
-    if key != _last_block_mask.get("key") or not same_ids:
+    last = _last_block_mask
+    # An equal key means doc_ids of the same shape, or None on both sides.
+    if key != last.get("key") or (doc_ids is not None and not torch.equal(doc_ids, last["doc_ids"])):
         mask = _build_block_mask(doc_ids, batch, q_len, kv_len, device, window, anchor)
-        _last_block_mask.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
-    return _last_block_mask["mask"]
+        last.update(key=key, doc_ids=None if doc_ids is None else doc_ids.clone(), mask=mask)
+    return last["mask"]
 
 
 def _build_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window=None, anchor="window"):
@@ -399,14 +368,12 @@ _compiled_flex: dict[tuple, Callable] = {}
 
 
 def _flex_frame() -> Callable:
-    """A function that calls flex_attention, with a code object of its own.
-
-    Dynamo keeps its compiled graphs, and counts them against its recompile limit, per code
-    object, however many torch.compile wrappers share it: one compiled flex_attention seeing
-    two dtypes, two mask functions, two head dims and many lengths reaches the limit (default
-    8) and then runs eager, materialising the Sq x Sk scores (hundreds of GB at 64K). A frame
-    per variant gives each variant its own graphs and its own count (tests count them per frame).
-    """
+    """A function that calls flex_attention, with a code object of its own. Dynamo keeps its
+    compiled graphs, and counts them against its recompile limit, per code object, however many
+    torch.compile wrappers share it: one compiled flex_attention seeing two dtypes, two mask
+    functions, two head dims and many lengths reaches the limit (default 8) and then runs eager,
+    materialising the Sq x Sk scores (hundreds of GB at 64K). A frame per variant gives each
+    variant its own graphs and its own count (tests count them per frame)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     def call(q, k, v, *, block_mask, scale=None, enable_gqa=False):
@@ -418,11 +385,9 @@ def _flex_frame() -> Callable:
 
 def flex_attention_function(device: torch.device, dynamic: bool = False, variant: tuple = ()) -> Callable:
     """Compiled FlexAttention on CUDA; eager elsewhere (correct, but it materialises scores).
-
     Training windows have one shape (static compile); serving prefills change length every step
     (`dynamic=True`). `variant` names what else changes the graph (dtype, head dim, mask kind):
-    each (variant, dynamic) is compiled once per process, as its own function.
-    """
+    each (variant, dynamic) is compiled once per process, as its own function."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if device.type not in COMPILE_DEVICES:
@@ -438,21 +403,19 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
     return _compiled_flex[key]
 
 
-def call_flex(function: Callable, device: torch.device, *args, **kwargs) -> torch.Tensor:
-    """Call a function from flex_attention_function. Where evalkit runs FlexAttention uncompiled on
-    purpose (off COMPILE_DEVICES: correct, scores materialised at the sizes used there), torch's
-    "called without torch.compile" warning is silenced; on a compiled device it is left to be
-    seen, since there it would mean that the compiled path was lost."""
-    if device.type in COMPILE_DEVICES:
-        return function(*args, **kwargs)
+def run_flex(q, k, v, block_mask, *, scale, mask_kind: str, dynamic: bool = False) -> torch.Tensor:
+    """FlexAttention through the function of its variant: what besides the lengths changes the
+    compiled graph (dtype, head dim, mask kind). Off COMPILE_DEVICES, where evalkit runs it
+    uncompiled on purpose, torch's "called without torch.compile" warning is silenced; on a compiled
+    device it would mean that the compiled path was lost, so it is left to be seen."""
+    variant = (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
+    function = flex_attention_function(q.device, dynamic=dynamic, variant=variant)
+    options = {"block_mask": block_mask, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if q.device.type in COMPILE_DEVICES:
+        return function(q, k, v, **options)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return function(*args, **kwargs)
-
-
-def flex_variant(q: torch.Tensor, mask_kind: str) -> tuple:
-    """What besides the length changes FlexAttention's compiled graph."""
-    return (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
+        return function(q, k, v, **options)
 
 
 def raise_recompile_limit(limit: int) -> None:
@@ -475,11 +438,8 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
-    window = _effective_window(window, k.shape[2])
     block_mask = _cached_block_mask(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
-    gqa = q.shape[1] != k.shape[1]
-    function = flex_attention_function(q.device, variant=flex_variant(q, "causal" if doc_ids is None else "documents"))
-    return call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return run_flex(q, k, v, block_mask, scale=scale, mask_kind="causal" if doc_ids is None else "documents")
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -490,6 +450,7 @@ _FUNCTIONS: dict[str, Callable] = {
     "flex": flex_attention,
     "flash": flash_attention,
 }
+IMPLEMENTATIONS = tuple(_FUNCTIONS)
 
 
 def default_implementation(device: torch.device) -> str:
@@ -510,13 +471,11 @@ def available_implementations(device: torch.device | str = "cpu") -> list[str]:
 
 
 def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v in the one dtype attention runs in, each rounded once (autograd carries the gradient
-    back through the cast): autocast's when autocast is on for q's device, else v's. v is never
-    rotated, so it carries the model's compute dtype, while an fp32 rotation (rope_precision=fp32,
-    or fp32 cos/sin under autocast over fp32 weights) hands over q and k in fp32: q·k then runs in
-    bf16, as the paper's text has it. flash-attn refuses the mix, and FlexAttention refuses it or
-    runs an fp32 kernel whose numbers differ from SDPA's: cast here, every implementation gets the
-    same inputs."""
+    """q, k, v in one dtype, each rounded once (autograd carries the gradient through the cast):
+    autocast's when it is on for q's device, else v's, the model's compute dtype (v is never rotated;
+    an fp32 rotation, rope_precision=fp32 or fp32 cos/sin under autocast, hands over q and k in fp32,
+    so q·k runs in bf16 as the paper's text has it). flash-attn refuses the mix, FlexAttention refuses
+    it or runs an fp32 kernel whose numbers differ from SDPA's: every implementation gets the same inputs."""
     device_type = q.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
     return q.to(dtype), k.to(dtype), v.to(dtype)
@@ -539,6 +498,7 @@ def document_attention(
     _check_shapes(q, k, v, doc_ids)
     q, k, v = one_dtype(q, k, v)
     check_window(window, anchor)
+    window = _effective_window(window, k.shape[2])  # flash, which tests call directly, applies it too
     name = default_implementation(q.device) if impl == "auto" else impl
     if name not in _FUNCTIONS:
         raise ValueError(

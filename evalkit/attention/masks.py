@@ -1,22 +1,18 @@
-"""The definition of who may attend to whom, as plain dense masks.
-
-Everything else (the fast kernels, the vLLM backend) is tested against these. Rule, for a key
-column j and a query row i (True = may attend):
+"""The definition of who may attend to whom, as plain dense masks: everything else (the fast
+kernels, the vLLM backend) is tested against these. Query row i may attend key column j iff
 
     j <= i  and  (doc[i] == doc[j]  or  doc[j] == ANCHOR_DOC_ID)        (document masks)
     j <= i                                                              (doc_ids is None: causal)
 
-When there are fewer queries than keys (decoding with a KV cache) the queries are the last keys:
-causality is aligned bottom-right.
-
+the queries being the last keys when there are fewer (decoding with a KV cache: bottom-right).
 A layer with a sliding window W (transformers' rule: a key is seen while i - j < W, distances
 in sequence positions) adds, in every paradigm:
 
     and  (i - j < W  or  (anchor == "sink" and doc[j] == ANCHOR_DOC_ID))
 
-ANCHOR_MODES: "window" (the default) keeps the model's own mask: the anchor is seen only while
-it is within the window, as any other key; "sink" keeps the anchor visible to every query, as
-an attention sink (StreamingLLM's reading), which the model's own mask never had.
+ANCHOR_MODES: "window" (the default) keeps the model's own mask, the anchor seen only within the
+window as any other key; "sink" keeps it visible to every query, as an attention sink
+(StreamingLLM's reading), which the model's own mask never had.
 """
 
 from __future__ import annotations

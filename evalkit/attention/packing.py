@@ -130,8 +130,7 @@ def _fill_window(
         if room < prefix_len + 1:  # not even one content token fits: the rest of the window is padding
             return pieces, None, consumed
         pieces.append(_Piece(token_ids[:room], prefix_len, piece.cut_context))
-        content_used = room - prefix_len
-        rest = doc.tokens[content_used:]
+        rest = doc.tokens[room - prefix_len :]  # the content tokens that did not fit
         # When only the EOS was cut, the document is complete: nothing is carried.
         leftover = Document(tokens=list(rest), tag=doc.tag, continued=True) if rest else None
         return pieces, leftover, consumed + 1

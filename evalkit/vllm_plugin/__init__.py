@@ -4,20 +4,16 @@
 starts). It registers, by import path so that nothing heavy is imported until used:
 
 - model classes for evalkit's checkpoints (ARCHITECTURES: vLLM's Llama, Qwen2 and Mistral with
-  the RoPE options of rope.py: FP32 rotation with one rounding, a constant position shift);
-- an attention backend that adds packed multi-document requests (anchor_backend.py): vLLM's
-  FlashAttention backend as the CUSTOM backend on CUDA (select it with
-  attention_backend="CUSTOM"), vLLM's CPU backend in the CPU_ATTN slot on CPU (the slot the CPU
-  platform always uses), there only in processes started for packed requests
-  (EVALKIT_VLLM_PACKED=1, set by evalkit's engine): a plain engine runs vLLM's own backend.
+  rope.py's options: FP32 rotation with one rounding, a constant position shift);
+- a backend adding packed multi-document requests (anchor_backend.py): vLLM's FlashAttention
+  backend as the CUSTOM backend on CUDA (attention_backend="CUSTOM"); on CPU, vLLM's CPU backend
+  in the CPU_ATTN slot (which the CPU platform always uses), only in processes started for
+  packed requests (EVALKIT_VLLM_PACKED=1, set by evalkit's engine).
 
-A packed request carries its document segments in SamplingParams.extra_args (packing.py);
-the TRACKER logits processor hands them to the backend (tracker.py), and must be passed to
-the engine: LLM(..., logits_processors=[TRACKER]) with the V1 model runner
-(VLLM_USE_V2_MODEL_RUNNER=0). evalkit.engines.vllm does all of this.
-
-The kernels (kernels.py) and the cache-layout learner (cache_layout.py) need no vLLM; the GPU
-checks (tests/gpu/test_vllm_kernels.py) run them on a CUDA machine without vLLM.
+A packed request carries its document segments in SamplingParams.extra_args (packing.py); the
+TRACKER logits processor hands them to the backend (tracker.py) and must be passed to the engine
+(LLM(..., logits_processors=[TRACKER]), V1 model runner: VLLM_USE_V2_MODEL_RUNNER=0), as
+evalkit.engines.vllm does. kernels.py and cache_layout.py need no vLLM (tests/gpu/test_vllm_kernels.py).
 """
 
 from __future__ import annotations

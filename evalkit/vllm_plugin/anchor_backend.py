@@ -1,20 +1,19 @@
 """Anchor-mode attention inside a stock vLLM backend, added by subclassing, never by patching.
 
-The stock backend runs every token of every step exactly as it would without the plugin
-(plain requests are stock vLLM, bit for bit). For packed requests, only the document queries
-of a prefill step differ from causal attention; afterwards the impl recomputes just those
-rows with evalkit's anchor kernels, reading keys and values back from the paged cache (which
-the stock writer has already filled, this step's tokens included), and overwrites them.
-Question tokens and generated tokens keep the stock result: they attend to everything.
+The stock backend runs every token of every step as without the plugin (plain requests are
+stock vLLM, bit for bit). Of a packed request only the document queries of a prefill step
+differ from causal attention: the impl then recomputes just those rows with evalkit's anchor
+kernels, reading keys and values back from the paged cache (the stock writer has filled it,
+this step's tokens included), and overwrites them. Question and generated tokens keep the
+stock result: they attend to everything.
 
     builder.build()   -> the stock metadata + `evalkit_document_queries`: one plan per packed
                          row with document queries in this step (rows from tracker.packed_rows)
     impl.forward()    -> the stock forward, then anchor attention for the planned rows
 
 Chunked prefill and preemption need nothing special: a document query's keys are positions
-0..L-1 of its own request, all in the cache, and its document ids come from its layout. They are
-read into a workspace made when the impl is built (workspace.py), so that serving allocates no
-prefix copy that vLLM's memory profile did not count.
+0..L-1 of its own request, all in the cache, read into a workspace made with the impl
+(workspace.py) so that serving allocates nothing vLLM's memory profile did not count.
 """
 
 from __future__ import annotations
@@ -28,12 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from evalkit.vllm_plugin.cache_layout import LearnedLayout, learn_layout
-from evalkit.vllm_plugin.kernels import (
-    anchor_attention,
-    anchor_block_mask,
-    gather_paged,
-    warm_up_anchor_flex,
-)
+from evalkit.vllm_plugin.kernels import anchor_attention, anchor_block_mask, gather_paged, warm_up_anchor_flex
 from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
 from evalkit.vllm_plugin.workspace import PrefixWorkspace, shared_prefix_workspace
 
@@ -182,10 +176,8 @@ class AnchorAttentionImplMixin:
         return gather_paged(views[0], row, length), gather_paged(views[1], row, length)
 
     def _views(self, layout: LearnedLayout, kv_cache: torch.Tensor):
-        """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers).
-
-        A layer keeps its cache tensor for the engine's life: the views are made once per tensor.
-        """
+        """The layer's cache seen as [NB, BS, Hkv, D] keys and values (None: read through gathers),
+        made once per cache tensor (a layer keeps its tensor for the engine's life)."""
         key = (kv_cache.data_ptr(), tuple(kv_cache.shape), kv_cache.stride())
         if self._evalkit_views is None or self._evalkit_views[0] != key:
             self._evalkit_views = (key, layout.views(kv_cache))

@@ -1,8 +1,6 @@
-"""vLLM's CPU attention backend with evalkit's packed requests (registered in the CPU_ATTN slot).
-
-On CPU, vLLM always takes the backend in its CPU_ATTN slot, so `register()` puts this class
-there. Everything stock is kept: plain requests run the stock kernels; document queries of
-packed requests are recomputed with per-document SDPA (see anchor_backend).
+"""vLLM's CPU attention backend with evalkit's packed requests, which `register()` puts in the
+CPU_ATTN slot (the one vLLM always takes on CPU). Plain requests run the stock kernels; document
+queries of packed requests are recomputed with per-document SDPA (anchor_backend).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""vLLM's FlashAttention backend with evalkit's packed requests (registered as vLLM's CUSTOM backend).
+"""vLLM's FlashAttention backend with evalkit's packed requests (vLLM's CUSTOM backend: select it
+with `LLM(..., attention_backend="CUSTOM")`, as evalkit's engine does on CUDA). Document queries
+of packed requests are recomputed with FlexAttention over the paged cache (anchor_backend).
 
-Select it with `LLM(..., attention_backend="CUSTOM")` (evalkit's engine does on CUDA). Plain
-requests run vLLM's FlashAttention kernels unchanged; document queries of packed requests are
-recomputed with FlexAttention over the paged cache, with a BlockMask built from the document
-boundaries once per step (see anchor_backend and kernels).
-
-CUDA graphs: a graph replays kernels without running Python, so the document rows could not
-be recomputed inside one. Full graphs are refused (AttentionCGSupport.NEVER: vLLM then runs
-its piecewise graphs, which leave attention outside the graph, eager). Allowing them for
-"pure single-token decode" batches was not safe: a batch of one-token steps can be prefill
-chunks of one document token each, which a replayed graph would leave uncorrected.
+CUDA graphs replay kernels without running Python, so the document rows could not be
+recomputed inside one. Full graphs are refused (AttentionCGSupport.NEVER: vLLM then runs its
+piecewise graphs, attention outside them, eager); even "pure single-token decode" batches are
+not safe: their one-token steps can be prefill chunks of one document token each.
 
 FlexAttention is compiled when the impl is built (AnchorAttentionImplMixin.__init__), not at
 the first packed request: vLLM runs the model under torch's fail-on-recompile stance.

@@ -1,19 +1,15 @@
 """Where a vLLM attention backend keeps each key and value element: learned, not hard-coded.
 
-vLLM's KV cache layouts are not part of its API: they differ between backends and versions,
-and the CPU backend's kernels store each block's keys transposed for its SIMD loops (another
-ISA may tile them differently). The anchor-mode kernels need to read keys and values back as
-[NB, BS, Hkv, D]. Rather than copy any backend's layout code, the layout is learned once: probe
-values are written through the backend's own cache writer into a two-block scratch cache, and
-where each (token, head, dim) element landed is read back.
+vLLM's KV cache layouts are not part of its API: they differ between backends and versions (the
+CPU backend stores each block's keys transposed for its SIMD loops; another ISA may tile them
+differently). The anchor kernels read keys and values back as [NB blocks, BS tokens, H heads, D],
+so the layout is learned once, copying no backend's code: probe values are written through the
+backend's own cache writer into a two-block scratch cache, and where each element landed is
+read back. Each probe value is one base-64 digit of the element's index, plus one (exact in
+fp32, bf16 and fp16; 0 marks "not written"), so a few passes identify every element.
 
-Each probe value is one base-64 digit of the element's index, plus one (exact in fp32, bf16 and
-fp16; 0 marks "not written"), so a few passes identify every element. The learned offsets are
-then mapped onto the real cache's strides: when they are affine in (token, head, dim), as for
-every backend seen so far, the caches are zero-copy strided views; otherwise `gather` reads a
-request's tokens through the offsets.
-
-Shape legend: NB blocks, BS tokens per block, H key/value heads, D head dim, L tokens.
+Where the learned offsets are affine in (token, head, dim), as for every backend seen so far,
+the caches are zero-copy strided views; otherwise `gather` reads a request through the offsets.
 """
 
 from __future__ import annotations

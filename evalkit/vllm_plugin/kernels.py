@@ -1,24 +1,18 @@
-"""Anchor-mode prefill attention over a paged KV cache: the vLLM backend's kernel work, without vLLM.
+"""Anchor-mode prefill attention over a paged KV cache: the vLLM backend's kernel work, without
+vLLM (so a GPU machine without vLLM can check it: tests/gpu/test_vllm_kernels.py).
 
-Shape legend: Q queries of one request in this step, L keys (the request's context so far,
-the queries are its last Q positions), Hq query heads, Hkv key/value heads, D head dim, NB
-blocks of the paged cache, BS tokens per block, nQb/nKb query/key blocks of a BlockMask.
+Shapes: Q queries of one request in this step (its last Q positions), L keys (its context so
+far), Hq/Hkv query/key-value heads, D head dim, nQb/nKb a BlockMask's query/key blocks. A paged
+cache is [NB blocks, BS tokens, Hkv, D] (views are fine) and a request's block-table row lists
+the blocks of its positions 0, BS, 2*BS, ... in order, as vLLM's block tables do.
 
-A paged cache here is a pair of tensors [NB, BS, Hkv, D] (views are fine: only blocks named by
-the block table are read) and a request's block-table row lists the blocks holding its
-positions 0, BS, 2*BS, ... in order, as vLLM's block tables do.
+The rule is evalkit.attention's (masks.py). Only document queries come here: the question and
+generated tokens attend to everything, which is plain causal attention.
 
-The rule is evalkit.attention's (masks.py): query position i attends key position j iff j <= i
-and (doc[i] == doc[j] or doc[j] == ANCHOR_DOC_ID). Only document queries come here: the question
-and generated tokens attend to everything, which is plain causal attention.
-
-    flex     FlexAttention with a BlockMask built from document boundaries at block level
-             (no Q x L mask exists anywhere); compiled on CUDA, eager elsewhere (the CPU tests)
+    flex     FlexAttention with a BlockMask built at block level from document boundaries (no
+             Q x L mask anywhere); compiled on CUDA, eager elsewhere (the CPU tests)
     blocked  one SDPA call per document (evalkit.attention's blocked kernel): the CPU path
     dense    SDPA with the materialised reference mask: the reference, O(Q x L) memory
-
-Everything here runs without vLLM, so a GPU machine without vLLM can check it
-(tests/gpu/test_vllm_kernels.py).
 """
 
 from __future__ import annotations
@@ -30,13 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import (
-    call_flex,
-    default_implementation,
-    flex_attention_function,
-    flex_variant,
-    raise_recompile_limit,
-)
+from evalkit.attention.kernels import default_implementation, raise_recompile_limit, run_flex
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -61,12 +49,6 @@ def gather_paged(cache_NBHD: torch.Tensor, block_table_row: torch.Tensor, length
 
 
 # ----------------------------------------------------------------------------- flex
-
-
-def _check_document_order(doc_ids_L: torch.Tensor) -> None:
-    """Block-level reasoning below needs documents as contiguous runs in order, the anchor first."""
-    if doc_ids_L.numel() and (bool((doc_ids_L.diff() < 0).any()) or int(doc_ids_L.min()) < ANCHOR_DOC_ID):
-        raise ValueError("anchor-mode prefill needs the anchor first and each document contiguous, in order")
 
 
 def _block_ranges(doc_ids_L: torch.Tensor, start: int, stop: int, block_size: int):
@@ -105,15 +87,16 @@ def anchor_block_mask(
     """BlockMask for the last `num_queries` of L positions under the document rule, built per block.
 
     Work and memory are O(nQb x nKb): a block pair is skipped when causality or the documents
-    rule out every entry, full when they allow every entry (mask_mod not evaluated), partial
-    otherwise. Partial is the safe side: mask_mod decides exactly within it. Everything stays on
-    the ids' device; only the order check reads values back (a host sync on CUDA), so a caller
-    whose ids are in order by construction passes check_order=False.
+    rule out every entry, full when they allow every entry (mask_mod not evaluated), partial (the
+    safe side: mask_mod decides within it) otherwise. The block-level reasoning needs the anchor
+    first and documents contiguous, in order: checking that reads values back (a host sync on
+    CUDA), so a caller whose ids are in order by construction passes check_order=False.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    if check_order:
-        _check_document_order(doc_ids_L)
+    if check_order and doc_ids_L.numel():
+        if bool((doc_ids_L.diff() < 0).any()) or int(doc_ids_L.min()) < ANCHOR_DOC_ID:
+            raise ValueError("anchor-mode prefill needs the anchor first and each document contiguous, in order")
     length = doc_ids_L.numel()
     offset = length - num_queries
     q_first, q_last, q_doc_min, q_doc_max = _block_ranges(doc_ids_L, offset, length, block_size)
@@ -184,21 +167,13 @@ def warm_up_shapes(other_sizes: Sequence[int] = (), block: int = FLEX_BLOCK_SIZE
     covers the whole class. A class all of whose members coincide keeps its smallest member (a
     graph specialised to a coincidence every member shares, such as Q = 128 = head size)."""
     avoided = set(other_sizes)
-    chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
-    clean: set[tuple[bool, ...]] = set()
     candidates = _candidate_sizes(block)
-    for length in candidates:
-        if length < 2:  # the anchor and at least one document token
-            continue
-        for num_queries in (q for q in candidates if q <= length):
-            key = shape_class(num_queries, length, block)
-            if key in clean:
-                continue
-            if not _coincides(num_queries, length, block, avoided):
-                chosen[key] = (num_queries, length)
-                clean.add(key)
-            else:
-                chosen.setdefault(key, (num_queries, length))
+    # L >= 2: the anchor and at least one document token.
+    prefills = [(q, length) for length in candidates if length >= 2 for q in candidates if q <= length]
+    chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
+    # A stable sort puts the members that coincide nowhere first, each group in candidate order.
+    for num_queries, length in sorted(prefills, key=lambda qk: _coincides(qk[0], qk[1], block, avoided)):
+        chosen.setdefault(shape_class(num_queries, length, block), (num_queries, length))
     # Largest first: where FlexAttention runs uncompiled (a CPU), torch still compiles its inner
     # wrapper with automatic dynamic shapes, whose first graph is static: spent on a large prefill,
     # the graphs after it are general.
@@ -228,13 +203,10 @@ _warmed_up: set[tuple] = set()
 def warm_up_anchor_flex(
     num_heads: int, num_kv_heads: int, head_size: int, scale: float, dtype: torch.dtype, device
 ) -> None:
-    """Compile the serving FlexAttention function before vLLM serves, once per process and kind.
-
-    vLLM runs its compiled model under torch's "fail_on_recompile" stance, so a first compile
-    inside the attention op, at the first packed request, raises. Each prefill here is one of
-    the shape classes the compiled function specialises on (warm_up_shapes), with the layer's
-    heads, scale and dtype, so that serving only replays graphs that exist.
-    """
+    """Compile the serving FlexAttention function before vLLM serves (once per process and kind):
+    under vLLM's "fail_on_recompile" stance a first compile at the first packed request raises.
+    One prefill per shape class the compiled function specialises on (warm_up_shapes), with the
+    layer's heads, scale and dtype, so that serving only replays graphs that exist."""
     device = torch.device(device)
     key = (num_heads, num_kv_heads, head_size, scale, dtype, str(device))
     if key in _warmed_up:
@@ -286,11 +258,9 @@ def anchor_attention(
     impl: str = "auto",
     block_mask=None,
 ) -> torch.Tensor:
-    """Attention of the last Q of L positions under the document rule: [Q, Hq, D].
-
-    doc_ids_L gives every key position's document (anchor first, documents contiguous);
-    block_mask (flex only) may be prebuilt with anchor_block_mask and reused across layers.
-    """
+    """Attention of the last Q of L positions under the document rule: [Q, Hq, D]. doc_ids_L: every
+    key's document (anchor first, documents contiguous); block_mask (flex only): prebuilt with
+    anchor_block_mask, reused across layers."""
     num_queries, length = query_QHD.shape[0], key_LHD.shape[0]
     if num_queries > length or doc_ids_L.numel() != length:
         raise ValueError(f"{num_queries} queries, {length} keys and {doc_ids_L.numel()} doc ids do not line up")
@@ -301,9 +271,7 @@ def anchor_attention(
     doc_ids_L = doc_ids_L.to(query_QHD.device)
     if name == "flex":
         block_mask = block_mask if block_mask is not None else anchor_block_mask(doc_ids_L, num_queries)
-        function = flex_attention_function(q.device, dynamic=True, variant=flex_variant(q, "anchor"))
-        gqa = q.shape[1] != k.shape[1]
-        out = call_flex(function, q.device, q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        out = run_flex(q, k, v, block_mask, scale=scale, mask_kind="anchor", dynamic=True)
     else:
         out = document_attention(q, k, v, doc_ids_L, scale=scale, impl=name)
     return out[0].transpose(0, 1)

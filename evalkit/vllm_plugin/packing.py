@@ -1,17 +1,16 @@
 """How a request tells the plugin it is packed: document segments in SamplingParams.extra_args.
 
-A packed request's prompt is laid out as evalkit.engines.tokens.packed_layout lays it out:
+A packed request's prompt, laid out by evalkit.engines.tokens.packed_layout, is
 
     [anchor] [document 1 ... EOS] [document 2 ... EOS] ... [question ...]     positions 0..n-1
 
-and its sampling parameters carry the segment lengths (no marker token is added to the prompt,
-so the model sees exactly the tokens and positions training used):
+and its sampling parameters carry the segment lengths (no marker token in the prompt: the
+model sees exactly the tokens and positions training used):
 
     SamplingParams(..., extra_args={"evalkit_packed": {"anchor_length": 1, "document_lengths": [12, 40, 7]}})
 
-During prefill, each document token attends to its own document (causally) and the anchor;
-the anchor attends to itself; every token after the last document (the question) and every
-generated token attends to everything before it. A request without the key is a plain request.
+In prefill a document token attends to its own document (causally) and the anchor; the
+question and generated tokens attend to everything before them. Without the key a request is plain.
 """
 
 from __future__ import annotations
@@ -47,11 +46,8 @@ class PackedSegments:
         return {EXTRA_ARGS_KEY: {"anchor_length": self.anchor_length, "document_lengths": list(self.document_lengths)}}
 
     def cache_salt(self) -> str:
-        """A prefix-cache salt: blocks computed under this layout are never reused by another layout.
-
-        A packed request's K/V (beyond the first layer) differ from a plain request's over the
-        same tokens, so the two must not share prefix-cache blocks.
-        """
+        """A prefix-cache salt: a packed request's K/V (beyond the first layer) differ from a plain
+        request's over the same tokens, so blocks of one layout are never reused by another."""
         lengths = ",".join(map(str, self.document_lengths))
         return f"evalkit-packed:{self.anchor_length}:{lengths}"
 

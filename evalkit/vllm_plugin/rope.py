@@ -1,18 +1,13 @@
 """RoPE at serving time: FP32 rotation with one rounding, a constant position shift, long windows.
 
-The two precision variants are evalkit.probe.rope's (the BF16 probe, now runnable in vLLM):
+The precision variants are evalkit.probe.rope's (the BF16 probe, runnable in vLLM): `cast` is
+vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k rotated in it,
+as transformers does); `fp32` rotates q and k in FP32 with FP32 cos/sin, rounded once.
 
-- `cast`: vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k
-  rotated in it), as transformers does.
-- `fp32`: q and k rotated in FP32 with FP32 cos/sin, rounded to the model dtype once.
-
-`position_shift` adds a constant to every position id before the rotation (positions stay
-continuous; the anchor moves to the shift), which is what the probe's Δ measures. Windows
-beyond the checkpoint's max_position_embeddings (evalkit allows them to test extrapolation, as
-its hf engine does) need longer cos/sin tables than vLLM builds; the table grows with them.
-
-Options reach the model through the HF config (the engine passes them as hf_overrides):
-`evalkit_rope` and `evalkit_position_shift`.
+`position_shift` adds a constant to every position id before the rotation (the probe's Δ; the
+anchor moves to the shift). Windows beyond the checkpoint's max_position_embeddings (allowed to
+test extrapolation, as in the hf engine) grow the cos/sin table beyond what vLLM builds.
+Options reach the model through the HF config (hf_overrides): `evalkit_rope`, `evalkit_position_shift`.
 """
 
 from __future__ import annotations
@@ -51,13 +46,6 @@ def rope_options_from_config(hf_config) -> RopeOptions:
     )
 
 
-def fp32_cos_sin_table(rotary: Any, num_positions: int) -> torch.Tensor:
-    """[num_positions, rotary_dim] FP32 cos|sin table computed by the rotary module's own formula."""
-    sized = copy.copy(rotary)  # a shallow copy: the module itself keeps its size
-    sized.max_position_embeddings = num_positions
-    return sized._compute_cos_sin_cache().float()
-
-
 class ServingRotaryEmbedding(nn.Module):
     """Stands in for a vLLM rotary embedding: same call, (positions, query, key) -> (query, key)."""
 
@@ -75,7 +63,11 @@ class ServingRotaryEmbedding(nn.Module):
         self.head_size = original.head_size
         self.rotary_dim = original.rotary_dim
         self.is_neox_style = original.is_neox_style
-        table = fp32_cos_sin_table(original, num_positions + options.position_shift)
+        # The FP32 cos|sin table [positions, rotary_dim] by the module's own formula, computed on a
+        # shallow copy: the original keeps its size.
+        sized = copy.copy(original)
+        sized.max_position_embeddings = num_positions + options.position_shift
+        table = sized._compute_cos_sin_cache().float()
         if self.variant == "cast":
             # vLLM's own kernels, on a table long enough for the shifted positions.
             original.cos_sin_cache = table.to(original.cos_sin_cache.dtype)

@@ -1,17 +1,15 @@
 """Which rows of vLLM's batch are packed requests: how per-request data reaches the attention backend.
 
 vLLM gives attention backends per-row lengths and block tables, never the request behind a
-row. The one worker-side hook that sees each request's SamplingParams, and is told every time
+row. The one worker-side hook that sees each request's SamplingParams, and is told whenever
 the batch is reordered, is a logits processor (vLLM's documented extension point for custom
-per-request arguments in `extra_args`). PackedRequestTracker is one: it changes no logits; it
-keeps, for this worker process, the packed layout of every batch row, and the backend's
-metadata builder reads it when the step's attention metadata is built (which vLLM does after
-applying the batch update, before the forward pass).
+`extra_args`). PackedRequestTracker is one that changes no logits: it keeps this worker's packed
+layout per batch row, which the backend's metadata builder reads when vLLM builds the step's
+attention metadata (after applying the batch update, before the forward pass).
 
-It implements vLLM's V1-model-runner logits-processor interface (vllm.v1.sample.logits_processor),
-where a row index is the request's index in the persistent batch and equals its row in the
-attention metadata. evalkit's engine selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0).
-Use it with `LLM(..., logits_processors=[evalkit.vllm_plugin.TRACKER])`.
+It implements the V1 model runner's interface (vllm.v1.sample.logits_processor), where a row is
+the request's index in the persistent batch and its row in the attention metadata (evalkit's
+engine sets VLLM_USE_V2_MODEL_RUNNER=0). Use `LLM(..., logits_processors=[evalkit.vllm_plugin.TRACKER])`.
 """
 
 from __future__ import annotations

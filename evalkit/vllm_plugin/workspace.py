@@ -1,20 +1,16 @@
 """A preallocated buffer for the prefix keys and values that the anchor kernels read: no allocation at serving time.
 
-The document queries of a packed request attend to its positions 0..L-1 (the anchor and the
-documents so far), which the backend reads back from the paged KV cache as contiguous [L, Hkv, D]
-tensors. Gathered into fresh tensors, that is up to max_model_len tokens per layer allocated at
-run time, which vLLM's memory profile never sees: its profile run skips attention altogether
-(the backends return at once when there is no attention metadata), and it sizes the KV cache
-from what the profile saw, so on a GPU the gather could find too little memory left. vLLM's own
-backends keep such scratch memory in buffers sized before the KV cache is (and locked after).
+The document queries of a packed request attend to its positions 0..L-1, read back from the
+paged KV cache [NB blocks, BS tokens, H heads, D] as contiguous [L, H, D] tensors. Gathered into
+fresh tensors, that is up to max_model_len tokens per layer allocated at run time, unseen by
+vLLM's memory profile (its profile run skips attention), from which it sizes the KV cache: on
+a GPU the gather could find too little memory left. vLLM's own backends keep such scratch
+memory in buffers sized before the KV cache is.
 
 Here the buffer is allocated when the attention impl is built, inside vLLM's model loading, so
-it is counted with the weights, before the KV cache is sized. Its bound: keys and values for
-max_model_len + block_size - 1 tokens, enough for any request rounded up to whole blocks of any
-block size up to block_size; one buffer per (device, dtype, key/value heads, head dim), shared by
-every layer, since layers run one after another and each consumes its gather before the next.
-
-Shape legend: NB blocks of the paged cache, BS tokens per block, H key/value heads, D head dim.
+it counts with the weights. It holds max_model_len + block_size - 1 tokens (any request rounded
+up to whole blocks of up to block_size), one per (device, dtype, heads, head dim), shared by
+every layer: layers run one after another, each consuming its gather before the next.
 """
 
 from __future__ import annotations
@@ -50,9 +46,7 @@ class PrefixWorkspace:
                 f"a packed request of {length} tokens in blocks of {block_size} needs "
                 f"{num_blocks * block_size} tokens of prefix workspace, built for {self.capacity_tokens}"
             )
-        blocks = block_table_row[:num_blocks]
-        if blocks.device != key_cache.device:
-            blocks = blocks.to(key_cache.device)
+        blocks = block_table_row[:num_blocks].to(key_cache.device)  # no copy where it is already there
         shape = (num_blocks, block_size, *self.key.shape[1:])
         # The block table lists a request's blocks in position order, so whole blocks side by side
         # are its positions 0, 1, ... in order: the first L rows are the prefix.

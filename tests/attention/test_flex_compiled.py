@@ -62,7 +62,9 @@ def _warns(*args, **kwargs):
 @pytest.mark.parametrize("compiled, heard", [(False, False), (True, True)])
 def test_the_eager_flex_warning_is_silenced_only_off_compiled_devices(compiled, heard, monkeypatch):
     monkeypatch.setattr(kernels, "COMPILE_DEVICES", {"cuda", "cpu"} if compiled else {"cuda"})
+    monkeypatch.setattr(kernels, "flex_attention_function", lambda device, dynamic=False, variant=(): _warns)
+    q = torch.zeros(1, 1, 1, 8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kernels.call_flex(_warns, torch.device("cpu"))
+        kernels.run_flex(q, q, q, None, scale=None, mask_kind="causal")
     assert bool(caught) == heard
