@@ -22,27 +22,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from evalkit.ruler.counting import Item
+if TYPE_CHECKING:
+    from evalkit.ruler.kinds import KindPlan
 
 SIZINGS = ("exact", "nvidia")
 DEFAULT_SIZING = "exact"
-
-
-class Plan(Protocol):
-    """One sample's fixed random choices; the haystack size is still open."""
-
-    min_size: int
-    max_size: int | None
-    prefix: str  # the answer prefix (what ends the prompt, after the format's `between`)
-    outputs: list[str]
-
-    def guess(self, budget: int) -> int: ...
-
-    def items(self, size: int) -> list[Item]: ...
-
-    def estimate(self, size: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -115,7 +101,7 @@ def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, hi
     return good
 
 
-def fit(plan: Plan, budget: int, measure: Callable[[int], int], high: int | None = None) -> tuple[int, int]:
+def fit(plan: KindPlan, budget: int, measure: Callable[[int], int], high: int | None = None) -> tuple[int, int]:
     """(size, measured tokens) for the largest size (at most `high`, if given) that fits; TooLong if none does."""
     high = min((bound for bound in (high, plan.max_size) if bound is not None), default=None)
     size = search(plan.estimate, budget, plan.min_size, plan.guess(budget), high)
@@ -164,7 +150,7 @@ def check_sizing(sizing: str) -> str:
     return sizing
 
 
-def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
+def shared_size(plan: KindPlan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
     """The one size of a task and length under NVIDIA's sizing, searched on one sample's plan.
 
     NVIDIA bisects the size on one sample (its qa.py on the first question; niah.py and
@@ -180,7 +166,7 @@ def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: 
     return size
 
 
-def step_down(plan: Plan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
+def step_down(plan: KindPlan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
     """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by
     `step` while the prompt overflows.
 

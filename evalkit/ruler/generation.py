@@ -21,8 +21,8 @@ from pathlib import Path
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import TokenCounter, compose_count, compose_text
 from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit
-from evalkit.ruler.fitting import DEFAULT_SIZING, Plan, TooLong, check_sizing, fit, shared_size, step_down
-from evalkit.ruler.kinds import generator_class
+from evalkit.ruler.fitting import DEFAULT_SIZING, TooLong, check_sizing, fit, shared_size, step_down
+from evalkit.ruler.kinds import KindPlan, generator_class
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import DEFAULT_SEED, TaskSpec, as_spec
@@ -130,7 +130,7 @@ def _smallest_length(spec, counter, length, seed, fmt, num_samples, data) -> int
     return candidate
 
 
-def _measure(ctx: Context, plan: Plan, exact: bool):
+def _measure(ctx: Context, plan: KindPlan, exact: bool):
     counter = ctx.counter
     if exact:
         return lambda size: counter.exact([compose_text(plan.items(size))])[0]
@@ -149,7 +149,9 @@ def _fit_samples(generator, indices: range, exact: bool, sizing: str) -> list[Sa
     return [_fit_sample(ctx, generator.plan(index), index, exact, start, coarse.step) for index in indices]
 
 
-def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool, start: int | None = None, step: int = 1) -> Sample:
+def _fit_sample(
+    ctx: Context, plan: KindPlan, index: int, exact: bool, start: int | None = None, step: int = 1
+) -> Sample:
     """The sample at its largest size that fits, or (with `start`) at `start` less as many `step`s
     as it needs to fit; TooLong when even its smallest size does not fit."""
     measure = _measure(ctx, plan, exact)
@@ -157,9 +159,7 @@ def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool, start: int | 
         size, tokens = fit(plan, ctx.budget, measure)
     else:
         size, tokens = step_down(plan, ctx.budget, measure, start, step)
-    check_fit = getattr(plan, "check_fit", None)
-    if check_fit is not None:
-        check_fit(size, tokens)
+    plan.check_fit(size, tokens)
     prompt = compose_text(plan.items(size))
     end = len(prompt) - len(ctx.fmt.between) - len(plan.prefix)
     assert prompt.startswith(ctx.fmt.before) and prompt[end:] == ctx.fmt.between + plan.prefix

@@ -26,7 +26,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from evalkit.ruler.counting import Item, compose_count
+from evalkit.ruler.fitting import Coarse
+
 if TYPE_CHECKING:
+    from evalkit.ruler.context import Context
     from evalkit.ruler.spec import TaskSpec
 
 
@@ -65,6 +69,51 @@ KINDS = {
 }
 
 
+class KindPlan:
+    """One sample's fixed random choices (a fitting.Plan): a kind's plan sets min_size, prefix,
+    outputs and items(); the search's rough estimate and its guess (the smallest prompt plus
+    per_unit() tokens per unit) are shared."""
+
+    max_size: int | None = None
+    min_size: int
+    prefix: str  # the answer prefix (what ends the prompt, after the format's `between`)
+    outputs: list[str]
+
+    def __init__(self, task: KindTask, index: int):
+        self.task, self.ctx = task, task.ctx
+        self.position_seed = task.ctx.seed_for(index, "positions")
+
+    def items(self, size: int) -> list[Item]:
+        raise NotImplementedError
+
+    def per_unit(self) -> float:
+        raise NotImplementedError
+
+    def estimate(self, size: int) -> int:
+        return compose_count(self.ctx.counter, self.items(size), rough=True)
+
+    def guess(self, budget: int) -> int:
+        fixed = self.estimate(self.min_size)
+        return self.min_size + max(0, int((budget - fixed) / max(self.per_unit(), 1e-9)))
+
+    def check_fit(self, size: int, tokens: int) -> None:
+        """A kind whose fitted size can still be no valid sample raises TaskSkipped here."""
+
+
+class KindTask:
+    """A kind's generator: what all samples of one task at one length share; plan(i) is sample i's."""
+
+    Plan: type[KindPlan]
+    ctx: Context
+
+    def plan(self, index: int) -> KindPlan:
+        return self.Plan(self, index)
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's step: 10 units (cwe's distinct words, qa's documents); other kinds say theirs."""
+        return Coarse(10)
+
+
 def task_kind(spec: TaskSpec) -> TaskKind:
     """The registered kind of a task."""
     return KINDS[spec.kind]
@@ -89,7 +138,7 @@ def _content_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def generator_class(kind: str) -> type:
+def generator_class(kind: str) -> type[KindTask]:
     """The class that generates samples of this kind."""
     return getattr(KINDS[kind].load(), KINDS[kind].generator)
 

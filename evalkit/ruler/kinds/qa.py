@@ -24,8 +24,7 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item
 from evalkit.ruler.errors import TaskDataMissing
-from evalkit.ruler.fitting import Coarse
-from evalkit.ruler.kinds import file_identity
+from evalkit.ruler.kinds import KindPlan, KindTask, file_identity
 from evalkit.ruler.layout import NumberedLabels
 from evalkit.ruler.spec import QA_PREFIX, QA_TEMPLATE
 
@@ -151,34 +150,12 @@ def _parse_hotpotqa(raw: list) -> QaData:
     return QaData(documents, tuple(questions))
 
 
-class QaTask:
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.data = load_dataset(ctx)
-        self.head, self.tail_template = QA_TEMPLATE.split("{context}")
-        self.labels = ctx.counter.tables.setdefault("qa labels", NumberedLabels(ctx.counter, "Document", " {}:", 1))
-        # Tokens of "\n" + document after "Document i:", per tokenizer and file version.
-        self.body_tokens: dict[int, int] = ctx.counter.tables.setdefault(("qa", self.data.source), {})
+class QaPlan(KindPlan):
+    task: QaTask
 
-    def bodies(self, ids: list[int]) -> list[int]:
-        missing = [i for i in dict.fromkeys(ids) if i not in self.body_tokens]
-        if missing:
-            counts = self.ctx.counter.after_many((":", "\n" + self.data.documents[i]) for i in missing)
-            self.body_tokens.update(zip(missing, counts))
-        return [self.body_tokens[i] for i in ids]
-
-    def coarse(self) -> Coarse:
-        """NVIDIA's step (qa.py): 10 documents."""
-        return Coarse(10)
-
-    def plan(self, index: int) -> QaPlan:
-        return QaPlan(self, index)
-
-
-class QaPlan:
     def __init__(self, task: QaTask, index: int):
+        super().__init__(task, index)
         ctx = task.ctx
-        self.task, self.ctx = task, ctx
         question = task.data.questions[index % len(task.data.questions)]
         self.outputs = list(question.answers)
         self.prefix = QA_PREFIX
@@ -190,8 +167,7 @@ class QaPlan:
         self.rng.shuffle(related)
         self.candidates = self.gold + related  # then random other documents, drawn as needed
         self.excluded = set(self.candidates)
-        self.position_seed = ctx.seed_for(index, "positions")
-        self.min_size, self.max_size = len(self.gold), None
+        self.min_size = len(self.gold)
         self._cumulative = np.zeros(1, dtype=np.int64)
 
     def _grow(self, size: int) -> None:
@@ -247,7 +223,25 @@ class QaPlan:
         labels = self.task.labels.upto(size)
         return counter.specials + head + first + (size - 1) * start + labels + int(self._cumulative[size]) + tail
 
-    def guess(self, budget: int) -> int:
+    def per_unit(self) -> float:
         self._grow(self.min_size + 8)
-        per_document = float(self._cumulative[-1]) / len(self._cumulative[1:]) + 6
-        return self.min_size + max(0, int((budget - self.estimate(self.min_size)) / per_document))
+        return float(self._cumulative[-1]) / len(self._cumulative[1:]) + 6
+
+
+class QaTask(KindTask):
+    Plan = QaPlan
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.data = load_dataset(ctx)
+        self.head, self.tail_template = QA_TEMPLATE.split("{context}")
+        self.labels = ctx.counter.tables.setdefault("qa labels", NumberedLabels(ctx.counter, "Document", " {}:", 1))
+        # Tokens of "\n" + document after "Document i:", per tokenizer and file version.
+        self.body_tokens: dict[int, int] = ctx.counter.tables.setdefault(("qa", self.data.source), {})
+
+    def bodies(self, ids: list[int]) -> list[int]:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.body_tokens]
+        if missing:
+            counts = self.ctx.counter.after_many((":", "\n" + self.data.documents[i]) for i in missing)
+            self.body_tokens.update(zip(missing, counts))
+        return [self.body_tokens[i] for i in ids]
