@@ -73,17 +73,14 @@ def repeated(words: np.ndarray, common_repeats: int, other_repeats: int) -> np.n
 def list_block(
     sep: str, words: Callable[[], list[str]], last_two: list[str], word_tokens: int, numbers: NumberedLabels, count: int
 ) -> Block:
-    """`sep + "1. w1 2. w2 ..."` of `count` entries: its start counted in context, the rest from tables.
-
-    Only the last two words are needed to size it; the full list is built when it is written out.
-    """
+    """`sep + "1. w1 2. w2 ..."` of `count` entries: its start counted in context, the rest from
+    tables; sized from its last two words, the full list built only when it is written out."""
     last = f" {count - 1}. {last_two[0]} {count}. {last_two[1]}" if count > 1 else f"1. {last_two[-1]}"
     tail = last[-LEFT_CONTEXT_CHARS:]
     return Block(sep + "1.", word_tokens + numbers.upto(count), tail, lambda: sep + numbered(words()))
 
 
-class CommonWordsPlan(KindPlan):
-    task: CommonWordsTask
+class CommonWordsPlan(KindPlan["CommonWordsTask"]):
     min_size = NUM_COMMON + 1
 
     def __init__(self, task: CommonWordsTask, index: int):
@@ -167,7 +164,7 @@ class CommonWordsTask(KindTask):
     Plan = CommonWordsPlan
 
     def __init__(self, ctx: Context):
-        self.ctx = ctx
+        super().__init__(ctx)
         params = ctx.spec.params
         if ctx.length < 4096:
             self.demo_shape, self.repeats = (20, 3, 1), (6, 1)

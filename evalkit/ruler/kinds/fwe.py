@@ -33,11 +33,6 @@ def zeta(alpha: float) -> float:
     return head + tail
 
 
-def occurrences(num_words: int, weights: np.ndarray) -> np.ndarray:
-    """How often each rank appears among num_words drawn words (the script's truncation)."""
-    return (num_words * weights).astype(np.int64)
-
-
 def smallest_valid_size(weights: np.ndarray) -> int:
     """A number of words from which on the three answer ranks always strictly out-count the next rank."""
     needed = 1
@@ -47,9 +42,7 @@ def smallest_valid_size(weights: np.ndarray) -> int:
     return needed
 
 
-class FrequentWordsPlan(KindPlan):
-    task: FrequentWordsTask
-
+class FrequentWordsPlan(KindPlan["FrequentWordsTask"]):
     def __init__(self, task: FrequentWordsTask, index: int):
         super().__init__(task, index)
         ctx = task.ctx
@@ -82,7 +75,7 @@ class FrequentWordsPlan(KindPlan):
         return self._tokens
 
     def _counts(self, size: int) -> tuple[np.ndarray, int]:
-        counts = occurrences(size, self.task.weights)
+        counts = (size * self.task.weights).astype(np.int64)  # each rank's occurrences, truncated as the script does
         used = int(np.count_nonzero(counts))  # ranks are in decreasing frequency
         tokens = int(counts[:used] @ self._word_tokens(used)[:used])
         return counts[:used], tokens
@@ -117,7 +110,7 @@ class FrequentWordsTask(KindTask):
     Plan = FrequentWordsPlan
 
     def __init__(self, ctx: Context):
-        self.ctx = ctx
+        super().__init__(ctx)
         params = ctx.spec.params
         self.word_length = params["coded_wordlen"]
         self.vocab_size = (ctx.length - ctx.spec.max_new_tokens) // 50  # NVIDIA: after the generation budget

@@ -65,14 +65,10 @@ def join_queries(queries: list[str]) -> str:
 
 
 class ValuePool:
-    """Random values of one type drawn once per batch, each counted once (with what follows it).
-
-    The needle haystack is hundreds of random needles per sample; counting fresh random numbers
-    or uuids for every line would cost a full tokenisation per sample. A sample draws its
-    distractor keys and values without replacement from these pools (large enough for the
-    longest haystack that fits), so its haystack is still random needles, counted by look-up.
-    Word keys need no pool: adjective and noun are counted separately, once per process.
-    """
+    """Random values of one type drawn once per batch, each counted once (with what follows it):
+    counting fresh ones for each of a needle haystack's hundreds of lines would cost a full
+    tokenisation per sample. A sample draws its distractors without replacement from these pools
+    (sized for the longest haystack that fits). Word keys need none: their words are counted once."""
 
     def __init__(self, counter: TokenCounter, kind: str, size: int, rng: random.Random, suffix: str):
         self.values = [random_value(kind, rng) for _ in range(size)]
@@ -96,11 +92,8 @@ def word_key_tables(counter: TokenCounter) -> tuple[np.ndarray, np.ndarray, np.n
 
 class DistractorStream(GrowingStream):
     """The `needle` haystack: lines of needles with random keys and values, none with a real key.
-
-    A line is counted as three pieces: its fixed start (after the previous line's last two
-    characters, which is where a tokenizer may merge across the newline), ` KEY is:` and
-    ` VALUE.` (each after a space, so independent of what precedes them).
-    """
+    A line is counted as its fixed start (after the previous line's last two characters, where a
+    tokenizer may merge across the newline), then ` KEY is:` and ` VALUE.` (each after a space)."""
 
     block_size = 128
 
@@ -169,9 +162,7 @@ class DistractorStream(GrowingStream):
         return [starts[previous] + tokens for previous, (tokens, _) in zip(lefts, parts)]
 
 
-class NiahPlan(KindPlan):
-    task: NiahTask
-
+class NiahPlan(KindPlan["NiahTask"]):
     def __init__(self, task: NiahTask, index: int):
         super().__init__(task, index)
         ctx, params = task.ctx, task.ctx.spec.params
@@ -232,7 +223,7 @@ class NiahTask(KindTask):
     Plan = NiahPlan
 
     def __init__(self, ctx: Context):
-        self.ctx = ctx
+        super().__init__(ctx)
         params = ctx.spec.params
         template, prefix = ctx.spec.template, ctx.spec.answer_prefix
         self.type_shown = params["value_type"]

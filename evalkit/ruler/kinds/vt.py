@@ -46,8 +46,7 @@ def random_chain_value(rng: random.Random, avoid: str = "") -> str:
     return value
 
 
-class VariableTrackingPlan(KindPlan):
-    task: VariableTrackingTask
+class VariableTrackingPlan(KindPlan["VariableTrackingTask"]):
     min_size = MIN_NOISE_LINES
 
     def __init__(self, task: VariableTrackingTask, index: int):
@@ -82,7 +81,7 @@ class VariableTrackingTask(KindTask):
     Plan = VariableTrackingPlan
 
     def __init__(self, ctx: Context):
-        self.ctx = ctx
+        super().__init__(ctx)
         self.num_hops = ctx.spec.params["num_hops"]
         self.noise = RepeatedLine(ctx.counter, NOISE_LINE)
         head, tail = VT_TEMPLATE.split("{context}")
