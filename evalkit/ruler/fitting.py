@@ -20,13 +20,21 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from evalkit.ruler.kinds import KindPlan
+from typing import Protocol
 
 SIZINGS = ("exact", "nvidia")
 DEFAULT_SIZING = "exact"
+
+
+class Plan(Protocol):
+    """What is sized (kinds.KindPlan, declared here so that fitting does not import the kinds)."""
+
+    min_size: int
+    max_size: int | None
+
+    def guess(self, budget: int) -> int: ...
+
+    def estimate(self, size: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, hi
     return good
 
 
-def fit(plan: KindPlan, budget: int, measure: Callable[[int], int], high: int | None = None) -> tuple[int, int]:
+def fit(plan: Plan, budget: int, measure: Callable[[int], int], high: int | None = None) -> tuple[int, int]:
     """(size, measured tokens) for the largest size (at most `high`, if given) that fits; TooLong if none does."""
     high = min((bound for bound in (high, plan.max_size) if bound is not None), default=None)
     size = search(plan.estimate, budget, plan.min_size, plan.guess(budget), high)
@@ -143,7 +151,7 @@ def check_sizing(sizing: str) -> str:
     return sizing
 
 
-def shared_size(plan: KindPlan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
+def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
     """The one size of a task and length under NVIDIA's sizing: the largest at which this (the
     first) sample fits (NVIDIA bisects on one sample: qa.py on the first question; niah.py and
     variable_tracking.py draw a fresh one at every probe). fwe's is snapped to NVIDIA's climbing
@@ -155,7 +163,7 @@ def shared_size(plan: KindPlan, budget: int, measure: Callable[[int], int], coar
     return size
 
 
-def step_down(plan: KindPlan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
+def step_down(plan: Plan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
     """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by
     `step` while the prompt overflows. Where a step would go below the smallest size (NVIDIA's
     loop never ends there), the largest smaller size that fits. TooLong if none fits."""
