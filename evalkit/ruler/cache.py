@@ -1,18 +1,15 @@
 """Generated samples on disk, reused across runs: zero generation work on a rerun.
 
-The file name carries a hash of everything that decides the data: generator version,
-tokenizer fingerprint, task and its templates, length, seed, prompt format, the content of the
-data files the task reads, the sizing and the generator's module constants (kinds/). Not the number of
-samples: sample i draws from its own seed (seed, task, i), so it is the same in a request of
-any size. One file holds the samples 0..N-1 asked for so far; a request for fewer is served
-its first ones, a request for more generates only the missing ones and rewrites the file.
-The same key and count always give byte-identical files. The key names regenerable samples only:
-what a stored answer must match is the runner's answer key (evalkit.ruler.runner.answer_key).
+The file name carries a hash of everything that decides the data: generator version, tokenizer
+fingerprint, task and its templates, length, seed, prompt format, the content of the data files
+the task reads, the sizing and the kind's module constants (kinds/). Not the number of samples:
+sample i draws from its own seed, so one file holds the samples 0..N-1 asked for so far; a
+request for more generates only the missing ones and rewrites the file. The same key and count
+give byte-identical files. (What a stored answer must match is runner.answer_key.)
 
 A cache file is a header line, {"format": "evalkit-ruler-cache", "samples": N, "sha256": ...},
-then one sample per line. The checksum covers the samples' canonical JSON (Sample.to_json), so
-an entry edited by hand (one answer changed, still valid JSON) or damaged is never served: it
-is regenerated, with one warning on stderr.
+then one sample per line. The checksum covers the samples' canonical JSON, so an entry edited
+by hand or damaged is never served: it is regenerated, with one warning on stderr.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ def data_key(
     exact_lengths: bool = False,
     sizing: str = DEFAULT_SIZING,
 ) -> str:
-    """A hash of everything that decides the samples but the tokenizer (the cache's folder) and
-    their number (see the module docstring)."""
+    """A hash of everything that decides the samples but the tokenizer (the cache's folder) and their number."""
     spec, fmt = as_spec(task), prompt_format or BASE
     fields = {
         "version": GENERATOR_VERSION,
@@ -78,8 +74,7 @@ def cache_path(
     key: tuple[str, str] | None = None,
     **data,
 ) -> Path:
-    """The one file of (task, length, seed, data) for this tokenizer, whatever number of samples it
-    holds. `key`: cache_key's value, where the caller derived it already."""
+    """The one file of (task, length, seed, data) for this tokenizer. `key`: cache_key's, if derived already."""
     spec = as_spec(task)
     fingerprint, digest = key or cache_key(spec, tokenizer, length, seed, **data)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "ruler"
@@ -98,8 +93,7 @@ def samples_checksum(samples: list[Sample]) -> str:
 
 
 def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
-    """The samples of a cache file whose header and checksum hold (and, given `num_samples`,
-    that holds exactly that many); StaleEntry otherwise."""
+    """The samples of a cache file whose header and checksum hold (`num_samples` of them, if given); else StaleEntry."""
     damaged = StaleEntry(f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it")
     try:
         first, _, rest = path.read_text(encoding="utf-8").partition("\n")
@@ -131,9 +125,8 @@ def load_or_generate(
     key: tuple[str, str] | None = None,
     **data,
 ) -> list[Sample]:
-    """The first `num_samples` samples, from the cache file, extended (only those missing are
-    generated) and rewritten atomically when it holds fewer. `data`: generate's keywords (essays=,
-    qa_dir=, prompt_format=, exact_lengths=, sizing=); `key`: their cache_key, if derived already."""
+    """The first `num_samples` samples, from the cache file, extended and rewritten atomically when
+    it holds fewer. `data`: generate's keywords; `key`: their cache_key, if derived already."""
     from evalkit.files import atomic_write_text
     from evalkit.ruler.generation import generate
 

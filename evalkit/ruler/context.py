@@ -33,13 +33,12 @@ class Context:
         return derive_seed(self.seed, self.spec.name, index, purpose)
 
     def rng(self, index: int, purpose: str = "sample") -> random.Random:
-        """Sample `index`'s own generator (index -1: choices shared by the whole batch)."""
+        """Index -1: choices shared by the whole batch."""
         return random.Random(self.seed_for(index, purpose))
 
+    # The prompt's first and last pieces: the format's wrapping around the task text.
     def head(self, text: str) -> str:
-        """The prompt's first piece: the format's wrapping, then the task text."""
         return self.fmt.before + text
 
     def tail(self, text: str, prefix: str) -> str:
-        """The prompt's last piece: task text, the format's wrapping, then the answer prefix."""
         return text + self.fmt.between + prefix

@@ -1,13 +1,10 @@
 """Token counts of prompts assembled from pieces, without re-tokenising whole prompts.
 
-A prompt is built from pieces (template parts, haystack lines or words, needles, list entries,
-documents). Tokenisation is local: how a piece tokenises depends on itself and on the few
-characters before it. So the tokens a piece adds are counted once in the context of the text
-that precedes it (the last LEFT_CONTEXT_CHARS characters) and memoised; a prompt's length is
-the sum over its pieces plus the special tokens. Repeated pieces (noise lines, essay words,
-word-list entries, documents) are counted once per process, so sizing a sample costs table
-look-ups instead of tokenisations. `generate` checks this against full tokenisations of some
-samples of every batch and falls back to exact tokenisation of every sample if they disagree.
+Tokenisation is local: how a piece (template part, haystack line or word, needle, list entry,
+document) tokenises depends on itself and the few characters before it. So the tokens a piece
+adds are counted once after the last LEFT_CONTEXT_CHARS characters before it and memoised; a
+prompt's length is the sum over its pieces plus the special tokens, and sizing a sample costs
+look-ups, not tokenisations. `generate` checks this against full tokenisations.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ class TokenCounter:
         return [len(row) for row in ids]
 
     def exact(self, texts: Sequence[str]) -> list[int]:
-        """Full tokenisation of whole prompts: the ground truth the composed counts must equal."""
+        """Full tokenisation: the ground truth the composed counts must equal."""
         return self._lengths(texts, self.add_special_tokens)
 
     def after_many(self, pairs: Iterable[tuple[str, str]]) -> list[int]:
@@ -61,9 +58,7 @@ class TokenCounter:
         return [memo[key] for key in keys]
 
     def after(self, left: str, piece: str) -> int:
-        key = (left[-LEFT_CONTEXT_CHARS:], piece)
-        found = self._after.get(key)
-        return found if found is not None else self.after_many([(left, piece)])[0]
+        return self.after_many([(left, piece)])[0]
 
     def chunked(self, text: str) -> tuple[str, int]:
         """(text's first space chunk, tokens of all its other chunks): see `space_chunks`."""
@@ -78,11 +73,8 @@ class TokenCounter:
         return self.after_many((SPACED_LEFT, piece) for piece in pieces)
 
     def stream_counts(self, pieces: Sequence[str], left: str = "") -> list[int]:
-        """Tokens each piece adds when the pieces follow `left` and each other (one tokenisation).
-
-        Tokens are attributed to the piece their first character lies in, so the counts add up to
-        the whole text's tokens past `left`; used for long runs such as an essay's words.
-        """
+        """Tokens each piece adds when the pieces follow `left` and each other, in one tokenisation
+        (a token belongs to the piece its first character lies in): for long runs such as essays."""
         if self._backend is None:
             lefts = [left] + [piece for piece in pieces[:-1]]
             return self.after_many(zip(lefts, pieces))
@@ -114,19 +106,14 @@ _WORD_START = re.compile(r"(?<=\S)(?= \S)")
 @lru_cache(maxsize=1 << 16)
 def space_chunks(text: str) -> tuple[str, ...]:
     """`text` cut before each single space between two non-spaces: "a b. c" -> ("a", " b.", " c").
-
-    Every chunk after the first starts with a space, so it is counted after SPACED_LEFT and its
-    count is shared wherever the word recurs; only the first chunk depends on what precedes.
-    """
+    Chunks after the first start with a space: counted after SPACED_LEFT, shared wherever they recur."""
     return tuple(_WORD_START.split(text))
 
 
 def compose_count(counter: TokenCounter, items: Sequence[Item], special: bool = True, rough: bool = False) -> int:
-    """Tokens of the text "".join(items) (plus specials): each item's start counted after the one before.
-
-    `rough` counts each item's start as if it began the text: no new junction to tokenise, so a
-    search can probe many sizes for the price of look-ups; it may be off by a token per junction.
-    """
+    """Tokens of "".join(items) (plus specials): each item's start counted after the one before.
+    `rough` counts each start as if it began the text (no new junction to tokenise, so a search
+    probes sizes by look-ups alone); it may be off by a token per junction."""
     pairs: list[tuple[str, str]] = []
     rest = 0
     left = ""

@@ -1,15 +1,13 @@
 """`--encoding anchor`: RULER's samples read as the anchor paradigm reads packed documents.
 
-A standard prompt is one causal sequence. Anchor encoding cuts the same sample into documents:
-the task's instruction, then its context (the haystack, the variable lines, the word list)
-cut at line breaks, else sentence ends, else spaces into pieces of about `doc_tokens` tokens
-(qa_1/qa_2: at their own "Document k:" blocks). They are laid out as AnchorAttention trains,
-[anchor] d1 EOS d2 EOS ... (evalkit.attention.pack, paradigm "anchor"), then the question with
-the answer prefix. During the prefill each document attends to itself and the anchor only; the
-question and the answer attend to everything (the engines' generate_packed). Positions run on
-from the anchor at 0, as the anchor paradigm trains. The request is one EOS per document
-longer than the standard prompt, so a length at the model's very window cannot be anchor
-encoded (the unit is skipped, with that reason).
+Anchor encoding cuts a sample into documents: the task's instruction, then its context cut at
+line breaks, else sentence ends, else spaces into pieces of about `doc_tokens` tokens (qa_1/qa_2:
+at their own "Document k:" blocks). They are laid out as AnchorAttention trains, [anchor] d1 EOS
+d2 EOS ... (evalkit.attention.pack), then the question with the answer prefix. In the prefill
+each document attends to itself and the anchor only; the question and the answer attend to
+everything (the engines' generate_packed); positions run on from the anchor at 0. The request is
+one EOS per document longer than the standard prompt, so a length at the model's very window
+cannot be anchor encoded (the unit is skipped, with that reason).
 
 What it asks: does a model trained with AnchorAttention answer as well when its documents were
 encoded apart (the precondition for encoding, caching and reusing them independently)?
@@ -57,13 +55,12 @@ def check_encoding(encoding: str, doc_tokens: int, prompt_format: str) -> None:
 
 
 def row_encoding(row: dict) -> str:
-    """The encoding label of a stored RULER row (rows written before the option are standard)."""
+    """A stored row's encoding label (rows written before the option are standard)."""
     return encoding_label(row.get("encoding"), row.get("doc_tokens"))
 
 
 def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> Split:
-    """Documents and question of one sample (see the module docstring); Skipped when its text
-    does not follow the task's template (a sample file written by something else)."""
+    """Skipped when the sample's text does not follow the task's template (written by something else)."""
     kind = task_kind(spec)
     head, context, tail = _template_parts(sample.input, spec, kind.prompt_templates(spec))
     pieces = kind.context_documents(context)
@@ -86,8 +83,7 @@ def _template_parts(text: str, spec: TaskSpec, templates: list[str]) -> tuple[st
 
 
 def _template_regex(template: str) -> re.Pattern:
-    """The template as a pattern: its context greedy (the question is the template's last text),
-    every other placeholder lazy."""
+    """Its context greedy (the question is the template's last text), every other placeholder lazy."""
     pattern, last = [], 0
     for field in re.finditer(r"\{(\w+)\}", template):
         pattern.append(re.escape(template[last : field.start()]))

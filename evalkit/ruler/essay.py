@@ -1,9 +1,8 @@
 """The essay haystack: a text cut into words, with sentence starts and per-word token counts.
 
-NVIDIA takes the first N whitespace-separated words of Paul Graham's essays (repeated when N
-exceeds them), splits that text into sentences with NLTK and inserts needles between sentences.
-evalkit does the same on any essay text (built-in prose by default) with a rule-based sentence
-splitter, since NLTK's punkt model would need a download.
+NVIDIA takes the first N words of Paul Graham's essays (repeated when N exceeds them), splits
+them into sentences with NLTK and inserts needles between sentences. evalkit does the same on any
+essay text (built-in prose by default) with a rule-based splitter: NLTK's punkt needs a download.
 """
 
 from __future__ import annotations

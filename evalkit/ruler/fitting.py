@@ -1,20 +1,18 @@
 """Choosing a sample's haystack size: the largest size whose prompt fits the token budget.
 
-A plan maps a size (noise lines, essay words, distinct words, documents ...) to the prompt's
-pieces. `estimate` is a cheap, nearly monotone count used to search; `measure` is the count
-the sample is held to (composed from memoised piece counts, or a full tokenisation in exact
-mode). The search brackets the answer from a guess, bisects on the estimate, then steps down
-until the measured prompt fits: a few table look-ups per step, no whole-text tokenisation.
+A plan (kinds.KindPlan) maps a size (noise lines, essay words, documents ...) to the prompt's
+pieces. `estimate` is a cheap, nearly monotone count to search on; `measure` is the count the
+sample is held to (composed piece counts, or a full tokenisation in exact mode). The search
+brackets the answer from a guess, bisects on the estimate, then steps down until the measured
+prompt fits: table look-ups per step, no whole-text tokenisation.
 
-Two sizings (SIZINGS). `exact` (the default) fits every sample on its own: the largest size whose
-prompt fits. `nvidia` sizes as NVIDIA's generators do: one size per task and length, searched on
-one representative sample (`shared_size`), then every sample starts from it and drops by the
-task's coarse step while it overflows (`step_down`), so prompts may land well below the target.
-Only the haystack size follows NVIDIA: every sample keeps its own random choices (qa document
-order, cwe/fwe list order, vt demonstration), where NVIDIA shuffles every qa sample with one
-fixed permutation (its gold document at the same position in all samples of a length) and
-repeats one cwe/fwe layout and one vt demonstration. Those are not sizing, and mimicking them
-would make a score hinge on one random position.
+Two sizings (SIZINGS). `exact` (the default) fits every sample on its own. `nvidia` sizes as
+NVIDIA's generators do: one size per task and length, searched on one sample (`shared_size`),
+from which every sample drops by the task's coarse step while it overflows (`step_down`), so
+prompts may land well below the target. Only the size follows NVIDIA: every sample keeps its
+own random choices, where NVIDIA shuffles every qa sample with one fixed permutation (its gold
+document at one position in all samples) and repeats one cwe/fwe layout and one vt
+demonstration; mimicking those would make a score hinge on one random position.
 """
 
 from __future__ import annotations
@@ -24,23 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from evalkit.ruler.counting import Item
-
 SIZINGS = ("exact", "nvidia")
 DEFAULT_SIZING = "exact"
 
 
 class Plan(Protocol):
-    """One sample's fixed random choices; the haystack size is still open."""
+    """What is sized (kinds.KindPlan, declared here so that fitting does not import the kinds)."""
 
     min_size: int
     max_size: int | None
-    prefix: str  # the answer prefix (what ends the prompt, after the format's `between`)
-    outputs: list[str]
 
     def guess(self, budget: int) -> int: ...
-
-    def items(self, size: int) -> list[Item]: ...
 
     def estimate(self, size: int) -> int: ...
 
@@ -60,10 +52,8 @@ def derive_seed(*parts: object) -> int:
 
 def search(estimate: Callable[[int], int], budget: int, low: int, guess: int, high: int | None) -> int | None:
     """The largest size in [low, high] with estimate(size) <= budget, or None if low does not fit.
-
-    The estimate is close to linear in the size, so two secant steps from the guess land within
-    a few units of the answer; doubling steps then bracket it and bisection finishes.
-    """
+    The estimate is near linear: two secant steps from the guess land within a few units of the
+    answer; doubling steps then bracket it and bisection finishes."""
     seen: dict[int, int] = {}
 
     def fits(size: int) -> bool:
@@ -146,11 +136,8 @@ def fit(plan: Plan, budget: int, measure: Callable[[int], int], high: int | None
 
 @dataclass(frozen=True)
 class Coarse:
-    """NVIDIA's sizing of one task at one length: its coarse step, in the task's size unit.
-
-    `origin` (fwe only): NVIDIA's freq_words_extraction.py does not bisect; it climbs from
-    `origin` in steps and keeps the last step that fits, so its size lies on that grid.
-    """
+    """NVIDIA's coarse step for one task at one length, in the task's size unit. `origin` (fwe
+    only): freq_words_extraction.py climbs from it in steps and keeps the last that fits."""
 
     step: int
     origin: int | None = None
@@ -165,14 +152,10 @@ def check_sizing(sizing: str) -> str:
 
 
 def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
-    """The one size of a task and length under NVIDIA's sizing, searched on one sample's plan.
-
-    NVIDIA bisects the size on one sample (its qa.py on the first question; niah.py and
-    variable_tracking.py draw a fresh sample at every probe): here the largest size at which
-    this (the first) sample fits. For fwe the size is snapped to NVIDIA's climbing grid: the
-    last grid point that fits when the origin fits, else one step below the origin (which the
-    samples then step down from). TooLong when even the smallest size does not fit.
-    """
+    """The one size of a task and length under NVIDIA's sizing: the largest at which this (the
+    first) sample fits (NVIDIA bisects on one sample: qa.py on the first question; niah.py and
+    variable_tracking.py draw a fresh one at every probe). fwe's is snapped to NVIDIA's climbing
+    grid: the last grid point that fits, else one step below the origin. TooLong if none fits."""
     size, _ = fit(plan, budget, measure)
     if coarse.origin is not None:
         origin, step = coarse.origin, max(1, coarse.step)
@@ -182,12 +165,8 @@ def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: 
 
 def step_down(plan: Plan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
     """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by
-    `step` while the prompt overflows.
-
-    Where the next step would go below the plan's smallest size (NVIDIA's loop never ends
-    there: it keeps retrying the same size), the sample takes the largest smaller size that
-    fits instead. Never above the budget; TooLong when even the smallest size does not fit.
-    """
+    `step` while the prompt overflows. Where a step would go below the smallest size (NVIDIA's
+    loop never ends there), the largest smaller size that fits. TooLong if none fits."""
     size = max(start, plan.min_size)
     if plan.max_size is not None:
         size = min(size, plan.max_size)

@@ -1,14 +1,9 @@
 """`generate`: samples for one task and length, sized with the evaluated tokenizer.
 
-Each sample's random choices come from its own seeded generator, its haystack size is fitted
-to the budget with composed token counts, and a few samples of every batch are checked against
-a full tokenisation of the prompt. If any disagrees (a tokenizer whose tokens cross the pieces'
-junctions), the batch is regenerated with every prompt tokenised in full: slower, still exact.
-
-`sizing="nvidia"` sizes like NVIDIA's generators instead (see evalkit.ruler.fitting): one size
-per task and length, searched on the first sample, and each sample stepped down from it by the
-task's coarse step only if it overflows. The samples' random choices are the same in both
-sizings; only their haystack sizes differ.
+Each sample's random choices come from its own seeded generator and its haystack size is fitted
+to the budget with composed token counts (sized as `sizing` says: evalkit.ruler.fitting). A few
+prompts of every batch are checked against a full tokenisation; if any disagrees (tokens that
+cross the pieces' junctions), the batch is regenerated with every prompt tokenised in full.
 """
 
 from __future__ import annotations
@@ -16,13 +11,14 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import TokenCounter, compose_count, compose_text
 from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit
-from evalkit.ruler.fitting import DEFAULT_SIZING, Plan, TooLong, check_sizing, fit, shared_size, step_down
-from evalkit.ruler.kinds import generator_class
+from evalkit.ruler.fitting import DEFAULT_SIZING, TooLong, check_sizing, fit, shared_size, step_down
+from evalkit.ruler.kinds import KindPlan, KindTask, generator_class
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.sample import Sample
 from evalkit.ruler.spec import DEFAULT_SEED, TaskSpec, as_spec
@@ -63,29 +59,24 @@ def generate(
     sizing: str = DEFAULT_SIZING,
     first: Sequence[Sample] = (),
 ) -> list[Sample]:
-    """`num_samples` samples of `task` (its name or its TaskSpec) whose prompts plus generation budget
-    fit in `length` tokens.
+    """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens.
 
     Sample i depends on (seed, task, length, i) and the data, never on `num_samples`. `first`:
-    samples 0..k-1 generated before with the same arguments (a cache file); only the rest are
-    generated, and the result equals a fresh call's (unless this tokenizer's piece counts do not
-    add up: then only the new samples are tokenised in full, the stored ones are kept).
-
-    Raises TaskDataMissing when the task's data is not available and TaskDoesNotFit (with the
-    minimum length) when no valid sample fits. `exact_lengths` tokenises every prompt in full;
-    `sizing`: see the module docstring.
+    samples 0..k-1 generated before with the same arguments (a cache file), kept; only the rest
+    are generated. `exact_lengths` tokenises every prompt in full. TaskDataMissing when the
+    task's data is not here, TaskDoesNotFit (with the minimum length) when no valid sample fits.
     """
     check_sizing(sizing)
     spec = as_spec(task)
     fmt = prompt_format or BASE
     counter = counter_for(tokenizer, fmt.add_special_tokens)
-    data = {"essays": essays, "qa_dir": qa_dir}
+    ctx = Context(spec, counter, int(length), int(seed), fmt, essays, qa_dir)
     first = list(first[:num_samples])
     try:
-        generator = _generator(spec, counter, int(length), int(seed), fmt, data)
+        generator = _generator(ctx)
         missing = range(len(first), num_samples)
         samples = first + _fit_samples(generator, missing, exact=exact_lengths, sizing=sizing)
-        if exact_lengths or _composed_counts_hold(generator.ctx, samples):
+        if exact_lengths or _composed_counts_hold(ctx, samples):
             return samples
         warnings.warn(
             f"{spec.name}: this tokenizer's counts do not add up piece by piece; "
@@ -95,51 +86,49 @@ def generate(
         # The stored ones stay as they are: answers stored for them must keep meaning them.
         return first + _fit_samples(generator, missing, exact=True, sizing=sizing)
     except (TooLong, TaskDoesNotFit):
-        needed = _smallest_length(spec, counter, int(length), int(seed), fmt, num_samples, data)
-        raise TaskDoesNotFit(spec.name, length, needed) from None
+        raise TaskDoesNotFit(spec.name, length, _smallest_length(ctx, num_samples)) from None
 
 
-def _generator(spec, counter, length, seed, fmt, data):
+def _generator(ctx: Context) -> KindTask:
     from evalkit.ruler.essay import EssayError
     from evalkit.ruler.words import WordListsMissing
 
-    ctx = Context(spec, counter, length, seed, fmt, data["essays"], data["qa_dir"])
+    spec = ctx.spec
     if ctx.budget <= 0:
-        raise TaskDoesNotFit(spec.name, length, spec.max_new_tokens + 1, "the generation budget alone fills it")
+        raise TaskDoesNotFit(spec.name, ctx.length, spec.max_new_tokens + 1, "the generation budget alone fills it")
     try:
         return generator_class(spec.kind)(ctx)
     except (EssayError, WordListsMissing) as error:
-        raise TaskDataMissing(spec.name, length, str(error)) from error
+        raise TaskDataMissing(spec.name, ctx.length, str(error)) from error
 
 
-def _smallest_length(spec, counter, length, seed, fmt, num_samples, data) -> int:
+def _smallest_length(ctx: Context, num_samples: int) -> int:
     """The smallest length at which every sample's smallest haystack fits, found by iterating:
     a task's setup can depend on the length (fwe's vocabulary, cwe's list shape, pool sizes)."""
-    candidate = length + 1
+    candidate = ctx.length + 1
     for _ in range(16):
         try:
-            generator = _generator(spec, counter, candidate, seed, fmt, data)
+            generator = _generator(replace(ctx, length=candidate))
             plans = [generator.plan(index) for index in range(num_samples)]
         except TaskDoesNotFit as too_short:
             candidate = max(candidate + 1, too_short.min_length)
             continue
-        needed = max(compose_count(counter, plan.items(plan.min_size)) for plan in plans) + spec.max_new_tokens
+        needed = max(compose_count(ctx.counter, plan.items(plan.min_size)) for plan in plans) + ctx.spec.max_new_tokens
         if needed <= candidate:
             return candidate
         candidate = needed
     return candidate
 
 
-def _measure(ctx: Context, plan: Plan, exact: bool):
+def _measure(ctx: Context, plan: KindPlan, exact: bool):
     counter = ctx.counter
     if exact:
         return lambda size: counter.exact([compose_text(plan.items(size))])[0]
     return lambda size: compose_count(counter, plan.items(size))
 
 
-def _fit_samples(generator, indices: range, exact: bool, sizing: str) -> list[Sample]:
-    """The samples at `indices`, each sized and written out: on its own (exact), or from one
-    shared size searched on sample 0 (nvidia), whichever samples are asked for."""
+def _fit_samples(generator: KindTask, indices: range, exact: bool, sizing: str) -> list[Sample]:
+    """Each sized on its own (exact), or from one size searched on sample 0 (nvidia)."""
     ctx = generator.ctx
     if sizing != "nvidia" or not indices:
         return [_fit_sample(ctx, generator.plan(index), index, exact) for index in indices]
@@ -149,17 +138,16 @@ def _fit_samples(generator, indices: range, exact: bool, sizing: str) -> list[Sa
     return [_fit_sample(ctx, generator.plan(index), index, exact, start, coarse.step) for index in indices]
 
 
-def _fit_sample(ctx: Context, plan: Plan, index: int, exact: bool, start: int | None = None, step: int = 1) -> Sample:
-    """The sample at its largest size that fits, or (with `start`) at `start` less as many `step`s
-    as it needs to fit; TooLong when even its smallest size does not fit."""
+def _fit_sample(
+    ctx: Context, plan: KindPlan, index: int, exact: bool, start: int | None = None, step: int = 1
+) -> Sample:
+    """At its largest size that fits, or (with `start`) at `start` less as many `step`s as it needs."""
     measure = _measure(ctx, plan, exact)
     if start is None:
         size, tokens = fit(plan, ctx.budget, measure)
     else:
         size, tokens = step_down(plan, ctx.budget, measure, start, step)
-    check_fit = getattr(plan, "check_fit", None)
-    if check_fit is not None:
-        check_fit(size, tokens)
+    plan.check_fit(size, tokens)
     prompt = compose_text(plan.items(size))
     end = len(prompt) - len(ctx.fmt.between) - len(plan.prefix)
     assert prompt.startswith(ctx.fmt.before) and prompt[end:] == ctx.fmt.between + plan.prefix

@@ -1,34 +1,19 @@
-"""Haystacks as streams of units (lines or words) and prompts as streams with pieces inserted.
+"""Haystacks as streams of units (lines or words), and prompts as streams with pieces inserted.
 
-A stream knows the text of each unit and the tokens each unit adds after the one before it
-("native" counts), as prefix sums, so the length of a haystack of any size is a subtraction.
-Inserting a needle between units i-1 and i changes only the counts at the two junctions;
-`stream_items` turns (stream, size, insertions) into composer items that account for that.
+A stream knows each unit's text and the tokens it adds after the unit before ("native" counts)
+as prefix sums, so a haystack of any size is a subtraction. A needle inserted between two units
+changes only the counts at its junctions, which `stream_items` accounts for. Every unit starts
+with the stream's `sep`; split(j) is unit j as (its opening, tokens of the rest): only the
+opening is counted after what precedes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import numpy as np
 
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item, TokenCounter
-
-
-class Stream(Protocol):
-    sep: str  # every unit's text starts with this separator
-
-    def piece(self, j: int) -> str: ...
-
-    def split(self, j: int) -> tuple[str, int]:
-        """Unit j as (its opening text, tokens of the rest): only the opening is counted after
-        whatever precedes the unit, so a unit after a needle costs a short look-up."""
-        ...
-
-    def native_sum(self, a: int, b: int) -> int: ...
-
-    def text(self, a: int, b: int) -> str: ...
 
 
 class RepeatedLine:
@@ -82,9 +67,6 @@ class GrowingStream:
             self._pieces.extend(pieces)
             self._prefix = np.concatenate([self._prefix, self._prefix[-1] + np.cumsum(counts)])
 
-    def __len__(self) -> int:
-        return len(self._pieces)
-
     def piece(self, j: int) -> str:
         self.ensure(j + 1)
         return self._pieces[j]
@@ -106,9 +88,11 @@ class GrowingStream:
         return "".join(self._pieces[a:b])
 
 
+Stream = RepeatedLine | GrowingStream
+
+
 class NumberedLabels:
-    """Tokens of numbered labels (`label` formatted with its number, after `left`) as prefix sums,
-    grown on demand: upto(n) is the tokens of labels first..n (qa's " k:", cwe's " i.")."""
+    """upto(n): tokens of the labels first..n (qa's " k:", cwe's " i."), each after `left`; grown on demand."""
 
     def __init__(self, counter: TokenCounter, left: str, label: str, first: int):
         self.counter, self.left, self.label = counter, left, label
@@ -123,11 +107,8 @@ class NumberedLabels:
 
 
 def stream_items(stream: Stream, size: int, insertions: Sequence[tuple[int, str]], strip_first: bool) -> list[Item]:
-    """The context: units [0, size) with each (position, body) inserted before unit `position`.
-
-    Inserted pieces get the stream's separator; with `strip_first` the context's very first
-    piece loses its separator (the template already ends with one).
-    """
+    """Units [0, size) with each (position, body) inserted, with the stream's separator, before
+    unit `position`; `strip_first`: the first piece loses its separator (the template has it)."""
     items: list[Item] = []
     sep = stream.sep
     done = 0

@@ -1,8 +1,7 @@
-"""How a sample becomes the exact text the engine feeds: base (raw text) or a chat template.
+"""How a sample becomes the text the engine feeds: `before + input + between + prefix`.
 
-The sample's `input` is the task text alone. The prompt is `before + input + between + prefix`:
-base models get `input + prefix`; chat models get the input inside the user turn and the
-answer prefix at the start of the assistant turn (as NVIDIA's model templates do).
+Base models get `input + prefix`; chat models the input inside the user turn and the answer
+prefix at the start of the assistant turn (as NVIDIA's model templates do).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ class PromptFormat:
         return self.before + input_text + self.between + answer_prefix
 
     def cache_token(self) -> str:
-        """What identifies the wrapping in a cache key."""
         digest = hashlib.sha256(f"{self.before}\x00{self.between}\x00{self.add_special_tokens}".encode())
         return f"{self.name}-{digest.hexdigest()[:12]}"
 
@@ -61,8 +59,8 @@ BASE = PromptFormat()
 
 
 def chat_template_file(tokenizer) -> Path | str:
-    """The file a tokenizer's chat template was read from, as transformers looks for it: a
-    chat_template.jinja beside the tokenizer, else chat_template.json, else tokenizer_config.json."""
+    """Where transformers reads a tokenizer's chat template from: chat_template.jinja, else
+    chat_template.json, else tokenizer_config.json."""
     folder = Path(getattr(tokenizer, "name_or_path", "") or ".")
     if not folder.is_dir():
         return f"the tokenizer {tokenizer.name_or_path!r}"

@@ -1,11 +1,8 @@
-"""`evalkit ruler`: RULER on checkpoints across lengths, stored per sample, resumable, averaged.
+"""`evalkit ruler`: RULER as one benchmark of the pipeline (evalkit.sweep.pipeline), a unit per task and length.
 
-RULER is one benchmark of the one pipeline (evalkit.sweep.pipeline, which owns the checks, the
-engine, the summary, skips and --avg): its unit is a task at a length. For each unit, the
-cached samples for the checkpoint's tokenizer (evalkit.ruler.load_or_generate), greedy answers to
-those not yet in the sample log, then the task score. A task whose data is missing or that cannot fit a length is
-recorded as skipped, with the reason, never dropped or scored 0. Summaries are long-form rows
-(run, step, task, metric, length, score, n) with provenance; --avg reduces them per run.
+Per unit: the cached samples for the checkpoint's tokenizer (load_or_generate), greedy answers to
+those not yet in the sample log, then the score. A task whose data is missing or that cannot fit
+a length is recorded as skipped with the reason, never dropped or scored 0.
 """
 
 from __future__ import annotations
@@ -44,15 +41,7 @@ from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import (
-    Averages,
-    Benchmark,
-    EvaluationRun,
-    Unit,
-    UnitProgress,
-    UnitResult,
-    run_benchmark,
-)
+from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, Unit, UnitProgress, UnitResult, run_benchmark
 
 PROMPT_FORMATS = ("base", "chat")
 SAMPLES_PER_APPEND = 32  # samples generated between durable appends: a kill loses at most one chunk's work
@@ -60,10 +49,9 @@ SAMPLES_PER_APPEND = 32  # samples generated between durable appends: a kill los
 
 @dataclass
 class RulerSettings:
-    """What the user asked for. Every field decides a result's identity unless marked otherwise
-    (evalkit.store.identity): which cells (tasks, lengths, the encoding each row names), how many of a
-    cell's samples are averaged (num_samples: no sample's answer depends on it, so stored ones
-    are reused at any count), and the batch size (speed only)."""
+    """What the user asked for. Every field decides a result's identity unless its role says
+    otherwise (evalkit.store.identity): no sample's answer depends on num_samples, so stored
+    answers are reused at any count."""
 
     tasks: list[str] = setting(default_factory=lambda: list(TASKS), role=SELECTION)
     lengths: list[int] = setting(default_factory=lambda: [4096], role=SELECTION)
@@ -111,7 +99,7 @@ def parse_ruler_tasks(text: str) -> list[str]:
 
 
 def check_lengths_fit(ref: CheckpointRef, settings: RulerSettings) -> None:
-    """Before any work: the checkpoint's window is long enough for every length asked for."""
+    """Before any work: every length fits the checkpoint's window."""
     too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
     if too_long:
         raise beyond_window(str(too_long[0]), ref, settings.max_length)
@@ -128,7 +116,6 @@ def window_of(ref: CheckpointRef, max_length: int | None) -> int:
 
 
 def beyond_window(length: str, ref: CheckpointRef, max_length: int | None) -> UserError:
-    """A length beyond the window: which window (the model's, or --max-length's) and what to do."""
     window = window_of(ref, max_length)
     if max_length:
         return UserError(f"length {length} is beyond --max-length {window}; drop it or raise --max-length")
@@ -140,7 +127,7 @@ def beyond_window(length: str, ref: CheckpointRef, max_length: int | None) -> Us
 
 def check_packed_attention(ref: CheckpointRef, settings: RulerSettings) -> None:
     """Before any model is loaded: the anchor encoding runs on evalkit's attention, which must
-    reproduce the model's (attention.features); vLLM's packed backend has no sliding windows."""
+    reproduce the model's; vLLM's packed backend has no sliding windows."""
     from transformers import AutoConfig
 
     from evalkit.attention.features import check_attention_supported, windows_shorter_than
@@ -161,8 +148,7 @@ def _prompt_hash(prompt: str) -> str:
 
 @dataclass(frozen=True)
 class UnitKey:
-    """A unit's keys, derived once per unit (`unit_key`) and passed on: to the sample cache (the
-    tokenizer and data keys name its regenerable samples) and to the sample log (`answers`)."""
+    """A unit's keys, derived once (`unit_key`): the sample cache's folder and file, and the sample log's."""
 
     tokenizer: str  # the tokenizer's fingerprint: the cache's folder
     data: str  # the samples' data key (ruler.cache.data_key): the cache file's name, in the summary
@@ -172,9 +158,8 @@ class UnitKey:
 def unit_key(
     ref: CheckpointRef, spec: TaskSpec, length: int, tokenizer, settings: RulerSettings, data: dict
 ) -> UnitKey:
-    """The unit's keys: its samples' (ruler.cache.cache_key) and its answers' (answer_key). Under
-    --encoding anchor, a checkpoint trained with the sink window reading is served that reading by
-    the hf engine: its answers are keyed apart."""
+    """Under --encoding anchor, a checkpoint trained with the sink window reading is served that
+    reading by the hf engine: its answers are keyed apart."""
     fingerprint, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     sink = settings.encoding != STANDARD and trained_window_anchor(ref.path) == "sink"
     reading = {"window_anchor": "sink"} if sink else {}
@@ -183,8 +168,7 @@ def unit_key(
 
 def _engine_facts(settings: RulerSettings, fingerprint: str) -> dict[str, str]:
     """The engine's result facts (engines.base.RESULT_FACTS) beyond the settings, as they will be
-    once it is built: its dtype (the engines' default where none is asked for) and its tokenizer.
-    The checkpoint's own (its path, its window when --max-length is not given) are the log's place."""
+    once it is built; the checkpoint's own (its path, its window) are the log's place."""
     from evalkit.models.precision import default_dtype
 
     dtype = settings.dtype or default_dtype(settings.engine_args.get("device", "auto"))
@@ -192,20 +176,17 @@ def _engine_facts(settings: RulerSettings, fingerprint: str) -> dict[str, str]:
 
 
 def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
-    """What a stored answer must match to be reused (lm-eval's CachingLM idea with evalkit's
-    checksums): the data key (it hashes everything that decides the prompt and references), the
-    engine's result facts, the window reading and every setting that changes an answer
-    (evalkit.store.identity: not the count, the batch size or where the data files lie). So
-    another dtype, engine, window or tokenizer is answered anew, a larger count is not; the
-    resolved dtype stands for --dtype, so asking for the default is asking for none."""
+    """What a stored answer must match to be reused: the data key (it hashes everything that
+    decides the prompt and references), the engine's result facts, the window reading and every
+    setting that changes an answer (not the count, the batch size or where the data files lie).
+    The resolved dtype stands for --dtype, so asking for the default is asking for none."""
     label = encoding_label(settings.encoding, settings.doc_tokens)
     return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
 
 
 def _fed(engine, fmt: PromptFormat, text: str) -> str | list[int]:
-    """What the engine is given for a rendered prompt: base prompts as text (the engine adds the
-    tokenizer's specials); chat prompts as token ids, since a template that writes the BOS itself
-    must not get a second."""
+    """Base prompts as text (the engine adds the specials); chat prompts as token ids, since a
+    template that writes the BOS itself must not get a second."""
     if fmt is BASE:
         return text
     return engine.tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]
@@ -219,13 +200,11 @@ def _evaluate_task(
     store: UnitStore,
     progress: Callable[[int, int], None],
 ) -> tuple[ResultRow, str, int]:
-    """Score one (task, length) on one checkpoint in the settings' encoding, resuming from its sample log:
-    its row, its data key and how many samples were generated now. The engine is built only when a
-    sample is left to answer: a unit whose log is complete loads no model."""
+    """One unit's row, its data key and how many samples were answered now, resuming from its
+    sample log. The engine is built only when a sample is left to answer."""
     ref, length = store.ref, store.unit.length
     assert length is not None  # every RULER unit is a task at a length (RulerBenchmark.units)
-    chat = settings.prompt_format == "chat"
-    fmt = PromptFormat.from_chat_template(tokenizer) if chat else BASE
+    fmt = PromptFormat.from_chat_template(tokenizer) if settings.prompt_format == "chat" else BASE
     data = {**settings.data_options(), "prompt_format": fmt}
     key = unit_key(ref, spec, length, tokenizer, settings, data)  # the one derivation of the unit's keys
     samples = load_or_generate(
@@ -264,10 +243,8 @@ def _evaluate_task(
     predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
     encoded = {}
     if label != STANDARD:  # documents of what size, and how many a sample became on average
-        encoded = {
-            "doc_tokens": settings.doc_tokens,
-            "documents": round(sum(r["documents"] for r in records) / len(records), 2),
-        }
+        documents = round(sum(r["documents"] for r in records) / len(records), 2)
+        encoded = {"doc_tokens": settings.doc_tokens, "documents": documents}
     row = ResultRow(
         "ruler",
         ref.run,
@@ -306,9 +283,7 @@ def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) ->
 
 def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_tokens: int) -> Answers:
     """Greedy answers to each sample read as packed documents behind one anchor (ruler.encoding).
-
-    Every sample is split and laid out before anything is computed: one that does not fit the
-    engine's window with its EOS separators skips the unit, rather than failing half-way."""
+    Every sample is laid out first: one that does not fit the window skips the unit, not half of it."""
     from evalkit.engines import PackedEngine, PackedRequest
     from evalkit.engines.tokens import packed_layout
 
@@ -336,11 +311,8 @@ def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_toke
 
 
 class RulerBenchmark(Benchmark):
-    """RULER as a benchmark of the one pipeline (evalkit.sweep.pipeline): a unit is a task at a length.
-
-    A unit's data key depends on the checkpoint's tokenizer, so every unit is "evaluated" with
-    it; one whose sample log is complete computes nothing and builds no engine.
-    """
+    """A unit's data key depends on the checkpoint's tokenizer, so every unit is "evaluated";
+    one whose sample log is complete computes nothing and builds no engine."""
 
     name = "ruler"
     title = "RULER"
@@ -353,7 +325,7 @@ class RulerBenchmark(Benchmark):
         self._tokenizers: dict[Path, object] = {}
 
     def _tokenizer_at(self, path: Path):
-        """The checkpoint's tokenizer, loaded once and as the engines load theirs (same fingerprint)."""
+        """Loaded once, as the engines load theirs (the same fingerprint)."""
         if path not in self._tokenizers:
             self._tokenizers[path] = load_tokenizer(path)
             if self.settings.encoding != STANDARD:
@@ -370,11 +342,11 @@ class RulerBenchmark(Benchmark):
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
 
     def unit_cost(self, unit: Unit) -> float:
-        """Estimated tokens, for balancing shards and workers: every sample is about `length` long."""
+        """Tokens, for balancing shards and workers: every sample is about `length` long."""
         return unit.length * self.settings.num_samples
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult[str]:
-        """The unit's row; its detail is the cell's data key, which the summary records."""
+        """The unit's row; its detail, the cell's data key, goes in the summary."""
         try:
             row, data_key, generated = _evaluate_task(
                 engine, self._tokenizer_at(store.ref.path), self._specs[unit.task], self.settings, store, progress
@@ -420,16 +392,14 @@ def _cell_name(row: dict) -> str:
 
 
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
-    """The summary plus the earlier summary's cells (task, length) that this run did not touch,
-    when both were evaluated alike (the same identity, count included: one summary, one count):
-    `--lengths 1k` then `--lengths 2k` into one --out keeps both.
-    Cells evaluated otherwise are dropped (their samples stay in their logs)."""
+    """The summary plus the earlier summary's cells this run did not touch, when both were
+    evaluated alike (count included): `--lengths 1k` then `--lengths 2k` into one --out keeps
+    both. Cells evaluated otherwise are dropped (their samples stay in their logs)."""
     if earlier is None:
         return summary
     now, then = summary["provenance"], earlier.get("provenance") or {}
     then_settings = then.get("settings") or {}
-    # The same settings' identity (evalkit.store.identity), and the same facts the engine resolved from them
-    # and the checkpoint (engines.base.RESULT_FACTS), for an earlier summary's cells to stand beside these.
+    # The same settings' identity and the same facts the engine resolved (engines.base.RESULT_FACTS).
     alike = stored_identity(RulerSettings, now["settings"]) == stored_identity(RulerSettings, then_settings) and all(
         (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in RESULT_FACTS
     )
@@ -454,5 +424,5 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
 
 
 def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path, **kwargs: Any) -> EvaluationRun:
-    """RULER on every checkpoint through the one pipeline (kwargs: run_benchmark's: progress, avg, shard...)."""
+    """kwargs: run_benchmark's (progress, avg, shard...)."""
     return run_benchmark(RulerBenchmark(settings), refs, out, **kwargs)

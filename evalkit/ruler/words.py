@@ -1,8 +1,7 @@
 """Word lists and random values for the synthetic tasks, all drawn from caller-owned RNGs.
 
-Keys and cwe words come from wonderwords' noun, adjective and verb lists (the package's data
-files, read directly: its random API uses the global RNG). Values are 7-digit numbers and
-version-4 uuids built from the caller's seeded random.Random, never from uuid.uuid4().
+Keys and cwe words come from wonderwords' word lists (its data files, read directly: its random
+API uses the global RNG); uuids are built from the caller's random.Random, never uuid.uuid4().
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ class WordListsMissing(RuntimeError):
 
 @cache
 def wonderwords_list(kind: str) -> tuple[str, ...]:
-    """One of wonderwords' lists, sorted and without duplicates (fixed order for seeded draws)."""
+    """Sorted and without duplicates: a fixed order for seeded draws."""
     try:
         from importlib.resources import files
 
@@ -32,8 +31,8 @@ def wonderwords_list(kind: str) -> tuple[str, ...]:
 
 
 def random_value(kind: str, rng: random.Random) -> str:
-    """A needle's key or value: a 7-digit number, an adjective-noun pair (uniform over NVIDIA's
-    product list without building its 6.2M entries) or a version-4 uuid."""
+    """A 7-digit number, an adjective-noun pair (uniform over NVIDIA's product list without
+    building its 6.2M entries) or a version-4 uuid."""
     if kind == "numbers":
         return str(rng.randint(10**6, 10**7 - 1))
     if kind == "words":
@@ -53,11 +52,8 @@ def common_words_pool() -> tuple[str, ...]:
 
 @cache
 def extra_prose_words() -> tuple[str, ...]:
-    """More distinct English words, for cwe lengths that need more than wonderwords' ~8.7K.
-
-    NVIDIA switches to a bundled English word list there; evalkit takes the lower-case words of
-    its built-in prose that wonderwords lacks (no download, a fixed order).
-    """
+    """More words for cwe lengths that need more than wonderwords' ~8.7K: NVIDIA switches to a
+    bundled English list; evalkit takes the lower-case words of its prose that wonderwords lacks."""
     from evalkit.corpus import prose_text
 
     known = set(common_words_pool())

@@ -1,18 +1,17 @@
-"""RULER's task kinds: one module per kind (its generator and what only it knows), and their registry.
+"""RULER's task kinds: one module per kind (its generator and what only it knows), their registry and base.
 
-A task (spec.py) names its kind; the kind names the module and class that generate its samples.
-The module's DATA_CONSTANTS (every module-level value its samples depend on: needle depths, hop
-counts, noise words) are part of the cache key (cache.py): change one and cached samples of that
-kind are regenerated, never served stale. Adding a task or a kind: see the README.
+A task (spec.py) names its kind; the kind names the module and the KindTask class that generates
+its samples. The module's DATA_CONSTANTS (every module-level value its samples depend on) are part
+of the cache key (cache.py): change one and that kind's cached samples are regenerated.
 
-What else differs by kind, a kind's module says through optional functions, each asked through
-its TaskKind (the default, where the module has none, in brackets):
-- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its samples read,
-  keyed into the cache (niah's essays, qa's datasets: file_identity) [none: it reads no file];
+What else differs by kind, its module says through optional functions, asked through its
+TaskKind (the default, where the module has none, in brackets):
+- data_identity(spec, essays, qa_dir) -> list: the identity of the data files its samples read
+  (niah's essays, qa's datasets: file_identity) [none];
 - prompt_templates(spec) -> list[str]: the templates a sample's text may follow, to find its
   context in (niah's singular rewrite) [the task's template];
-- context_documents(context) -> list[str] | None: the context as documents of its own, for
-  --encoding anchor (qa's "Document k:" blocks) [None: cut into pieces of about --doc-tokens].
+- context_documents(context) -> list[str] | None: the context's own documents for --encoding
+  anchor (qa's "Document k:" blocks) [None: cut into pieces of about --doc-tokens].
 """
 
 from __future__ import annotations
@@ -24,9 +23,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from evalkit.ruler.counting import Item, compose_count
+from evalkit.ruler.fitting import Coarse
 
 if TYPE_CHECKING:
+    from evalkit.ruler.context import Context
     from evalkit.ruler.spec import TaskSpec
 
 
@@ -39,7 +42,7 @@ class TaskKind:
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
-    # The optional functions of the module's docstring, with their defaults.
+    # The optional functions of this module's docstring, with their defaults.
     def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
         hook = getattr(self.load(), "data_identity", None)
         return hook(spec, essays, qa_dir) if hook is not None else []
@@ -65,15 +68,63 @@ KINDS = {
 }
 
 
+TaskT = TypeVar("TaskT", bound="KindTask")
+
+
+class KindPlan(Generic[TaskT]):
+    """One sample's fixed random choices, its haystack size still open (fitting sizes it): a kind's
+    plan sets min_size, prefix, outputs and items(); the search's rough estimate and its guess
+    (the smallest prompt plus per_unit() tokens per unit) are shared."""
+
+    max_size: int | None = None
+    min_size: int
+    prefix: str  # the answer prefix (what ends the prompt, after the format's `between`)
+    outputs: list[str]
+
+    def __init__(self, task: TaskT, index: int):
+        self.task, self.ctx = task, task.ctx
+        self.position_seed = task.ctx.seed_for(index, "positions")
+
+    def items(self, size: int) -> list[Item]:
+        raise NotImplementedError
+
+    def per_unit(self) -> float:
+        raise NotImplementedError
+
+    def estimate(self, size: int) -> int:
+        return compose_count(self.ctx.counter, self.items(size), rough=True)
+
+    def guess(self, budget: int) -> int:
+        fixed = self.estimate(self.min_size)
+        return self.min_size + max(0, int((budget - fixed) / max(self.per_unit(), 1e-9)))
+
+    def check_fit(self, size: int, tokens: int) -> None:
+        """A kind whose fitted size can still be no valid sample raises TaskSkipped here."""
+
+
+class KindTask:
+    """A kind's generator: what all samples of one task at one length share; plan(i) is sample i's."""
+
+    Plan: type[KindPlan]
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def plan(self, index: int) -> KindPlan:
+        return self.Plan(self, index)
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's step: 10 units (cwe's distinct words, qa's documents); other kinds say theirs."""
+        return Coarse(10)
+
+
 def task_kind(spec: TaskSpec) -> TaskKind:
-    """The registered kind of a task."""
     return KINDS[spec.kind]
 
 
 def file_identity(path: Path) -> list:
-    """The identity of a data file a kind reads: the sha256 of its content, so a copy elsewhere, or
-    the same file staged anew on each node of a cluster, is the same data (hashed once per process
-    while its size and mtime stay the same)."""
+    """The sha256 of a data file's content, so a copy elsewhere (or staged anew on each node of a
+    cluster) is the same data; hashed once per process while its size and mtime stay the same."""
     if not path.is_file():
         return [str(path), None]
     stat = path.stat()
@@ -89,12 +140,11 @@ def _content_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def generator_class(kind: str) -> type:
-    """The class that generates samples of this kind."""
+def generator_class(kind: str) -> type[KindTask]:
     return getattr(KINDS[kind].load(), KINDS[kind].generator)
 
 
 def constants_digest(kind: str) -> str:
-    """A hash of the module constants that shape this kind's samples."""
+    """A hash of the kind's DATA_CONSTANTS."""
     constants = KINDS[kind].load().DATA_CONSTANTS
     return hashlib.sha256(json.dumps(constants, sort_keys=True, default=repr).encode()).hexdigest()[:20]

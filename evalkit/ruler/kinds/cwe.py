@@ -15,7 +15,7 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, SPACED_LEFT, Block, Item, TokenCounter, compose_count
 from evalkit.ruler.errors import TaskDataMissing
-from evalkit.ruler.fitting import Coarse
+from evalkit.ruler.kinds import KindPlan, KindTask
 from evalkit.ruler.layout import NumberedLabels
 from evalkit.ruler.spec import CWE_PREFIX, CWE_TEMPLATE
 from evalkit.ruler.words import common_words_pool, extra_prose_words
@@ -65,64 +65,45 @@ def numbered(words: list[str]) -> str:
     return " ".join(map(str.__add__, _LABELS[: len(words)], words))
 
 
+def repeated(words: np.ndarray, common_repeats: int, other_repeats: int) -> np.ndarray:
+    """A list's entries: the first NUM_COMMON words (the common ones) and the rest, each repeated."""
+    return np.concatenate([np.repeat(words[:NUM_COMMON], common_repeats), np.repeat(words[NUM_COMMON:], other_repeats)])
+
+
 def list_block(
     sep: str, words: Callable[[], list[str]], last_two: list[str], word_tokens: int, numbers: NumberedLabels, count: int
 ) -> Block:
-    """`sep + "1. w1 2. w2 ..."` of `count` entries: its start counted in context, the rest from tables.
-
-    Only the last two words are needed to size it; the full list is built when it is written out.
-    """
+    """`sep + "1. w1 2. w2 ..."` of `count` entries: its start counted in context, the rest from
+    tables; sized from its last two words, the full list built only when it is written out."""
     last = f" {count - 1}. {last_two[0]} {count}. {last_two[1]}" if count > 1 else f"1. {last_two[-1]}"
     tail = last[-LEFT_CONTEXT_CHARS:]
     return Block(sep + "1.", word_tokens + numbers.upto(count), tail, lambda: sep + numbered(words()))
 
 
-class CommonWordsTask:
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        params = ctx.spec.params
-        if ctx.length < 4096:
-            self.demo_shape, self.repeats = (20, 3, 1), (6, 1)
-        else:
-            self.demo_shape, self.repeats = (40, 10, 3), (params["freq_cw"], params["freq_ucw"])
-        head, tail = CWE_TEMPLATE.split("{context}")
-        self.head = head[:-1]  # the list's first entry carries the newline
-        self.tail = tail
-        self.tables = _tables(ctx.counter)
-        self.counter = ctx.counter
+class CommonWordsPlan(KindPlan["CommonWordsTask"]):
+    min_size = NUM_COMMON + 1
 
-    def coarse(self) -> Coarse:
-        """NVIDIA's step (common_words_extraction.py): 10 distinct words."""
-        return Coarse(10)
-
-    def plan(self, index: int) -> CommonWordsPlan:
-        return CommonWordsPlan(self, index)
-
-
-class CommonWordsPlan:
     def __init__(self, task: CommonWordsTask, index: int):
+        super().__init__(task, index)
         ctx = task.ctx
-        self.task, self.ctx = task, ctx
         rng = np.random.default_rng(ctx.seed_for(index, "sample"))
         words: WordTable = task.tables["words"]
         self.demo = self._demo(task, rng, words)
         # Distinct words in a random order: the first 10 are the common ones, then the rest.
         self.order = rng.permutation(len(words.words))
         self.table = words
-        self.extra_seed = ctx.seed_for(index, "extra words")
-        self.min_size, self.max_size = NUM_COMMON + 1, len(words.words)
+        self.max_size = len(words.words)
         if ctx.length >= 65536:  # only long lists can outgrow wonderwords' words
-            self._add_extra_words()
+            self._add_extra_words(ctx.seed_for(index, "extra words"))
         self.cumulative = np.concatenate([[0], np.cumsum(self.table.tokens[self.order])])
         self.outputs = [str(word) for word in self.table.words[self.order[:NUM_COMMON]]]
         self.prefix = CWE_PREFIX
-        self.position_seed = ctx.seed_for(index, "positions")
         self.last_tail = ctx.tail(task.tail, self.prefix)
 
-    def _add_extra_words(self) -> None:
+    def _add_extra_words(self, seed: int) -> None:
         """Beyond wonderwords' words: its words all first (in random order), then prose words."""
         extra = _extra_table(self.ctx.counter)
-        tail = len(self.table.words) + np.random.default_rng(self.extra_seed).permutation(len(extra.words))
+        tail = len(self.table.words) + np.random.default_rng(seed).permutation(len(extra.words))
         self.order = np.concatenate([self.order, tail])
         self.table = self.table + extra
         self.max_size = len(self.table.words)
@@ -132,9 +113,7 @@ class CommonWordsPlan:
         """The answered demonstration: its list and answer, then the task's own template."""
         count, common_repeats, other_repeats = task.demo_shape
         picked = rng.choice(len(words.words), size=count, replace=False)
-        entries = np.concatenate(
-            [np.repeat(picked[:NUM_COMMON], common_repeats), np.repeat(picked[NUM_COMMON:], other_repeats)]
-        )
+        entries = repeated(picked, common_repeats, other_repeats)
         entries = entries[rng.permutation(len(entries))]
         numbers = task.tables["numbers"]
         listed = words.words[entries].tolist()
@@ -151,9 +130,7 @@ class CommonWordsPlan:
         tokens = common_repeats * int(self.cumulative[NUM_COMMON]) + other_repeats * int(
             self.cumulative[size] - self.cumulative[NUM_COMMON]
         )
-        entries = np.concatenate(
-            [np.repeat(chosen[:NUM_COMMON], common_repeats), np.repeat(chosen[NUM_COMMON:], other_repeats)]
-        )
+        entries = repeated(chosen, common_repeats, other_repeats)
         if shuffled:
             entries = entries[np.random.default_rng(self.position_seed ^ size).permutation(len(entries))]
         return entries, tokens
@@ -172,10 +149,8 @@ class CommonWordsPlan:
     def estimate(self, size: int) -> int:
         return compose_count(self.ctx.counter, self._items(size, shuffled=False), rough=True)
 
-    def guess(self, budget: int) -> int:
-        fixed = self.estimate(self.min_size)
-        per_word = self.task.repeats[1] * (float(self.table.tokens.mean()) + 3.0)
-        return self.min_size + max(0, int((budget - fixed) / per_word))
+    def per_unit(self) -> float:
+        return self.task.repeats[1] * (float(self.table.tokens.mean()) + 3.0)
 
     def check_fit(self, size: int, tokens: int) -> None:
         """Every word in use and still far below the target: say so rather than land short silently."""
@@ -183,3 +158,19 @@ class CommonWordsPlan:
             raise TaskDataMissing(
                 self.ctx.spec.name, self.ctx.length, f"needs more than the {self.max_size} distinct words available"
             )
+
+
+class CommonWordsTask(KindTask):
+    Plan = CommonWordsPlan
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        params = ctx.spec.params
+        if ctx.length < 4096:
+            self.demo_shape, self.repeats = (20, 3, 1), (6, 1)
+        else:
+            self.demo_shape, self.repeats = (40, 10, 3), (params["freq_cw"], params["freq_ucw"])
+        head, tail = CWE_TEMPLATE.split("{context}")
+        self.head = head[:-1]  # the list's first entry carries the newline
+        self.tail = tail
+        self.tables = _tables(ctx.counter)

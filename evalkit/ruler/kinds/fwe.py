@@ -16,6 +16,7 @@ from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item, compose_count
 from evalkit.ruler.errors import TaskDoesNotFit
 from evalkit.ruler.fitting import Coarse
+from evalkit.ruler.kinds import KindPlan, KindTask
 from evalkit.ruler.spec import FWE_PREFIX, FWE_TEMPLATE
 
 NOISE_WORD = "..."
@@ -32,11 +33,6 @@ def zeta(alpha: float) -> float:
     return head + tail
 
 
-def occurrences(num_words: int, weights: np.ndarray) -> np.ndarray:
-    """How often each rank appears among num_words drawn words (the script's truncation)."""
-    return (num_words * weights).astype(np.int64)
-
-
 def smallest_valid_size(weights: np.ndarray) -> int:
     """A number of words from which on the three answer ranks always strictly out-count the next rank."""
     needed = 1
@@ -46,34 +42,10 @@ def smallest_valid_size(weights: np.ndarray) -> int:
     return needed
 
 
-class FrequentWordsTask:
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        params = ctx.spec.params
-        self.word_length = params["coded_wordlen"]
-        self.vocab_size = (ctx.length - ctx.spec.max_new_tokens) // 50  # NVIDIA: after the generation budget
-        if self.vocab_size < max(ANSWER_RANKS):
-            raise TaskDoesNotFit(ctx.spec.name, ctx.length, 50 * max(ANSWER_RANKS) + ctx.spec.max_new_tokens)
-        alpha = params["alpha"]
-        ranks = np.arange(1, self.vocab_size + 1, dtype=np.float64)
-        self.weights = ranks**-alpha / zeta(alpha)
-        head, tail = FWE_TEMPLATE.split(" {context}")
-        self.head, self.tail = head, tail  # every coded word carries its leading space
-        self.min_size = smallest_valid_size(self.weights)
-
-    def coarse(self) -> Coarse:
-        """NVIDIA's sizing (freq_words_extraction.py): words drawn, climbed from budget // word length
-        in steps of budget // 32 (its budget: the length less the generation budget)."""
-        return Coarse(max(1, self.ctx.budget // 32), origin=self.ctx.budget // self.word_length)
-
-    def plan(self, index: int) -> FrequentWordsPlan:
-        return FrequentWordsPlan(self, index)
-
-
-class FrequentWordsPlan:
+class FrequentWordsPlan(KindPlan["FrequentWordsTask"]):
     def __init__(self, task: FrequentWordsTask, index: int):
+        super().__init__(task, index)
         ctx = task.ctx
-        self.task, self.ctx = task, ctx
         rng = np.random.default_rng(ctx.seed_for(index, "sample"))
         vocabulary = self._vocabulary(rng, task.vocab_size, task.word_length)
         vocabulary[0] = NOISE_WORD
@@ -82,8 +54,7 @@ class FrequentWordsPlan:
         self.prefix = FWE_PREFIX
         self.head = ctx.head(task.head)
         self.tail = ctx.tail(task.tail, self.prefix)
-        self.position_seed = ctx.seed_for(index, "positions")
-        self.min_size, self.max_size = task.min_size, None
+        self.min_size = task.min_size
         self._tokens = np.zeros(0, dtype=np.int64)
 
     @staticmethod
@@ -104,7 +75,7 @@ class FrequentWordsPlan:
         return self._tokens
 
     def _counts(self, size: int) -> tuple[np.ndarray, int]:
-        counts = occurrences(size, self.task.weights)
+        counts = (size * self.task.weights).astype(np.int64)  # each rank's occurrences, truncated as the script does
         used = int(np.count_nonzero(counts))  # ranks are in decreasing frequency
         tokens = int(counts[:used] @ self._word_tokens(used)[:used])
         return counts[:used], tokens
@@ -133,3 +104,26 @@ class FrequentWordsPlan:
         counts, tokens = self._counts(max(self.min_size, 1000))
         per_word = tokens / max(1, int(counts.sum()))
         return max(self.min_size, int(budget / max(per_word, 1e-9) / float(self.task.weights.sum())))
+
+
+class FrequentWordsTask(KindTask):
+    Plan = FrequentWordsPlan
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        params = ctx.spec.params
+        self.word_length = params["coded_wordlen"]
+        self.vocab_size = (ctx.length - ctx.spec.max_new_tokens) // 50  # NVIDIA: after the generation budget
+        if self.vocab_size < max(ANSWER_RANKS):
+            raise TaskDoesNotFit(ctx.spec.name, ctx.length, 50 * max(ANSWER_RANKS) + ctx.spec.max_new_tokens)
+        alpha = params["alpha"]
+        ranks = np.arange(1, self.vocab_size + 1, dtype=np.float64)
+        self.weights = ranks**-alpha / zeta(alpha)
+        head, tail = FWE_TEMPLATE.split(" {context}")
+        self.head, self.tail = head, tail  # every coded word carries its leading space
+        self.min_size = smallest_valid_size(self.weights)
+
+    def coarse(self) -> Coarse:
+        """NVIDIA's sizing (freq_words_extraction.py): words drawn, climbed from budget // word length
+        in steps of budget // 32 (its budget: the length less the generation budget)."""
+        return Coarse(max(1, self.ctx.budget // 32), origin=self.ctx.budget // self.word_length)

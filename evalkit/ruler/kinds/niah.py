@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from evalkit.ruler.context import Context
-from evalkit.ruler.counting import SPACED_LEFT, Item, TokenCounter, compose_count
+from evalkit.ruler.counting import SPACED_LEFT, Item, TokenCounter
 from evalkit.ruler.essay import EssayStream, _looks_like_path, essay_stream, load_essay_text
 from evalkit.ruler.fitting import Coarse
-from evalkit.ruler.kinds import file_identity
+from evalkit.ruler.kinds import KindPlan, KindTask, file_identity
 from evalkit.ruler.layout import GrowingStream, RepeatedLine, Stream, stream_items
 from evalkit.ruler.spec import NIAH_NEEDLE, NOISE_LINE
 from evalkit.ruler.words import random_value, wonderwords_list
@@ -55,19 +55,20 @@ def singular(text: str) -> str:
     return text
 
 
+def needle_start(value_type: str) -> str:
+    """A `needle` haystack line's fixed start: its newline and the needle's text before the key."""
+    return "\n" + NIAH_NEEDLE.split(" {key}")[0].format(type_needle_v=value_type)
+
+
 def join_queries(queries: list[str]) -> str:
     return queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
 
 
 class ValuePool:
-    """Random values of one type drawn once per batch, each counted once (with what follows it).
-
-    The needle haystack is hundreds of random needles per sample; counting fresh random numbers
-    or uuids for every line would cost a full tokenisation per sample. A sample draws its
-    distractor keys and values without replacement from these pools (large enough for the
-    longest haystack that fits), so its haystack is still random needles, counted by look-up.
-    Word keys need no pool: adjective and noun are counted separately, once per process.
-    """
+    """Random values of one type drawn once per batch, each counted once (with what follows it):
+    counting fresh ones for each of a needle haystack's hundreds of lines would cost a full
+    tokenisation per sample. A sample draws its distractors without replacement from these pools
+    (sized for the longest haystack that fits). Word keys need none: their words are counted once."""
 
     def __init__(self, counter: TokenCounter, kind: str, size: int, rng: random.Random, suffix: str):
         self.values = [random_value(kind, rng) for _ in range(size)]
@@ -91,21 +92,17 @@ def word_key_tables(counter: TokenCounter) -> tuple[np.ndarray, np.ndarray, np.n
 
 class DistractorStream(GrowingStream):
     """The `needle` haystack: lines of needles with random keys and values, none with a real key.
-
-    A line is counted as three pieces: its fixed start (after the previous line's last two
-    characters, which is where a tokenizer may merge across the newline), ` KEY is:` and
-    ` VALUE.` (each after a space, so independent of what precedes them).
-    """
+    A line is counted as its fixed start (after the previous line's last two characters, where a
+    tokenizer may merge across the newline), then ` KEY is:` and ` VALUE.` (each after a space)."""
 
     block_size = 128
 
     def __init__(self, ctx: Context, seed: int, real_keys: set[str], pools: dict[str, ValuePool]):
         super().__init__(ctx.counter, "\n")
-        value_type = ctx.spec.params["value_type"]
         self.rng = np.random.default_rng(seed)
         self.real_keys, self.pools = real_keys, pools
         self.real_key_pieces = {f" {key} is:" for key in real_keys}
-        self.start = "\n" + NIAH_NEEDLE.split(" {key}")[0].format(type_needle_v=value_type)
+        self.start = needle_start(ctx.spec.params["value_type"])
         # Each pool is taken in a random order of its own: draws without replacement.
         self.orders = {name: self.rng.permutation(len(pool.values)) for name, pool in pools.items()}
         self.used = dict.fromkeys(pools, 0)
@@ -165,9 +162,68 @@ class DistractorStream(GrowingStream):
         return [starts[previous] + tokens for previous, (tokens, _) in zip(lefts, parts)]
 
 
-class NiahTask:
+class NiahPlan(KindPlan["NiahTask"]):
+    def __init__(self, task: NiahTask, index: int):
+        super().__init__(task, index)
+        ctx, params = task.ctx, task.ctx.spec.params
+        rng = ctx.rng(index)
+        keys: list[str] = []
+        values: list[list[str]] = []
+        needles: list[str] = []
+        for _ in range(params["num_keys"]):
+            key = random_value(params["key_type"], rng)
+            while key in keys:
+                key = random_value(params["key_type"], rng)
+            keys.append(key)
+            values.append([random_value(params["value_type"], rng) for _ in range(params["num_values"])])
+            needles += [NIAH_NEEDLE.format(type_needle_v=params["value_type"], key=key, value=v) for v in values[-1]]
+        rng.shuffle(needles)
+        asked = rng.sample(range(params["num_keys"]), params["num_queries"])
+        query = join_queries([keys[i] for i in asked])
+        self.needles = needles
+        self.outputs = [value for i in asked for value in values[i]]
+        self.prefix = task.prefix_template.format(type_needle_v=task.type_shown, query=query)
+        self.head = ctx.head(task.head)
+        self.tail = ctx.tail(task.tail_template.format(type_needle_v=task.type_shown, query=query), self.prefix)
+        self.stream: Stream
+        self.min_size = len(needles)
+        if task.kind == "essay":
+            self.stream, self.min_size = task.stream, 1
+            self.depths = rng.sample(DEPTHS, len(needles))
+        elif task.kind == "noise":
+            assert task.noise is not None  # built for the noise haystack
+            self.stream = task.noise
+        else:
+            self.stream = DistractorStream(ctx, ctx.seed_for(index, "distractors"), set(keys), task.pools)
+
+    def _insertions(self, size: int) -> list[tuple[int, str]]:
+        if self.task.kind == "essay":
+            # Needles go before the sentence at each depth, in order of depth (niah.py).
+            assert isinstance(self.stream, EssayStream)
+            starts = self.stream.sentence_starts(size)
+            count = len(starts)
+            spots = sorted(int(count * (depth / 100)) for depth in self.depths)
+            return [(int(starts[s]) if s < count else size, needle) for s, needle in zip(spots, self.needles)]
+        # One distinct line position per needle, drawn afresh for each size (niah.py's random.sample).
+        lines = random.Random(self.position_seed ^ size).sample(range(size), len(self.needles))
+        return list(zip(sorted(lines), self.needles))
+
+    def items(self, size: int) -> list[Item]:
+        context = stream_items(self.stream, size, self._insertions(size), strip_first=self.task.kind == "essay")
+        return [self.head, *context, self.tail]
+
+    def per_unit(self) -> float:
+        if isinstance(self.stream, RepeatedLine):
+            return self.stream.per_unit
+        assert isinstance(self.stream, GrowingStream)
+        return self.stream.average(self.stream.block_size)
+
+
+class NiahTask(KindTask):
+    Plan = NiahPlan
+
     def __init__(self, ctx: Context):
-        self.ctx = ctx
+        super().__init__(ctx)
         params = ctx.spec.params
         template, prefix = ctx.spec.template, ctx.spec.answer_prefix
         self.type_shown = params["value_type"]
@@ -192,7 +248,7 @@ class NiahTask:
     def _pools(ctx: Context) -> dict[str, ValuePool]:
         """Pools holding more values than the most lines that can fit (every line costs >= its start + 2)."""
         params = ctx.spec.params
-        start = "\n" + NIAH_NEEDLE.split(" {key}")[0].format(type_needle_v=params["value_type"])
+        start = needle_start(params["value_type"])
         # A stream draws whole blocks, so it may draw a block beyond the lines it uses.
         most_lines = ctx.budget // (ctx.counter.after("x.", start) + 2) + 2 * DistractorStream.block_size
         rng = ctx.rng(-1, "pools")
@@ -206,72 +262,3 @@ class NiahTask:
         if self.kind == "essay":
             return Coarse(500)
         return Coarse(25 if self.ctx.length >= 4096 else 5)
-
-    def plan(self, index: int) -> NiahPlan:
-        return NiahPlan(self, index)
-
-
-class NiahPlan:
-    def __init__(self, task: NiahTask, index: int):
-        ctx, params = task.ctx, task.ctx.spec.params
-        self.task, self.ctx = task, ctx
-        rng = ctx.rng(index)
-        keys: list[str] = []
-        values: list[list[str]] = []
-        needles: list[str] = []
-        for _ in range(params["num_keys"]):
-            key = random_value(params["key_type"], rng)
-            while key in keys:
-                key = random_value(params["key_type"], rng)
-            keys.append(key)
-            values.append([random_value(params["value_type"], rng) for _ in range(params["num_values"])])
-            needles += [NIAH_NEEDLE.format(type_needle_v=params["value_type"], key=key, value=v) for v in values[-1]]
-        rng.shuffle(needles)
-        asked = rng.sample(range(params["num_keys"]), params["num_queries"])
-        query = join_queries([keys[i] for i in asked])
-        self.needles = needles
-        self.outputs = [value for i in asked for value in values[i]]
-        self.prefix = task.prefix_template.format(type_needle_v=task.type_shown, query=query)
-        self.head = ctx.head(task.head)
-        self.tail = ctx.tail(task.tail_template.format(type_needle_v=task.type_shown, query=query), self.prefix)
-        self.position_seed = ctx.seed_for(index, "positions")
-        self.stream: Stream
-        self.max_size: int | None
-        if task.kind == "essay":
-            self.stream, self.min_size, self.max_size = task.stream, 1, None
-            self.depths = rng.sample(DEPTHS, len(needles))
-        elif task.kind == "noise":
-            assert task.noise is not None  # built for the noise haystack
-            self.stream, self.min_size, self.max_size = task.noise, len(needles), None
-        else:
-            self.stream = DistractorStream(ctx, ctx.seed_for(index, "distractors"), set(keys), task.pools)
-            self.min_size, self.max_size = len(needles), None
-
-    def _insertions(self, size: int) -> list[tuple[int, str]]:
-        if self.task.kind == "essay":
-            # Needles go before the sentence at each depth, in order of depth (niah.py).
-            assert isinstance(self.stream, EssayStream)
-            starts = self.stream.sentence_starts(size)
-            count = len(starts)
-            spots = sorted(int(count * (depth / 100)) for depth in self.depths)
-            return [(int(starts[s]) if s < count else size, needle) for s, needle in zip(spots, self.needles)]
-        # One distinct line position per needle, drawn afresh for each size (niah.py's random.sample).
-        lines = random.Random(self.position_seed ^ size).sample(range(size), len(self.needles))
-        return list(zip(sorted(lines), self.needles))
-
-    def items(self, size: int) -> list[Item]:
-        context = stream_items(self.stream, size, self._insertions(size), strip_first=self.task.kind == "essay")
-        return [self.head, *context, self.tail]
-
-    def estimate(self, size: int) -> int:
-        return compose_count(self.ctx.counter, self.items(size), rough=True)
-
-    def guess(self, budget: int) -> int:
-        fixed = self.estimate(self.min_size)
-        per_unit: float
-        if isinstance(self.stream, RepeatedLine):
-            per_unit = self.stream.per_unit
-        else:
-            assert isinstance(self.stream, GrowingStream)
-            per_unit = self.stream.average(self.stream.block_size)
-        return self.min_size + max(0, int((budget - fixed) / max(per_unit, 1e-9)))

@@ -4,9 +4,7 @@ From qa.py: documents are the datasets' paragraphs (deduplicated, sorted); sampl
 i-th answerable question; its gold paragraph(s) go among distractors (for SQuAD, first the
 other paragraphs of the same article, then random ones), shuffled, as `Document {i}:\\n{text}`
 joined by blank lines. The number of documents is the size fitted to the length. The data is
-read from local files only; a missing file makes the task TaskDataMissing. Under nvidia sizing
-only the number of documents changes; each sample keeps its own document order (NVIDIA's single
-fixed permutation is not mimicked: see evalkit.ruler.fitting).
+read from local files only; a missing file makes the task TaskDataMissing.
 """
 
 from __future__ import annotations
@@ -24,20 +22,18 @@ import numpy as np
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import LEFT_CONTEXT_CHARS, Block, Item
 from evalkit.ruler.errors import TaskDataMissing
-from evalkit.ruler.fitting import Coarse
-from evalkit.ruler.kinds import file_identity
+from evalkit.ruler.kinds import KindPlan, KindTask, file_identity
 from evalkit.ruler.layout import NumberedLabels
 from evalkit.ruler.spec import QA_PREFIX, QA_TEMPLATE
 
 if TYPE_CHECKING:
     from evalkit.ruler.spec import TaskSpec
 
-# Accepted file names per dataset: the official release name first, then NVIDIA's download name.
-DATASET_FILES = {
-    "squad": ("dev-v2.0.json", "squad.json"),
-    "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpotqa.json"),
+# Per dataset: its name and accepted file names (the official release name first, then NVIDIA's).
+DATASETS = {
+    "squad": ("SQuAD v2 dev", ("dev-v2.0.json", "squad.json")),
+    "hotpotqa": ("HotpotQA dev distractor", ("hotpot_dev_distractor_v1.json", "hotpotqa.json")),
 }
-DATASET_NAMES = {"squad": "SQuAD v2 dev", "hotpotqa": "HotpotQA dev distractor"}
 # A document starts with `\n\nDocument` (counted after the previous document: a blank line after
 # trailing whitespace tokenises differently), then ` {k}:`, then `\n` and the text after the colon.
 DOCUMENT_START = "\n\nDocument"
@@ -69,7 +65,7 @@ def dataset_path(dataset: str, qa_dir: str | Path | None) -> Path | None:
     """The dataset's file in qa_dir (None when qa_dir is not given)."""
     if qa_dir is None:
         return None
-    names = DATASET_FILES[dataset]
+    names = DATASETS[dataset][1]
     for name in names:
         if (Path(qa_dir) / name).is_file():
             return Path(qa_dir) / name
@@ -94,7 +90,7 @@ def _missing(ctx: Context, why: str) -> TaskDataMissing:
 
 def load_dataset(ctx: Context) -> QaData:
     dataset = ctx.spec.params["dataset"]
-    name, file_name = DATASET_NAMES[dataset], DATASET_FILES[dataset][0]
+    name, file_name = DATASETS[dataset][0], DATASETS[dataset][1][0]
     path = dataset_path(dataset, ctx.qa_dir)
     if path is None:
         raise _missing(ctx, f"needs the {name} file: pass --qa-dir (qa_dir=) a folder holding {file_name}")
@@ -151,34 +147,10 @@ def _parse_hotpotqa(raw: list) -> QaData:
     return QaData(documents, tuple(questions))
 
 
-class QaTask:
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.data = load_dataset(ctx)
-        self.head, self.tail_template = QA_TEMPLATE.split("{context}")
-        self.labels = ctx.counter.tables.setdefault("qa labels", NumberedLabels(ctx.counter, "Document", " {}:", 1))
-        # Tokens of "\n" + document after "Document i:", per tokenizer and file version.
-        self.body_tokens: dict[int, int] = ctx.counter.tables.setdefault(("qa", self.data.source), {})
-
-    def bodies(self, ids: list[int]) -> list[int]:
-        missing = [i for i in dict.fromkeys(ids) if i not in self.body_tokens]
-        if missing:
-            counts = self.ctx.counter.after_many((":", "\n" + self.data.documents[i]) for i in missing)
-            self.body_tokens.update(zip(missing, counts))
-        return [self.body_tokens[i] for i in ids]
-
-    def coarse(self) -> Coarse:
-        """NVIDIA's step (qa.py): 10 documents."""
-        return Coarse(10)
-
-    def plan(self, index: int) -> QaPlan:
-        return QaPlan(self, index)
-
-
-class QaPlan:
+class QaPlan(KindPlan["QaTask"]):
     def __init__(self, task: QaTask, index: int):
+        super().__init__(task, index)
         ctx = task.ctx
-        self.task, self.ctx = task, ctx
         question = task.data.questions[index % len(task.data.questions)]
         self.outputs = list(question.answers)
         self.prefix = QA_PREFIX
@@ -190,8 +162,7 @@ class QaPlan:
         self.rng.shuffle(related)
         self.candidates = self.gold + related  # then random other documents, drawn as needed
         self.excluded = set(self.candidates)
-        self.position_seed = ctx.seed_for(index, "positions")
-        self.min_size, self.max_size = len(self.gold), None
+        self.min_size = len(self.gold)
         self._cumulative = np.zeros(1, dtype=np.int64)
 
     def _grow(self, size: int) -> None:
@@ -211,31 +182,20 @@ class QaPlan:
             fresh = self.task.bodies(self.candidates[len(self._cumulative) - 1 : size])
             self._cumulative = np.concatenate([self._cumulative, self._cumulative[-1] + np.cumsum(fresh)])
 
-    def _documents(self, size: int, shuffled: bool) -> list[int]:
+    def items(self, size: int) -> list[Item]:
         self._grow(size)
         chosen = self.candidates[:size]
-        if shuffled:
-            chosen = list(chosen)
-            random.Random(self.position_seed ^ size).shuffle(chosen)
-        return chosen
-
-    def _items(self, chosen: list[int]) -> list[Item]:
+        random.Random(self.position_seed ^ size).shuffle(chosen)
         counter, documents = self.ctx.counter, self.task.data.documents
         labels = counter.after_many(("Document", f" {k}:") for k in range(1, len(chosen) + 1))
         bodies = self.task.bodies(chosen)
         items: list[Item] = [self.head]
         for k, (doc, label, body) in enumerate(zip(chosen, labels, bodies), 1):
             text = f"Document {k}:\n{documents[doc]}"
-            tail = text[-LEFT_CONTEXT_CHARS:]
-            if k == 1:  # the template's blank line precedes the first document
-                items.append(Block("Document", label + body, tail, _constant(text)))
-            else:
-                items.append(Block(DOCUMENT_START, label + body, tail, _constant("\n\n" + text)))
+            sep = "" if k == 1 else "\n\n"  # the template's blank line precedes the first document
+            items.append(Block(sep + "Document", label + body, text[-LEFT_CONTEXT_CHARS:], _constant(sep + text)))
         items.append(self.tail)
         return items
-
-    def items(self, size: int) -> list[Item]:
-        return self._items(self._documents(size, shuffled=True))
 
     def estimate(self, size: int) -> int:
         """Rough count from prefix sums: every piece counted as if it began the text."""
@@ -247,7 +207,25 @@ class QaPlan:
         labels = self.task.labels.upto(size)
         return counter.specials + head + first + (size - 1) * start + labels + int(self._cumulative[size]) + tail
 
-    def guess(self, budget: int) -> int:
+    def per_unit(self) -> float:
         self._grow(self.min_size + 8)
-        per_document = float(self._cumulative[-1]) / len(self._cumulative[1:]) + 6
-        return self.min_size + max(0, int((budget - self.estimate(self.min_size)) / per_document))
+        return float(self._cumulative[-1]) / len(self._cumulative[1:]) + 6
+
+
+class QaTask(KindTask):
+    Plan = QaPlan
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.data = load_dataset(ctx)
+        self.head, self.tail_template = QA_TEMPLATE.split("{context}")
+        self.labels = ctx.counter.tables.setdefault("qa labels", NumberedLabels(ctx.counter, "Document", " {}:", 1))
+        # Tokens of "\n" + document after "Document i:", per tokenizer and file version.
+        self.body_tokens: dict[int, int] = ctx.counter.tables.setdefault(("qa", self.data.source), {})
+
+    def bodies(self, ids: list[int]) -> list[int]:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.body_tokens]
+        if missing:
+            counts = self.ctx.counter.after_many((":", "\n" + self.data.documents[i]) for i in missing)
+            self.body_tokens.update(zip(missing, counts))
+        return [self.body_tokens[i] for i in ids]

@@ -14,6 +14,7 @@ import string
 from evalkit.ruler.context import Context
 from evalkit.ruler.counting import Item, compose_count
 from evalkit.ruler.fitting import Coarse, search
+from evalkit.ruler.kinds import KindPlan, KindTask
 from evalkit.ruler.layout import RepeatedLine, stream_items
 from evalkit.ruler.spec import NOISE_LINE, VT_PREFIX, VT_TEMPLATE
 
@@ -45,9 +46,42 @@ def random_chain_value(rng: random.Random, avoid: str = "") -> str:
     return value
 
 
-class VariableTrackingTask:
+class VariableTrackingPlan(KindPlan["VariableTrackingTask"]):
+    min_size = MIN_NOISE_LINES
+
+    def __init__(self, task: VariableTrackingTask, index: int):
+        super().__init__(task, index)
+        ctx = task.ctx
+        rng = ctx.rng(index)
+        hops = task.num_hops
+        names = variable_names(rng, hops + 1, 5)
+        value = random_chain_value(rng)
+        self.chain = chain_lines(names, value)
+        self.outputs = names
+        self.prefix = VT_PREFIX.format(num_v=hops + 1, query=value)
+        # The demonstration: fresh 3-letter names and a value other than the question's.
+        demo_names = variable_names(rng, hops + 1, 3)
+        demo_value = random_chain_value(rng, avoid=value)
+        demo_chain = chain_lines(demo_names, demo_value)
+        demo_context = task.chain_items(task.demo_lines, demo_chain, ctx.seed_for(index, "demo positions"))
+        # The answered demonstration, then a blank line, then the task (variable_tracking.py).
+        bridge = task.demo_question(demo_value) + " " + " ".join(demo_names) + "\n" + "\n" + task.head
+        self.before_context: list[Item] = [ctx.head(task.head), *demo_context, bridge]
+        self.tail = ctx.tail(task.tail_template.format(query=value), self.prefix)
+
+    def items(self, size: int) -> list[Item]:
+        context = self.task.chain_items(size, self.chain, self.position_seed ^ size)
+        return [*self.before_context, *context, self.tail]
+
+    def per_unit(self) -> float:
+        return self.task.noise.per_unit
+
+
+class VariableTrackingTask(KindTask):
+    Plan = VariableTrackingPlan
+
     def __init__(self, ctx: Context):
-        self.ctx = ctx
+        super().__init__(ctx)
         self.num_hops = ctx.spec.params["num_hops"]
         self.noise = RepeatedLine(ctx.counter, NOISE_LINE)
         head, tail = VT_TEMPLATE.split("{context}")
@@ -80,41 +114,3 @@ class VariableTrackingTask:
     def coarse(self) -> Coarse:
         """NVIDIA's step (variable_tracking.py, noise haystack): 10 noise lines (5 below 4096)."""
         return Coarse(10 if self.ctx.length >= 4096 else 5)
-
-    def plan(self, index: int) -> VariableTrackingPlan:
-        return VariableTrackingPlan(self, index)
-
-
-class VariableTrackingPlan:
-    def __init__(self, task: VariableTrackingTask, index: int):
-        ctx = task.ctx
-        self.task, self.ctx = task, ctx
-        rng = ctx.rng(index)
-        hops = task.num_hops
-        names = variable_names(rng, hops + 1, 5)
-        value = random_chain_value(rng)
-        self.chain = chain_lines(names, value)
-        self.outputs = names
-        self.prefix = VT_PREFIX.format(num_v=hops + 1, query=value)
-        # The demonstration: fresh 3-letter names and a value other than the question's.
-        demo_names = variable_names(rng, hops + 1, 3)
-        demo_value = random_chain_value(rng, avoid=value)
-        demo_chain = chain_lines(demo_names, demo_value)
-        demo_context = task.chain_items(task.demo_lines, demo_chain, ctx.seed_for(index, "demo positions"))
-        # The answered demonstration, then a blank line, then the task (variable_tracking.py).
-        bridge = task.demo_question(demo_value) + " " + " ".join(demo_names) + "\n" + "\n" + task.head
-        self.before_context: list[Item] = [ctx.head(task.head), *demo_context, bridge]
-        self.tail = ctx.tail(task.tail_template.format(query=value), self.prefix)
-        self.position_seed = ctx.seed_for(index, "positions")
-        self.min_size, self.max_size = MIN_NOISE_LINES, None
-
-    def items(self, size: int) -> list[Item]:
-        context = self.task.chain_items(size, self.chain, self.position_seed ^ size)
-        return [*self.before_context, *context, self.tail]
-
-    def estimate(self, size: int) -> int:
-        return compose_count(self.ctx.counter, self.items(size), rough=True)
-
-    def guess(self, budget: int) -> int:
-        fixed = self.estimate(self.min_size)
-        return self.min_size + max(0, (budget - fixed) // max(1, self.task.noise.per_unit))
