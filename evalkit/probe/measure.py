@@ -117,8 +117,6 @@ def measure_shifts(
     if implementation != PROBE_ATTENTION:
         raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
     delta1s = list(dict.fromkeys(delta1s))  # a repeated Δ1 would be counted twice
-    if min([*delta1s, delta2]) < 0:
-        raise ValueError(f"position shifts must be non-negative: Δ1 {delta1s}, Δ2 {delta2}")
     n_texts, seq_len = texts_NT.shape
     # Keyed by (layers, Δ1): the mean of the columns over the texts, each text's total and D_logit.
     columns: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(seq_len, dtype=torch.float64))

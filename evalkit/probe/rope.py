@@ -24,7 +24,6 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.errors import UserError
-from evalkit.models.precision import ROPE_VARIANTS
 
 
 def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -46,10 +45,8 @@ def _require_fp32_tables(module, _args, _kwargs, output) -> None:
 
 @contextmanager
 def rope_precision(model: torch.nn.Module, variant: str) -> Iterator[None]:
-    """Within the block, every forward pass of `model` applies RoPE in the given variant."""
-    if variant not in ROPE_VARIANTS:
-        raise UserError(f"unknown RoPE variant {variant!r}: use one of {', '.join(ROPE_VARIANTS)}")
-    if variant == "cast":
+    """Within the block, every forward pass of `model` applies RoPE in `variant` (ProbeOptions checked it)."""
+    if variant != "fp32":
         yield
         return
     modules = rotary_modules(model)
