@@ -391,15 +391,22 @@ def _some(names: list[str], what: str = "") -> str:
 
 
 def load_pretrained(
-    auto_class, path: str | Path, *, trust_remote_code: bool = False, allowed_unexpected: Iterable[str] = (), **kwargs
+    auto_class,
+    path: str | Path,
+    *,
+    trust_remote_code: bool = False,
+    allowed_unexpected: Iterable[str] = (),
+    progress_bar: bool = True,
+    **kwargs,
 ):
     """`auto_class.from_pretrained(path, **kwargs)`, then check_loading_info (check_checkpoint is the
-    caller's, made before its first read of the checkpoint).
+    caller's, made before its first read of the checkpoint). `progress_bar=False` hides transformers'
+    loading bar from a caller that reports its own progress (the two would interleave).
 
     Mis-shaped weights are let through transformers (ignore_mismatched_sizes) only so that
     they reach check_loading_info and become one line instead of a RuntimeError.
     """
-    with _no_loading_report():
+    with _no_loading_report(progress_bar):
         model, info = auto_class.from_pretrained(
             path,
             output_loading_info=True,
@@ -413,14 +420,18 @@ def load_pretrained(
 
 
 @contextmanager
-def _no_loading_report() -> Iterator[None]:
+def _no_loading_report(progress_bar: bool) -> Iterator[None]:
     """transformers logs a table of missing and unexpected weights as a warning; check_loading_info
     turns the same facts into evalkit's one-line error, so the table would only bury that line."""
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars_on = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    if not progress_bar:
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars_on:
+            hf_logging.enable_progress_bar()

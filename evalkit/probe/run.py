@@ -5,8 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from evalkit.models.check import (
     load_tokenizer,
 )
 from evalkit.models.precision import resolve_device, torch_dtype
-from evalkit.models.refs import META
+from evalkit.models.refs import checkpoint_meta
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
@@ -48,30 +47,9 @@ MEASUREMENT = {
 }
 
 
-@contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """run_probe reports its own progress: transformers' loading bar would interleave with it. (Its
-    loading report, which would list the LM head left out on purpose, load_pretrained silences.)"""
-    from transformers.utils import logging as hf_logging
-
-    bars_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bars_on:
-            hf_logging.enable_progress_bar()
-
-
 def trained_regime(checkpoint: Path) -> dict | None:
     """The precision an evalkit run trained the checkpoint in (meta.json's `precision`), else None."""
-    import json
-
-    try:
-        meta = json.loads((Path(checkpoint) / META).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    precision = meta.get("precision") if isinstance(meta, dict) else None
+    precision = checkpoint_meta(Path(checkpoint)).get("precision")
     return precision if isinstance(precision, dict) else None
 
 
@@ -96,9 +74,9 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return AutoModel.from_config(config, **common).to(device).eval()
-    with _no_progress_bars():
-        # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
-        model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), **common)
+    # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
+    # run_probe reports its own progress: no loading bar.
+    model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), progress_bar=False, **common)
     if as_trained(condition, dtype, trained):
         from evalkit.train.regime import cast_buffers
 
