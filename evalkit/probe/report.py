@@ -204,6 +204,10 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _section(title: str, *lines: str) -> list[str]:
+    return [f"## {title}", "", *lines, ""]
+
+
 def _verdict(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
@@ -278,10 +282,10 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
     header = {"delta1": "Δ1", "length": "length"}[axis]
     keys = sorted({row[axis] for row in chosen})
     table = [[key, *(_num(cells.get((key, label))) for label in labels)] for key in keys]
-    return markdown_table([header, *labels], table).splitlines()
+    return _section("Values (mean over texts)", markdown_table([header, *labels], table))
 
 
-def _provenance_lines(provenance: dict | None) -> list[str]:
+def _provenance_lines(provenance: dict) -> list[str]:
     """The command, the time it took, the machine and the evalkit commit, when known."""
     if not provenance:
         return []
@@ -313,15 +317,13 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
         for name, parts in values.items()
     ]
     where = f"{DTYPE_LABELS[found['dtype']]}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
-    return [
-        "## Per layer type",
-        "",
+    return _section(
+        "Per layer type",
         f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
         "within their window. Global (full_attention) layers are where long-distance RoPE error can show.",
         "",
-        *markdown_table(header, table).splitlines(),
-        "",
-    ]
+        markdown_table(header, table),
+    )
 
 
 def _regime_lines(provenance: dict) -> list[str]:
@@ -330,7 +332,7 @@ def _regime_lines(provenance: dict) -> list[str]:
     if not regimes:
         return []
     trained = provenance.get("trained_precision")
-    lines = ["## Precision of each condition", ""]
+    lines = []
     if trained:
         kind = {"bf16_full": "bf16 weights, buffers and residual (the released regime)", "bf16": "bf16 autocast"}
         lines += [
@@ -349,14 +351,13 @@ def _regime_lines(provenance: dict) -> list[str]:
         for r in regimes
     ]
     header = ["condition", "weights", "residual stream", "RoPE frequencies", "as trained (bf16_full)"]
-    return [*lines, *markdown_table(header, table).splitlines(), ""]
+    return _section("Precision of each condition", *lines, markdown_table(header, table))
 
 
 def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
     """The human-readable summary: what was measured, the key ratios, the observations, the values."""
-    rows = over_all_layers(rows)
     metric_name, metric, axis = KIND_VALUES[kind]
-    key_rows, lines = [], []
+    key_rows, observations = [], []
     for part, build in (
         ("precision_ratio", _precision_lines),
         ("first_token", _first_token_lines),
@@ -364,26 +365,24 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
     ):
         table_rows, line = build(summary[part])
         key_rows += table_rows
-        lines.append(line)
+        observations.append(line)
     key_rows += _amplification_lines(summary["pretraining_amplification"])
+    provenance = context.get("provenance") or {}
     out = [
         f"# BF16 RoPE probe: {kind}",
         "",
         f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
         f"{context['device']}. First token: {context['first_token']}.",
         "",
+        *_provenance_lines(provenance),
+        *_regime_lines(provenance),
     ]
-    out += _provenance_lines(context.get("provenance"))
-    out += _regime_lines(context.get("provenance") or {})
     notes = [f"Note: {note}." for note in context.get("notes", [])]
     out += [*notes, ""] if notes else []
-    out += ["## Key numbers", "", markdown_table(["quantity", "value"], key_rows), ""] if key_rows else []
-    out += ["## The paper's observations, from these numbers", "", *lines, ""]
-    layer_windows = (context.get("provenance") or {}).get("layer_windows")
-    out += _layer_type_lines(summary.get("by_layer_type"), layer_windows)
-    values = _value_table(rows, metric, axis)
-    if values:
-        out += ["## Values (mean over texts)", "", *values, ""]
+    out += _section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
+    out += _section("The paper's observations, from these numbers", *observations)
+    out += _layer_type_lines(summary.get("by_layer_type"), provenance.get("layer_windows"))
+    out += _value_table(over_all_layers(rows), metric, axis)
     return "\n".join(out)
 
 
