@@ -32,11 +32,11 @@ DEFAULT_BLOCK_ELEMENTS = 2**26
 
 
 LayerWindows = dict[int, int | None]  # layer index -> its sliding window (None: full causal attention)
-FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types names
 
 
 def layer_type(window: int | None) -> str:
-    return FULL_ATTENTION if window is None else SLIDING_ATTENTION
+    """transformers' layer_types name of a layer with this window."""
+    return "full_attention" if window is None else "sliding_attention"
 
 
 def unmasked_per_column(seq_len: int, window: int | None, device=None) -> torch.Tensor:

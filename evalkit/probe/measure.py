@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.attention.features import layer_windows
 from evalkit.probe.attention import DEFAULT_BLOCK_ELEMENTS, PROBE_ATTENTION, ShiftRecorder, layer_type
 from evalkit.probe.rope import expected_qk_dtype, rope_precision
-from evalkit.probe.windows import declared_windows
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _measure_one(
         raise RuntimeError(f"the probe attention ran in {len(recorder.layer_windows)} of {layers} layers")
     # Each layer attended with the window its config declares: else its numbers would be filed under
     # the wrong layer type, or the model slides where the probe assumed it does not.
-    declared = declared_windows(model.config)
+    declared = layer_windows(model.config)
     for layer, window in sorted(recorder.layer_windows.items()):
         if window != declared[layer]:
             raise RuntimeError(

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from evalkit.attention.features import check_attention_supported
+from evalkit.attention.features import check_attention_supported, layer_windows, windows_shorter_than
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 from evalkit.models.check import (
@@ -29,7 +29,7 @@ from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.probe.windows import declared_windows, describe_window, model_window
+from evalkit.probe.windows import describe_window, model_window
 
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
@@ -202,7 +202,7 @@ def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
 
 def _notes(plan: ProbePlan, config, windows: dict[int, TokenWindows], requested: int, source: TextSource) -> list[str]:
     notes = list(plan.notes)
-    if any(w is not None and w < max(plan.lengths) for w in declared_windows(config)):
+    if windows_shorter_than(config, max(plan.lengths)):
         notes.append(
             f"the model's {describe_window(config)}: those layers are measured within their window, and the sums "
             "are also reported per layer type"
@@ -258,7 +258,7 @@ def _provenance(
         "tokenizer_fingerprint": fingerprint,
         "token_windows_sha256": digest.hexdigest()[:16],
         "model_window": plan.window,
-        "layer_windows": list(declared_windows(config)),  # per layer: its sliding window, null for full attention
+        "layer_windows": layer_windows(config),  # per layer: its sliding window, null for full attention
     }
 
 
