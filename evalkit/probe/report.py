@@ -1,14 +1,13 @@
 """From probe rows to the key ratios, the paper's three observations, a markdown summary and plots.
 
-Everything here reads only the long-form rows, so a summary can be rebuilt from a stored JSON.
-The observations are decided by explicit thresholds on the measured numbers:
+Everything here reads only what probe-<kind>.json stores (rows, provenance): a summary can be
+rebuilt from it. The observations read the rows summed over all layers (a model with more than
+one layer type also gets the key numbers per layer type) and are decided by thresholds:
 - BF16 breaks RoPE: D in BF16 at least PRECISION_FACTOR times D in FP32 (same weights, Δ1, RoPE variant);
 - the first token dominates: its column is the largest and at least DOMINANCE_FACTOR times the
   mean of the other columns;
 - the error grows with length: D_logit at the longest length at least GROWTH_FACTOR times that
   at the shortest.
-The observations read the rows summed over all layers; a model with more than one layer type
-(sliding-window and full attention) also gets the key numbers per layer type.
 """
 
 from __future__ import annotations
@@ -286,9 +285,7 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
 
 
 def _provenance_lines(provenance: dict) -> list[str]:
-    """The command, the time it took, the machine and the evalkit commit, when known."""
-    if not provenance:
-        return []
+    """The command, the time it took (when known), the machine and the evalkit commit."""
     lines = [f"Command: `{provenance['command']}`", ""] if provenance.get("command") else []
     if provenance.get("seconds") is not None:
         lines += [f"Took {provenance['seconds']:.0f} s.", ""]
@@ -354,8 +351,19 @@ def _regime_lines(provenance: dict) -> list[str]:
     return _section("Precision of each condition", *lines, markdown_table(header, table))
 
 
-def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
-    """The human-readable summary: what was measured, the key ratios, the observations, the values."""
+def _texts_used(provenance: dict) -> str:
+    counts, requested = provenance["n_texts"], provenance["n_texts_requested"]  # counts: per length, in order
+    lengths, found = list(counts), set(counts.values())
+    size = f"{lengths[0]} tokens" if len(lengths) == 1 else f"each of {', '.join(lengths)} tokens"
+    text = f"{found.pop()} texts × {size}" if len(found) == 1 else f"up to {requested} texts at {size}"
+    skipped = max(provenance["texts_skipped_short"].values())
+    return text + (f" ({skipped} texts too short were skipped)" if skipped else "")
+
+
+def summary_markdown(payload: dict) -> str:
+    """The human-readable summary of a probe's payload (as run_probe returns and stores it): what was
+    measured, the key ratios, the observations, the values."""
+    kind, summary, rows, provenance = payload["kind"], payload["summary"], payload["rows"], payload["provenance"]
     metric_name, metric, axis = KIND_VALUES[kind]
     key_rows, observations = [], []
     for part, build in (
@@ -367,17 +375,17 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
         key_rows += table_rows
         observations.append(line)
     key_rows += _amplification_lines(summary["pretraining_amplification"])
-    provenance = context.get("provenance") or {}
+    first_token = "BOS" if provenance["first_token_is_bos"] else "not a BOS (the tokenizer adds none)"
     out = [
         f"# BF16 RoPE probe: {kind}",
         "",
-        f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
-        f"{context['device']}. First token: {context['first_token']}.",
+        f"{metric_name} of `{provenance['checkpoint']}` on {provenance['texts']}: {_texts_used(provenance)} on "
+        f"{provenance['device']}. First token: {first_token}.",
         "",
         *_provenance_lines(provenance),
         *_regime_lines(provenance),
     ]
-    notes = [f"Note: {note}." for note in context.get("notes", [])]
+    notes = [f"Note: {note}." for note in payload["notes"]]
     out += [*notes, ""] if notes else []
     out += _section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
     out += _section("The paper's observations, from these numbers", *observations)

@@ -191,15 +191,6 @@ def _measure_all(
     return rows, regimes
 
 
-def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
-    counts = {window.count for window in windows.values()}
-    lengths = sorted(windows)
-    size = f"{lengths[0]} tokens" if len(lengths) == 1 else f"each of {', '.join(map(str, lengths))} tokens"
-    text = f"{counts.pop()} texts × {size}" if len(counts) == 1 else f"up to {requested} texts at {size}"
-    skipped = max(window.skipped_short for window in windows.values())
-    return text + (f" ({skipped} texts too short were skipped)" if skipped else "")
-
-
 def _notes(plan: ProbePlan, config, windows: dict[int, TokenWindows], requested: int, source: TextSource) -> list[str]:
     notes = list(plan.notes)
     if windows_shorter_than(config, max(plan.lengths)):
@@ -337,16 +328,6 @@ def run_probe(
 
         paths = output_paths(kind, Path(out_dir))
         write_plots(kind, rows, paths["json"].with_suffix(""))
-        first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
-        context = {
-            "checkpoint": checkpoint,
-            "texts": source.describe(),
-            "device": device,
-            "notes": notes,
-            "texts_used": _texts_used(windows, probe_options.n_texts),
-            "first_token": first_token,
-            "provenance": provenance,
-        }
-        atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
+        atomic_write_text(paths["markdown"], summary_markdown(payload))
         atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
     return {**payload, "files": {name: str(path) for name, path in paths.items()}}
