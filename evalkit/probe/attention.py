@@ -1,21 +1,18 @@
 """An attention function for transformers that measures shifted copies as it attends.
 
-The probe runs one text as a batch of copies that differ only in their position ids: copy 0
-at the reference shift Δ2, copies 1..K at shifts Δ1. In every layer this function computes
-the attention probabilities exactly as transformers' eager attention does (logits in the
-activation dtype, softmax in FP32, probabilities cast back to the activation dtype), adds
-|P_k − P_0| and the first-key-column logit difference |A_k[:, 0] − A_0[:, 0]| into a
-`ShiftRecorder`, and returns the ordinary attention output, so the next layer sees what it
-would have seen. Rows are processed in blocks, so no layer's full S×S map is ever held, let
-alone all layers' maps.
+The probe runs one text as a batch of copies that differ only in their position ids: copy 0 at
+the reference shift Δ2, copies 1..K at shifts Δ1. In every layer this function computes the
+probabilities as transformers' eager attention does (logits in the activation dtype, softmax in
+FP32, cast back), adds |P_k − P_0| and the first key's logit difference |A_k[:, 0] − A_0[:, 0]|
+into a `ShiftRecorder`, and returns the ordinary output, so the next layer sees what it would
+have seen. Query rows go in blocks: no layer's full S×S map is ever held.
 
-A layer with a sliding window W (transformers passes it as `sliding_window`) lets query i see
-key j iff i − W < j <= i, as transformers' `sliding_window_causal_mask_function` defines it;
-the probe applies that window in the layer, so each layer is measured as the model computes it,
-and keeps its sums per layer so that they can be reported per layer type.
+Under a sliding window W (transformers passes `sliding_window`) query i sees key j iff
+i − W < j <= i, as transformers' `sliding_window_causal_mask_function` defines it: each layer is
+measured as the model computes it, its sums kept per layer for the per-layer-type report.
 
-Shape legend: B copies in the batch, H query heads, Hkv key/value heads, G = H // Hkv query
-heads per key/value head, R query rows of a block, S keys (the sequence length), D head dim.
+Shapes: B copies, H query heads, Hkv key/value heads, G = H // Hkv query heads per key/value
+head, R query rows of a block, S keys (the sequence length), D head dim.
 """
 
 from __future__ import annotations
@@ -29,9 +26,6 @@ PROBE_ATTENTION = "evalkit_probe"
 # Elements of one block's logits (all copies and heads): 2**26 FP32 values are 256 MiB, which
 # keeps a 32-head 4096-token layer at 16 blocks while bounding peak memory on small machines.
 DEFAULT_BLOCK_ELEMENTS = 2**26
-
-
-LayerWindows = dict[int, int | None]  # layer index -> its sliding window (None: full causal attention)
 
 
 def layer_type(window: int | None) -> str:
@@ -62,14 +56,9 @@ class ShiftRecorder:
     block_elements: int = DEFAULT_BLOCK_ELEMENTS
     column_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
     first_logit_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
-    layer_windows: LayerWindows = field(init=False, default_factory=dict)
+    layer_windows: dict[int, int | None] = field(init=False, default_factory=dict)  # None: full causal attention
 
     def check_inputs(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, window: int | None = None) -> None:
-        if query.shape[0] != self.n_shifted + 1 or query.shape[2] != self.seq_len:
-            raise RuntimeError(
-                f"probe attention got batch {query.shape[0]} x {query.shape[2]} tokens, expected "
-                f"{self.n_shifted + 1} x {self.seq_len}"
-            )
         if query.dtype != self.qk_dtype or key.dtype != self.qk_dtype:
             raise RuntimeError(
                 f"layer {layer_idx}: q/k arrived as {query.dtype}/{key.dtype}, expected {self.qk_dtype}: this "
