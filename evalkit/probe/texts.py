@@ -1,15 +1,10 @@
 """The probe's input texts as token windows, each starting as the tokenizer starts a text.
 
-Three sources:
-- the built-in English prose (default): its documents are tokenised, concatenated and cut
-  into consecutive windows;
-- a plain-text file (any name not ending in .jsonl): the same, over the file's paragraphs;
-- a JSONL file with a "text" field per line: each text is tokenised on its own and cut to the
-  window length; texts shorter than that are skipped and counted.
-
-Every window begins with the tokens the tokenizer puts before a text (Llama's BOS `<s>`,
-nothing for Qwen2): the first token is the attention sink the paper studies, and the probe
-records whether it is the BOS.
+The built-in English prose (default) or a plain-text file's paragraphs are tokenised,
+concatenated and cut into consecutive windows; a JSONL file's "text" fields are tokenised one by
+one and cut to the window length (texts shorter than that are skipped and counted). The first
+token is the attention sink the paper studies: every window begins with what the tokenizer puts
+before a text (Llama's BOS `<s>`, nothing for Qwen2), and the probe records whether it is a BOS.
 """
 
 from __future__ import annotations
