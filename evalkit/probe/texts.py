@@ -89,20 +89,15 @@ class TextSource:
 
     def windows(self, length: int, count: int) -> TokenWindows:
         """Up to `count` windows of `length` tokens; a UserError when the source has none."""
-        if self._texts is not None:
-            return self._windows_from_texts(length, count)
-        return self._windows_from_stream(length, count)
-
-    def _windows_from_texts(self, length: int, count: int) -> TokenWindows:
-        assert self._texts is not None
+        if self._texts is None:
+            return self._windows_from_stream(length, count)
         long_enough = [ids[:length] for ids in self._texts if len(ids) >= length]
         if not long_enough:
             longest = max((len(ids) for ids in self._texts), default=0)
             raise UserError(
                 f"no text in {self.path} has {length} tokens (the longest has {longest}): use a smaller length"
             )
-        chosen = long_enough[:count]
-        return TokenWindows(torch.tensor(chosen, dtype=torch.long), len(self._texts) - len(long_enough))
+        return TokenWindows(torch.tensor(long_enough[:count], dtype=torch.long), len(self._texts) - len(long_enough))
 
     def _extend_stream(self, tokens_needed: int) -> None:
         separator = self.tokenizer("\n\n", add_special_tokens=False)["input_ids"]
