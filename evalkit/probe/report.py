@@ -50,11 +50,9 @@ def over_all_layers(rows: Iterable[Row]) -> list[Row]:
 
 
 def _prefer(values: Iterable, order: Sequence) -> object | None:
+    """The first of `order` among `values`, else the least of them (None when there are none)."""
     present = set(values)
-    for choice in order:
-        if choice in present:
-            return choice
-    return min(present) if present else None
+    return next((choice for choice in order if choice in present), min(present, default=None))
 
 
 def _reference_series(
