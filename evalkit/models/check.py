@@ -1,25 +1,21 @@
 """Checks that a checkpoint loads as it was written, or fails with one line saying why.
 
-transformers loads a checkpoint whose weights do not match its config.json (a layer missing, a
-stray tensor, a wrong shape) by initialising what is missing at random, with a warning in a log
-nobody reads; evalkit would then score noise. Other faults surface as tracebacks from deep
-inside transformers or safetensors. Every evalkit loader (the hf engine, the probe, `train
---model`) therefore makes two checks:
+transformers loads weights that do not match config.json (a layer missing, a stray tensor, a
+wrong shape) by initialising what is missing at random, with a warning in a log nobody reads:
+evalkit would score noise. Other faults surface as tracebacks from deep inside transformers or
+safetensors. So every evalkit loader (the hf engine, the probe, `train --model`) checks twice:
 
 - `check_checkpoint`, before its first read (a tokenizer or AutoConfig reads config.json too):
   config.json is valid JSON, no custom code is needed unless trust_remote_code is on, the
-  weights are safetensors (never pickle) and every safetensors file is whole (its header
-  readable and its data all there);
-- `load_pretrained`, after loading, before the model is used: transformers' own loading report
-  has no missing, unexpected or mis-shaped weight. Its report, not a comparison of safetensors
-  headers with the model's state dict, because transformers renames and fuses weights on load
-  for many architectures (MoE experts, multimodal wrappers) and knows which weights are tied: an
-  independent comparison would refuse valid checkpoints of those.
+  weights are safetensors (never pickle) and each file is whole (header readable, data all there);
+- `load_pretrained`, after loading: transformers' own loading report has no missing, unexpected
+  or mis-shaped weight. Its report, not safetensors headers against the state dict: transformers
+  renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which are tied,
+  so an independent comparison would refuse valid checkpoints.
 
-Every command names a checkpoint by its directory or, where no local path has that name, by its
-Hugging Face hub name `org/name` or `org/name@revision`: `checkpoint_source` is the one resolver
-of both, to the snapshot directory in the hub cache (downloaded unless HF_HUB_OFFLINE=1) and the
-commit it holds.
+A checkpoint is named by its directory or, where no local path has that name, by its hub name
+`org/name[@revision]`: `checkpoint_source` resolves both, to the snapshot directory in the hub
+cache (downloaded unless HF_HUB_OFFLINE=1) and the commit it holds.
 """
 
 from __future__ import annotations
