@@ -83,30 +83,27 @@ class ShiftRecorder:
             first = logits_first_BHR.float()
             self.first_logit_sums[layer_idx] += (first[1:] - first[:1]).abs().sum(dim=(1, 2), dtype=torch.float64)
 
-    def layers_of_type(self) -> dict[str, list[int]]:
-        """The layers seen, grouped by the kind of attention they ran: full_attention, sliding_attention."""
-        grouped: dict[str, list[int]] = {}
-        for layer, window in sorted(self.layer_windows.items()):
-            grouped.setdefault(layer_type(window), []).append(layer)
+    def layer_groups(self) -> dict[str, list[int]]:
+        """The layers seen: "all", and by the kind of attention they ran (full_attention, sliding_attention)."""
+        grouped: dict[str, list[int]] = {"all": sorted(self.layer_windows)}
+        for layer in grouped["all"]:
+            grouped.setdefault(layer_type(self.layer_windows[layer]), []).append(layer)
         return grouped
 
-    def _chosen(self, layers: Iterable[int] | None) -> list[int]:
-        return sorted(self.layer_windows) if layers is None else list(layers)
-
-    def normalised_columns(self, layers: Iterable[int] | None = None) -> torch.Tensor:
-        """[K, S] float64: Σ over the layers (default all) of column j weighted by n_j = 1 / (the number of
+    def normalised_columns(self, layers: Iterable[int]) -> torch.Tensor:
+        """[K, S] float64: Σ over the layers of column j weighted by n_j = 1 / (the number of
         unmasked entries of column j in that layer): 1 / (S − j) under causal attention, as in Eq. 4,
         1 / min(W, S − j) under a window W."""
         total = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
-        for layer in self._chosen(layers):
+        for layer in layers:
             total += self.column_sums[layer] / unmasked_per_column(self.seq_len, self.layer_windows[layer], self.device)
         return total
 
-    def first_logit_means(self, layers: Iterable[int] | None = None) -> torch.Tensor:
-        """[K] float64: D_logit = Σ over the layers (default all) of (1/S) Σ_i Σ_h |ΔA_i1| (Eq. 5), the mean
+    def first_logit_means(self, layers: Iterable[int]) -> torch.Tensor:
+        """[K] float64: D_logit = Σ over the layers of (1/S) Σ_i Σ_h |ΔA_i1| (Eq. 5), the mean
         over the rows that see the first key: all S under causal attention, min(W, S) under a window W."""
         total = torch.zeros(self.n_shifted, dtype=torch.float64, device=self.device)
-        for layer in self._chosen(layers):
+        for layer in layers:
             window = self.layer_windows[layer]
             total += self.first_logit_sums[layer] / (self.seq_len if window is None else min(window, self.seq_len))
         return total

@@ -131,7 +131,7 @@ def measure_shifts(
                 shifts = delta1s[start : start + shifts_per_batch]
                 recorder = _measure_one(model, token_ids, shifts, delta2, rope, block_elements)
                 layer_windows = recorder.layer_windows
-                for layers, chosen in {"all": None, **recorder.layers_of_type()}.items():
+                for layers, chosen in recorder.layer_groups().items():
                     normalised = recorder.normalised_columns(chosen).cpu()
                     first_logit = recorder.first_logit_means(chosen).cpu()
                     for k, delta1 in enumerate(shifts):
