@@ -81,17 +81,11 @@ def _measure_one(
         use_cache=False,
         probe_recorder=recorder,
     )
-    layers = model.config.num_hidden_layers
-    if len(recorder.layer_windows) != layers:
-        raise RuntimeError(f"the probe attention ran in {len(recorder.layer_windows)} of {layers} layers")
-    # Each layer attended with the window its config declares: else its numbers would be filed under
-    # the wrong layer type, or the model slides where the probe assumed it does not.
-    declared = layer_windows(model.config)
-    for layer, window in sorted(recorder.layer_windows.items()):
-        if window != declared[layer]:
-            raise RuntimeError(
-                f"layer {layer} attended with sliding_window={window}, but its config declares {declared[layer]}"
-            )
+    # Every layer ran the probe attention with the window its config declares: else its numbers would be
+    # missing, or filed under the wrong layer type, or the model slides where the probe assumed it does not.
+    declared = dict(enumerate(layer_windows(model.config)))
+    if recorder.layer_windows != declared:
+        raise RuntimeError(f"the probe attention ran with layer windows {recorder.layer_windows}, not {declared}")
     return recorder
 
 
