@@ -1,25 +1,21 @@
 """Checks that a checkpoint loads as it was written, or fails with one line saying why.
 
-transformers loads a checkpoint whose weights do not match its config.json (a layer missing, a
-stray tensor, a wrong shape) by initialising what is missing at random, with a warning in a log
-nobody reads; evalkit would then score noise. Other faults surface as tracebacks from deep
-inside transformers or safetensors. Every evalkit loader (the hf engine, the probe, `train
---model`) therefore makes two checks:
+transformers loads weights that do not match config.json (a layer missing, a stray tensor, a
+wrong shape) by initialising what is missing at random, with a warning in a log nobody reads:
+evalkit would score noise. Other faults surface as tracebacks from deep inside transformers or
+safetensors. So every evalkit loader (the hf engine, the probe, `train --model`) checks twice:
 
 - `check_checkpoint`, before its first read (a tokenizer or AutoConfig reads config.json too):
   config.json is valid JSON, no custom code is needed unless trust_remote_code is on, the
-  weights are safetensors (never pickle) and every safetensors file is whole (its header
-  readable and its data all there);
-- `load_pretrained`, after loading, before the model is used: transformers' own loading report
-  has no missing, unexpected or mis-shaped weight. Its report, not a comparison of safetensors
-  headers with the model's state dict, because transformers renames and fuses weights on load
-  for many architectures (MoE experts, multimodal wrappers) and knows which weights are tied: an
-  independent comparison would refuse valid checkpoints of those.
+  weights are safetensors (never pickle) and each file is whole (header readable, data all there);
+- `load_pretrained`, after loading: transformers' own loading report has no missing, unexpected
+  or mis-shaped weight. Its report, not safetensors headers against the state dict: transformers
+  renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which are tied,
+  so an independent comparison would refuse valid checkpoints.
 
-Every command names a checkpoint by its directory or, where no local path has that name, by its
-Hugging Face hub name `org/name` or `org/name@revision`: `checkpoint_source` is the one resolver
-of both, to the snapshot directory in the hub cache (downloaded unless HF_HUB_OFFLINE=1) and the
-commit it holds.
+A checkpoint is named by its directory or, where no local path has that name, by its hub name
+`org/name[@revision]`: `checkpoint_source` resolves both, to the snapshot directory in the hub
+cache (downloaded unless HF_HUB_OFFLINE=1) and the commit it holds.
 """
 
 from __future__ import annotations
@@ -391,15 +387,22 @@ def _some(names: list[str], what: str = "") -> str:
 
 
 def load_pretrained(
-    auto_class, path: str | Path, *, trust_remote_code: bool = False, allowed_unexpected: Iterable[str] = (), **kwargs
+    auto_class,
+    path: str | Path,
+    *,
+    trust_remote_code: bool = False,
+    allowed_unexpected: Iterable[str] = (),
+    progress_bar: bool = True,
+    **kwargs,
 ):
     """`auto_class.from_pretrained(path, **kwargs)`, then check_loading_info (check_checkpoint is the
-    caller's, made before its first read of the checkpoint).
+    caller's, made before its first read of the checkpoint). `progress_bar=False` hides transformers'
+    loading bar from a caller that reports its own progress (the two would interleave).
 
     Mis-shaped weights are let through transformers (ignore_mismatched_sizes) only so that
     they reach check_loading_info and become one line instead of a RuntimeError.
     """
-    with _no_loading_report():
+    with _no_loading_report(progress_bar):
         model, info = auto_class.from_pretrained(
             path,
             output_loading_info=True,
@@ -413,14 +416,18 @@ def load_pretrained(
 
 
 @contextmanager
-def _no_loading_report() -> Iterator[None]:
+def _no_loading_report(progress_bar: bool) -> Iterator[None]:
     """transformers logs a table of missing and unexpected weights as a warning; check_loading_info
     turns the same facts into evalkit's one-line error, so the table would only bury that line."""
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars_on = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    if not progress_bar:
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars_on:
+            hf_logging.enable_progress_bar()

@@ -2,28 +2,17 @@
 
 RoPE promises that shifting every position id by the same Δ changes no attention score. The
 probe runs a text with position ids Δ..Δ+T−1 for Δ1 and for Δ2 and measures how far the
-attention moves (Wang et al. 2024, arXiv 2411.13476, §3 and Figure 1):
+attention moves (Wang et al. 2024, arXiv 2411.13476, §3 and Figure 1; the formulas are
+evalkit.probe.measure's):
 
-  evalkit probe shift  --ckpt PATH [--texts FILE] [--seq 4096] [--n 50] [--delta2 16]
-                       [--delta1 0,2,4,...,2000] [--dtypes bf16,fp32] [--rope cast,fp32]
-                       [--random-init] [--out DIR]
-      D(X, Δ1, Δ2) (Eq. 4) for each Δ1: Σ over layers, heads and key columns j of
-      n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1). Figure 1 left.
-  evalkit probe tokens --ckpt PATH [same options; --delta1 defaults to 0]
-      the same difference kept per key column j, and the first token's share. Figure 1 middle.
-  evalkit probe length --ckpt PATH [--lengths 64,128,...,8192] [--delta1 0] [--delta2 16] [...]
-      D_logit (Eq. 5) = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| of the pre-softmax logits
-      A = q·k/sqrt(d) (scale included: the logit the softmax sees), per length. Figure 1 right.
+- `evalkit probe shift`: D(X, Δ1, Δ2) (Eq. 4) for each Δ1. Figure 1 left.
+- `evalkit probe tokens`: the same kept per key column j, and the first token's share. Figure 1 middle.
+- `evalkit probe length`: D_logit (Eq. 5), the first key's logit difference, per length. Figure 1 right.
 
-Options: ProbeOptions (evalkit.probe.options) holds each with the paper's default and the way it
-is checked; the texts and how they are cut are evalkit.probe.texts', the two RoPE variants
-evalkit.probe.rope's. With --out DIR a run writes probe-<kind>.json (long-form rows + provenance +
-summary), probe-<kind>.png/.svg (the panel) and probe-<kind>.md (key ratios and whether the
-paper's observations hold for this checkpoint).
-
-The CLI calls `run_probe(kind, ckpt, out_dir, texts=..., seq_len=..., n_texts=..., delta2=...,
-delta1=..., dtypes=..., rope=..., random_init=..., lengths=..., seed=..., device=...,
-progress=print_fn)`; every bad input raises `evalkit.errors.UserError` before a model loads.
+The CLI calls `run_probe(kind, ckpt, out_dir, progress=print_fn, **options)`, the options being
+ProbeOptions' fields (each with the paper's default; a bad one is a UserError before a model
+loads). It writes probe-<kind>.json (rows, provenance, summary), probe-<kind>.png/.svg (the
+panel) and probe-<kind>.md (key ratios and whether the paper's observations hold).
 """
 
 from importlib import import_module

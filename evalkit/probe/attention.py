@@ -1,21 +1,18 @@
 """An attention function for transformers that measures shifted copies as it attends.
 
-The probe runs one text as a batch of copies that differ only in their position ids: copy 0
-at the reference shift Δ2, copies 1..K at shifts Δ1. In every layer this function computes
-the attention probabilities exactly as transformers' eager attention does (logits in the
-activation dtype, softmax in FP32, probabilities cast back to the activation dtype), adds
-|P_k − P_0| and the first-key-column logit difference |A_k[:, 0] − A_0[:, 0]| into a
-`ShiftRecorder`, and returns the ordinary attention output, so the next layer sees what it
-would have seen. Rows are processed in blocks, so no layer's full S×S map is ever held, let
-alone all layers' maps.
+The probe runs one text as a batch of copies that differ only in their position ids: copy 0 at
+the reference shift Δ2, copies 1..K at shifts Δ1. In every layer this function computes the
+probabilities as transformers' eager attention does (logits in the activation dtype, softmax in
+FP32, cast back), adds |P_k − P_0| and the first key's logit difference |A_k[:, 0] − A_0[:, 0]|
+into a `ShiftRecorder`, and returns the ordinary output, so the next layer sees what it would
+have seen. Query rows go in blocks: no layer's full S×S map is ever held.
 
-A layer with a sliding window W (transformers passes it as `sliding_window`) lets query i see
-key j iff i − W < j <= i, as transformers' `sliding_window_causal_mask_function` defines it;
-the probe applies that window in the layer, so each layer is measured as the model computes it,
-and keeps its sums per layer so that they can be reported per layer type.
+Under a sliding window W (transformers passes `sliding_window`) query i sees key j iff
+i − W < j <= i, as transformers' `sliding_window_causal_mask_function` defines it: each layer is
+measured as the model computes it, its sums kept per layer for the per-layer-type report.
 
-Shape legend: B copies in the batch, H query heads, Hkv key/value heads, G = H // Hkv query
-heads per key/value head, R query rows of a block, S keys (the sequence length), D head dim.
+Shapes: B copies, H query heads, Hkv key/value heads, G = H // Hkv query heads per key/value
+head, R query rows of a block, S keys (the sequence length), D head dim.
 """
 
 from __future__ import annotations
@@ -31,12 +28,9 @@ PROBE_ATTENTION = "evalkit_probe"
 DEFAULT_BLOCK_ELEMENTS = 2**26
 
 
-LayerWindows = dict[int, int | None]  # layer index -> its sliding window (None: full causal attention)
-FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types names
-
-
 def layer_type(window: int | None) -> str:
-    return FULL_ATTENTION if window is None else SLIDING_ATTENTION
+    """transformers' layer_types name of a layer with this window."""
+    return "full_attention" if window is None else "sliding_attention"
 
 
 def unmasked_per_column(seq_len: int, window: int | None, device=None) -> torch.Tensor:
@@ -62,14 +56,9 @@ class ShiftRecorder:
     block_elements: int = DEFAULT_BLOCK_ELEMENTS
     column_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
     first_logit_sums: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
-    layer_windows: LayerWindows = field(init=False, default_factory=dict)
+    layer_windows: dict[int, int | None] = field(init=False, default_factory=dict)  # None: full causal attention
 
     def check_inputs(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, window: int | None = None) -> None:
-        if query.shape[0] != self.n_shifted + 1 or query.shape[2] != self.seq_len:
-            raise RuntimeError(
-                f"probe attention got batch {query.shape[0]} x {query.shape[2]} tokens, expected "
-                f"{self.n_shifted + 1} x {self.seq_len}"
-            )
         if query.dtype != self.qk_dtype or key.dtype != self.qk_dtype:
             raise RuntimeError(
                 f"layer {layer_idx}: q/k arrived as {query.dtype}/{key.dtype}, expected {self.qk_dtype}: this "
@@ -94,30 +83,27 @@ class ShiftRecorder:
             first = logits_first_BHR.float()
             self.first_logit_sums[layer_idx] += (first[1:] - first[:1]).abs().sum(dim=(1, 2), dtype=torch.float64)
 
-    def layers_of_type(self) -> dict[str, list[int]]:
-        """The layers seen, grouped by the kind of attention they ran: full_attention, sliding_attention."""
-        grouped: dict[str, list[int]] = {}
-        for layer, window in sorted(self.layer_windows.items()):
-            grouped.setdefault(layer_type(window), []).append(layer)
+    def layer_groups(self) -> dict[str, list[int]]:
+        """The layers seen: "all", and by the kind of attention they ran (full_attention, sliding_attention)."""
+        grouped: dict[str, list[int]] = {"all": sorted(self.layer_windows)}
+        for layer in grouped["all"]:
+            grouped.setdefault(layer_type(self.layer_windows[layer]), []).append(layer)
         return grouped
 
-    def _chosen(self, layers: Iterable[int] | None) -> list[int]:
-        return sorted(self.layer_windows) if layers is None else list(layers)
-
-    def normalised_columns(self, layers: Iterable[int] | None = None) -> torch.Tensor:
-        """[K, S] float64: Σ over the layers (default all) of column j weighted by n_j = 1 / (the number of
+    def normalised_columns(self, layers: Iterable[int]) -> torch.Tensor:
+        """[K, S] float64: Σ over the layers of column j weighted by n_j = 1 / (the number of
         unmasked entries of column j in that layer): 1 / (S − j) under causal attention, as in Eq. 4,
         1 / min(W, S − j) under a window W."""
         total = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
-        for layer in self._chosen(layers):
+        for layer in layers:
             total += self.column_sums[layer] / unmasked_per_column(self.seq_len, self.layer_windows[layer], self.device)
         return total
 
-    def first_logit_means(self, layers: Iterable[int] | None = None) -> torch.Tensor:
-        """[K] float64: D_logit = Σ over the layers (default all) of (1/S) Σ_i Σ_h |ΔA_i1| (Eq. 5), the mean
+    def first_logit_means(self, layers: Iterable[int]) -> torch.Tensor:
+        """[K] float64: D_logit = Σ over the layers of (1/S) Σ_i Σ_h |ΔA_i1| (Eq. 5), the mean
         over the rows that see the first key: all S under causal attention, min(W, S) under a window W."""
         total = torch.zeros(self.n_shifted, dtype=torch.float64, device=self.device)
-        for layer in self._chosen(layers):
+        for layer in layers:
             window = self.layer_windows[layer]
             total += self.first_logit_sums[layer] / (self.seq_len if window is None else min(window, self.seq_len))
         return total

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.attention.features import layer_windows
 from evalkit.probe.attention import DEFAULT_BLOCK_ELEMENTS, PROBE_ATTENTION, ShiftRecorder, layer_type
 from evalkit.probe.rope import expected_qk_dtype, rope_precision
-from evalkit.probe.windows import declared_windows
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,11 @@ def _measure_one(
         use_cache=False,
         probe_recorder=recorder,
     )
-    layers = model.config.num_hidden_layers
-    if len(recorder.layer_windows) != layers:
-        raise RuntimeError(f"the probe attention ran in {len(recorder.layer_windows)} of {layers} layers")
-    # Each layer attended with the window its config declares: else its numbers would be filed under
-    # the wrong layer type, or the model slides where the probe assumed it does not.
-    declared = declared_windows(model.config)
-    for layer, window in sorted(recorder.layer_windows.items()):
-        if window != declared[layer]:
-            raise RuntimeError(
-                f"layer {layer} attended with sliding_window={window}, but its config declares {declared[layer]}"
-            )
+    # Every layer ran the probe attention with the window its config declares: else its numbers would be
+    # missing, or filed under the wrong layer type, or the model slides where the probe assumed it does not.
+    declared = dict(enumerate(layer_windows(model.config)))
+    if recorder.layer_windows != declared:
+        raise RuntimeError(f"the probe attention ran with layer windows {recorder.layer_windows}, not {declared}")
     return recorder
 
 
@@ -117,8 +111,6 @@ def measure_shifts(
     if implementation != PROBE_ATTENTION:
         raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
     delta1s = list(dict.fromkeys(delta1s))  # a repeated Δ1 would be counted twice
-    if min([*delta1s, delta2]) < 0:
-        raise ValueError(f"position shifts must be non-negative: Δ1 {delta1s}, Δ2 {delta2}")
     n_texts, seq_len = texts_NT.shape
     # Keyed by (layers, Δ1): the mean of the columns over the texts, each text's total and D_logit.
     columns: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(seq_len, dtype=torch.float64))
@@ -133,7 +125,7 @@ def measure_shifts(
                 shifts = delta1s[start : start + shifts_per_batch]
                 recorder = _measure_one(model, token_ids, shifts, delta2, rope, block_elements)
                 layer_windows = recorder.layer_windows
-                for layers, chosen in {"all": None, **recorder.layers_of_type()}.items():
+                for layers, chosen in recorder.layer_groups().items():
                     normalised = recorder.normalised_columns(chosen).cpu()
                     first_logit = recorder.first_logit_means(chosen).cpu()
                     for k, delta1 in enumerate(shifts):

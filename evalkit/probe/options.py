@@ -118,43 +118,27 @@ class ProbeOptions:
             raise UserError(f"--lengths applies to `probe length` only: give `probe {kind}` one --seq")
         delta1 = self.delta1 if self.delta1 is not None else (PAPER_DELTA1 if kind == "shift" else (0,))
         lengths, notes = self._lengths(kind, window, window_words)
-        return ProbePlan(
-            kind=kind,
-            delta1=delta1,
-            delta2=self.delta2,
-            lengths=lengths,
-            conditions=self._conditions(),
-            window=window,
-            notes=notes,
-        )
+        # The checkpoint in each dtype, then the paper's third condition if asked.
+        conditions = [("pretrained", dtype) for dtype in self.dtypes]
+        conditions += [("random_init", RANDOM_INIT_DTYPE)] if self.random_init else []
+        return ProbePlan(kind, delta1, self.delta2, lengths, tuple(conditions), window, notes)
 
     def _lengths(self, kind: str, window: int, window_words: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The sequence lengths to measure, and a note where a default was capped at the window."""
-        if kind == "length" and self.lengths is not None:
-            return self._within_window(self.lengths, window, window_words, "lengths"), ()
+        asked = self.lengths if kind == "length" else None if self.seq_len is None else (self.seq_len,)
+        if asked is not None:
+            beyond = [n for n in asked if n > window]
+            if beyond:
+                option = "lengths" if kind == "length" else "seq"
+                raise UserError(f"--{option}: {beyond[0]} tokens is beyond the model's {window_words}")
+            return asked, ()
         if kind == "length":
             kept = tuple(n for n in PAPER_LENGTHS if n <= window) or (window,)
             capped = len(kept) < len(PAPER_LENGTHS)
             return kept, (f"lengths capped at the model's {window}-token window",) if capped else ()
-        if self.seq_len is not None:
-            return self._within_window((self.seq_len,), window, window_words, "seq"), ()
         if window < PAPER_SEQ_LEN:
             return (window,), (f"T = {window}, the model's window (the paper uses {PAPER_SEQ_LEN})",)
         return (PAPER_SEQ_LEN,), ()
-
-    @staticmethod
-    def _within_window(lengths: tuple[int, ...], window: int, window_words: str, option: str) -> tuple[int, ...]:
-        beyond = [n for n in lengths if n > window]
-        if beyond:
-            raise UserError(f"--{option}: {beyond[0]} tokens is beyond the model's {window_words}")
-        return lengths
-
-    def _conditions(self) -> tuple[tuple[str, str], ...]:
-        """(condition, dtype) pairs: the checkpoint in each dtype, then random init in BF16 if asked."""
-        pairs = [("pretrained", dtype) for dtype in self.dtypes]
-        if self.random_init:
-            pairs.append(("random_init", RANDOM_INIT_DTYPE))
-        return tuple(pairs)
 
 
 def check_kind(kind: str) -> str:

@@ -1,14 +1,13 @@
 """From probe rows to the key ratios, the paper's three observations, a markdown summary and plots.
 
-Everything here reads only the long-form rows, so a summary can be rebuilt from a stored JSON.
-The observations are decided by explicit thresholds on the measured numbers:
+Everything here reads only what probe-<kind>.json stores (rows, provenance): a summary can be
+rebuilt from it. The observations read the rows summed over all layers (a model with more than
+one layer type also gets the key numbers per layer type) and are decided by thresholds:
 - BF16 breaks RoPE: D in BF16 at least PRECISION_FACTOR times D in FP32 (same weights, Δ1, RoPE variant);
 - the first token dominates: its column is the largest and at least DOMINANCE_FACTOR times the
   mean of the other columns;
 - the error grows with length: D_logit at the longest length at least GROWTH_FACTOR times that
   at the shortest.
-The observations read the rows summed over all layers; a model with more than one layer type
-(sliding-window and full attention) also gets the key numbers per layer type.
 """
 
 from __future__ import annotations
@@ -51,11 +50,9 @@ def over_all_layers(rows: Iterable[Row]) -> list[Row]:
 
 
 def _prefer(values: Iterable, order: Sequence) -> object | None:
+    """The first of `order` among `values`, else the least of them (None when there are none)."""
     present = set(values)
-    for choice in order:
-        if choice in present:
-            return choice
-    return min(present) if present else None
+    return next((choice for choice in order if choice in present), min(present, default=None))
 
 
 def _reference_series(
@@ -204,6 +201,10 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _section(title: str, *lines: str) -> list[str]:
+    return [f"## {title}", "", *lines, ""]
+
+
 def _verdict(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
@@ -278,13 +279,11 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
     header = {"delta1": "Δ1", "length": "length"}[axis]
     keys = sorted({row[axis] for row in chosen})
     table = [[key, *(_num(cells.get((key, label))) for label in labels)] for key in keys]
-    return markdown_table([header, *labels], table).splitlines()
+    return _section("Values (mean over texts)", markdown_table([header, *labels], table))
 
 
-def _provenance_lines(provenance: dict | None) -> list[str]:
-    """The command, the time it took, the machine and the evalkit commit, when known."""
-    if not provenance:
-        return []
+def _provenance_lines(provenance: dict) -> list[str]:
+    """The command, the time it took (when known), the machine and the evalkit commit."""
     lines = [f"Command: `{provenance['command']}`", ""] if provenance.get("command") else []
     if provenance.get("seconds") is not None:
         lines += [f"Took {provenance['seconds']:.0f} s.", ""]
@@ -313,15 +312,13 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
         for name, parts in values.items()
     ]
     where = f"{DTYPE_LABELS[found['dtype']]}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
-    return [
-        "## Per layer type",
-        "",
+    return _section(
+        "Per layer type",
         f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
         "within their window. Global (full_attention) layers are where long-distance RoPE error can show.",
         "",
-        *markdown_table(header, table).splitlines(),
-        "",
-    ]
+        markdown_table(header, table),
+    )
 
 
 def _regime_lines(provenance: dict) -> list[str]:
@@ -330,7 +327,7 @@ def _regime_lines(provenance: dict) -> list[str]:
     if not regimes:
         return []
     trained = provenance.get("trained_precision")
-    lines = ["## Precision of each condition", ""]
+    lines = []
     if trained:
         kind = {"bf16_full": "bf16 weights, buffers and residual (the released regime)", "bf16": "bf16 autocast"}
         lines += [
@@ -349,14 +346,24 @@ def _regime_lines(provenance: dict) -> list[str]:
         for r in regimes
     ]
     header = ["condition", "weights", "residual stream", "RoPE frequencies", "as trained (bf16_full)"]
-    return [*lines, *markdown_table(header, table).splitlines(), ""]
+    return _section("Precision of each condition", *lines, markdown_table(header, table))
 
 
-def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -> str:
-    """The human-readable summary: what was measured, the key ratios, the observations, the values."""
-    rows = over_all_layers(rows)
+def _texts_used(provenance: dict) -> str:
+    counts, requested = provenance["n_texts"], provenance["n_texts_requested"]  # counts: per length, in order
+    lengths, found = list(counts), set(counts.values())
+    size = f"{lengths[0]} tokens" if len(lengths) == 1 else f"each of {', '.join(lengths)} tokens"
+    text = f"{found.pop()} texts × {size}" if len(found) == 1 else f"up to {requested} texts at {size}"
+    skipped = max(provenance["texts_skipped_short"].values())
+    return text + (f" ({skipped} texts too short were skipped)" if skipped else "")
+
+
+def summary_markdown(payload: dict) -> str:
+    """The human-readable summary of a probe's payload (as run_probe returns and stores it): what was
+    measured, the key ratios, the observations, the values."""
+    kind, summary, rows, provenance = payload["kind"], payload["summary"], payload["rows"], payload["provenance"]
     metric_name, metric, axis = KIND_VALUES[kind]
-    key_rows, lines = [], []
+    key_rows, observations = [], []
     for part, build in (
         ("precision_ratio", _precision_lines),
         ("first_token", _first_token_lines),
@@ -364,26 +371,24 @@ def summary_markdown(kind: str, summary: dict, rows: list[Row], context: dict) -
     ):
         table_rows, line = build(summary[part])
         key_rows += table_rows
-        lines.append(line)
+        observations.append(line)
     key_rows += _amplification_lines(summary["pretraining_amplification"])
+    first_token = "BOS" if provenance["first_token_is_bos"] else "not a BOS (the tokenizer adds none)"
     out = [
         f"# BF16 RoPE probe: {kind}",
         "",
-        f"{metric_name} of `{context['checkpoint']}` on {context['texts']}: {context['texts_used']} on "
-        f"{context['device']}. First token: {context['first_token']}.",
+        f"{metric_name} of `{provenance['checkpoint']}` on {provenance['texts']}: {_texts_used(provenance)} on "
+        f"{provenance['device']}. First token: {first_token}.",
         "",
+        *_provenance_lines(provenance),
+        *_regime_lines(provenance),
     ]
-    out += _provenance_lines(context.get("provenance"))
-    out += _regime_lines(context.get("provenance") or {})
-    notes = [f"Note: {note}." for note in context.get("notes", [])]
+    notes = [f"Note: {note}." for note in payload["notes"]]
     out += [*notes, ""] if notes else []
-    out += ["## Key numbers", "", markdown_table(["quantity", "value"], key_rows), ""] if key_rows else []
-    out += ["## The paper's observations, from these numbers", "", *lines, ""]
-    layer_windows = (context.get("provenance") or {}).get("layer_windows")
-    out += _layer_type_lines(summary.get("by_layer_type"), layer_windows)
-    values = _value_table(rows, metric, axis)
-    if values:
-        out += ["## Values (mean over texts)", "", *values, ""]
+    out += _section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
+    out += _section("The paper's observations, from these numbers", *observations)
+    out += _layer_type_lines(summary.get("by_layer_type"), provenance.get("layer_windows"))
+    out += _value_table(over_all_layers(rows), metric, axis)
     return "\n".join(out)
 
 

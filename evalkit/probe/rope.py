@@ -1,19 +1,15 @@
 """Where RoPE's rounding happens: the two precision variants the probe measures.
 
-- `cast`: cos/sin are computed in FP32 and cast to the activation dtype, then q and k are
-  rotated in that dtype. This is what transformers and vLLM do (and the paper's code), so it
-  needs no change to the model.
-- `fp32`: q and k are rotated in FP32 with FP32 cos/sin and rounded to the activation dtype
-  once, afterwards (the paper's text).
+- `cast` (transformers, vLLM and the paper's code): cos/sin computed in FP32 and cast to the
+  activation dtype, q and k rotated in that dtype. No change to the model.
+- `fp32` (the paper's text): q and k rotated in FP32 with FP32 cos/sin, rounded to the
+  activation dtype once, afterwards.
 
-In transformers' Llama, Qwen2 and Mistral the model's rotary-embedding module computes cos/sin
-once per forward pass and every layer's `apply_rotary_pos_emb` computes `q * cos +
-rotate_half(q) * sin`. The module casts its tables to the dtype of its first argument, so
-handing it an FP32 tensor makes the tables FP32; a BF16 q times an FP32 table is promoted to
-FP32, so every layer's rotation then runs in FP32 on the exact (upcast) q and k. The probe
-attention casts them back to the activation dtype, the one rounding. A forward pre-hook is
-all it takes: no model file or module function is replaced, and the hook is removed on exit.
-The probe attention checks, layer by layer, that q and k really arrived in FP32.
+For `fp32`, a forward pre-hook hands the rotary-embedding module (Llama, Qwen2, Mistral) an FP32
+tensor: it casts its cos/sin tables to the dtype of that argument, so they stay FP32, and each
+layer's `q * cos + rotate_half(q) * sin` is promoted to FP32 on the exact (upcast) q and k. The
+probe attention casts them back, the one rounding, and checks per layer that they came in FP32.
+No model code is replaced, and the hook is removed on exit.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.errors import UserError
-from evalkit.models.precision import ROPE_VARIANTS
 
 
 def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -46,10 +41,8 @@ def _require_fp32_tables(module, _args, _kwargs, output) -> None:
 
 @contextmanager
 def rope_precision(model: torch.nn.Module, variant: str) -> Iterator[None]:
-    """Within the block, every forward pass of `model` applies RoPE in the given variant."""
-    if variant not in ROPE_VARIANTS:
-        raise UserError(f"unknown RoPE variant {variant!r}: use one of {', '.join(ROPE_VARIANTS)}")
-    if variant == "cast":
+    """Within the block, every forward pass of `model` applies RoPE in `variant` (ProbeOptions checked it)."""
+    if variant != "fp32":
         yield
         return
     modules = rotary_modules(model)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from evalkit.attention.features import check_attention_supported
+from evalkit.attention.features import check_attention_supported, layer_windows, windows_shorter_than
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 from evalkit.models.check import (
@@ -24,13 +23,13 @@ from evalkit.models.check import (
     load_tokenizer,
 )
 from evalkit.models.precision import resolve_device, torch_dtype
-from evalkit.models.refs import META
+from evalkit.models.refs import checkpoint_meta
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.probe.windows import declared_windows, describe_window, model_window
+from evalkit.probe.windows import describe_window, model_window
 
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
@@ -48,30 +47,9 @@ MEASUREMENT = {
 }
 
 
-@contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """run_probe reports its own progress: transformers' loading bar would interleave with it. (Its
-    loading report, which would list the LM head left out on purpose, load_pretrained silences.)"""
-    from transformers.utils import logging as hf_logging
-
-    bars_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bars_on:
-            hf_logging.enable_progress_bar()
-
-
 def trained_regime(checkpoint: Path) -> dict | None:
     """The precision an evalkit run trained the checkpoint in (meta.json's `precision`), else None."""
-    import json
-
-    try:
-        meta = json.loads((Path(checkpoint) / META).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    precision = meta.get("precision") if isinstance(meta, dict) else None
+    precision = checkpoint_meta(Path(checkpoint)).get("precision")
     return precision if isinstance(precision, dict) else None
 
 
@@ -96,9 +74,9 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return AutoModel.from_config(config, **common).to(device).eval()
-    with _no_progress_bars():
-        # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
-        model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), **common)
+    # A causal-LM checkpoint's lm_head has no place in the base model: left out on purpose.
+    # run_probe reports its own progress: no loading bar.
+    model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), progress_bar=False, **common)
     if as_trained(condition, dtype, trained):
         from evalkit.train.regime import cast_buffers
 
@@ -213,18 +191,9 @@ def _measure_all(
     return rows, regimes
 
 
-def _texts_used(windows: dict[int, TokenWindows], requested: int) -> str:
-    counts = {window.count for window in windows.values()}
-    lengths = sorted(windows)
-    size = f"{lengths[0]} tokens" if len(lengths) == 1 else f"each of {', '.join(map(str, lengths))} tokens"
-    text = f"{counts.pop()} texts × {size}" if len(counts) == 1 else f"up to {requested} texts at {size}"
-    skipped = max(window.skipped_short for window in windows.values())
-    return text + (f" ({skipped} texts too short were skipped)" if skipped else "")
-
-
 def _notes(plan: ProbePlan, config, windows: dict[int, TokenWindows], requested: int, source: TextSource) -> list[str]:
     notes = list(plan.notes)
-    if any(w is not None and w < max(plan.lengths) for w in declared_windows(config)):
+    if windows_shorter_than(config, max(plan.lengths)):
         notes.append(
             f"the model's {describe_window(config)}: those layers are measured within their window, and the sums "
             "are also reported per layer type"
@@ -280,7 +249,7 @@ def _provenance(
         "tokenizer_fingerprint": fingerprint,
         "token_windows_sha256": digest.hexdigest()[:16],
         "model_window": plan.window,
-        "layer_windows": list(declared_windows(config)),  # per layer: its sliding window, null for full attention
+        "layer_windows": layer_windows(config),  # per layer: its sliding window, null for full attention
     }
 
 
@@ -359,16 +328,6 @@ def run_probe(
 
         paths = output_paths(kind, Path(out_dir))
         write_plots(kind, rows, paths["json"].with_suffix(""))
-        first_token = "BOS" if source.first_token_is_bos() else "not a BOS (the tokenizer adds none)"
-        context = {
-            "checkpoint": checkpoint,
-            "texts": source.describe(),
-            "device": device,
-            "notes": notes,
-            "texts_used": _texts_used(windows, probe_options.n_texts),
-            "first_token": first_token,
-            "provenance": provenance,
-        }
-        atomic_write_text(paths["markdown"], summary_markdown(kind, summary, rows, context))
+        atomic_write_text(paths["markdown"], summary_markdown(payload))
         atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished
     return {**payload, "files": {name: str(path) for name, path in paths.items()}}

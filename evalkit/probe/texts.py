@@ -1,15 +1,10 @@
 """The probe's input texts as token windows, each starting as the tokenizer starts a text.
 
-Three sources:
-- the built-in English prose (default): its documents are tokenised, concatenated and cut
-  into consecutive windows;
-- a plain-text file (any name not ending in .jsonl): the same, over the file's paragraphs;
-- a JSONL file with a "text" field per line: each text is tokenised on its own and cut to the
-  window length; texts shorter than that are skipped and counted.
-
-Every window begins with the tokens the tokenizer puts before a text (Llama's BOS `<s>`,
-nothing for Qwen2): the first token is the attention sink the paper studies, and the probe
-records whether it is the BOS.
+The built-in English prose (default) or a plain-text file's paragraphs are tokenised,
+concatenated and cut into consecutive windows; a JSONL file's "text" fields are tokenised one by
+one and cut to the window length (texts shorter than that are skipped and counted). The first
+token is the attention sink the paper studies: every window begins with what the tokenizer puts
+before a text (Llama's BOS `<s>`, nothing for Qwen2), and the probe records whether it is a BOS.
 """
 
 from __future__ import annotations
@@ -94,20 +89,15 @@ class TextSource:
 
     def windows(self, length: int, count: int) -> TokenWindows:
         """Up to `count` windows of `length` tokens; a UserError when the source has none."""
-        if self._texts is not None:
-            return self._windows_from_texts(length, count)
-        return self._windows_from_stream(length, count)
-
-    def _windows_from_texts(self, length: int, count: int) -> TokenWindows:
-        assert self._texts is not None
+        if self._texts is None:
+            return self._windows_from_stream(length, count)
         long_enough = [ids[:length] for ids in self._texts if len(ids) >= length]
         if not long_enough:
             longest = max((len(ids) for ids in self._texts), default=0)
             raise UserError(
                 f"no text in {self.path} has {length} tokens (the longest has {longest}): use a smaller length"
             )
-        chosen = long_enough[:count]
-        return TokenWindows(torch.tensor(chosen, dtype=torch.long), len(self._texts) - len(long_enough))
+        return TokenWindows(torch.tensor(long_enough[:count], dtype=torch.long), len(self._texts) - len(long_enough))
 
     def _extend_stream(self, tokens_needed: int) -> None:
         separator = self.tokenizer("\n\n", add_special_tokens=False)["input_ids"]

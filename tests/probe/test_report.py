@@ -3,6 +3,7 @@
 import pytest
 
 from evalkit.probe import summarise, summary_markdown, write_plots
+from evalkit.store.provenance import stamp
 
 
 def row(metric, value, dtype="bf16", condition="pretrained", rope="cast", delta1=0, length=64, column=None):
@@ -39,7 +40,21 @@ def length_rows(values: dict[int, float]) -> list[dict]:
     return [row("logit_diff_first", v, length=n) for n, v in values.items()]
 
 
-CONTEXT = {"checkpoint": "ckpt", "texts": "prose", "texts_used": "3 texts", "device": "cpu", "first_token": "BOS"}
+PROVENANCE = {
+    **stamp(),
+    "checkpoint": "ckpt",
+    "texts": "prose",
+    "device": "cpu",
+    "first_token_is_bos": True,
+    "n_texts": {"64": 3},
+    "n_texts_requested": 3,
+    "texts_skipped_short": {"64": 0},
+}
+
+
+def markdown(kind: str, rows: list[dict]) -> str:
+    payload = {"kind": kind, "summary": summarise(rows), "rows": rows, "notes": [], "provenance": PROVENANCE}
+    return summary_markdown(payload)
 
 
 @pytest.mark.parametrize("bf16, fp32, holds", [(0.5, 1e-6, True), (1.1e-6, 1e-6, False), (0.5, 0.0, True)])
@@ -47,7 +62,7 @@ def test_precision_observation_follows_the_numbers(bf16, fp32, holds):
     found = summarise(shift_rows(bf16, fp32))["precision_ratio"]
     assert found["holds"] is holds
     assert found["delta1"] == 0  # Δ1 = 0, not the Δ1 = Δ2 row
-    text = summary_markdown("shift", summarise(shift_rows(bf16, fp32)), shift_rows(bf16, fp32), CONTEXT)
+    text = markdown("shift", shift_rows(bf16, fp32))
     statement = next(line for line in text.splitlines() if line.startswith("- BF16 breaks"))
     assert ("**holds**" in statement) is holds and ("**does not hold**" in statement) is not holds
     if fp32 > 0:
@@ -66,7 +81,7 @@ def test_first_token_observation_follows_the_numbers(values, holds):
     found = summarise(column_rows(values))["first_token"]
     assert found["holds"] is holds
     assert found["share"] == pytest.approx(values[0] / sum(values))
-    text = summary_markdown("tokens", summarise(column_rows(values)), column_rows(values), CONTEXT)
+    text = markdown("tokens", column_rows(values))
     statement = next(line for line in text.splitlines() if line.startswith("- The first token"))
     assert ("**holds**" in statement) is holds
 
@@ -87,7 +102,7 @@ def test_growth_observation_follows_the_numbers(values, holds):
 def test_unmeasured_observations_say_so():
     summary = summarise(shift_rows(0.5, 1e-6))
     assert summary["first_token"] is None and summary["logit_growth"] is None
-    text = summary_markdown("shift", summary, shift_rows(0.5, 1e-6), CONTEXT)
+    text = markdown("shift", shift_rows(0.5, 1e-6))
     assert text.count("not measured here") == 2
 
 

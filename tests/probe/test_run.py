@@ -145,6 +145,18 @@ def test_a_checkpoint_missing_weights_is_refused(checkpoint, tmp_path):
         run_probe("shift", broken, tmp_path / "out", seq_len=16, n_texts=1, delta1="0", dtypes="bf16")
 
 
+def test_a_layer_type_the_probe_does_not_measure_is_refused(checkpoint, tmp_path):
+    chunked = tmp_path / "chunked"
+    shutil.copytree(checkpoint, chunked)
+    config = json.loads((chunked / "config.json").read_text())
+    config["layer_types"] = ["chunked_attention", "full_attention"]
+    (chunked / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="layers of type chunked_attention") as caught:
+        run_probe("shift", chunked, tmp_path / "out", seq_len=16, n_texts=1, delta1="0", dtypes="bf16")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
 def test_the_cli_summary_names_its_command_and_machine(checkpoint, tmp_path):
     import subprocess
     import sys

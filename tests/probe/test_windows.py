@@ -15,7 +15,6 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, Qwen2Config
 
 from evalkit.corpus import builtin_tokenizer
-from evalkit.errors import UserError
 from evalkit.probe import PROBE_ATTENTION, measure_shifts, run_probe
 from evalkit.probe.windows import model_window
 from tests.helpers import probe_model as build
@@ -203,9 +202,6 @@ def test_the_probe_window_is_the_models_not_its_sliding_layers():
     assert model_window(gemma3_config(max_position_embeddings=32768, sliding_window=512)) == 32768
     assert model_window(MistralConfig(sliding_window=32, max_position_embeddings=128)) == 128
     assert model_window(Qwen2Config(max_position_embeddings=512)) == 512
-    chunked = qwen2_config(layer_types=["chunked_attention", "full_attention", "full_attention"])
-    with pytest.raises(UserError, match="layer_types include chunked_attention"):
-        model_window(chunked)
 
 
 def test_attention_the_probe_does_not_compute_is_refused(long_texts):
