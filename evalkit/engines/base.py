@@ -1,13 +1,10 @@
 """The interface every inference engine offers, and the policy all of them share.
 
-RULER and the lm-eval adapter only talk to this interface. What must never differ between
-engines lives here, implemented once: how prompts become tokens (BOS included when the
-tokenizer adds one), how a (context, continuation) pair is split, how long texts are cut into
-windows for perplexity, and what happens when a request does not fit the model's window (an
-error naming the lengths, or a skip the caller asked for; never a silent truncation).
-
-An engine subclass implements only the token-level work: greedy generation from token ids
-(`_generate_tokens`), scoring of continuation tokens (`_score_tokens`) and `engine_info`.
+What must never differ between engines is implemented once, here: how prompts become tokens
+(BOS where the tokenizer adds one), how a (context, continuation) pair is split, how long texts
+are cut into perplexity windows, and what a request that does not fit the window gets (an error
+naming the lengths, or a skip the caller asked for; never a silent truncation). A subclass
+implements only the token-level work (`_generate_tokens`, `_score_tokens`) and `engine_info`.
 """
 
 from __future__ import annotations
@@ -24,10 +21,8 @@ from evalkit.lengths import check_max_length
 
 OVERFLOW_POLICIES = ("error", "skip")
 
-# What every engine's engine_info() holds that it resolved from the checkpoint and its settings and
-# that decides an answer (the path, the precision, the window, the tokenizer): results made under
-# other values of these are other results. Kept here, beside the interface every engine implements,
-# and checked against each engine's info by its tests; the rest of an info says how it ran.
+# What every engine's engine_info() holds that it resolved and that decides an answer: results made
+# under other values of these are other results (the rest of an info says how it ran).
 RESULT_FACTS = ("engine", "model_path", "dtype", "max_length", "tokenizer_fingerprint")
 
 Prompt = str | Sequence[int]
@@ -142,21 +137,15 @@ class Engine(ABC):
         _check_overflow_policy(on_overflow)
         check_max_new_tokens(max_new_tokens)
         encoded = [self._checked_prompt(self.encode(p), max_new_tokens, on_overflow) for p in prompts]
-        runnable = [i for i, ids in enumerate(encoded) if ids is not None]
-        texts = self._generate_tokens([ids for ids in encoded if ids is not None], max_new_tokens, list(stop or []))
-        outputs: list[str | None] = [None] * len(encoded)
-        for i, text in zip(runnable, texts):
-            outputs[i] = text
-        return outputs
+        runnable = [ids for ids in encoded if ids is not None]
+        texts = iter(self._generate_tokens(runnable, max_new_tokens, list(stop or [])))
+        return [None if ids is None else next(texts) for ids in encoded]
 
     def loglikelihood(
         self, pairs: Sequence[tuple[str, str]], *, on_overflow: OverflowPolicy = "error"
     ) -> list[tuple[float, bool] | None]:
-        """(log p(continuation | context), is_greedy) per pair, as lm-eval defines them.
-
-        The pair is split into tokens by tokens.encode_pair (the context as a prompt, BOS
-        included where the tokenizer adds one); the rest is loglikelihood_tokens.
-        """
+        """(log p(continuation | context), is_greedy) per pair, as lm-eval defines them, split into
+        tokens by tokens.encode_pair."""
         requests = [tok.encode_pair(self.tokenizer, context, continuation) for context, continuation in pairs]
         return self.loglikelihood_tokens(requests, on_overflow=on_overflow)
 
@@ -180,24 +169,17 @@ class Engine(ABC):
         """
         _check_overflow_policy(on_overflow)
         pairs = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
-        results: list[tuple[float, bool] | None] = [None] * len(pairs)
-        to_score = []
-        for i, (context, continuation) in enumerate(pairs):
+        scored = []  # whether each pair is scored: else it does not fit (None) or its continuation is empty (0)
+        for context, continuation in pairs:
             if not context:
                 raise ValueError("a loglikelihood request needs at least one context token to condition on")
-            if not continuation:
-                results[i] = (0.0, True)
-            elif self._pair_fits(context, continuation, on_overflow):
-                to_score.append(i)
-        for i, result in zip(to_score, self._score_tokens([pairs[i] for i in to_score])):
-            results[i] = result
-        return results
+            scored.append(bool(continuation) and self._pair_fits(context, continuation, on_overflow))
+        scores = iter(self._score_tokens([pair for pair, fed in zip(pairs, scored) if fed]))
+        return [next(scores) if fed else (None if pair[1] else (0.0, True)) for pair, fed in zip(pairs, scored)]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        """Total log-likelihood of each text, every token scored once, in windows of max_length.
-
-        Nothing is truncated: a long text is cut into consecutive windows (tokens.rolling_windows).
-        """
+        """Total log-likelihood of each text, every token scored once, in windows of max_length
+        (tokens.rolling_windows): nothing is truncated."""
         prefix = anchor_token_id(self.tokenizer)  # what conditions a text's first token
         windows_per_text = [
             tok.rolling_windows(tok.encode_content(self.tokenizer, text), prefix, self.max_length) for text in texts
