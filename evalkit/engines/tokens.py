@@ -120,10 +120,4 @@ def end_of_generation_ids(tokenizer, config, model_path: Path) -> set[int]:
     generation_config = model_path / "generation_config.json"
     if generation_config.is_file():
         values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
-    ids: set[int] = set()
-    for value in values:
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return ids
+    return {int(v) for value in values for v in ([value] if isinstance(value, int) else value or [])}
