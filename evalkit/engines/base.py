@@ -48,6 +48,13 @@ def check_at_least_one(settings: dict[str, Any], *names: str) -> None:
             raise UserError(f"{name} must be at least 1, got {value}")
 
 
+def check_one_of(settings: dict[str, Any], name: str, choices: Sequence[str]) -> None:
+    """A UserError for a setting outside its choices (None: not given)."""
+    value = settings.get(name)
+    if value is not None and value not in choices:
+        raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 def check_max_new_tokens(max_new_tokens: int) -> None:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")

@@ -49,7 +49,14 @@ import torch
 from evalkit.attention.anchor import anchor_record
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_at_least_one, check_max_new_tokens, context_window
+from evalkit.engines.base import (
+    PackedEngine,
+    PackedRequest,
+    check_at_least_one,
+    check_max_new_tokens,
+    check_one_of,
+    context_window,
+)
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
@@ -399,9 +406,8 @@ class VLLMEngine(PackedEngine):
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
         check_at_least_one(settings, "batch_size", "tensor_parallel_size", "data_parallel_size")
-        rope, position_shift = settings.get("rope"), settings.get("position_shift")
-        if rope is not None and rope not in ROPE_VARIANTS:
-            raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
+        check_one_of(settings, "rope", ROPE_VARIANTS)
+        position_shift = settings.get("position_shift")
         if position_shift is not None and position_shift < 0:
             raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
