@@ -10,7 +10,7 @@ implements only the token-level work (`_generate_tokens`, `_score_tokens`) and `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, overload
 
@@ -48,7 +48,7 @@ def check_at_least_one(settings: dict[str, Any], *names: str) -> None:
             raise UserError(f"{name} must be at least 1, got {value}")
 
 
-def check_one_of(settings: dict[str, Any], name: str, choices: Sequence[str]) -> None:
+def check_one_of(settings: dict[str, Any], name: str, choices: Collection[str]) -> None:
     """A UserError for a setting outside its choices (None: not given)."""
     value = settings.get(name)
     if value is not None and value not in choices:
@@ -137,10 +137,8 @@ class Engine(ABC):
         on_overflow: OverflowPolicy = "error",
     ) -> list[str | None]:
         """Greedy continuation of each prompt, ended by EOS, a stop string (cut off) or max_new_tokens.
-
-        A prompt whose length + max_new_tokens exceeds max_length raises a UserError naming the
-        lengths; with on_overflow="skip" its entry is None instead (the caller counts those).
-        """
+        A prompt whose length + max_new_tokens exceeds max_length is a UserError naming the lengths,
+        or under on_overflow="skip" a None entry (the caller counts those)."""
         _check_overflow_policy(on_overflow)
         check_max_new_tokens(max_new_tokens)
         encoded = [self._checked_prompt(self.encode(p), max_new_tokens, on_overflow) for p in prompts]
@@ -169,11 +167,9 @@ class Engine(ABC):
         self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy = "error"
     ) -> list[Any]:  # None entries only under on_overflow="skip", as the overloads say
         """(sum of log p(continuation ids | context ids), every continuation token is the argmax).
-
-        A request that needs more than max_length tokens of input raises a UserError naming the
-        lengths (lm-eval would silently drop the start of the context); with on_overflow="skip"
-        its entry is None. An empty continuation scores (0.0, True): log p(nothing) = 0.
-        """
+        A request needing more than max_length tokens of input is a UserError naming the lengths
+        (lm-eval would silently drop the start of the context), or under on_overflow="skip" None.
+        An empty continuation scores (0.0, True): log p(nothing) = 0."""
         _check_overflow_policy(on_overflow)
         pairs = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
         scored = []  # whether each pair is scored: else it does not fit (None) or its continuation is empty (0)
@@ -232,10 +228,8 @@ class PackedEngine(Engine):
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
-        """Greedy answers to packed requests (PackedRequest describes the attention pattern).
-
-        A request whose tokens + max_new_tokens exceed max_length raises a UserError naming the lengths.
-        """
+        """Greedy answers to packed requests (PackedRequest describes the attention pattern); one whose
+        tokens + max_new_tokens exceed max_length is a UserError naming the lengths."""
 
     def _checked_layout(self, request: PackedRequest, max_new_tokens: int) -> tok.PackedLayout:
         """The request's token layout; a UserError naming the lengths when it does not fit the window."""
