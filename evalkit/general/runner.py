@@ -58,8 +58,7 @@ class GeneralSettings:
     engine_settings: dict[str, Any] = setting(default_factory=dict, execution_keys=("batch_size", "device"))
     # Where lm-eval finds task files: paths of this checkout, not keyed (a task is keyed by its name).
     include_paths: list[str] = setting(default_factory=list, role=EXECUTION)
-    # A document over the window skips its task, itself ("documents") or its middle.
-    too_long: str = "task"
+    too_long: str = "task"  # TOO_LONG_CHOICES
 
     def __post_init__(self) -> None:
         """Validated once, here, before anything is loaded; a bad value is one line naming its option."""
