@@ -3,7 +3,7 @@
 
 lm-eval defines the tasks, prompts, few-shot sampling and metrics; evalkit answers its requests
 with the engine RULER uses (adapter.EngineLM), so a checkpoint is scored with one dtype, attention
-and tokenization everywhere. A request over the model window is never truncated (adapter.py);
+and tokenization everywhere. A request over the model window is never silently truncated (adapter.py);
 standard shots: catalog.STANDARD_FEWSHOT. evalkit's tasks/ folder (offline fixtures with mmlu's
 and hellaswag's shapes) is always on the include path.
 
