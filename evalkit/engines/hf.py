@@ -176,11 +176,12 @@ class _StopWatcher:
         return any(s in full_text for s in self.stop)
 
 
-def _on_own_threads(method):
-    """Run an engine method with the engine's torch thread count (setting `threads`), restored after:
-    several engines may share one process (evalkit bench eval)."""
+def _computing(method):
+    """Run an engine method under torch.inference_mode, with the engine's torch thread count (setting
+    `threads`) restored after: several engines may share one process (evalkit bench eval)."""
 
     @functools.wraps(method)
+    @torch.inference_mode()
     def wrapper(self, *args, **kwargs):
         if self.threads is None:
             return method(self, *args, **kwargs)
@@ -297,8 +298,7 @@ class HFEngine(PackedEngine):
 
     # ------------------------------------------------------------------ plain prompts
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
         outputs: list[str] = [""] * len(prompts)
         shared = self._prefills_shared(prompts)
@@ -326,8 +326,7 @@ class HFEngine(PackedEngine):
             return True
         return sum(len(p) for p in prompts) >= SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA * len(prompts)
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         fed = [context + continuation[:-1] for context, continuation in requests]
         if self._prefills_shared(fed):
@@ -410,8 +409,7 @@ class HFEngine(PackedEngine):
 
     # ------------------------------------------------------------------ packed requests
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
@@ -425,8 +423,7 @@ class HFEngine(PackedEngine):
                     outputs[i] = text
         return outputs
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
         layouts = [self._checked_layout(request, 0) for request in requests]
         logits: list[torch.Tensor] = [torch.empty(0)] * len(layouts)
