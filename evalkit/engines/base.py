@@ -1,19 +1,16 @@
 """The interface every inference engine offers, and the policy all of them share.
 
-RULER and the lm-eval adapter only talk to this interface. What must never differ between
-engines lives here, implemented once: how prompts become tokens (BOS included when the
-tokenizer adds one), how a (context, continuation) pair is split, how long texts are cut into
-windows for perplexity, and what happens when a request does not fit the model's window (an
-error naming the lengths, or a skip the caller asked for; never a silent truncation).
-
-An engine subclass implements only the token-level work: greedy generation from token ids
-(`_generate_tokens`), scoring of continuation tokens (`_score_tokens`) and `engine_info`.
+What must never differ between engines is implemented once, here: how prompts become tokens
+(BOS where the tokenizer adds one), how a (context, continuation) pair is split, how long texts
+are cut into perplexity windows, and what a request that does not fit the window gets (an error
+naming the lengths, or a skip the caller asked for; never a silent truncation). A subclass
+implements only the token-level work (`_generate_tokens`, `_score_tokens`) and `engine_info`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, overload
 
@@ -24,10 +21,8 @@ from evalkit.lengths import check_max_length
 
 OVERFLOW_POLICIES = ("error", "skip")
 
-# What every engine's engine_info() holds that it resolved from the checkpoint and its settings and
-# that decides an answer (the path, the precision, the window, the tokenizer): results made under
-# other values of these are other results. Kept here, beside the interface every engine implements,
-# and checked against each engine's info by its tests; the rest of an info says how it ran.
+# What every engine's engine_info() holds that it resolved and that decides an answer: results made
+# under other values of these are other results (the rest of an info says how it ran).
 RESULT_FACTS = ("engine", "model_path", "dtype", "max_length", "tokenizer_fingerprint")
 
 Prompt = str | Sequence[int]
@@ -51,6 +46,13 @@ def check_at_least_one(settings: dict[str, Any], *names: str) -> None:
         value = settings.get(name)
         if value is not None and value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
+
+
+def check_one_of(settings: dict[str, Any], name: str, choices: Collection[str]) -> None:
+    """A UserError for a setting outside its choices (None: not given)."""
+    value = settings.get(name)
+    if value is not None and value not in choices:
+        raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
@@ -135,28 +137,20 @@ class Engine(ABC):
         on_overflow: OverflowPolicy = "error",
     ) -> list[str | None]:
         """Greedy continuation of each prompt, ended by EOS, a stop string (cut off) or max_new_tokens.
-
-        A prompt whose length + max_new_tokens exceeds max_length raises a UserError naming the
-        lengths; with on_overflow="skip" its entry is None instead (the caller counts those).
-        """
+        A prompt whose length + max_new_tokens exceeds max_length is a UserError naming the lengths,
+        or under on_overflow="skip" a None entry (the caller counts those)."""
         _check_overflow_policy(on_overflow)
         check_max_new_tokens(max_new_tokens)
         encoded = [self._checked_prompt(self.encode(p), max_new_tokens, on_overflow) for p in prompts]
-        runnable = [i for i, ids in enumerate(encoded) if ids is not None]
-        texts = self._generate_tokens([ids for ids in encoded if ids is not None], max_new_tokens, list(stop or []))
-        outputs: list[str | None] = [None] * len(encoded)
-        for i, text in zip(runnable, texts):
-            outputs[i] = text
-        return outputs
+        runnable = [ids for ids in encoded if ids is not None]
+        texts = iter(self._generate_tokens(runnable, max_new_tokens, list(stop or [])))
+        return [None if ids is None else next(texts) for ids in encoded]
 
     def loglikelihood(
         self, pairs: Sequence[tuple[str, str]], *, on_overflow: OverflowPolicy = "error"
     ) -> list[tuple[float, bool] | None]:
-        """(log p(continuation | context), is_greedy) per pair, as lm-eval defines them.
-
-        The pair is split into tokens by tokens.encode_pair (the context as a prompt, BOS
-        included where the tokenizer adds one); the rest is loglikelihood_tokens.
-        """
+        """(log p(continuation | context), is_greedy) per pair, as lm-eval defines them, split into
+        tokens by tokens.encode_pair."""
         requests = [tok.encode_pair(self.tokenizer, context, continuation) for context, continuation in pairs]
         return self.loglikelihood_tokens(requests, on_overflow=on_overflow)
 
@@ -173,31 +167,22 @@ class Engine(ABC):
         self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy = "error"
     ) -> list[Any]:  # None entries only under on_overflow="skip", as the overloads say
         """(sum of log p(continuation ids | context ids), every continuation token is the argmax).
-
-        A request that needs more than max_length tokens of input raises a UserError naming the
-        lengths (lm-eval would silently drop the start of the context); with on_overflow="skip"
-        its entry is None. An empty continuation scores (0.0, True): log p(nothing) = 0.
-        """
+        A request needing more than max_length tokens of input is a UserError naming the lengths
+        (lm-eval would silently drop the start of the context), or under on_overflow="skip" None.
+        An empty continuation scores (0.0, True): log p(nothing) = 0."""
         _check_overflow_policy(on_overflow)
         pairs = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
-        results: list[tuple[float, bool] | None] = [None] * len(pairs)
-        to_score = []
-        for i, (context, continuation) in enumerate(pairs):
+        scored = []  # whether each pair is scored: else it does not fit (None) or its continuation is empty (0)
+        for context, continuation in pairs:
             if not context:
                 raise ValueError("a loglikelihood request needs at least one context token to condition on")
-            if not continuation:
-                results[i] = (0.0, True)
-            elif self._pair_fits(context, continuation, on_overflow):
-                to_score.append(i)
-        for i, result in zip(to_score, self._score_tokens([pairs[i] for i in to_score])):
-            results[i] = result
-        return results
+            scored.append(bool(continuation) and self._pair_fits(context, continuation, on_overflow))
+        scores = iter(self._score_tokens([pair for pair, fed in zip(pairs, scored) if fed]))
+        return [next(scores) if fed else (None if pair[1] else (0.0, True)) for pair, fed in zip(pairs, scored)]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        """Total log-likelihood of each text, every token scored once, in windows of max_length.
-
-        Nothing is truncated: a long text is cut into consecutive windows (tokens.rolling_windows).
-        """
+        """Total log-likelihood of each text, every token scored once, in windows of max_length
+        (tokens.rolling_windows): nothing is truncated."""
         prefix = anchor_token_id(self.tokenizer)  # what conditions a text's first token
         windows_per_text = [
             tok.rolling_windows(tok.encode_content(self.tokenizer, text), prefix, self.max_length) for text in texts
@@ -243,10 +228,8 @@ class PackedEngine(Engine):
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
-        """Greedy answers to packed requests (PackedRequest describes the attention pattern).
-
-        A request whose tokens + max_new_tokens exceed max_length raises a UserError naming the lengths.
-        """
+        """Greedy answers to packed requests (PackedRequest describes the attention pattern); one whose
+        tokens + max_new_tokens exceed max_length is a UserError naming the lengths."""
 
     def _checked_layout(self, request: PackedRequest, max_new_tokens: int) -> tok.PackedLayout:
         """The request's token layout; a UserError naming the lengths when it does not fit the window."""

@@ -1,42 +1,36 @@
 """The transformers engine: a local checkpoint, batched greedy decoding with a KV cache.
 
-Shape legend: B rows in a batch, S tokens fed in one forward, C cache slots (every token fed so
-far, padding included), V vocabulary.
+Shapes: B rows in a batch, S tokens fed in one forward, C cache slots (every token fed so far,
+padding included), V vocabulary.
 
-Plain prompts are prefilled in one of two ways (setting `prefill`), then decoded together:
+Plain prompts (and log-likelihood requests) are prefilled one of two ways (setting `prefill`):
 
 - "shared": prompts sorted as token sequences, so those with a common beginning are neighbours
-  (RULER's samples of one task share their haystack up to the first needle); each row is
-  prefilled alone, unpadded, starting from the K/V of the prefix it shares with the row before,
-  which is computed once. A row alone needs no attention mask (SDPA's fused causal kernel), and
-  a query's attention and MLP do not depend on which earlier keys were computed in which
-  forward, so the logits are those of the row computed alone (tested bit for bit in fp32).
-- "padded": rows batched by length (longest first, so a batch that does not fit in memory
-  fails at once), LEFT-padded under an attention mask, one forward per batch.
+  (RULER's samples of a task share their haystack up to the first needle; the choices of a
+  question share its context); each row is prefilled alone, unpadded, from the K/V of the prefix
+  it shares with the row before. A row alone needs no attention mask (SDPA's fused causal
+  kernel), and a query's attention and MLP do not depend on which forward computed which earlier
+  keys, so the logits are those of the row alone (tested bit for bit in fp32).
+- "padded": rows batched by length (longest first, so a batch too large for memory fails at
+  once), LEFT-padded under an attention mask, one forward per batch.
 
 "auto" (the default) is "shared" on CPU, where a padded batch's masked attention is the slow
 path (1.7x the time of the same rows alone, SmolLM2-135M at 4K), and on CUDA when prompts
 average 1,024 tokens or more (one such row already fills the GPU); else "padded". Models whose
 cache is not plain full attention (sliding windows, linear attention) always take "padded".
 
-Log-likelihood requests are scored the same two ways: under "shared", each request alone after
-the prefix it shares with the one before (the choices of a multiple-choice question share its
-context, so it is computed once per question); under "padded", in left-padded batches.
+Generation then decodes LEFT-padded: every row's last prompt token sits in the last column, each
+step appends a column, an attention mask hides the padding and position ids count only real
+tokens, so a padded row computes what it would alone; finished rows leave the batch and cache.
+The attention is transformers' SDPA, except that at decoding a grouped-query model reads each
+key-value head once instead of a copy per query head (attention.hf.register_grouped_sdpa).
 
-Either way a generation batch then decodes LEFT-padded: every row's last prompt token sits in the last
-column, each step appends one column for all rows, an attention mask hides the padding and
-position ids count only real tokens, so a padded row computes what it would alone. Rows that
-finish are dropped from the batch and the cache, so no compute is spent on them. The model's
-attention is transformers' SDPA with one change (evalkit.attention.hf.register_grouped_sdpa): at
-decoding, a grouped-query model reads each key-value head once instead of a copy per query head.
-
-Packed requests (the anchor paradigm, see base.PackedRequest) run in two forwards before
-decoding: the anchor and documents under evalkit's document attention with doc_ids (each
-document sees itself and the anchor), filling the KV cache; then the question under plain
-causal attention over that cache, which is exactly "the question attends to everything". Rows
-are right-padded in the first forward (padding gets its own document id, which no real token
-attends to) and left-padded in the second, so the cache has holes that the attention mask of
-every later step hides.
+Packed requests (the anchor paradigm, base.PackedRequest) take two forwards before decoding: the
+anchor and documents under evalkit's document attention (each document sees itself and the
+anchor), filling the KV cache; then the question under plain causal attention over that cache,
+which is exactly "the question attends to everything". Rows are right-padded in the first
+forward (padding gets its own document id, which no real token attends to) and left-padded in
+the second, so the cache has holes that every later step's attention mask hides.
 """
 
 from __future__ import annotations
@@ -65,6 +59,7 @@ from evalkit.engines.base import (
     PackedRequest,
     check_at_least_one,
     check_max_new_tokens,
+    check_one_of,
     context_window,
 )
 from evalkit.errors import UserError
@@ -159,14 +154,11 @@ def _growing_layer_class():
 
 
 class _StopWatcher:
-    """Notices, at each new token, whether a row's text now contains a stop string.
-
-    Only the last few tokens are decoded per step (work independent of the text's length): a
-    stop string of n bytes that just completed lies within the last n tokens, since every
-    non-special token decodes to at least one byte. Decoding a tail can mangle its first
-    characters (half a UTF-8 character, a SentencePiece leading space), so a tail hit is
-    confirmed on the full text. A stop the tail misses (special tokens interleaved) only costs
-    extra tokens: outputs are always cut at the earliest stop of the full text.
+    """Whether a row's text now contains a stop string, decoding only its last few tokens per step:
+    a stop of n bytes that just completed lies within the last n tokens (every non-special token
+    is at least one byte). A tail's first characters can decode mangled (half a UTF-8 character,
+    a SentencePiece leading space), so a tail hit is confirmed on the full text; a stop the tail
+    misses only costs extra tokens, as outputs are cut at the earliest stop of the full text.
     """
 
     def __init__(self, decode, stop: Sequence[str]):
@@ -184,11 +176,12 @@ class _StopWatcher:
         return any(s in full_text for s in self.stop)
 
 
-def _on_own_threads(method):
-    """Run an engine method with the engine's torch thread count (setting `threads`), restored after:
-    several engines may share one process (evalkit bench eval)."""
+def _computing(method):
+    """Run an engine method under torch.inference_mode, with the engine's torch thread count (setting
+    `threads`) restored after: several engines may share one process (evalkit bench eval)."""
 
     @functools.wraps(method)
+    @torch.inference_mode()
     def wrapper(self, *args, **kwargs):
         if self.threads is None:
             return method(self, *args, **kwargs)
@@ -256,12 +249,10 @@ class HFEngine(PackedEngine):
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
         self._plain_cache = _has_plain_cache(self._new_cache())
-        # Sliding layers count their window in cache slots: the padding holes of a batch of packed
-        # requests (after short documents, before short questions) would take window slots, so
-        # such models take their packed requests one at a time.
+        # Sliding layers count their window in cache slots, which a packed batch's padding holes would
+        # take: such models take packed requests one at a time (said once, and kept in engine_info).
         windows = windows_shorter_than(self.model.config, self.max_length)
         self._packed_one_by_one = bool(windows)
-        # Said once in the log (the first packed batch) and kept in engine_info, so the summary says it too.
         self._packed_batch_note = (
             f"--batch-size {batch_size} taken as 1 for packed (anchor) requests: {len(windows)} sliding-window "
             f"layers (window {min(windows)} < {self.max_length} tokens) would count a batch's padding as window slots"
@@ -269,24 +260,18 @@ class HFEngine(PackedEngine):
             else None
         )
         self._packed_note_said = False
-        # How the anchor meets those windows, as the checkpoint was trained (meta.json); "sink" keeps it
-        # visible beyond them, which transformers' own masks and sliding caches never do (_packed_reading).
+        # How the anchor meets those windows, as trained (meta.json); "sink" keeps it visible beyond
+        # them, which transformers' own masks and sliding caches never do (_packed_reading).
         self.window_anchor = trained_window_anchor(self.model_path)
         self._sink_beyond_windows = self.window_anchor == "sink" and self._packed_one_by_one
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
-        check_at_least_one(settings, "batch_size")
-        attention, packed_attention, prefill = (
-            settings.get(key) for key in ("attention", "packed_attention", "prefill")
-        )
-        if attention is not None:
-            _check_plain_attention(attention)
-        if packed_attention is not None and packed_attention not in HF_NAMES:
-            raise UserError(f"packed_attention must be one of {', '.join(HF_NAMES)}, got {packed_attention!r}")
-        if prefill is not None and prefill not in PREFILL_MODES:
-            raise UserError(f"prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
-        check_at_least_one(settings, "threads")
+        check_at_least_one(settings, "batch_size", "threads")
+        if settings.get("attention") is not None:
+            _check_plain_attention(settings["attention"])
+        check_one_of(settings, "packed_attention", HF_NAMES)
+        check_one_of(settings, "prefill", PREFILL_MODES)
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -313,16 +298,12 @@ class HFEngine(PackedEngine):
 
     # ------------------------------------------------------------------ plain prompts
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
         outputs: list[str] = [""] * len(prompts)
         shared = self._prefills_shared(prompts)
-        if shared:  # neighbours share prefixes; batches in that order, the chain of prefixes runs across them
-            order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-            batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
-        else:
-            batches = self._length_sorted_batches([len(p) for p in prompts])
+        # shared: sorted by ids, the chain of shared prefixes runs across batches
+        batches = self._sorted_batches(prompts if shared else [-len(p) for p in prompts])
         last = _PrefilledRow()
         for batch in batches:
             started = time.perf_counter()
@@ -345,14 +326,13 @@ class HFEngine(PackedEngine):
             return True
         return sum(len(p) for p in prompts) >= SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA * len(prompts)
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         fed = [context + continuation[:-1] for context, continuation in requests]
         if self._prefills_shared(fed):
             return self._score_rows(fed, [continuation for _, continuation in requests])
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
-        for batch in self._length_sorted_batches([len(f) for f in fed]):
+        for batch in self._sorted_batches([-len(f) for f in fed]):
             input_ids, attention_mask, position_ids = self._left_padded([fed[i] for i in batch])
             # Left padding ends every row in the last column: the continuation's predictions are
             # the last len(continuation) logits of each row, so only those are computed.
@@ -429,8 +409,7 @@ class HFEngine(PackedEngine):
 
     # ------------------------------------------------------------------ packed requests
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
@@ -444,8 +423,7 @@ class HFEngine(PackedEngine):
                     outputs[i] = text
         return outputs
 
-    @torch.inference_mode()
-    @_on_own_threads
+    @_computing
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
         layouts = [self._checked_layout(request, 0) for request in requests]
         logits: list[torch.Tensor] = [torch.empty(0)] * len(layouts)
@@ -459,7 +437,7 @@ class HFEngine(PackedEngine):
     def _packed_batches(self, layouts: list[tok.PackedLayout]) -> list[list[int]]:
         """Batches of packed requests; refuses a model whose attention evalkit's cannot reproduce."""
         check_attention_supported(self.model.config, "packed (anchor) requests on the hf engine")
-        batches = self._length_sorted_batches([len(layout.input_ids) for layout in layouts])
+        batches = self._sorted_batches([-len(layout.input_ids) for layout in layouts])
         if self._packed_one_by_one:
             if self._packed_batch_note is not None and not self._packed_note_said:
                 print(self._packed_batch_note, file=sys.stderr)
@@ -595,9 +573,10 @@ class HFEngine(PackedEngine):
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens count from 0
         return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
 
-    def _length_sorted_batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices in batches of similar lengths, longest first (padding waste is small, OOM shows early)."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    def _sorted_batches(self, keys: Sequence[Any]) -> list[list[int]]:
+        """Indices sorted by `keys`, in batches: by negated lengths, similar lengths together, longest
+        first (padding waste is small, OOM shows early); by token ids, shared prefixes together."""
+        order = sorted(range(len(keys)), key=keys.__getitem__)
         return [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
 
     def _decode(self, token_ids: list[int]) -> str:

@@ -1,11 +1,6 @@
-"""What every engine feeds: token layouts decided once, so that engines cannot disagree.
-
-    encode_prompt     a prompt as fed: text with the tokenizer's specials (BOS), or ids as given
-    encode_pair       lm-eval's (context, continuation) split, without its silent truncation
-    rolling_windows   a long text as consecutive windows, every token scored exactly once
-    packed_layout     documents behind one anchor, then a question (the anchor paradigm's layout)
-    cut_at_stop       a generation cut at the earliest stop string
-"""  # fmt: skip # the formatter would dedent this docstring, changing its text
+"""What every engine feeds, decided once so that engines cannot disagree: a prompt's tokens (BOS
+included), lm-eval's (context, continuation) split, rolling perplexity windows, the anchor
+paradigm's packed layout, and where a generation is cut at a stop string."""
 
 from __future__ import annotations
 
@@ -120,10 +115,4 @@ def end_of_generation_ids(tokenizer, config, model_path: Path) -> set[int]:
     generation_config = model_path / "generation_config.json"
     if generation_config.is_file():
         values.append(json.loads(generation_config.read_text()).get("eos_token_id"))
-    ids: set[int] = set()
-    for value in values:
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return ids
+    return {int(v) for value in values for v in ([value] if isinstance(value, int) else value or [])}

@@ -1,8 +1,7 @@
 """The vLLM engine: the hf engine's interface and policy (engines.base) on vLLM, with packed requests.
 
-Imported only when chosen (evalkit.engines.get_engine("vllm", ...)); it needs vLLM, and
-evalkit's vLLM plugin registered as a `vllm.general_plugins` entry point (installing evalkit
-does that). How requests map onto vLLM:
+It needs evalkit's vLLM plugin registered as a `vllm.general_plugins` entry point (installing
+evalkit does that). How requests map onto vLLM:
 
     generate           greedy (temperature 0) from token ids; stops at the same EOS ids as the hf
                        engine; the text is decoded and cut at the earliest stop string exactly as
@@ -17,8 +16,7 @@ does that). How requests map onto vLLM:
 vLLM's window (max_model_len) is the engine's max_length + 1: vLLM refuses a prompt that fills
 its window ("at least one output token"), while a scoring request may feed exactly max_length
 tokens; the extra slot only ever holds the one sampled token, never a fed one, so positions
-stay below max_length. Requests that do not fit max_length are refused (or skipped) by the
-base class, never truncated.
+stay below max_length.
 
 data_parallel_size > 1 runs that many independent vLLM replicas as Ray actors (as lm-eval does;
 the Ray instance of the process, else a local one started and stopped with the engine), each on
@@ -49,7 +47,14 @@ import torch
 from evalkit.attention.anchor import anchor_record
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import tokens as tok
-from evalkit.engines.base import PackedEngine, PackedRequest, check_at_least_one, check_max_new_tokens, context_window
+from evalkit.engines.base import (
+    PackedEngine,
+    PackedRequest,
+    check_at_least_one,
+    check_max_new_tokens,
+    check_one_of,
+    context_window,
+)
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
@@ -394,14 +399,18 @@ class VLLMEngine(PackedEngine):
                 raise UserError(
                     f"vLLM failed to start: {start_failure_cause(self.log_path, err)}; its log: {self.log_path}"
                 ) from None
-        self._facts = self._checked_facts()
+        self._facts = self._replicas[0].facts()
+        if self.packed and self._facts["use_v2_model_runner"]:
+            raise UserError(
+                "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
+                "unset VLLM_USE_V2_MODEL_RUNNER"
+            )
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
         check_at_least_one(settings, "batch_size", "tensor_parallel_size", "data_parallel_size")
-        rope, position_shift = settings.get("rope"), settings.get("position_shift")
-        if rope is not None and rope not in ROPE_VARIANTS:
-            raise UserError(f"rope must be one of {', '.join(ROPE_VARIANTS)}, got {rope!r}")
+        check_one_of(settings, "rope", ROPE_VARIANTS)
+        position_shift = settings.get("position_shift")
         if position_shift is not None and position_shift < 0:
             raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
@@ -469,15 +478,6 @@ class VLLMEngine(PackedEngine):
             self.close()
             raise
 
-    def _checked_facts(self) -> dict[str, Any]:
-        facts = self._replicas[0].facts()
-        if self.packed and facts["use_v2_model_runner"]:
-            raise UserError(
-                "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
-                "unset VLLM_USE_V2_MODEL_RUNNER"
-            )
-        return facts
-
     def close(self) -> None:
         """Stop the replicas (the in-process engine is released with the object), and the local
         Ray instance if this engine started it."""
@@ -520,13 +520,6 @@ class VLLMEngine(PackedEngine):
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }
-
-    def _check_packed(self) -> None:
-        if not self.packed:
-            raise UserError(
-                "this vllm engine was started for plain requests (vLLM's own attention backend); "
-                "start it with packed=True for packed (anchor) requests"
-            )
 
     # ------------------------------------------------------------------ running requests
 
@@ -592,7 +585,6 @@ class VLLMEngine(PackedEngine):
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
-        self._check_packed()
         check_max_new_tokens(max_new_tokens)
         stop = list(stop or [])
         prompts, params = self._packed_inputs(
@@ -601,7 +593,6 @@ class VLLMEngine(PackedEngine):
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
-        self._check_packed()
         prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(1, logprobs=-1, extra_args=extra))
         rows = []
         for answer in self._run(prompts, params):
@@ -613,6 +604,11 @@ class VLLMEngine(PackedEngine):
     def _packed_inputs(self, requests: Sequence[PackedRequest], max_new_tokens: int, make_params):
         from evalkit.vllm_plugin.packing import segments_from_doc_ids
 
+        if not self.packed:
+            raise UserError(
+                "this vllm engine was started for plain requests (vLLM's own attention backend); "
+                "start it with packed=True for packed (anchor) requests"
+            )
         prompts, params = [], []
         for request in requests:
             layout = self._checked_layout(request, max_new_tokens)

@@ -3,11 +3,9 @@
 
 lm-eval defines the tasks, prompts, few-shot sampling and metrics; evalkit answers its requests
 with the engine RULER uses (adapter.EngineLM), so a checkpoint is scored with one dtype, attention
-and tokenization everywhere. mmlu is 5-shot and hellaswag 0-shot unless --num-fewshot says
-otherwise (catalog.STANDARD_FEWSHOT); other tasks keep lm-eval's defaults. A request longer
-than the model window is never truncated: the task is skipped, with the count, and the other
-tasks run. evalkit's tasks/ folder (offline fixtures with mmlu's and hellaswag's shapes)
-is always on the include path.
+and tokenization everywhere. A request over the model window is never silently truncated (adapter.py);
+standard shots: catalog.STANDARD_FEWSHOT. evalkit's tasks/ folder (offline fixtures with mmlu's
+and hellaswag's shapes) is always on the include path.
 
     from evalkit.general import general_checkpoint_table, run_general
     run = run_general(refs, ["mmlu", "hellaswag"], out=Path("results/general"),

@@ -1,21 +1,19 @@
 """lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine.
 
-lm-eval builds the prompts, few-shot contexts and metrics; this adapter only answers its three
-request types with the engine a checkpoint is scored by everywhere else in evalkit (same dtype,
-attention, tokenization, BOS handling):
+lm-eval builds the prompts, few-shot contexts and metrics; the adapter answers its three request
+types with the engine that scores a checkpoint everywhere else in evalkit (same dtype, attention,
+tokenization, BOS handling):
 
     loglikelihood          Instance.args = (context, continuation) -> (sum log p, is_greedy)
     loglikelihood_rolling  Instance.args = (text,)                  -> total log p (windowed, never cut)
     generate_until         Instance.args = (context, gen_kwargs)    -> greedy text up to a stop string
 
-Where lm-eval's own HF model would silently drop the start of a context that does not fit the
-window, the adapter checks every request of a call before computing anything and raises
-RequestsExceedWindow (how many, how long): the task is skipped with that count, never scored on
-truncated prompts, unless the user asked for LongBench's remedy (`--too-long middle`: a
-generation prompt over the window keeps the first and last halves of what fits, as LongBench's
-pred.py truncates; each cut document is counted). Sampling is refused: the engines are greedy.
-
-It imports lm_eval at the top (EngineLM derives from its LM): import this module lazily.
+Where lm-eval's own HF model would silently drop the start of a context over the window, the
+adapter checks every request of a call before computing anything and raises RequestsExceedWindow
+(how many, how long): the task is skipped with that count, unless the user asked for LongBench's
+remedy (`--too-long middle`: a generation prompt over the window keeps the first and last halves
+of what fits, as LongBench's pred.py truncates; each cut document is counted). Sampling is
+refused: the engines are greedy. Import this module lazily: EngineLM derives from lm_eval's LM.
 """
 
 from __future__ import annotations
@@ -91,12 +89,12 @@ class EngineLM(LM):
         return results
 
     def generate_until(self, requests: list[Any]) -> list[str]:
-        arguments = [request.args for request in requests]
-        settings = [_greedy_settings(gen_kwargs) for _context, gen_kwargs in arguments]
-        prompts = [context for context, _gen_kwargs in arguments]
+        settings = [_greedy_settings(request.args[1]) for request in requests]
+        # Tokenized once, here, as the engine would (engine.encode): it feeds ids as given.
+        prompts = [self.engine.encode(request.args[0]) for request in requests]
         if self.truncate_middle:
             prompts = [self._cut_middle(p, max_new, r) for p, (_stop, max_new), r in zip(prompts, settings, requests)]
-        needed = [self.engine.count_tokens(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
+        needed = [len(p) + max_new for p, (_stop, max_new) in zip(prompts, settings)]
         _refuse_overflow("generate_until", needed, self.engine.max_length, requests)
         outputs = [""] * len(prompts)
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}  # one engine call serves one setting
@@ -114,16 +112,15 @@ class EngineLM(LM):
                 self.progress("generate_until", done, len(prompts))
         return outputs
 
-    def _cut_middle(self, prompt: str, max_new_tokens: int, request: Any) -> str | list[int]:
-        """The prompt's token ids without their middle when they and the budget exceed the window
-        (LongBench's truncation: the first and the last half of what fits), else the prompt."""
+    def _cut_middle(self, ids: list[int], max_new_tokens: int, request: Any) -> list[int]:
+        """The prompt's ids without their middle when they and the budget exceed the window
+        (LongBench's truncation: the first and the last half of what fits)."""
         task, doc_id = request.task_name, request.doc_id
         if task is not None and doc_id is not None:
             self.seen.setdefault(task, set()).add(doc_id)
-        ids = self.engine.encode(prompt)
         room = self.engine.max_length - max_new_tokens
         if len(ids) <= room or room < 2:  # fits, or cannot fit at all (then refused below, as without the option)
-            return prompt
+            return ids
         if task is not None and doc_id is not None:
             self.cut.setdefault(task, set()).add(doc_id)
         head = room // 2

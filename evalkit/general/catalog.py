@@ -26,10 +26,8 @@ STANDARD_FEWSHOT = {"mmlu": 5, "hellaswag": 0}
 
 
 def default_include_paths(extra: list[str | Path] | None = None) -> list[Path]:
-    """evalkit's tasks/ folder (package data), then the user's folders.
-
-    lm-eval lets later folders override earlier ones, so a user's task of the same name wins.
-    """
+    """evalkit's tasks/ folder (package data), then the user's folders: lm-eval lets later folders
+    override earlier ones, so a user's task of the same name wins."""
     paths = [TASKS_DIR] if TASKS_DIR.is_dir() else []
     for path in extra or []:
         path = Path(path).expanduser().resolve()
@@ -75,13 +73,10 @@ class TaskCatalog:
             return STANDARD_FEWSHOT[standard], f"evalkit standard for {standard}"
         return None, "lm-eval default"
 
-    def leaf_tasks(self, name: str) -> int:
+    def leaf_tasks(self, name: str, seen: frozenset[str] = frozenset()) -> int:
         """How many tasks `name` scores (a group's or tag's leaves, recursively; 1 for a task), read from
         the task index alone (no dataset is loaded): the cost that balances shards (mmlu's 57 against one).
-        An unknown name or a group that names itself counts 1."""
-        return self._leaves(name, frozenset())
-
-    def _leaves(self, name: str, seen: frozenset[str]) -> int:
+        An unknown name or a group that names itself (`seen`: the groups above it) counts 1."""
         entry = self.manager.task_index.get(name)
         if entry is None or name in seen:
             return 1
@@ -93,7 +88,7 @@ class TaskCatalog:
         else:
             return 1
         # an inline task config (a dict in the group's list) is one task
-        return max(1, sum(self._leaves(c, seen | {name}) if isinstance(c, str) else 1 for c in children))
+        return max(1, sum(self.leaf_tasks(c, seen | {name}) if isinstance(c, str) else 1 for c in children))
 
     @contextmanager
     def loading(self, name: str) -> Iterator[None]:

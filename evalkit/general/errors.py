@@ -15,10 +15,8 @@ class DatasetUnavailable(TaskCannotRun):
 
 class RequestsExceedWindow(TaskCannotRun):
     """Some requests need more tokens than the model window; nothing of the task was computed.
-
-    `documents` and `over` name, per lm-eval task, the documents of every request checked and of
-    those that did not fit, so a rerun can score the documents that fit (--too-long documents).
-    """
+    `documents` and `over`: per lm-eval task, the documents of every request checked and of those
+    that did not fit, so a rerun can score the documents that fit (--too-long documents)."""
 
     def __init__(
         self,

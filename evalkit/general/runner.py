@@ -58,8 +58,7 @@ class GeneralSettings:
     engine_settings: dict[str, Any] = setting(default_factory=dict, execution_keys=("batch_size", "device"))
     # Where lm-eval finds task files: paths of this checkout, not keyed (a task is keyed by its name).
     include_paths: list[str] = setting(default_factory=list, role=EXECUTION)
-    # A document over the window skips its task, itself ("documents") or its middle.
-    too_long: str = "task"
+    too_long: str = "task"  # TOO_LONG_CHOICES
 
     def __post_init__(self) -> None:
         """Validated once, here, before anything is loaded; a bad value is one line naming its option."""
@@ -241,9 +240,12 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
 
 
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
+    from evalkit.models.precision import default_dtype
+
     shots, source = catalog.fewshot(name, settings.num_fewshot)
-    key = task_key(settings, name, shots, _engine_dtype(settings.engine_settings))
-    return TaskPlan(name, shots, source, key)
+    asked = settings.engine_settings
+    dtype = asked.get("dtype") or default_dtype(asked.get("device") or "auto")
+    return TaskPlan(name, shots, source, task_key(settings, name, shots, dtype))
 
 
 def task_key(settings: GeneralSettings, task: str, shots: int | None, dtype: str) -> str:
@@ -253,12 +255,6 @@ def task_key(settings: GeneralSettings, task: str, shots: int | None, dtype: str
     asking for the default is the same key as asking for none)."""
     asked = {name: value for name, value in settings.engine_settings.items() if name != "dtype"}
     return identity_key(replace(settings, engine_settings=asked), task=task, num_fewshot=shots, dtype=dtype)
-
-
-def _engine_dtype(engine_settings: dict[str, Any]) -> str:
-    from evalkit.models.precision import default_dtype
-
-    return engine_settings.get("dtype") or default_dtype(engine_settings.get("device") or "auto")
 
 
 # ---------------------------------------------------------------------- one task

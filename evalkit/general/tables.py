@@ -18,11 +18,8 @@ AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot")
 
 
 def run_averages(rows: list[ResultRow]) -> list[dict[str, Any]]:
-    """Per run and (requested, task, metric, filter, shots): mean and population std over checkpoints.
-
-    Each average names the steps it covers: a checkpoint where a task was skipped is absent from
-    that task's average, and says so, rather than counted as zero.
-    """
+    """Per run and (requested, task, metric, filter, shots): mean and population std over checkpoints,
+    with the steps covered: a checkpoint where a task was skipped is absent from it, not a zero."""
     values: dict[tuple, dict[int, float]] = {}
     for row in sorted(rows, key=lambda r: (r.run, r.step)):
         if row.value is not None:
