@@ -179,7 +179,7 @@ def load_trainer_state(path: Path) -> dict:
 def resume_weights(path: Path, trainer_state: dict) -> dict[str, torch.Tensor]:
     """The fp32 weights to resume from: the trainer state's master copy (bf16 checkpoints), else
     model.safetensors (fp32 checkpoints, and every checkpoint written before bf16 ones existed)."""
-    master = trainer_state.pop(MASTER_WEIGHTS, None)
+    master = trainer_state.get(MASTER_WEIGHTS)
     return master if master is not None else load_model_state(path)
 
 
