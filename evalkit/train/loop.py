@@ -454,8 +454,8 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext) -> dict | None:
-    """The trainer state --resume continues from, checked and read whole before any work starts, its
-    MASTER_WEIGHTS the fp32 weights; None to start at 0. Distributed, rank 0 alone reads; the others
+    """The trainer state --resume continues from (ckpt.load_trainer_state), checked and read whole
+    before any work starts; None to start at 0. Distributed, rank 0 alone reads; the others
     receive the small part (step, scheduler, data position, RNG) or rank 0's error, and the weights
     and optimizer state by broadcast later."""
     if not ctx.distributed:
@@ -488,9 +488,7 @@ def _read_resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: di
     meta = _read_meta(resume_from)
     _check_resume_config(meta.get("config", {}), config)
     check_checkpoint(resume_from, trust_remote_code=True)  # a truncated model.safetensors: one line, not a traceback
-    state = ckpt.load_trainer_state(resume_from)
-    state[ckpt.MASTER_WEIGHTS] = ckpt.resume_weights(resume_from, state)
-    return state
+    return ckpt.load_trainer_state(resume_from)
 
 
 def _read_meta(checkpoint: Path) -> dict:
