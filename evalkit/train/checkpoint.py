@@ -170,17 +170,16 @@ def _write_config(folder: Path, config: dict, dtype: torch.dtype) -> None:
 
 
 def load_trainer_state(path: Path) -> dict:
+    """The trainer state to resume from, its MASTER_WEIGHTS the fp32 weights: the master copy a bf16
+    checkpoint stores there, else model.safetensors (fp32 checkpoints, and every checkpoint written
+    before bf16 ones existed)."""
     try:
-        return torch.load(Path(path) / TRAINER_STATE, map_location="cpu", weights_only=True)
+        state = torch.load(Path(path) / TRAINER_STATE, map_location="cpu", weights_only=True)
     except Exception as err:
         raise UserError(f"cannot read the trainer state in {path}: {str(err).splitlines()[0]}") from None
-
-
-def resume_weights(path: Path, trainer_state: dict) -> dict[str, torch.Tensor]:
-    """The fp32 weights to resume from: the trainer state's master copy (bf16 checkpoints), else
-    model.safetensors (fp32 checkpoints, and every checkpoint written before bf16 ones existed)."""
-    master = trainer_state.pop(MASTER_WEIGHTS, None)
-    return master if master is not None else load_model_state(path)
+    if state.get(MASTER_WEIGHTS) is None:
+        state[MASTER_WEIGHTS] = load_model_state(path)
+    return state
 
 
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:

@@ -30,17 +30,22 @@ from evalkit.train.regime import BF16_DTYPES, DTYPES
 from evalkit.train.synthetic import PHRASINGS
 
 
+def _at_least(lowest: int, default: Any, note: str = "") -> Any:
+    """A field that must be at least `lowest` unless null (validate); `note` says what the bound means."""
+    return field(default=default, metadata={"at_least": (lowest, note)})
+
+
 @dataclass
 class ModelConfig:
     path: str | None = None  # a local HF checkpoint (or hub name) to continue pretraining; None: build from scratch
     arch: str = "llama"  # from scratch: llama | qwen2 | mistral
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    intermediate_size: int = 688
+    hidden_size: int = _at_least(1, 256)
+    num_layers: int = _at_least(1, 4)
+    num_heads: int = _at_least(1, 4)
+    num_kv_heads: int = _at_least(1, 4)
+    intermediate_size: int = _at_least(1, 688)
     # from scratch; default 4 x seq_len, so RULER can go beyond training length
-    max_position_embeddings: int | None = None
+    max_position_embeddings: int | None = _at_least(1, None, " (or null: 4 x seq_len)")
     rope_theta: float | None = None  # overrides the checkpoint's base: the paper's only RoPE change
     tie_embeddings: bool = True
     # evalkit implementation: auto (blocked on CPU, flex on CUDA) | blocked | flex | flash | dense
@@ -58,13 +63,14 @@ class DataConfig:
     text_field: str = "text"
     domain_field: str = "domain"  # optional in the data; the domain tags of anchor_tag come from it
     tokenizer: str | None = None  # default: the checkpoint's own, or the built-in BPE for a model built from scratch
-    vocab_size: int = 2048  # built-in BPE only
+    vocab_size: int = _at_least(1, 2048)  # built-in BPE only
     retrieval_fraction: float = 0.5  # built-in corpus: share of synthetic retrieval documents
-    num_retrieval_docs: int = 4000  # built-in corpus: how many synthetic retrieval documents to draw
+    num_retrieval_docs: int = _at_least(0, 4000)  # built-in corpus: how many synthetic retrieval documents to draw
     copy_fraction: float = 0.0  # built-in corpus: share of synthetic copy documents (the induction skill alone)
     # built-in corpus: plain (three fixed templates), varied (many phrasings) or broad (more, RULER's among them)
     retrieval_phrasing: str = "plain"
-    max_documents: int | None = None  # use only the first N documents of the source
+    # use only the first N documents of the source
+    max_documents: int | None = _at_least(1, None, " (or null: every document)")
     # What opens a window that continues a document cut at the end of the previous one: "bos" (a BOS
     # at position 0 in every paradigm, as the anchor's) | "document" (no BOS: the packing of runs
     # made before this setting). evalkit.attention.packing says more.
@@ -73,22 +79,23 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-5
-    weight_decay: float = 0.1
+    # torch's AdamW refuses some bad values itself, but with a traceback once the model is built
+    lr: float = _at_least(0, 2e-5, " (0 keeps the weights as they are)")
+    weight_decay: float = _at_least(0, 0.1)
     beta1: float = 0.9
     beta2: float = 0.95
-    eps: float = 1e-8
-    warmup_steps: int = 0
+    eps: float = _at_least(0, 1e-8)
+    warmup_steps: int = _at_least(0, 0)
     schedule: str = "constant"  # constant | cosine (to min_lr_ratio x lr)
     min_lr_ratio: float = 0.1
-    grad_clip: float | None = 1.0
+    grad_clip: float | None = _at_least(0, 1.0, " (0 or null: no clipping)")
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 100  # a checkpoint to resume from every N steps
-    final_count: int = 5  # the evaluation window: the last K checkpoints ...
-    final_spacing: int = 10  # ... M steps apart, ending at max_steps
+    every: int = _at_least(1, 100)  # a checkpoint to resume from every N steps
+    final_count: int = _at_least(1, 5)  # the evaluation window: the last K checkpoints ...
+    final_spacing: int = _at_least(1, 10)  # ... M steps apart, ending at max_steps
     keep_periodic: bool = False  # keep resume checkpoints outside the evaluation window
     # Distributed: how long the other ranks wait for rank 0 to write a checkpoint or read one
     # (a gloo group of its own, so the training group's collective timeout never sees the wait)
@@ -99,10 +106,11 @@ class CheckpointConfig:
 class TrainConfig:
     name: str = "run"
     paradigm: Paradigm = Paradigm.ANCHOR
-    seq_len: int = 1024
-    max_steps: int = 200
-    windows_per_step: int = 8  # the global batch, in windows
-    micro_batch: int = 1  # windows per forward pass on each process (gradient accumulation covers the rest)
+    seq_len: int = _at_least(16, 1024)
+    max_steps: int = _at_least(1, 200)
+    windows_per_step: int = _at_least(1, 8)  # the global batch, in windows
+    # windows per forward pass on each process (gradient accumulation covers the rest)
+    micro_batch: int = _at_least(1, 1)
     # fp32 | bf16 (autocast over fp32 weights) | bf16_full (bf16 weights, buffers and residual stream,
     # fp32 masters in the optimizer: the released code's regime); evalkit.train.regime
     dtype: str = "fp32"
@@ -135,119 +143,79 @@ class TrainConfig:
         }
 
     def validate(self) -> None:
-        _check_finite(self)
-        m, o, d = self.model, self.optim, self.data
-        choices = {  # setting: (its value, the values it may take)
-            "dtype": (self.dtype, DTYPES),
-            "model.arch": (m.arch, ("llama", "qwen2", "mistral")),
-            "model.attention": (m.attention, ("auto", "blocked", "flex", "flash", "dense")),
-            "model.window_anchor": (m.window_anchor, ("window", "sink")),
-            "optim.schedule": (o.schedule, ("constant", "cosine")),
-            "data.retrieval_phrasing": (d.retrieval_phrasing, PHRASINGS),
-            "data.window_start": (d.window_start, WINDOW_STARTS),
-        }
-        checks = [
-            (self.seq_len >= 16, f"seq_len must be at least 16, got {self.seq_len}"),
-            (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
-            (
-                self.windows_per_step >= 1 and self.micro_batch >= 1,
-                "windows_per_step and micro_batch must be at least 1",
-            ),
-            *[
-                (value in allowed, f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-                for name, (value, allowed) in choices.items()
-            ],
-            (
-                self.rope_precision in ROPE_PRECISIONS,
-                f"rope_precision must be {' or '.join(ROPE_PRECISIONS)}, got {self.rope_precision!r}",
-            ),
-            (
-                self.rope_precision == "fp32" or self.dtype in BF16_DTYPES,
-                "rope_precision=bf16 needs dtype=bf16 or bf16_full (an fp32 run has no bf16 to rotate in)",
-            ),
-            (
-                m.attention != "flash" or self.dtype in BF16_DTYPES,
-                "model.attention=flash needs dtype=bf16 or bf16_full (flash-attn runs fp16/bf16 only)",
-            ),
-            (0.0 <= d.retrieval_fraction <= 1.0, "data.retrieval_fraction must be between 0 and 1"),
-            (
-                0.0 <= d.copy_fraction and d.retrieval_fraction + d.copy_fraction <= 1.0,
-                "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1",
-            ),
-            (
-                self.checkpoint.every >= 1 and self.checkpoint.final_count >= 1 and self.checkpoint.final_spacing >= 1,
-                "checkpoint.every, final_count and final_spacing must be at least 1",
-            ),
-            (
-                self.checkpoint.io_timeout_minutes > 0,
-                f"checkpoint.io_timeout_minutes must be positive, got {self.checkpoint.io_timeout_minutes}",
-            ),
-            *_model_checks(m),
-            *_optim_checks(o),
-            (
-                d.vocab_size >= 1 and d.num_retrieval_docs >= 0,
-                "data.vocab_size must be at least 1 and data.num_retrieval_docs at least 0",
-            ),
-            (
-                d.max_documents is None or d.max_documents >= 1,
-                f"data.max_documents must be at least 1 (or null: every document), got {d.max_documents}",
-            ),
-        ]
-        for ok, message in checks:
+        _check_numbers(self)
+        for ok, message in _rules(self):
             if not ok:
                 raise UserError(message)
 
 
-def _check_finite(section: Any, prefix: str = "") -> None:
-    """No float setting may be nan or inf (`--set optim.lr=nan` parses as a float): a run trained
-    with one would log nan losses from its first step on."""
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if dataclasses.is_dataclass(value):
-            _check_finite(value, f"{prefix}{f.name}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{prefix}{f.name} must be a finite number, got {value}")
-
-
-def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
-    sizes = (m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size)
+def _rules(c: TrainConfig) -> list[tuple[bool, str]]:
+    """The settings' other rules, as (holds, the error if not); the _at_least bounds hold already."""
+    m, o, d = c.model, c.optim, c.data
+    choices = {  # setting: (its value, the values it may take)
+        "dtype": (c.dtype, DTYPES),
+        "model.arch": (m.arch, ("llama", "qwen2", "mistral")),
+        "model.attention": (m.attention, ("auto", "blocked", "flex", "flash", "dense")),
+        "model.window_anchor": (m.window_anchor, ("window", "sink")),
+        "optim.schedule": (o.schedule, ("constant", "cosine")),
+        "data.retrieval_phrasing": (d.retrieval_phrasing, PHRASINGS),
+        "data.window_start": (d.window_start, WINDOW_STARTS),
+    }
     return [
+        *[
+            (value in allowed, f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+            for name, (value, allowed) in choices.items()
+        ],
         (
-            min(sizes) >= 1,
-            "model.hidden_size, num_layers, num_heads, num_kv_heads and intermediate_size must be at least 1",
+            c.rope_precision in ROPE_PRECISIONS,
+            f"rope_precision must be {' or '.join(ROPE_PRECISIONS)}, got {c.rope_precision!r}",
         ),
         (
-            min(sizes) < 1 or (m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0),
-            (
-                f"model.hidden_size ({m.hidden_size}) must be a multiple of model.num_heads ({m.num_heads}), "
-                f"and num_heads a multiple of model.num_kv_heads ({m.num_kv_heads})"
-            ),
+            c.rope_precision == "fp32" or c.dtype in BF16_DTYPES,
+            "rope_precision=bf16 needs dtype=bf16 or bf16_full (an fp32 run has no bf16 to rotate in)",
         ),
         (
-            m.max_position_embeddings is None or m.max_position_embeddings >= 1,
-            f"model.max_position_embeddings must be at least 1 (or null: 4 x seq_len), got {m.max_position_embeddings}",
+            m.attention != "flash" or c.dtype in BF16_DTYPES,
+            "model.attention=flash needs dtype=bf16 or bf16_full (flash-attn runs fp16/bf16 only)",
+        ),
+        (
+            m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0,
+            f"model.hidden_size ({m.hidden_size}) must be a multiple of model.num_heads ({m.num_heads}), "
+            f"and num_heads a multiple of model.num_kv_heads ({m.num_kv_heads})",
         ),
         (m.rope_theta is None or m.rope_theta > 0, f"model.rope_theta must be positive (or null), got {m.rope_theta}"),
-    ]
-
-
-def _optim_checks(o: OptimConfig) -> list[tuple[bool, str]]:
-    # torch's AdamW refuses some of these itself, but with a traceback once the model is built.
-    return [
-        (o.lr >= 0, f"optim.lr must be at least 0 (0 keeps the weights as they are), got {o.lr}"),
-        (o.weight_decay >= 0, f"optim.weight_decay must be at least 0, got {o.weight_decay}"),
+        (
+            0.0 <= d.retrieval_fraction <= 1.0,
+            f"data.retrieval_fraction must be between 0 and 1, got {d.retrieval_fraction}",
+        ),
+        (
+            0.0 <= d.copy_fraction and d.retrieval_fraction + d.copy_fraction <= 1.0,
+            "data.copy_fraction must be at least 0, and retrieval_fraction + copy_fraction at most 1",
+        ),
         (
             0 <= o.beta1 < 1 and 0 <= o.beta2 < 1,
             f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}",
         ),
-        (o.eps >= 0, f"optim.eps must be at least 0, got {o.eps}"),
-        (o.warmup_steps >= 0, f"optim.warmup_steps must be at least 0, got {o.warmup_steps}"),
         (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be between 0 and 1, got {o.min_lr_ratio}"),
         (
-            o.grad_clip is None or o.grad_clip >= 0,
-            f"optim.grad_clip must be at least 0 (0 or null: no clipping), got {o.grad_clip}",
+            c.checkpoint.io_timeout_minutes > 0,
+            f"checkpoint.io_timeout_minutes must be positive, got {c.checkpoint.io_timeout_minutes}",
         ),
     ]
+
+
+def _check_numbers(section: Any, prefix: str = "") -> None:
+    """Every float finite (`--set optim.lr=nan` parses as a float: a run trained with one would log
+    nan losses from its first step on), every _at_least field (unless null) at least its bound."""
+    for f in dataclasses.fields(section):
+        name, value = f"{prefix}{f.name}", getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_numbers(value, f"{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{name} must be a finite number, got {value}")
+        elif "at_least" in f.metadata and value is not None and value < f.metadata["at_least"][0]:
+            lowest, note = f.metadata["at_least"]
+            raise UserError(f"{name} must be at least {lowest}{note}, got {value}")
 
 
 def _looks_local(name: str) -> bool:

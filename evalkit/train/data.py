@@ -22,7 +22,7 @@ from evalkit.attention.anchor import anchor_token_id
 from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
-from evalkit.train.synthetic import SYNTHETIC_VERSION, copy_document, retrieval_document
+from evalkit.train.synthetic import SYNTHETIC_VERSION, copy_example, retrieval_example
 
 
 class DocumentSource(Protocol):
@@ -85,8 +85,8 @@ class BuiltinSource:
             return self._prose[index % len(self._prose)], "prose"
         index -= num_prose
         if index < self._num_retrieval:
-            return retrieval_document(index, self._seed, self._seq_len, self._phrasing), "retrieval"
-        return copy_document(index - self._num_retrieval, self._seed, self._seq_len), "copy"
+            return retrieval_example(index, self._seed, self._seq_len, self._phrasing).text, "retrieval"
+        return copy_example(index - self._num_retrieval, self._seed, self._seq_len).text, "copy"
 
 
 class JsonlSource:

@@ -291,15 +291,6 @@ def load_initial_weights(model, config: TrainConfig, tokenizer, ctx: distributed
 
 
 @dataclass
-class _ResumePoint:
-    """What a resumed run continues from, all read (and checked) before any work starts."""
-
-    step: int
-    trainer_state: dict  # distributed, on ranks other than 0: without the optimizer state
-    weights: dict[str, torch.Tensor]  # distributed, on ranks other than 0: empty
-
-
-@dataclass
 class _Run:
     """What the steps and saves of a run work on, built once by _train."""
 
@@ -323,7 +314,7 @@ def _train(
     _check_batch_split(config, ctx)
     distributed.open_io_group(ctx, config.checkpoint.io_timeout_minutes)
     point = _resume_point(run_dir, config, resume, ctx)
-    metrics = _metrics_to_keep(run_dir / METRICS, point.step if point else 0)
+    metrics = _metrics_to_keep(run_dir / METRICS, point["step"] if point else 0)
     # The data is read whole (and checked) before the model is built: a bad file costs no model.
     source = open_source(config.data, config.seed, config.seq_len)
     if ctx.is_main:  # one process trains a run directory at a time; taken once every input is checked
@@ -359,12 +350,11 @@ def _check_batch_split(config: TrainConfig, ctx: distributed.DistContext) -> Non
         )
 
 
-def _restore(point: _ResumePoint | None, model, optimizer, scheduler, stream, ctx) -> tuple[int, int]:
+def _restore(state: dict | None, model, optimizer, scheduler, stream, ctx) -> tuple[int, int]:
     """(step, tokens seen) to continue from: 0 and 0, or the resume point's, its state loaded."""
-    if point is None:
+    if state is None:
         return 0, 0
-    state = point.trainer_state
-    weights = {f"lm.{k}": v for k, v in point.weights.items()}
+    weights = {f"lm.{k}": v for k, v in state.get(ckpt.MASTER_WEIGHTS, {}).items()}
     distributed.load_full_state(model, weights, ctx, optimizer, state.get("optimizer", {}))
     scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["stream"])
@@ -463,35 +453,30 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _resume_point(
-    run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext
-) -> _ResumePoint | None:
-    """The checkpoint --resume continues from, checked and read whole (_read_resume_point); None to
-    start at 0. Distributed, rank 0 alone reads; the others receive the small part (step, scheduler,
-    data position, RNG) or rank 0's error, and the weights and optimizer state by broadcast later."""
+def _resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext) -> dict | None:
+    """The trainer state --resume continues from (ckpt.load_trainer_state), checked and read whole
+    before any work starts; None to start at 0. Distributed, rank 0 alone reads; the others
+    receive the small part (step, scheduler, data position, RNG) or rank 0's error, and the weights
+    and optimizer state by broadcast later."""
     if not ctx.distributed:
         return _read_resume_point(run_dir, config, resume, ctx)
-    point, error = None, None
+    state, error = None, None
     if ctx.is_main:
         try:
-            point = _read_resume_point(run_dir, config, resume, ctx)
+            state = _read_resume_point(run_dir, config, resume, ctx)
         except UserError as err:
             error = str(err)
-    small = None if point is None else {k: v for k, v in point.trainer_state.items() if k not in _RANK0_ONLY}
+    small = None if state is None else {k: v for k, v in state.items() if k not in _RANK0_ONLY}
     error, small = distributed.broadcast_object((error, small), ctx)
     if error is not None:
         raise UserError(error)
-    if ctx.is_main or small is None:
-        return point
-    return _ResumePoint(step=small["step"], trainer_state=small, weights={})
+    return state if ctx.is_main else small
 
 
 _RANK0_ONLY = ("optimizer", ckpt.MASTER_WEIGHTS)  # the trainer state's large parts: read by rank 0 alone
 
 
-def _read_resume_point(
-    run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext
-) -> _ResumePoint | None:
+def _read_resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext) -> dict | None:
     existing = ckpt.complete_checkpoints(run_dir)
     if existing and not resume:
         raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
@@ -503,8 +488,7 @@ def _read_resume_point(
     meta = _read_meta(resume_from)
     _check_resume_config(meta.get("config", {}), config)
     check_checkpoint(resume_from, trust_remote_code=True)  # a truncated model.safetensors: one line, not a traceback
-    state = ckpt.load_trainer_state(resume_from)
-    return _ResumePoint(step=state["step"], trainer_state=state, weights=ckpt.resume_weights(resume_from, state))
+    return ckpt.load_trainer_state(resume_from)
 
 
 def _read_meta(checkpoint: Path) -> dict:

@@ -122,16 +122,10 @@ class RetrievalExample:
     answers: tuple[tuple[int, int], ...]
 
 
-def retrieval_document(index: int, seed: int, max_tokens: int, phrasing: str = "plain") -> str:
-    """Document `index` of the synthetic stream: deterministic in (index, seed, max_tokens, phrasing)."""
-    return retrieval_example(index, seed, max_tokens, phrasing).text
-
-
 def retrieval_example(index: int, seed: int, max_tokens: int, phrasing: str = "plain") -> RetrievalExample:
-    """Document `index` with its value spans: up to 12 key -> 7-digit facts at random depths of the
-    filler, then questions about some of them, each answered, worded as `phrasing` (PHRASINGS) says."""
-    if phrasing not in PHRASINGS:
-        raise ValueError(f"unknown phrasing {phrasing!r}")
+    """Retrieval document `index` (deterministic in the arguments) with its value spans: up to 12
+    key -> 7-digit facts at random depths of the filler, then questions about some of them, each
+    answered, worded as `phrasing` (PHRASINGS) says."""
     varied = phrasing != "plain"
     rng = random.Random(
         f"retrieval-{SYNTHETIC_VERSION}-{seed}-{index}" + ("" if phrasing == "plain" else f"-{phrasing}")
@@ -213,13 +207,9 @@ def _copy_item(rng: random.Random) -> str:
     return str(rng.randrange(10 ** (digits - 1), 10**digits))
 
 
-def copy_document(index: int, seed: int, max_tokens: int) -> str:
-    """Copy document `index`: deterministic in (index, seed, max_tokens)."""
-    return copy_example(index, seed, max_tokens).text
-
-
 def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
-    """Copy document `index`: segments of random items, each repeated after a random gap.
+    """Copy document `index` (deterministic in the arguments): random items in segments, each
+    repeated after a random gap.
 
     The repeat can be predicted only by finding the segment's earlier occurrence by its content
     (its distance varies). `answers` span each repeat from its second item on (the first cannot

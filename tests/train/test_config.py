@@ -54,6 +54,10 @@ def test_paper_recipes_match_the_paper():
         (["rope_precision=bf16"], "rope_precision=bf16 needs dtype=bf16"),
         (["model.attention=flash"], "model.attention=flash needs dtype=bf16"),
         (["data.retrieval_phrasing=fancy"], "data.retrieval_phrasing must be one of plain, varied, broad"),
+        (["micro_batch=0"], "micro_batch must be at least 1, got 0"),
+        (["model.num_kv_heads=0"], "model.num_kv_heads must be at least 1, got 0"),
+        (["data.max_documents=0"], "data.max_documents must be at least 1 (or null: every document), got 0"),
+        (["checkpoint.final_spacing=-2"], "checkpoint.final_spacing must be at least 1, got -2"),
         (
             ["data.retrieval_fraction=0.7", "data.copy_fraction=0.4"],
             "data.copy_fraction must be at least 0, and retrieval_fraction",

@@ -9,7 +9,7 @@ from evalkit.corpus.prose import prose_documents
 from evalkit.errors import UserError
 from evalkit.train.config import DataConfig
 from evalkit.train.data import BuiltinSource, JsonlSource, WindowStream, domain_tag_ids, open_source
-from evalkit.train.synthetic import SYNTHETIC_VERSION, copy_document, retrieval_document
+from evalkit.train.synthetic import SYNTHETIC_VERSION, copy_example, retrieval_example
 
 
 def write_jsonl(path, docs):
@@ -85,7 +85,7 @@ def test_builtin_source_mixes_copy_documents_in_their_share():
     assert 0.1 < domains.count("prose") / len(domains) < 0.3
     assert source.domains() == ["copy", "prose", "retrieval"]
     copy_text = next(source[i][0] for i in range(len(source)) if source[i][1] == "copy")
-    assert copy_text == copy_document(0, 0, 256)
+    assert copy_text == copy_example(0, 0, 256).text
 
 
 def test_a_corpus_without_copy_documents_keeps_its_fingerprint():
@@ -101,7 +101,7 @@ def test_a_corpus_without_copy_documents_keeps_its_fingerprint():
         DataConfig(retrieval_fraction=0.5, num_retrieval_docs=500, retrieval_phrasing="varied"), 0, 1024
     )
     assert len({source.fingerprint, with_copy.fingerprint, varied.fingerprint}) == 3
-    assert varied[len(varied) - 1][0] == retrieval_document(499, 0, 1024, "varied")
+    assert varied[len(varied) - 1][0] == retrieval_example(499, 0, 1024, "varied").text
 
 
 def test_domain_tags_from_builtin_tokenizer(tokenizer):

@@ -8,14 +8,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from evalkit.train.config import DataConfig
+from evalkit.train.data import BuiltinSource
 from evalkit.train.retrieval_check import HELD_OUT_FROM, answer_accuracy, span_tokens
-from evalkit.train.synthetic import copy_document, copy_example, retrieval_document, retrieval_example
+from evalkit.train.synthetic import copy_example, retrieval_example
 
 
 @pytest.mark.parametrize("index", range(0, 400, 7))
 def test_spans_name_each_asked_value_stated_before_it_is_asked(index):
     example = retrieval_example(index, seed=3, max_tokens=1024)
-    assert example.text == retrieval_document(index, 3, 1024)
+    trained = BuiltinSource(DataConfig(retrieval_fraction=1.0, num_retrieval_docs=400), seed=3, seq_len=1024)
+    assert example.text == trained[index][0]  # the document training reads
     assert example.answers and len(example.facts) == len(example.answers)
     questions_start = example.text.rindex("\n", 0, example.answers[0][0]) + 1
     for (a, b), (c, d) in zip(example.facts, example.answers):
@@ -105,9 +108,10 @@ def test_broad_phrasing_is_its_own_stream_with_the_wider_wording():
 
 
 def test_copy_spans_are_exact_repeats_of_their_first_occurrence():
+    trained = BuiltinSource(DataConfig(retrieval_fraction=0.0, copy_fraction=1.0, num_retrieval_docs=20), 0, 512)
     for index in range(20):
         example = copy_example(index, 0, 512)
-        assert example.text == copy_document(index, 0, 512)
+        assert example.text == trained[index][0]  # the document training reads
         assert len(example.facts) == len(example.answers) >= 1
         for (a, b), (c, d) in zip(example.facts, example.answers):
             assert b <= c and example.text[a:b] == example.text[c:d] and example.text[a:b].strip()
