@@ -5,33 +5,26 @@ at least L tokens (the checkpoint's tokenizer; BOS first when the tokenizer has 
 its first L tokens; the loss over positions 1..L-1 (the token at position p predicted from
 positions 0..p-1); perplexity = exp of the token-weighted mean negative log-likelihood over the
 documents. A shorter document is not used at L; a length no document reaches is skipped.
+Per document the log keeps its NLL summed in doubling position buckets (bucket 0: [1, 128),
+bucket b: [128 * 2^(b-1), 128 * 2^b)), which add up to its total.
 
-Per document the log keeps its NLL summed in doubling position buckets (positions 1-127,
-128-255, 256-511, ...: bucket b covers [128 * 2^(b-1), 128 * 2^b), bucket 0 [1, 128)), so the
-buckets add up to the document's total and the per-position curve is token-weighted like it.
-
---key-tokens (LongPPL, Fang et al., 2024, "What is Wrong with Perplexity for Long-context
-Language Modeling?", arXiv:2410.23771): a token is a key token when its log-probability with the
-whole document before it (LCL) exceeds -2 and exceeds by more than 2 (LSD) its log-probability
-from a short window of that document: the paper's alpha = 2 and beta = -2, with the model itself
-as the evaluator (the paper's default evaluator is a separate, larger model). The short window:
-W = min(1024, L/4) tokens (1024: the paper's), the document read in blocks of W, a token of block
-k seeing blocks k-1 and k only (between W and 2W-1 tokens before it; positions counted from the
-window's start). LongPPL = exp of the mean long-context NLL over the key tokens.
+--key-tokens (LongPPL, Fang et al., 2024, arXiv:2410.23771): a key token's log-probability with
+the whole document before it (LCL) exceeds -2 and exceeds by more than 2 (LSD) its
+log-probability from a short window (the paper's alpha = 2, beta = -2; the model is its own
+evaluator, the paper's default is a larger one). The window: W = min(1024, L/4) tokens (1024: the
+paper's), the document read in blocks of W, block k's tokens seeing blocks k-1 and k only.
+LongPPL = exp of the mean long-context NLL over the key tokens.
 
 --encoding anchor (README, "Perplexity"): the document's first L tokens as AnchorAttention trains
-on packed documents. After the anchor (the BOS; a tokenizer without one: its EOS, as
-engines.tokens.packed_layout anchors, and then all L tokens follow it), the tokens are cut into
-consecutive pieces of --doc-tokens tokens, laid out by packed_layout, [anchor] p1 EOS p2 EOS ...,
-positions 0..n-1, each piece attending to itself and the anchor only. The same tokens as standard
-are scored (document positions 1..L-1, never an inserted EOS), each at the fed position before it:
-a piece's first token at the EOS closing the piece before, which sees that piece and the anchor.
-Key tokens use these long-context scores against the same short windows as standard.
+on packed documents: after the anchor (the BOS; without one, packed_layout's EOS anchor before all
+L tokens), pieces of --doc-tokens tokens laid out by engines.tokens.packed_layout, [anchor] p1 EOS
+p2 EOS ..., each attending to itself and the anchor only. The same document positions 1..L-1 are
+scored (never an inserted EOS), each at the fed position before it: a piece's first token at the
+EOS closing the piece before. Key tokens compare these scores with standard's short windows.
 
-The hf engine scores a batch of documents (all exactly L tokens: no padding) chunk by chunk
-through the KV cache, so only one chunk's logits exist at a time; vLLM scores with
-prompt_logprobs. A unit is one length; its documents are logged one record each as they finish
-(<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes without redoing them.
+The hf engine scores a batch (all exactly L tokens: no padding) chunk by chunk through the KV
+cache, one chunk's logits at a time; vLLM scores with prompt_logprobs. A unit is one length; each
+document is logged as it finishes (<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -145,11 +138,10 @@ def _jsonl_documents(path: Path) -> list[str]:
 
 
 def _dataset_documents(path: Path) -> list[str]:
-    import importlib.util
-
-    if importlib.util.find_spec("datasets") is None:
-        raise UserError(f"--data {path} is a directory: reading a saved dataset needs `pip install datasets`")
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"--data {path} is a directory: reading a saved dataset needs `pip install datasets`") from None
 
     try:
         loaded = datasets.load_from_disk(str(path))
@@ -168,10 +160,6 @@ def document_tokens(tokenizer, text: str) -> list[int]:
     """The document's token ids, BOS first when the tokenizer has one."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else list(ids)
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # ---- scoring ------------------------------------------------------------------------------------
@@ -387,7 +375,7 @@ class PplBenchmark(Benchmark):
                 f"no document of the {len(tokens)} reaches {length} tokens (longest: {max(map(len, tokens))})",
                 documents=len(tokens),
             )
-        documents = [(i, _sha(self.documents()[i])) for i in chosen]
+        documents = [(i, hashlib.sha256(self.documents()[i].encode()).hexdigest()[:16]) for i in chosen]
         # one file per length, every encoding and setting under its own key (SampleLog's shared log)
         log = SampleLog(store.file(".jsonl"), self._key(store.ref), store.writer, identify=_document, shared=True)
         todo = [document for document in documents if document not in log.records]

@@ -1,11 +1,10 @@
 """`evalkit merge`: join the outputs of a sweep's shards (`--shard I/N`, one --out each) into one.
 
-Every file of every shard is copied to the same place in the destination (per-sample logs,
-per-task records); each checkpoint's summaries are joined into one, their result rows and
-skips back in the benchmark's unit order, so the merged output reads as the unsharded run
-would have written it (`evalkit leaderboard`, or a local rerun into it that computes nothing).
-Refused with one line, before anything is written: shards of different sweeps (another plan),
-the same shard twice or two shards holding one unit or file, an incomplete set, an output
+Every file of every shard is copied to its place in the destination; each checkpoint's summaries
+are joined into one, rows and skips back in the benchmark's unit order, so the merged output
+reads as the unsharded run's (`evalkit leaderboard`, or a local rerun into it that computes
+nothing). Refused with one line, before anything is written: shards of different sweeps (another
+plan), the same shard twice or two shards holding one unit or file, an incomplete set, an output
 that is not a shard's. The destination is built beside itself and renamed into place.
 """
 

@@ -155,9 +155,8 @@ def run_command(
     ray_address: str | None,
     ray_resources: str | None,
 ) -> Any:
-    """A benchmark command's body past its own settings: `run` (run_benchmark bound to the benchmark,
-    or the benchmark's run function bound to its settings) on the checkpoints the shared options name,
-    shown as it goes, then `report` with `table`. The pipeline checks --out; returns the run."""
+    """A benchmark command's body past its own settings: `run` (run_benchmark bound to its benchmark)
+    on the checkpoints named, shown as it goes, then `report` with `table`; returns the run."""
     from rich.console import Console
 
     from evalkit.models.refs import resolve_checkpoints

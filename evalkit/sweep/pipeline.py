@@ -6,18 +6,15 @@
         ──▶ <out>/<run>/step-<N>/<name>-summary.json   rows, skips, provenance, the checkpoint's meta
     --avg ──▶ <out>/<name>-avg.json, <out>/<name>-avg.md     mean ± std over each run's checkpoints
 
-What the pipeline owns, once for every benchmark: the request checks (engine, its settings, the
-output directory, a tokenizer beside every checkpoint) before anything is loaded, the output
-lock, the engine's lifecycle, skip records, the summary and its provenance (the stamp of the run
-that computed the scores, not of a rerun that read them back), --avg and progress. Where the
-files go under --out is the store's (evalkit.store.units).
+The pipeline owns, for every benchmark: the request checks (engine, its settings, the output
+directory, a tokenizer beside every checkpoint) before anything is loaded, the output lock, the
+engine's lifecycle, skip records, the summary and its provenance (the stamp of the run that
+computed the scores, not of a rerun that read them back), --avg and progress (ProgressEvents).
+Where files go under --out is the store's (evalkit.store.units).
 
-A benchmark is a subclass of Benchmark below: its units, how a unit is evaluated and how its
-rows are averaged over checkpoints; optionally its own request check, how a finished unit is
-found on disk, and what else its summary keeps. Progress reaches the caller as ProgressEvents.
-Adding one is a module implementing it (tests/test_pipeline.py runs a toy benchmark through every
-part of the pipeline) with its typer command, plus one line registering the command (evalkit/cli/app.py);
-its rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
+A benchmark subclasses Benchmark below (tests/test_pipeline.py runs a toy one through every part
+of the pipeline) and adds its typer command, registered by one line in evalkit/cli/app.py; its
+rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ from evalkit.store.provenance import command_line, stamp, stamp_of
 from evalkit.store.result_format import SCHEMA_VERSION, ResultRow, failed_name, read_summary, row_record, summary_rows
 from evalkit.store.units import CheckpointFiles, Unit, UnitStore, averages_paths, check_results_dir
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
+from evalkit.sweep.plan import CheckpointWork, Shard, plan_work, write_empty_shard
 
 Detail = TypeVar("Detail")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -86,8 +84,7 @@ class Benchmark(ABC):
     title: str  # what its tables are headed with in reports and the leaderboard ("RULER")
     engine: EngineChoice
     settings: Any  # a dataclass instance: what the user asked for
-    # Where the benchmark's own notes go; a Ray worker's copy rebinds it to print (its output is
-    # forwarded to the driver, whose console does not travel).
+    # Where the benchmark's own notes go (a Ray worker's copy: that worker's output).
     log: Callable[[str], None] = staticmethod(lambda _line: None)
     # Attributes each process rebuilds for itself (caches of tokenizers, engines' adapters): a
     # pickled copy (Ray's) carries them empty.
@@ -122,7 +119,6 @@ class Benchmark(ABC):
         return summary
 
     def settings_record(self) -> dict[str, Any]:
-        """What the user asked for, recorded in every summary."""
         return asdict(self.settings)
 
     def unit_cost(self, unit: Unit) -> float:
@@ -131,7 +127,6 @@ class Benchmark(ABC):
         return 1.0
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a pickled copy carries: everything but the `transient` attributes' contents."""
         return {key: type(value)() if key in self.transient else value for key, value in self.__dict__.items()}
 
 
@@ -152,21 +147,19 @@ class EvaluationRun:
 
 def check_request(benchmark: Benchmark, refs: list[CheckpointRef], out: Path) -> None:
     """Everything a user can get wrong, before any model or data is loaded or anything written."""
-    from evalkit.engines import ENGINE_NAMES, check_engine_settings
+    from evalkit.engines import check_engine_settings
     from evalkit.models.precision import check_dtype
 
     if not refs:
         raise UserError("no checkpoint given: pass --ckpts PATH")
     choice = benchmark.engine
-    if choice.name not in ENGINE_NAMES:
-        raise UserError(f"unknown engine {choice.name!r}; choose one of: {', '.join(ENGINE_NAMES)}")
     if choice.settings.get("dtype") is not None:
         check_dtype(choice.settings["dtype"])
     batch_size = choice.settings.get("batch_size")
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
     check_max_length(choice.settings.get("max_length"))
-    check_engine_settings(choice.name, choice.settings)  # once: a bad value is not each checkpoint's failure
+    check_engine_settings(choice.name, choice.settings)  # name and settings, once: not each checkpoint's failure
     check_results_dir(out, benchmark.name, refs)
     for ref in refs:
         check_tokenizer(ref)
@@ -190,15 +183,11 @@ def run_benchmark(
     on_checkpoint: Callable[[CheckpointRef], None] = lambda _ref: None,
     log: Callable[[str], None] = lambda _line: None,
     open_engine: Callable[..., Any] | None = None,
-    shard: Any = None,
+    shard: Shard | None = None,
     executor: Any = None,
 ) -> EvaluationRun:
-    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring).
-
-    `shard` (evalkit.sweep.plan.Shard): only that shard's units; `executor` (evalkit.sweep):
-    computes the units elsewhere first (a Ray cluster), this loop then writes the summaries."""
-    from evalkit.sweep.plan import plan_work, write_empty_shard
-
+    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring); `shard`:
+    only its units; `executor`: computes the units elsewhere first (Ray), this loop then writes."""
     out = Path(out)
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is
@@ -259,41 +248,38 @@ def evaluate_checkpoint(
     progress: Progress = lambda _event: None,
     log: Callable[[str], None] = lambda _line: None,
     open_engine: Callable[..., Any] | None = None,
-    work: Any = None,
+    work: CheckpointWork | None = None,
 ) -> dict[str, Any]:
     """Every unit of one checkpoint (`work`, evalkit.sweep.plan.CheckpointWork: only its units,
-    some computed elsewhere); writes and returns its summary."""
-    if work is not None and work.failure is not None:
+    some computed elsewhere; by default all of them, here); writes and returns its summary."""
+    work = work or CheckpointWork(benchmark.units(), {})
+    if work.failure is not None:
         raise work.failure  # computed elsewhere and failed there: the sweep records it
     files = CheckpointFiles(out, ref, benchmark.name)
     results, skipped, answered = [], [], []
     with LazyEngine(benchmark.engine, ref.path, open_engine) as engine:
-        for unit in benchmark.units() if work is None else work.units:
-            elsewhere = work.outcomes.get(unit) if work is not None else None
+        for unit in work.units:
+            elsewhere = work.outcomes.get(unit)
             if elsewhere is not None and elsewhere.skip is not None:
                 skipped.append(elsewhere.skip)
                 log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {elsewhere.skip['reason']}")
                 continue
-            if elsewhere is not None:
-                results.append(elsewhere.result)
-                answered.append((unit, len(elsewhere.result.rows)))
-                continue
             store = files.unit(unit)
-            stored = benchmark.stored(unit, store)
-            if stored is not None:
+            result = elsewhere.result if elsewhere is not None else benchmark.stored(unit, store)
+            if elsewhere is None and result is not None:
                 log(f"{unit.label()}: already scored with these settings, kept")
-                results.append(stored)
-                answered.append((unit, len(stored.rows)))
-                continue
-            try:
-                report = lambda done, total, unit=unit: progress(ProgressEvent(ref, unit, done, total))  # noqa: E731
-                results.append(benchmark.evaluate(engine, unit, store, report))
-                answered.append((unit, len(results[-1].rows)))
-            except Skipped as why:
-                skipped.append({**unit.fields(), "reason": why.reason, **why.details})
-                log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {why.reason}")
+            elif result is None:
+                try:
+                    report = lambda done, total, unit=unit: progress(ProgressEvent(ref, unit, done, total))  # noqa: E731
+                    result = benchmark.evaluate(engine, unit, store, report)
+                except Skipped as why:
+                    skipped.append({**unit.fields(), "reason": why.reason, **why.details})
+                    log(f"skipped {unit.label()} ({ref.run} step {ref.step}): {why.reason}")
+                    continue
+            results.append(result)
+            answered.append((unit, len(result.rows)))
         engine_info = engine.info() or next((r.stored_engine_info for r in results if r.stored_engine_info), None)
-        if engine_info is None and work is not None:  # computed on a Ray worker
+        if engine_info is None:  # computed on a Ray worker
             engine_info = next((o.engine_info for o in work.outcomes.values() if o.engine_info), None)
     earlier = read_summary(files.summary)
     if engine_info is None and earlier is not None:  # all read back: the engine that answered them
@@ -313,7 +299,7 @@ def evaluate_checkpoint(
             "weights": weights_fingerprint(ref.path),  # what merge checks shards of one checkpoint by
             "engine": engine_info,
             "settings": benchmark.settings_record(),
-            **(work.provenance(answered) if work is not None else {}),
+            **work.provenance(answered),
         },
     }
     summary = benchmark.finish_summary(summary, results, earlier)

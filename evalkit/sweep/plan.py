@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
+from evalkit.files import atomic_write_json
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.identity import identity
+from evalkit.store.provenance import stamp
+from evalkit.store.result_format import SCHEMA_VERSION
 
 
 @dataclass(frozen=True)
@@ -151,10 +154,6 @@ def empty_shard_name(benchmark_name: str) -> str:
 def write_empty_shard(out: Path, benchmark_name: str, shard: dict[str, Any]) -> str:
     """Record that this shard of the sweep has no units (more array tasks than units), so that the
     array task succeeds and merge counts the shard as present; returns the line to tell the user."""
-    from evalkit.files import atomic_write_json
-    from evalkit.store.provenance import stamp
-    from evalkit.store.result_format import SCHEMA_VERSION
-
     record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark_name, "shard": shard, "provenance": stamp()}
     path = out / empty_shard_name(benchmark_name)
     atomic_write_json(path, record)

@@ -8,17 +8,15 @@
       results, skips, who answered ◀──────────────────── (a Skipped unit is a value, never a failure)
       the pipeline's own loop writes every summary, as if it had computed the units
 
-The driver is the one writer under --out, as in a local run: a worker's writes go through a Ray
-actor (Inbox; Ray runs one caller's calls to an actor in the order made) that the driver empties
-every second, writing each into --out. A group is retried by the driver (up to MAX_RETRIES times)
-when its worker dies (kill -9, a lost node): first what that worker handed over is written, then
-the retry resumes from the per-sample logs as the driver left them, and whatever else arrives from
-the dead attempt is dropped. So a killed worker loses at most the chunk it had not handed over,
-and no sample is written twice. A unit skipped for a user error (does not fit, missing data) comes
-back as a skip and is not retried; any other error (a broken checkpoint) fails that checkpoint
-alone, recorded by the pipeline as in a local sweep. A killed driver takes its groups with it (Ray
-cancels a dead owner's tasks); a rerun of the same command resumes from the logs. A worker that
-hangs alive (paused) holds its group until it goes on or dies.
+The driver is the one writer under --out: workers hand their writes to a Ray actor (Inbox; Ray
+runs one caller's calls to an actor in order) that the driver empties into --out every second.
+When a group's worker dies (kill -9, a lost node) the driver writes what it handed over, drops
+whatever else arrives from that attempt and retries the group (up to MAX_RETRIES times), which
+resumes from the per-sample logs: a killed worker loses at most its unsent chunk, and no sample
+is written twice. A Skipped unit comes back as a skip, never retried; any other error fails that
+checkpoint alone, recorded by the pipeline as in a local sweep. A killed driver takes its groups
+with it (Ray cancels a dead owner's tasks; a rerun resumes from the logs); a worker that hangs
+alive holds its group until it goes on or dies.
 """
 
 from __future__ import annotations
@@ -47,8 +45,8 @@ STATUS_EVERY_S = 10.0  # the driver's progress line
 class RayExecutor:
     """`resources`: what each group's task asks of Ray (--ray-resources); task_resources fills the rest."""
 
-    def __init__(self, address: str | None = None, resources: dict[str, float] | None = None, **init_options: Any):
-        self.address, self.resources, self.init_options = address, resources, init_options
+    def __init__(self, address: str | None = None, resources: dict[str, float] | None = None) -> None:
+        self.address, self.resources = address, resources
 
     def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
@@ -75,7 +73,7 @@ class RayExecutor:
         if self.address:
             _check_reachable(self.address)
         try:
-            init_ray(address=self.address, **self.init_options)
+            init_ray(address=self.address)
         except ConnectionError as err:
             raise UserError(f"cannot reach the Ray cluster at {self.address}: {err}; check --ray-address") from None
         return True
@@ -85,7 +83,9 @@ class RayExecutor:
         # Retried here, not by Ray: the driver must write what a dead attempt handed over, and drop
         # what else comes from it, before the retry reads the logs.
         task = ray.remote(evaluate_group).options(max_retries=0, **resources)
-        shipped = _for_workers(benchmark)
+        # The workers' copy logs to their output (Ray forwards it): the driver's console does not travel.
+        shipped = copy.copy(benchmark)
+        shipped.log = _worker_print
 
         def submit(group: Group):
             group.attempt += 1
@@ -113,26 +113,27 @@ class RayExecutor:
     def _answer(self, ray, ref, group: Group, status: Status) -> bool:
         """Take an ended task's answer; True when its group is to be tried again (its worker died)."""
         try:
-            answer = _result(ray, ref)
-        except WorkerLost as lost:
+            answer = ray.get(ref)
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as died:
+            lost = type(died).__name__
             if group.attempt <= MAX_RETRIES:
                 status.log(f"ray: {group.name} retried (attempt {group.attempt + 1}): its worker died ({lost})")
                 return True
-            err: Exception = UserError(
+            err: BaseException = UserError(
                 f"{group.name}: its worker died {group.attempt} times ({lost}); "
                 "rerun the same command to resume from the per-sample logs"
             )
         except Exception as caught:  # this checkpoint failed: the others go on, as in a local sweep
-            if disk_full_error(caught) is not None:
-                raise  # every later unit would fail the same way
-            err = caught
+            err = _own_error(ray, caught)
+            if disk_full_error(err) is not None:
+                raise err from None  # every later unit would fail the same way
         else:
             group.collect(answer)
-            status.finished(group)
+            status.ended(group)
             return False
         group.work.failure = group.work.failure or err
         group.done = True
-        status.failed(group, err)
+        status.ended(group, err)
         return False
 
 
@@ -155,15 +156,11 @@ class Group:
 def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
     """Each checkpoint's units not yet stored, in as many groups as keep every worker busy (one
     per checkpoint when there are as many checkpoints as workers), balanced by estimated tokens."""
-    todo = [
-        (
-            ref,
-            checkpoint,
-            [u for u in checkpoint.units if benchmark.stored(u, UnitStore(out, ref, benchmark.name, u)) is None],
-        )
-        for ref, checkpoint in work.checkpoints
-    ]
-    todo = [item for item in todo if item[2]]
+    todo = []
+    for ref, checkpoint in work.checkpoints:
+        units = [u for u in checkpoint.units if benchmark.stored(u, UnitStore(out, ref, benchmark.name, u)) is None]
+        if units:
+            todo.append((ref, checkpoint, units))
     per_checkpoint = max(1, math.ceil(slots / max(1, len(todo))))
     groups = []
     for ref, checkpoint, units in todo:
@@ -191,7 +188,7 @@ class Handover(Writer):
 def write_handed_over(out: Path, kind: str, rel: str, text: str) -> None:
     if Path(rel).is_absolute() or ".." in Path(rel).parts or kind not in ("text", "append"):
         raise RuntimeError(f"a worker handed over a write evalkit does not make: {kind} {rel}")
-    (HERE.text if kind == "text" else HERE.append)(out / rel, text)
+    getattr(HERE, kind)(out / rel, text)
 
 
 def evaluate_group(benchmark, ref, units: list, out: str, name: str, attempt: int, inbox, open_engine=None):
@@ -261,7 +258,7 @@ class Status:
     one per finished group, one per retry."""
 
     def __init__(self, log, groups: int) -> None:
-        self.log, self.groups, self.done = log, groups, 0
+        self.log, self.groups = log, groups
         self.finished_groups: set[str] = set()
         self.last = time.monotonic()
         self.snapshot: dict = {"workers": {}, "units": {}}
@@ -272,7 +269,7 @@ class Status:
             self.last = time.monotonic()
             working = {g: w for g, w in snapshot["workers"].items() if g not in self.finished_groups}
             rates = "; ".join(f"{_who(w)} {self.rate(g):.1f} samples/s" for g, w in working.items())
-            self.log(f"ray: {self.done}/{self.groups} groups done; {rates or 'workers starting'}")
+            self.log(f"ray: {len(self.finished_groups)}/{self.groups} groups done; {rates or 'workers starting'}")
 
     def rate(self, group: str) -> float:
         entries = [e for e in self.snapshot["units"].values() if e["group"] == group and "done" in e]
@@ -280,18 +277,15 @@ class Status:
         seconds = sum(e["at"] - e["since"] for e in entries)
         return samples / seconds if seconds > 0 else 0.0
 
-    def failed(self, group: Group, err: BaseException) -> None:
-        self.done += 1
+    def ended(self, group: Group, err: BaseException | None = None) -> None:
         self.finished_groups.add(group.name)
-        self.log(f"ray: {group.ref.run} step {group.ref.step} failed: {str(err).splitlines()[0]}")
-
-    def finished(self, group: Group) -> None:
-        self.done += 1
-        self.finished_groups.add(group.name)
-        worker = group.work.outcomes[group.units[0]].answered_by
+        name = f"ray: {group.ref.run} step {group.ref.step}"
+        if err is not None:
+            self.log(f"{name} failed: {str(err).splitlines()[0]}")
+            return
+        worker = _who(group.work.outcomes[group.units[0]].answered_by)
         self.log(
-            f"ray: {group.ref.run} step {group.ref.step}: {len(group.units)} units done on {_who(worker)} "
-            f"({self.done}/{self.groups} groups)"
+            f"{name}: {len(group.units)} units done on {worker} ({len(self.finished_groups)}/{self.groups} groups)"
         )
 
 
@@ -299,23 +293,12 @@ def _who(worker: dict) -> str:
     return f"{worker.get('host')}:{worker.get('pid')}"
 
 
-class WorkerLost(Exception):
-    """A group's worker died (kill -9, a lost node): its group is tried again."""
-
-
-def _result(ray, ref):
-    """The group's answer; a failure in evalkit is raised here as the driver's own (a UserError as one line)."""
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as err:
-        cause = err.cause
-        if isinstance(cause, UserError):
-            raise UserError(str(cause)) from None
-        if isinstance(cause, BaseException):
-            raise cause from err
-        raise
-    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as err:
-        raise WorkerLost(type(err).__name__) from None
+def _own_error(ray, caught: Exception) -> BaseException:
+    """A task's failure in evalkit as the driver's own error (a UserError as one line), not Ray's wrapper."""
+    cause = caught.cause if isinstance(caught, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, UserError):
+        return UserError(str(cause))
+    return cause if isinstance(cause, BaseException) else caught
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -330,14 +313,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__} within "
             f"{timeout_s:.0f} s); check --ray-address (the head node's HOST:PORT, as `ray start --head` printed it)"
         ) from None
-
-
-def _for_workers(benchmark):
-    """The benchmark as it travels to the workers: its log goes to the worker's output (forwarded
-    to the driver by Ray), not the driver's console, which does not travel."""
-    shipped = copy.copy(benchmark)
-    shipped.log = _worker_print
-    return shipped
 
 
 def _worker_print(line: str) -> None:
