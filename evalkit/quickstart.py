@@ -76,6 +76,7 @@ class QuickstartPlan:
 
 def check_plan(plan: QuickstartPlan) -> None:
     """What the later stages would refuse only after training has run, refused before it."""
+    from evalkit.engines.base import check_at_least_one
     from evalkit.models.refs import check_last
 
     check_last(plan.last)
@@ -85,9 +86,7 @@ def check_plan(plan: QuickstartPlan) -> None:
         "--general-limit": plan.general_limit,
         "--bench-seq": plan.bench_seq,
     }
-    for option, value in counts.items():
-        if value is not None and value < 1:
-            raise UserError(f"{option} must be at least 1, got {value}")
+    check_at_least_one(counts, *counts)
     if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
         raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
     if plan.probe not in PROBE_MODELS and not checkpoint_source(plan.probe)[0].is_dir():  # a hub miss: its line
