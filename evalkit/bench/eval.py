@@ -78,7 +78,6 @@ def run(
     *,
     batch_size: int = 8,
     dtype: str | None = None,
-    seed: int = 42,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> list[EvalBenchRow]:
     from evalkit.engines import get_engine
@@ -103,7 +102,7 @@ def run(
                 for task in tasks:
                     progress(f"{name}: {task} at {length}")
                     try:
-                        row, predictions = _time_cell(engine, name, task, length, num_samples, seed)
+                        row, predictions = _time_cell(engine, name, task, length, num_samples)
                     except TaskSkipped as skipped:
                         rows.append(EvalBenchRow(name, task, length, 0, 0.0, 0, 0.0, 0, skipped=skipped.reason))
                         continue
@@ -117,12 +116,12 @@ def run(
     return rows
 
 
-def _time_cell(engine, name: str, task: str, length: int, num_samples: int, seed: int):
+def _time_cell(engine, name: str, task: str, length: int, num_samples: int):
     from evalkit.ruler.cache import load_or_generate
     from evalkit.ruler.metrics import score
     from evalkit.ruler.spec import task_spec
 
-    samples = load_or_generate(task, engine.tokenizer, length, num_samples, seed)
+    samples = load_or_generate(task, engine.tokenizer, length, num_samples)  # RULER's seed, 42
     prompts = [sample.input + sample.answer_prefix for sample in samples]
     stats = getattr(engine, "stats", None)  # the hf engine's counters (others keep none), zeroed
     if stats is not None:
