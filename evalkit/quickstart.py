@@ -80,15 +80,9 @@ def check_plan(plan: QuickstartPlan) -> None:
     from evalkit.models.refs import check_last
 
     check_last(plan.last)
-    counts = {
-        "--samples": plan.samples,
-        "--max-steps": plan.max_steps,
-        "--general-limit": plan.general_limit,
-        "--bench-seq": plan.bench_seq,
-    }
+    # --max-steps and --lengths are checked where the command parses them.
+    counts = {"--samples": plan.samples, "--general-limit": plan.general_limit, "--bench-seq": plan.bench_seq}
     check_at_least_one(counts, *counts)
-    if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
-        raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
     if plan.probe not in PROBE_MODELS and not checkpoint_source(plan.probe)[0].is_dir():  # a hub miss: its line
         raise UserError(
             f"--probe must be one of {', '.join(PROBE_MODELS)}, a checkpoint directory or a hub name "
