@@ -176,8 +176,7 @@ def _lm_eval_rows(
             start = time.perf_counter()
             results = evaluator.evaluate(lm=model, task_dict=task_dict, limit=num_samples)
             seconds = time.perf_counter() - start
-            tokenizer = model.tokenizer
-            prompt_tokens = sum(len(tokenizer(d["input"] + " " + d["gen_prefix"])["input_ids"]) for d in docs)
+            prompt_tokens = sum(len(model.tokenizer(d["input"] + " " + d["gen_prefix"])["input_ids"]) for d in docs)
             row_score = 100.0 * float(results["results"][task][f"{length},none"])
             rows.append(EvalBenchRow("lm-eval", task, length, len(docs), seconds, prompt_tokens, row_score, None))
     return rows
