@@ -76,20 +76,13 @@ class QuickstartPlan:
 
 def check_plan(plan: QuickstartPlan) -> None:
     """What the later stages would refuse only after training has run, refused before it."""
+    from evalkit.engines.base import check_at_least_one
     from evalkit.models.refs import check_last
 
     check_last(plan.last)
-    counts = {
-        "--samples": plan.samples,
-        "--max-steps": plan.max_steps,
-        "--general-limit": plan.general_limit,
-        "--bench-seq": plan.bench_seq,
-    }
-    for option, value in counts.items():
-        if value is not None and value < 1:
-            raise UserError(f"{option} must be at least 1, got {value}")
-    if plan.lengths is not None and (not plan.lengths or min(plan.lengths) < 1):
-        raise UserError(f"--lengths must be positive token counts, got {plan.lengths}")
+    # --max-steps and --lengths are checked where the command parses them.
+    counts = {"--samples": plan.samples, "--general-limit": plan.general_limit, "--bench-seq": plan.bench_seq}
+    check_at_least_one(counts, *counts)
     if plan.probe not in PROBE_MODELS and not checkpoint_source(plan.probe)[0].is_dir():  # a hub miss: its line
         raise UserError(
             f"--probe must be one of {', '.join(PROBE_MODELS)}, a checkpoint directory or a hub name "

@@ -33,7 +33,6 @@ def run(
     num_samples: int,
     tokenizer,
     *,
-    seed: int = 42,
     qa_dir: str | Path | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> list[RulerDataRow]:
@@ -47,7 +46,7 @@ def run(
             forget_counts(tokenizer)  # no piece counts carried over from the previous task or length
             start = time.perf_counter()
             try:
-                samples = generate(task, tokenizer, length, num_samples, seed, qa_dir=qa_dir)
+                samples = generate(task, tokenizer, length, num_samples, qa_dir=qa_dir)  # RULER's seed, 42
             except TaskSkipped as skipped:
                 rows.append(RulerDataRow(task, length, 0, 0.0, 0.0, 0.0, skipped.reason))
                 continue

@@ -70,18 +70,11 @@ def run(
             seconds = statistics.median(times)
             full_time = full_time or seconds
             timed = [w[0] for w in windows[1:]]
+            docs = statistics.mean(len(w.doc_lengths) for w in timed)
+            work = [sum(n * n for n in w.doc_lengths) / seq_len**2 for w in timed]  # Σd²/S² per window
+            ideal = statistics.mean(work) if paradigm.masks_documents else 1.0
             rows.append(
-                TrainBenchRow(
-                    seq_len,
-                    paradigm.value,
-                    seconds,
-                    seq_len / seconds,
-                    seconds / full_time,
-                    statistics.mean(len(w.doc_lengths) for w in timed),
-                    statistics.mean(sum(n * n for n in w.doc_lengths) / seq_len**2 for w in timed)
-                    if paradigm.masks_documents
-                    else 1.0,
-                )
+                TrainBenchRow(seq_len, paradigm.value, seconds, seq_len / seconds, seconds / full_time, docs, ideal)
             )
     return rows
 

@@ -16,18 +16,7 @@ from evalkit.errors import UserError
 from evalkit.files import disk_full_advice, disk_full_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
-COMMAND_MODULES = (
-    "train",
-    "checkpoints",
-    "bench",
-    "probe",
-    "ruler",
-    "general",
-    "merge",
-    "leaderboard",
-    "compare",
-    "quickstart",
-)
+COMMAND_MODULES = "train checkpoints bench probe ruler general merge leaderboard compare quickstart".split()
 for _module in COMMAND_MODULES:
     importlib.import_module(f"evalkit.cli.{_module}")
 for _name, _module in BENCHMARK_COMMANDS.items():

@@ -79,7 +79,9 @@ def bench_attention(
     out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
 ) -> None:
     """Forward+backward time of each paradigm's attention vs full causal, with the ideal ratio."""
-    from evalkit.attention import available_implementations
+    import torch
+
+    from evalkit.attention import IMPLEMENTATIONS, available_implementations
     from evalkit.bench import attention as bench
 
     _check_counts({"--heads": heads, "--head-dim": head_dim, "--mean-doc": mean_doc, "--repeats": repeats}, out)
@@ -89,11 +91,8 @@ def bench_attention(
     check_dtype(dtype)
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda, got {device!r}")
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda but no CUDA device is visible; use --device cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is visible; use --device cpu")
     chosen = parse_paradigms(paradigms) or None
     if chosen and not all(p.masks_documents for p in chosen):
         raise UserError("full is the baseline and always timed; list only document-masked paradigms")
@@ -123,7 +122,7 @@ def bench_attention(
         f"B=1, H={heads}, Hkv={kv_heads or heads}, D={head_dim}, {dtype}, device {device}; document lengths "
         f"exponential with mean {mean_doc} (seed {seed}); median of {repeats} timed runs after one warm-up."
     )
-    skipped = [impl for impl in ("dense", "blocked", "flex", "flash") if impl not in runnable]
+    skipped = [impl for impl in IMPLEMENTATIONS if impl not in runnable]
     notes = "Not timed on this device (no forward+backward here): " + ", ".join(skipped) + "." if skipped else ""
     if "flex" in skipped:
         notes += " FlexAttention has no CPU backward; its CPU forward is tested for correctness only."
@@ -165,12 +164,7 @@ def bench_ruler_data(
             raise UserError(f"could not load a tokenizer from {tokenizer!r}: {str(err).splitlines()[0]}") from None
         described = tokenizer
     rows = bench.run(
-        parse_ruler_tasks(tasks),
-        parse_lengths(lengths),
-        samples,
-        tok,
-        qa_dir=qa_dir,
-        progress=_progress(),
+        parse_ruler_tasks(tasks), parse_lengths(lengths), samples, tok, qa_dir=qa_dir, progress=_progress()
     )
     conditions = (
         f"tokenizer: {described}; {samples} samples per task and length, seed 42; disk cache off and "

@@ -44,17 +44,16 @@ def leaderboard_command(
     for directory in chosen:
         if not directory.is_dir():
             raise UserError(f"results directory {directory} does not exist")
+    if form != "md" and out == Path("results/leaderboard.md"):
+        out = out.with_suffix(f".{form}")
+    check_output_file(out)
     if form != "md":
-        if out == Path("results/leaderboard.md"):
-            out = out.with_suffix(f".{form}")
-        check_output_file(out)
         unread: list[str] = []
         written = write_export(chosen, out, form, unread)
         if unread:
             typer.echo(not_read_note(unread), err=True)
         typer.echo(f"wrote {written}", err=True)
         return
-    check_output_file(out)
     check_output_dir(plots or out.parent / "plots", "--plots")
     check_leaderboard_outputs(out, plots)
     board = write_leaderboard(chosen, out, plots, threshold, threshold_from)

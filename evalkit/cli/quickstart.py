@@ -15,8 +15,9 @@ from evalkit.quickstart import QUICK_PARADIGMS, QUICK_RECIPE, QUICK_STEPS, TRAIN
 
 @app.command("quickstart")
 def quickstart_command(
+    ctx: typer.Context,
     out: Path = typer.Option(Path("results/quickstart"), "--out", help="Where results, leaderboard and plots go."),
-    runs: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
+    runs_dir: Path = typer.Option(Path("runs/quickstart"), "--runs", help="Where the training runs go."),
     recipe: str = typer.Option(QUICK_RECIPE, "--recipe", help="The recipe trained under each paradigm."),
     paradigms: str = typer.Option(",".join(QUICK_PARADIGMS), "--paradigms", help="Paradigms to train and compare."),
     max_steps: int = typer.Option(
@@ -51,22 +52,11 @@ def quickstart_command(
     chosen = tuple(p.value for p in parse_paradigms(paradigms))
     if max_steps < 0:
         raise UserError(f"--max-steps must be at least 1 (or 0: the recipe's own steps), got {max_steps}")
-    plan = QuickstartPlan(
-        recipe=recipe,
-        paradigms=chosen,
-        max_steps=max_steps or None,
-        train=train,
-        shipped=shipped,
-        sets=list(sets or []),
-        last=last,
-        samples=samples,
-        lengths=parse_lengths(lengths) if lengths is not None else None,
-        general=general,
-        general_limit=general_limit,
-        probe=probe,
-        train_bench=train_bench,
-        bench_seq=bench_seq,
-        runs_dir=runs,
-        out=out,
-    )
-    run_quickstart(plan)
+    # The options are the plan's fields, by name; these four are parsed or defaulted first.
+    parsed = {
+        "paradigms": chosen,
+        "max_steps": max_steps or None,
+        "sets": list(sets or []),
+        "lengths": parse_lengths(lengths) if lengths is not None else None,
+    }
+    run_quickstart(QuickstartPlan(**{**ctx.params, **parsed}))
