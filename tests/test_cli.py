@@ -122,3 +122,19 @@ def test_bad_probe_input_is_one_line_error(args, message):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ruler"], ["general"], ["ppl"], ["train"], ["export"], ["quickstart"], ["bench", "eval"], ["probe", "tokens"]],
+)
+def test_help_shows_the_hub_revision_suffix(command):
+    # Rich reads "[@revision]" as markup and drops it unless escaped: the help must say what the README says.
+    from typer.testing import CliRunner
+
+    from evalkit.cli import app
+
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "org/name" in result.output
+    assert "org/name[@revision]" in result.output

@@ -176,7 +176,7 @@ def bench_ruler_data(
 @bench_app.command("eval")
 def bench_eval(
     ckpt: str = typer.Option(
-        ..., "--ckpt", help="The checkpoint every engine evaluates: a directory or a hub name org/name[@revision]."
+        ..., "--ckpt", help="The checkpoint every engine evaluates: a directory or a hub name org/name\\[@revision]."
     ),
     engines: str = typer.Option(
         "hf,hf-padded",

@@ -15,7 +15,7 @@ def export_command(
     ckpt: str = typer.Argument(
         ...,
         help="A checkpoint directory written by `evalkit train` (runs/<run>/step-<N>), or a hub name "
-        "org/name[@revision] (from the Hugging Face cache).",
+        "org/name\\[@revision] (from the Hugging Face cache).",
     ),
     dest: Path = typer.Argument(
         ..., help="The directory to write: new or empty (or an earlier export, with --overwrite)."

@@ -32,7 +32,7 @@ def _probe(kind: str, params: dict) -> None:
 _CKPT = typer.Option(
     ...,
     "--ckpt",
-    help="A Hugging Face checkpoint directory, or a hub name org/name[@revision] "
+    help="A Hugging Face checkpoint directory, or a hub name org/name\\[@revision] "
     "(Llama, Qwen2, Mistral, Gemma 3; sliding windows too).",
 )
 _TEXTS = typer.Option(None, "--texts", help="Plain text or JSONL with a text field (default: built-in prose).")

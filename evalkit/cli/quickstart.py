@@ -39,7 +39,7 @@ def quickstart_command(
         "auto",
         "--probe",
         help="Model of the BF16 probe: auto (SmolLM2 when installed, else the tiny base), tiny, none, "
-        "or a checkpoint directory or hub name org/name[@revision].",
+        "or a checkpoint directory or hub name org/name\\[@revision].",
     ),
     train_bench: bool = typer.Option(
         True, "--train-bench/--no-train-bench", help="Time a training step under full and anchor attention."

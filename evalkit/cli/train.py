@@ -15,7 +15,7 @@ def train_command(
     model: str = typer.Option(
         None,
         "--model",
-        help="An HF checkpoint directory, or a hub name org/name[@revision], to continue pretraining (model.path).",
+        help="An HF checkpoint directory, or a hub name org/name\\[@revision], to continue pretraining (model.path).",
     ),
     paradigm: str = typer.Option(
         None,

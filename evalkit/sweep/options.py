@@ -43,7 +43,7 @@ def ckpts_option() -> Any:
         None,
         "--ckpts",
         help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
-        "org/name[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
+        "org/name\\[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
     )
 
 
