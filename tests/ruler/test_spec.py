@@ -97,3 +97,26 @@ def test_singular_rewrite():
 
 def test_depths_match_numpy_rounding():
     assert DEPTHS == tuple(np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int).tolist())
+
+
+@pytest.mark.parametrize(
+    "content, joined",
+    [
+        ('{"text": "one two three"}', "one two three"),
+        ('["one two", "three four"]', "one two\n\nthree four"),
+        ('[{"text": "one two"}, {"content": "three four"}]', "one two\n\nthree four"),
+        ("[5]", None),
+        ('["one two", null]', None),
+        ('[{"body": "one two"}]', None),
+    ],
+)
+def test_essay_json_shapes_read_or_refused_in_one_line(tmp_path, content, joined):
+    from evalkit.ruler.essay import EssayError, load_essay_text
+
+    path = tmp_path / "essays.json"
+    path.write_text(content)
+    if joined is not None:
+        assert load_essay_text(path) == joined
+        return
+    with pytest.raises(EssayError, match="must hold"):
+        load_essay_text(path)
