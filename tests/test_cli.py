@@ -100,6 +100,7 @@ def test_bench_ideal_ratio_is_sum_of_squared_document_lengths():
         (["--paradigm", "anchr"], "unknown paradigm 'anchr'"),
         (["--model", "./no/such/model", "--max-steps", "1"], "model path ./no/such/model does not exist"),
         (["--set", "data.source=/no/such.jsonl"], "data file /no/such.jsonl does not exist"),
+        (["--set", "model=3", "--set", "model.path=x"], "model.path: model is set to a value above, not a section"),
     ],
 )
 def test_bad_train_input_is_one_line_error(args, message, tmp_path):

@@ -421,8 +421,13 @@ def load_recipe(
     items += [_parse_set(s) for s in sets or []]
     for parts, value in items:
         target = nested
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             target = target.setdefault(part, {})
+            if not isinstance(target, dict):  # `--set model=3 --set model.path=x`
+                section = ".".join(parts[: depth + 1])
+                raise UserError(
+                    f"{'.'.join(parts)}: {section} is set to a value above, not a section; set one of the two"
+                )
         target[parts[-1]] = value
     _apply(config, nested)
     config.validate()
