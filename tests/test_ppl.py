@@ -441,3 +441,24 @@ def test_a_record_appended_after_a_killed_runs_torn_line_is_read_back(tmp_path):
     opened().append([{"doc": 1, "loss": 2.5}])
     assert {doc: record["loss"] for doc, record in opened().records.items()} == {1: 2.5}
     assert path.read_text().startswith('{"doc": 0, "text_sha": "ab\n')  # the torn line is kept, not rewritten
+
+
+@pytest.mark.parametrize("damage", ["edited", "missing"])
+def test_compare_refuses_a_damaged_or_missing_perplexity_log_in_one_line(tmp_path, damage):
+    """compare's documents come from the log: an edited record or a lost log is an error naming the file."""
+    from evalkit.errors import UserError
+    from evalkit.results.samples import load_series
+
+    data, _ = _data(tmp_path, (1500, 1500))
+    _run(TINY.parent / "tiny-long" / "tiny-long-full-shipped", data, tmp_path / "out", [128])
+    log = sorted((tmp_path / "out").rglob("ppl/ppl/128.jsonl"))[0]
+    if damage == "missing":
+        log.unlink()
+    else:
+        lines = log.read_text().splitlines()
+        record = json.loads(lines[0])
+        record["nll"] += 1.0
+        log.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    with pytest.raises(UserError, match="is missing" if damage == "missing" else "does not match its checksum") as err:
+        load_series([str(tmp_path / "out")])
+    assert str(log) in str(err.value)

@@ -234,14 +234,13 @@ def _ppl_cells(summary: dict, directory: Path):
         if row.metric != "perplexity" or row.value is None or row.length is None:
             continue  # LongPPL's key tokens differ per document: not a mean over documents
         by_key: dict[str, dict[int, LoggedSample]] = {}
-        for line in (directory / "ppl" / "ppl" / f"{row.length}.jsonl").read_text().splitlines():
+        for record in _checked_records(directory / "ppl" / "ppl" / f"{row.length}.jsonl"):
             try:
-                record = json.loads(line)
                 by_key.setdefault(record["key"], {})[int(record["doc"])] = LoggedSample(
                     record["nll"] / record["tokens"], record["text_sha"], None
                 )
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError, ZeroDivisionError):
-                continue  # a line cut by a kill
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                continue  # not a document's record
         for samples in by_key.values():
             if len(samples) == row.n and math.isclose(mean_score(samples), math.log(row.value), rel_tol=1e-9):
                 yield row.series(), Cell("ppl", row.task, row.length, "loss"), samples
@@ -251,25 +250,31 @@ def _ppl_cells(summary: dict, directory: Path):
 def _read_log(path: Path) -> list[dict]:
     """A per-sample log's records, each sample once (the first line stands, as the store keeps it),
     those of its latest data only; a record that fails its checksum is refused."""
-    if not path.is_file():
-        raise UserError(f"{path} is missing: compare needs the per-sample logs beside each summary")
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a killed run's half-written last line: not a sample
-        if CHECKSUM in record and record[CHECKSUM] != record_checksum(record):
-            raise UserError(f"{path}:{number} does not match its checksum (edited or damaged); rerun that evaluation")
-        records.append(record)
+    records = _checked_records(path)
     if records and KEY in records[-1]:  # a log resumed under another key keeps only the latest key's lines
         records = [r for r in records if r.get(KEY) == records[-1][KEY]]
     first: dict = {}
     for record in records:
         first.setdefault(record.get("index", record.get("doc_id")), record)
     return list(first.values())
+
+
+def _checked_records(path: Path) -> list[dict]:
+    """A log's parsed lines; a record that fails its checksum is refused, a missing log is one line."""
+    if not path.is_file():
+        raise UserError(f"{path} is missing: compare needs the per-sample logs beside each summary")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a killed run's half-written last line, or a blank one: not a sample
+        if not isinstance(record, dict):
+            continue
+        if CHECKSUM in record and record[CHECKSUM] != record_checksum(record):
+            raise UserError(f"{path}:{number} does not match its checksum (edited or damaged); rerun that evaluation")
+        records.append(record)
+    return records
 
 
 def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n) -> None:
