@@ -605,25 +605,19 @@ def _check_plain_attention(attention: str) -> None:
 def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
     """The model, refused with one line if any weight is missing, unexpected or mis-shaped (load_pretrained)."""
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    # Evaluations load one checkpoint after another under evalkit's own progress display;
-    # transformers' per-load "Loading weights" bar would interleave with it. Restored after.
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model = load_pretrained(
-            AutoModelForCausalLM,
-            path,
-            dtype=torch_dtype(dtype),
-            attn_implementation=attention,
-            local_files_only=True,
-            trust_remote_code=trust_remote_code,
-            device_map=str(device),  # weights go straight to the device, not through CPU memory first
-        )
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
+    model = load_pretrained(
+        AutoModelForCausalLM,
+        path,
+        # Evaluations load one checkpoint after another under evalkit's own progress display;
+        # transformers' per-load "Loading weights" bar would interleave with it.
+        progress_bar=False,
+        dtype=torch_dtype(dtype),
+        attn_implementation=attention,
+        local_files_only=True,
+        trust_remote_code=trust_remote_code,
+        device_map=str(device),  # weights go straight to the device, not through CPU memory first
+    )
     if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
         model.set_attn_implementation(register_grouped_sdpa())
     return model.eval()
