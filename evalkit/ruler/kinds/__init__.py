@@ -86,10 +86,10 @@ class KindPlan(Generic[TaskT]):
         self.position_seed = task.ctx.seed_for(index, "positions")
 
     def items(self, size: int) -> list[Item]:
-        raise NotImplementedError
+        raise NotImplementedError  # each kind's plan lays out its own prompt pieces
 
     def per_unit(self) -> float:
-        raise NotImplementedError
+        raise NotImplementedError  # each kind's plan says what one more unit costs in tokens
 
     def estimate(self, size: int) -> int:
         return compose_count(self.ctx.counter, self.items(size), rough=True)
