@@ -75,3 +75,14 @@ _TRAITS: dict[Paradigm, ParadigmTraits] = {
     Paradigm.INTRA_DOC_INTERLEAVED: ParadigmTraits(anchor=False, document_mask=True, interleave=True),
     Paradigm.ANCHOR_INTERLEAVED: ParadigmTraits(anchor=True, document_mask=True, interleave=True),
 }
+
+
+def parse_paradigms(text: str) -> list[Paradigm]:
+    """Paradigm names, comma-separated (--paradigms); a misspelt one is a one-line error naming the valid ones."""
+    from evalkit.arglists import parse_list
+    from evalkit.errors import UserError
+
+    try:
+        return parse_list(text, Paradigm.parse)
+    except ValueError as err:
+        raise UserError(str(err)) from None
