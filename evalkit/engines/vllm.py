@@ -106,7 +106,7 @@ class _LocalReplica:
         return _config_facts(self.llm.llm_engine.vllm_config)
 
     def answer(self, prompts: list[dict], params: list) -> list[_Answer]:
-        if not prompts:  # every request skipped, or fewer requests than replicas
+        if not prompts:  # fewer requests than replicas
             return []
         return [_answer(output) for output in self.llm.generate(prompts, params, use_tqdm=False)]
 

@@ -107,7 +107,7 @@ class EngineLM(LM):
                 chunk = indices[start : start + REQUESTS_PER_CALL]
                 texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
                 for i, text in zip(chunk, texts):
-                    outputs[i] = text or ""  # never None: prompts that do not fit were refused above
+                    outputs[i] = text
                 done += len(chunk)
                 self.progress("generate_until", done, len(prompts))
         return outputs
