@@ -57,9 +57,8 @@ from evalkit.engines.base import (
 )
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
-from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
+from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name, torch_dtype
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
 # An engine started for packed requests: evalkit's CPU backend (vllm_plugin) and the V1 model
@@ -708,5 +707,5 @@ def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float
     text = config.get_text_config()
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    per_token = 2 * text.num_hidden_layers * heads * head_dim * DTYPE_BYTES[dtype]
+    per_token = 2 * text.num_hidden_layers * heads * head_dim * torch_dtype(dtype).itemsize
     return max(1, math.ceil(per_token * window * batch_size / 2**30))
