@@ -59,12 +59,9 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
 
 @dataclass
 class PackedRequest:
-    """Several documents behind one shared anchor, then a question (the anchor paradigm at inference).
-
-    Documents and question are text (tokenized without special tokens) or token ids. The layout
-    is [anchor] d1 [EOS] d2 [EOS] ... question: during the prefill every document attends to
-    itself and the anchor only; the question and all generated tokens attend to everything.
-    """
+    """Documents behind one shared anchor, then a question: text (no special tokens added) or ids, laid
+    out as tokens.PackedLayout. In the prefill each document attends to itself and the anchor only;
+    the question and all generated tokens attend to everything (the anchor paradigm at inference)."""
 
     documents: Sequence[Prompt]
     question: Prompt

@@ -157,7 +157,6 @@ class _RayReplica:
         atexit.register(self.close)  # a replica never told to stop is stopped with this process
 
     def facts(self) -> dict[str, Any]:
-        """vLLM's resolved configuration facts, once the replica's LLM exists."""
         return self._get(self.actor.facts.remote())
 
     def submit(self, prompts: list[dict], params: list) -> Callable[[], list[_Answer]]:
@@ -523,10 +522,8 @@ class VLLMEngine(PackedEngine):
     # ------------------------------------------------------------------ running requests
 
     def _run(self, prompts: list[dict], params: list) -> list[_Answer]:
-        """Answers in request order. Requests are submitted sorted by token ids, so those sharing a
-        prefix (RULER's samples of a task, lm-eval's choices of a question) are neighbours and
-        vLLM's prefix cache finds the blocks computed for the one before; with several replicas,
-        each gets a contiguous slice of that order."""
+        """Answers in request order, submitted sorted by token ids (each replica a contiguous slice):
+        requests sharing a prefix are neighbours, so vLLM's prefix cache finds the one before's blocks."""
         count = len(self._replicas)
         order = sorted(range(len(prompts)), key=lambda i: prompts[i]["prompt_token_ids"])
         shares = [order[len(order) * i // count : len(order) * (i + 1) // count] for i in range(count)]
