@@ -45,7 +45,6 @@ def _layers(row: Row) -> str:
 
 
 def over_all_layers(rows: Iterable[Row]) -> list[Row]:
-    """The rows that sum over every layer (not those of one layer type)."""
     return [row for row in rows if _layers(row) == ALL_LAYERS]
 
 
@@ -283,7 +282,6 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
 
 
 def _provenance_lines(provenance: dict) -> list[str]:
-    """The command, the time it took (when known), the machine and the evalkit commit."""
     lines = [f"Command: `{provenance['command']}`", ""] if provenance.get("command") else []
     if provenance.get("seconds") is not None:
         lines += [f"Took {provenance['seconds']:.0f} s.", ""]
@@ -322,7 +320,6 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
 
 
 def _regime_lines(provenance: dict) -> list[str]:
-    """What each condition computed in, and how the checkpoint was trained (when evalkit trained it)."""
     regimes = provenance.get("condition_precision") or []
     if not regimes:
         return []

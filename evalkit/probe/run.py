@@ -282,15 +282,9 @@ def run_probe(
     command: str | None = None,
     **options,
 ) -> dict:
-    """Run one probe kind ("shift", "tokens", "length") on a checkpoint and write its outputs.
-
-    `options` are `ProbeOptions` fields (texts, seq_len, n_texts, delta2, delta1, dtypes, rope,
-    random_init, lengths, seed, device, shifts_per_batch); list options also take the comma-
-    separated strings users type. Everything is checked before a model is loaded. Writes
-    probe-<kind>.json (rows, summary, provenance), .png, .svg and .md into `out_dir` and returns
-    the JSON's content plus "files": {json, markdown, png, svg} paths. `command`, the command line
-    that asked for the run, is recorded with the outputs.
-    """
+    """Run one probe kind on a checkpoint and write probe-<kind>.json, .png, .svg and .md into
+    `out_dir`; returns the JSON's content plus "files" (their paths). `options` are ProbeOptions'
+    fields, all checked before a model loads; `command`, the command line that asked, is recorded."""
     started = time.monotonic()
     kind = check_kind(kind)
     probe_options = ProbeOptions(**options)
