@@ -40,15 +40,12 @@ class _Cursor:
     def __init__(self, data: memoryview):
         self.data, self.offset = data, 0
 
-    @property
-    def remaining(self) -> int:
-        return len(self.data) - self.offset
-
     def need(self, count: int, item_size: int, what: str) -> None:
-        if count * item_size > self.remaining:
+        remaining = len(self.data) - self.offset
+        if count * item_size > remaining:
             raise _Corrupt(
                 f"its header declares {what} of {count:,} items ({count * item_size:,} bytes at least) "
-                f"at byte {self.offset:,}, but only {self.remaining:,} bytes follow"
+                f"at byte {self.offset:,}, but only {remaining:,} bytes follow"
             )
 
     def unpack(self, fmt: str, what: str) -> tuple:
