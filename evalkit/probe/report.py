@@ -23,7 +23,6 @@ PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
 DOMINANCE_FACTOR = 10.0  # the first column against the average column
 GROWTH_FACTOR = 1.5  # longest against shortest length: well beyond text-to-text noise
 LOW_PRECISION_ORDER = ("bf16", "fp16", "fp32")  # which dtype speaks for "the checkpoint in low precision"
-DTYPE_LABELS = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
 
 Row = dict
 ALL_LAYERS = "all"
@@ -212,7 +211,7 @@ def _precision_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe shift` with `--dtypes bf16,fp32`)."
-    low = DTYPE_LABELS[found["dtype"]]
+    low = found["dtype"].upper()
     where = f"Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}, rope={found['rope']}"
     ratio = _num(found["ratio"]) if found["ratio"] is not None else "∞ (FP32 D is exactly 0)"
     row = (f"{low} / FP32 D ({where})", f"{ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])})")
@@ -224,7 +223,7 @@ def _first_token_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "The first token carries most of the difference"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
-    where = f"{DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
+    where = f"{found['dtype'].upper()}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
     rows = [
         (f"first-token share of D ({where})", _num(found["share"])),
         ("first column / mean other column", _num(found["over_mean_other"])),
@@ -243,7 +242,7 @@ def _growth_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
         return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
     span = f"{found['shortest']} → {found['longest']} tokens"
     row = (
-        f"D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]})",
+        f"D_logit growth, {span} ({found['dtype'].upper()})",
         f"{_num(found['ratio'])} ({_num(found['at_shortest'])} → {_num(found['at_longest'])})",
     )
     line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
@@ -256,14 +255,14 @@ def _amplification_lines(found: dict | None) -> list[tuple[str, str]]:
     name = "D" if found["metric"] == "attn_diff" else "D_logit"
     return [
         (
-            f"pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']})",
+            f"pretrained / random-init {name} ({found['dtype'].upper()}, Δ1={found['delta1']})",
             f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})",
         )
     ]
 
 
 def _series_label(row: Row, with_delta1: bool = False) -> str:
-    label = f"{row['condition']} {DTYPE_LABELS[row['dtype']]} rope={row['rope']}"
+    label = f"{row['condition']} {row['dtype'].upper()} rope={row['rope']}"
     return label + (f" Δ1={row['delta1']}" if with_delta1 else "")
 
 
@@ -309,7 +308,7 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
         [_layer_type_label(name, layer_windows), *(_num(parts.get(m, {}).get(n)) for m, n in columns)]
         for name, parts in values.items()
     ]
-    where = f"{DTYPE_LABELS[found['dtype']]}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
+    where = f"{found['dtype'].upper()}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
     return _section(
         "Per layer type",
         f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
@@ -334,7 +333,7 @@ def _regime_lines(provenance: dict) -> list[str]:
         ]
     table = [
         [
-            f"{r['condition']} {DTYPE_LABELS.get(r['dtype'], r['dtype'])}",
+            f"{r['condition']} {r['dtype'].upper()}",
             r["weights"],
             r["residual"],
             r["rope_frequencies"],
