@@ -426,8 +426,7 @@ def _plot_shift(axes, rows: list[Row]) -> None:
 def _plot_tokens(axes, rows: list[Row]) -> None:
     chosen = _select(rows, metric="attn_diff_column")
     # One Δ1 keeps the panel readable: the first that differs from Δ2 (D(Δ2, Δ2) is all zeros).
-    delta1s = sorted({row["delta1"] for row in chosen if row["delta1"] != row["delta2"]}) or [None]
-    first_delta1 = delta1s[0]
+    first_delta1 = min((row["delta1"] for row in chosen if row["delta1"] != row["delta2"]), default=None)
     for line, points in _plot_lines(axes, _select(chosen, delta1=first_delta1), "column", linewidth=0.8):
         first = [p for p in points if p[0] == 1]
         if first:  # the attention sink: highlighted with its own marker
