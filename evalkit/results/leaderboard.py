@@ -297,24 +297,16 @@ def _mean_cell(found: tuple[float, float | None] | None) -> str:
 
 
 def provenance_notes(summaries: list[dict]) -> str:
-    lines: dict[tuple, str] = {}  # one line per engine and evalkit of a run: the first summary's tokenizer
+    lines: dict[str, str] = {}  # one line per engine and evalkit of a run: the first summary's tokenizer
     for summary in summaries:
         p = summary.get("provenance", {})
         engine = p.get("engine", {})
-        key = (
-            summary.get("benchmark", "ruler"),
-            summary["run"],
-            engine.get("engine"),
-            engine.get("dtype"),
-            engine.get("batch_size"),
-            p.get("evalkit_version"),
-            p.get("git_hash"),
+        line = (
+            f"- {summary.get('benchmark', 'ruler')} {summary['run']}: engine {engine.get('engine')}, dtype "
+            f"{engine.get('dtype')}, batch size {engine.get('batch_size')}, evalkit {p.get('evalkit_version')} "
+            f"({p.get('git_hash')})"
         )
-        lines.setdefault(
-            key,
-            f"- {key[0]} {summary['run']}: engine {key[2]}, dtype {key[3]}, batch size {key[4]}, "
-            f"evalkit {key[5]} ({key[6]}), tokenizer {engine.get('tokenizer_fingerprint', '?')}",
-        )
+        lines.setdefault(line, f"{line}, tokenizer {engine.get('tokenizer_fingerprint', '?')}")
     return "\n".join(lines.values())
 
 

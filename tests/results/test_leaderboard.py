@@ -363,3 +363,30 @@ def test_leaderboard_cells_and_avg_are_one_computation_and_only_avg_demands_the_
     (average,) = length_averages(alike)
     assert (average.mean, average.std, average.checkpoints) == (pytest.approx(57.5), pytest.approx(7.5), [1, 2])
     assert (ruler_cells(alike)[("r", 512)].mean, ruler_cells(alike)[("r", 512)].std) == (average.mean, average.std)
+
+
+def test_provenance_is_one_line_per_engine_and_evalkit_of_a_run():
+    from evalkit.results.leaderboard import provenance_notes
+
+    def summary(run, dtype, tokenizer, benchmark=None):
+        engine = {"engine": "hf", "dtype": dtype, "batch_size": 8, "tokenizer_fingerprint": tokenizer}
+        provenance = {"evalkit_version": "0.1.0", "git_hash": "abc", "engine": engine}
+        return {"run": run, "provenance": provenance, **({"benchmark": benchmark} if benchmark else {})}
+
+    found = provenance_notes(
+        [
+            summary("a", "fp32", "t1"),
+            summary("a", "fp32", "t2"),
+            summary("a", "bf16", "t3"),
+            summary("b", "fp32", "t4", "ppl"),
+        ]
+    )
+    assert found.splitlines() == [
+        "- ruler a: engine hf, dtype fp32, batch size 8, evalkit 0.1.0 (abc), tokenizer t1",  # t2: the same engine
+        "- ruler a: engine hf, dtype bf16, batch size 8, evalkit 0.1.0 (abc), tokenizer t3",
+        "- ppl b: engine hf, dtype fp32, batch size 8, evalkit 0.1.0 (abc), tokenizer t4",
+    ]
+    assert (
+        provenance_notes([{"run": "c"}])
+        == "- ruler c: engine None, dtype None, batch size None, evalkit None (None), tokenizer ?"
+    )
