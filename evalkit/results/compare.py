@@ -68,7 +68,7 @@ class Difference:
     high: float
     p: float
     p_holm: float
-    samples: str  # e.g. "30" or "30 / 20"
+    samples: str  # "30", "30/20" (A/B), or "varies" over an average's tasks
     pairing: str  # paired by "checkpoints+samples", "checkpoints", "samples", or "none"
     pairing_detail: str  # e.g. "paired, same prompts", "independent: references differ at sample 3"
     tasks: int = 1
@@ -264,12 +264,8 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
     low, high = (float(x) for x in np.percentile(draws, [2.5, 97.5]))  # the 95% percentile interval
     stderr = float(np.std(draws, ddof=1))
     first = cells[0]
-    sizes = [
-        "/".join(str(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c])) for s in (a, b)) for c in cells
-    ]
-    samples = sizes[0] if len(set(sizes)) == 1 else "varies"
-    if samples != "varies" and len(set(samples.split("/"))) == 1:
-        samples = samples.split("/")[0]
+    sizes = {tuple(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c]) for s in (a, b)) for c in cells}
+    samples = "/".join(map(str, dict.fromkeys(sizes.pop()))) if len(sizes) == 1 else "varies"
     return Difference(
         baseline=a,
         other=b,

@@ -567,6 +567,6 @@ def test_samples_column_names_each_sides_count_and_an_average_of_unlike_counts_v
     b.checkpoints[0].update(series("B", {0: [0.0] * 20}, cell=vt).checkpoints[0])  # now 10 and 20 on both sides
     found = compare({"A": a, "B": b}, ["A", "B"], replicates=200)
     assert [d.samples for d in found.differences] == ["10", "20"] and [d.samples for d in found.averages] == ["varies"]
-    b.checkpoints[0].update(series("B", {0: [0.0] * 10}).checkpoints[0])
+    b.checkpoints[0].update(series("B", {0: [0.0] * 10}, cell=vt).checkpoints[0])
     a.checkpoints[0].update(series("A", {0: [100.0] * 10}, cell=vt).checkpoints[0])  # 10 everywhere
     assert [d.samples for d in compare({"A": a, "B": b}, ["A", "B"], replicates=200).averages] == ["10"]
