@@ -310,15 +310,11 @@ def provenance_notes(summaries: list[dict]) -> str:
     return "\n".join(lines.values())
 
 
-def other_benchmarks(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
-    """Summaries of benchmarks other than RULER and lm-eval tasks, by benchmark name."""
-    names = {
-        path.name[: -len(SUMMARY_SUFFIX)]
-        for directory in dirs
-        for path in Path(directory).rglob(f"*{SUMMARY_SUFFIX}")
-        if path.name not in (RULER_SUMMARY, GENERAL_SUMMARY)
-    }
-    found = {name: find_summaries(dirs, summary_name(name), notes) for name in sorted(names)}
+def benchmark_summaries(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
+    """Every benchmark's summaries under `dirs`, by name: RULER's, lm-eval tasks', then the others by name."""
+    stored = {path.name[: -len(SUMMARY_SUFFIX)] for d in dirs for path in Path(d).rglob(f"*{SUMMARY_SUFFIX}")}
+    names = ("ruler", "general", *sorted(stored - {"ruler", "general"}))
+    found = {name: find_summaries(dirs, summary_name(name), notes) for name in names}
     return {name: summaries for name, summaries in found.items() if summaries}
 
 
@@ -418,9 +414,9 @@ def build_markdown(
     dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None
 ) -> tuple[str, list[dict], list[dict]]:
     unread: list[str] = []
-    ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY, unread))
-    general = find_summaries(dirs, GENERAL_SUMMARY, unread)
-    others = other_benchmarks(dirs, unread)
+    others = benchmark_summaries(dirs, unread)
+    ruler = encoding_series(others.pop("ruler", []))
+    general = others.pop("general", [])
     if not ruler and not general and not others:
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
@@ -481,8 +477,7 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     from evalkit.results.compare_report import finite
     from evalkit.store.provenance import stamp
 
-    summaries = find_summaries(dirs, RULER_SUMMARY, unread) + find_summaries(dirs, GENERAL_SUMMARY, unread)
-    summaries += [summary for found in other_benchmarks(dirs, unread).values() for summary in found]
+    summaries = [summary for found in benchmark_summaries(dirs, unread).values() for summary in found]
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
     rows = [finite(export_record(row)) for summary in summaries for row in summary_rows(summary)]
     if not rows:
