@@ -34,7 +34,7 @@ interval: the 2.5th and 97.5th percentiles of the same quantity over the replica
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -416,19 +416,3 @@ def effective_length(boot: Bootstrap, name: str, threshold: float) -> EffectiveL
     return EffectiveLength(
         name, threshold, point, as_length(low_count), as_length(high_count), {n: averages[n][0] for n in lengths}
     )
-
-
-def records(comparison: Comparison) -> dict:
-    return {
-        "seed": comparison.seed,
-        "replicates": comparison.replicates,
-        "threshold": comparison.threshold,
-        "threshold_source": comparison.threshold_source,
-        "checkpoints": comparison.checkpoints,
-        "correction": "Holm across every task x length x pair cell; separately across the per-length averages",
-        "differences": [asdict(d) for d in comparison.differences],
-        "averages": [asdict(d) for d in comparison.averages],
-        "effective_lengths": [
-            {**asdict(e), "scores": {str(k): v for k, v in e.scores.items()}} for e in comparison.effective
-        ],
-    }
