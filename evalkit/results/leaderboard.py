@@ -193,11 +193,9 @@ def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
 
 
 def per_task_table(rows: list[ResultRow]) -> str:
-    """(run, task) rows, one column per length: the mean over the run's checkpoints, or, for a
-    run of one checkpoint, its score ± the standard error over its samples (when recorded).
-
-    Read from the same one-score-per-cell rows as ruler_table (find_summaries refuses a
-    checkpoint twice), so the mean over a length's tasks here is the main table's value."""
+    """(run, task) rows, one column per length: the mean over the run's checkpoints, or for a run of
+    one checkpoint its score ± the standard error over its samples (when recorded). From ruler_table's
+    rows, one score per cell, so the mean over a length's tasks here is the main table's value."""
     cells: dict[tuple[str, str, int], list[ResultRow]] = defaultdict(list)
     for row in rows:
         if row.length is not None:  # every RULER row has one
