@@ -325,10 +325,8 @@ def logged_series(dirs: list[Path]) -> tuple[dict | None, str]:
     try:
         for directory in dirs:
             for name, one in read_directory(directory).items():
-                if name in series:
-                    merge(series[name], one)  # the run's RULER and lm-eval results, from two directories
-                else:
-                    series[name] = one
+                if series.setdefault(name, one) is not one:  # the run's RULER and lm-eval results, two directories
+                    merge(series[name], one)
     except UserError as err:  # a board of summaries only (or unusable logs)
         return None, "no per-sample logs" if "is missing" in str(err) else f"per-sample logs unusable: {err}"
     return series, "no per-sample logs"

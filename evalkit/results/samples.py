@@ -100,12 +100,9 @@ def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[st
         for name, one in here.items():
             if label:
                 one.name = label if len(here) == 1 else f"{label}: {name}"
-            if one.name in found and place > 0:  # pooled: the same checkpoints, their identities kept
-                _pool(found[one.name], one)
-            elif one.name in found:
-                merge(found[one.name], one)
-            else:
-                found[one.name] = one
+            earlier = found.setdefault(one.name, one)
+            if earlier is not one:  # a LABEL given again pools (the same checkpoints); else its other cells
+                (_pool if place > 0 else merge)(earlier, one)
     return found
 
 
