@@ -272,11 +272,10 @@ def benchmark_table(rows: list[ResultRow]) -> str:
     described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values = benchmark_cells(rows)
     columns = sorted({c for _, c in values})
-    runs = sorted({r for r, _ in values})
-    table = []
-    for run in runs:
-        cells = [_mean_cell(values.get((run, column))) for column in columns]
-        table.append([run, *described[run], *cells])
+    table = [
+        [run, *described[run], *(_mean_cell(values.get((run, column))) for column in columns)]
+        for run in sorted({r for r, _ in values})
+    ]
     return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
 
 
