@@ -390,3 +390,21 @@ def test_provenance_is_one_line_per_engine_and_evalkit_of_a_run():
         provenance_notes([{"run": "c"}])
         == "- ruler c: engine None, dtype None, batch size None, evalkit None (None), tokenizer ?"
     )
+
+
+def test_general_bars_place_each_runs_means_and_whiskers_by_column(monkeypatch, tmp_path):
+    from evalkit.results import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "write_figure", lambda figure, stem: drawn.append(figure) or [])
+    values = {("a", "x acc"): (0.5, 0.1), ("a", "y acc"): (0.25, None), ("b", "y acc"): (0.75, 0.05)}
+    plots.general_bars(values, tmp_path / "general")
+    (axes,) = drawn[0].axes
+    bars = [(round(bar.get_x() + bar.get_width() / 2, 6), bar.get_height()) for bar in axes.patches]
+    # width 0.8 / 2 runs = 0.4: run a's bars centred at columns 0 and 1, run b's at column 1 + 0.4 (no x for b)
+    assert bars == [(0.0, 0.5), (1.0, 0.25), (1.4, 0.75)]
+    whiskers = [line.get_segments() for line in axes.collections]
+    assert [[(s[0][1], s[1][1]) for s in segments] for segments in whiskers] == [
+        [(0.4, 0.6), (0.25, 0.25)],
+        [(0.7, 0.8)],
+    ]
