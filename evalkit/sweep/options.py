@@ -156,7 +156,8 @@ def run_command(
     ray_resources: str | None,
 ) -> Any:
     """A benchmark command's body past its own settings: `run` (run_benchmark bound to its benchmark)
-    on the checkpoints named, shown as it goes, then `report` with `table`; returns the run."""
+    on the checkpoints named, shown as it goes, then its table per checkpoint (stdout), --avg's
+    table and where the files are; no score at all (every unit skipped) is a failure."""
     from rich.console import Console
 
     from evalkit.models.refs import resolve_checkpoints
@@ -170,22 +171,16 @@ def run_command(
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)  # --ckpts, then the arguments
     with progress_display(console) as shown:
         result = run(refs, out=out, avg=avg, shard=parsed, executor=chosen, **shown)
-    report(console, result, out, table)
-    return result
-
-
-def report(console, run, out: Path, table: Callable[[list], str]) -> None:
-    """The end of a benchmark's command: its table per checkpoint (stdout), --avg's table, and where
-    the files are; no score at all (every unit skipped) is a failure."""
-    if run.empty_shard is not None:
-        return  # said by the run's log: a shard without units succeeds, for evalkit merge
-    if not run.rows:
+    if result.empty_shard is not None:
+        return result  # said by the run's log: a shard without units succeeds, for evalkit merge
+    if not result.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
-    typer.echo(table(run.result_rows()))
-    if run.averages is not None:
-        typer.echo("\n" + run.averages.table)
-        console.print(f"wrote {run.files['averages_markdown']}")
+    typer.echo(table(result.result_rows()))
+    if result.averages is not None:
+        typer.echo("\n" + result.averages.table)
+        console.print(f"wrote {result.files['averages_markdown']}")
     console.print(f"results in {out}")
+    return result
 
 
 def make_executor(name: str, ray_address: str | None, ray_resources: str | None = None):
