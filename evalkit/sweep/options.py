@@ -84,21 +84,6 @@ def max_length_option(items: str) -> Any:
     return typer.Option(None, "--max-length", help=f"Allow {items} beyond the model's max_position_embeddings.")
 
 
-def encoding_option() -> Any:
-    return typer.Option(
-        "standard",
-        "--encoding",
-        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
-        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
-    )
-
-
-def doc_tokens_option() -> Any:
-    return typer.Option(
-        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
-    )
-
-
 def out_option(default: str) -> Any:
     return typer.Option(Path(default), "--out", help="Results directory.")
 
