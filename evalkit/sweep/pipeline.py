@@ -287,7 +287,7 @@ def evaluate_checkpoint(
     summary = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": benchmark.name,
-        "title": getattr(benchmark, "title", benchmark.name),
+        "title": benchmark.title,
         "run": ref.run,
         "step": ref.step,
         "checkpoint": str(ref.path),
@@ -322,10 +322,7 @@ def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tu
     provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
     averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
     atomic_write_json(json_path, {**averaged, "provenance": provenance})
-    title = getattr(benchmark, "title", benchmark.name)
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
-    atomic_write_text(
-        markdown_path,
-        f"# {title}, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{conditions}{averages.table}\n",
-    )
+    heading = f"# {benchmark.title}, averaged over checkpoints\n\nCommand: `{command_line()}`"
+    atomic_write_text(markdown_path, f"{heading}\n\n{conditions}{averages.table}\n")
     return averages, {"averages_json": json_path, "averages_markdown": markdown_path}
