@@ -40,9 +40,9 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
     copies = _files_to_copy(inputs)
     tmp = new_directory_beside(dest)
     try:
-        for rel, source in copies.items():
+        for rel, directory in copies.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, tmp / rel)
+            shutil.copy2(directory / rel, tmp / rel)
         for rel, summary in merged.items():
             atomic_write_json(tmp / rel, summary)
         move_into_place(tmp, dest)
@@ -218,19 +218,17 @@ def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path,
 def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
     """Every file under the shard outputs but their summaries, lock, --avg files and temporaries;
     one path held by two shards is refused unless both hold the same bytes."""
-    copies: dict[Path, Path] = {}
-    owner: dict[Path, Path] = {}
+    owner: dict[Path, Path] = {}  # relative path -> the shard output it is copied from
     for directory in inputs:
         summaries = set(_summary_files(directory))
         for path in sorted(directory.rglob("*")):
             rel = path.relative_to(directory)
             if not path.is_file() or path in summaries or _not_merged(rel):
                 continue
-            if rel in copies and copies[rel].read_bytes() != path.read_bytes():
+            if rel in owner and (owner[rel] / rel).read_bytes() != path.read_bytes():
                 raise UserError(f"overlapping shards: {owner[rel]} and {directory} both hold {rel}, unequal")
-            copies.setdefault(rel, path)
             owner.setdefault(rel, directory)
-    return copies
+    return owner
 
 
 def _not_merged(rel: Path) -> bool:
