@@ -73,7 +73,7 @@ def _check_paths(inputs: list[Path], dest: Path) -> None:
     for path in inputs:
         if not path.is_dir():
             raise UserError(f"{path} is not a directory; give the --out directories of the shard runs")
-        if path.resolve() == dest.resolve() or dest.resolve().is_relative_to(path.resolve()):
+        if dest.resolve().is_relative_to(path.resolve()):  # the shard output itself, or a folder in it
             raise UserError(f"--out {dest} is (inside) the shard output {path}; give a new directory")
     check_output_dir(dest)
     if dest.is_dir() and any(dest.iterdir()):
@@ -205,12 +205,11 @@ def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path,
         by_benchmark.setdefault(summary["benchmark"], []).append(summary.pop("_units_merged"))
     records = [s for found in summaries.values() for _, s in found] + list(empty.values())
     for name, counts in by_benchmark.items():
-        any_summary = next(s for s in records if s.get("benchmark") == name)
-        expected, shard = _shard(any_summary)["plan_units"], _shard(any_summary)
+        shard = _shard(next(s for s in records if s.get("benchmark") == name))
         seen = sorted({_shard(s)["index"] for s in records})
-        if sum(counts) != expected:
+        if sum(counts) != shard["plan_units"]:
             raise UserError(
-                f"incomplete {name} sweep: {sum(counts)} of its {expected} units are here (shards "
+                f"incomplete {name} sweep: {sum(counts)} of its {shard['plan_units']} units are here (shards "
                 f"{', '.join(map(str, seen))} of {shard['count']}); pass every shard's --out, each finished"
             )
 
