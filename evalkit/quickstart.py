@@ -381,19 +381,16 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     at every length are named, not shown as results."""
     from evalkit.markdown import markdown_table
     from evalkit.results.summaries import RULER_SUMMARY
-    from evalkit.store.averages import RunAverage, length_averages
+    from evalkit.store.averages import length_averages
 
     averages = length_averages(_stored_rows(ruler_dir, RULER_SUMMARY))
-    scored = {a.run for a in averages if a.mean > 0}
-    zero = sorted({a.run for a in averages} - scored)
-    by_run: dict[str, dict[int, RunAverage]] = {}
-    for a in averages:
-        if a.run in scored:
-            by_run.setdefault(a.run, {})[a.length] = a
+    cells = {(a.run, a.length): a for a in averages}
+    scored = sorted({a.run for a in averages if a.mean > 0})
+    zero = sorted({a.run for a in averages} - set(scored))
     header = ["run", *[f"{n}" for n in lengths]]
     rows = [
-        [run, *[f"{cells[n].mean:.1f} ± {cells[n].std:.1f}" if n in cells else "" for n in lengths]]
-        for run, cells in sorted(by_run.items())
+        [run, *[f"{cells[run, n].mean:.1f} ± {cells[run, n].std:.1f}" if (run, n) in cells else "" for n in lengths]]
+        for run in scored
     ]
     lines = ["## (c) RULER across lengths (task average, mean ± std over each run's checkpoints)", ""]
     lines += [markdown_table(header, rows), ""] if rows else ["- No run scored above 0 at any length.", ""]
