@@ -139,11 +139,8 @@ def _short_run_spacing(plan: QuickstartPlan) -> dict[str, int]:
 
 
 def shipped_runs(recipe: str) -> list[Path]:
-    """Runs shipped for a recipe: checkpoints/<name>/<run>/step-N beside the recipe's configs/ folder.
-
-    For evalkit's own recipes that is evalkit/checkpoints/<recipe>/; a recipe of one's own
-    at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
-    """
+    """Runs shipped for a recipe: checkpoints/<name>/<run>/step-N beside its configs/ folder (evalkit's
+    own: evalkit/checkpoints/<recipe>/; project/configs/x.yaml: project/checkpoints/x/). Most ship none."""
     from evalkit.models.refs import STEP_DIR
     from evalkit.package_data import recipe_folder
     from evalkit.train.config import resolve_recipe
