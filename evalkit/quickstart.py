@@ -20,19 +20,26 @@ Every stage stores what it made, so a second run reuses all of it and finishes i
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
 
 from evalkit.errors import UserError
-from evalkit.files import check_output_dir, output_lock
+from evalkit.files import atomic_write_json, atomic_write_text, cache_root, check_output_dir, output_lock
+from evalkit.lengths import length_label
+from evalkit.markdown import markdown_table
 from evalkit.models.check import checkpoint_source
-from evalkit.models.refs import META
-from evalkit.results.leaderboard import check_leaderboard_outputs, write_leaderboard
+from evalkit.models.refs import META, STEP_DIR, check_last, checkpoint_meta, resolve_checkpoints
+from evalkit.results.leaderboard import check_leaderboard_outputs, checkpoint_means, write_leaderboard
+from evalkit.results.summaries import RULER_SUMMARY, find_summaries
+from evalkit.store.averages import length_averages, per_checkpoint_length_means
+from evalkit.store.result_format import STANDARD, summary_rows, training_precision, window_start
 
 QUICK_RECIPE = "tiny-long"
 QUICK_STEPS = 30  # the quickstart's own runs: training shown end to end in about a minute per paradigm
@@ -77,7 +84,6 @@ class QuickstartPlan:
 def check_plan(plan: QuickstartPlan) -> None:
     """What the later stages would refuse only after training has run, refused before it."""
     from evalkit.engines.base import check_at_least_one
-    from evalkit.models.refs import check_last
 
     check_last(plan.last)
     # --max-steps and --lengths are checked where the command parses them.
@@ -139,12 +145,8 @@ def _short_run_spacing(plan: QuickstartPlan) -> dict[str, int]:
 
 
 def shipped_runs(recipe: str) -> list[Path]:
-    """Runs shipped for a recipe: checkpoints/<name>/<run>/step-N beside the recipe's configs/ folder.
-
-    For evalkit's own recipes that is evalkit/checkpoints/<recipe>/; a recipe of one's own
-    at project/configs/x.yaml finds project/checkpoints/x/. Most recipes ship none.
-    """
-    from evalkit.models.refs import STEP_DIR
+    """Runs shipped for a recipe: checkpoints/<name>/<run>/step-N beside its configs/ folder (evalkit's
+    own: evalkit/checkpoints/<recipe>/; project/configs/x.yaml: project/checkpoints/x/). Most ship none."""
     from evalkit.package_data import recipe_folder
     from evalkit.train.config import resolve_recipe
 
@@ -173,9 +175,6 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
 
 
 def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], started: float) -> Path:
-    from evalkit.files import atomic_write_text
-    from evalkit.models.refs import resolve_checkpoints
-
     claims: list[str] = []
     numbers = itertools.count(1)
     if plan.probe != "none":
@@ -259,9 +258,6 @@ def _installed_smollm2() -> tuple[Path | None, str]:
 
 def _imported_smollm2(gguf: Path, console: Console) -> Path:
     """The GGUF's fp32 import: evalkit's cache, or the one the test suite made (same naming), else made now."""
-    import os
-
-    from evalkit.files import cache_root
     from evalkit.models.gguf_import import file_sha256, import_gguf
 
     name = f"smollm2-135m-{file_sha256(gguf)[:16]}-fp32"
@@ -275,8 +271,6 @@ def _imported_smollm2(gguf: Path, console: Console) -> Path:
 
 
 def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
-    import json
-
     from evalkit.probe import run_probe
 
     checkpoint, what = probe_checkpoint(plan.probe, console)
@@ -310,10 +304,6 @@ def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
 
 
 def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
-    import json
-
-    from evalkit.files import atomic_write_json
-
     stored = plan.out / "train-step.json"
     rows = json.loads(stored.read_text())["rows"] if stored.is_file() else []
     if rows and rows[0]["seq_len"] == plan.bench_seq:
@@ -363,10 +353,6 @@ def _time_training_steps(seq_len: int, console: Console) -> list:
 def how_runs_trained(refs) -> list[str]:
     """One row per evaluated run: its paradigm, precision regime and window start, read from its
     newest checkpoint's meta.json, so a comparison shows that only the paradigm differs."""
-    from evalkit.markdown import markdown_table
-    from evalkit.models.refs import checkpoint_meta
-    from evalkit.store.result_format import training_precision, window_start
-
     newest = {ref.run: ref.path for ref in sorted(refs, key=lambda ref: ref.step)}  # CheckpointRef
     rows = []
     for run, path in sorted(newest.items()):
@@ -379,21 +365,14 @@ def how_runs_trained(refs) -> list[str]:
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
     at every length are named, not shown as results."""
-    from evalkit.markdown import markdown_table
-    from evalkit.results.summaries import RULER_SUMMARY
-    from evalkit.store.averages import RunAverage, length_averages
-
     averages = length_averages(_stored_rows(ruler_dir, RULER_SUMMARY))
-    scored = {a.run for a in averages if a.mean > 0}
-    zero = sorted({a.run for a in averages} - scored)
-    by_run: dict[str, dict[int, RunAverage]] = {}
-    for a in averages:
-        if a.run in scored:
-            by_run.setdefault(a.run, {})[a.length] = a
+    cells = {(a.run, a.length): a for a in averages}
+    scored = sorted({a.run for a in averages if a.mean > 0})
+    zero = sorted({a.run for a in averages} - set(scored))
     header = ["run", *[f"{n}" for n in lengths]]
     rows = [
-        [run, *[f"{cells[n].mean:.1f} ± {cells[n].std:.1f}" if n in cells else "" for n in lengths]]
-        for run, cells in sorted(by_run.items())
+        [run, *[f"{cells[run, n].mean:.1f} ± {cells[run, n].std:.1f}" if (run, n) in cells else "" for n in lengths]]
+        for run in scored
     ]
     lines = ["## (c) RULER across lengths (task average, mean ± std over each run's checkpoints)", ""]
     lines += [markdown_table(header, rows), ""] if rows else ["- No run scored above 0 at any length.", ""]
@@ -432,14 +411,8 @@ def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
 def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
     """The paper's Figure 4: each checkpoint's RULER task average and perplexity per length (a table,
     a plot of both against the step), and whether RULER's swing between checkpoints exceeds its noise."""
-    from evalkit.lengths import length_label
-    from evalkit.markdown import markdown_table
-    from evalkit.results.leaderboard import checkpoint_means
     from evalkit.results.plots import ruler_and_ppl_vs_step
     from evalkit.results.samples import PPL_SUMMARY
-    from evalkit.results.summaries import RULER_SUMMARY
-    from evalkit.store.averages import per_checkpoint_length_means
-    from evalkit.store.result_format import STANDARD
 
     ruler = [row for row in _stored_rows(out / "ruler", RULER_SUMMARY) if row.encoding in (None, STANDARD)]
     ppl = [row for row in _stored_rows(out / "ppl", PPL_SUMMARY) if row.metric == "perplexity"]
@@ -470,8 +443,6 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
 def swing_verdicts(ruler_dir: Path) -> list[str]:
     """Each run's last checkpoint against the one before, as two series over the same samples (`evalkit
     compare`: the task average's difference per length, 95% interval, Holm): is the swing beyond noise?"""
-    from dataclasses import replace
-
     from evalkit.results.compare import compare, significant
     from evalkit.results.compare_report import cell_length_label
     from evalkit.results.samples import load_series
@@ -505,9 +476,6 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
 
 
 def _stored_rows(folder: Path, summary_name: str) -> list:
-    from evalkit.results.summaries import find_summaries
-    from evalkit.store.result_format import summary_rows
-
     return [row for summary in find_summaries([folder], summary_name) for row in summary_rows(summary)]
 
 

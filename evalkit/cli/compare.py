@@ -8,7 +8,8 @@ import typer
 
 from evalkit.cli.app import app
 from evalkit.errors import UserError
-from evalkit.files import check_output_dir
+from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir
+from evalkit.lengths import parse_lengths
 
 
 @app.command("compare")
@@ -69,8 +70,6 @@ def compare_command(
     if baseline is None and len(order) >= 2:  # fewer: compare's own error says so
         baseline = default_baseline({name: series[name] for name in order})
     if tasks or lengths:
-        from evalkit.lengths import parse_lengths
-
         wanted_tasks = {task.strip() for task in tasks.split(",")} if tasks else None
         wanted_lengths = set(parse_lengths(lengths)) if lengths else None
         for one in series.values():
@@ -99,8 +98,6 @@ def compare_command(
         text += "\n## " + not_read_note(unread) + "\n"
     typer.echo(text)
     if out is not None:
-        from evalkit.files import atomic_write_json, atomic_write_text
-
         atomic_write_json(out / "compare.json", compare_report.json_records(result, command))
         figures = compare_report.plot(result, out / "compare-vs-length")
         if figures:

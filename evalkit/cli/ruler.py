@@ -44,8 +44,15 @@ def ruler_command(
         "--prompt-format",
         help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models).",
     ),
-    encoding: str = options.encoding_option(),
-    doc_tokens: int = options.doc_tokens_option(),
+    encoding: str = typer.Option(
+        "standard",
+        "--encoding",
+        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
+        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
+    ),
+    doc_tokens: int = typer.Option(
+        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
+    ),
     out: Path = options.out_option("results/ruler"),
     shard: str = options.shard_option(),
     executor: str = options.executor_option(),

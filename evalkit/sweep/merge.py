@@ -40,9 +40,9 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
     copies = _files_to_copy(inputs)
     tmp = new_directory_beside(dest)
     try:
-        for rel, source in copies.items():
+        for rel, directory in copies.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, tmp / rel)
+            shutil.copy2(directory / rel, tmp / rel)
         for rel, summary in merged.items():
             atomic_write_json(tmp / rel, summary)
         move_into_place(tmp, dest)
@@ -73,7 +73,7 @@ def _check_paths(inputs: list[Path], dest: Path) -> None:
     for path in inputs:
         if not path.is_dir():
             raise UserError(f"{path} is not a directory; give the --out directories of the shard runs")
-        if path.resolve() == dest.resolve() or dest.resolve().is_relative_to(path.resolve()):
+        if dest.resolve().is_relative_to(path.resolve()):  # the shard output itself, or a folder in it
             raise UserError(f"--out {dest} is (inside) the shard output {path}; give a new directory")
     check_output_dir(dest)
     if dest.is_dir() and any(dest.iterdir()):
@@ -205,12 +205,11 @@ def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path,
         by_benchmark.setdefault(summary["benchmark"], []).append(summary.pop("_units_merged"))
     records = [s for found in summaries.values() for _, s in found] + list(empty.values())
     for name, counts in by_benchmark.items():
-        any_summary = next(s for s in records if s.get("benchmark") == name)
-        expected, shard = _shard(any_summary)["plan_units"], _shard(any_summary)
+        shard = _shard(next(s for s in records if s.get("benchmark") == name))
         seen = sorted({_shard(s)["index"] for s in records})
-        if sum(counts) != expected:
+        if sum(counts) != shard["plan_units"]:
             raise UserError(
-                f"incomplete {name} sweep: {sum(counts)} of its {expected} units are here (shards "
+                f"incomplete {name} sweep: {sum(counts)} of its {shard['plan_units']} units are here (shards "
                 f"{', '.join(map(str, seen))} of {shard['count']}); pass every shard's --out, each finished"
             )
 
@@ -218,19 +217,17 @@ def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path,
 def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
     """Every file under the shard outputs but their summaries, lock, --avg files and temporaries;
     one path held by two shards is refused unless both hold the same bytes."""
-    copies: dict[Path, Path] = {}
-    owner: dict[Path, Path] = {}
+    owner: dict[Path, Path] = {}  # relative path -> the shard output it is copied from
     for directory in inputs:
         summaries = set(_summary_files(directory))
         for path in sorted(directory.rglob("*")):
             rel = path.relative_to(directory)
             if not path.is_file() or path in summaries or _not_merged(rel):
                 continue
-            if rel in copies and copies[rel].read_bytes() != path.read_bytes():
+            if rel in owner and (owner[rel] / rel).read_bytes() != path.read_bytes():
                 raise UserError(f"overlapping shards: {owner[rel]} and {directory} both hold {rel}, unequal")
-            copies.setdefault(rel, path)
             owner.setdefault(rel, directory)
-    return copies
+    return owner
 
 
 def _not_merged(rel: Path) -> bool:

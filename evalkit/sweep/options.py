@@ -84,21 +84,6 @@ def max_length_option(items: str) -> Any:
     return typer.Option(None, "--max-length", help=f"Allow {items} beyond the model's max_position_embeddings.")
 
 
-def encoding_option() -> Any:
-    return typer.Option(
-        "standard",
-        "--encoding",
-        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
-        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
-    )
-
-
-def doc_tokens_option() -> Any:
-    return typer.Option(
-        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
-    )
-
-
 def out_option(default: str) -> Any:
     return typer.Option(Path(default), "--out", help="Results directory.")
 
@@ -156,7 +141,8 @@ def run_command(
     ray_resources: str | None,
 ) -> Any:
     """A benchmark command's body past its own settings: `run` (run_benchmark bound to its benchmark)
-    on the checkpoints named, shown as it goes, then `report` with `table`; returns the run."""
+    on the checkpoints named, shown as it goes, then its table per checkpoint (stdout), --avg's
+    table and where the files are; no score at all (every unit skipped) is a failure."""
     from rich.console import Console
 
     from evalkit.models.refs import resolve_checkpoints
@@ -170,22 +156,16 @@ def run_command(
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)  # --ckpts, then the arguments
     with progress_display(console) as shown:
         result = run(refs, out=out, avg=avg, shard=parsed, executor=chosen, **shown)
-    report(console, result, out, table)
-    return result
-
-
-def report(console, run, out: Path, table: Callable[[list], str]) -> None:
-    """The end of a benchmark's command: its table per checkpoint (stdout), --avg's table, and where
-    the files are; no score at all (every unit skipped) is a failure."""
-    if run.empty_shard is not None:
-        return  # said by the run's log: a shard without units succeeds, for evalkit merge
-    if not run.rows:
+    if result.empty_shard is not None:
+        return result  # said by the run's log: a shard without units succeeds, for evalkit merge
+    if not result.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
-    typer.echo(table(run.result_rows()))
-    if run.averages is not None:
-        typer.echo("\n" + run.averages.table)
-        console.print(f"wrote {run.files['averages_markdown']}")
+    typer.echo(table(result.result_rows()))
+    if result.averages is not None:
+        typer.echo("\n" + result.averages.table)
+        console.print(f"wrote {result.files['averages_markdown']}")
     console.print(f"results in {out}")
+    return result
 
 
 def make_executor(name: str, ray_address: str | None, ray_resources: str | None = None):

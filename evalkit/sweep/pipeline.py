@@ -201,7 +201,6 @@ def run_benchmark(
         if executor is not None:
             executor.run(benchmark, work, out, log=log, open_engine=open_engine)  # progress: its log lines
         summaries, failed = [], []
-        first_error: Exception | None = None
         for ref, checkpoint_work in work.checkpoints:
             on_checkpoint(ref)
             try:
@@ -210,15 +209,14 @@ def run_benchmark(
                 if disk_full_error(err) is not None:
                     raise  # every later checkpoint would fail the same way
                 failed.append(record_failure(benchmark, ref, out, err))
-                first_error = first_error or err
                 log(f"failed: {ref.run} step {ref.step} ({ref.path}): {failed[-1]['reason']}; going on with the rest")
+                if len(refs) == 1:
+                    raise  # no sweep to go on with: the error itself, as for any command
         rows = [row for summary in summaries for row in summary["rows"]]
         skipped = [{"run": s["run"], "step": s["step"], **skip} for s in summaries for skip in s["skipped"]]
         run = EvaluationRun(summaries, rows, skipped)
         if avg and rows:
             run.averages, run.files = write_averages(benchmark, run.result_rows(), out)
-    if failed and len(refs) == 1 and first_error is not None:
-        raise first_error  # no sweep to go on with: the error itself, as for any command
     if failed:
         first = failed[0]
         raise UserError(
@@ -287,7 +285,7 @@ def evaluate_checkpoint(
     summary = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": benchmark.name,
-        "title": getattr(benchmark, "title", benchmark.name),
+        "title": benchmark.title,
         "run": ref.run,
         "step": ref.step,
         "checkpoint": str(ref.path),
@@ -322,10 +320,7 @@ def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tu
     provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
     averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
     atomic_write_json(json_path, {**averaged, "provenance": provenance})
-    title = getattr(benchmark, "title", benchmark.name)
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
-    atomic_write_text(
-        markdown_path,
-        f"# {title}, averaged over checkpoints\n\nCommand: `{command_line()}`\n\n{conditions}{averages.table}\n",
-    )
+    heading = f"# {benchmark.title}, averaged over checkpoints\n\nCommand: `{command_line()}`"
+    atomic_write_text(markdown_path, f"{heading}\n\n{conditions}{averages.table}\n")
     return averages, {"averages_json": json_path, "averages_markdown": markdown_path}

@@ -1,9 +1,6 @@
-"""Which of the pipeline's units this process evaluates: all of them, or one shard's.
-
-A shard is a deterministic 1/N of the (checkpoint, unit) pairs, balanced by each unit's
-estimated tokens (a benchmark's `unit_cost`; RULER: length x samples), not by their count:
-pairs go, costliest first, to the shard with the least so far (ties to the lowest index), so
-every shard of one sweep computes the same assignment from the same request.
+"""Which of the pipeline's units this process evaluates: all of them, or one shard's, a 1/N of the
+(checkpoint, unit) pairs balanced by each unit's estimated tokens (a benchmark's `unit_cost`; RULER:
+length x samples), not by their count, and the same in every shard of one sweep (assign_shards).
 """
 
 from __future__ import annotations
