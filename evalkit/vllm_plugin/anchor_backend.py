@@ -32,8 +32,8 @@ from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
 from evalkit.vllm_plugin.workspace import PrefixWorkspace, shared_prefix_workspace
 
 METADATA_FIELD = "evalkit_document_queries"
-# vLLM's cache dtype names -> the workspace's dtype ("auto": the model's, torch's default while
-# vLLM builds it); a quantized cache has none.
+# vLLM's cache dtype names that packed requests serve -> the workspace's dtype ("auto": the model's,
+# torch's default while vLLM builds it); any other (a quantized cache) is refused.
 _CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32}
 
 
@@ -213,7 +213,8 @@ class AnchorAttentionImplMixin:
 
     def _check_packed_supported(self, num_keys: int) -> None:
         """Packed requests implement plain softmax attention only; say so instead of computing something else."""
-        quantized = getattr(self, "kv_cache_dtype", "auto") not in ("auto", "bfloat16", "float16", "float32")
+        cache_dtype = getattr(self, "kv_cache_dtype", "auto")
+        quantized = cache_dtype != "auto" and cache_dtype not in _CACHE_DTYPES
         window = self._sliding_window()
         unsupported = {
             # A window wider than every context is no window.
