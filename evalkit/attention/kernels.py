@@ -35,11 +35,9 @@ from evalkit.attention.packing import ANCHOR_DOC_ID
 
 @dataclass
 class Segment:
-    """One independent causal attention problem: these queries over these keys, aligned bottom-right.
-
-    Indices are token positions within one batch row; k_index is sorted and ends with the
-    positions of q_index (shifted by Sk - Sq), so bottom-right causality is the document rule.
-    """
+    """One independent causal attention problem, aligned bottom-right: k_index (token positions in
+    one batch row) is sorted and ends with the positions of q_index (shifted by Sk - Sq), so
+    bottom-right causality is the document rule."""
 
     q_index: torch.Tensor  # long [Lq], query rows 0..Sq-1
     k_index: torch.Tensor  # long [Lk], key columns 0..Sk-1, Lk >= Lq
@@ -99,7 +97,6 @@ def _effective_window(window: int | None, kv_len: int) -> int | None:
 
 
 def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
-    """SDPA with the materialised reference mask."""
     sq, sk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     if doc_ids is None and sq == sk and window is None:
@@ -196,7 +193,6 @@ def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: in
 
 
 def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
-    """Per-document causal SDPA, skipping every cross-document block: the CPU training path."""
     batch, _, sq, _ = q.shape
     sk = k.shape[2]
     gqa = q.shape[1] != k.shape[1]
@@ -433,7 +429,6 @@ def recompile_limit() -> int:
 
 
 def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
-    """FlexAttention with the document rule as mask_mod (backward needs CUDA)."""
     if q.device.type == "cpu":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")
