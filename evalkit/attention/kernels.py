@@ -259,9 +259,6 @@ def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: 
     )
 
 
-FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash_attn_varlen_func refuses anything else, and mixed dtypes
-
-
 def _flash_varlen_func() -> Callable:
     try:
         from flash_attn import flash_attn_varlen_func
@@ -279,7 +276,7 @@ def flash_attention(
     an emulation of flash_attn_varlen_func (tests/attention/varlen.py) to check the layout on a CPU."""
     if varlen_func is None:
         varlen_func = _flash_varlen_func()
-        if q.dtype not in FLASH_DTYPES or not q.dtype == k.dtype == v.dtype:
+        if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
             raise ValueError(
                 f"flash-attn runs fp16 or bf16 of one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}: "
                 "train with dtype=bf16 (autocast), or use the flex or blocked implementation"
