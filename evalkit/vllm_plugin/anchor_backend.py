@@ -92,7 +92,6 @@ class AnchorMetadataBuilderMixin:
     supports_update_block_table: bool = False
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        # A mixin: the stock builder follows in the bases.
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)  # type: ignore[misc]
         rows = packed_rows()
         plans = plan_document_queries(common_attn_metadata, rows, self.anchor_impl) if rows else []
@@ -118,8 +117,7 @@ class AnchorAttentionImplMixin:
         super().__init__(*args, **kwargs)
         self._evalkit_workspace = self._build_prefix_workspace()
         if self.anchor_impl == "flex" and torch.cuda.is_available():
-            # Compiled now, while vLLM builds the model (its default dtype is then the model's), not at
-            # the first packed request, where vLLM's fail-on-recompile stance makes a compile an error.
+            # Now, while vLLM builds the model (its default dtype the model's): kernels.warm_up_anchor_flex says why.
             device = torch.device("cuda", torch.cuda.current_device())
             dtype = torch.get_default_dtype()
             warm_up_anchor_flex(self.num_heads, self.num_kv_heads, self.head_size, self.scale, dtype, device)
