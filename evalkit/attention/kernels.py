@@ -119,12 +119,6 @@ def _is_run(index: torch.Tensor) -> bool:
     return int(index[-1] - index[0]) + 1 == index.numel()
 
 
-def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
-    """True when the documents tile the sequence in order (every paradigm but the interleaved)."""
-    own = [_own_keys(seg) for seg in segments]
-    return all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length
-
-
 def _segment_sdpa(q, k, v, seg: Segment, q_pos, *, doc_row, scale, gqa: bool, window, anchor):
     """One segment's causal SDPA [1, H, Lq, D], its queries at sequence positions `q_pos`, within
     the window (masks.py's rule) where it cuts into the segment."""
@@ -152,8 +146,10 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     split (backward: one concatenation) or gathered once.
     """
     length = q_row.shape[1]
-    if _documents_are_contiguous(segments, length):
-        sizes = [_own_keys(seg).numel() for seg in segments]
+    own = [_own_keys(seg) for seg in segments]
+    # The documents tile the row in order (every paradigm but the interleaved): split, no gather.
+    if all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length:
+        sizes = [keys.numel() for keys in own]
         pieces = [t.split(sizes, dim=1) for t in (q_row, k_row, v_row)]  # views, no copy
         anchors = [t[0] for t in pieces]  # where a document has a prefix, segment 0 is the anchor's own
         outputs = []
