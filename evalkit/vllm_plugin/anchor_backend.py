@@ -66,7 +66,7 @@ def plan_document_queries(common, rows: Mapping[int, PackedRow], impl: str) -> l
         computed = seq_lens[row] - (query_start[row + 1] - query_start[row])
         # Anchor queries attend to the anchor only: causal attention already gives them that.
         first = max(computed, packed.segments.anchor_length)
-        stop = min(seq_lens[row], packed.document_end)
+        stop = min(seq_lens[row], packed.doc_ids.numel())
         if first >= stop:
             continue  # no document query in this step: decoding, or the question's chunk
         doc_ids = packed.doc_ids_on(device)[:stop]
