@@ -117,10 +117,15 @@ class AnchorAttentionImplMixin:
         super().__init__(*args, **kwargs)
         self._evalkit_workspace = self._build_prefix_workspace()
         if self.anchor_impl == "flex" and torch.cuda.is_available():
-            # Now, while vLLM builds the model (its default dtype the model's): kernels.warm_up_anchor_flex says why.
-            device = torch.device("cuda", torch.cuda.current_device())
-            dtype = torch.get_default_dtype()
-            warm_up_anchor_flex(self.num_heads, self.num_kv_heads, self.head_size, self.scale, dtype, device)
+            self._warm_up_anchor_kernels(torch.device("cuda", torch.cuda.current_device()))
+
+    def _warm_up_anchor_kernels(self, device: torch.device) -> None:
+        """FlexAttention compiled now, while vLLM builds the model (its default dtype is then the
+        model's), not at the first packed request inside the compiled forward, where vLLM's
+        fail-on-recompile stance makes any compile an error (kernels.warm_up_anchor_flex)."""
+        warm_up_anchor_flex(
+            self.num_heads, self.num_kv_heads, self.head_size, self.scale, torch.get_default_dtype(), device
+        )
 
     def _build_prefix_workspace(self) -> PrefixWorkspace | None:
         """The prefix K/V buffer, made now: vLLM builds the impls while it loads the model, so the
