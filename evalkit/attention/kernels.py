@@ -224,9 +224,7 @@ class VarlenLayout:
     cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
     max_seqlen_q: int
     max_seqlen_k: int
-    # Every sequence is one contiguous run of its row (no anchor prepended, no interleaving): where
-    # flash's window, which counts positions inside each sequence, is the layer's window.
-    runs: bool
+    runs: bool  # every sequence one contiguous run of its row: where flash's window is the layer's (module doc)
 
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
@@ -313,10 +311,8 @@ _last_block_mask: dict[str, Any] = {}  # the BlockMask built last: its "key", "d
 
 
 def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window, anchor):
-    """The BlockMask, reused while doc_ids do not change (every layer of one forward shares it).
-
-    Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
-    """
+    """The BlockMask, reused while doc_ids do not change (every layer of one forward shares it), keyed
+    on a copy of their values, not the tensor's address: a new batch can reuse freed memory."""
     key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
     last = _last_block_mask
     # An equal key means doc_ids of the same shape, or None on both sides.
