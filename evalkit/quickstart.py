@@ -334,12 +334,12 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
 
 
 def _time_training_steps(seq_len: int, console: Console) -> list:
-    """bench train's rows for full and anchor, timed in CPU seconds on one torch thread: others'
+    """Training-step rows for full and anchor, timed in CPU seconds on one torch thread: others'
     work on a shared machine inflates wall-clock time, not the CPU time a step takes."""
     import torch
 
     from evalkit.attention import Paradigm
-    from evalkit.bench.train import run
+    from evalkit.train.timing import run
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)

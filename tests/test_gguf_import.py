@@ -95,7 +95,7 @@ def test_the_declared_file_type_is_what_ggufs_own_reader_reads(file_type, tmp_pa
     the file by gguf's reader: both must agree (999 is a code gguf does not name)."""
     import numpy as np
 
-    from evalkit.models.gguf_import import _gguf_file_type
+    from evalkit.models.gguf_header import read_gguf_header
 
     source = tmp_path / "typed.gguf"
     writer = gguf.GGUFWriter(str(source), "llama")
@@ -110,7 +110,7 @@ def test_the_declared_file_type_is_what_ggufs_own_reader_reads(file_type, tmp_pa
     field = gguf.GGUFReader(str(source)).fields.get("general.file_type")
     code = None if field is None else int(field.parts[field.data[0]][0])
     expected = gguf.LlamaFileType(code).name if code in {t.value for t in gguf.LlamaFileType} else None
-    assert _gguf_file_type(source) == expected
+    assert read_gguf_header(source) == (gguf.GGUF_VERSION, expected)
     assert (expected is None) == (file_type in (None, 999))
 
 

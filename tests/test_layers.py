@@ -28,7 +28,6 @@ LAYERS = (
     ("train",),
     ("sweep",),  # the running of a sweep: the pipeline, the engine choice, shards, the Ray executor
     ("ruler", "general", "probe", "ppl"),  # the benchmarks (and the BF16 RoPE probe)
-    ("bench",),  # benchmarks of evalkit itself: RULER's data, the engines, training
     ("results",),  # reads stored results only: imports no benchmark and no sweep
     ("quickstart",),
     ("cli",),
@@ -192,7 +191,7 @@ def test_no_module_circle_beyond_the_allowed():
 def test_results_imports_no_benchmark():
     """results/ sits above the benchmarks and reads stored ResultRows: not one import of a benchmark
     or of the pipeline, lazy ones included (the layer order says it; this names the rule)."""
-    forbidden = ("evalkit.ruler", "evalkit.general", "evalkit.sweep.pipeline", "evalkit.probe", "evalkit.bench")
+    forbidden = ("evalkit.ruler", "evalkit.general", "evalkit.sweep.pipeline", "evalkit.probe")
     graph = _graph()
     found = [
         f"{module} imports {target}"
@@ -219,7 +218,8 @@ def test_training_imports_no_serving():
 
 
 def test_the_package_imports_no_test_or_script():
-    """evalkit/ is library code: the device checks and their helpers are tests (tests/gpu)."""
+    """evalkit/ is library code: the device checks and their helpers are tests (tests/gpu), the
+    benchmarks of evalkit itself are programs beside it (benchmarks/)."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -229,5 +229,7 @@ def test_the_package_imports_no_test_or_script():
                 names = [node.module or ""]
             else:
                 continue
-            found += [f"{path} imports {name}" for name in names if name.split(".")[0] in ("tests", "scripts")]
+            found += [
+                f"{path} imports {name}" for name in names if name.split(".")[0] in ("tests", "scripts", "benchmarks")
+            ]
     assert not found, "\n".join(found)

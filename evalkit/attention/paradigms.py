@@ -47,3 +47,14 @@ class Paradigm(str, enum.Enum):
         except ValueError:
             valid = ", ".join(p.value for p in cls)
             raise ValueError(f"unknown paradigm {name!r}; choose one of: {valid}") from None
+
+
+def parse_paradigms(text: str) -> list[Paradigm]:
+    """Paradigm names, comma-separated (--paradigms); a misspelt one is a one-line error naming the valid ones."""
+    from evalkit.arglists import parse_list
+    from evalkit.errors import UserError
+
+    try:
+        return parse_list(text, Paradigm.parse)
+    except ValueError as err:
+        raise UserError(str(err)) from None

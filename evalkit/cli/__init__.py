@@ -16,22 +16,23 @@ from evalkit.errors import UserError
 from evalkit.files import disk_full_advice, disk_full_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
-COMMAND_MODULES = "train checkpoints bench probe ruler general merge leaderboard compare quickstart".split()
+COMMAND_MODULES = "train checkpoints probe ruler general merge leaderboard compare quickstart".split()
 for _module in COMMAND_MODULES:
     importlib.import_module(f"evalkit.cli.{_module}")
 for _name, _module in BENCHMARK_COMMANDS.items():
     app.command(_name)(importlib.import_module(_module).command)
 
 
-def main() -> None:
-    """Entry point: user errors become one line on stderr and exit status 2."""
+def main(application: typer.Typer = app) -> None:
+    """Entry point (of `evalkit`, and of `python -m benchmarks` with its own app): user errors become
+    one line on stderr and exit status 2."""
     import signal
 
     # SIGTERM (a scheduler's stop, `kill`) unwinds like an exception: engines close, so vLLM's
     # engine-core processes do not outlive this one, and locks and temporary files are released.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        app()
+        application()
     except UserError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)

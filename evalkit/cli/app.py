@@ -13,8 +13,6 @@ app = typer.Typer(
 # A benchmark's command lives in the benchmark's own module (a function `command`, built from
 # evalkit.sweep.options): one entry here registers it, as `evalkit <name>`, after the cli/ commands.
 BENCHMARK_COMMANDS: dict[str, str] = {"ppl": "evalkit.ppl"}
-bench_app = typer.Typer(help="Benchmarks users can run; reports go to results/.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
 probe_app = typer.Typer(
     help="Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", no_args_is_help=True
 )

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from evalkit.attention.paradigms import parse_paradigms
 from evalkit.cli.app import app
-from evalkit.cli.bench import parse_paradigms
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
 from evalkit.quickstart import QUICK_PARADIGMS, QUICK_RECIPE, QUICK_STEPS, TRAIN_BENCH_SEQ

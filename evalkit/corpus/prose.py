@@ -13,13 +13,6 @@ from functools import cache
 MAX_DOC_CHARS = 2400  # topics are cut at paragraph breaks into documents of about this size
 
 
-@cache
-def _topics() -> tuple[tuple[str, str], ...]:
-    from pydoc_data.topics import topics
-
-    return tuple(sorted(topics.items()))
-
-
 def _clean(text: str) -> str:
     text = re.sub(r"[ \t]+\n", "\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
@@ -28,8 +21,10 @@ def _clean(text: str) -> str:
 @cache
 def prose_documents() -> tuple[str, ...]:
     """The prose as documents of at most ~MAX_DOC_CHARS characters, in a fixed order."""
+    from pydoc_data.topics import topics
+
     docs = []
-    for _name, body in _topics():
+    for _name, body in sorted(topics.items()):
         current: list[str] = []
         size = 0
         for paragraph in _clean(body).split("\n\n"):

@@ -3,7 +3,7 @@
 What must never differ between engines is implemented once, here: how prompts become tokens
 (BOS where the tokenizer adds one), how a (context, continuation) pair is split, how long texts
 are cut into perplexity windows, and what a request that does not fit the window gets (an error
-naming the lengths, or a skip the caller asked for; never a silent truncation). A subclass
+naming the lengths, never a silent truncation). A subclass
 implements only the token-level work (`_generate_tokens`, `_score_tokens`) and `engine_info`.
 """
 
@@ -12,21 +12,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, overload
+from typing import Any, ClassVar
 
 from evalkit.attention.anchor import anchor_token_id
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
 from evalkit.lengths import check_max_length
 
-OVERFLOW_POLICIES = ("error", "skip")
-
 # What every engine's engine_info() holds that it resolved and that decides an answer: results made
 # under other values of these are other results (the rest of an info says how it ran).
 RESULT_FACTS = ("engine", "model_path", "dtype", "max_length", "tokenizer_fingerprint")
 
 Prompt = str | Sequence[int]
-OverflowPolicy = Literal["error", "skip"]
 
 
 def context_window(config, max_length: int | None) -> int:
@@ -60,19 +57,11 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
 
 
-def _check_overflow_policy(on_overflow: str) -> None:
-    if on_overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
-
-
 @dataclass
 class PackedRequest:
-    """Several documents behind one shared anchor, then a question (the anchor paradigm at inference).
-
-    Documents and question are text (tokenized without special tokens) or token ids. The layout
-    is [anchor] d1 [EOS] d2 [EOS] ... question: during the prefill every document attends to
-    itself and the anchor only; the question and all generated tokens attend to everything.
-    """
+    """Documents behind one shared anchor, then a question: text (no special tokens added) or ids, laid
+    out as tokens.PackedLayout. In the prefill each document attends to itself and the anchor only;
+    the question and all generated tokens attend to everything (the anchor paradigm at inference)."""
 
     documents: Sequence[Prompt]
     question: Prompt
@@ -128,57 +117,28 @@ class Engine(ABC):
         """len(encode(prompt)): what RULER sizes its samples with."""
         return len(self.encode(prompt))
 
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        max_new_tokens: int,
-        stop: list[str] | None = None,
-        *,
-        on_overflow: OverflowPolicy = "error",
-    ) -> list[str | None]:
+    def generate(self, prompts: Sequence[Prompt], max_new_tokens: int, stop: list[str] | None = None) -> list[str]:
         """Greedy continuation of each prompt, ended by EOS, a stop string (cut off) or max_new_tokens.
-        A prompt whose length + max_new_tokens exceeds max_length is a UserError naming the lengths,
-        or under on_overflow="skip" a None entry (the caller counts those)."""
-        _check_overflow_policy(on_overflow)
+        A prompt whose length + max_new_tokens exceeds max_length is a UserError naming the lengths."""
         check_max_new_tokens(max_new_tokens)
-        encoded = [self._checked_prompt(self.encode(p), max_new_tokens, on_overflow) for p in prompts]
-        runnable = [ids for ids in encoded if ids is not None]
-        texts = iter(self._generate_tokens(runnable, max_new_tokens, list(stop or [])))
-        return [None if ids is None else next(texts) for ids in encoded]
+        encoded = [self._checked_prompt(self.encode(p), max_new_tokens) for p in prompts]
+        return self._generate_tokens(encoded, max_new_tokens, list(stop or []))
 
-    def loglikelihood(
-        self, pairs: Sequence[tuple[str, str]], *, on_overflow: OverflowPolicy = "error"
-    ) -> list[tuple[float, bool] | None]:
+    def loglikelihood(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:
         """(log p(continuation | context), is_greedy) per pair, as lm-eval defines them, split into
         tokens by tokens.encode_pair."""
-        requests = [tok.encode_pair(self.tokenizer, context, continuation) for context, continuation in pairs]
-        return self.loglikelihood_tokens(requests, on_overflow=on_overflow)
+        return self.loglikelihood_tokens([tok.encode_pair(self.tokenizer, *pair) for pair in pairs])
 
-    @overload
-    def loglikelihood_tokens(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: Literal["error"] = "error"
-    ) -> list[tuple[float, bool]]: ...
-    @overload
-    def loglikelihood_tokens(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy
-    ) -> list[tuple[float, bool] | None]: ...
-
-    def loglikelihood_tokens(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, on_overflow: OverflowPolicy = "error"
-    ) -> list[Any]:  # None entries only under on_overflow="skip", as the overloads say
+    def loglikelihood_tokens(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[float, bool]]:
         """(sum of log p(continuation ids | context ids), every continuation token is the argmax).
         A request needing more than max_length tokens of input is a UserError naming the lengths
-        (lm-eval would silently drop the start of the context), or under on_overflow="skip" None.
+        (lm-eval would silently drop the start of the context).
         An empty continuation scores (0.0, True): log p(nothing) = 0."""
-        _check_overflow_policy(on_overflow)
         pairs = [([int(t) for t in context], [int(t) for t in continuation]) for context, continuation in requests]
-        scored = []  # whether each pair is scored: else it does not fit (None) or its continuation is empty (0)
         for context, continuation in pairs:
-            if not context:
-                raise ValueError("a loglikelihood request needs at least one context token to condition on")
-            scored.append(bool(continuation) and self._pair_fits(context, continuation, on_overflow))
-        scores = iter(self._score_tokens([pair for pair, fed in zip(pairs, scored) if fed]))
-        return [next(scores) if fed else (None if pair[1] else (0.0, True)) for pair, fed in zip(pairs, scored)]
+            self._check_pair(context, continuation)
+        scores = iter(self._score_tokens([pair for pair in pairs if pair[1]]))
+        return [next(scores) if continuation else (0.0, True) for _, continuation in pairs]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Total log-likelihood of each text, every token scored once, in windows of max_length
@@ -193,32 +153,29 @@ class Engine(ABC):
 
     # ------------------------------------------------------------------ length checks
 
-    def _checked_prompt(self, ids: list[int], max_new_tokens: int, on_overflow: str) -> list[int] | None:
+    def _checked_prompt(self, ids: list[int], max_new_tokens: int) -> list[int]:
         if not ids:
             raise UserError(
                 "empty prompt: no token to condition on (text gets a BOS only where the tokenizer adds one)"
             )
-        if len(ids) + max_new_tokens <= self.max_length:
-            return ids
-        if on_overflow == "skip":
-            return None
-        raise UserError(
-            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens = {len(ids) + max_new_tokens} exceeds "
-            f"the model window of {self.max_length} tokens; shorten the prompt or set max_length "
-            "(evalkit never truncates silently)"
-        )
+        if len(ids) + max_new_tokens > self.max_length:
+            raise UserError(
+                f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens = {len(ids) + max_new_tokens} exceeds "
+                f"the model window of {self.max_length} tokens; shorten the prompt or set max_length "
+                "(evalkit never truncates silently)"
+            )
+        return ids
 
-    def _pair_fits(self, context: list[int], continuation: list[int], on_overflow: str) -> bool:
+    def _check_pair(self, context: list[int], continuation: list[int]) -> None:
+        if not context:
+            raise ValueError("a loglikelihood request needs at least one context token to condition on")
         fed = len(context) + len(continuation) - 1  # the last continuation token is predicted, never fed
-        if fed <= self.max_length:
-            return True
-        if on_overflow == "skip":
-            return False
-        raise UserError(
-            f"context of {len(context)} tokens + continuation of {len(continuation)} tokens needs {fed} tokens "
-            f"of input, more than the model window of {self.max_length}; shorten it or set max_length "
-            "(evalkit never truncates silently)"
-        )
+        if fed > self.max_length:
+            raise UserError(
+                f"context of {len(context)} tokens + continuation of {len(continuation)} tokens needs {fed} tokens "
+                f"of input, more than the model window of {self.max_length}; shorten it or set max_length "
+                "(evalkit never truncates silently)"
+            )
 
 
 class PackedEngine(Engine):

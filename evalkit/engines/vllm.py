@@ -57,9 +57,8 @@ from evalkit.engines.base import (
 )
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
-from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name
+from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name, torch_dtype
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
 # An engine started for packed requests: evalkit's CPU backend (vllm_plugin) and the V1 model
@@ -106,7 +105,7 @@ class _LocalReplica:
         return _config_facts(self.llm.llm_engine.vllm_config)
 
     def answer(self, prompts: list[dict], params: list) -> list[_Answer]:
-        if not prompts:  # every request skipped, or fewer requests than replicas
+        if not prompts:  # fewer requests than replicas
             return []
         return [_answer(output) for output in self.llm.generate(prompts, params, use_tqdm=False)]
 
@@ -158,7 +157,6 @@ class _RayReplica:
         atexit.register(self.close)  # a replica never told to stop is stopped with this process
 
     def facts(self) -> dict[str, Any]:
-        """vLLM's resolved configuration facts, once the replica's LLM exists."""
         return self._get(self.actor.facts.remote())
 
     def submit(self, prompts: list[dict], params: list) -> Callable[[], list[_Answer]]:
@@ -524,10 +522,8 @@ class VLLMEngine(PackedEngine):
     # ------------------------------------------------------------------ running requests
 
     def _run(self, prompts: list[dict], params: list) -> list[_Answer]:
-        """Answers in request order. Requests are submitted sorted by token ids, so those sharing a
-        prefix (RULER's samples of a task, lm-eval's choices of a question) are neighbours and
-        vLLM's prefix cache finds the blocks computed for the one before; with several replicas,
-        each gets a contiguous slice of that order."""
+        """Answers in request order, submitted sorted by token ids (each replica a contiguous slice):
+        requests sharing a prefix are neighbours, so vLLM's prefix cache finds the one before's blocks."""
         count = len(self._replicas)
         order = sorted(range(len(prompts)), key=lambda i: prompts[i]["prompt_token_ids"])
         shares = [order[len(order) * i // count : len(order) * (i + 1) // count] for i in range(count)]
@@ -708,5 +704,5 @@ def _cpu_kv_cache_gib(config, dtype: str, batch_size: int, window: int) -> float
     text = config.get_text_config()
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    per_token = 2 * text.num_hidden_layers * heads * head_dim * DTYPE_BYTES[dtype]
+    per_token = 2 * text.num_hidden_layers * heads * head_dim * torch_dtype(dtype).itemsize
     return max(1, math.ceil(per_token * window * batch_size / 2**30))

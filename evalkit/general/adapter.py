@@ -63,8 +63,7 @@ class EngineLM(LM):
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
         # Split once, with the same rule every evalkit engine uses (tokens.encode_pair), so the
         # window check below sees exactly the tokens the engine will feed.
-        tokenizer = self.engine.tokenizer
-        encoded = [tok.encode_pair(tokenizer, *request.args) for request in requests]  # (context, continuation)
+        encoded = [tok.encode_pair(self.engine.tokenizer, *request.args) for request in requests]
         fed = [len(context) + len(continuation) - 1 for context, continuation in encoded]  # the last is only predicted
         _refuse_overflow("loglikelihood", fed, self.engine.max_length, requests)
         order = sorted(range(len(encoded)), key=lambda i: -fed[i])  # similar lengths share engine batches
@@ -82,9 +81,7 @@ class EngineLM(LM):
         texts = [request.args[0] for request in requests]
         results: list[float] = []
         for start in range(0, len(texts), REQUESTS_PER_CALL):
-            results.extend(
-                float(x) for x in self.engine.loglikelihood_rolling(texts[start : start + REQUESTS_PER_CALL])
-            )
+            results.extend(map(float, self.engine.loglikelihood_rolling(texts[start : start + REQUESTS_PER_CALL])))
             self.progress("loglikelihood_rolling", len(results), len(texts))
         return results
 
@@ -107,7 +104,7 @@ class EngineLM(LM):
                 chunk = indices[start : start + REQUESTS_PER_CALL]
                 texts = self.engine.generate([prompts[i] for i in chunk], max_new_tokens, stop=list(stop))
                 for i, text in zip(chunk, texts):
-                    outputs[i] = text or ""  # never None: prompts that do not fit were refused above
+                    outputs[i] = text
                 done += len(chunk)
                 self.progress("generate_until", done, len(prompts))
         return outputs

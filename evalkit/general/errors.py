@@ -25,11 +25,10 @@ class RequestsExceedWindow(TaskCannotRun):
         total: int,
         longest: int,
         window: int,
-        documents: dict[str, set[int]] | None = None,
-        over: dict[str, set[int]] | None = None,
+        documents: dict[str, set[int]],
+        over: dict[str, set[int]],
     ):
-        self.request_type, self.too_long, self.total, self.longest = request_type, too_long, total, longest
-        self.window, self.documents, self.over = window, documents or {}, over or {}
+        self.window, self.documents, self.over = window, documents, over
         super().__init__(
             f"{too_long} of {total} {request_type} requests need more than the model window of {window} tokens "
             f"(longest {longest}); evalkit never truncates: use fewer shots (--num-fewshot), a model with a "

@@ -26,14 +26,14 @@ def run_averages(rows: list[ResultRow]) -> list[dict[str, Any]]:
             values.setdefault(tuple(getattr(row, k) for k in AVERAGE_KEY), {})[row.step] = row.value
     averages = []
     for key, by_step in values.items():
-        spread = over_checkpoints(by_step)
+        mean, std = over_checkpoints(by_step)
         averages.append(
             {
                 **dict(zip(AVERAGE_KEY, key)),
-                "mean": spread.mean,
-                "std": spread.std,
-                "steps": spread.steps,
-                "num_checkpoints": len(spread.steps),
+                "mean": mean,
+                "std": std,
+                "steps": sorted(by_step),
+                "num_checkpoints": len(by_step),
             }
         )
     return averages

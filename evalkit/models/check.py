@@ -184,7 +184,6 @@ def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool) -> Pa
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """config.json as a dict, or a UserError naming the file and the fault."""
     file = Path(path) / "config.json"
     if not file.is_file():
         raise UserError(f"{path} has no config.json: not a transformers checkpoint")
@@ -352,12 +351,9 @@ def _non_finite_weights(file: str, _size: int, _mtime_ns: int) -> list[tuple[str
 
 
 def check_loading_info(path: str | Path, info: dict[str, Any], *, allowed_unexpected: Iterable[str] = ()) -> None:
-    """Refuse a loaded model whose weights did not all come from the checkpoint.
-
-    `info` is what from_pretrained(..., output_loading_info=True) returned: tied weights (an
-    absent lm_head with tie_word_embeddings) are not in its missing keys. `allowed_unexpected`
-    are name prefixes the caller leaves out on purpose (the probe loads no LM head).
-    """
+    """Refuse a loaded model whose weights did not all come from the checkpoint. `info` is
+    from_pretrained's output_loading_info (tied weights are not among its missing keys);
+    `allowed_unexpected`: name prefixes the caller leaves out on purpose (the probe loads no LM head)."""
     allowed = tuple(allowed_unexpected)
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(key for key in info.get("unexpected_keys") or () if not key.startswith(allowed))
@@ -397,16 +393,12 @@ def load_pretrained(
 ):
     """`auto_class.from_pretrained(path, **kwargs)`, then check_loading_info (check_checkpoint is the
     caller's, made before its first read of the checkpoint). `progress_bar=False` hides transformers'
-    loading bar from a caller that reports its own progress (the two would interleave).
-
-    Mis-shaped weights are let through transformers (ignore_mismatched_sizes) only so that
-    they reach check_loading_info and become one line instead of a RuntimeError.
-    """
+    loading bar from a caller that reports its own progress (the two would interleave)."""
     with _no_loading_report(progress_bar):
         model, info = auto_class.from_pretrained(
             path,
             output_loading_info=True,
-            ignore_mismatched_sizes=True,
+            ignore_mismatched_sizes=True,  # only so that mis-shaped weights reach check_loading_info
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
             **kwargs,

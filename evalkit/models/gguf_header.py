@@ -1,4 +1,5 @@
-"""Every count and size a GGUF header declares, checked against the file before anything reads it.
+"""A GGUF file's header read once: its magic and version, then every count and size it declares
+checked against the file before anything else reads it.
 
 gguf's reader trusts the header: an array declared with 2^40 items in a 130-byte file is sliced
 past the end without an error and then looped over item by item, growing without bound. This
@@ -25,6 +26,8 @@ MIN_TENSOR = 8 + 4 + 4 + 8  # a tensor index entry: name length, n_dims, type, o
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays: no model file goes deeper than 2
 DEFAULT_ALIGNMENT = 32
+GGUF_MAGIC = b"GGUF"
+HEADER_BYTES = 24  # magic, version, tensor count, metadata count
 
 
 class _Corrupt(Exception):
@@ -37,15 +40,12 @@ class _Cursor:
     def __init__(self, data: memoryview):
         self.data, self.offset = data, 0
 
-    @property
-    def remaining(self) -> int:
-        return len(self.data) - self.offset
-
     def need(self, count: int, item_size: int, what: str) -> None:
-        if count * item_size > self.remaining:
+        remaining = len(self.data) - self.offset
+        if count * item_size > remaining:
             raise _Corrupt(
                 f"its header declares {what} of {count:,} items ({count * item_size:,} bytes at least) "
-                f"at byte {self.offset:,}, but only {self.remaining:,} bytes follow"
+                f"at byte {self.offset:,}, but only {remaining:,} bytes follow"
             )
 
     def unpack(self, fmt: str, what: str) -> tuple:
@@ -63,25 +63,41 @@ class _Cursor:
         return raw
 
 
-def check_declared_sizes(path: Path) -> int | None:
-    """A UserError naming `path` if any count or size its GGUF header declares does not fit the file;
-    else the file type code its header declares (general.file_type), if any."""
+def read_gguf_header(path: Path) -> tuple[int, str | None]:
+    """(GGUF version, the quantization its header declares, e.g. MOSTLY_Q4_1) of `path`, or a
+    UserError saying why it is not a GGUF file or what it declares that does not fit the file."""
+    if not path.is_file():
+        raise UserError(f"{path} does not exist or is not a file; give the path of a .gguf model file")
     with open(path, "rb") as handle:
-        size = handle.seek(0, 2)
-        if size == 0:
-            raise UserError(f"{path} is empty; download it again")
+        head = handle.read(HEADER_BYTES)
+        if head[:4] != GGUF_MAGIC:
+            raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+        if len(head) < HEADER_BYTES:
+            raise UserError(f"{path} is truncated: {len(head)} bytes, shorter than a GGUF header")
+        version = int.from_bytes(head[4:8], "little")
+        if version not in (2, 3):
+            raise UserError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
+        try:
+            from gguf import LlamaFileType
+        except ImportError:
+            raise UserError("reading GGUF needs the gguf package: pip install 'evalkit[gguf]'") from None
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                return _walk(_Cursor(view), size)
+                code = _walk(_Cursor(view))
             except _Corrupt as err:
                 raise UserError(f"{path} is truncated or corrupt: {err}; download it again") from None
             finally:
                 view.release()
+    try:
+        return version, LlamaFileType(code).name if code is not None else None
+    except ValueError:  # a code this gguf version does not name
+        return version, None
 
 
-def _walk(cursor: _Cursor, file_size: int) -> int | None:
-    cursor.unpack("<4sI", "the magic and version")
+def _walk(cursor: _Cursor) -> int | None:
+    """The file type code (general.file_type) the header declares, if any, once all of it fits."""
+    cursor.offset, file_size = 8, len(cursor.data)  # past the magic and version, read by read_gguf_header
     n_tensors, n_entries = cursor.unpack("<QQ", "the tensor and metadata counts")
     cursor.need(n_entries, MIN_ENTRY, "a metadata table")
     uint32s: dict[bytes, int] = {}  # general.alignment and general.file_type are uint32s

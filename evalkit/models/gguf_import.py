@@ -22,11 +22,10 @@ from typing import Any
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
 from evalkit.models.check import one_line
-from evalkit.models.gguf_header import check_declared_sizes
+from evalkit.models.gguf_header import read_gguf_header
 from evalkit.models.precision import check_dtype, torch_dtype
 from evalkit.models.refs import META, checkpoint_meta
 
-GGUF_MAGIC = b"GGUF"
 IMPORT_KIND = "gguf-import"  # meta.json's "source.kind": marks a directory this command wrote
 
 
@@ -36,22 +35,6 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def check_gguf_header(path: Path) -> int:
-    """The GGUF version of `path`, or a UserError saying why it is not a GGUF file."""
-    if not path.is_file():
-        raise UserError(f"{path} does not exist or is not a file; give the path of a .gguf model file")
-    with open(path, "rb") as handle:
-        head = handle.read(24)
-    if head[:4] != GGUF_MAGIC:
-        raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    if len(head) < 24:
-        raise UserError(f"{path} is truncated: {len(head)} bytes, shorter than a GGUF header")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise UserError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
-    return version
 
 
 def _load_dequantized(path: Path):
@@ -103,20 +86,6 @@ def _weights_to_save(model, config, dtype) -> dict[str, Any]:
     return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
 
 
-def _gguf_file_type(path: Path) -> str | None:
-    """The quantization the file declares, e.g. MOSTLY_Q4_1, from the check of its whole header and
-    tensor index (a truncated or corrupt file fails here, before any dequantizing)."""
-    try:
-        from gguf import LlamaFileType
-    except ImportError:
-        raise UserError("reading GGUF needs the gguf package: pip install 'evalkit[gguf]'") from None
-    code = check_declared_sizes(path)  # first: gguf's own reader trusts the header's counts
-    try:
-        return LlamaFileType(code).name if code is not None else None
-    except ValueError:  # a code this gguf version does not name
-        return None
-
-
 def _is_import(destination: Path) -> bool:
     source = checkpoint_meta(destination).get("source")
     return isinstance(source, dict) and source.get("kind") == IMPORT_KIND
@@ -128,9 +97,9 @@ def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite:
 
     check_dtype(dtype, ("bf16", "fp32"))
     source, destination = Path(source), Path(destination)
-    version = check_gguf_header(source)
+    # All of the header first: gguf's own reader (in transformers) trusts its counts.
+    version, file_type = read_gguf_header(source)
     check_replaceable(destination, _is_import, "a checkpoint written by evalkit import", overwrite)
-    file_type = _gguf_file_type(source)
     model, tokenizer = _load_dequantized(source)
     config = _plain_config(model)
     weights = _weights_to_save(model, config, torch_dtype(dtype))

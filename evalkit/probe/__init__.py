@@ -23,9 +23,7 @@ from evalkit.probe.options import PAPER_DELTA1, PAPER_LENGTHS, PROBE_KINDS, ROPE
 # options for a command line's --help stays fast.
 _LAZY = {
     "PROBE_ATTENTION": "attention",
-    "ShiftRecorder": "attention",
     "register_probe_attention": "attention",
-    "ShiftMeasurement": "measure",
     "measure_shifts": "measure",
     "rope_precision": "rope",
     "summarise": "report",

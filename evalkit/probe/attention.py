@@ -215,11 +215,10 @@ def _no_mask(*, attention_mask=None, **_kwargs):
     return None
 
 
-def register_probe_attention() -> str:
-    """Register the probe attention with transformers (idempotent); returns its name."""
+def register_probe_attention() -> None:
+    """Register the probe attention with transformers (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(PROBE_ATTENTION, probe_attention_forward)
     AttentionMaskInterface.register(PROBE_ATTENTION, _no_mask)
-    return PROBE_ATTENTION

@@ -3,13 +3,9 @@
 For each text and each Δ1, D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|
 (Eq. 4, n_j = 1/(T − j + 1) for the 1-based key column j), kept per column j for the per-token
 view, and D_logit = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| (Eq. 5) with A the scaled logits
-q·k/sqrt(d), the logits the softmax sees. Both are averaged over the texts.
-
-Under a sliding window W a layer's column j has min(W, T − j + 1) unmasked entries and only the
-first W rows see the first key: n_j and the 1/T of D_logit become one over those counts in that
-layer (the paper's definitions, counted over what the layer really attends to; unchanged for
-full attention). The sums over layers are also kept per layer type (full_attention,
-sliding_attention), and the types add up to the total.
+q·k/sqrt(d), the logits the softmax sees; both averaged over the texts. Under a sliding window
+the counts are those the layer attends to (ShiftRecorder), and the sums are also kept per layer
+type (full_attention, sliding_attention), which add up to the total.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ import torch
 
 from evalkit.attention.features import layer_windows
 from evalkit.probe.attention import DEFAULT_BLOCK_ELEMENTS, PROBE_ATTENTION, ShiftRecorder, layer_type
-from evalkit.probe.rope import expected_qk_dtype, rope_precision
+from evalkit.probe.rope import rope_precision
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ def _measure_one(
         seq_len=seq_len,
         n_shifted=len(delta1s),
         device=device,
-        qk_dtype=expected_qk_dtype(embedding.dtype, rope),
+        qk_dtype=torch.float32 if rope == "fp32" else embedding.dtype,  # rotated in FP32, or in the activations
         block_elements=block_elements,
     )
     batch = len(delta1s) + 1

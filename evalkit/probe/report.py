@@ -23,7 +23,6 @@ PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
 DOMINANCE_FACTOR = 10.0  # the first column against the average column
 GROWTH_FACTOR = 1.5  # longest against shortest length: well beyond text-to-text noise
 LOW_PRECISION_ORDER = ("bf16", "fp16", "fp32")  # which dtype speaks for "the checkpoint in low precision"
-DTYPE_LABELS = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
 
 Row = dict
 ALL_LAYERS = "all"
@@ -45,7 +44,6 @@ def _layers(row: Row) -> str:
 
 
 def over_all_layers(rows: Iterable[Row]) -> list[Row]:
-    """The rows that sum over every layer (not those of one layer type)."""
     return [row for row in rows if _layers(row) == ALL_LAYERS]
 
 
@@ -213,7 +211,7 @@ def _precision_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe shift` with `--dtypes bf16,fp32`)."
-    low = DTYPE_LABELS[found["dtype"]]
+    low = found["dtype"].upper()
     where = f"Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}, rope={found['rope']}"
     ratio = _num(found["ratio"]) if found["ratio"] is not None else "∞ (FP32 D is exactly 0)"
     row = (f"{low} / FP32 D ({where})", f"{ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])})")
@@ -225,7 +223,7 @@ def _first_token_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
     claim = "The first token carries most of the difference"
     if found is None:
         return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
-    where = f"{DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
+    where = f"{found['dtype'].upper()}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
     rows = [
         (f"first-token share of D ({where})", _num(found["share"])),
         ("first column / mean other column", _num(found["over_mean_other"])),
@@ -244,7 +242,7 @@ def _growth_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
         return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
     span = f"{found['shortest']} → {found['longest']} tokens"
     row = (
-        f"D_logit growth, {span} ({DTYPE_LABELS[found['dtype']]})",
+        f"D_logit growth, {span} ({found['dtype'].upper()})",
         f"{_num(found['ratio'])} ({_num(found['at_shortest'])} → {_num(found['at_longest'])})",
     )
     line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
@@ -257,14 +255,14 @@ def _amplification_lines(found: dict | None) -> list[tuple[str, str]]:
     name = "D" if found["metric"] == "attn_diff" else "D_logit"
     return [
         (
-            f"pretrained / random-init {name} ({DTYPE_LABELS[found['dtype']]}, Δ1={found['delta1']})",
+            f"pretrained / random-init {name} ({found['dtype'].upper()}, Δ1={found['delta1']})",
             f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})",
         )
     ]
 
 
 def _series_label(row: Row, with_delta1: bool = False) -> str:
-    label = f"{row['condition']} {DTYPE_LABELS[row['dtype']]} rope={row['rope']}"
+    label = f"{row['condition']} {row['dtype'].upper()} rope={row['rope']}"
     return label + (f" Δ1={row['delta1']}" if with_delta1 else "")
 
 
@@ -283,7 +281,6 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
 
 
 def _provenance_lines(provenance: dict) -> list[str]:
-    """The command, the time it took (when known), the machine and the evalkit commit."""
     lines = [f"Command: `{provenance['command']}`", ""] if provenance.get("command") else []
     if provenance.get("seconds") is not None:
         lines += [f"Took {provenance['seconds']:.0f} s.", ""]
@@ -311,7 +308,7 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
         [_layer_type_label(name, layer_windows), *(_num(parts.get(m, {}).get(n)) for m, n in columns)]
         for name, parts in values.items()
     ]
-    where = f"{DTYPE_LABELS[found['dtype']]}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
+    where = f"{found['dtype'].upper()}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
     return _section(
         "Per layer type",
         f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
@@ -322,7 +319,6 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
 
 
 def _regime_lines(provenance: dict) -> list[str]:
-    """What each condition computed in, and how the checkpoint was trained (when evalkit trained it)."""
     regimes = provenance.get("condition_precision") or []
     if not regimes:
         return []
@@ -337,7 +333,7 @@ def _regime_lines(provenance: dict) -> list[str]:
         ]
     table = [
         [
-            f"{r['condition']} {DTYPE_LABELS.get(r['dtype'], r['dtype'])}",
+            f"{r['condition']} {r['dtype'].upper()}",
             r["weights"],
             r["residual"],
             r["rope_frequencies"],
@@ -430,8 +426,7 @@ def _plot_shift(axes, rows: list[Row]) -> None:
 def _plot_tokens(axes, rows: list[Row]) -> None:
     chosen = _select(rows, metric="attn_diff_column")
     # One Δ1 keeps the panel readable: the first that differs from Δ2 (D(Δ2, Δ2) is all zeros).
-    delta1s = sorted({row["delta1"] for row in chosen if row["delta1"] != row["delta2"]}) or [None]
-    first_delta1 = delta1s[0]
+    first_delta1 = min((row["delta1"] for row in chosen if row["delta1"] != row["delta2"]), default=None)
     for line, points in _plot_lines(axes, _select(chosen, delta1=first_delta1), "column", linewidth=0.8):
         first = [p for p in points if p[0] == 1]
         if first:  # the attention sink: highlighted with its own marker

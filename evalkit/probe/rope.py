@@ -57,8 +57,3 @@ def rope_precision(model: torch.nn.Module, variant: str) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def expected_qk_dtype(activation_dtype: torch.dtype, variant: str) -> torch.dtype:
-    """The dtype q and k reach attention in: FP32 under the fp32 variant, else the activation dtype."""
-    return torch.float32 if variant == "fp32" else activation_dtype

@@ -270,7 +270,7 @@ def _options_record(plan: ProbePlan, options: ProbeOptions) -> dict:
 
 def output_paths(kind: str, out_dir: Path) -> dict[str, Path]:
     suffixes = {"json": ".json", "markdown": ".md", "png": ".png", "svg": ".svg"}
-    return {name: Path(out_dir) / f"probe-{kind}{suffix}" for name, suffix in suffixes.items()}
+    return {name: out_dir / f"probe-{kind}{suffix}" for name, suffix in suffixes.items()}
 
 
 def run_probe(
@@ -282,20 +282,15 @@ def run_probe(
     command: str | None = None,
     **options,
 ) -> dict:
-    """Run one probe kind ("shift", "tokens", "length") on a checkpoint and write its outputs.
-
-    `options` are `ProbeOptions` fields (texts, seq_len, n_texts, delta2, delta1, dtypes, rope,
-    random_init, lengths, seed, device, shifts_per_batch); list options also take the comma-
-    separated strings users type. Everything is checked before a model is loaded. Writes
-    probe-<kind>.json (rows, summary, provenance), .png, .svg and .md into `out_dir` and returns
-    the JSON's content plus "files": {json, markdown, png, svg} paths. `command`, the command line
-    that asked for the run, is recorded with the outputs.
-    """
+    """Run one probe kind on a checkpoint and write probe-<kind>.json, .png, .svg and .md into
+    `out_dir`; returns the JSON's content plus "files" (their paths). `options` are ProbeOptions'
+    fields, all checked before a model loads; `command`, the command line that asked, is recorded."""
     started = time.monotonic()
-    kind = check_kind(kind)
+    kind, out_dir = check_kind(kind), Path(out_dir)
     probe_options = ProbeOptions(**options)
-    check_output_dir(Path(out_dir))  # before the measurement, not when its results are written
-    refuse_foreign(output_paths(kind, Path(out_dir)).values())  # replaced when done: never a file of the user's
+    check_output_dir(out_dir)  # before the measurement, not when its results are written
+    paths = output_paths(kind, out_dir)
+    refuse_foreign(paths.values())  # replaced when done: never a file of the user's
     hub = checkpoint_source(str(ckpt))[1]  # resolved once: checkpoint_directory reads the same answer
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized
@@ -307,26 +302,23 @@ def run_probe(
     device = resolve_device(probe_options.device)
 
     # One writer per directory: two probes into one --out would mix one's markdown with the other's JSON.
-    with output_lock(Path(out_dir), leave_no_trace=True):
+    with output_lock(out_dir, leave_no_trace=True):
         trained = trained_regime(checkpoint)
         rows, regimes = _measure_all(plan, probe_options, checkpoint, config, windows, device, progress, trained)
-        summary = summarise(rows)
         provenance = _provenance(checkpoint, config, source, windows, plan, probe_options, device)
         provenance |= {"command": command, "seconds": round(time.monotonic() - started, 1)}
         provenance |= {"trained_precision": trained, "condition_precision": regimes}
         provenance |= {"hub": hub.record()} if hub is not None else {}
-        notes = _notes(plan, config, windows, probe_options.n_texts, source)
         payload = {
             "kind": kind,
             "provenance": provenance,
             "options": _options_record(plan, probe_options),
             "measurement": MEASUREMENT,
-            "notes": notes,
-            "summary": summary,
+            "notes": _notes(plan, config, windows, probe_options.n_texts, source),
+            "summary": summarise(rows),
             "rows": rows,
         }
 
-        paths = output_paths(kind, Path(out_dir))
         write_plots(kind, rows, paths["json"].with_suffix(""))
         atomic_write_text(paths["markdown"], summary_markdown(payload))
         atomic_write_json(paths["json"], payload)  # last: a JSON on disk means the run finished

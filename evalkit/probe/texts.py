@@ -67,7 +67,7 @@ class TextSource:
         self.prefix = special_prefix(tokenizer)
         self.path = Path(path) if path is not None else None
         self._stream: list[int] = []
-        self._pieces: Iterator[str] | None = None
+        self._pieces: Iterator[str] = iter(())
         self._texts: list[list[int]] | None = None
         if self.path is None:
             from evalkit.corpus import prose_documents
@@ -101,11 +101,7 @@ class TextSource:
 
     def _extend_stream(self, tokens_needed: int) -> None:
         separator = self.tokenizer("\n\n", add_special_tokens=False)["input_ids"]
-        while len(self._stream) < tokens_needed and self._pieces is not None:
-            piece = next(self._pieces, None)
-            if piece is None:
-                self._pieces = None
-                break
+        while len(self._stream) < tokens_needed and (piece := next(self._pieces, None)) is not None:
             if self._stream:
                 self._stream.extend(separator)
             self._stream.extend(self.tokenizer(piece, add_special_tokens=False)["input_ids"])

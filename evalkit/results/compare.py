@@ -34,7 +34,7 @@ interval: the 2.5th and 97.5th percentiles of the same quantity over the replica
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -68,7 +68,7 @@ class Difference:
     high: float
     p: float
     p_holm: float
-    samples: str  # e.g. "30" or "30 / 20"
+    samples: str  # "30", "30/20" (A/B), or "varies" over an average's tasks
     pairing: str  # paired by "checkpoints+samples", "checkpoints", "samples", or "none"
     pairing_detail: str  # e.g. "paired, same prompts", "independent: references differ at sample 3"
     tasks: int = 1
@@ -264,12 +264,8 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
     low, high = (float(x) for x in np.percentile(draws, [2.5, 97.5]))  # the 95% percentile interval
     stderr = float(np.std(draws, ddof=1))
     first = cells[0]
-    sizes = [
-        "/".join(str(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c])) for s in (a, b)) for c in cells
-    ]
-    samples = sizes[0] if len(set(sizes)) == 1 else "varies"
-    if samples != "varies" and len(set(samples.split("/"))) == 1:
-        samples = samples.split("/")[0]
+    sizes = {tuple(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c]) for s in (a, b)) for c in cells}
+    samples = "/".join(map(str, dict.fromkeys(sizes.pop()))) if len(sizes) == 1 else "varies"
     return Difference(
         baseline=a,
         other=b,
@@ -420,19 +416,3 @@ def effective_length(boot: Bootstrap, name: str, threshold: float) -> EffectiveL
     return EffectiveLength(
         name, threshold, point, as_length(low_count), as_length(high_count), {n: averages[n][0] for n in lengths}
     )
-
-
-def records(comparison: Comparison) -> dict:
-    return {
-        "seed": comparison.seed,
-        "replicates": comparison.replicates,
-        "threshold": comparison.threshold,
-        "threshold_source": comparison.threshold_source,
-        "checkpoints": comparison.checkpoints,
-        "correction": "Holm across every task x length x pair cell; separately across the per-length averages",
-        "differences": [asdict(d) for d in comparison.differences],
-        "averages": [asdict(d) for d in comparison.averages],
-        "effective_lengths": [
-            {**asdict(e), "scores": {str(k): v for k, v in e.scores.items()}} for e in comparison.effective
-        ],
-    }

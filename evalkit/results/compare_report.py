@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
-from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, records, significant
+from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, significant
 
 
 def cell_length_label(length: int | None) -> str:
@@ -117,7 +118,20 @@ def markdown(comparison: Comparison, command: str) -> str:
 def json_records(comparison: Comparison, command: str) -> dict:
     from evalkit.store.provenance import stamp
 
-    return {"command": command, **stamp(), **finite(records(comparison))}
+    records = {
+        "seed": comparison.seed,
+        "replicates": comparison.replicates,
+        "threshold": comparison.threshold,
+        "threshold_source": comparison.threshold_source,
+        "checkpoints": comparison.checkpoints,
+        "correction": "Holm across every task x length x pair cell; separately across the per-length averages",
+        "differences": [asdict(d) for d in comparison.differences],
+        "averages": [asdict(d) for d in comparison.averages],
+        "effective_lengths": [
+            {**asdict(e), "scores": {str(k): v for k, v in e.scores.items()}} for e in comparison.effective
+        ],
+    }
+    return {"command": command, **stamp(), **finite(records)}
 
 
 def finite(value):

@@ -193,11 +193,9 @@ def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
 
 
 def per_task_table(rows: list[ResultRow]) -> str:
-    """(run, task) rows, one column per length: the mean over the run's checkpoints, or, for a
-    run of one checkpoint, its score ± the standard error over its samples (when recorded).
-
-    Read from the same one-score-per-cell rows as ruler_table (find_summaries refuses a
-    checkpoint twice), so the mean over a length's tasks here is the main table's value."""
+    """(run, task) rows, one column per length: the mean over the run's checkpoints, or for a run of
+    one checkpoint its score ± the standard error over its samples (when recorded). From ruler_table's
+    rows, one score per cell, so the mean over a length's tasks here is the main table's value."""
     cells: dict[tuple[str, str, int], list[ResultRow]] = defaultdict(list)
     for row in rows:
         if row.length is not None:  # every RULER row has one
@@ -274,11 +272,10 @@ def benchmark_table(rows: list[ResultRow]) -> str:
     described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values = benchmark_cells(rows)
     columns = sorted({c for _, c in values})
-    runs = sorted({r for r, _ in values})
-    table = []
-    for run in runs:
-        cells = [_mean_cell(values.get((run, column))) for column in columns]
-        table.append([run, *described[run], *cells])
+    table = [
+        [run, *described[run], *(_mean_cell(values.get((run, column))) for column in columns)]
+        for run in sorted({r for r, _ in values})
+    ]
     return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
 
 
@@ -297,36 +294,24 @@ def _mean_cell(found: tuple[float, float | None] | None) -> str:
 
 
 def provenance_notes(summaries: list[dict]) -> str:
-    lines: dict[tuple, str] = {}  # one line per engine and evalkit of a run: the first summary's tokenizer
+    lines: dict[str, str] = {}  # one line per engine and evalkit of a run: the first summary's tokenizer
     for summary in summaries:
         p = summary.get("provenance", {})
         engine = p.get("engine", {})
-        key = (
-            summary.get("benchmark", "ruler"),
-            summary["run"],
-            engine.get("engine"),
-            engine.get("dtype"),
-            engine.get("batch_size"),
-            p.get("evalkit_version"),
-            p.get("git_hash"),
+        line = (
+            f"- {summary.get('benchmark', 'ruler')} {summary['run']}: engine {engine.get('engine')}, dtype "
+            f"{engine.get('dtype')}, batch size {engine.get('batch_size')}, evalkit {p.get('evalkit_version')} "
+            f"({p.get('git_hash')})"
         )
-        lines.setdefault(
-            key,
-            f"- {key[0]} {summary['run']}: engine {key[2]}, dtype {key[3]}, batch size {key[4]}, "
-            f"evalkit {key[5]} ({key[6]}), tokenizer {engine.get('tokenizer_fingerprint', '?')}",
-        )
+        lines.setdefault(line, f"{line}, tokenizer {engine.get('tokenizer_fingerprint', '?')}")
     return "\n".join(lines.values())
 
 
-def other_benchmarks(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
-    """Summaries of benchmarks other than RULER and lm-eval tasks, by benchmark name."""
-    names = {
-        path.name[: -len(SUMMARY_SUFFIX)]
-        for directory in dirs
-        for path in Path(directory).rglob(f"*{SUMMARY_SUFFIX}")
-        if path.name not in (RULER_SUMMARY, GENERAL_SUMMARY)
-    }
-    found = {name: find_summaries(dirs, summary_name(name), notes) for name in sorted(names)}
+def benchmark_summaries(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
+    """Every benchmark's summaries under `dirs`, by name: RULER's, lm-eval tasks', then the others by name."""
+    stored = {path.name[: -len(SUMMARY_SUFFIX)] for d in dirs for path in Path(d).rglob(f"*{SUMMARY_SUFFIX}")}
+    names = ("ruler", "general", *sorted(stored - {"ruler", "general"}))
+    found = {name: find_summaries(dirs, summary_name(name), notes) for name in names}
     return {name: summaries for name, summaries in found.items() if summaries}
 
 
@@ -339,10 +324,8 @@ def logged_series(dirs: list[Path]) -> tuple[dict | None, str]:
     try:
         for directory in dirs:
             for name, one in read_directory(directory).items():
-                if name in series:
-                    merge(series[name], one)  # the run's RULER and lm-eval results, from two directories
-                else:
-                    series[name] = one
+                if series.setdefault(name, one) is not one:  # the run's RULER and lm-eval results, two directories
+                    merge(series[name], one)
     except UserError as err:  # a board of summaries only (or unusable logs)
         return None, "no per-sample logs" if "is missing" in str(err) else f"per-sample logs unusable: {err}"
     return series, "no per-sample logs"
@@ -426,9 +409,9 @@ def build_markdown(
     dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None
 ) -> tuple[str, list[dict], list[dict]]:
     unread: list[str] = []
-    ruler = encoding_series(find_summaries(dirs, RULER_SUMMARY, unread))
-    general = find_summaries(dirs, GENERAL_SUMMARY, unread)
-    others = other_benchmarks(dirs, unread)
+    others = benchmark_summaries(dirs, unread)
+    ruler = encoding_series(others.pop("ruler", []))
+    general = others.pop("general", [])
     if not ruler and not general and not others:
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
@@ -489,8 +472,7 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     from evalkit.results.compare_report import finite
     from evalkit.store.provenance import stamp
 
-    summaries = find_summaries(dirs, RULER_SUMMARY, unread) + find_summaries(dirs, GENERAL_SUMMARY, unread)
-    summaries += [summary for found in other_benchmarks(dirs, unread).values() for summary in found]
+    summaries = [summary for found in benchmark_summaries(dirs, unread).values() for summary in found]
     # A number lm-eval could not compute (NaN) is an empty cell / null, so strict parsers read the file.
     rows = [finite(export_record(row)) for summary in summaries for row in summary_rows(summary)]
     if not rows:

@@ -73,12 +73,10 @@ def general_bars(values: dict[tuple[str, str], tuple[float, float | None]], stem
     figure, axes = new_figure(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2))
     width = 0.8 / max(1, len(runs))
     for i, run in enumerate(runs):
-        xs, heights, errors = [], [], []
-        for j, column in enumerate(columns):
-            if (run, column) in values:
-                xs.append(j + i * width)
-                heights.append(values[(run, column)][0])
-                errors.append(values[(run, column)][1] or 0.0)
+        present = [(j, values[(run, column)]) for j, column in enumerate(columns) if (run, column) in values]
+        xs = [j + i * width for j, _ in present]
+        heights = [mean for _, (mean, _) in present]
+        errors = [error or 0.0 for _, (_, error) in present]
         axes.bar(xs, heights, width=width, yerr=errors, capsize=3, label=run)
     axes.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, fontsize=7)
     axes.set(ylabel="score", title="General tasks (mean over checkpoints; whiskers: stderr)")

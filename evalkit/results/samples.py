@@ -64,7 +64,6 @@ class Series:
     # step -> cell -> (place, index) -> sample; place: which of pooled directories (0 unless pooled)
     checkpoints: dict[int, dict[Cell, dict[tuple[int, int], LoggedSample]]] = field(default_factory=dict)
     paradigm: str = "?"
-    model: str = "?"
     # step -> what identifies that checkpoint's weights (checkpoint_identity); absent where not recorded
     identities: dict[int, str] = field(default_factory=dict)
     standard_encoding: bool = True  # False for a RULER run's series under another encoding (anchor)
@@ -101,12 +100,9 @@ def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[st
         for name, one in here.items():
             if label:
                 one.name = label if len(here) == 1 else f"{label}: {name}"
-            if one.name in found and place > 0:  # pooled: the same checkpoints, their identities kept
-                _pool(found[one.name], one)
-            elif one.name in found:
-                merge(found[one.name], one)
-            else:
-                found[one.name] = one
+            earlier = found.setdefault(one.name, one)
+            if earlier is not one:  # a LABEL given again pools (the same checkpoints); else its other cells
+                (_pool if place > 0 else merge)(earlier, one)
     return found
 
 
@@ -158,12 +154,10 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
         ]
     for name, reader in ((RULER_SUMMARY, _ruler_cells), (GENERAL_SUMMARY, _general_cells), (PPL_SUMMARY, _ppl_cells)):
         for file, summary in summary_files([path], name, notes):
-            paradigm, model, _data = describe_checkpoint(summary)
+            paradigm = describe_checkpoint(summary)[0]
             for series_name, cell, samples in reader(summary, file.parent):
                 standard = series_name == summary["run"]  # ResultRow.series: the run's own name when standard
-                one = found.setdefault(
-                    series_name, Series(series_name, paradigm=paradigm, model=model, standard_encoding=standard)
-                )
+                one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, standard_encoding=standard))
                 keyed = {(place, index): sample for index, sample in samples.items()}
                 one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
                 identity = checkpoint_identity(summary)

@@ -44,8 +44,12 @@ def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -
     """Every summary file `name` under `dirs` with its contents, each read once, at most one per (run, step).
     A file of another format (a newer schema_version, another benchmark than its name) is left out, with
     a line saying why added to `notes`: tabling it as if it were current could only mislead."""
+    paths: dict[Path, Path] = {}  # resolved -> as found first: a file under two given directories is read once
+    for directory in dirs:
+        for path in sorted(Path(directory).rglob(name)):
+            paths.setdefault(path.resolve(), path)
     found: dict[tuple[str, int], tuple[Path, dict]] = {}
-    for path in _summary_paths(dirs, name):
+    for path in paths.values():
         try:
             summary = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -61,15 +65,6 @@ def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -
             raise UserError(_duplicate_message(key, found[key], (path, summary)))
         found[key] = (path, summary)
     return list(found.values())
-
-
-def _summary_paths(dirs: list[Path], name: str) -> list[Path]:
-    """The files in directory order, a file reached through two given directories only once."""
-    paths: dict[Path, Path] = {}  # resolved -> as found first
-    for directory in dirs:
-        for path in sorted(Path(directory).rglob(name)):
-            paths.setdefault(path.resolve(), path)
-    return list(paths.values())
 
 
 def _check_summary(path: Path, summary: dict) -> None:

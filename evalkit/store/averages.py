@@ -17,18 +17,11 @@ from evalkit.markdown import markdown_table
 from evalkit.store.result_format import ResultRow
 
 
-@dataclass(frozen=True)
-class Spread:
-    mean: float
-    std: float  # population std over checkpoints (0 for one checkpoint)
-    steps: list[int]
-
-
-def over_checkpoints(by_step: dict[int, float]) -> Spread:
+def over_checkpoints(by_step: dict[int, float]) -> tuple[float, float]:
     """Mean and population std of one score over a run's checkpoints (step -> value): the
-    checkpoints are the population reported, not a sample of a larger one."""
+    checkpoints are the population reported, not a sample of a larger one (0 for one checkpoint)."""
     values = [by_step[step] for step in sorted(by_step)]
-    return Spread(statistics.fmean(values), statistics.pstdev(values), sorted(by_step))
+    return statistics.fmean(values), statistics.pstdev(values)
 
 
 @dataclass
@@ -67,9 +60,9 @@ def length_averages(rows: list[ResultRow], *, same_tasks: bool = True) -> list[R
             raise ValueError(
                 f"run {run} at length {length}: its checkpoints scored different task sets {sorted(task_sets)}"
             )
-        spread = over_checkpoints({step: mean for step, (mean, _) in by_step.items()})
+        mean, std = over_checkpoints({step: value for step, (value, _) in by_step.items()})
         most = max((tasks for _, tasks in by_step.values()), key=len)
-        averages.append(RunAverage(run, length, spread.mean, spread.std, spread.steps, list(most)))
+        averages.append(RunAverage(run, length, mean, std, sorted(by_step), list(most)))
     return averages
 
 

@@ -92,10 +92,13 @@ def stamp_of(provenance: dict[str, object] | None) -> dict[str, object] | None:
 
 def command_line() -> str:
     """The command this process runs, as the user could retype it: `evalkit ...` for the CLI (its
-    console script or `python -m evalkit.cli`), else the Python program and its arguments."""
+    console script or `python -m evalkit.cli`), `python -m <package> ...`, else the Python program and
+    its arguments."""
     program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
     if program.name == "evalkit" or program.parent.name == "cli" and program.parent.parent.name == "evalkit":
         return "evalkit " + shlex.join(sys.argv[1:])
+    if program.name == "__main__.py":  # python -m <package>, e.g. the benchmarks
+        return f"python -m {program.parent.name} " + shlex.join(sys.argv[1:])
     return "python " + shlex.join(sys.argv)
 
 

@@ -1,15 +1,18 @@
-"""`evalkit bench eval`: engines timed on the same RULER samples, with what each computed."""
+"""`python -m benchmarks eval`: engines timed on the same RULER samples, with what each computed."""
 
 import subprocess
 import sys
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
-from evalkit.bench import eval as bench
+from benchmarks import eval as bench
 from evalkit.errors import UserError
 from evalkit.ruler.cache import load_or_generate
 from tests.helpers import build_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]  # `python -m benchmarks` runs from the repository's root
 
 
 @pytest.fixture(scope="module")
@@ -60,22 +63,22 @@ def test_unknown_or_repeated_engine_variants_are_refused():
 
 
 def test_the_command_refuses_bad_input_in_one_line(checkpoint_512, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "evalkit.cli", "bench", "eval", "--ckpt", str(checkpoint_512),
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "eval", "--ckpt", str(checkpoint_512),
                              "--engines", "hf,turbo", "--out", str(tmp_path / "r.md")],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+                            capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "unknown engine variant(s) turbo" in result.stderr and not (tmp_path / "r.md").exists()
 
 
 def test_the_command_writes_its_report_with_conditions(checkpoint_512, tmp_path):
     report = tmp_path / "eval.md"
-    result = subprocess.run([sys.executable, "-m", "evalkit.cli", "bench", "eval", "--ckpt", str(checkpoint_512),
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "eval", "--ckpt", str(checkpoint_512),
                              "--engines", "hf,hf-padded", "--lengths", "512", "--tasks", "niah_single_1",
                              "--samples", "2", "--dtype", "fp32", "--out", str(report)],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+                            capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     text = report.read_text()
-    assert "Command: `evalkit bench eval" in text and "2 RULER samples per task and length" in text
+    assert "Command: `python -m benchmarks eval" in text and "2 RULER samples per task and length" in text
     assert "| hf | niah_single_1 | 512 | 2 |" in text and "| hf-padded | niah_single_1 | 512 | 2 |" in text
 
 

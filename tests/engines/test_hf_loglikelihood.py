@@ -70,7 +70,6 @@ def test_over_long_pair_is_an_error_not_a_truncation(checkpoint, tokenizer):
     context, continuation = [tokenizer.bos_token_id] + [300] * 15, [301] * 6  # 15 + 6 - 1 = 21 tokens fed
     with pytest.raises(UserError, match="context of 16 tokens \\+ continuation of 6 tokens needs 21 tokens"):
         engine.loglikelihood_tokens([(context, continuation)])
-    assert engine.loglikelihood_tokens([(context, continuation)], on_overflow="skip") == [None]
     assert engine.loglikelihood_tokens([(context, continuation[:5])])[0] is not None  # exactly 20: fits
 
 

@@ -126,6 +126,19 @@ def test_packed_vllm_requests_refuse_what_the_backend_cannot_serve_before_vllm_s
     )
 
 
+def test_the_vllm_cpu_kv_cache_default_holds_batch_size_full_windows():
+    from transformers import LlamaConfig
+
+    from evalkit.engines.vllm import _cpu_kv_cache_gib
+
+    config = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    per_token_bf16 = 2 * 30 * 3 * 64 * 2  # K and V, layers, key-value heads, head dim, bytes: 23,040
+    assert per_token_bf16 * 8193 * 8 / 2**30 == pytest.approx(1.406, abs=1e-3)
+    assert _cpu_kv_cache_gib(config, "bf16", 8, 8193) == 2  # whole GiB, rounded up
+    assert _cpu_kv_cache_gib(config, "fp32", 8, 8193) == 3  # twice the bytes: 2.81 GiB
+    assert _cpu_kv_cache_gib(config, "fp16", 1, 1025) == 1  # at least 1 GiB
+
+
 def test_an_engine_used_as_a_context_manager_is_closed_however_its_block_ends(checkpoint, monkeypatch):
     from evalkit.engines.hf import HFEngine
 

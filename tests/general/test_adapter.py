@@ -119,11 +119,13 @@ def test_requests_beyond_the_window_are_counted_and_nothing_runs(tiny_run, token
     pairs = [(long_context, " fifteen"), ("Hi", " there"), (long_context + " and more", " words")]
     with pytest.raises(RequestsExceedWindow) as caught:
         lm.loglikelihood(requests("loglikelihood", pairs))
-    assert (caught.value.too_long, caught.value.total, caught.value.window) == (2, 3, 16)
-    assert caught.value.longest == len(tokenizer(long_context + " and more words")["input_ids"]) - 1
+    details = caught.value.details
+    assert (details["requests_over_window"], details["requests"], details["window"]) == (2, 3, 16)
+    assert details["longest"] == len(tokenizer(long_context + " and more words")["input_ids"]) - 1
     assert "2 of 3 loglikelihood requests" in caught.value.reason and "never truncates" in caught.value.reason
     assert calls == []
 
     with pytest.raises(RequestsExceedWindow) as caught:
         lm.generate_until(requests("generate_until", [("Hi", {"until": ["\n"], "max_gen_toks": 20})]))
-    assert caught.value.too_long == 1 and caught.value.longest == len(tokenizer("Hi")["input_ids"]) + 20
+    details = caught.value.details
+    assert details["requests_over_window"] == 1 and details["longest"] == len(tokenizer("Hi")["input_ids"]) + 20

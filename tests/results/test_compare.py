@@ -554,3 +554,19 @@ def test_the_leaderboard_bolds_only_what_compare_calls_ahead(tmp_path):
     by_compare = compare(load_series([str(out)]), ["noise", "clear", "zero"], baseline="noise", replicates=2000)
     (at_2k,) = [d for d in by_compare.averages if d.length == 2048 and d.other == "clear"]
     assert at_2k.low < 0 <= at_2k.high and at_2k.p_holm >= 0.05  # what compare says of that lead (not bold)
+
+
+def test_samples_column_names_each_sides_count_and_an_average_of_unlike_counts_varies():
+    vt = Cell("ruler", "vt", 1024, "string_match_all")
+    a, b = series("A", {0: [100.0] * 10}), series("B", {0: [0.0] * 10})
+    a.checkpoints[0].update(series("A", {0: [100.0] * 20}, cell=vt).checkpoints[0])
+    b.checkpoints[0].update(series("B", {0: [0.0] * 8}, cell=vt).checkpoints[0])
+    found = compare({"A": a, "B": b}, ["A", "B"], replicates=200)
+    assert [(d.task, d.samples) for d in found.differences] == [("niah_single_1", "10"), ("vt", "20/8")]
+    assert [d.samples for d in found.averages] == ["varies"]
+    b.checkpoints[0].update(series("B", {0: [0.0] * 20}, cell=vt).checkpoints[0])  # now 10 and 20 on both sides
+    found = compare({"A": a, "B": b}, ["A", "B"], replicates=200)
+    assert [d.samples for d in found.differences] == ["10", "20"] and [d.samples for d in found.averages] == ["varies"]
+    b.checkpoints[0].update(series("B", {0: [0.0] * 10}, cell=vt).checkpoints[0])
+    a.checkpoints[0].update(series("A", {0: [100.0] * 10}, cell=vt).checkpoints[0])  # 10 everywhere
+    assert [d.samples for d in compare({"A": a, "B": b}, ["A", "B"], replicates=200).averages] == ["10"]

@@ -363,3 +363,48 @@ def test_leaderboard_cells_and_avg_are_one_computation_and_only_avg_demands_the_
     (average,) = length_averages(alike)
     assert (average.mean, average.std, average.checkpoints) == (pytest.approx(57.5), pytest.approx(7.5), [1, 2])
     assert (ruler_cells(alike)[("r", 512)].mean, ruler_cells(alike)[("r", 512)].std) == (average.mean, average.std)
+
+
+def test_provenance_is_one_line_per_engine_and_evalkit_of_a_run():
+    from evalkit.results.leaderboard import provenance_notes
+
+    def summary(run, dtype, tokenizer, benchmark=None):
+        engine = {"engine": "hf", "dtype": dtype, "batch_size": 8, "tokenizer_fingerprint": tokenizer}
+        provenance = {"evalkit_version": "0.1.0", "git_hash": "abc", "engine": engine}
+        return {"run": run, "provenance": provenance, **({"benchmark": benchmark} if benchmark else {})}
+
+    found = provenance_notes(
+        [
+            summary("a", "fp32", "t1"),
+            summary("a", "fp32", "t2"),
+            summary("a", "bf16", "t3"),
+            summary("b", "fp32", "t4", "ppl"),
+        ]
+    )
+    assert found.splitlines() == [
+        "- ruler a: engine hf, dtype fp32, batch size 8, evalkit 0.1.0 (abc), tokenizer t1",  # t2: the same engine
+        "- ruler a: engine hf, dtype bf16, batch size 8, evalkit 0.1.0 (abc), tokenizer t3",
+        "- ppl b: engine hf, dtype fp32, batch size 8, evalkit 0.1.0 (abc), tokenizer t4",
+    ]
+    assert (
+        provenance_notes([{"run": "c"}])
+        == "- ruler c: engine None, dtype None, batch size None, evalkit None (None), tokenizer ?"
+    )
+
+
+def test_general_bars_place_each_runs_means_and_whiskers_by_column(monkeypatch, tmp_path):
+    from evalkit.results import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "write_figure", lambda figure, stem: drawn.append(figure) or [])
+    values = {("a", "x acc"): (0.5, 0.1), ("a", "y acc"): (0.25, None), ("b", "y acc"): (0.75, 0.05)}
+    plots.general_bars(values, tmp_path / "general")
+    (axes,) = drawn[0].axes
+    bars = [(round(bar.get_x() + bar.get_width() / 2, 6), bar.get_height()) for bar in axes.patches]
+    # width 0.8 / 2 runs = 0.4: run a's bars centred at columns 0 and 1, run b's at column 1 + 0.4 (no x for b)
+    assert bars == [(0.0, 0.5), (1.0, 0.25), (1.4, 0.75)]
+    whiskers = [line.get_segments() for line in axes.collections]
+    assert [[(s[0][1], s[1][1]) for s in segments] for segments in whiskers] == [
+        [(0.4, 0.6), (0.25, 0.25)],
+        [(0.7, 0.8)],
+    ]

@@ -140,12 +140,10 @@ def check_loglikelihoods_in_bf16(engine, hf_engine, tokenizer, pairs) -> None:
     assert engine.loglikelihood_rolling(texts)[0] == pytest.approx(expected, abs=2e-2 * abs(expected))
 
 
-def test_requests_beyond_the_window_are_refused_or_skipped_never_truncated(engine, tokenizer):
+def test_requests_beyond_the_window_are_refused_never_truncated(engine, tokenizer):
     too_long = [300] * (MAX_POSITIONS - 3)
     with pytest.raises(UserError, match=f"prompt of {MAX_POSITIONS - 3} tokens \\+ 8 new tokens"):
         engine.generate([too_long], 8)
-    assert engine.generate([too_long, [300, 301]], 8, on_overflow="skip")[0] is None
-    assert engine.generate([too_long], 8, on_overflow="skip") == [None]  # nothing left to run
     with pytest.raises(UserError, match="more than the model window"):
         engine.loglikelihood_tokens([([300] * MAX_POSITIONS, [301, 302])])
     # Exactly the window: the scoring request feeds MAX_POSITIONS tokens, vLLM's window has one more.

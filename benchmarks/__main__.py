@@ -1,4 +1,6 @@
-"""`evalkit bench ...`: the benchmarks users can run; reports go to results/."""
+"""`python -m benchmarks ...` (from the repository's root): evalkit's own benchmarks, the attention
+kernels, training steps, RULER data generation and the engines; reports go to results/. Programs,
+not the library: they live beside the package and import it."""
 
 from __future__ import annotations
 
@@ -9,14 +11,20 @@ from typing import TYPE_CHECKING
 import typer
 
 from evalkit.arglists import parse_list
-from evalkit.cli.app import bench_app
+from evalkit.attention.paradigms import parse_paradigms
+from evalkit.cli import main
 from evalkit.errors import UserError
 from evalkit.files import check_output_file
 from evalkit.lengths import parse_lengths
+from evalkit.markdown import markdown_table
 from evalkit.models.precision import check_dtype
 
 if TYPE_CHECKING:
-    from evalkit.attention import Paradigm
+    from evalkit.train.timing import TrainBenchRow
+
+bench_app = typer.Typer(
+    help="evalkit's own benchmarks; reports go to results/.", no_args_is_help=True, add_completion=False
+)
 
 
 def _check_counts(values: dict[str, int], out: Path | None) -> None:
@@ -26,16 +34,6 @@ def _check_counts(values: dict[str, int], out: Path | None) -> None:
             raise UserError(f"{option} must be at least 1, got {value}")
     if out is not None:
         check_output_file(out)
-
-
-def parse_paradigms(text: str) -> list[Paradigm]:
-    """Paradigm names, comma-separated; a misspelt one is a one-line error naming the valid ones."""
-    from evalkit.attention import Paradigm
-
-    try:
-        return parse_list(text, Paradigm.parse)
-    except ValueError as err:
-        raise UserError(str(err)) from None
 
 
 def _progress() -> Callable[[str], None]:
@@ -81,8 +79,8 @@ def bench_attention(
     """Forward+backward time of each paradigm's attention vs full causal, with the ideal ratio."""
     import torch
 
+    from benchmarks import attention as bench
     from evalkit.attention import IMPLEMENTATIONS, available_implementations
-    from evalkit.bench import attention as bench
 
     _check_counts({"--heads": heads, "--head-dim": head_dim, "--mean-doc": mean_doc, "--repeats": repeats}, out)
     if kv_heads < 0:
@@ -145,7 +143,7 @@ def bench_ruler_data(
     """Samples/s of RULER data generation per task and length (cache off, setup included)."""
     _check_counts({"--samples": samples, "--vocab-size": vocab_size}, out)
 
-    from evalkit.bench import ruler_data as bench
+    from benchmarks import ruler_data as bench
     from evalkit.ruler.runner import parse_ruler_tasks
 
     if tokenizer == "builtin":
@@ -195,7 +193,7 @@ def bench_eval(
     """RULER samples/s of each engine on the same samples, with prefill/decode time and tokens computed."""
     import torch
 
-    from evalkit.bench import eval as bench
+    from benchmarks import eval as bench
     from evalkit.ruler.runner import parse_ruler_tasks
 
     _check_counts({"--samples": samples, "--batch-size": batch_size}, out)
@@ -224,13 +222,34 @@ def bench_train(
 ) -> None:
     """Optimizer-step time and tokens/s of a recipe's model under each paradigm vs full."""
     from evalkit.attention import Paradigm
-    from evalkit.bench import train as bench
+    from evalkit.train.timing import run
 
     _check_counts({"--steps": steps}, out)
     chosen = parse_paradigms(paradigms) or list(Paradigm)
-    rows = bench.run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps, progress=_progress())
+    rows = run(parse_lengths(seq), chosen, recipe=config, sets=sets, steps=steps, progress=_progress())
     conditions = (
         f"recipe {config} ({', '.join(sets or []) or 'as shipped'}), one window per optimizer step, "
         f"forward+backward+AdamW; median of {steps} timed steps after one warm-up; windows built untimed."
     )
-    _publish(bench.to_markdown(rows), out, "Training: optimizer-step time per paradigm vs full", conditions)
+    _publish(_train_table(rows), out, "Training: optimizer-step time per paradigm vs full", conditions)
+
+
+def _train_table(rows: list[TrainBenchRow]) -> str:
+    header = ["S", "paradigm", "step s", "tokens/s", "/ full", "docs per window", "ideal Σd²/S²"]
+    table = [
+        [
+            r.seq_len,
+            r.paradigm,
+            f"{r.step_seconds:.2f}",
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.ratio_to_full:.3f}",
+            f"{r.docs_per_window:.1f}",
+            f"{r.ideal_ratio:.3f}",
+        ]
+        for r in rows
+    ]
+    return markdown_table(header, table)
+
+
+if __name__ == "__main__":
+    main(bench_app)

@@ -1,4 +1,5 @@
-"""`evalkit bench train`: optimizer-step time of a recipe's model under each paradigm vs full.
+"""Optimizer-step time of a recipe's model under each paradigm vs full: the quickstart's claim (b)
+and `python -m benchmarks train`.
 
 One window per step (B=1), the same document stream for every paradigm, one untimed warm-up
 step, then the median of the timed steps. Window building is not timed.
@@ -12,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from evalkit.attention import Paradigm
-from evalkit.markdown import markdown_table
 
 
 @dataclass
@@ -77,20 +77,3 @@ def run(
                 TrainBenchRow(seq_len, paradigm.value, seconds, seq_len / seconds, seconds / full_time, docs, ideal)
             )
     return rows
-
-
-def to_markdown(rows: list[TrainBenchRow]) -> str:
-    header = ["S", "paradigm", "step s", "tokens/s", "/ full", "docs per window", "ideal Σd²/S²"]
-    table = [
-        [
-            r.seq_len,
-            r.paradigm,
-            f"{r.step_seconds:.2f}",
-            f"{r.tokens_per_s:,.0f}",
-            f"{r.ratio_to_full:.3f}",
-            f"{r.docs_per_window:.1f}",
-            f"{r.ideal_ratio:.3f}",
-        ]
-        for r in rows
-    ]
-    return markdown_table(header, table)

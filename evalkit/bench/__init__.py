@@ -1,1 +1,0 @@
-"""Benchmarks users can run (`evalkit bench ...`); their reports go to results/."""
