@@ -104,11 +104,10 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
     for module in modules:
         for handle in getattr(module, "_evalkit_rope_hooks", []):
             handle.remove()  # setting it again replaces the earlier setting
-        # (ignore: torch types what a Module's attributes may be set to as Tensor | Module)
         hooks = [module.register_forward_hook(_rope_precision_hook(precision))]
         if precision == "fp32":
             hooks.append(module.register_forward_pre_hook(_fp32_angles))
-        module._evalkit_rope_hooks = hooks  # type: ignore[assignment]
+        module._evalkit_rope_hooks = hooks  # type: ignore[assignment]  # torch types Module attributes Tensor | Module
 
 
 def _no_padding_mask(*, attention_mask=None, **_kwargs):

@@ -35,11 +35,9 @@ from evalkit.attention.packing import ANCHOR_DOC_ID
 
 @dataclass
 class Segment:
-    """One independent causal attention problem: these queries over these keys, aligned bottom-right.
-
-    Indices are token positions within one batch row; k_index is sorted and ends with the
-    positions of q_index (shifted by Sk - Sq), so bottom-right causality is the document rule.
-    """
+    """One independent causal attention problem, aligned bottom-right: k_index (token positions in
+    one batch row) is sorted and ends with the positions of q_index (shifted by Sk - Sq), so
+    bottom-right causality is the document rule."""
 
     q_index: torch.Tensor  # long [Lq], query rows 0..Sq-1
     k_index: torch.Tensor  # long [Lk], key columns 0..Sk-1, Lk >= Lq
@@ -99,7 +97,6 @@ def _effective_window(window: int | None, kv_len: int) -> int | None:
 
 
 def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
-    """SDPA with the materialised reference mask."""
     sq, sk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     if doc_ids is None and sq == sk and window is None:
@@ -120,12 +117,6 @@ def _own_keys(seg: Segment) -> torch.Tensor:
 def _is_run(index: torch.Tensor) -> bool:
     """True when the sorted positions `index` are one contiguous run of the row."""
     return int(index[-1] - index[0]) + 1 == index.numel()
-
-
-def _documents_are_contiguous(segments: list[Segment], length: int) -> bool:
-    """True when the documents tile the sequence in order (every paradigm but the interleaved)."""
-    own = [_own_keys(seg) for seg in segments]
-    return all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length
 
 
 def _segment_sdpa(q, k, v, seg: Segment, q_pos, *, doc_row, scale, gqa: bool, window, anchor):
@@ -155,8 +146,10 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     split (backward: one concatenation) or gathered once.
     """
     length = q_row.shape[1]
-    if _documents_are_contiguous(segments, length):
-        sizes = [_own_keys(seg).numel() for seg in segments]
+    own = [_own_keys(seg) for seg in segments]
+    # The documents tile the row in order (every paradigm but the interleaved): split, no gather.
+    if all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length:
+        sizes = [keys.numel() for keys in own]
         pieces = [t.split(sizes, dim=1) for t in (q_row, k_row, v_row)]  # views, no copy
         anchors = [t[0] for t in pieces]  # where a document has a prefix, segment 0 is the anchor's own
         outputs = []
@@ -196,7 +189,6 @@ def _blocked_row_decode(q_row, k_row, v_row, segments: list[Segment], offset: in
 
 
 def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
-    """Per-document causal SDPA, skipping every cross-document block: the CPU training path."""
     batch, _, sq, _ = q.shape
     sk = k.shape[2]
     gqa = q.shape[1] != k.shape[1]
@@ -232,9 +224,7 @@ class VarlenLayout:
     cu_seqlens_k: torch.Tensor  # int32 [num_seqs + 1]
     max_seqlen_q: int
     max_seqlen_k: int
-    # Every sequence is one contiguous run of its row (no anchor prepended, no interleaving): where
-    # flash's window, which counts positions inside each sequence, is the layer's window.
-    runs: bool
+    runs: bool  # every sequence one contiguous run of its row: where flash's window is the layer's (module doc)
 
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
@@ -263,9 +253,6 @@ def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: 
     )
 
 
-FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash_attn_varlen_func refuses anything else, and mixed dtypes
-
-
 def _flash_varlen_func() -> Callable:
     try:
         from flash_attn import flash_attn_varlen_func
@@ -283,7 +270,7 @@ def flash_attention(
     an emulation of flash_attn_varlen_func (tests/attention/varlen.py) to check the layout on a CPU."""
     if varlen_func is None:
         varlen_func = _flash_varlen_func()
-        if q.dtype not in FLASH_DTYPES or not q.dtype == k.dtype == v.dtype:
+        if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
             raise ValueError(
                 f"flash-attn runs fp16 or bf16 of one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}: "
                 "train with dtype=bf16 (autocast), or use the flex or blocked implementation"
@@ -324,10 +311,8 @@ _last_block_mask: dict[str, Any] = {}  # the BlockMask built last: its "key", "d
 
 
 def _cached_block_mask(doc_ids, batch: int, q_len: int, kv_len: int, device, window, anchor):
-    """The BlockMask, reused while doc_ids do not change (every layer of one forward shares it).
-
-    Keyed on a copy of the values, not the tensor's address: a new batch can reuse freed memory.
-    """
+    """The BlockMask, reused while doc_ids do not change (every layer of one forward shares it), keyed
+    on a copy of their values, not the tensor's address: a new batch can reuse freed memory."""
     key = (batch, q_len, kv_len, str(device), None if doc_ids is None else tuple(doc_ids.shape), window, anchor)
     last = _last_block_mask
     # An equal key means doc_ids of the same shape, or None on both sides.
@@ -433,7 +418,6 @@ def recompile_limit() -> int:
 
 
 def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="window"):
-    """FlexAttention with the document rule as mask_mod (backward needs CUDA)."""
     if q.device.type == "cpu":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward pass on CPU: train with impl='blocked'")

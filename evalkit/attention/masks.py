@@ -48,20 +48,19 @@ def document_mask(
     device = doc_ids.device if doc_ids is not None else None
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
     k_pos = torch.arange(kv_len, device=device)
-    causal = k_pos[None, :] <= q_pos[:, None]
-    in_window = None if window is None else (q_pos[:, None] - k_pos[None, :]) < window
-    if doc_ids is None:
-        return causal if in_window is None else causal & in_window
-    if doc_ids.shape[-1] != kv_len:
-        raise ValueError(f"doc_ids has {doc_ids.shape[-1]} entries for {kv_len} keys")
-    doc_k = doc_ids[..., None, :]
-    doc_q = doc_ids[..., kv_len - q_len :, None]
-    allowed = causal & ((doc_q == doc_k) | (doc_k == ANCHOR_DOC_ID))
-    if in_window is None:
-        return allowed
-    if anchor == "sink":
-        in_window = in_window | (doc_k == ANCHOR_DOC_ID)
-    return allowed & in_window
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if doc_ids is not None:
+        if doc_ids.shape[-1] != kv_len:
+            raise ValueError(f"doc_ids has {doc_ids.shape[-1]} entries for {kv_len} keys")
+        key_is_anchor = doc_ids[..., None, :] == ANCHOR_DOC_ID
+        same_doc = doc_ids[..., kv_len - q_len :, None] == doc_ids[..., None, :]
+        allowed = allowed & (same_doc | key_is_anchor)
+    if window is not None:
+        in_window = (q_pos[:, None] - k_pos[None, :]) < window
+        if anchor == "sink" and doc_ids is not None:
+            in_window = in_window | key_is_anchor
+        allowed = allowed & in_window
+    return allowed
 
 
 def reference_mask(packed: PackedSequence, window: int | None = None, anchor: str = "window") -> torch.Tensor:

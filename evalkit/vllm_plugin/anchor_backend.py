@@ -32,8 +32,8 @@ from evalkit.vllm_plugin.tracker import PackedRow, packed_rows
 from evalkit.vllm_plugin.workspace import PrefixWorkspace, shared_prefix_workspace
 
 METADATA_FIELD = "evalkit_document_queries"
-# vLLM's cache dtype names -> the workspace's dtype ("auto": the model's, torch's default while
-# vLLM builds it); a quantized cache has none.
+# vLLM's cache dtype names that packed requests serve -> the workspace's dtype ("auto": the model's,
+# torch's default while vLLM builds it); any other (a quantized cache) is refused.
 _CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32}
 
 
@@ -66,7 +66,7 @@ def plan_document_queries(common, rows: Mapping[int, PackedRow], impl: str) -> l
         computed = seq_lens[row] - (query_start[row + 1] - query_start[row])
         # Anchor queries attend to the anchor only: causal attention already gives them that.
         first = max(computed, packed.segments.anchor_length)
-        stop = min(seq_lens[row], packed.document_end)
+        stop = min(seq_lens[row], packed.doc_ids.numel())
         if first >= stop:
             continue  # no document query in this step: decoding, or the question's chunk
         doc_ids = packed.doc_ids_on(device)[:stop]
@@ -92,7 +92,6 @@ class AnchorMetadataBuilderMixin:
     supports_update_block_table: bool = False
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        # A mixin: the stock builder follows in the bases.
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)  # type: ignore[misc]
         rows = packed_rows()
         plans = plan_document_queries(common_attn_metadata, rows, self.anchor_impl) if rows else []
@@ -213,7 +212,8 @@ class AnchorAttentionImplMixin:
 
     def _check_packed_supported(self, num_keys: int) -> None:
         """Packed requests implement plain softmax attention only; say so instead of computing something else."""
-        quantized = getattr(self, "kv_cache_dtype", "auto") not in ("auto", "bfloat16", "float16", "float32")
+        cache_dtype = getattr(self, "kv_cache_dtype", "auto")
+        quantized = cache_dtype != "auto" and cache_dtype not in _CACHE_DTYPES
         window = self._sliding_window()
         unsupported = {
             # A window wider than every context is no window.

@@ -34,9 +34,8 @@ FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
 
 
 def anchor_document_ids(anchor_length: int, document_lengths: Sequence[int]) -> torch.Tensor:
-    """Document ids [anchor_length + sum(document_lengths)]: ANCHOR_DOC_ID for the anchor, 1.. per document."""
-    if anchor_length < 1 or not document_lengths or min(document_lengths) < 1:
-        raise ValueError("a packed layout needs an anchor and at least one non-empty document")
+    """Document ids [anchor_length + sum(document_lengths)]: ANCHOR_DOC_ID for the anchor, 1.. per
+    document (lengths as PackedSegments checks them)."""
     lengths = torch.tensor([anchor_length, *document_lengths])
     return torch.repeat_interleave(torch.arange(len(lengths)), lengths) + ANCHOR_DOC_ID
 

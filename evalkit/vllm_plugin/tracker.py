@@ -31,12 +31,8 @@ class PackedRow:
     """One packed request in the batch: its document ids, and copies of them per device."""
 
     segments: PackedSegments
-    doc_ids: torch.Tensor  # long [document_end] on the CPU: 0 for the anchor, 1.. per document
+    doc_ids: torch.Tensor  # long [document end, or prompt length if less] on the CPU: 0 anchor, 1.. documents
     _on_device: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def document_end(self) -> int:
-        return int(self.doc_ids.numel())
 
     def doc_ids_on(self, device: torch.device) -> torch.Tensor:
         key = str(device)

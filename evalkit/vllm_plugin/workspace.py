@@ -8,9 +8,8 @@ a GPU the gather could find too little memory left. vLLM's own backends keep suc
 memory in buffers sized before the KV cache is.
 
 Here the buffer is allocated when the attention impl is built, inside vLLM's model loading, so
-it counts with the weights. It holds max_model_len + block_size - 1 tokens (any request rounded
-up to whole blocks of up to block_size), one per (device, dtype, heads, head dim), shared by
-every layer: layers run one after another, each consuming its gather before the next.
+it counts with the weights; one (shared_prefix_workspace) serves every layer: layers run one
+after another, each consuming its gather before the next.
 """
 
 from __future__ import annotations

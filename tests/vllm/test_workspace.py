@@ -3,7 +3,7 @@
 The reference for every gather is kernels.gather_paged, which reads position by position into a
 fresh tensor. Allocations are counted with torch's profiler (profile_memory): it sees the fresh
 tensor of gather_paged, so a zero for the workspace is a measurement, not an absence of one.
-No vLLM needed.
+No vLLM needed but for the last test (the backend's check of the cache dtypes it has a workspace for).
 """
 
 import pytest
@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from evalkit.vllm_plugin import workspace as ws
 from evalkit.vllm_plugin.kernels import gather_paged
+from tests.vllm.conftest import requires_vllm
 
 HEADS, DIM, BLOCK, NUM_BLOCKS = 2, 32, 16, 40
 MAX_TOKENS = 300
@@ -85,3 +86,20 @@ def test_layers_share_one_workspace_per_device_dtype_and_shape(monkeypatch):
     larger = ws.shared_prefix_workspace(2 * MAX_TOKENS, BLOCK, HEADS, DIM, torch.float32, "cpu")
     assert larger.capacity_tokens == 2 * MAX_TOKENS + BLOCK - 1
     assert ws.shared_prefix_workspace(MAX_TOKENS, BLOCK, HEADS, DIM, torch.float32, "cpu") is larger
+
+
+@requires_vllm  # the backend module imports vLLM's request types
+def test_packed_requests_refuse_exactly_the_cache_dtypes_the_workspace_has_no_dtype_for():
+    """The cache dtypes the workspace is built in ("auto" and _CACHE_DTYPES, "half" among them) are
+    served; any other is refused as a quantized cache."""
+    from evalkit.vllm_plugin.anchor_backend import _CACHE_DTYPES, AnchorAttentionImplMixin
+
+    class Impl(AnchorAttentionImplMixin):
+        def __init__(self, kv_cache_dtype):  # what the stock impl sets, as far as the check reads it
+            self.kv_cache_dtype = kv_cache_dtype
+
+    for name in ("auto", "half", *_CACHE_DTYPES):
+        Impl(name)._check_packed_supported(num_keys=16)
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        with pytest.raises(NotImplementedError, match="a quantized KV cache"):
+            Impl(name)._check_packed_supported(num_keys=16)
