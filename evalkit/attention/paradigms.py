@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+TRAITS = ("has_anchor", "masks_documents", "resets_positions", "interleaves", "uses_tags")
+
 
 class Paradigm(str, enum.Enum):
     """A paradigm's name, then the traits it has (one row each below; no module tests names)."""
@@ -22,7 +24,9 @@ class Paradigm(str, enum.Enum):
     def __new__(cls, value: str, *traits: str) -> Paradigm:
         member = str.__new__(cls, value)
         member._value_ = value
-        for trait in ("has_anchor", "masks_documents", "resets_positions", "interleaves", "uses_tags"):
+        if unknown := set(traits) - set(TRAITS):  # a misspelt trait would read as False everywhere
+            raise TypeError(f"paradigm {value!r}: unknown traits {sorted(unknown)}")
+        for trait in TRAITS:
             setattr(member, trait, trait in traits)
         return member
 
