@@ -14,6 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 from functools import cache
+from itertools import accumulate
 
 from evalkit.corpus.prose import prose_documents
 
@@ -176,9 +177,8 @@ def _question(rng: random.Random, key: str, value: str, phrasing: str) -> str:
     noun, clause = rng.choice(nouns), rng.choice(clauses)
     question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)
     colon = rng.choice((":", ""))
-    return (
-        question + " " + rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
-    )
+    answer = rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
+    return f"{question} {answer}"
 
 
 def _sentence_start(pieces: list[str], sentence: str) -> int:
@@ -225,9 +225,7 @@ def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
         first.append((len(items) + 1, len(items) + len(segment)))
         repeat.append((len(items) + len(segment) + len(gap) + 1, len(items) + 2 * len(segment) + len(gap)))
         items += segment + gap + segment
-    starts = [0]
-    for item in items:
-        starts.append(starts[-1] + len(item) + 1)
+    starts = list(accumulate((len(item) + 1 for item in items), initial=0))  # of each item in the text
 
     def span(item_range: tuple[int, int]) -> tuple[int, int]:  # characters of items [a, b)
         a, b = item_range
