@@ -67,11 +67,8 @@ def refuse_foreign_log(log: Path) -> None:
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint of a run, oldest first."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
     found = []
-    for child in run_dir.iterdir():
+    for child in Path(run_dir).glob("step-*"):  # none when run_dir is no directory
         match = STEP_DIR.match(child.name)
         if match and child.is_dir() and (child / META).is_file():
             found.append((int(match.group(1)), child))
