@@ -111,12 +111,9 @@ def _filler(rng: random.Random, chars: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RetrievalExample:
-    """A synthetic document and where its asked values stand, as character spans of `text`.
-
-    `facts[k]` is where the value answered by `answers[k]` is first stated (unpredictable: a
-    random number), `answers[k]` where the closing questions repeat it (predictable only by
-    looking back): the pair a retrieval check compares.
-    """
+    """A synthetic document and, as character spans of `text`, where each asked value is first
+    stated (`facts[k]`: a random number, unpredictable) and where the closing questions repeat it
+    (`answers[k]`: predictable only by looking back), the pair a retrieval check compares."""
 
     text: str
     facts: tuple[tuple[int, int], ...]
@@ -209,12 +206,9 @@ def _copy_item(rng: random.Random) -> str:
 
 def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
     """Copy document `index` (deterministic in the arguments): random items in segments, each
-    repeated after a random gap.
-
-    The repeat can be predicted only by finding the segment's earlier occurrence by its content
-    (its distance varies). `answers` span each repeat from its second item on (the first cannot
-    be foreseen), `facts` the same items where they first occur (the control).
-    """
+    repeated after a random gap, so predictable only by finding its earlier occurrence by content.
+    `answers` span each repeat from its second item on (the first cannot be foreseen), `facts` the
+    same items where they first occur (the control)."""
     rng = random.Random(f"copy-{SYNTHETIC_VERSION}-{seed}-{index}")
     tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     items: list[str] = []
