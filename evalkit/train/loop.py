@@ -102,11 +102,9 @@ def lr_lambda(config: TrainConfig):
 
 
 def _check_resume_config(saved: dict, config: TrainConfig) -> None:
-    """A resumed run must be the same run: only the step budget and schedule may change.
-
-    A setting added to evalkit after the run started is missing from its saved config: it takes
-    the default, which is what the run used (new settings default to the old behaviour).
-    """
+    """A resumed run must be the same run: only the step budget and schedule may change. A setting
+    added to evalkit after the run started, missing from its saved config, takes the default: what
+    the run used, new settings defaulting to the old behaviour."""
     current = config.to_dict()
     # The one setting whose default is not the old behaviour: a saved config without
     # data.window_start predates it, and its windows were packed as "document".

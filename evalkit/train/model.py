@@ -103,11 +103,10 @@ def _checkpoint_config(config: TrainConfig, path: Path):
 
 def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True, on_host: bool = False):
     """The model in fp32 (master weights) on `device`, with evalkit attention selected and q, k
-    rotated in config.rope_precision under autocast. on_host=True leaves the weights on the CPU,
-    attention still chosen for `device` (rank 0's full copy, which fills the other ranks' shards).
-    weights=False: parameters on the meta device (no memory, no read of model.path's weights),
-    buffers (RoPE frequencies, in no state dict) real on the CPU: the non-zero ranks' form before
-    rank 0's weights reach them by broadcast (train/distributed.py)."""
+    rotated in config.rope_precision under autocast. on_host=True: on the CPU, attention chosen for
+    `device` (rank 0's full copy, which fills the other ranks' shards). weights=False: parameters on
+    the meta device (no memory, model.path's weights unread), buffers (RoPE frequencies, in no state
+    dict) real on the CPU, as the other ranks hold it until rank 0's weights reach them."""
     from transformers import AutoModelForCausalLM
 
     register_hf_attention()
