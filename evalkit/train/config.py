@@ -332,10 +332,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
 
 def resolve_recipe(name_or_path: str) -> Path:
     """A recipe path as given, or configs/NAME.yaml (evalkit's recipes, shipped in the package)."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
+    for candidate in (Path(name_or_path), CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
         if candidate.is_file():
             return candidate
     available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))) if CONFIG_DIR.is_dir() else "none"
