@@ -2,10 +2,10 @@
 
 Each holds model.safetensors, config.json, generation_config.json, the tokenizer, meta.json (what
 made it) and, in the newest one only, trainer_state.pt (optimizer, scheduler, data position, RNG)
-for resuming. A bf16 run's weights are saved in bf16, the dtype it computed in (half the bytes to
-write and load); the fp32 masters an exact resume needs travel in trainer_state.pt, pruned with it.
-Assembled in a hidden temporary directory, meta.json last, and renamed into place: a step-N with a
-meta.json is complete, whatever moment a run was killed at.
+for resuming. A bf16 run's weights are saved in bf16, what evaluators read and the dtype it computed
+in (half the bytes to write and load); the fp32 masters an exact resume needs travel in
+trainer_state.pt, pruned with it. Assembled in a hidden temporary directory, meta.json last, and
+renamed into place: a step-N with a meta.json is complete, whatever moment a run was killed at.
 """
 
 from __future__ import annotations
