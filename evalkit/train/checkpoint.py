@@ -1,12 +1,11 @@
 """Checkpoints: plain HF directories `runs/<run>/step-<N>/`, written atomically.
 
-A checkpoint holds model.safetensors, config.json, generation_config.json, the tokenizer,
-meta.json (what made it) and, in the newest one only, trainer_state.pt (optimizer, scheduler,
-data position, RNG) for resuming. A bf16 run's model.safetensors is in bf16, what evaluators
-read and the dtype it computed in (half the bytes to write and to load); its fp32 master weights,
-needed to resume exactly, travel in trainer_state.pt and are pruned with it. A checkpoint is
-assembled in a hidden temporary directory and renamed into place, and meta.json is written last:
-a directory named step-N with a meta.json is complete, whatever moment a run was killed at.
+Each holds model.safetensors, config.json, generation_config.json, the tokenizer, meta.json (what
+made it) and, in the newest one only, trainer_state.pt (optimizer, scheduler, data position, RNG)
+for resuming. A bf16 run's weights are saved in bf16, what evaluators read and the dtype it computed
+in (half the bytes to write and load); the fp32 masters an exact resume needs travel in
+trainer_state.pt, pruned with it. Assembled in a hidden temporary directory, meta.json last, and
+renamed into place: a step-N with a meta.json is complete, whatever moment a run was killed at.
 """
 
 from __future__ import annotations
@@ -67,11 +66,8 @@ def refuse_foreign_log(log: Path) -> None:
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint of a run, oldest first."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
     found = []
-    for child in run_dir.iterdir():
+    for child in Path(run_dir).glob("step-*"):  # none when run_dir is no directory
         match = STEP_DIR.match(child.name)
         if match and child.is_dir() and (child / META).is_file():
             found.append((int(match.group(1)), child))
@@ -80,12 +76,9 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 def newest_resumable(run_dir: Path) -> Path | None:
     """The checkpoint --resume continues from: the newest complete one, which must hold its trainer
-    state; None when the run has no checkpoint (it starts at step 0).
-
-    Never an older one silently, nor step 0 over existing checkpoints: either would train again over
-    the newer checkpoints and prune them, though the run did not write them this time (an export, a
-    copy without its trainer state, a user's own step-N). Refused instead, saying what to do.
-    """
+    state; None when there is none (step 0). Never an older one silently, nor step 0 over existing
+    checkpoints: either would train over, and prune, newer ones this run did not write (an export, a
+    copy without its trainer state, a user's own step-N): refused, saying what to do."""
     checkpoints = complete_checkpoints(run_dir)
     if not checkpoints:
         return None

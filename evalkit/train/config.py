@@ -13,6 +13,7 @@ import math
 import re
 import types
 import typing
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,12 +136,7 @@ class TrainConfig:
 
     def checkpoint_steps(self) -> set[int]:
         """Steps of the evaluation window (the last K checkpoints, M steps apart)."""
-        c = self.checkpoint
-        return {
-            self.max_steps - i * c.final_spacing
-            for i in range(c.final_count)
-            if self.max_steps - i * c.final_spacing > 0
-        }
+        return set(range(self.max_steps, 0, -self.checkpoint.final_spacing)[: self.checkpoint.final_count])
 
     def validate(self) -> None:
         _check_numbers(self)
@@ -228,7 +224,7 @@ def check_inputs(config: TrainConfig) -> None:
         if name and _looks_local(name) and not Path(name).expanduser().exists():
             raise UserError(f"{what} {name} does not exist")
     source = config.data.source
-    if source != "builtin" and _looks_local(source) and not Path(source).expanduser().exists():
+    if _looks_local(source) and not Path(source).expanduser().exists():
         kind = "data file" if source.endswith(".jsonl") else "data source"
         raise UserError(f"{kind} {source} does not exist (a .jsonl file, a datasets directory or a hub name)")
     _check_model_attention(config)
@@ -285,13 +281,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
+        for option in (option for option in options if option is not type(None)):
+            with suppress(UserError):
                 return _coerce(value, option, key)
-            except UserError:
-                continue
         raise UserError(f"{key}: expected {' or '.join(_type_name(o) for o in options)}, got {value!r}")
     if tp is Paradigm:
         try:
@@ -314,10 +306,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, str):
-            try:
+            with suppress(ValueError):
                 return float(value)  # YAML reads "2e-5" as a string
-            except ValueError:
-                pass
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -342,10 +332,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
 
 def resolve_recipe(name_or_path: str) -> Path:
     """A recipe path as given, or configs/NAME.yaml (evalkit's recipes, shipped in the package)."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
+    for candidate in (Path(name_or_path), CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
         if candidate.is_file():
             return candidate
     available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))) if CONFIG_DIR.is_dir() else "none"

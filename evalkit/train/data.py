@@ -38,12 +38,9 @@ class DocumentSource(Protocol):
 
 
 class BuiltinSource:
-    """Built-in prose documents mixed with synthetic retrieval and copy documents (no download).
-
-    `retrieval_fraction` and `copy_fraction` are shares of the documents; prose, repeated as
-    needed, makes up the rest. There are `num_retrieval_docs` retrieval documents and as many
-    copy documents as keep the shares (`num_retrieval_docs` of them when there is no retrieval).
-    """
+    """Built-in documents (no download): `num_retrieval_docs` synthetic retrieval ones, as many copy
+    ones as keep the shares `retrieval_fraction` and `copy_fraction` of the documents
+    (`num_retrieval_docs` without retrieval), and prose, repeated as needed, for the rest."""
 
     def __init__(self, config: DataConfig, seed: int, seq_len: int):
         prose = prose_documents()
@@ -90,14 +87,11 @@ class BuiltinSource:
 
 
 class JsonlSource:
-    """One JSON object per line with a text field (and optionally a domain field).
-
-    The whole file is checked when the source opens: every non-blank line must be UTF-8 JSON, an
-    object, its text field a string. A fault found lazily at step N would stop a run that has
-    already written checkpoints, and a record without the field would train on an empty document
-    unnoticed. It is the one streaming pass (memory flat) the source makes anyway for its line
-    offsets, content hash and domains; parsing costs far less than tokenizing and training on it.
-    """
+    """One JSON object per line with a text field (and optionally a domain field), every non-blank
+    line checked on opening (UTF-8 JSON, an object, its text field a string): a fault found lazily
+    at step N would stop a run that has written checkpoints, and a record without the field would
+    train on an empty document unnoticed. It is the streaming pass (memory flat) the source makes
+    anyway, for line offsets, content hash and domains; parsing costs far less than training on it."""
 
     def __init__(self, path: Path, text_field: str, domain_field: str):
         self._path, self._text_field, self._domain_field = path, text_field, domain_field
@@ -234,10 +228,8 @@ def open_source(config: DataConfig, seed: int, seq_len: int) -> DocumentSource:
 
 def data_fingerprint(source: DocumentSource, window_start: str) -> str:
     """What a checkpoint records as its data: the source's fingerprint, and how windows were cut.
-
-    Under "document" (the packing before data.window_start existed) it is the source's own, so
-    runs made before keep theirs; any other window start changes the windows, so the fingerprint.
-    """
+    Under "document" (the packing before data.window_start existed) the source's own, so earlier
+    runs keep theirs; any other window start changes the windows, so the fingerprint."""
     if window_start == "document":
         return source.fingerprint
     return hashlib.sha256(f"{source.fingerprint}-start-{window_start}".encode()).hexdigest()[:16]

@@ -1,17 +1,13 @@
-"""One code path for 1 process and for torchrun: FSDP2 (fully_shard) when WORLD_SIZE > 1, or in a
-process group the caller joined before training (of any size: one rank runs FSDP2 too, as
-tests/gpu/test_fsdp.py checks it against the unsharded run).
+"""One code path for 1 process and for torchrun: FSDP2 (fully_shard) when WORLD_SIZE > 1 or in a
+process group the caller joined (of any size: tests/gpu/test_fsdp.py checks one rank against the
+unsharded run). The group uses NCCL on CUDA, gloo on CPU (how the tests run 2 processes).
+Checkpoints hold full state dicts gathered to CPU, so any world size loads what any other wrote.
 
-On CUDA the process group uses NCCL, on CPU gloo (which is how the tests run 2 processes).
-Full (unsharded) state dicts are gathered to CPU for checkpoints, so a checkpoint written by
-8 GPUs loads in 1 process and the other way round.
-
-Rank 0 is the only process that reads or writes weights: on resume (or at the start) it reads the
-checkpoint (or builds/loads the model), the other ranks build the model on the meta device and
-receive their shards by broadcast; at a save it writes while the others wait. Those waits, as
-long as storage makes them, happen in a gloo group of their own with its own timeout
-(checkpoint.io_timeout_minutes), not in the training group, whose collective timeout (NCCL's
-10-minute watchdog) would otherwise kill the job at the first slow save.
+Rank 0 alone reads and writes weights: it reads the checkpoint (or builds/loads the model) while
+the others build theirs on the meta device and receive their shards by broadcast, and it saves
+while they wait. Those waits, as long as storage makes them, run in a gloo group with its own
+timeout (checkpoint.io_timeout_minutes), not in the training group, whose collective timeout
+(NCCL's 10-minute watchdog) would kill the job at the first slow save.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ class DistContext:
 
 
 def init_distributed() -> DistContext:
-    """Join the torchrun process group if there is one, or the one the caller initialised; pick
-    this process's device."""
+    """Join the torchrun process group, or the one the caller initialised; pick this process's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
     if world == 1 and not dist.is_initialized():
@@ -145,10 +140,9 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: Di
 def load_full_state(
     model, model_state: dict, ctx: DistContext, optimizer: torch.optim.Optimizer | None = None, optimizer_state=None
 ) -> None:
-    """Load unsharded weights and, given an optimizer, its state keyed by parameter name, as saved
-    by a run of any world size. strict=False: tied weights are stored once. Distributed, only rank
-    0 holds the full states (the others pass {}); each tensor is broadcast from it and sharded on
-    arrival."""
+    """Load full_state's weights and, given an optimizer, its state (strict=False: tied weights are
+    stored once). Distributed, only rank 0 holds them (the others pass {}): each tensor is broadcast
+    from it and sharded on arrival."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=ctx.distributed)

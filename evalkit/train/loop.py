@@ -49,13 +49,10 @@ def _chunk_loss(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.
 
 
 class MaskedLMLoss(torch.nn.Module):
-    """The HF model plus its training loss, as one module.
-
-    forward returns the sum of next-token cross-entropy over the targets loss_mask marks. The
-    vocabulary projection runs in recomputed chunks, so a 64K window with a 128K vocabulary
-    never holds all its logits at once. Wrapping matters for FSDP2: the loss reads the
-    embedding/head weights, which the root unit gathers only inside the root's forward.
-    """
+    """The HF model and its loss, the summed next-token cross-entropy over the targets loss_mask
+    marks, as one module: FSDP2's root unit gathers the head weights the loss reads only inside
+    the root's forward. The vocabulary projection runs in recomputed chunks, so a 64K window with a
+    128K vocabulary never holds all its logits at once."""
 
     def __init__(self, lm: PreTrainedModel, window_anchor: str = "window"):
         super().__init__()
@@ -105,11 +102,9 @@ def lr_lambda(config: TrainConfig):
 
 
 def _check_resume_config(saved: dict, config: TrainConfig) -> None:
-    """A resumed run must be the same run: only the step budget and schedule may change.
-
-    A setting added to evalkit after the run started is missing from its saved config: it takes
-    the default, which is what the run used (new settings default to the old behaviour).
-    """
+    """A resumed run must be the same run: only the step budget and schedule may change. A setting
+    added to evalkit after the run started, missing from its saved config, takes the default: what
+    the run used, new settings defaulting to the old behaviour."""
     current = config.to_dict()
     # The one setting whose default is not the old behaviour: a saved config without
     # data.window_start predates it, and its windows were packed as "document".
@@ -210,11 +205,10 @@ def compute_weights(model, config: TrainConfig, ctx):
 
 
 def autocast_context(config: TrainConfig, device: torch.device):
-    """bf16 autocast without its weight cache: a cached bf16 copy of every weight lives until the
-    forward ends, and buys nothing here, since each weight is cast once per forward (the loss's
-    head, used once per chunk, is recast per chunk) and, under gradient checkpointing, again in the
-    recomputation, which runs in an autocast region of its own. About 2 bytes per parameter of
-    peak memory (16 GB for an 8B model)."""
+    """bf16 autocast without its weight cache, whose bf16 copy of every weight lives until the forward
+    ends (2 bytes a parameter of peak memory: 16 GB for an 8B model) and saves no cast here: each
+    weight is cast once per forward (the head once per loss chunk), and the recomputation under
+    gradient checkpointing runs in an autocast region of its own."""
     if config.dtype != "bf16":
         return nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
@@ -336,7 +330,7 @@ def _refuse_unusable_run_dir(run_dir: Path) -> None:
     at the first save. The log is rewritten on start and step-N directories replaced on save: never
     a file of the user's."""
     check_output_dir(run_dir)
-    steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)] if run_dir.is_dir() else []
+    steps = [path for path in run_dir.glob("step-*") if ckpt.STEP_DIR.match(path.name)]
     ckpt.refuse_foreign_log(run_dir / METRICS)  # by the run's marker: other trainers log {"step", "loss"} too
     refuse_foreign(sorted(steps))
 
@@ -459,11 +453,11 @@ def _resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: distrib
     receive the small part (step, scheduler, data position, RNG) or rank 0's error, and the weights
     and optimizer state by broadcast later."""
     if not ctx.distributed:
-        return _read_resume_point(run_dir, config, resume, ctx)
+        return _read_resume_point(run_dir, config, resume)
     state, error = None, None
     if ctx.is_main:
         try:
-            state = _read_resume_point(run_dir, config, resume, ctx)
+            state = _read_resume_point(run_dir, config, resume)
         except UserError as err:
             error = str(err)
     small = None if state is None else {k: v for k, v in state.items() if k not in _RANK0_ONLY}
@@ -476,13 +470,12 @@ def _resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: distrib
 _RANK0_ONLY = ("optimizer", ckpt.MASTER_WEIGHTS)  # the trainer state's large parts: read by rank 0 alone
 
 
-def _read_resume_point(run_dir: Path, config: TrainConfig, resume: bool, ctx: distributed.DistContext) -> dict | None:
-    existing = ckpt.complete_checkpoints(run_dir)
-    if existing and not resume:
+def _read_resume_point(run_dir: Path, config: TrainConfig, resume: bool) -> dict | None:
+    if not resume and ckpt.complete_checkpoints(run_dir):
         raise UserError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another --out")
     resume_from = ckpt.newest_resumable(run_dir) if resume else None
     if resume_from is None:
-        if resume and ctx.is_main:
+        if resume:
             print(f"no checkpoint to resume in {run_dir}; starting from step 0", file=sys.stderr)
         return None
     meta = _read_meta(resume_from)

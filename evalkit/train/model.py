@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 
 from evalkit.attention import register_hf_attention
-from evalkit.attention.features import check_attention_supported
+from evalkit.attention.features import check_attention_supported, windows_shorter_than
 from evalkit.attention.hf import hf_name, set_rope_precision
 from evalkit.attention.kernels import default_implementation
 from evalkit.errors import UserError
-from evalkit.models.check import check_checkpoint, load_pretrained
+from evalkit.models.check import check_checkpoint, load_pretrained, load_tokenizer
 from evalkit.train.config import TrainConfig, model_directory
 
 
@@ -33,9 +33,7 @@ def recipe_tokenizer(config: TrainConfig):
 
         return builtin_tokenizer(config.data.vocab_size)
     if Path(name).is_dir():  # a local checkpoint: any fault in its files is one line naming the file
-        from evalkit.models.check import load_tokenizer as load_checkpoint_tokenizer
-
-        return load_checkpoint_tokenizer(name, trust_remote_code=config.model.trust_remote_code)
+        return load_tokenizer(name, trust_remote_code=config.model.trust_remote_code)
     from transformers import AutoTokenizer
 
     try:
@@ -105,11 +103,10 @@ def _checkpoint_config(config: TrainConfig, path: Path):
 
 def build_model(config: TrainConfig, tokenizer, device: torch.device, *, weights: bool = True, on_host: bool = False):
     """The model in fp32 (master weights) on `device`, with evalkit attention selected and q, k
-    rotated in config.rope_precision under autocast. on_host=True leaves the weights on the CPU,
-    attention still chosen for `device` (rank 0's full copy, which fills the other ranks' shards).
-    weights=False: parameters on the meta device (no memory, no read of model.path's weights),
-    buffers (RoPE frequencies, in no state dict) real on the CPU: the non-zero ranks' form before
-    rank 0's weights reach them by broadcast (train/distributed.py)."""
+    rotated in config.rope_precision under autocast. on_host=True: on the CPU, attention chosen for
+    `device` (rank 0's full copy, which fills the other ranks' shards). weights=False: parameters on
+    the meta device (no memory, model.path's weights unread), buffers (RoPE frequencies, in no state
+    dict) real on the CPU, as the other ranks hold it until rank 0's weights reach them."""
     from transformers import AutoModelForCausalLM
 
     register_hf_attention()
@@ -161,8 +158,6 @@ def _check_windows_with(attn: str, hf_config, config: TrainConfig) -> None:
     """flash counts a window inside each regrouped document: with the anchor prepended, or with
     interleaved documents, that is not the model's window (attention.kernels); refused here,
     before the first step, rather than inside it."""
-    from evalkit.attention.features import windows_shorter_than
-
     windowed = windows_shorter_than(hf_config, config.seq_len)
     if attn == hf_name("flash") and windowed and (config.paradigm.has_anchor or config.paradigm.interleaves):
         raise UserError(

@@ -58,15 +58,12 @@ def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
 
 @contextmanager
 def bf16_weights(model: torch.nn.Module) -> Iterator[None]:
-    """One process under bf16_full, for one optimizer step's forwards and backwards: the model's
-    parameters hold bf16 copies of the fp32 masters, and each bf16 gradient is added into an fp32
-    one as soon as it is made (accumulated in fp32, as DeepSpeed's bf16 optimizer does). On exit
-    the parameters hold the fp32 masters again, with their fp32 gradients, for clipping and AdamW.
-
-    Swapping the tensors behind the same Parameter objects keeps the optimizer, its state dict and
-    the checkpoints exactly as an fp32 run has them: the masters are the parameters. (Under FSDP2
-    the same regime is its mixed-precision policy: train.distributed.)
-    """
+    """One process under bf16_full, for one optimizer step's forwards and backwards: the parameters
+    hold bf16 copies of the fp32 masters, each bf16 gradient added into an fp32 one as soon as it is
+    made (as DeepSpeed's bf16 optimizer accumulates). On exit they hold the fp32 masters again, with
+    fp32 gradients, for clipping and AdamW. Swapping the tensors behind the same Parameter objects
+    keeps the optimizer, its state dict and the checkpoints as in an fp32 run: the masters are the
+    parameters. (Under FSDP2 the same regime is its mixed-precision policy: train.distributed.)"""
     params = [p for p in model.parameters() if p.requires_grad]
     masters = [p.data for p in params]
     grads: dict[int, torch.Tensor] = {}

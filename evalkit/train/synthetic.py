@@ -14,6 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 from functools import cache
+from itertools import accumulate
 
 from evalkit.corpus.prose import prose_documents
 
@@ -110,12 +111,9 @@ def _filler(rng: random.Random, chars: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RetrievalExample:
-    """A synthetic document and where its asked values stand, as character spans of `text`.
-
-    `facts[k]` is where the value answered by `answers[k]` is first stated (unpredictable: a
-    random number), `answers[k]` where the closing questions repeat it (predictable only by
-    looking back): the pair a retrieval check compares.
-    """
+    """A synthetic document and, as character spans of `text`, where each asked value is first
+    stated (`facts[k]`: a random number, unpredictable) and where the closing questions repeat it
+    (`answers[k]`: predictable only by looking back), the pair a retrieval check compares."""
 
     text: str
     facts: tuple[tuple[int, int], ...]
@@ -176,9 +174,8 @@ def _question(rng: random.Random, key: str, value: str, phrasing: str) -> str:
     noun, clause = rng.choice(nouns), rng.choice(clauses)
     question = rng.choice(VARIED_QUESTIONS).format(noun=noun, key=key, clause=clause)
     colon = rng.choice((":", ""))
-    return (
-        question + " " + rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
-    )
+    answer = rng.choice(VARIED_ANSWERS).format(noun=noun, key=key, clause=clause, colon=colon, value=value)
+    return f"{question} {answer}"
 
 
 def _sentence_start(pieces: list[str], sentence: str) -> int:
@@ -209,12 +206,9 @@ def _copy_item(rng: random.Random) -> str:
 
 def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
     """Copy document `index` (deterministic in the arguments): random items in segments, each
-    repeated after a random gap.
-
-    The repeat can be predicted only by finding the segment's earlier occurrence by its content
-    (its distance varies). `answers` span each repeat from its second item on (the first cannot
-    be foreseen), `facts` the same items where they first occur (the control).
-    """
+    repeated after a random gap, so predictable only by finding its earlier occurrence by content.
+    `answers` span each repeat from its second item on (the first cannot be foreseen), `facts` the
+    same items where they first occur (the control)."""
     rng = random.Random(f"copy-{SYNTHETIC_VERSION}-{seed}-{index}")
     tokens = round(2 ** rng.uniform(6, max(6.5, math.log2(max_tokens * 0.9))))
     items: list[str] = []
@@ -225,9 +219,7 @@ def copy_example(index: int, seed: int, max_tokens: int) -> RetrievalExample:
         first.append((len(items) + 1, len(items) + len(segment)))
         repeat.append((len(items) + len(segment) + len(gap) + 1, len(items) + 2 * len(segment) + len(gap)))
         items += segment + gap + segment
-    starts = [0]
-    for item in items:
-        starts.append(starts[-1] + len(item) + 1)
+    starts = list(accumulate((len(item) + 1 for item in items), initial=0))  # of each item in the text
 
     def span(item_range: tuple[int, int]) -> tuple[int, int]:  # characters of items [a, b)
         a, b = item_range
