@@ -381,34 +381,39 @@ class RulerBenchmark(Benchmark):
         )
 
 
-def _cell(entry: dict) -> tuple[str, int, str]:
-    """A summary's cell: task, length and encoding (a row or a skip written before encodings: standard)."""
-    return (entry["task"], int(entry["length"]), row_encoding(entry))
-
-
 def _cell_name(row: dict) -> str:
     label = row_encoding(row)
     return f"{row['task']}@{row['length']}" + ("" if label == STANDARD else f"@{label}")
 
 
+def earlier_cells(
+    benchmark: str, settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
+) -> tuple[list[dict], list[dict]]:
+    """The earlier summary's rows and skips of the cells (`cell`) this run did not touch, when both
+    were evaluated alike: the same settings' identity (count included; no cell's length or encoding
+    is part of it) and the same facts the engine resolved (engines.base.RESULT_FACTS); none
+    otherwise (their records stay in the logs). Kept rows are rewritten in this version's shape."""
+    now, then = summary["provenance"], earlier.get("provenance") or {}
+    alike = stored_identity(settings_type, now["settings"]) == stored_identity(settings_type, then.get("settings"))
+    if not alike or any((now["engine"] or {}).get(k) != (then.get("engine") or {}).get(k) for k in RESULT_FACTS):
+        return [], []
+    touched = {cell(entry) for entry in summary["rows"] + summary["skipped"]}
+    version = earlier.get("schema_version", 1)
+    rows = [
+        row_record(read_row(benchmark, row, version)) for row in earlier.get("rows", []) if cell(row) not in touched
+    ]
+    return rows, [skip for skip in earlier.get("skipped", []) if cell(skip) not in touched]
+
+
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
-    """The summary plus the earlier summary's cells this run did not touch, when both were
-    evaluated alike (count included): `--lengths 1k` then `--lengths 2k` into one --out keeps
-    both. Cells evaluated otherwise are dropped (their samples stay in their logs)."""
+    """The summary plus the earlier summary's cells this run did not touch (earlier_cells):
+    `--lengths 1k` then `--lengths 2k` into one --out keeps both."""
     if earlier is None:
         return summary
-    now, then = summary["provenance"], earlier.get("provenance") or {}
-    then_settings = then.get("settings") or {}
-    # The same settings' identity and the same facts the engine resolved (engines.base.RESULT_FACTS).
-    alike = stored_identity(RulerSettings, now["settings"]) == stored_identity(RulerSettings, then_settings) and all(
-        (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in RESULT_FACTS
-    )
-    touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
-    version = earlier.get("schema_version", 1)  # kept rows are rewritten in this version's shape
-    kept_rows = [row_record(read_row("ruler", row, version)) for row in earlier["rows"] if _cell(row) not in touched]
-    kept_skips = [s for s in earlier.get("skipped", []) if _cell(s) not in touched]
-    if not alike or not (kept_rows or kept_skips):
+    kept_rows, kept_skips = earlier_cells("ruler", RulerSettings, summary, earlier, _cell_name)
+    if not (kept_rows or kept_skips):
         return summary
+    now, then = summary["provenance"], earlier["provenance"]
     order = {task: i for i, task in enumerate(TASKS)}
     cell = lambda entry: (int(entry["length"]), order.get(entry["task"], len(order)), row_encoding(entry) != STANDARD)  # noqa: E731
     settings = now["settings"]
