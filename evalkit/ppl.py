@@ -334,13 +334,10 @@ class PplBenchmark(Benchmark):
         return self._tokens[ref.path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        from evalkit.ruler.runner import check_lengths_fit, check_packed_attention
+        from evalkit.ruler.runner import check_checkpoints
 
         self.documents()  # a bad --data is one line before any model loads
-        for ref in refs:
-            check_lengths_fit(ref, self.settings)
-            if self.settings.encoding != STANDARD:
-                check_packed_attention(ref, self.settings)
+        check_checkpoints(refs, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(TASK, length) for length in self.settings.lengths]

@@ -98,11 +98,15 @@ def parse_ruler_tasks(text: str) -> list[str]:
     return names
 
 
-def check_lengths_fit(ref: CheckpointRef, settings: RulerSettings) -> None:
-    """Before any work: every length fits the checkpoint's window."""
-    too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
-    if too_long:
-        raise beyond_window(str(too_long[0]), ref, settings.max_length)
+def check_checkpoints(refs: list[CheckpointRef], settings: RulerSettings) -> None:
+    """Before any model is loaded: every length fits each checkpoint's window, and an encoding
+    other than standard can be served on it (check_packed_attention)."""
+    for ref in refs:
+        too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
+        if too_long:
+            raise beyond_window(str(too_long[0]), ref, settings.max_length)
+        if settings.encoding != STANDARD:
+            check_packed_attention(ref, settings)
 
 
 def window_of(ref: CheckpointRef, max_length: int | None) -> int:
@@ -333,10 +337,7 @@ class RulerBenchmark(Benchmark):
         return self._tokenizers[path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        for ref in refs:
-            check_lengths_fit(ref, self.settings)
-            if self.settings.encoding != STANDARD:
-                check_packed_attention(ref, self.settings)
+        check_checkpoints(refs, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
