@@ -188,14 +188,6 @@ def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], re
     return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
 
 
-def _fed(engine, fmt: PromptFormat, text: str) -> str | list[int]:
-    """Base prompts as text (the engine adds the specials); chat prompts as token ids, since a
-    template that writes the BOS itself must not get a second."""
-    if fmt is BASE:
-        return text
-    return engine.tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]
-
-
 def _evaluate_task(
     engine: LazyEngine,
     tokenizer,
@@ -273,7 +265,11 @@ def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) ->
     """Greedy answers to each sample's prompt as one causal sequence."""
 
     def answer(chunk: list, prompts: list[str]) -> tuple[list[str], list[dict]]:
-        fed_prompts = [_fed(engine, fmt, text) for text in prompts]
+        # Base prompts as text (the engine adds the specials); chat prompts as token ids, since a
+        # template that writes the BOS itself must not get a second.
+        fed_prompts: list[str] | list[list[int]] = prompts
+        if fmt is not BASE:
+            fed_prompts = [engine.tokenizer(p, add_special_tokens=fmt.add_special_tokens)["input_ids"] for p in prompts]
         for sample, prompt in zip(chunk, fed_prompts):
             fed = engine.count_tokens(prompt)
             if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
@@ -354,11 +350,7 @@ class RulerBenchmark(Benchmark):
             )
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
-                why.details = {
-                    **why.details,
-                    "encoding": self.settings.encoding,
-                    "doc_tokens": self.settings.doc_tokens,
-                }
+                why.details |= {"encoding": self.settings.encoding, "doc_tokens": self.settings.doc_tokens}
             raise
         return UnitResult([row], data_key, computed=bool(generated))
 
