@@ -166,7 +166,6 @@ class CommonWordsTask(KindTask):
             self.demo_shape, self.repeats = (20, 3, 1), (6, 1)
         else:
             self.demo_shape, self.repeats = (40, 10, 3), (params["freq_cw"], params["freq_ucw"])
-        head, tail = CWE_TEMPLATE.split("{context}")
+        head, self.tail = CWE_TEMPLATE.split("{context}")
         self.head = head[:-1]  # the list's first entry carries the newline
-        self.tail = tail
         self.tables = _tables(ctx.counter)
