@@ -44,8 +44,8 @@ from evalkit.files import new_figure, write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
-from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
-from evalkit.store.result_format import STANDARD, ResultRow, encoding_label, read_row, row_record
+from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
+from evalkit.store.result_format import STANDARD, ResultRow, encoding_label
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import Unit, UnitStore
 from evalkit.sweep import options
@@ -334,13 +334,10 @@ class PplBenchmark(Benchmark):
         return self._tokens[ref.path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        from evalkit.ruler.runner import check_lengths_fit, check_packed_attention
+        from evalkit.ruler.runner import check_checkpoints
 
         self.documents()  # a bad --data is one line before any model loads
-        for ref in refs:
-            check_lengths_fit(ref, self.settings)
-            if self.settings.encoding != STANDARD:
-                check_packed_attention(ref, self.settings)
+        check_checkpoints(refs, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(TASK, length) for length in self.settings.lengths]
@@ -420,10 +417,21 @@ class PplBenchmark(Benchmark):
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
         """Per length and encoding: documents used of those read, and the loss per position bucket;
-        the earlier summary's cells this run did not touch, when it was scored alike (_kept_cells)."""
-        lengths = {_cell_name(r.detail): r.detail for r in results if r.detail}
-        summary = {**summary, "lengths": lengths}
-        return _kept_cells(summary, earlier) if earlier else summary
+        the earlier summary's cells this run did not touch, when it was scored alike (ruler.runner's
+        earlier_cells): standard, then anchor, into one --out is one summary."""
+        from evalkit.ruler.runner import earlier_cells
+
+        summary = {**summary, "lengths": {_cell_name(r.detail): r.detail for r in results if r.detail}}
+        if not earlier:
+            return summary
+        rows, skipped = earlier_cells(TASK, PplSettings, summary, earlier, _cell_name)
+        kept = {_cell_name(entry) for entry in rows + skipped}
+        lengths = {name: detail for name, detail in (earlier.get("lengths") or {}).items() if name in kept}
+        return summary | {
+            "rows": rows + summary["rows"],
+            "skipped": skipped + summary["skipped"],
+            "lengths": lengths | summary["lengths"],
+        }
 
     def average(self, rows: list[ResultRow]) -> Averages:
         cells: dict[tuple[str, str, int], list[float]] = {}
@@ -455,32 +463,6 @@ def _cell_name(entry: dict[str, Any]) -> str:
     """A row's, skip's or detail's cell, its key in the summary's "lengths": "4096", or "4096@anchor-512"."""
     label = encoding_label(entry.get("encoding"), entry.get("doc_tokens"))
     return str(entry["length"]) if label == STANDARD else f"{entry['length']}@{label}"
-
-
-def _kept_cells(summary: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
-    """The summary plus the earlier summary's cells (length, encoding) this run did not touch, when both
-    were scored alike (the settings' identity, which no cell's encoding or length is part of, and the
-    engine's result facts): standard, then anchor, into one --out is one summary. Cells scored
-    otherwise are dropped (their records stay in the logs)."""
-    from evalkit.engines.base import RESULT_FACTS
-
-    now, then = summary["provenance"], earlier.get("provenance") or {}
-    facts = [(info or {}).get(key) for info in (now["engine"], then.get("engine")) for key in RESULT_FACTS]
-    alike = stored_identity(PplSettings, now["settings"]) == stored_identity(PplSettings, then.get("settings"))
-    if not alike or facts[: len(RESULT_FACTS)] != facts[len(RESULT_FACTS) :]:
-        return summary
-    touched = {_cell_name(entry) for entry in summary["rows"] + summary["skipped"]}
-    version = earlier.get("schema_version", 1)  # kept rows are rewritten in this version's shape
-    rows = [
-        row_record(read_row(TASK, row, version)) for row in earlier.get("rows", []) if _cell_name(row) not in touched
-    ]
-    skipped = [skip for skip in earlier.get("skipped", []) if _cell_name(skip) not in touched]
-    lengths = {name: detail for name, detail in (earlier.get("lengths") or {}).items() if name not in touched}
-    return summary | {
-        "rows": rows + summary["rows"],
-        "skipped": skipped + summary["skipped"],
-        "lengths": lengths | summary["lengths"],
-    }
 
 
 def _document(record: dict[str, Any]) -> tuple[int, str] | None:

@@ -119,14 +119,14 @@ def compose_count(counter: TokenCounter, items: Sequence[Item], special: bool = 
     left = ""
     for item in items:
         if isinstance(item, Block):
-            pairs.append(("" if rough else left, item.first))
-            rest += item.rest
-            left = item.tail if len(item.tail) >= LEFT_CONTEXT_CHARS else (left + item.tail)[-LEFT_CONTEXT_CHARS:]
+            opening, tokens, tail = item.first, item.rest, item.tail
         elif item:
-            opening, chunk_tokens = counter.chunked(item)
-            pairs.append(("" if rough else left, opening))
-            rest += chunk_tokens
-            left = (left + item)[-LEFT_CONTEXT_CHARS:] if len(item) < LEFT_CONTEXT_CHARS else item[-LEFT_CONTEXT_CHARS:]
+            (opening, tokens), tail = counter.chunked(item), item
+        else:
+            continue
+        pairs.append(("" if rough else left, opening))
+        rest += tokens
+        left = (left + tail[-LEFT_CONTEXT_CHARS:])[-LEFT_CONTEXT_CHARS:]
     return (counter.specials if special else 0) + sum(counter.after_many(pairs)) + rest
 
 

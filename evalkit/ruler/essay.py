@@ -63,17 +63,12 @@ def _essays_from_json(path: Path) -> str:
     if isinstance(data, str):
         return data
     if isinstance(data, list):
-        texts = [_item_text(item) for item in data]
+        # each a string or {"text"|"content": str}; anything else (a number, a list, null) is refused below
+        texts = [(item.get("text") or item.get("content")) if isinstance(item, dict) else item for item in data]
         strings = [text for text in texts if isinstance(text, str)]
         if strings and len(strings) == len(texts):
             return "\n\n".join(strings)
     raise EssayError(f'essay file {path} must hold {{"text": ...}}, a list of strings, or a list of {{"text": ...}}')
-
-
-def _item_text(item: object) -> object:
-    if isinstance(item, dict):
-        return item.get("text") or item.get("content")
-    return item  # a string, or something the caller refuses (a number, a list, null)
 
 
 def essay_words(text: str) -> list[str]:

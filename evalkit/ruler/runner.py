@@ -98,11 +98,15 @@ def parse_ruler_tasks(text: str) -> list[str]:
     return names
 
 
-def check_lengths_fit(ref: CheckpointRef, settings: RulerSettings) -> None:
-    """Before any work: every length fits the checkpoint's window."""
-    too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
-    if too_long:
-        raise beyond_window(str(too_long[0]), ref, settings.max_length)
+def check_checkpoints(refs: list[CheckpointRef], settings: RulerSettings) -> None:
+    """Before any model is loaded: every length fits each checkpoint's window, and an encoding
+    other than standard can be served on it (check_packed_attention)."""
+    for ref in refs:
+        too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
+        if too_long:
+            raise beyond_window(str(too_long[0]), ref, settings.max_length)
+        if settings.encoding != STANDARD:
+            check_packed_attention(ref, settings)
 
 
 def window_of(ref: CheckpointRef, max_length: int | None) -> int:
@@ -184,14 +188,6 @@ def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], re
     return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
 
 
-def _fed(engine, fmt: PromptFormat, text: str) -> str | list[int]:
-    """Base prompts as text (the engine adds the specials); chat prompts as token ids, since a
-    template that writes the BOS itself must not get a second."""
-    if fmt is BASE:
-        return text
-    return engine.tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]
-
-
 def _evaluate_task(
     engine: LazyEngine,
     tokenizer,
@@ -269,7 +265,11 @@ def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) ->
     """Greedy answers to each sample's prompt as one causal sequence."""
 
     def answer(chunk: list, prompts: list[str]) -> tuple[list[str], list[dict]]:
-        fed_prompts = [_fed(engine, fmt, text) for text in prompts]
+        # Base prompts as text (the engine adds the specials); chat prompts as token ids, since a
+        # template that writes the BOS itself must not get a second.
+        fed_prompts: list[str] | list[list[int]] = prompts
+        if fmt is not BASE:
+            fed_prompts = [engine.tokenizer(p, add_special_tokens=fmt.add_special_tokens)["input_ids"] for p in prompts]
         for sample, prompt in zip(chunk, fed_prompts):
             fed = engine.count_tokens(prompt)
             if fed + spec.max_new_tokens > length:  # the sizing promise; a violation is a bug, not data
@@ -333,10 +333,7 @@ class RulerBenchmark(Benchmark):
         return self._tokenizers[path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        for ref in refs:
-            check_lengths_fit(ref, self.settings)
-            if self.settings.encoding != STANDARD:
-                check_packed_attention(ref, self.settings)
+        check_checkpoints(refs, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
@@ -353,11 +350,7 @@ class RulerBenchmark(Benchmark):
             )
         except Skipped as why:
             if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
-                why.details = {
-                    **why.details,
-                    "encoding": self.settings.encoding,
-                    "doc_tokens": self.settings.doc_tokens,
-                }
+                why.details |= {"encoding": self.settings.encoding, "doc_tokens": self.settings.doc_tokens}
             raise
         return UnitResult([row], data_key, computed=bool(generated))
 
@@ -381,34 +374,39 @@ class RulerBenchmark(Benchmark):
         )
 
 
-def _cell(entry: dict) -> tuple[str, int, str]:
-    """A summary's cell: task, length and encoding (a row or a skip written before encodings: standard)."""
-    return (entry["task"], int(entry["length"]), row_encoding(entry))
-
-
 def _cell_name(row: dict) -> str:
     label = row_encoding(row)
     return f"{row['task']}@{row['length']}" + ("" if label == STANDARD else f"@{label}")
 
 
+def earlier_cells(
+    benchmark: str, settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
+) -> tuple[list[dict], list[dict]]:
+    """The earlier summary's rows and skips of the cells (`cell`) this run did not touch, when both
+    were evaluated alike: the same settings' identity (count included; no cell's length or encoding
+    is part of it) and the same facts the engine resolved (engines.base.RESULT_FACTS); none
+    otherwise (their records stay in the logs). Kept rows are rewritten in this version's shape."""
+    now, then = summary["provenance"], earlier.get("provenance") or {}
+    alike = stored_identity(settings_type, now["settings"]) == stored_identity(settings_type, then.get("settings"))
+    if not alike or any((now["engine"] or {}).get(k) != (then.get("engine") or {}).get(k) for k in RESULT_FACTS):
+        return [], []
+    touched = {cell(entry) for entry in summary["rows"] + summary["skipped"]}
+    version = earlier.get("schema_version", 1)
+    rows = [
+        row_record(read_row(benchmark, row, version)) for row in earlier.get("rows", []) if cell(row) not in touched
+    ]
+    return rows, [skip for skip in earlier.get("skipped", []) if cell(skip) not in touched]
+
+
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
-    """The summary plus the earlier summary's cells this run did not touch, when both were
-    evaluated alike (count included): `--lengths 1k` then `--lengths 2k` into one --out keeps
-    both. Cells evaluated otherwise are dropped (their samples stay in their logs)."""
+    """The summary plus the earlier summary's cells this run did not touch (earlier_cells):
+    `--lengths 1k` then `--lengths 2k` into one --out keeps both."""
     if earlier is None:
         return summary
-    now, then = summary["provenance"], earlier.get("provenance") or {}
-    then_settings = then.get("settings") or {}
-    # The same settings' identity and the same facts the engine resolved (engines.base.RESULT_FACTS).
-    alike = stored_identity(RulerSettings, now["settings"]) == stored_identity(RulerSettings, then_settings) and all(
-        (now["engine"] or {}).get(k) == (then.get("engine") or {}).get(k) for k in RESULT_FACTS
-    )
-    touched = {_cell(entry) for entry in summary["rows"]} | {_cell(skip) for skip in summary["skipped"]}
-    version = earlier.get("schema_version", 1)  # kept rows are rewritten in this version's shape
-    kept_rows = [row_record(read_row("ruler", row, version)) for row in earlier["rows"] if _cell(row) not in touched]
-    kept_skips = [s for s in earlier.get("skipped", []) if _cell(s) not in touched]
-    if not alike or not (kept_rows or kept_skips):
+    kept_rows, kept_skips = earlier_cells("ruler", RulerSettings, summary, earlier, _cell_name)
+    if not (kept_rows or kept_skips):
         return summary
+    now, then = summary["provenance"], earlier["provenance"]
     order = {task: i for i, task in enumerate(TASKS)}
     cell = lambda entry: (int(entry["length"]), order.get(entry["task"], len(order)), row_encoding(entry) != STANDARD)  # noqa: E731
     settings = now["settings"]

@@ -44,16 +44,13 @@ class TaskKind:
 
     # The optional functions of this module's docstring, with their defaults.
     def data_identity(self, spec: TaskSpec, essays, qa_dir) -> list:
-        hook = getattr(self.load(), "data_identity", None)
-        return hook(spec, essays, qa_dir) if hook is not None else []
+        return getattr(self.load(), "data_identity", lambda *_: [])(spec, essays, qa_dir)
 
     def prompt_templates(self, spec: TaskSpec) -> list[str]:
-        hook = getattr(self.load(), "prompt_templates", None)
-        return hook(spec) if hook is not None else [spec.template]
+        return getattr(self.load(), "prompt_templates", lambda spec: [spec.template])(spec)
 
     def context_documents(self, context: str) -> list[str] | None:
-        hook = getattr(self.load(), "context_documents", None)
-        return hook(context) if hook is not None else None
+        return getattr(self.load(), "context_documents", lambda _: None)(context)
 
 
 KINDS = {

@@ -48,13 +48,6 @@ def _tables(counter: TokenCounter) -> dict:
     return counter.tables["cwe"]
 
 
-def _extra_table(counter: TokenCounter) -> WordTable:
-    tables = _tables(counter)
-    if "extra" not in tables:
-        tables["extra"] = WordTable.counted(counter, extra_prose_words())
-    return tables["extra"]
-
-
 _LABELS: list[str] = []
 
 
@@ -102,7 +95,10 @@ class CommonWordsPlan(KindPlan["CommonWordsTask"]):
 
     def _add_extra_words(self, seed: int) -> None:
         """Beyond wonderwords' words: its words all first (in random order), then prose words."""
-        extra = _extra_table(self.ctx.counter)
+        tables = self.task.tables
+        if "extra" not in tables:  # counted once per tokenizer, when a list first needs them
+            tables["extra"] = WordTable.counted(self.ctx.counter, extra_prose_words())
+        extra = tables["extra"]
         tail = len(self.table.words) + np.random.default_rng(seed).permutation(len(extra.words))
         self.order = np.concatenate([self.order, tail])
         self.table = self.table + extra
@@ -170,7 +166,6 @@ class CommonWordsTask(KindTask):
             self.demo_shape, self.repeats = (20, 3, 1), (6, 1)
         else:
             self.demo_shape, self.repeats = (40, 10, 3), (params["freq_cw"], params["freq_ucw"])
-        head, tail = CWE_TEMPLATE.split("{context}")
+        head, self.tail = CWE_TEMPLATE.split("{context}")
         self.head = head[:-1]  # the list's first entry carries the newline
-        self.tail = tail
         self.tables = _tables(ctx.counter)

@@ -119,8 +119,7 @@ class FrequentWordsTask(KindTask):
         alpha = params["alpha"]
         ranks = np.arange(1, self.vocab_size + 1, dtype=np.float64)
         self.weights = ranks**-alpha / zeta(alpha)
-        head, tail = FWE_TEMPLATE.split(" {context}")
-        self.head, self.tail = head, tail  # every coded word carries its leading space
+        self.head, self.tail = FWE_TEMPLATE.split(" {context}")  # every coded word carries its leading space
         self.min_size = smallest_valid_size(self.weights)
 
     def coarse(self) -> Coarse:

@@ -122,10 +122,8 @@ class DistractorStream(GrowingStream):
         """n keys (as ` KEY is:` pieces) and their tokens, skipping any real key."""
         if self.words is None:
             pool = self.pools["keys"]
-            picked = [
-                int(i) for i in self._take("keys", n + len(self.real_keys)) if pool.values[i] not in self.real_keys
-            ]
-            picked = picked[:n]
+            drawn = self._take("keys", n + len(self.real_keys))
+            picked = [int(i) for i in drawn if pool.values[i] not in self.real_keys][:n]
             return pool.pieces[picked].tolist(), pool.counts[picked]
         adjectives, adjective_counts, nouns, noun_counts = self.words
         a = self.rng.integers(len(adjectives), size=n)

@@ -65,11 +65,8 @@ def dataset_path(dataset: str, qa_dir: str | Path | None) -> Path | None:
     """The dataset's file in qa_dir (None when qa_dir is not given)."""
     if qa_dir is None:
         return None
-    names = DATASETS[dataset][1]
-    for name in names:
-        if (Path(qa_dir) / name).is_file():
-            return Path(qa_dir) / name
-    return Path(qa_dir) / names[0]
+    paths = [Path(qa_dir) / name for name in DATASETS[dataset][1]]
+    return next((path for path in paths if path.is_file()), paths[0])
 
 
 def data_identity(spec: TaskSpec, essays, qa_dir) -> list:

@@ -84,9 +84,8 @@ class VariableTrackingTask(KindTask):
         super().__init__(ctx)
         self.num_hops = ctx.spec.params["num_hops"]
         self.noise = RepeatedLine(ctx.counter, NOISE_LINE)
-        head, tail = VT_TEMPLATE.split("{context}")
+        head, self.tail_template = VT_TEMPLATE.split("{context}")
         self.head = head[:-1]  # lines carry their own leading newline
-        self.tail_template = tail
         self.demo_lines = self._demo_size()
 
     def chain_items(self, lines: int, chain: list[str], position_seed: int) -> list[Item]:
