@@ -768,19 +768,18 @@ def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
         ValueError("could not save"),  # not a full disk: must stay a traceback, not be disguised
     ],
 )
-def test_a_full_disk_is_one_line_and_other_errors_are_not_hidden(monkeypatch, capsys, error):
+def test_a_full_disk_is_one_line_and_other_errors_are_not_hidden(capsys, error):
     import evalkit.cli as cli
 
     def failing_app():
         raise error
 
-    monkeypatch.setattr(cli, "app", failing_app)
     if isinstance(error, ValueError):
         with pytest.raises(ValueError):
-            cli.main()
+            cli.main(failing_app)
         return
     with pytest.raises(SystemExit) as exited:
-        cli.main()
+        cli.main(failing_app)
     assert exited.value.code == 2
     message = capsys.readouterr().err.strip()
     assert len(message.splitlines()) == 1 and message.startswith("error: no space left on the device")

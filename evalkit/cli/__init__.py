@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 
 import typer
 
@@ -23,7 +24,7 @@ for _name, _module in BENCHMARK_COMMANDS.items():
     app.command(_name)(importlib.import_module(_module).command)
 
 
-def main(application: typer.Typer = app) -> None:
+def main(application: Callable[[], object] = app) -> None:
     """Entry point (of `evalkit`, and of `python -m benchmarks` with its own app): user errors become
     one line on stderr and exit status 2."""
     import signal
