@@ -20,6 +20,7 @@ import functools
 import hashlib
 import importlib
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -68,7 +69,7 @@ KINDS = {
 TaskT = TypeVar("TaskT", bound="KindTask")
 
 
-class KindPlan(Generic[TaskT]):
+class KindPlan(ABC, Generic[TaskT]):
     """One sample's fixed random choices, its haystack size still open (fitting sizes it): a kind's
     plan sets min_size, prefix, outputs and items(); the search's rough estimate and its guess
     (the smallest prompt plus per_unit() tokens per unit) are shared."""
@@ -82,11 +83,13 @@ class KindPlan(Generic[TaskT]):
         self.task, self.ctx = task, task.ctx
         self.position_seed = task.ctx.seed_for(index, "positions")
 
+    @abstractmethod
     def items(self, size: int) -> list[Item]:
-        raise NotImplementedError  # each kind's plan lays out its own prompt pieces
+        """The prompt's pieces at `size` units, as each kind lays them out."""
 
     def per_unit(self) -> float:
-        raise NotImplementedError  # each kind's plan says what one more unit costs in tokens
+        """What one more unit costs in tokens: the shared guess's slope (fwe guesses its own way)."""
+        raise NotImplementedError
 
     def estimate(self, size: int) -> int:
         return compose_count(self.ctx.counter, self.items(size), rough=True)
