@@ -79,10 +79,7 @@ class _Piece:
     """The tokens one document contributes to this window, with its specials."""
 
     token_ids: list[int]
-    prefix_len: int  # tag and/or BOS at its start
-    # A continued document given a BOS at the window's start: its first content token lost its
-    # context with the cut, so it is not a target (as the first token behind the anchor is not).
-    cut_context: bool = False
+    prefix_len: int  # tag and/or BOS at its start: tokens of no document, never targets
 
 
 def _as_documents(docs: Sequence[Sequence[int] | Document], domain_tags: Sequence[int] | None) -> list[Document]:
@@ -105,10 +102,9 @@ def _piece(doc: Document, paradigm: Paradigm, bos_id: int, eos_id: int, opens_bo
         if doc.tag is None:
             raise ValueError(f"paradigm {paradigm} needs a domain tag for every document (pass domain_tags=)")
         prefix.append(doc.tag)
-    cut_context = doc.continued and opens_bos_window and not paradigm.has_anchor
-    if not paradigm.has_anchor and (not doc.continued or cut_context):
+    if not paradigm.has_anchor and (not doc.continued or opens_bos_window):
         prefix.append(bos_id)
-    return _Piece(prefix + list(doc.tokens) + [eos_id], len(prefix), cut_context)
+    return _Piece(prefix + list(doc.tokens) + [eos_id], len(prefix))
 
 
 def _fill_window(
@@ -129,7 +125,7 @@ def _fill_window(
             continue
         if room < prefix_len + 1:  # not even one content token fits: the rest of the window is padding
             return pieces, None, consumed
-        pieces.append(_Piece(token_ids[:room], prefix_len, piece.cut_context))
+        pieces.append(_Piece(token_ids[:room], prefix_len))
         rest = doc.tokens[room - prefix_len :]  # the content tokens that did not fit
         # When only the EOS was cut, the document is complete: nothing is carried.
         leftover = Document(tokens=list(rest), tag=doc.tag, continued=True) if rest else None
@@ -184,12 +180,12 @@ def pack(
     loader passes a different seed per window. Padding (eos_id, PAD_DOC_ID, no loss) fills the
     end only when the documents run out. window_start: "bos" or "document" (module docstring).
 
-    Trained targets, one rule for every paradigm and window_start: a token is a target when the
-    token before it is in its own document piece and has the piece's context. So never position
-    0, a piece's first token (a BOS, a tag, or the first content token behind the anchor), a
-    chunk that resumes a document after another one's, padding, and, under "bos", the first
-    content token after the BOS a continued document gets at the window's start: its context
-    was cut, as the first token behind the anchor has none.
+    Trained targets, one rule for every paradigm and window_start: input_ids[i] is a target iff
+    it and the token before it belong to the same document piece, where a piece's tokens are its
+    content and its EOS; the anchor, BOS, tags and padding belong to none. So a piece's first
+    content token (predicted from a BOS, a tag, the anchor or another document; a carried piece's
+    context was cut) is never a target, its EOS is, and so is every other content token but the
+    first of a chunk that resumes a document after another's (interleaving).
     """
     paradigm = Paradigm.parse(paradigm)
     if seq_len < 2:
@@ -211,13 +207,11 @@ def pack(
     else:
         chunks = [(d, piece.token_ids, 0) for d, piece in enumerate(pieces)]
 
-    cut_targets = []  # window indices of the first content token behind a window-start BOS
+    in_doc = [0] * len(ids)  # per token: its piece's doc id for content and EOS, 0 for any other
     for d, chunk_ids, offset in chunks:
         # Reset restarts each document at 0; every other paradigm counts window positions.
         start = offset if paradigm.resets_positions else len(ids)
-        first_content = pieces[d].prefix_len - offset
-        if pieces[d].cut_context and 0 <= first_content < len(chunk_ids):
-            cut_targets.append(len(ids) + first_content)
+        in_doc.extend(0 if offset + k < pieces[d].prefix_len else d + 1 for k in range(len(chunk_ids)))
         ids.extend(chunk_ids)
         doc_ids.extend([d + 1] * len(chunk_ids))
         positions.extend(range(start, start + len(chunk_ids)))
@@ -228,17 +222,15 @@ def pack(
     doc_ids.extend([PAD_DOC_ID] * num_pad)
     positions.extend(range(start, start + num_pad))
 
-    doc_tensor = torch.tensor(doc_ids, dtype=torch.long)
-    # A target is trainable when its predictor (the token before it) is in the same document;
-    # the rest of the rule (the docstring's) is the cut targets.
+    # The docstring's rule: a target and its predictor (the token before it) are in one piece.
+    in_doc_tensor = torch.tensor(in_doc + [0] * num_pad, dtype=torch.long)
     loss_mask = torch.zeros(seq_len, dtype=torch.bool)
-    loss_mask[1:] = (doc_tensor[1:] == doc_tensor[:-1]) & (doc_tensor[1:] != PAD_DOC_ID)
-    loss_mask[cut_targets] = False
+    loss_mask[1:] = (in_doc_tensor[1:] == in_doc_tensor[:-1]) & (in_doc_tensor[1:] > 0)
 
     return PackedSequence(
         input_ids=torch.tensor(ids, dtype=torch.long),
         position_ids=torch.tensor(positions, dtype=torch.long),
-        doc_ids=doc_tensor,
+        doc_ids=torch.tensor(doc_ids, dtype=torch.long),
         loss_mask=loss_mask,
         paradigm=paradigm,
         leftover=leftover,

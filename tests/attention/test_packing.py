@@ -78,7 +78,8 @@ def test_full_layout():
     assert p.input_ids.tolist() == [1, 10, 11, 2, 1, 20, 2, 1, 30, 31]
     assert p.position_ids.tolist() == list(range(10))
     assert p.doc_ids.tolist() == [1, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert p.loss_mask.tolist() == [False, True, True, True, False, True, True, False, True, True]
+    # No loss on a BOS, nor on the token after it (predicted from no document).
+    assert p.loss_mask.tolist() == [False, False, True, True, False, False, True, False, False, True]
     assert p.leftover == Document(tokens=[32], tag=None, continued=True)
     assert p.num_consumed == 3
     assert torch.equal(reference_mask(p), CAUSAL_10)
@@ -91,7 +92,7 @@ def test_intra_doc_layouts(paradigm):
     assert p.input_ids.tolist() == [1, 10, 11, 2, 1, 20, 2, 1, 30, 31]
     expected_pos = [0, 1, 2, 3, 0, 1, 2, 0, 1, 2] if paradigm == "intra_doc_reset" else list(range(10))
     assert p.position_ids.tolist() == expected_pos
-    assert p.loss_mask.tolist() == [False, True, True, True, False, True, True, False, True, True]
+    assert p.loss_mask.tolist() == [False, False, True, True, False, False, True, False, False, True]
     assert torch.equal(reference_mask(p), INTRA_DOC_10)
 
 
@@ -110,7 +111,8 @@ def test_anchor_tag_layout_and_carry():
     p = pack(DOCS, 10, "anchor_tag", bos_id=BOS, eos_id=EOS, domain_tags=TAGS)
     assert p.input_ids.tolist() == [1, 101, 10, 11, 2, 102, 20, 2, 103, 30]
     assert p.doc_ids.tolist() == [0, 1, 1, 1, 1, 2, 2, 2, 3, 3]
-    assert p.loss_mask.tolist() == [False, False, True, True, True, False, True, True, False, True]
+    # No loss on the anchor, the tags, nor the token after a tag.
+    assert p.loss_mask.tolist() == [False, False, False, True, True, False, False, True, False, False]
     assert torch.equal(reference_mask(p), ANCHOR_TAG_10)
     assert p.leftover == Document(tokens=[31, 32], tag=103, continued=True)
     with pytest.raises(ValueError, match="domain tag"):
@@ -123,7 +125,7 @@ def test_carry_into_next_window_without_bos():
     nxt = pack([p.leftover, [40, 41]], 8, "intra_doc", bos_id=BOS, eos_id=EOS, window_start="document")
     assert nxt.input_ids.tolist() == [32, 2, 1, 40, 41, 2, 2, 2]
     assert nxt.doc_ids.tolist() == [1, 1, 2, 2, 2, 2, PAD_DOC_ID, PAD_DOC_ID]
-    assert nxt.loss_mask.tolist() == [False, True, False, True, True, True, False, False]
+    assert nxt.loss_mask.tolist() == [False, True, False, False, True, True, False, False]
     assert nxt.leftover is None
 
 
@@ -131,7 +133,8 @@ def test_anchor_tag_carried_piece_keeps_tag():
     rest = Document(tokens=[31, 32], tag=103, continued=True)
     nxt = pack([rest, Document([40], tag=104)], 8, "anchor_tag", bos_id=BOS, eos_id=EOS)
     assert nxt.input_ids.tolist() == [1, 103, 31, 32, 2, 104, 40, 2]
-    assert nxt.loss_mask.tolist() == [False, False, True, True, True, False, True, True]
+    # 31 follows its tag, not 30: its context was cut, so it is no target.
+    assert nxt.loss_mask.tolist() == [False, False, False, True, True, False, False, True]
 
 
 def test_padding_when_documents_run_out():
@@ -139,7 +142,7 @@ def test_padding_when_documents_run_out():
     assert p.input_ids.tolist() == [1, 10, 2, 2, 2, 2]
     assert p.doc_ids.tolist() == [1, 1, 1, PAD_DOC_ID, PAD_DOC_ID, PAD_DOC_ID]
     assert p.position_ids.tolist() == [0, 1, 2, 0, 1, 2]
-    assert p.loss_mask.tolist() == [False, True, True, False, False, False]
+    assert p.loss_mask.tolist() == [False, False, True, False, False, False]
 
 
 def test_window_too_small_for_next_document_pads():
@@ -188,7 +191,7 @@ def test_interleaved_layout(monkeypatch):
     assert p.position_ids.tolist() == list(range(18))
     # A chunk that resumes a document right after another document gets no loss on its first token.
     assert p.loss_mask.tolist() == [
-        False, True, True, False, True, False, True, True, True,
+        False, False, True, False, False, False, False, True, True,
         False, True, True, False, False, True, True, False, True,
     ]  # fmt: skip
     assert torch.equal(reference_mask(p), INTERLEAVED_MASK)

@@ -48,8 +48,8 @@ def test_a_carried_rest_opens_its_window_with_a_bos_and_its_first_token_is_no_ta
     assert p.input_ids.tolist() == [BOS, 32, EOS, BOS, 40, 41, EOS, EOS]
     assert p.doc_ids.tolist() == [1, 1, 1, 2, 2, 2, 2, PAD_DOC_ID]  # the BOS belongs to the carried piece
     assert p.position_ids.tolist() == positions
-    # 32 follows the window-start BOS but its context was cut: no target, as behind the anchor.
-    assert p.loss_mask.tolist() == [F, F, T, F, T, T, T, F]
+    # 32 and 40 follow a BOS, a token of no document: no targets, as behind the anchor.
+    assert p.loss_mask.tolist() == [F, F, T, F, F, T, T, F]
 
 
 def test_the_old_layout_under_document():
@@ -57,7 +57,7 @@ def test_the_old_layout_under_document():
     p = pack([rest, [40, 41]], 8, "intra_doc", bos_id=BOS, eos_id=EOS, window_start="document")
     assert p.input_ids.tolist() == [32, EOS, BOS, 40, 41, EOS, EOS, EOS]
     assert p.doc_ids.tolist() == [1, 1, 2, 2, 2, 2, PAD_DOC_ID, PAD_DOC_ID]
-    assert p.loss_mask.tolist() == [F, T, F, T, T, T, F, F]
+    assert p.loss_mask.tolist() == [F, T, F, F, T, T, F, F]
 
 
 def test_a_carried_rest_cut_again_carries_on_with_a_bos_each_window():
@@ -67,7 +67,7 @@ def test_a_carried_rest_cut_again_carries_on_with_a_bos_each_window():
     assert first.leftover == Document(tokens=[53, 54], continued=True)
     second = pack([first.leftover, [60]], 8, "full", bos_id=BOS, eos_id=EOS)
     assert second.input_ids.tolist() == [BOS, 53, 54, EOS, BOS, 60, EOS, EOS]
-    assert second.loss_mask.tolist() == [F, F, T, T, F, T, T, F]
+    assert second.loss_mask.tolist() == [F, F, T, T, F, F, T, F]
 
 
 @pytest.mark.parametrize("paradigm", ["anchor", "anchor_interleaved"])
@@ -83,14 +83,14 @@ def test_anchor_windows_are_the_same_under_both_settings(paradigm):
 
 def test_interleaved_window_with_a_carried_rest(monkeypatch):
     """tests/attention/test_packing.py's interleaved example, its first document now a carried rest:
-    the same layout (the rest gets the BOS a new document has), one target fewer (its 10)."""
+    the same layout (the rest gets the BOS a new document has) and the same targets."""
     monkeypatch.setattr(packing, "INTERLEAVE_MIN_LEN", 4)
     monkeypatch.setattr(packing, "INTERLEAVE_MIN_GAP", 1)
     docs = [Document([10, 11, 12, 13, 14, 15], continued=True), [20, 21, 22, 23, 24], [30, 31]]
     p = pack(docs, 18, "intra_doc_interleaved", bos_id=BOS, eos_id=EOS, seed=0)
     assert p.input_ids.tolist() == [1, 30, 31, 1, 10, 1, 20, 21, 22, 11, 12, 13, 23, 14, 15, 2, 24, 2]
     assert p.loss_mask.tolist() == [
-        F, T, T, F, F, F, T, T, T,
+        F, F, T, F, F, F, F, T, T,
         F, T, T, F, F, T, T, F, T,
     ]  # fmt: skip
 
