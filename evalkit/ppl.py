@@ -421,8 +421,14 @@ class PplBenchmark(Benchmark):
         earlier_cells): standard, then anchor, into one --out is one summary."""
         from evalkit.ruler.runner import earlier_cells
 
-        summary = {**summary, "lengths": {_cell_name(r.detail): r.detail for r in results if r.detail}}
-        if not earlier:
+        # what was scored: --data's name (builtin, a file's or folder's) and a hash of the documents read,
+        # so that the leaderboard never tables perplexities of two data sets as one
+        data = self.settings.data
+        name = data if data == "builtin" else Path(data).name
+        digest = hashlib.sha256(json.dumps(self.documents()).encode()).hexdigest()[:16]
+        summary = {**summary, "eval_data": {"name": name, "sha256": digest}}
+        summary["lengths"] = {_cell_name(r.detail): r.detail for r in results if r.detail}
+        if not earlier or earlier.get("eval_data") != summary["eval_data"]:  # other documents: not one table
             return summary
         rows, skipped = earlier_cells(TASK, PplSettings, summary, earlier, _cell_name)
         kept = {_cell_name(entry) for entry in rows + skipped}
@@ -475,15 +481,24 @@ def _document(record: dict[str, Any]) -> tuple[int, str] | None:
 
 
 def checkpoint_table(rows: list[ResultRow]) -> str:
-    """One line per checkpoint and metric: its value at each length."""
+    """One line per checkpoint and metric: its value at each length; LongPPL over no key token says so, and why."""
+    from evalkit.results.leaderboard import NO_KEY_TOKENS
+
     lengths = sorted({row.length for row in rows if row.length is not None})
     rows = [replace(row, run=row.series()) for row in rows]  # an encoding other than standard: a series of its own
     cells = {(row.run, row.step, row.metric, row.length): row for row in rows}
     lines = []
     for run, step, metric in sorted({(row.run, row.step, row.metric) for row in rows}):
         found = [cells.get((run, step, metric, n)) for n in lengths]
-        lines.append([run, step, metric, *(f"{r.value:.3f} ({r.n})" if r and r.value else "–" for r in found)])
-    return markdown_table(["run", "step", "metric", *(f"{length_label(n)} (docs)" for n in lengths)], lines)
+        lines.append([run, step, metric, *(_value_cell(r) for r in found)])
+    table = markdown_table(["run", "step", "metric", *(f"{length_label(n)} (docs)" for n in lengths)], lines)
+    return f"{table}\n\n{NO_KEY_TOKENS}." if any(row.value is None for row in rows) else table
+
+
+def _value_cell(row: ResultRow | None) -> str:
+    if row is None:
+        return "–"
+    return f"{row.value:.3f} ({row.n})" if row.value is not None else f"0 key tokens ({row.n})"  # LongPPL's only None
 
 
 def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:

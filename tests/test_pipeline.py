@@ -242,7 +242,7 @@ def test_a_new_benchmark_reaches_the_leaderboard_through_the_one_schema(two_chec
     # Its own section, with the title its summaries record, one column per task/metric:
     # the mean over the two checkpoints, (3 + 7) / 2 = 5, and what the run was evaluated on.
     assert "## Toy benchmark (mean over checkpoints)\n" in markdown  # its rows hold no stderr: the heading says none
-    assert "| run | paradigm | model | data | long chars | short chars |" in markdown
+    assert "| run | paradigm | model | training data | long chars | short chars |" in markdown
     assert "| toy-run | anchor | ? | ? | 5.0000 | 5.0000 |" in markdown
     assert "- toy toy-run: engine fake" in markdown
 

@@ -25,8 +25,8 @@ from evalkit.results.summaries import (
     FAILED_SUFFIX,
     GENERAL_SUMMARY,
     RULER_SUMMARY,
-    find_summaries,
     not_read_note,
+    summary_files,
 )
 from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
 from evalkit.store.result_format import (
@@ -45,6 +45,7 @@ from evalkit.store.result_format import (
 # What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
 # this order, after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
+CHECKPOINT_HEADER = ("paradigm", "model", "training data")  # not the data a benchmark evaluated on
 ColumnValues = dict[tuple[str, str], tuple[float, float | None]]  # (run, column) -> (mean, mean stderr)
 
 
@@ -90,6 +91,7 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
             "samples": settings.get("num_samples"),
             "seed": settings.get("seed"),
             "sizing": settings.get("sizing", "exact"),
+            "prompt_format": settings.get("prompt_format", "base"),  # another prompt: another task
         }
         if info.settings and info.settings != key:
             raise UserError(
@@ -165,7 +167,7 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int
         behind = _behind(mine, info.settings.get("samples"))
         mark = " †" if run in differs else ""
         table.append([f"{run}{mark}", *info.described, ", ".join(map(str, sorted(info.steps))), *text, avg, behind])
-    header = ["run", *CHECKPOINT_COLUMNS, "steps", *map(_label, lengths), "avg", "behind each value"]
+    header = ["run", *CHECKPOINT_HEADER, "steps", *map(_label, lengths), "avg", "behind each value"]
     return markdown_table(header, table)
 
 
@@ -231,31 +233,78 @@ def settings_notes(infos: dict[str, RunInfo]) -> str:
         s = infos[run].settings
         lines.append(
             f"- {run}: tasks {', '.join(s.get('tasks', []))}; {s.get('samples')} samples; seed {s.get('seed')}; "
-            f"sizing {s.get('sizing', 'exact')}"
+            f"sizing {s.get('sizing', 'exact')}; prompt format {s.get('prompt_format', 'base')}"
         )
     return "\n".join(lines)
 
 
-def headline_rows(general: list[dict]) -> list[ResultRow]:
-    """The rows of the tasks users asked for (mmlu itself, not its 57 subjects), in the one schema."""
-    rows = [row for summary in general for row in summary_rows(summary)]
-    return [row for row in rows if (row.requested or row.task) == row.task and row.value is not None]
+Shown = tuple[ResultRow, str]  # a row the board tables, with what it was measured on beyond its column ("": nothing)
+NO_KEY_TOKENS = (
+    "0 key tokens: no token's log-probability gained enough from the long context "
+    "(LongPPL needs L well above its short window)"
+)
 
 
-def benchmark_cells(rows: list[ResultRow], separator: str = " ") -> ColumnValues:
-    """(run, column) -> the mean over its checkpoints and the mean of their stderrs (None where none
-    is recorded): one column per task/metric (and length)."""
+def eval_data_label(summary: dict) -> str:
+    """The evaluation data a summary records (ppl's `eval_data`: --data's name and a hash of the
+    documents read), "" for a benchmark that records none; a ppl summary written before it: --data's
+    name, its documents unrecorded."""
+    data = summary.get("eval_data")
+    if isinstance(data, dict):
+        return f"{data.get('name', '?')} (sha256 {str(data.get('sha256', '?'))[:8]})"
+    given = ((summary.get("provenance") or {}).get("settings") or {}).get("data")
+    if summary.get("benchmark") == "ppl" and isinstance(given, str):
+        return f"{Path(given).name or given} (documents not recorded)"
+    return ""
+
+
+def shown_rows(summary: dict) -> list[Shown]:
+    """A non-RULER summary's rows as the board tables them, each with what it was measured on beyond
+    its task, metric and length: ppl's evaluation data, lm-eval's shots and --limit. Of lm-eval's rows,
+    those of the tasks users asked for (mmlu itself, not its 57 subjects). A row without a number is
+    kept: its cell says why (_no_number)."""
+    rows = summary_rows(summary)
+    if summary.get("benchmark") == "general":
+        rows = [row for row in rows if (row.requested or row.task) == row.task]
+    data = eval_data_label(summary)
+    limit = ((summary.get("provenance") or {}).get("settings") or {}).get("limit")
+    limited = f", limit {limit}" if limit is not None else ""
+    return [(row, data or ("" if row.num_fewshot is None else f"{row.num_fewshot}-shot{limited}")) for row in rows]
+
+
+def _columns(shown: list[Shown], separator: str) -> list[str]:
+    """Each row's column: task/metric (an lm-eval filter other than none: a metric of its own) and
+    length, split by what the rows were measured on where one column's rows differ there: numbers
+    from two data sets (or shots) never stand in one column."""
+    bases = [
+        f"{row.task}{separator}{row.metric}"
+        + (f" ({row.filter})" if row.filter not in (None, "none") else "")
+        + (f" @ {_label(row.length)}" if row.length is not None else "")
+        for row, _ in shown
+    ]
+    measured: dict[str, set[str]] = defaultdict(set)
+    for base, (_, on) in zip(bases, shown):
+        measured[base].add(on)
+    return [base if len(measured[base]) == 1 else f"{base}{separator}[{on}]" for base, (_, on) in zip(bases, shown)]
+
+
+def benchmark_cells(shown: list[Shown], separator: str = " ") -> ColumnValues:
+    """(run, column) -> the mean over its checkpoints with a number and the mean of their stderrs (None
+    where none is recorded): one column per task/metric (and length; _columns)."""
     values: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
-    for row in rows:
-        if row.value is None:  # no number to show (lm-eval's NaN); headline_rows leaves these out already
-            continue
-        column = f"{row.task}{separator}{row.metric}" + (f" @ {_label(row.length)}" if row.length is not None else "")
-        values[(row.series(), column)].append((row.value, row.stderr))  # an encoding: a series of its own
+    for (row, _), column in zip(shown, _columns(shown, separator)):
+        if row.value is not None:
+            values[(row.series(), column)].append((row.value, row.stderr))  # an encoding: a series of its own
     cells: ColumnValues = {}
     for key, found in values.items():
         errors = [error for _, error in found if error is not None]
         cells[key] = (statistics.fmean(value for value, _ in found), statistics.fmean(errors) if errors else None)
     return cells
+
+
+def _no_number(row: ResultRow) -> str:
+    """Why a row holds no number: LongPPL over no key token, or the benchmark's NaN (lm-eval's)."""
+    return "0 key tokens" if "longppl" in row.metric else "no number"
 
 
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
@@ -266,17 +315,43 @@ def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
     return {run: {step: statistics.fmean(means) for step, means in steps.items()} for run, steps in per_step.items()}
 
 
-def benchmark_table(rows: list[ResultRow]) -> str:
-    """Any benchmark's rows: one line per run, one column per task/metric (and length, where
-    there is one), each the mean over the run's checkpoints ± the mean of their stderrs."""
+def benchmark_table(shown: list[Shown]) -> str:
+    """Any benchmark's rows (shown_rows): one line per run, one column per task/metric (and length,
+    where there is one), each the mean over the run's checkpoints ± the mean of their stderrs; what
+    the run was evaluated on, where its benchmark records it; checkpoints without a number named in
+    the cell. 0 key tokens get a note saying why."""
+    rows = [row for row, _ in shown]
     described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
-    values = benchmark_cells(rows)
-    columns = sorted({c for _, c in values})
+    values = benchmark_cells(shown)
+    columns_of = _columns(shown, " ")
+    missing: dict[tuple[str, str], list[str]] = defaultdict(list)
+    on: dict[str, set[str]] = defaultdict(set)
+    for (row, measured), column in zip(shown, columns_of):
+        on[row.series()].add(measured)
+        if row.value is None:
+            missing[(row.series(), column)].append(_no_number(row))
+    columns = sorted(set(columns_of))
+    evaluated = any(any(found) for found in on.values())  # a column only where a row records it
     table = [
-        [run, *described[run], *(_mean_cell(values.get((run, column))) for column in columns)]
-        for run in sorted({r for r, _ in values})
+        [
+            run,
+            *described[run],
+            *(["; ".join(sorted(on[run]))] if evaluated else []),
+            *(_cell(values.get((run, column)), missing.get((run, column), [])) for column in columns),
+        ]
+        for run in sorted(on)
     ]
-    return markdown_table(["run", *CHECKPOINT_COLUMNS, *columns], table)
+    text = markdown_table(["run", *CHECKPOINT_HEADER, *(["evaluated on"] if evaluated else []), *columns], table)
+    zero = any("0 key tokens" in reasons for reasons in missing.values())
+    return f"{text}\n\n{NO_KEY_TOKENS}." if zero else text
+
+
+def _cell(found: tuple[float, float | None] | None, missing: list[str]) -> str:
+    """A benchmark cell: the mean (± stderr), and how many checkpoints had no number and why."""
+    if not missing:
+        return _mean_cell(found)
+    why = ", ".join(sorted(set(missing)))
+    return f"– ({why})" if found is None else f"{_mean_cell(found)} (not in the mean: {len(missing)} ckpt, {why})"
 
 
 def _benchmark_heading(title: str, rows: list[ResultRow]) -> str:
@@ -308,11 +383,31 @@ def provenance_notes(summaries: list[dict]) -> str:
 
 
 def benchmark_summaries(dirs: list[Path], notes: list[str] | None = None) -> dict[str, list[dict]]:
-    """Every benchmark's summaries under `dirs`, by name: RULER's, lm-eval tasks', then the others by name."""
+    """Every benchmark's summaries under `dirs`, by name: RULER's, lm-eval tasks', then the others by
+    name. One that holds nothing to table is left out, a line saying why added to `notes`."""
     stored = {path.name[: -len(SUMMARY_SUFFIX)] for d in dirs for path in Path(d).rglob(f"*{SUMMARY_SUFFIX}")}
-    names = ("ruler", "general", *sorted(stored - {"ruler", "general"}))
-    found = {name: find_summaries(dirs, summary_name(name), notes) for name in names}
-    return {name: summaries for name, summaries in found.items() if summaries}
+    found: dict[str, list[dict]] = {}
+    for name in ("ruler", "general", *sorted(stored - {"ruler", "general"})):
+        for path, summary in summary_files(dirs, summary_name(name), notes):
+            why = _nothing_to_table(name, summary)
+            if why is None:
+                found.setdefault(name, []).append(summary)
+            elif notes is not None:
+                notes.append(f"- {path}: not in any table: {why}")
+    return found
+
+
+def _nothing_to_table(name: str, summary: dict) -> str | None:
+    """Why a summary adds nothing to any table (None: it does): no row (RULER's skips are listed)."""
+    skipped = summary.get("skipped") or []
+    if name == "ruler" and (summary["rows"] or skipped):
+        return None
+    if name != "ruler" and shown_rows(summary):
+        return None
+    if not summary["rows"]:
+        first = skipped[0].get("reason") if skipped and isinstance(skipped[0], dict) else None
+        return "it holds no row" + (f": every cell was skipped ({first})" if first else "")
+    return f"none of its {len(summary['rows'])} rows is of a task asked for (only a group's members)"
 
 
 def logged_series(dirs: list[Path]) -> tuple[dict | None, str]:
@@ -411,8 +506,8 @@ def build_markdown(
     unread: list[str] = []
     others = benchmark_summaries(dirs, unread)
     ruler = encoding_series(others.pop("ruler", []))
-    general = others.pop("general", [])
-    if not ruler and not general and not others:
+    general = others.get("general", [])  # tabled with the others (benchmark_summaries' order), plotted apart
+    if not ruler and not others:
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
     parts = ["# Leaderboard", ""]
@@ -444,19 +539,17 @@ def build_markdown(
             per_task_table(rows),
             "",
         ]
-    if general:
-        headline = headline_rows(general)
-        parts += [_benchmark_heading("General tasks", headline), "", benchmark_table(headline), ""]
     for name, summaries in others.items():
-        title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), name)  # the benchmark's own
-        rows = [row for summary in summaries for row in summary_rows(summary) if row.value is not None]
-        parts += [_benchmark_heading(title, rows), "", benchmark_table(rows), ""]
+        default = "General tasks" if name == "general" else name
+        title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), default)  # the benchmark's own
+        shown = [one for summary in summaries for one in shown_rows(summary)]
+        parts += [_benchmark_heading(title, [row for row, _ in shown]), "", benchmark_table(shown), ""]
     if unread:
         parts += ["## " + not_read_note(unread), ""]
     failures = failure_notes(dirs)
     if failures:
         parts += ["## Failed checkpoints (not scored; rerun them once mended)", "", failures, ""]
-    everything = ruler + general + [summary for summaries in others.values() for summary in summaries]
+    everything = ruler + [summary for summaries in others.values() for summary in summaries]
     parts += ["## Provenance", "", provenance_notes(everything), "", ""]
     return "\n".join(parts), ruler, general
 
@@ -523,7 +616,8 @@ def write_leaderboard(
         written += plots.ruler_vs_length(cells, plots_dir / "ruler-vs-length")
         written += plots.ruler_vs_step(checkpoint_means(rows), plots_dir / "ruler-vs-step")
     if general:
-        written += plots.general_bars(benchmark_cells(headline_rows(general), "\n"), plots_dir / "general")
+        shown = [one for summary in general for one in shown_rows(summary)]
+        written += plots.general_bars(benchmark_cells(shown, "\n"), plots_dir / "general")
     figures = [p for p in written if p.suffix == ".png"]
     if figures:
         markdown += "## Plots\n\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"

@@ -32,7 +32,7 @@ FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could no
 def not_read_note(unread: list[str]) -> str:
     """The one note on summaries left out (find_summaries' `notes`): the same heading and lines in
     the markdown leaderboard, on stderr for its csv/json export and for compare, and in compare.md."""
-    return "Not read (another format; not in any table):\n\n" + "\n".join(unread)
+    return "Not read (not in any table; each line says why):\n\n" + "\n".join(unread)
 
 
 def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:

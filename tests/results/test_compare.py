@@ -505,7 +505,7 @@ def test_summaries_left_out_are_noted_alike_by_compare_and_every_leaderboard_for
     future.parent.mkdir(parents=True)
     future.write_text(json.dumps({"schema_version": 999, "benchmark": "ruler", "run": "future", "step": 1, "rows": []}))
     line = f"- {future}: not read: its schema_version is 999"
-    heading = "Not read (another format; not in any table)"
+    heading = "Not read (not in any table; each line says why)"
     compared = run_compare(
         str(out), "--baseline", "full", "--replicates", "200", "--out", str(tmp_path / "c"), cwd=root
     )

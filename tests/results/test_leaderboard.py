@@ -148,8 +148,8 @@ def test_tables_match_hand_arithmetic(results):
     # general: paradigm from the checkpoint's meta; a summary without it (written before 0.1) shows "?"
     assert "## General tasks (mean over checkpoints ± stderr)\n" in text  # its rows record a stderr
     assert (
-        "| tiny-anchor | anchor | ? | ? | 0.3500 ± 0.0200 |" in text
-        and "| tiny-full | ? | ? | ? | 0.3000 ± 0.0200 |" in text
+        "| tiny-anchor | anchor | ? | ? | 5-shot | 0.3500 ± 0.0200 |" in text
+        and "| tiny-full | ? | ? | ? | 5-shot | 0.3000 ± 0.0200 |" in text
     )
     assert "†" not in text  # same settings everywhere
     for name in ("ruler-vs-length", "ruler-vs-step", "general"):
