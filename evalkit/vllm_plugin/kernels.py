@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import default_implementation, raise_recompile_limit, run_flex
+from evalkit.attention.kernels import FLEX_DECODING_QUERIES, default_implementation, raise_recompile_limit, run_flex
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -123,11 +123,6 @@ def anchor_block_mask(
 
 
 # ----------------------------------------------------------------------------- compiled up front
-
-# torch's CUDA lowering of FlexAttention (torch/_inductor/kernel/flex/flex_decoding.py,
-# _use_flex_decoding, torch 2.11) evaluates Lt(Q, 128) on the query count to choose its decoding
-# kernel: every compiled graph is guarded on Q <= 127 or Q >= 128.
-FLEX_DECODING_QUERIES = 128
 
 
 def shape_class(num_queries: int, length: int, block: int = FLEX_BLOCK_SIZE) -> tuple[bool, ...]:
