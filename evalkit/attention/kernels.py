@@ -361,8 +361,10 @@ def _flex_frame() -> Callable:
     variant its own graphs and its own count (tests count them per frame)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    def call(q, k, v, *, block_mask, scale=None, enable_gqa=False):
-        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+    def call(q, k, v, *, block_mask, scale=None, enable_gqa=False, kernel_options=None):
+        return flex_attention(
+            q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, kernel_options=kernel_options
+        )
 
     call.__code__ = call.__code__.replace()  # a copy: a code object of this variant's alone
     return call
@@ -388,6 +390,25 @@ def flex_attention_function(device: torch.device, dynamic: bool = False, variant
     return _compiled_flex[key]
 
 
+# torch's CUDA lowering of FlexAttention (torch/_inductor/kernel/flex/flex_decoding.py,
+# _use_flex_decoding, torch 2.11 to 2.13) takes its decoding kernel below this many queries Q when
+# the query heads per key-value head, G, are a power of two: each graph is guarded on Q < 128 or not.
+FLEX_DECODING_QUERIES = 128
+
+
+def _flex_kernel_options(num_queries: int, group: int, dynamic: bool) -> dict[str, Any] | None:
+    """The general kernel where the decoding kernel could have no config: it packs a key-value head's
+    G query heads into a tile of max(next_power_of_2(Q * G), 16) rows, Q the graph's compiling one,
+    and drops every config unless the tile divides the BlockMask's 128-query block, so 128 / G < Q <
+    128 fails to compile (NoValidChoicesError; fixed after torch 2.13 by pytorch PR #185349). A
+    static graph compiles at this Q; a dynamic one serves 2 to 127 queries (Dynamo specialises 1)
+    from whichever came first, so its options hold for all of them (options that differ within it
+    would split it: a recompile, an error under vLLM's stance)."""
+    compiled_at = FLEX_DECODING_QUERIES - 1 if dynamic and num_queries > 1 else num_queries
+    overflows = compiled_at * group > 128  # the BlockMask's block: create_block_mask's default, evalkit's
+    return {"FORCE_USE_FLEX_ATTENTION": True} if num_queries < FLEX_DECODING_QUERIES and overflows else None
+
+
 def run_flex(q, k, v, block_mask, *, scale, mask_kind: str, dynamic: bool = False) -> torch.Tensor:
     """FlexAttention through the function of its variant: what besides the lengths changes the
     compiled graph (dtype, head dim, mask kind). Off COMPILE_DEVICES, where evalkit runs it
@@ -396,6 +417,7 @@ def run_flex(q, k, v, block_mask, *, scale, mask_kind: str, dynamic: bool = Fals
     variant = (str(q.dtype).removeprefix("torch."), q.shape[-1], mask_kind)
     function = flex_attention_function(q.device, dynamic=dynamic, variant=variant)
     options = {"block_mask": block_mask, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    options["kernel_options"] = _flex_kernel_options(q.shape[2], q.shape[1] // k.shape[1], dynamic)
     if q.device.type in COMPILE_DEVICES:
         return function(q, k, v, **options)
     with warnings.catch_warnings():

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from evalkit.attention import ANCHOR_DOC_ID, PAD_DOC_ID, document_attention
-from evalkit.attention.kernels import default_implementation, raise_recompile_limit, run_flex
+from evalkit.attention.kernels import FLEX_DECODING_QUERIES, default_implementation, raise_recompile_limit, run_flex
 
 IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
@@ -124,11 +124,6 @@ def anchor_block_mask(
 
 # ----------------------------------------------------------------------------- compiled up front
 
-# torch's CUDA lowering of FlexAttention (torch/_inductor/kernel/flex/flex_decoding.py,
-# _use_flex_decoding, torch 2.11) evaluates Lt(Q, 128) on the query count to choose its decoding
-# kernel: every compiled graph is guarded on Q <= 127 or Q >= 128.
-FLEX_DECODING_QUERIES = 128
-
 
 def shape_class(num_queries: int, length: int, block: int = FLEX_BLOCK_SIZE) -> tuple[bool, ...]:
     """What the compiled serving function's guards tell apart about a prefill of Q queries over L
@@ -167,10 +162,15 @@ def warm_up_shapes(other_sizes: Sequence[int] = (), block: int = FLEX_BLOCK_SIZE
     graph specialised to a coincidence every member shares, such as Q = 128 = head size)."""
     avoided = set(other_sizes)
     candidates = _candidate_sizes(block)
-    # L >= 2: the anchor and at least one document token.
-    prefills = [(q, length) for length in candidates if length >= 2 for q in candidates if q <= length]
+    # Fewest queries first (L >= 2: the anchor and a document token): torch 2.13's CUDA lowering
+    # (kernel/flex/flex_decoding.py, create_flex_decoding_kernel) sizes its decoding kernel's query
+    # tile from the compiling prefill, unguarded, as BLOCK_M = max(next_power_of_2(Q * G), 16) (G:
+    # query heads per KV head, packed into the tile) and drops every config unless BLOCK_M divides
+    # the BlockMask's 128-query block. Members below 128 queries have Q <= 3, valid while Q * G <=
+    # 128; Q = 91 at 16 over 2 heads (Qwen2.5-3B) left no config (pytorch PR #185349).
+    prefills = [(q, length) for q in candidates for length in candidates if length >= 2 and q <= length]
     chosen: dict[tuple[bool, ...], tuple[int, int]] = {}
-    # A stable sort puts the members that coincide nowhere first, each group in candidate order.
+    # A stable sort puts the members that coincide nowhere first, each group in that order.
     for num_queries, length in sorted(prefills, key=lambda qk: _coincides(qk[0], qk[1], block, avoided)):
         chosen.setdefault(shape_class(num_queries, length, block), (num_queries, length))
     # Largest first: where FlexAttention runs uncompiled (a CPU), torch still compiles its inner

@@ -7,6 +7,7 @@ but for the backend impl's test.
 import pytest
 import torch
 
+from tests.attention.flex_lowering import CAPABILITIES, FAMILY_LAYOUTS, cuda_flex_configs, cuda_flex_lowering
 from tests.gpu import serving
 from tests.vllm.conftest import requires_vllm
 
@@ -191,3 +192,22 @@ def test_each_shape_class_is_warmed_up_once_by_a_member_clear_of_the_layers_size
     assert (128, 128) in shapes  # the class of exactly 128 queries, the CUDA boundary
     for q, n in shapes:  # no size equal to a head count or the head size, but where a class forces it
         assert q == 128 or not {q, n} & set(layer), (q, n)
+
+
+def test_every_warm_up_member_has_a_cuda_kernel_for_the_common_model_families_head_layouts():
+    """Each member compiles the serving function under torch's CUDA lowering, whose decoding tile
+    packs a KV head's query heads (kernels.warm_up_shapes): at 16 over 2 heads (Qwen2.5-3B) the old
+    member of 91 queries left none (Inductor's NoValidChoicesError, pytorch PR #185349)."""
+    from evalkit.vllm_plugin.kernels import warm_up_shapes
+
+    configs = cuda_flex_configs(128, torch.bfloat16, (9, 0))
+    assert cuda_flex_lowering(100, 2, 1, 128, configs) == ("decoding", False)  # pytorch PR #185349's case
+    assert cuda_flex_lowering(91, 16, 2, 128, configs) == ("decoding", False)
+    assert cuda_flex_lowering(91, 12, 2, 128, configs) == ("flex", True)  # a group of 6: not decoding
+    assert cuda_flex_lowering(16, 16, 2, 128, configs) == ("decoding", True)  # 128 rows: one block
+    for name, (heads, kv_heads, head_dim) in FAMILY_LAYOUTS.items():
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for capability in CAPABILITIES:
+                configs = cuda_flex_configs(head_dim, dtype, capability)
+                for q, n in warm_up_shapes((heads, kv_heads, head_dim)):
+                    assert cuda_flex_lowering(q, heads, kv_heads, head_dim, configs)[1], (name, q, n, dtype, capability)
