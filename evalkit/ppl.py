@@ -505,6 +505,12 @@ def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     return write_figure(figure, stem)
 
 
+def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
+    """What ppl derives from its summaries into --out: the loss-against-position plot, drawn by the
+    command, or for a sharded sweep by evalkit merge from the merged summaries (a shard's is partial)."""
+    return plot_positions(summaries, out / "ppl-positions")[0]
+
+
 def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:
     """Perplexity on every checkpoint through the one pipeline (kwargs: run_benchmark's)."""
     return run_benchmark(PplBenchmark(settings), refs, out, **kwargs)
@@ -565,5 +571,5 @@ def command(
     run = options.run_command(
         ppl, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )
-    if run.summaries:
-        Console(stderr=True).print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")
+    if run.summaries and shard is None:
+        Console(stderr=True).print(f"wrote {draw(run.summaries, out)}")
