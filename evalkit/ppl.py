@@ -486,9 +486,10 @@ def checkpoint_table(rows: list[ResultRow]) -> str:
     return markdown_table(["run", "step", "metric", *(f"{length_label(n)} (docs)" for n in lengths)], lines)
 
 
-def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
-    """Loss against position (the bucket's middle, log scale), one line per checkpoint at its longest
-    length, as the leaderboard's plots are drawn (PNG and SVG)."""
+def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
+    """What ppl derives from its summaries into --out (drawn by the command, or for a sharded sweep by
+    evalkit merge from the merged summaries): loss against position (the bucket's middle, log scale),
+    one line per checkpoint at its longest length, as the leaderboard's plots are drawn (PNG and SVG)."""
     figure, axes = new_figure()
     for summary in summaries:
         details = sorted((summary.get("lengths") or {}).values(), key=lambda d: d["length"])
@@ -502,13 +503,7 @@ def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     axes.set(xlabel="token position", ylabel="mean loss (nats)", title="Loss against position")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    return write_figure(figure, stem)
-
-
-def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
-    """What ppl derives from its summaries into --out: the loss-against-position plot, drawn by the
-    command, or for a sharded sweep by evalkit merge from the merged summaries (a shard's is partial)."""
-    return plot_positions(summaries, out / "ppl-positions")[0]
+    return write_figure(figure, out / "ppl-positions")[0]
 
 
 def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:
