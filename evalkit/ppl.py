@@ -501,9 +501,10 @@ def _value_cell(row: ResultRow | None) -> str:
     return f"{row.value:.3f} ({row.n})" if row.value is not None else f"0 key tokens ({row.n})"  # LongPPL's only None
 
 
-def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
-    """Loss against position (the bucket's middle, log scale), one line per checkpoint at its longest
-    length, as the leaderboard's plots are drawn (PNG and SVG)."""
+def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
+    """What ppl derives from its summaries into --out (drawn by the command, or for a sharded sweep by
+    evalkit merge from the merged summaries): loss against position (the bucket's middle, log scale),
+    one line per checkpoint at its longest length, as the leaderboard's plots are drawn (PNG and SVG)."""
     figure, axes = new_figure()
     for summary in summaries:
         details = sorted((summary.get("lengths") or {}).values(), key=lambda d: d["length"])
@@ -517,7 +518,7 @@ def plot_positions(summaries: list[dict[str, Any]], stem: Path) -> list[Path]:
     axes.set(xlabel="token position", ylabel="mean loss (nats)", title="Loss against position")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    return write_figure(figure, stem)
+    return write_figure(figure, out / "ppl-positions")[0]
 
 
 def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:
@@ -580,5 +581,5 @@ def command(
     run = options.run_command(
         ppl, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )
-    if run.summaries:
-        Console(stderr=True).print(f"wrote {plot_positions(run.summaries, out / 'ppl-positions')[0]}")
+    if run.summaries and shard is None:
+        Console(stderr=True).print(f"wrote {draw(run.summaries, out)}")

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from evalkit.cli.app import app
+from evalkit.errors import UserError
 
 
 @app.command("merge")
@@ -22,3 +23,8 @@ def merge_command(
     typer.echo(
         f"merged {counts['shards']} shards{empty}: {counts['summaries']} summaries, {counts['files']} files into {out}"
     )
+    if counts["unscored"]:  # as the unsharded run of the sweep fails
+        names = " and ".join(counts["unscored"])
+        raise UserError(
+            f"no task of the {names} sweep produced a score (all skipped); the reasons are in {out}'s summaries"
+        )

@@ -1,11 +1,15 @@
 """`evalkit merge`: join the outputs of a sweep's shards (`--shard I/N`, one --out each) into one.
 
-Every file of every shard is copied to its place in the destination; each checkpoint's summaries
-are joined into one, rows and skips back in the benchmark's unit order, so the merged output
-reads as the unsharded run's (`evalkit leaderboard`, or a local rerun into it that computes
-nothing). Refused with one line, before anything is written: shards of different sweeps (another
-plan), the same shard twice or two shards holding one unit or file, an incomplete set, an output
-that is not a shard's. The destination is built beside itself and renamed into place.
+Every file under a shard's checkpoint directories is copied to its place in the destination; each
+checkpoint's summaries are joined into one, rows and skips back in the benchmark's unit order, so
+the merged output reads as the unsharded run's (`evalkit leaderboard`, or a local rerun into it
+that computes nothing). Files at the top of a shard's --out (plots, --avg tables, its lock and
+empty-shard record) are of its share alone: never copied nor compared, the merged results' own
+are drawn from the merged summaries. Refused with one line, before anything is written: shards
+of different sweeps (another plan), shards whose provenance differs in anything that decides a
+score (evalkit's commit, library versions, the GPU, the engine's setup: all but `_EXECUTION`),
+the same shard twice or two shards holding one unit or file, an incomplete set, an output that
+is not a shard's. The destination is built beside itself and renamed into place.
 """
 
 from __future__ import annotations
@@ -17,23 +21,44 @@ from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.files import (
-    LOCK_NAME,
     atomic_write_json,
     check_output_dir,
     move_into_place,
     new_directory_beside,
     read_json_object,
 )
-from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary
+from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary, summary_name
 from evalkit.sweep.plan import empty_shard_name
 
+# Provenance each shard records of itself: listed per shard (created) or joined (answered_by,
+# data_keys) by the merge; the weights are checked by _check_same_weights.
+_PER_SHARD = {"created", "command", "shard", "answered_by", "data_keys", "weights"}
+# Provenance that may differ between the shards of one sweep: how fast and on which host each ran,
+# never what it computed (the plan holds the settings that decide results, evalkit.store.identity).
+# A shard's own values are kept under merged_shards; anything else must agree or the merge is refused.
+_EXECUTION = {
+    "settings",
+    "machine.cpu",
+    "machine.cores",
+    "machine.torch_threads",
+    "machine.python",
+    "engine.model_path",
+    "engine.device",  # cuda:0 or cuda:1; CPU or GPU shows in machine.gpu
+    "engine.batch_size",
+    "engine.packed_batch_size",
+    "engine.packed_batch_note",
+    "engine.threads",
+}
+_CODE = ("evalkit_version", "git_hash", "dirty_files")  # the code every shard ran, empty ones too
 
-def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
-    """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted."""
+
+def merge_shards(inputs: list[Path], dest: Path) -> dict[str, Any]:
+    """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted,
+    and `unscored`: the benchmarks whose whole sweep produced no score (every unit skipped)."""
     inputs, dest = [Path(p) for p in inputs], Path(dest)
     _check_paths(inputs, dest)
     empty = _read_empty_shards(inputs)
-    summaries = _read_shard_summaries([path for path in inputs if path not in empty])
+    summaries = _read_shard_summaries(inputs, {directory for directory, _ in empty})
     _check_one_sweep(summaries, empty)
     merged = {rel: _merge_checkpoint(rel, found) for rel, found in summaries.items()}
     _check_complete(summaries, merged, empty)
@@ -45,25 +70,43 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, int]:
             shutil.copy2(directory / rel, tmp / rel)
         for rel, summary in merged.items():
             atomic_write_json(tmp / rel, summary)
+        _redraw(list(merged.values()), tmp)
         move_into_place(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"shards": len(inputs), "empty": len(empty), "summaries": len(merged), "files": len(copies)}
+    names = {_benchmark(record) for _, record in empty} | {_benchmark(s) for s in merged.values()}
+    unscored = sorted(names - {_benchmark(s) for s in merged.values() if s["rows"]})
+    shards = {"shards": len(inputs), "empty": len({directory for directory, _ in empty})}
+    return shards | {"summaries": len(merged), "files": len(copies), "unscored": unscored}
 
 
-def _read_empty_shards(inputs: list[Path]) -> dict[Path, dict]:
-    """The inputs that are shards without units (evalkit.sweep.plan.write_empty_shard): their records,
-    read where the directory holds no summary (a record beside summaries is an earlier run's)."""
-    found = {}
+def _redraw(summaries: list[dict], out: Path) -> None:
+    """The files a benchmark's command derives from its summaries into --out, drawn from the merged
+    ones as the unsharded run's command draws them (ppl's plot; --avg's tables come from a rerun)."""
+    ppl = sorted((s for s in summaries if _benchmark(s) == "ppl"), key=lambda s: (s["run"], s["step"]))
+    if any(summary["rows"] for summary in ppl):
+        from evalkit.ppl import draw
+
+        draw(ppl, out)
+
+
+def _benchmark(summary: dict) -> str:
+    return summary.get("benchmark") or "ruler"  # as result_format reads a summary from before the field
+
+
+def _read_empty_shards(inputs: list[Path]) -> list[tuple[Path, dict]]:
+    """The records of shards without units (evalkit.sweep.plan.write_empty_shard), each read where its
+    --out holds no summary of its benchmark (a record beside one is an earlier run's)."""
+    found = []
     for directory in inputs:
-        records = sorted(directory.glob(empty_shard_name("*")))
-        if not records or _summary_files(directory):
-            continue
-        record = read_json_object(records[0])
-        if not isinstance(record.get("shard"), dict):
-            raise UserError(f"{records[0]} is not an evalkit empty-shard record; rerun that shard")
-        found[directory] = record
+        summarized = {path.name for path in _summary_files(directory)}
+        for path in sorted(directory.glob(empty_shard_name("*"))):
+            record = read_json_object(path)
+            if not isinstance(record.get("shard"), dict) or not isinstance(record.get("benchmark"), str):
+                raise UserError(f"{path} is not an evalkit empty-shard record; rerun that shard")
+            if summary_name(record["benchmark"]) not in summarized:
+                found.append((directory, record))
     return found
 
 
@@ -87,11 +130,11 @@ def _summary_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob(f"*/step-*/*{SUMMARY_SUFFIX}") if p.is_file())
 
 
-def _read_shard_summaries(inputs: list[Path]) -> dict[Path, list[tuple[Path, dict]]]:
+def _read_shard_summaries(inputs: list[Path], empty: set[Path]) -> dict[Path, list[tuple[Path, dict]]]:
     found: dict[Path, list[tuple[Path, dict]]] = {}
     for directory in inputs:
         files = _summary_files(directory)
-        if not files:
+        if not files and directory not in empty:
             raise UserError(f"{directory} holds no evalkit summary (<run>/step-<N>/*{SUMMARY_SUFFIX})")
         for path in files:
             summary = read_summary(path)
@@ -106,13 +149,17 @@ def _shard(summary: dict) -> dict[str, Any]:
     return summary["shard"] if "shard" in summary else summary["provenance"]["shard"]
 
 
-def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]], empty: dict[Path, dict]) -> None:
-    """One plan (same checkpoints, units, settings, shard count) and one output per shard index."""
+def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]], empty: list[tuple[Path, dict]]) -> None:
+    """One plan (same checkpoints, units, settings, shard count), one code (_CODE) and one output
+    per shard index, for each benchmark's sweep."""
     by_benchmark: dict[str, tuple[Path, dict]] = {}
+    code: dict[str, tuple[Path, dict]] = {}
     index_from: dict[tuple[str, int], Path] = {}
-    records = [item for found in summaries.values() for item in found] + list(empty.items())
+    records = [item for found in summaries.values() for item in found] + empty
     for directory, summary in records:
-        shard, name = _shard(summary), summary.get("benchmark") or "ruler"  # as result_format reads it
+        shard, name = _shard(summary), _benchmark(summary)
+        stamp = {key: summary["provenance"].get(key) for key in _CODE}
+        _agree(code.setdefault(name, (directory, stamp)), (directory, stamp))
         first = by_benchmark.setdefault(name, (directory, shard))
         if (shard["plan"], shard["count"]) != (first[1]["plan"], first[1]["count"]):
             raise UserError(
@@ -156,10 +203,14 @@ def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
             position = _position(shard["unit_order"], skip)
             _claim(blocks, skips, position, directory, rel)
             skips[position] = (directory, skip)
-    merged = json.loads(json.dumps(found[0][1]))  # a deep copy of the first shard's summary
+    # The first shard that built an engine (one whose units were all skipped or read back built none):
+    # the others are compared with it, and the merged summary is a deep copy of its.
+    first = next(((d, s) for d, s in found if s["provenance"].get("engine")), found[0])
+    own = [_agree((first[0], first[1]["provenance"]), (d, s["provenance"])) for d, s in found]
+    merged = json.loads(json.dumps(first[1]))
     merged["rows"] = [row for position in sorted(blocks) for row in blocks[position][1]]
     merged["skipped"] = [skips[position][1] for position in sorted(skips)]
-    for key, value in found[0][1].items():  # a benchmark's own per-unit tables (general: "tasks")
+    for key, value in first[1].items():  # a benchmark's own per-unit tables (general: "tasks")
         if isinstance(value, dict) and key not in ("provenance",):
             merged[key] = {k: v for _, summary in found for k, v in (summary.get(key) or {}).items()}
     provenance = merged["provenance"]
@@ -170,10 +221,46 @@ def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
     shard = provenance.pop("shard")
     provenance["merged_shards"] = [
         {"shard": f"{_shard(s)['index']}/{shard['count']}", "from": str(d), "created": s["provenance"].get("created")}
-        for d, s in found
+        | ({"differs": differs} if differs else {})
+        for (d, s), differs in zip(found, own)
     ]
     merged["_units_merged"] = len(blocks) + len(skips)
     return merged
+
+
+def _agree(first: tuple[Path, dict], other: tuple[Path, dict]) -> dict[str, Any]:
+    """The other shard's provenance values where they differ from the first's only in how it ran
+    (_EXECUTION); refused with one line where they differ in what decides a score. The engine and
+    machine are compared only where both shards built an engine (computed anything)."""
+    (first_dir, a), (other_dir, b) = first, other
+    skipped = _PER_SHARD | ({"engine", "machine"} if not (a.get("engine") and b.get("engine")) else set())
+    keys = [key for key in {**a, **b} if key not in skipped]  # in the record's order: the commit first
+    differences = _differences({k: a.get(k) for k in keys}, {k: b.get(k) for k in keys})
+    for path, (mine, theirs) in differences.items():
+        if not any(path == key or path.startswith(f"{key}.") for key in _EXECUTION):
+            what = {"git_hash": "evalkit commit", "evalkit_version": "evalkit version"}.get(path, path)
+            raise UserError(
+                f"conflicting shards: {first_dir} ran with {what} {_short(mine)} and {other_dir} with "
+                f"{_short(theirs)}; the shards of one sweep must compute alike: rerun those that differ, then merge"
+            )
+    return {path: theirs for path, (_, theirs) in differences.items()}
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted path -> (a's value, b's) wherever the two differ, nested dicts compared key by key."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for key in {**a, **b}:
+        mine, theirs = a.get(key), b.get(key)
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            found |= _differences(mine, theirs, f"{prefix}{key}.")
+        elif mine != theirs:
+            found[f"{prefix}{key}"] = (mine, theirs)
+    return found
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _check_same_weights(found: list[tuple[Path, dict]]) -> None:
@@ -198,15 +285,15 @@ def _claim(blocks: dict, skips: dict, position: int, directory: Path, rel: Path)
         raise UserError(f"overlapping shards: {earlier[0]} and {directory} both hold a unit of {rel.parent}")
 
 
-def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path, dict]) -> None:
+def _check_complete(summaries: dict, merged: dict[Path, dict], empty: list[tuple[Path, dict]]) -> None:
     """Every unit of the sweep present once (a missing shard, or a shard still running, is refused)."""
-    by_benchmark: dict[str, list] = {record["benchmark"]: [] for record in empty.values()}
+    by_benchmark: dict[str, list] = {_benchmark(record): [] for _, record in empty}
     for summary in merged.values():
-        by_benchmark.setdefault(summary["benchmark"], []).append(summary.pop("_units_merged"))
-    records = [s for found in summaries.values() for _, s in found] + list(empty.values())
+        by_benchmark.setdefault(_benchmark(summary), []).append(summary.pop("_units_merged"))
+    records = [s for found in summaries.values() for _, s in found] + [record for _, record in empty]
     for name, counts in by_benchmark.items():
-        shard = _shard(next(s for s in records if s.get("benchmark") == name))
-        seen = sorted({_shard(s)["index"] for s in records})
+        shard = _shard(next(s for s in records if _benchmark(s) == name))
+        seen = sorted({_shard(s)["index"] for s in records if _benchmark(s) == name})
         if sum(counts) != shard["plan_units"]:
             raise UserError(
                 f"incomplete {name} sweep: {sum(counts)} of its {shard['plan_units']} units are here (shards "
@@ -215,8 +302,8 @@ def _check_complete(summaries: dict, merged: dict[Path, dict], empty: dict[Path,
 
 
 def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
-    """Every file under the shard outputs but their summaries, lock, --avg files and temporaries;
-    one path held by two shards is refused unless both hold the same bytes."""
+    """Every file under the shards' checkpoint directories but their summaries and temporaries; one
+    path held by two shards is refused unless both hold the same bytes."""
     owner: dict[Path, Path] = {}  # relative path -> the shard output it is copied from
     for directory in inputs:
         summaries = set(_summary_files(directory))
@@ -231,8 +318,6 @@ def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
 
 
 def _not_merged(rel: Path) -> bool:
-    name = rel.name
-    top_level_average = len(rel.parts) == 1 and "-avg." in name  # a shard's partial --avg
-    hidden = any(part.startswith(".") for part in rel.parts)  # temporaries
-    empty_record = len(rel.parts) == 1 and rel.match(empty_shard_name("*"))  # a shard's, not the sweep's
-    return name == LOCK_NAME or hidden or top_level_average or empty_record
+    """A shard's own: a file at the top of its --out (derived from its share, or its lock or
+    empty-shard record), or a temporary."""
+    return len(rel.parts) == 1 or any(part.startswith(".") for part in rel.parts)

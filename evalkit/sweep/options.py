@@ -158,6 +158,11 @@ def run_command(
         result = run(refs, out=out, avg=avg, shard=parsed, executor=chosen, **shown)
     if result.empty_shard is not None:
         return result  # said by the run's log: a shard without units succeeds, for evalkit merge
+    if not result.rows and parsed is not None:  # whether the sweep scored anything is evalkit merge's to say
+        console.print(
+            f"shard {parsed.index}/{parsed.count}: every unit skipped (reasons above), recorded for evalkit merge"
+        )
+        return result
     if not result.rows:
         raise UserError("no task produced a score (all skipped); see the reasons above")
     typer.echo(table(result.result_rows()))
