@@ -100,12 +100,23 @@ def load_documents(data: str) -> list[str]:
         raise UserError(f"--data {data}: no such file or directory (give a .jsonl, a .txt, a datasets dir or builtin)")
     if path.is_dir():
         return _dataset_documents(path)
-    if path.suffix == ".jsonl":
-        return _jsonl_documents(path)
+    text = _read_text(path)
+    return _jsonl_documents(path, text) if path.suffix == ".jsonl" else [text]
+
+
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; a file that cannot be read or is not UTF-8 is one line naming it (and the line)."""
     try:
-        return [path.read_text(encoding="utf-8")]
-    except UnicodeDecodeError:
-        raise UserError(f"--data {data} is not UTF-8 text") from None
+        raw = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"--data {path}: cannot read it ({err.strerror or err})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise UserError(
+            f"--data {path} line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save it as UTF-8"
+        ) from None
 
 
 def builtin_documents() -> list[str]:
@@ -122,17 +133,23 @@ def builtin_documents() -> list[str]:
     return documents
 
 
-def _jsonl_documents(path: Path) -> list[str]:
+def _jsonl_documents(path: Path, content: str) -> list[str]:
     documents = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(content.splitlines(), 1):
         if not line.strip():
             continue
         try:
             text = json.loads(line).get("text")
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, AttributeError, RecursionError):  # RecursionError: nested too deep
             text = None
         if not isinstance(text, str):
             raise UserError(f"--data {path} line {number}: not a JSON object with a string `text` field")
+        try:
+            text.encode()  # as its hash will be
+        except UnicodeEncodeError:
+            raise UserError(
+                f"--data {path} line {number}: its `text` holds an unpaired surrogate (\\ud800-\\udfff)"
+            ) from None
         documents.append(text)
     return documents
 
@@ -153,7 +170,11 @@ def _dataset_documents(path: Path) -> list[str]:
         loaded = loaded["test"] if "test" in loaded else next(iter(loaded.values()))
     if "text" not in loaded.column_names:
         raise UserError(f"--data {path} has no `text` column (columns: {', '.join(loaded.column_names)})")
-    return [str(text) for text in loaded["text"]]
+    texts = loaded["text"]
+    for row, text in enumerate(texts):
+        if not isinstance(text, str):  # a null is no document "None"
+            raise UserError(f"--data {path} row {row}: its `text` is {text!r}, not a string")
+    return list(texts)
 
 
 def document_tokens(tokenizer, text: str) -> list[int]:
