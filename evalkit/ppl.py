@@ -56,6 +56,8 @@ TASK = "ppl"
 FIRST_BUCKET = 128  # positions [1, 128), then doubling: [128, 256), [256, 512), ...
 KEY_LSD, KEY_LCL = 2.0, -2.0  # LongPPL's alpha and beta
 KEY_WINDOW = 1024  # LongPPL's short context; at most L/4 for short L
+PREFIX_SLACK = 16  # tokens dropped before a prefix's cut: the cut may change how the last ones tokenize
+PREFIX_CHARS = 4  # characters per token wanted in a document's first prefix (most text has fewer per token)
 BUILTIN_DOC_CHARS = 48_000  # the built-in prose joined and cut into documents of about 12K tokens
 LOGIT_BUDGET = 2**26  # floats of one chunk's logits (B x chunk x vocab): 256 MiB in fp32
 
@@ -177,10 +179,20 @@ def _dataset_documents(path: Path) -> list[str]:
     return list(texts)
 
 
-def document_tokens(tokenizer, text: str) -> list[int]:
-    """The document's token ids, BOS first when the tokenizer has one."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else list(ids)
+def document_tokens(tokenizer, text: str, limit: int) -> list[int]:
+    """The document's first `limit` token ids (all, when it has fewer), BOS first when the tokenizer
+    has one: those of the whole text, from a prefix of it only (memory follows `limit`, not the
+    document). A prefix's last PREFIX_SLACK tokens are dropped (the cut may split what the whole
+    text tokenizes as one); a prefix that leaves too few is doubled."""
+    ids: list[int] = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    need, chars = limit - len(ids), PREFIX_CHARS * (limit + PREFIX_SLACK)
+    while True:
+        prefix = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
+        whole = chars >= len(text)
+        stable = prefix if whole else prefix[: max(0, len(prefix) - PREFIX_SLACK)]
+        if whole or len(stable) >= need:
+            return ids + stable[:need]
+        chars *= 2
 
 
 # ---- scoring ------------------------------------------------------------------------------------
@@ -349,8 +361,8 @@ class PplBenchmark(Benchmark):
             from evalkit.corpus.tokenizer import tokenizer_fingerprint
             from evalkit.models.check import load_tokenizer
 
-            tokenizer = load_tokenizer(ref.path)
-            ids = [document_tokens(tokenizer, text) for text in self.documents()]
+            tokenizer, limit = load_tokenizer(ref.path), max(self.settings.lengths)
+            ids = [document_tokens(tokenizer, text, limit) for text in self.documents()]
             self._tokens[ref.path] = (tokenizer_fingerprint(tokenizer), ids)
         return self._tokens[ref.path]
 
