@@ -8,12 +8,19 @@ documents. A shorter document is not used at L; a length no document reaches is 
 Per document the log keeps its NLL summed in doubling position buckets (bucket 0: [1, 128),
 bucket b: [128 * 2^(b-1), 128 * 2^b)), which add up to its total.
 
---key-tokens (LongPPL, Fang et al., 2024, arXiv:2410.23771): a key token's log-probability with
-the whole document before it (LCL) exceeds -2 and exceeds by more than 2 (LSD) its
-log-probability from a short window (the paper's alpha = 2, beta = -2; the model is its own
-evaluator, the paper's default is a larger one). The window: W = min(1024, L/4) tokens (1024: the
-paper's), the document read in blocks of W, block k's tokens seeing blocks k-1 and k only.
-LongPPL = exp of the mean long-context NLL over the key tokens.
+--key-tokens (LongPPL, Fang et al., 2024, arXiv:2410.23771), as its reference implementation
+(PyPI `longppl` 0.3.0, find_key_token and compute_longppl) defines it on the document's first L
+tokens, with the checkpoint as its own evaluator (the paper's are fixed models such as
+Qwen2-72B-Instruct): a key token at position p >= 4096 (trunc_len) has a log-probability with the
+positions 0..p-1 before it (LCL) above -2 (beta) and above by more than 2 (alpha) its
+log-probability from the short context start..p-1, start = the multiple of 1024 (the stride,
+sliding_window) that puts p in [start + 4096, start + 5120). At L <= 4096 there is none. A
+document's LongPPL is exp of the mean NLL of its key tokens; over documents, their mean weighted by
+key tokens (the paper's perplexity.py). Under --encoding anchor the evaluator still reads the
+document in standard (key tokens are the document's, as the reference's evaluator's) and the NLL
+averaged is the anchor encoding's. Unlike the reference the evaluated scores keep the BOS (it
+tokenizes the evaluated text without special tokens) and map key tokens by position, not through
+character offsets (the same tokenizer on both sides).
 
 --encoding anchor (README, "Perplexity"): the document's first L tokens as AnchorAttention trains
 on packed documents: after the anchor (the BOS; without one, packed_layout's EOS anchor before all
@@ -54,8 +61,8 @@ from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, UnitProgr
 
 TASK = "ppl"
 FIRST_BUCKET = 128  # positions [1, 128), then doubling: [128, 256), [256, 512), ...
-KEY_LSD, KEY_LCL = 2.0, -2.0  # LongPPL's alpha and beta
-KEY_WINDOW = 1024  # LongPPL's short context; at most L/4 for short L
+KEY_ALPHA, KEY_BETA = 2.0, -2.0  # LongPPL's thresholds on LSD and LCL (the reference's defaults)
+KEY_CONTEXT, KEY_STRIDE = 4096, 1024  # the reference's short context (trunc_len) and stride (sliding_window)
 PREFIX_SLACK = 16  # tokens dropped before a prefix's cut: the cut may change how the last ones tokenize
 PREFIX_CHARS = 4  # characters per token wanted in a document's first prefix (most text has fewer per token)
 BUILTIN_DOC_CHARS = 48_000  # the built-in prose joined and cut into documents of about 12K tokens
@@ -208,10 +215,6 @@ def bucket_label(bucket: int) -> str:
     return f"{low}-{(FIRST_BUCKET << bucket) - 1}"
 
 
-def key_window(length: int) -> int:
-    return min(KEY_WINDOW, max(1, length // 4))
-
-
 def hf_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
     """log P(token p | tokens 0..p-1) for p = 1..L-1 of each row (all of length L), in fp32, the
     rows as one batch read chunk by chunk through the KV cache: one chunk's logits at a time.
@@ -279,24 +282,30 @@ def _fits(engine, tokens: int, why: str = "") -> None:
         raise Skipped(f"{why}{tokens} tokens exceed the engine's window of {engine.max_length}")
 
 
-def short_logprobs(score, rows: list[list[int]], window: int) -> list[list[float]]:
-    """log P(token p) from a short window: the rows read in blocks of `window`, block k's tokens
-    seeing blocks k-1 and k (each piece scored by `score` as a sequence of its own)."""
-    length = len(rows[0])
+def short_logprobs(score, rows: list[list[int]], context: int, stride: int) -> list[list[float]]:
+    """log P(token p) for p = context..L-1 from the reference's short context: for start = 0,
+    stride, 2 * stride, ... below L - context, one sequence of tokens start..start+context+stride-1
+    (scored by `score`) gives the tokens from start + context on; none at L <= context."""
     result: list[list[float]] = [[] for _ in rows]
-    for block in range(0, length, window):
-        begin = max(0, block - window)
-        pieces = [row[begin : block + window] for row in rows]
-        scored = score(pieces)  # positions begin+1 .. : keep those of this block (p >= max(block, 1))
-        keep = max(block, 1) - begin - 1
-        for out, values in zip(result, scored):
-            out.extend(values[keep:])
+    for start in range(0, len(rows[0]) - context, stride):
+        for out, values in zip(result, score([row[start : start + context + stride] for row in rows])):
+            out.extend(values[context - 1 :])  # values[j - 1] is the piece's position j
     return result
 
 
 def key_token_mask(long: list[float], short: list[float]) -> list[bool]:
-    """LongPPL's key tokens: LCL > beta and LSD = long - short > alpha."""
-    return [lcl > KEY_LCL and lcl - sl > KEY_LSD for lcl, sl in zip(long, short)]
+    """The reference's key tokens among positions 1..L-1 (`long`): of the last len(short), which
+    have a short-context score, those with LCL = long > beta and LSD = long - short > alpha."""
+    skip = len(long) - len(short)
+    return [False] * skip + [lcl > KEY_BETA and lcl - sl > KEY_ALPHA for lcl, sl in zip(long[skip:], short)]
+
+
+def longppl(records: list[dict[str, Any]]) -> float | None:
+    """Each document's exp(mean key-token NLL), weighted by its key tokens (the paper's perplexity.py);
+    None without a key token."""
+    keyed = [r for r in records if r["key_tokens"]]
+    count = sum(r["key_tokens"] for r in keyed)
+    return sum(r["key_tokens"] * math.exp(r["key_nll"] / r["key_tokens"]) for r in keyed) / count if count else None
 
 
 def document_record(doc: int, sha: str, logprobs: list[float], key: list[bool] | None) -> dict[str, Any]:
@@ -383,9 +392,11 @@ class PplBenchmark(Benchmark):
         settings' identity, the weights and the tokenizer; not --docs, so a count reuses the others'."""
         fingerprint = self._tokenized(ref)[0]
         label = encoding_label(self.settings.encoding, self.settings.doc_tokens)
-        encoding = {} if label == STANDARD else {"encoding": label}  # standard keys as before the option
+        more = {} if label == STANDARD else {"encoding": label}  # standard keys as before the option
+        if self.settings.key_tokens:  # records of an earlier key-token rule are never reused
+            more["key_rule"] = f"longppl {KEY_CONTEXT}/{KEY_STRIDE} {KEY_ALPHA}/{KEY_BETA}"
         return identity_key(
-            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint, **encoding
+            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint, **more
         )
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
@@ -422,25 +433,22 @@ class PplBenchmark(Benchmark):
     def _score(self, engine, rows: list[list[int]], docs: list[tuple[int, str]]) -> list[dict[str, Any]]:
         score = hf_logprobs if engine.name == "hf" else vllm_logprobs
         _fits(engine, len(rows[0]))
-        if self.settings.encoding == STANDARD:
-            long = score(engine, rows)
-        else:
-            long = anchor_logprobs(engine, score, rows, self.settings.doc_tokens)
-        short = (
-            short_logprobs(lambda pieces: score(engine, pieces), rows, key_window(len(rows[0])))
-            if self.settings.key_tokens
-            else [None] * len(rows)
-        )
+        anchor, key_tokens = self.settings.encoding != STANDARD, self.settings.key_tokens
+        # the evaluator of key tokens reads the document in standard whatever the encoding (module docstring)
+        standard = score(engine, rows) if key_tokens or not anchor else []
+        long = anchor_logprobs(engine, score, rows, self.settings.doc_tokens) if anchor else standard
+        if not key_tokens:
+            return [document_record(doc, sha, lp, None) for (doc, sha), lp in zip(docs, long)]
+        short = short_logprobs(lambda pieces: score(engine, pieces), rows, KEY_CONTEXT, KEY_STRIDE)
         return [
-            document_record(doc, sha, lp, None if sl is None else key_token_mask(lp, sl))
-            for (doc, sha), lp, sl in zip(docs, long, short)
+            document_record(doc, sha, lp, key_token_mask(ev, sl))
+            for (doc, sha), lp, ev, sl in zip(docs, long, standard, short)
         ]
 
     def _rows(self, ref: CheckpointRef, length: int, records: list[dict[str, Any]]) -> list[ResultRow]:
         values: dict[str, float | None] = {"perplexity": perplexity(records)}
         if self.settings.key_tokens:
-            count = sum(r["key_tokens"] for r in records)
-            values["longppl"] = math.exp(sum(r["key_nll"] for r in records) / count) if count else None
+            values["longppl"] = longppl(records)
         doc_tokens = None if self.settings.encoding == STANDARD else self.settings.doc_tokens
         cell: dict[str, Any] = {"n": len(records), "length": length, "encoding": self.settings.encoding}
         return [
@@ -488,7 +496,7 @@ def _detail(length: int, records: list[dict[str, Any]], read: int) -> dict[str, 
     detail["position_loss"] = position_losses(records)
     if records and "key_tokens" in records[0]:
         detail["key_tokens"] = sum(r["key_tokens"] for r in records)
-        detail["key_window"] = key_window(length)
+        detail["key_context"], detail["key_stride"] = KEY_CONTEXT, KEY_STRIDE
     return detail
 
 
