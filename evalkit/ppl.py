@@ -8,12 +8,19 @@ documents. A shorter document is not used at L; a length no document reaches is 
 Per document the log keeps its NLL summed in doubling position buckets (bucket 0: [1, 128),
 bucket b: [128 * 2^(b-1), 128 * 2^b)), which add up to its total.
 
---key-tokens (LongPPL, Fang et al., 2024, arXiv:2410.23771): a key token's log-probability with
-the whole document before it (LCL) exceeds -2 and exceeds by more than 2 (LSD) its
-log-probability from a short window (the paper's alpha = 2, beta = -2; the model is its own
-evaluator, the paper's default is a larger one). The window: W = min(1024, L/4) tokens (1024: the
-paper's), the document read in blocks of W, block k's tokens seeing blocks k-1 and k only.
-LongPPL = exp of the mean long-context NLL over the key tokens.
+--key-tokens (LongPPL, Fang et al., 2024, arXiv:2410.23771), as its reference implementation
+(PyPI `longppl` 0.3.0, find_key_token and compute_longppl) defines it on the document's first L
+tokens, with the checkpoint as its own evaluator (the paper's are fixed models such as
+Qwen2-72B-Instruct): a key token at position p >= 4096 (trunc_len) has a log-probability with the
+positions 0..p-1 before it (LCL) above -2 (beta) and above by more than 2 (alpha) its
+log-probability from the short context start..p-1, start = the multiple of 1024 (the stride,
+sliding_window) that puts p in [start + 4096, start + 5120). At L <= 4096 there is none. A
+document's LongPPL is exp of the mean NLL of its key tokens; over documents, their mean weighted by
+key tokens (the paper's perplexity.py). Under --encoding anchor the evaluator still reads the
+document in standard (key tokens are the document's, as the reference's evaluator's) and the NLL
+averaged is the anchor encoding's. Unlike the reference the evaluated scores keep the BOS (it
+tokenizes the evaluated text without special tokens) and map key tokens by position, not through
+character offsets (the same tokenizer on both sides).
 
 --encoding anchor (README, "Perplexity"): the document's first L tokens as AnchorAttention trains
 on packed documents: after the anchor (the BOS; without one, packed_layout's EOS anchor before all
@@ -54,8 +61,10 @@ from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, UnitProgr
 
 TASK = "ppl"
 FIRST_BUCKET = 128  # positions [1, 128), then doubling: [128, 256), [256, 512), ...
-KEY_LSD, KEY_LCL = 2.0, -2.0  # LongPPL's alpha and beta
-KEY_WINDOW = 1024  # LongPPL's short context; at most L/4 for short L
+KEY_ALPHA, KEY_BETA = 2.0, -2.0  # LongPPL's thresholds on LSD and LCL (the reference's defaults)
+KEY_CONTEXT, KEY_STRIDE = 4096, 1024  # the reference's short context (trunc_len) and stride (sliding_window)
+PREFIX_SLACK = 16  # tokens dropped before a prefix's cut: the cut may change how the last ones tokenize
+PREFIX_CHARS = 4  # characters per token wanted in a document's first prefix (most text has fewer per token)
 BUILTIN_DOC_CHARS = 48_000  # the built-in prose joined and cut into documents of about 12K tokens
 LOGIT_BUDGET = 2**26  # floats of one chunk's logits (B x chunk x vocab): 256 MiB in fp32
 
@@ -100,12 +109,23 @@ def load_documents(data: str) -> list[str]:
         raise UserError(f"--data {data}: no such file or directory (give a .jsonl, a .txt, a datasets dir or builtin)")
     if path.is_dir():
         return _dataset_documents(path)
-    if path.suffix == ".jsonl":
-        return _jsonl_documents(path)
+    text = _read_text(path)
+    return _jsonl_documents(path, text) if path.suffix == ".jsonl" else [text]
+
+
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; a file that cannot be read or is not UTF-8 is one line naming it (and the line)."""
     try:
-        return [path.read_text(encoding="utf-8")]
-    except UnicodeDecodeError:
-        raise UserError(f"--data {data} is not UTF-8 text") from None
+        raw = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"--data {path}: cannot read it ({err.strerror or err})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise UserError(
+            f"--data {path} line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save it as UTF-8"
+        ) from None
 
 
 def builtin_documents() -> list[str]:
@@ -122,17 +142,23 @@ def builtin_documents() -> list[str]:
     return documents
 
 
-def _jsonl_documents(path: Path) -> list[str]:
+def _jsonl_documents(path: Path, content: str) -> list[str]:
     documents = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(content.splitlines(), 1):
         if not line.strip():
             continue
         try:
             text = json.loads(line).get("text")
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, AttributeError, RecursionError):  # RecursionError: nested too deep
             text = None
         if not isinstance(text, str):
             raise UserError(f"--data {path} line {number}: not a JSON object with a string `text` field")
+        try:
+            text.encode()  # as its hash will be
+        except UnicodeEncodeError:
+            raise UserError(
+                f"--data {path} line {number}: its `text` holds an unpaired surrogate (\\ud800-\\udfff)"
+            ) from None
         documents.append(text)
     return documents
 
@@ -153,13 +179,27 @@ def _dataset_documents(path: Path) -> list[str]:
         loaded = loaded["test"] if "test" in loaded else next(iter(loaded.values()))
     if "text" not in loaded.column_names:
         raise UserError(f"--data {path} has no `text` column (columns: {', '.join(loaded.column_names)})")
-    return [str(text) for text in loaded["text"]]
+    texts = loaded["text"]
+    for row, text in enumerate(texts):
+        if not isinstance(text, str):  # a null is no document "None"
+            raise UserError(f"--data {path} row {row}: its `text` is {text!r}, not a string")
+    return list(texts)
 
 
-def document_tokens(tokenizer, text: str) -> list[int]:
-    """The document's token ids, BOS first when the tokenizer has one."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else list(ids)
+def document_tokens(tokenizer, text: str, limit: int) -> list[int]:
+    """The document's first `limit` token ids (all, when it has fewer), BOS first when the tokenizer
+    has one: those of the whole text, from a prefix of it only (memory follows `limit`, not the
+    document). A prefix's last PREFIX_SLACK tokens are dropped (the cut may split what the whole
+    text tokenizes as one); a prefix that leaves too few is doubled."""
+    ids: list[int] = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    need, chars = limit - len(ids), PREFIX_CHARS * (limit + PREFIX_SLACK)
+    while True:
+        prefix = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
+        whole = chars >= len(text)
+        stable = prefix if whole else prefix[: max(0, len(prefix) - PREFIX_SLACK)]
+        if whole or len(stable) >= need:
+            return ids + stable[:need]
+        chars *= 2
 
 
 # ---- scoring ------------------------------------------------------------------------------------
@@ -173,10 +213,6 @@ def bucket_of(position: int) -> int:
 def bucket_label(bucket: int) -> str:
     low = 1 if bucket == 0 else FIRST_BUCKET << (bucket - 1)
     return f"{low}-{(FIRST_BUCKET << bucket) - 1}"
-
-
-def key_window(length: int) -> int:
-    return min(KEY_WINDOW, max(1, length // 4))
 
 
 def hf_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
@@ -246,24 +282,30 @@ def _fits(engine, tokens: int, why: str = "") -> None:
         raise Skipped(f"{why}{tokens} tokens exceed the engine's window of {engine.max_length}")
 
 
-def short_logprobs(score, rows: list[list[int]], window: int) -> list[list[float]]:
-    """log P(token p) from a short window: the rows read in blocks of `window`, block k's tokens
-    seeing blocks k-1 and k (each piece scored by `score` as a sequence of its own)."""
-    length = len(rows[0])
+def short_logprobs(score, rows: list[list[int]], context: int, stride: int) -> list[list[float]]:
+    """log P(token p) for p = context..L-1 from the reference's short context: for start = 0,
+    stride, 2 * stride, ... below L - context, one sequence of tokens start..start+context+stride-1
+    (scored by `score`) gives the tokens from start + context on; none at L <= context."""
     result: list[list[float]] = [[] for _ in rows]
-    for block in range(0, length, window):
-        begin = max(0, block - window)
-        pieces = [row[begin : block + window] for row in rows]
-        scored = score(pieces)  # positions begin+1 .. : keep those of this block (p >= max(block, 1))
-        keep = max(block, 1) - begin - 1
-        for out, values in zip(result, scored):
-            out.extend(values[keep:])
+    for start in range(0, len(rows[0]) - context, stride):
+        for out, values in zip(result, score([row[start : start + context + stride] for row in rows])):
+            out.extend(values[context - 1 :])  # values[j - 1] is the piece's position j
     return result
 
 
 def key_token_mask(long: list[float], short: list[float]) -> list[bool]:
-    """LongPPL's key tokens: LCL > beta and LSD = long - short > alpha."""
-    return [lcl > KEY_LCL and lcl - sl > KEY_LSD for lcl, sl in zip(long, short)]
+    """The reference's key tokens among positions 1..L-1 (`long`): of the last len(short), which
+    have a short-context score, those with LCL = long > beta and LSD = long - short > alpha."""
+    skip = len(long) - len(short)
+    return [False] * skip + [lcl > KEY_BETA and lcl - sl > KEY_ALPHA for lcl, sl in zip(long[skip:], short)]
+
+
+def longppl(records: list[dict[str, Any]]) -> float | None:
+    """Each document's exp(mean key-token NLL), weighted by its key tokens (the paper's perplexity.py);
+    None without a key token."""
+    keyed = [r for r in records if r["key_tokens"]]
+    count = sum(r["key_tokens"] for r in keyed)
+    return sum(r["key_tokens"] * math.exp(r["key_nll"] / r["key_tokens"]) for r in keyed) / count if count else None
 
 
 def document_record(doc: int, sha: str, logprobs: list[float], key: list[bool] | None) -> dict[str, Any]:
@@ -328,8 +370,8 @@ class PplBenchmark(Benchmark):
             from evalkit.corpus.tokenizer import tokenizer_fingerprint
             from evalkit.models.check import load_tokenizer
 
-            tokenizer = load_tokenizer(ref.path)
-            ids = [document_tokens(tokenizer, text) for text in self.documents()]
+            tokenizer, limit = load_tokenizer(ref.path), max(self.settings.lengths)
+            ids = [document_tokens(tokenizer, text, limit) for text in self.documents()]
             self._tokens[ref.path] = (tokenizer_fingerprint(tokenizer), ids)
         return self._tokens[ref.path]
 
@@ -350,9 +392,11 @@ class PplBenchmark(Benchmark):
         settings' identity, the weights and the tokenizer; not --docs, so a count reuses the others'."""
         fingerprint = self._tokenized(ref)[0]
         label = encoding_label(self.settings.encoding, self.settings.doc_tokens)
-        encoding = {} if label == STANDARD else {"encoding": label}  # standard keys as before the option
+        more = {} if label == STANDARD else {"encoding": label}  # standard keys as before the option
+        if self.settings.key_tokens:  # records of an earlier key-token rule are never reused
+            more["key_rule"] = f"longppl {KEY_CONTEXT}/{KEY_STRIDE} {KEY_ALPHA}/{KEY_BETA}"
         return identity_key(
-            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint, **encoding
+            self.settings, with_count=False, weights=weights_fingerprint(ref.path), tokenizer=fingerprint, **more
         )
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
@@ -389,25 +433,22 @@ class PplBenchmark(Benchmark):
     def _score(self, engine, rows: list[list[int]], docs: list[tuple[int, str]]) -> list[dict[str, Any]]:
         score = hf_logprobs if engine.name == "hf" else vllm_logprobs
         _fits(engine, len(rows[0]))
-        if self.settings.encoding == STANDARD:
-            long = score(engine, rows)
-        else:
-            long = anchor_logprobs(engine, score, rows, self.settings.doc_tokens)
-        short = (
-            short_logprobs(lambda pieces: score(engine, pieces), rows, key_window(len(rows[0])))
-            if self.settings.key_tokens
-            else [None] * len(rows)
-        )
+        anchor, key_tokens = self.settings.encoding != STANDARD, self.settings.key_tokens
+        # the evaluator of key tokens reads the document in standard whatever the encoding (module docstring)
+        standard = score(engine, rows) if key_tokens or not anchor else []
+        long = anchor_logprobs(engine, score, rows, self.settings.doc_tokens) if anchor else standard
+        if not key_tokens:
+            return [document_record(doc, sha, lp, None) for (doc, sha), lp in zip(docs, long)]
+        short = short_logprobs(lambda pieces: score(engine, pieces), rows, KEY_CONTEXT, KEY_STRIDE)
         return [
-            document_record(doc, sha, lp, None if sl is None else key_token_mask(lp, sl))
-            for (doc, sha), lp, sl in zip(docs, long, short)
+            document_record(doc, sha, lp, key_token_mask(ev, sl))
+            for (doc, sha), lp, ev, sl in zip(docs, long, standard, short)
         ]
 
     def _rows(self, ref: CheckpointRef, length: int, records: list[dict[str, Any]]) -> list[ResultRow]:
         values: dict[str, float | None] = {"perplexity": perplexity(records)}
         if self.settings.key_tokens:
-            count = sum(r["key_tokens"] for r in records)
-            values["longppl"] = math.exp(sum(r["key_nll"] for r in records) / count) if count else None
+            values["longppl"] = longppl(records)
         doc_tokens = None if self.settings.encoding == STANDARD else self.settings.doc_tokens
         cell: dict[str, Any] = {"n": len(records), "length": length, "encoding": self.settings.encoding}
         return [
@@ -461,7 +502,7 @@ def _detail(length: int, records: list[dict[str, Any]], read: int) -> dict[str, 
     detail["position_loss"] = position_losses(records)
     if records and "key_tokens" in records[0]:
         detail["key_tokens"] = sum(r["key_tokens"] for r in records)
-        detail["key_window"] = key_window(length)
+        detail["key_context"], detail["key_stride"] = KEY_CONTEXT, KEY_STRIDE
     return detail
 
 

@@ -1,5 +1,6 @@
 """`evalkit ppl` against an independent computation: a plain transformers forward over each whole
-document cut to L, the loss by hand; buckets, skips, resume, shards and LongPPL's key tokens."""
+document cut to L, the loss by hand; buckets, skips, resume, shards and the anchor encoding
+(LongPPL: tests/test_longppl_follows_the_reference.py)."""
 
 from __future__ import annotations
 
@@ -126,44 +127,6 @@ def test_shards_merge_equal_to_one_run(tmp_path):
         (r.length, r.value, r.n) for r in one.result_rows()
     ]
     assert merged["lengths"] == one.summaries[0]["lengths"]
-
-
-def test_key_tokens_are_those_only_the_long_context_predicts():
-    """A constructed scorer: a token is certain (log-prob 0) when its copy, `period` tokens back,
-    is inside what the scorer is shown, else log-prob -5. A document repeating a block of period
-    tokens beyond 2W: its second copy's tokens are key (LSD 5 > 2, LCL 0 > -2), the first copy's not."""
-    period, window = 700, 256  # period > 2 * window: no short window ever holds the copy
-    row = [*range(period), *range(period)]  # tokens distinct within a period
-
-    def score(pieces):
-        return [[0.0 if t - period >= 0 and piece[t - period] == piece[t] else -5.0 for t in range(1, len(piece))]
-                for piece in pieces]  # fmt: skip
-
-    long = score([row])[0]
-    short = ppl.short_logprobs(score, [row], window)[0]
-    assert len(short) == len(long) == len(row) - 1
-    mask = ppl.key_token_mask(long, short)
-    assert [p for p, key in enumerate(mask, start=1) if key] == list(range(period, 2 * period))
-
-
-def test_short_window_scores_equal_a_forward_over_each_block_and_the_one_before(tmp_path):
-    """The short window on the tiny model: token p of block k scored by hand from blocks k-1 and k."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from evalkit.engines import get_engine
-
-    row = list(range(5, 5 + 300))
-    window = 64
-    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
-    with get_engine("hf", TINY, dtype="fp32") as engine:
-        short = ppl.short_logprobs(lambda pieces: ppl.hf_logprobs(engine, pieces), [row], window)[0]
-    for p in (1, 63, 64, 65, 130, 299):
-        begin = max(0, (p // window) * window - window)
-        x = torch.tensor([row[begin:p]])
-        with torch.no_grad():
-            logits = model(input_ids=x).logits[0, -1].double()
-        assert short[p - 1] == pytest.approx(float(torch.log_softmax(logits, -1)[row[p]]), rel=1e-4, abs=1e-5)
 
 
 def test_smollm2_equals_a_plain_forward_at_each_length(tmp_path, smollm2):
