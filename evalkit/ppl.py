@@ -467,9 +467,12 @@ class PplBenchmark(Benchmark):
         data = self.settings.data
         name = data if data == "builtin" else Path(data).name
         digest = hashlib.sha256(json.dumps(self.documents()).encode()).hexdigest()[:16]
-        summary = {**summary, "eval_data": {"name": name, "sha256": digest}}
+        # in the provenance, so that merge refuses shards that scored other documents
+        summary = {**summary, "provenance": summary["provenance"] | {"eval_data": {"name": name, "sha256": digest}}}
         summary["lengths"] = {_cell_name(r.detail): r.detail for r in results if r.detail}
-        if not earlier or earlier.get("eval_data") != summary["eval_data"]:  # other documents: not one table
+        if (
+            not earlier or earlier["provenance"].get("eval_data") != summary["provenance"]["eval_data"]
+        ):  # other documents: not one table
             return summary
         rows, skipped = earlier_cells(TASK, PplSettings, summary, earlier, _cell_name)
         kept = {_cell_name(entry) for entry in rows + skipped}

@@ -249,7 +249,7 @@ def eval_data_label(summary: dict) -> str:
     """The evaluation data a summary records (ppl's `eval_data`: --data's name and a hash of the
     documents read), "" for a benchmark that records none; a ppl summary written before it: --data's
     name, its documents unrecorded."""
-    data = summary.get("eval_data")
+    data = (summary.get("provenance") or {}).get("eval_data")
     if isinstance(data, dict):
         return f"{data.get('name', '?')} (sha256 {str(data.get('sha256', '?'))[:8]})"
     given = ((summary.get("provenance") or {}).get("settings") or {}).get("data")

@@ -29,8 +29,8 @@ def ppl_summary(run: str, step: int, values: dict, eval_data: dict | None = None
         for (m, n), v in values.items()
     ]
     summary = {"schema_version": 2, "benchmark": "ppl", "title": "Perplexity", "run": run, "step": step, "rows": rows}
-    summary |= {"skipped": list(skipped), "provenance": {"settings": {"data": "builtin"}}}
-    return summary | ({"eval_data": eval_data} if eval_data else {})
+    provenance = {"settings": {"data": "builtin"}} | ({"eval_data": eval_data} if eval_data else {})
+    return summary | {"skipped": list(skipped), "provenance": provenance}
 
 
 def general_summary(run: str, rows: list[tuple[str, str, float | None, int]], limit=None) -> dict:
@@ -180,10 +180,10 @@ def test_the_ppl_summary_records_its_evaluation_data_and_keeps_no_cell_of_other_
     provenance = {"settings": asdict(settings), "engine": {}}
     now = {"run": "a", "step": 1, "rows": [], "skipped": [], "provenance": provenance}
     old_row = {"run": "a", "step": 1, "task": "ppl", "metric": "perplexity", "value": 4.16, "length": 8192}
-    earlier = {**now, "rows": [old_row], "eval_data": BUILTIN}
+    earlier = {**now, "rows": [old_row], "provenance": provenance | {"eval_data": BUILTIN}}
     summary = PplBenchmark(settings).finish_summary(now, [], earlier)
     digest = hashlib.sha256(json.dumps(texts[:2]).encode()).hexdigest()[:16]
-    assert summary["eval_data"] == {"name": "mine.jsonl", "sha256": digest}
+    assert summary["provenance"]["eval_data"] == {"name": "mine.jsonl", "sha256": digest}
     assert summary["rows"] == []  # 4.16 was the built-in prose's: not this file's
-    same = PplBenchmark(settings).finish_summary(now, [], {**earlier, "eval_data": summary["eval_data"]})
+    same = PplBenchmark(settings).finish_summary(now, [], {**earlier, "provenance": summary["provenance"]})
     assert [row["value"] for row in same["rows"]] == [4.16]  # the same documents: kept, as before

@@ -21,7 +21,7 @@ def _lengths(out) -> dict:
     return json.loads(next(out.rglob("ppl-summary.json")).read_text())["lengths"]
 
 
-def test_ppl_shards_merge_to_the_unsharded_run_and_the_plot_is_drawn_after(tmp_path):
+def test_ppl_shards_merge_to_the_unsharded_run_and_the_plot_is_drawn_after(tmp_path, capsys):
     data = tmp_path / "docs.jsonl"
     prose = "\n\n".join(builtin_documents())
     data.write_text("".join(json.dumps({"text": prose[i * 3000 : (i + 1) * 3000]}) + "\n" for i in range(2)))
@@ -34,6 +34,13 @@ def test_ppl_shards_merge_to_the_unsharded_run_and_the_plot_is_drawn_after(tmp_p
     assert merged == whole and len(next(iter(whole[0].values()))["rows"]) == 2 and whole[1]
     assert _lengths(tmp_path / "m") == _lengths(tmp_path / "whole")
     assert (tmp_path / "m" / "ppl-positions.png").stat().st_size and (tmp_path / "m" / "ppl-positions.svg").is_file()
+
+    # A shard that scored other documents (another --data, the same plan) is refused, not joined.
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"text": prose[i * 3000 + 1 : (i + 1) * 3000 + 1]}) + "\n" for i in range(2)))
+    assert _ppl(other, tmp_path / "other1", "--shard", "1/2") == 0
+    assert run_cli(["merge", shards[0], str(tmp_path / "other1"), "--out", str(tmp_path / "mixed")]) == 2
+    assert "eval_data" in capsys.readouterr().err and not (tmp_path / "mixed").exists()
 
     # Beside a ruler sweep's shards (one --out per benchmark and shard), each sweep merges as apart.
     ruler = ["ruler", "--ckpts", str(SHIPPED / "tiny-long-full-shipped"), "--lengths", "1k", "--samples", "1"]
