@@ -27,14 +27,7 @@ from evalkit.attention.features import layer_windows
 from evalkit.attention.hf import HF_NAMES
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
-from evalkit.files import (
-    atomic_write_text,
-    check_output_dir,
-    disk_full_error,
-    naming,
-    output_lock,
-    refuse_foreign,
-)
+from evalkit.files import atomic_write_text, check_output_dir, disk_full_error, naming, output_lock, refuse_foreign
 from evalkit.models.check import check_checkpoint
 from evalkit.store.provenance import git_state
 from evalkit.train import checkpoint as ckpt
@@ -221,7 +214,7 @@ def _check_finite(step: int, loss: float, grad_norm: float) -> None:
     """Stop before a non-finite loss or gradient reaches the weights (a NaN gradient can poison
     them while the loss is still finite). Both values are global, so every rank stops together."""
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise _diverged(step, f"loss {loss}, gradient norm {grad_norm}; not applied")
+        raise _diverged(step, f"loss {loss:.4g}, gradient norm {grad_norm:.4g}; not applied")
 
 
 def _diverged(step: int, what: str) -> UserError:
@@ -358,16 +351,20 @@ def _train(
     run = _Run(config, ctx, run_dir, tokenizer, stream, model, optimizer, scheduler, meta_base)
     try:
         _train_steps(run, step, tokens_seen, show_progress)
-    except OSError as err:
+    except OSError as err:  # files.naming made every full disk an OSError naming its file
         if disk_full_error(err) is None:
             raise
-        newest = ckpt.complete_checkpoints(run_dir)[-1:]
-        kept = f"from {newest[0][1].name}, the newest checkpoint" if newest else "from step 0: no checkpoint was saved"
-        raise UserError(
-            f"no space left on the device writing {err.filename}: no partial checkpoint is left; free some space "
-            f"there and add --resume to continue exactly {kept}"
-        ) from None
+        raise _resume_after_full_disk(err, run_dir) from None
     return run_dir
+
+
+def _resume_after_full_disk(err: OSError, run_dir: Path) -> UserError:
+    newest = ckpt.complete_checkpoints(run_dir)[-1:]
+    kept = f"from {newest[0][1].name}, the newest checkpoint" if newest else "from step 0: no checkpoint was saved"
+    return UserError(
+        f"no space left on the device writing {err.filename}: no partial checkpoint is left; free some space "
+        f"there and add --resume to continue exactly {kept}"
+    )
 
 
 def _refuse_unusable_run_dir(run_dir: Path) -> None:
@@ -481,7 +478,8 @@ def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, 
     synchronised end, so that building the windows (data_s) never counts as the model's time."""
     _synchronize(ctx.device)
     started = time.perf_counter()
-    loss = optimizer_step(model, optimizer, windows, config, ctx, autocast, step=scheduler.last_epoch + 1)  # steps taken + 1
+    step = scheduler.last_epoch + 1  # the steps taken, and this one
+    loss = optimizer_step(model, optimizer, windows, config, ctx, autocast, step=step)
     scheduler.step()
     _synchronize(ctx.device)
     return loss, time.perf_counter() - started
@@ -576,6 +574,7 @@ def _write_checkpoint(run: _Run, step: int, tokens_seen: int, model_state: dict,
     meta = {"step": step, "tokens_seen": tokens_seen, **run.meta_base}
     weights = {k.removeprefix("lm."): v for k, v in model_state.items()}
     weights_dtype = torch.bfloat16 if config.dtype in regime.BF16_DTYPES else torch.float32
-    lm = run.model.lm
-    ckpt.write_checkpoint(run.run_dir, step, lm, run.tokenizer, weights, trainer_state, meta, weights_dtype=weights_dtype)
+    ckpt.write_checkpoint(
+        run.run_dir, step, run.model.lm, run.tokenizer, weights, trainer_state, meta, weights_dtype=weights_dtype
+    )
     ckpt.prune(run.run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)
