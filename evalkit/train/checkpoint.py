@@ -115,7 +115,8 @@ def write_checkpoint(
     weights_dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Write step-<step> atomically (rank 0 only); returns its path. model.safetensors is in
-    `weights_dtype`; when that is not fp32 the fp32 weights go into the trainer state."""
+    `weights_dtype`; when that is not fp32 the fp32 weights go into the trainer state. A failure
+    (a full disk, Ctrl-C) leaves no temporary; a kill's is removed by the next start (remove_partial)."""
     final = Path(run_dir) / step_dir_name(step)
     tmp = Path(run_dir) / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -128,23 +129,34 @@ def write_checkpoint(
                 weights.pop(f"{name}.weight", None)  # stored once, as the input embedding
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
-    with naming(tmp / "model.safetensors"):
-        _write_weights(tmp, weights, weights_dtype)
-    model.config.save_pretrained(tmp)
-    config = json.loads((tmp / "config.json").read_text())
-    config.pop("_attn_implementation_autoset", None)
-    config.pop("attn_implementation", None)  # readers choose their own; evalkit's needs registering
-    _write_config(tmp, config, weights_dtype)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    with naming(tmp / TRAINER_STATE):
-        torch.save(trainer_state, tmp / TRAINER_STATE)
-    atomic_write_json(tmp / META, meta)  # last: its presence marks the checkpoint complete
+    try:
+        with naming(tmp):  # a full disk: an OSError naming where, whichever library was writing
+            _write_files(tmp, model, tokenizer, weights, trainer_state, meta, weights_dtype)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+def _write_files(tmp: Path, model, tokenizer, weights: dict, trainer_state: dict, meta: dict, dtype: torch.dtype):
+    with naming(tmp / "model.safetensors"):
+        _write_weights(tmp, weights, dtype)
+    model.config.save_pretrained(tmp)
+    config = json.loads((tmp / "config.json").read_text())
+    config.pop("_attn_implementation_autoset", None)
+    config.pop("attn_implementation", None)  # readers choose their own; evalkit's needs registering
+    _write_config(tmp, config, dtype)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # Through a Python file: on a full disk torch's own writer fails with "unexpected pos" and no
+    # errno; this way the ENOSPC of the file's write is in the error's chain (files.disk_full_error).
+    with naming(tmp / TRAINER_STATE), (tmp / TRAINER_STATE).open("wb") as file:
+        torch.save(trainer_state, file)
+    atomic_write_json(tmp / META, meta)  # last: its presence marks the checkpoint complete
 
 
 def _write_weights(folder: Path, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:

@@ -30,6 +30,8 @@ from evalkit.package_data import CONFIG_DIR, recipe_folder
 from evalkit.train.regime import BF16_DTYPES, DTYPES
 from evalkit.train.synthetic import PHRASINGS
 
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 def _at_least(lowest: int, default: Any, note: str = "") -> Any:
     """A field that must be at least `lowest` unless null (validate); `note` says what the bound means."""
@@ -193,6 +195,11 @@ def _rules(c: TrainConfig) -> list[tuple[bool, str]]:
             f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}",
         ),
         (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must be between 0 and 1, got {o.min_lr_ratio}"),
+        (  # AdamW's first step size and decay factor are float32 scalars: beyond, torch fails with a traceback
+            o.beta1 >= 1 or max(o.lr / (1 - o.beta1), o.lr * o.weight_decay) <= FLOAT32_MAX,
+            f"optim.lr={o.lr} is too large: AdamW's first step size lr / (1 - beta1), and lr x weight_decay, "
+            "must stay below float32's largest value, 3.4e38",
+        ),
         (
             c.checkpoint.io_timeout_minutes > 0,
             f"checkpoint.io_timeout_minutes must be positive, got {c.checkpoint.io_timeout_minutes}",

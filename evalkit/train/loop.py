@@ -27,7 +27,7 @@ from evalkit.attention.features import layer_windows
 from evalkit.attention.hf import HF_NAMES
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
-from evalkit.files import atomic_write_text, check_output_dir, naming, output_lock, refuse_foreign
+from evalkit.files import atomic_write_text, check_output_dir, disk_full_error, naming, output_lock, refuse_foreign
 from evalkit.models.check import check_checkpoint
 from evalkit.store.provenance import git_state
 from evalkit.train import checkpoint as ckpt
@@ -175,9 +175,12 @@ def _progress_bar(enabled: bool, description: str, total: int, start: int):
     return bar, bar.add_task(description, total=total, completed=start, loss=float("nan"), tps=0.0)
 
 
-def optimizer_step(model, optimizer, windows: list[PackedSequence], config: TrainConfig, ctx, autocast) -> float:
-    """One optimizer step on the global batch `windows`, the same for any number of processes and
-    micro-batches (module docstring); returns its mean loss per target token."""
+def optimizer_step(
+    model, optimizer, windows: list[PackedSequence], config: TrainConfig, ctx, autocast, *, step: int
+) -> float:
+    """Optimizer step `step` on the global batch `windows`, the same for any number of processes and
+    micro-batches (module docstring); returns its mean loss per target token. A non-finite loss or
+    gradient stops training before the weights change (_check_finite)."""
     mine = windows[ctx.rank :: ctx.world_size]
     num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
     loss_sum = torch.zeros((), device=ctx.device)
@@ -189,11 +192,36 @@ def optimizer_step(model, optimizer, windows: list[PackedSequence], config: Trai
             # FSDP averages gradients over processes; scaling by world size makes it a sum.
             (micro_loss * ctx.world_size / num_targets).backward()
             loss_sum += micro_loss.detach()
-    if config.optim.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+    grad_norm = _grad_norm(model, config.optim.grad_clip)
+    loss = float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
+    _check_finite(step, loss, grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
+    return loss
+
+
+def _grad_norm(model, grad_clip: float | None) -> float:
+    """The total gradient norm over every rank (before clipping to grad_clip, which computes it):
+    one scalar, the same on every rank, non-finite when any gradient is."""
+    if grad_clip:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor, reduced here
+
+
+def _check_finite(step: int, loss: float, grad_norm: float) -> None:
+    """Stop before a non-finite loss or gradient reaches the weights (a NaN gradient can poison
+    them while the loss is still finite). Both values are global, so every rank stops together."""
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise _diverged(step, f"loss {loss:.4g}, gradient norm {grad_norm:.4g}; not applied")
+
+
+def _diverged(step: int, what: str) -> UserError:
+    return UserError(
+        f"training diverged at step {step} ({what}): nothing of it was saved and the checkpoints before it are "
+        "kept; lower optim.lr and train again with another --out"
+    )
 
 
 def compute_weights(model, config: TrainConfig, ctx):
@@ -321,8 +349,22 @@ def _train(
     _announce_attention(config, model, tokenizer, ctx)
     meta_base = _checkpoint_meta(config, model, tokenizer, source, ctx)
     run = _Run(config, ctx, run_dir, tokenizer, stream, model, optimizer, scheduler, meta_base)
-    _train_steps(run, step, tokens_seen, show_progress)
+    try:
+        _train_steps(run, step, tokens_seen, show_progress)
+    except OSError as err:  # files.naming made every full disk an OSError naming its file
+        if disk_full_error(err) is None:
+            raise
+        raise _resume_after_full_disk(err, run_dir) from None
     return run_dir
+
+
+def _resume_after_full_disk(err: OSError, run_dir: Path) -> UserError:
+    newest = ckpt.complete_checkpoints(run_dir)[-1:]
+    kept = f"from {newest[0][1].name}, the newest checkpoint" if newest else "from step 0: no checkpoint was saved"
+    return UserError(
+        f"no space left on the device writing {err.filename}: no partial checkpoint is left; free some space "
+        f"there and add --resume to continue exactly {kept}"
+    )
 
 
 def _refuse_unusable_run_dir(run_dir: Path) -> None:
@@ -436,7 +478,8 @@ def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, 
     synchronised end, so that building the windows (data_s) never counts as the model's time."""
     _synchronize(ctx.device)
     started = time.perf_counter()
-    loss = optimizer_step(model, optimizer, windows, config, ctx, autocast)
+    step = scheduler.last_epoch + 1  # the steps taken, and this one
+    loss = optimizer_step(model, optimizer, windows, config, ctx, autocast, step=step)
     scheduler.step()
     _synchronize(ctx.device)
     return loss, time.perf_counter() - started
@@ -498,24 +541,40 @@ def _read_meta(checkpoint: Path) -> dict:
 
 
 def _save(run: _Run, step: int, tokens_seen: int) -> None:
-    """Gather the full state to rank 0, which writes it while the others wait in the I/O group
-    (no collective of the training group is pending meanwhile, so its timeout cannot fire)."""
-    model, optimizer, scheduler, config, ctx = run.model, run.optimizer, run.scheduler, run.config, run.ctx
+    """Gather the full state to rank 0, which checks and writes it while the others wait in the I/O
+    group (no collective of the training group is pending meanwhile, so its timeout cannot fire).
+    Its failure (non-finite weights, a full disk) reaches every rank: all stop with it."""
+    model, optimizer, ctx = run.model, run.optimizer, run.ctx
     model_state, optimizer_state = distributed.full_state(model, optimizer, ctx)
-    model_state = {k.removeprefix("lm."): v for k, v in model_state.items()}
+    failure = None
     if ctx.is_main:
-        trainer_state = {
-            "step": step,
-            "tokens_seen": tokens_seen,
-            "optimizer": optimizer_state,
-            "scheduler": scheduler.state_dict(),
-            "stream": run.stream.state_dict(),
-            "rng": torch.get_rng_state(),
-        }
-        meta = {"step": step, "tokens_seen": tokens_seen, **run.meta_base}
-        weights_dtype = torch.bfloat16 if config.dtype in regime.BF16_DTYPES else torch.float32
-        ckpt.write_checkpoint(
-            run.run_dir, step, model.lm, run.tokenizer, model_state, trainer_state, meta, weights_dtype=weights_dtype
-        )
-        ckpt.prune(run.run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)
-    distributed.wait_for_rank0(ctx)
+        try:
+            _write_checkpoint(run, step, tokens_seen, model_state, optimizer_state)
+        except (UserError, OSError) as err:
+            failure = err
+    failure = distributed.broadcast_object(failure, ctx)  # also every rank's wait for rank 0
+    if failure is not None:
+        raise failure
+
+
+def _write_checkpoint(run: _Run, step: int, tokens_seen: int, model_state: dict, optimizer_state: dict) -> None:
+    """step-<step> written from the gathered state (rank 0), then older checkpoints pruned; never
+    non-finite weights (an update can overflow them although its gradients were finite)."""
+    config = run.config
+    if not all(bool(v.isfinite().all()) for v in model_state.values() if v.is_floating_point()):
+        raise _diverged(step, "its update made weights non-finite")
+    trainer_state = {
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "optimizer": optimizer_state,
+        "scheduler": run.scheduler.state_dict(),
+        "stream": run.stream.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
+    meta = {"step": step, "tokens_seen": tokens_seen, **run.meta_base}
+    weights = {k.removeprefix("lm."): v for k, v in model_state.items()}
+    weights_dtype = torch.bfloat16 if config.dtype in regime.BF16_DTYPES else torch.float32
+    ckpt.write_checkpoint(
+        run.run_dir, step, run.model.lm, run.tokenizer, weights, trainer_state, meta, weights_dtype=weights_dtype
+    )
+    ckpt.prune(run.run_dir, config.checkpoint_steps(), config.checkpoint.keep_periodic)

@@ -64,7 +64,7 @@ def run(
             times = []
             for i, batch in enumerate(windows):
                 start = clock()
-                optimizer_step(model, optimizer, batch, config, ctx, autocast)
+                optimizer_step(model, optimizer, batch, config, ctx, autocast, step=i + 1)
                 if i:  # the first step warms up allocators and kernels
                     times.append(clock() - start)
             seconds = statistics.median(times)

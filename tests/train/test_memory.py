@@ -78,7 +78,13 @@ def test_parameter_gradient_and_optimizer_terms_equal_the_tensors(arch):
     assert est.grads == sum(p.grad.nbytes for p in model.parameters())
     optimizer.zero_grad()
     optimizer_step(
-        model, optimizer, [stream.next_window() for _ in range(4)], config, ctx, autocast_context(config, ctx.device)
+        model,
+        optimizer,
+        [stream.next_window() for _ in range(4)],
+        config,
+        ctx,
+        autocast_context(config, ctx.device),
+        step=1,
     )
     moments = [t for state in optimizer.state.values() for t in state.values() if t.dim() > 0]
     assert est.optimizer == sum(t.nbytes for t in moments)

@@ -55,7 +55,7 @@ def test_the_model_computes_in_bf16_and_the_optimizer_keeps_fp32_masters(tmp_pat
     hooks += [layer.register_forward_hook(after, with_kwargs=True) for layer in decoder.layers]
     hooks.append(decoder.embed_tokens.register_forward_hook(lambda m, a, out: seen["hidden"].add(out.dtype)))
     windows = [stream.next_window() for _ in range(config.windows_per_step)]
-    optimizer_step(model, optimizer, windows, config, ctx, torch.autocast("cpu", enabled=False))
+    optimizer_step(model, optimizer, windows, config, ctx, torch.autocast("cpu", enabled=False), step=1)
     for hook in hooks:
         hook.remove()
     assert seen == {"weights": {BF16}, "hidden": {BF16}, "inv_freq": {BF16}}
@@ -101,7 +101,7 @@ def test_one_step_equals_a_hand_written_fp32_master_bf16_copy_step_bitwise(tmp_p
     )
     reference.step()
 
-    optimizer_step(model, optimizer, windows, config, ctx, torch.autocast("cpu", enabled=False))
+    optimizer_step(model, optimizer, windows, config, ctx, torch.autocast("cpu", enabled=False), step=1)
     for (name, mine), theirs in zip(model.named_parameters(), masters.parameters()):
         assert mine.dtype == torch.float32 and torch.equal(mine, theirs), name
 

@@ -104,12 +104,12 @@ def test_kill_during_save_leaves_no_complete_looking_checkpoint(tmp_path, monkey
     real_save = torch.save
     calls = {"n": 0}
 
-    def dying_save(obj, path, *args, **kwargs):
+    def dying_save(obj, file, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:  # the second checkpoint dies half-written
-            Path(path).write_bytes(b"partial")
+            file.write(b"partial")
             raise KeyboardInterrupt
-        return real_save(obj, path, *args, **kwargs)
+        return real_save(obj, file, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", dying_save)
     with pytest.raises(KeyboardInterrupt):
@@ -117,7 +117,9 @@ def test_kill_during_save_leaves_no_complete_looking_checkpoint(tmp_path, monkey
     monkeypatch.setattr(torch, "save", real_save)
     run = Path(config.out)
     assert [s for s, _ in ckpt.complete_checkpoints(run)] == [2]
-    assert (run / ".step-4.tmp").exists() and not (run / "step-4").exists()
+    assert not (run / ".step-4.tmp").exists() and not (run / "step-4").exists()  # Ctrl-C cleans up
+    (run / ".step-4.tmp").mkdir()  # what a SIGKILL mid-save leaves, which nothing could clean then
+    (run / ".step-4.tmp" / ckpt.TRAINER_STATE).write_bytes(b"partial")
     train(config, resume=True, show_progress=False)
     assert not (run / ".step-4.tmp").exists()
     assert [s for s, _ in ckpt.complete_checkpoints(run)] == [2, 4]
