@@ -46,9 +46,16 @@ CHECKPOINT_JSON = (
     "generation_config.json",
 )
 KEYS_SHOWN = 3  # weight names quoted in an error: enough to see the pattern, short enough for one line
-# The hub's repo id rules (letters, digits, '-', '_', '.'), one org, and an optional @revision: a
-# branch, a tag or a commit. No glob character fits, so a quoted glob is never taken for a hub name.
-HUB_NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
+# A name meant for the hub, when no local path has it: two parts (org, name) or an @revision, no
+# glob character (a quoted glob is a path pattern), not starting as a path does (/, ., ~).
+HUB_SHAPED = re.compile(r"\A(?![/.~])[^*?\[]*\Z")
+# The hub's repo id rules (huggingface_hub's validate_repo_id): ASCII letters, digits, '_', '-',
+# '.', starting and ending with a letter, digit or '_', at most 96 characters, no '--' or '..'.
+HUB_REPO_PART = re.compile(r"(?!.*(--|\.\.))\w(?:[\w.-]{0,94}\w)?", re.ASCII)
+# A revision is a branch, a tag or a commit: git's ref-name rules that keep it a name, not a path
+# (no '..', no leading '/' or '-', no '//', no component starting with '.', no control character,
+# space or ~^:?*[\, no '@{', not ending in '/', '.' or '.lock').
+BAD_REVISION = re.compile(r"\.\.|//|@\{|(^|/)\.|^[/-]|[/.]$|\.lock$|[\x00-\x20\x7f~^:?*\[\\]")
 # What evalkit's loaders read from a repo: config, tokenizer and safetensors weights. Repos often
 # also hold pickle weights, ONNX and GGUF exports, several times the model's size.
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
@@ -137,10 +144,27 @@ def checkpoint_source(name: str, *, cache_only: bool = False) -> tuple[Path, Hub
     else a hub name's snapshot in the hub cache, with what it resolved to; `cache_only` never
     downloads, as HF_HUB_OFFLINE=1. A name that is neither a hub name nor a local path comes back
     as a path, for the caller's own "no checkpoint there" error."""
-    hub = HUB_NAME.match(name)
-    if hub is None:  # an absolute or deeper path: huggingface_hub is not even imported
-        return Path(name).expanduser(), None
-    return _source(name, hub["repo"], hub["revision"], Path.cwd(), hub_cache(), cache_only or hub_is_offline())
+    if not name.strip():
+        raise UserError(f"{name!r} names no checkpoint: give a checkpoint directory or a hub name org/name[@revision]")
+    repo, at, revision = name.partition("@")
+    if not HUB_SHAPED.match(name) or not (at or re.fullmatch(r"[^/]+/+[^/]+", repo)):
+        return Path(name).expanduser(), None  # an absolute or deeper path: huggingface_hub is not even imported
+    if not Path(name).expanduser().exists():
+        _check_hub_name(name, repo, revision if at else None)
+    return _source(name, repo, revision if at else None, Path.cwd(), hub_cache(), cache_only or hub_is_offline())
+
+
+def _check_hub_name(name: str, repo: str, revision: str | None) -> None:
+    """A name read as a hub name (no local path has it) follows the hub's rules, or one line says
+    which it breaks: `org//name` is not `org/name`, and `@../../x` is not a revision but a path."""
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(HUB_REPO_PART.fullmatch(part) for part in parts) or repo.endswith(".git"):
+        problem = f"the repo {repo!r} is not org/name (letters, digits, '_', '-', '.'; no '--' or '..')"
+    elif revision is not None and (revision == "" or BAD_REVISION.search(revision)):
+        problem = f"the revision {revision!r} is not a branch, tag or commit name (git's ref-name rules)"
+    else:
+        return
+    raise UserError(f"{name!r} is not a local path, nor a valid hub name org/name[@revision]: {problem}")
 
 
 @functools.cache
@@ -180,6 +204,13 @@ def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool) -> Pa
         ) from None
     except Exception as err:  # not found, gated, HTTP errors: huggingface_hub raises many kinds
         raise UserError(f"{name} is not a local directory, and the hub did not give it: {one_line(err)}") from None
+    # A refs file (or the cache) edited to point elsewhere must not make another directory the model.
+    snapshots = (cache / f"models--{repo.replace('/', '--')}" / "snapshots").resolve()
+    if Path(found).resolve().parent != snapshots:
+        raise UserError(
+            f"{name} resolved to {found}, which is not a snapshot in the hub cache {snapshots}; "
+            f"its refs file may be damaged: fill it again with hf download {repo}"
+        )
     return Path(str(found))
 
 

@@ -105,8 +105,9 @@ def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[Check
             elif path.is_dir() and (found := _run_checkpoints(path)):
                 refs.extend(found)
             else:
+                shown = pattern if path == Path(pattern) else path  # as typed: org//name is not org/name
                 raise UserError(
-                    f"no checkpoint at {path}: expected a directory with config.json or with step-* checkpoints, "
+                    f"no checkpoint at {shown}: expected a directory with config.json or with step-* checkpoints, "
                     "or a hub name org/name[@revision]"
                 )
     unique = sorted(_one_per_directory(refs))
