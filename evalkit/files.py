@@ -23,8 +23,8 @@ from evalkit.errors import UserError
 
 
 def cache_root() -> Path:
-    """EVALKIT_CACHE, else ~/.cache/evalkit: the trained tokenizers and RULER samples."""
-    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
+    """EVALKIT_CACHE, else (unset or empty) ~/.cache/evalkit: the trained tokenizers and RULER samples."""
+    return Path(os.environ.get("EVALKIT_CACHE") or Path.home() / ".cache" / "evalkit")  # empty: unset, not "."
 
 
 def umask() -> int:
@@ -339,6 +339,27 @@ def disk_full_error(err: BaseException) -> BaseException | None:
     return None
 
 
+# What the user can do about a file the system refused (the errno's own words are often obscure).
+FILE_ERROR_ADVICE = {
+    errno.ELOOP: "a symbolic link loop: fix or remove the link",
+    errno.EACCES: "permission denied: make it readable (and its directory searchable), or use another",
+    errno.EPERM: "operation not permitted: make it accessible, or use another",
+    errno.EISDIR: "a directory where a file was expected: give the file",
+    errno.ENOTDIR: "a path under a file: give a directory",
+    errno.ENOENT: "no such file (a dangling symbolic link?): restore it, or remove the link",
+    errno.ENXIO: "a special file (a socket or FIFO?): give a regular file",
+}
+
+
+def file_error(err: BaseException) -> str | None:
+    """One line for a file the system refused anywhere in a command (a symbolic link loop in a hub
+    snapshot, an unreadable file, a directory given for a file): an OSError naming its file,
+    with what to do. None for any other error, which stays a traceback (a bug to report)."""
+    if not isinstance(err, OSError) or err.filename is None or err.errno not in FILE_ERROR_ADVICE:
+        return None
+    return f"{err.filename}: {FILE_ERROR_ADVICE[err.errno]} ({err.strerror})"
+
+
 # The first line of each markdown file evalkit writes (the leaderboard, --avg tables, probe summaries).
 OWN_MARKDOWN_TITLES = ("# Leaderboard", "# BF16 RoPE probe: ")
 OWN_MARKDOWN_SUFFIX = ", averaged over checkpoints"
@@ -378,6 +399,24 @@ def written_by_evalkit(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
+
+
+def read_text(path: Path, what: str = "") -> str:
+    """The UTF-8 text of the user's file `path`, or one line saying why not (`what` says what it was
+    given as, e.g. "config"): not a regular file (a directory, or a FIFO that would block the read
+    forever), unreadable (file_error's reasons), or not UTF-8."""
+    named = f"{what} {path}".strip()
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise UserError(f"{named} is not a regular file (a directory, FIFO or device): give a file")
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"{named}: {FILE_ERROR_ADVICE.get(err.errno or 0, err.strerror or str(err))}") from None
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{named} is not UTF-8 text (byte {err.start}: {err.object[err.start : err.start + 1]!r}); "
+            "convert it, e.g. iconv -f latin1 -t utf-8"
+        ) from None
 
 
 def read_json_object(path: Path) -> dict:

@@ -14,7 +14,7 @@ import typer
 
 from evalkit.cli.app import BENCHMARK_COMMANDS, app
 from evalkit.errors import UserError
-from evalkit.files import disk_full_advice, disk_full_error
+from evalkit.files import disk_full_advice, disk_full_error, file_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
 COMMAND_MODULES = "train checkpoints probe ruler general merge leaderboard compare quickstart".split()
@@ -43,7 +43,11 @@ def main(application: Callable[[], object] = app) -> None:
     except Exception as err:
         full = disk_full_error(err)
         if full is None:
-            raise
+            unreadable = file_error(err)
+            if unreadable is None:
+                raise
+            typer.echo(f"error: {unreadable}", err=True)
+            sys.exit(2)
         path = getattr(full, "filename", None)
         where = f" writing {path}" if path else ""
         advice = disk_full_advice(path) if path else "free some space (or choose another --out)"

@@ -79,11 +79,10 @@ def train_command(
         raise UserError(f"--paradigm takes one paradigm to train, got {paradigm!r} (a list only with --inspect)")
     cfg = load_recipe(config, {**overrides, "paradigm": paradigms[0]}, sets)
     if memory_estimate:
-        import os
-
+        from evalkit.arglists import environ_int
         from evalkit.train import memory
 
-        count = gpus if gpus is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        count = gpus if gpus is not None else environ_int("WORLD_SIZE", 1, fix="give --gpus N instead")
         typer.echo(memory.report(cfg, memory.architecture(cfg), count))
         return
     run_dir = train(cfg, resume=resume)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from evalkit.errors import UserError
+from evalkit.files import read_text
 
 TEXT_FIELD = "text"
 
@@ -46,7 +47,7 @@ def special_prefix(tokenizer) -> list[int]:
 
 def _read_jsonl_texts(path: Path) -> list[str]:
     texts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text(path, "--texts").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -77,7 +78,7 @@ class TextSource:
             encode = dict(add_special_tokens=True, truncation=max_length is not None, max_length=max_length)
             self._texts = [tokenizer(text, **encode)["input_ids"] for text in _read_jsonl_texts(self.path)]
         else:
-            paragraphs = self.path.read_text(encoding="utf-8").split("\n\n")
+            paragraphs = read_text(self.path, "--texts").split("\n\n")
             self._pieces = (paragraph for paragraph in paragraphs if paragraph.strip())
 
     def describe(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from evalkit.errors import UserError
+from evalkit.models.precision import check_dtype
 
 EXECUTORS = ("local", "ray")
 SHARD_HELP = (
@@ -64,7 +65,13 @@ def engine_option() -> Any:
 
 
 def dtype_option() -> Any:
-    return typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).")
+    # Checked as given: an empty --dtype "" is refused, not read as "not given" (the default).
+    return typer.Option(
+        None,
+        "--dtype",
+        help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).",
+        callback=lambda value: value if value is None else check_dtype(value),
+    )
 
 
 def batch_size_option(items: str) -> Any:

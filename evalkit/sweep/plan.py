@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalkit.arglists import environ_int
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json
 from evalkit.models.refs import CheckpointRef
@@ -43,7 +44,7 @@ def parse_shard(text: str | None, environ: Mapping[str, str] = os.environ) -> Sh
         return None
     if text.strip().lower() in SCHEDULERS:
         return array_shard(text.strip().lower(), environ)
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text, re.ASCII)
     if not match or not int(match.group(1)) < int(match.group(2)):
         raise UserError(
             f"--shard must be I/N with 0 <= I < N (e.g. 0/4) or one of {', '.join(SCHEDULERS)}, got {text!r}"
@@ -71,13 +72,10 @@ def array_shard(scheduler: str, environ: Mapping[str, str]) -> Shard:
 
 
 def _array_variable(environ: Mapping[str, str], name: str, scheduler: str) -> int:
-    value = environ.get(name)
-    if value is None or not value.strip().isdigit():
-        found = "is not set" if value is None else f"is {value!r}, not a number"
-        raise UserError(
-            f"--shard {scheduler}: ${name} {found}; run inside a {scheduler} job array, or give --shard I/N"
-        )
-    return int(value)
+    try:
+        return environ_int(name, environ=environ, fix=f"run inside a {scheduler} job array, or give --shard I/N")
+    except UserError as err:
+        raise UserError(f"--shard {scheduler}: {err}") from None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from evalkit.attention import Paradigm
 from evalkit.attention.hf import ROPE_PRECISIONS
 from evalkit.attention.packing import WINDOW_STARTS
 from evalkit.errors import UserError
+from evalkit.files import read_text
 from evalkit.models.check import HubModel, checkpoint_source
 from evalkit.models.refs import is_checkpoint
 from evalkit.package_data import CONFIG_DIR, recipe_folder
@@ -362,7 +363,7 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in seen:
         raise UserError(f"config {path} inherits from itself through 'base:'")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_text(path, "config")) or {}
     except yaml.YAMLError as err:
         raise UserError(f"config {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):

@@ -12,7 +12,6 @@ timeout (checkpoint.io_timeout_minutes), not in the training group, whose collec
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -20,6 +19,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from evalkit.arglists import environ_int
 from evalkit.train.regime import BF16_DTYPES
 
 
@@ -38,11 +38,11 @@ class DistContext:
 
 def init_distributed() -> DistContext:
     """Join the torchrun process group, or the one the caller initialised; pick this process's device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = environ_int("WORLD_SIZE", 1, fix="launch with torchrun, which sets it")
     cuda = torch.cuda.is_available()
     if world == 1 and not dist.is_initialized():
         return DistContext(device=torch.device("cuda" if cuda else "cpu"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = environ_int("LOCAL_RANK", 0, fix="launch with torchrun, which sets it")
     if cuda:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
