@@ -52,7 +52,7 @@ from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
-from evalkit.store.result_format import STANDARD, ResultRow, encoding_label
+from evalkit.store.result_format import NO_KEY_TOKENS, STANDARD, ResultRow, encoding_label
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import Unit, UnitStore
 from evalkit.sweep import options
@@ -526,8 +526,6 @@ def _document(record: dict[str, Any]) -> tuple[int, str] | None:
 
 def checkpoint_table(rows: list[ResultRow]) -> str:
     """One line per checkpoint and metric: its value at each length; LongPPL over no key token says so, and why."""
-    from evalkit.results.leaderboard import NO_KEY_TOKENS
-
     lengths = sorted({row.length for row in rows if row.length is not None})
     rows = [replace(row, run=row.series()) for row in rows]  # an encoding other than standard: a series of its own
     cells = {(row.run, row.step, row.metric, row.length): row for row in rows}

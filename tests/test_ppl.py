@@ -111,24 +111,6 @@ def test_a_killed_run_resumes_computing_only_what_was_not_logged(tmp_path, monke
     assert _values(_run(TINY, data, tmp_path / "out", [256, 512])) == resumed and scored == []
 
 
-def test_shards_merge_equal_to_one_run(tmp_path):
-    from evalkit.store.result_format import summary_rows
-    from evalkit.sweep.merge import merge_shards
-    from evalkit.sweep.plan import parse_shard
-
-    data, _ = _data(tmp_path, (2000, 2600))
-    lengths = [128, 256, 512]
-    one = _run(TINY, data, tmp_path / "one", lengths)
-    for index in (0, 1):
-        _run(TINY, data, tmp_path / f"shard{index}", lengths, shard=parse_shard(f"{index}/2"))
-    merge_shards([tmp_path / "shard0", tmp_path / "shard1"], tmp_path / "merged")
-    merged = json.loads((tmp_path / "merged" / "tiny-base" / "step-7000" / "ppl-summary.json").read_text())
-    assert [(r.length, r.value, r.n) for r in summary_rows(merged)] == [
-        (r.length, r.value, r.n) for r in one.result_rows()
-    ]
-    assert merged["lengths"] == one.summaries[0]["lengths"]
-
-
 def test_smollm2_equals_a_plain_forward_at_each_length(tmp_path, smollm2):
     data, texts = _data(tmp_path, (1500, 6000))
     lengths = [256, 1024]

@@ -18,7 +18,7 @@ def merge_command(
     """Join the shard outputs of one sweep (per-sample logs and summaries) as if one run wrote them."""
     from evalkit.sweep.merge import merge_shards
 
-    counts = merge_shards(outputs, out)
+    counts = merge_shards(outputs, out, redraw=_redraw)
     empty = f" ({counts['empty']} of them empty: no units)" if counts["empty"] else ""
     typer.echo(
         f"merged {counts['shards']} shards{empty}: {counts['summaries']} summaries, {counts['files']} files into {out}"
@@ -28,3 +28,13 @@ def merge_command(
         raise UserError(
             f"no task of the {names} sweep produced a score (all skipped); the reasons are in {out}'s summaries"
         )
+
+
+def _redraw(summaries: list[dict], out: Path) -> None:
+    """The files a benchmark's command derives from its summaries into --out, drawn from the merged
+    ones as the unsharded run's command draws them (ppl's plot; --avg's tables come from a rerun)."""
+    ppl = sorted((s for s in summaries if s.get("benchmark") == "ppl"), key=lambda s: (s["run"], s["step"]))
+    if any(summary["rows"] for summary in ppl):
+        from evalkit.ppl import draw
+
+        draw(ppl, out)

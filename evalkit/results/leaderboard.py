@@ -31,6 +31,7 @@ from evalkit.results.summaries import (
 from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
 from evalkit.store.result_format import (
     EXPORT_FIELDS,
+    NO_KEY_TOKENS,
     STANDARD,
     SUMMARY_SUFFIX,
     ResultRow,
@@ -239,10 +240,6 @@ def settings_notes(infos: dict[str, RunInfo]) -> str:
 
 
 Shown = tuple[ResultRow, str]  # a row the board tables, with what it was measured on beyond its column ("": nothing)
-NO_KEY_TOKENS = (
-    "0 key tokens: no token's log-probability gained enough from the long context "
-    "(LongPPL needs L well above its short window)"
-)
 
 
 def eval_data_label(summary: dict) -> str:

@@ -29,6 +29,11 @@ from evalkit.files import read_json_object
 SCHEMA_VERSION = 2
 
 STANDARD = "standard"  # the encoding of a RULER cell evaluated as one causal prompt
+# What a LongPPL row without a value (ppl --key-tokens) means, said under every table that shows one.
+NO_KEY_TOKENS = (
+    "0 key tokens: no token's log-probability gained enough from the long context "
+    "(LongPPL's key tokens lie past its short context of 4096 tokens: none at L <= 4096)"
+)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,15 @@ _EXECUTION = {
     "engine.packed_batch_note",
     "engine.threads",
 }
+Redraw = Callable[[list[dict], Path], None]
 _CODE = ("evalkit_version", "git_hash", "dirty_files")  # the code every shard ran, empty ones too
 
 
-def merge_shards(inputs: list[Path], dest: Path) -> dict[str, Any]:
+def merge_shards(inputs: list[Path], dest: Path, redraw: Redraw | None = None) -> dict[str, Any]:
     """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted,
-    and `unscored`: the benchmarks whose whole sweep produced no score (every unit skipped)."""
+    and `unscored`: the benchmarks whose whole sweep produced no score (every unit skipped).
+    `redraw(summaries, directory)` draws the files derived from the merged summaries (the
+    benchmarks' own, so the caller's: sweep/ imports no benchmark) before dest is in place."""
     inputs, dest = [Path(p) for p in inputs], Path(dest)
     _check_paths(inputs, dest)
     empty = _read_empty_shards(inputs)
@@ -70,7 +74,8 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, Any]:
             shutil.copy2(directory / rel, tmp / rel)
         for rel, summary in merged.items():
             atomic_write_json(tmp / rel, summary)
-        _redraw(list(merged.values()), tmp)
+        if redraw:
+            redraw(list(merged.values()), tmp)
         move_into_place(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -79,16 +84,6 @@ def merge_shards(inputs: list[Path], dest: Path) -> dict[str, Any]:
     unscored = sorted(names - {_benchmark(s) for s in merged.values() if s["rows"]})
     shards = {"shards": len(inputs), "empty": len({directory for directory, _ in empty})}
     return shards | {"summaries": len(merged), "files": len(copies), "unscored": unscored}
-
-
-def _redraw(summaries: list[dict], out: Path) -> None:
-    """The files a benchmark's command derives from its summaries into --out, drawn from the merged
-    ones as the unsharded run's command draws them (ppl's plot; --avg's tables come from a rerun)."""
-    ppl = sorted((s for s in summaries if _benchmark(s) == "ppl"), key=lambda s: (s["run"], s["step"]))
-    if any(summary["rows"] for summary in ppl):
-        from evalkit.ppl import draw
-
-        draw(ppl, out)
 
 
 def _benchmark(summary: dict) -> str:

@@ -11,7 +11,7 @@ from evalkit.results.leaderboard import build_markdown, write_export
 
 NO_KEY_TOKENS = (
     "0 key tokens: no token's log-probability gained enough from the long context "
-    "(LongPPL needs L well above its short window)."
+    "(LongPPL's key tokens lie past its short context of 4096 tokens: none at L <= 4096)."
 )
 
 
