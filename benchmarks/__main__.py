@@ -187,7 +187,12 @@ def bench_eval(
     tasks: str = typer.Option("niah_single_1,niah_multikey_2", "--tasks", help="RULER tasks, comma-separated, or all."),
     samples: int = typer.Option(20, "--samples", help="Samples per task and length."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch, every engine."),
-    dtype: str = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: each engine's own)."),
+    dtype: str = typer.Option(
+        None,
+        "--dtype",
+        help="bf16, fp16 or fp32 (default: each engine's own).",
+        callback=lambda value: value if value is None else check_dtype(value),  # "" is not "not given"
+    ),
     out: Path = typer.Option(None, help="Also write the table, with its conditions, to this markdown file."),
 ) -> None:
     """RULER samples/s of each engine on the same samples, with prefill/decode time and tokens computed."""

@@ -51,6 +51,10 @@ CASES = {
     # train --inspect, the bf16 regimes, WORLD_SIZE
     "inspect tokens 0": (["train", "--inspect", "{tmp}/inspect", "--inspect-tokens", "0"], {}),
     "inspect windows negative": (["train", "--inspect", "{tmp}/inspect", "--inspect-windows", "-1"], {}),
+    "inspect windows huge": (["train", "--inspect", "{tmp}/inspect", "--inspect-windows", "100000000000"], {}),
+    "inspect paradigm empty": (["train", "--inspect", "{tmp}/inspect", "--paradigm", ""], {}),
+    "train paradigm empty": (["train", "--paradigm", "", "--out", "{tmp}/run"], {}),
+    "export to an empty name": (["export", "{tmp}/nowhere", ""], {}),
     "inspect into a file": (["train", "--inspect", "{tmp}/latin1.txt"], {}),
     "inspect seq-len negative": (["train", "--inspect", "{tmp}/inspect", "--seq-len", "-1"], {}),
     "config latin-1 yaml": (["train", "--inspect", "{tmp}/inspect", "--config", "{tmp}/latin1.yaml"], {}),

@@ -64,7 +64,9 @@ def train_command(
     from evalkit.errors import UserError
     from evalkit.train import load_recipe, train
 
-    paradigms = parse_list(paradigm) if paradigm else [None]
+    paradigms = parse_list(paradigm) if paradigm is not None else [None]
+    if not paradigms:  # "" would otherwise read as the recipe's paradigm, or with --inspect as every one
+        raise UserError("--paradigm is empty: name a paradigm, or leave the option out for the recipe's")
     overrides = {"model.path": model, "seq_len": seq_len, "max_steps": max_steps, "out": out}
     if inspect is not None:
         if resume or memory_estimate:

@@ -30,6 +30,7 @@ from evalkit.train.model import recipe_tokenizer
 WINDOW_SCHEMA_VERSION = 1  # also what marks window.json as evalkit's own (files.written_by_evalkit)
 WINDOW_FILE, MASK_FILE = "window.json", "mask.png"
 OPTION = "--inspect"
+MAX_WINDOWS = 32
 ANCHOR_COLOUR, PAD_COLOUR, MASKED_COLOUR = (0.0, 0.0, 0.0), (0.6, 0.6, 0.6), (1.0, 1.0, 1.0)
 
 
@@ -41,6 +42,8 @@ def inspect_windows(configs: list[TrainConfig], out: Path, *, windows: int = 1, 
     for option, value in (("--inspect-windows", windows), ("--inspect-tokens", tokens)):
         if value < 1:
             raise UserError(f"{option} must be at least 1, got {value}")
+    if windows > MAX_WINDOWS:  # one panel each in one figure, all held in memory: a typo would run unbounded
+        raise UserError(f"--inspect-windows is at most {MAX_WINDOWS} (panels of one figure), got {windows}")
     folders = [Path(out) / config.paradigm.value for config in configs]
     check_output_dir(Path(out), OPTION)
     for folder in folders:
