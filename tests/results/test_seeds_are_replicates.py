@@ -194,3 +194,25 @@ def test_runs_of_one_series_must_be_one_recipe_and_evaluated_alike(tmp_path):
     lacking = Series("A", runs=[run("a1", [[100.0, 0.0]]), Series("a2", checkpoints={0: {}})])
     with pytest.raises(UserError, match=r"series A \(run a2\): niah_single_1 at 1024 is missing at step"):
         compare({"A": lacking, "B": seeds("B", [[[0.0, 100.0]], [[100.0, 0.0]]])}, ["A", "B"], replicates=200)
+
+
+def test_the_leaderboard_tables_runs_named_seed_n_as_one_series_of_seeds(tmp_path):
+    """full's seeds score 0, 10 and 20 at 1K, anchor's 90, 100 and 100 (10 samples, 2 checkpoints
+    each): the seeds table shows mean ± std over the runs (10.00 ± 10.00, 96.67 ± 5.77 by hand), bolds
+    anchor (far beyond the seed spread) and gives anchor the effective length 1K; a run without a
+    seed in its name stays a run of its own."""
+    from evalkit.results.leaderboard import build_markdown
+
+    out = tmp_path / "results"
+    for paradigm, rights in (("full", (0, 1, 2)), ("anchor", (9, 10, 10))):
+        for seed, right in enumerate(rights, start=1):
+            for step in (1, 2):
+                name = f"{paradigm}-seed{seed}"
+                write_checkpoint(out, name, step, "niah_single_1", 1024, [1] * right + [0] * (10 - right))
+                set_paradigm(out, name, step, paradigm)
+    write_checkpoint(out, "other", 1, "niah_single_1", 1024, [1] * 5 + [0] * 5)
+    text, _, _ = build_markdown([out])
+    seeds = text.split("## RULER over seeds")[1].split("##")[0]
+    assert "| anchor | anchor-seed1, anchor-seed2, anchor-seed3 | **96.67 ± 5.77** | 1K [" in seeds
+    assert "| full | full-seed1, full-seed2, full-seed3 | 10.00 ± 10.00 | < 1K [< 1K, < 1K] |" in seeds
+    assert "other" not in seeds
