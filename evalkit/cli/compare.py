@@ -17,7 +17,7 @@ def compare_command(
     paths: list[str] = typer.Argument(
         ...,
         help="Results directories (the --out of evalkit ruler/general), each optionally LABEL=DIR; every run "
-        "(and encoding) under them is a series.",
+        "(and encoding) under them is a series; a LABEL given several runs (LABEL=DIR-seed*) holds them as seeds.",
         show_default=False,
     ),
     baseline: str = typer.Option(
@@ -73,7 +73,7 @@ def compare_command(
         wanted_tasks = {task.strip() for task in tasks.split(",")} if tasks else None
         wanted_lengths = set(parse_lengths(lengths)) if lengths else None
         for one in series.values():
-            for cells in one.checkpoints.values():
+            for cells in (cells for run in one.members() for cells in run.checkpoints.values()):
                 for cell in list(cells):
                     if (wanted_tasks and cell.task not in wanted_tasks) or (
                         wanted_lengths and cell.length is not None and cell.length not in wanted_lengths

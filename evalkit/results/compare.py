@@ -19,6 +19,16 @@ mean over all K checkpoints of their resampled scores plus √(K/(K−1)) times 
 deviation from it (so its variance is the unbiased s²/K, not the plug-in (K−1)/K of it); with one
 checkpoint only the samples vary.
 
+A series of several training runs (seeds; samples.load_series) adds a stage above the checkpoints: a
+three-stage bootstrap resampling at every stage (Davison & Hinkley 1997, Bootstrap Methods, §3.8):
+each replicate draws the series' runs with replacement, each run's value being its own replicate as
+above, combined over the runs as the checkpoints are over a run (√(R/(R−1))), so the interval holds
+the variation between seeds and a difference is called only beyond it. Each series draws its own runs
+(runs of two series are not paired: seeds of two paradigms share nothing) unless both are of the same
+runs (the same checkpoints: two encodings of the same seeds), which share the run draw as they share
+a checkpoint draw; samples answered alike still share their draw. A point value is the mean over runs
+of each run's checkpoint-averaged score; with one run everything is as above, draw for draw.
+
 From the replicates: the standard error (their standard deviation), the 95% percentile interval,
 and a two-sided p-value from the difference over that standard error (normal approximation: a
 percentile p-value is floored at about 2/replicates, which Holm multiplies). The p-values are
@@ -34,7 +44,7 @@ interval: the 2.5th and 97.5th percentiles of the same quantity over the replica
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -72,6 +82,9 @@ class Difference:
     pairing: str  # paired by "checkpoints+samples", "checkpoints", "samples", or "none"
     pairing_detail: str  # e.g. "paired, same prompts", "independent: references differ at sample 3"
     tasks: int = 1
+    # each training run's checkpoint-averaged value (one entry for a one-run series): the between-seed spread
+    baseline_runs: list[float] = field(default_factory=list)
+    other_runs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -94,6 +107,7 @@ class Comparison:
     threshold: float
     threshold_source: str
     checkpoints: dict[str, list[int]]
+    runs: dict[str, list[str]]  # a series of several training runs: their names
 
 
 class Bootstrap:
@@ -107,43 +121,48 @@ class Bootstrap:
         # Series of the same checkpoints share one checkpoint draw (paired by checkpoint), their
         # checkpoints taken in the order of their identities so that draw k is the same weights.
         self.checkpoint_group = {name: self._checkpoint_group(one) for name, one in sorted(series.items())}
-        self.order = {name: _checkpoint_order(one) for name, one in series.items()}
-        by_group: dict[object, np.ndarray] = {}
-        self.checkpoint_draws = {}
+        # a series' runs in the order of their identities, so that series of the same runs draw alike
+        self.runs = {name: sorted(one.members(), key=lambda run: _run_group(run) or ()) for name, one in series.items()}
+        by_group: dict[object, tuple[list[np.ndarray], np.ndarray | None]] = {}
+        self.checkpoint_draws, self.run_draws = {}, {}
         for name, group in self.checkpoint_group.items():
-            count = len(series[name].steps())
-            if group not in by_group:
-                by_group[group] = self.rng.integers(0, count, size=(replicates, count))
-            self.checkpoint_draws[name] = by_group[group]
+            if group not in by_group:  # per run its checkpoints' draw, then (several runs only) the runs' draw
+                runs = len(self.runs[name])
+                draws = [self.rng.integers(0, len(run.steps()), size=(replicates, len(run.steps())))
+                         for run in self.runs[name]]  # fmt: skip
+                by_group[group] = draws, self.rng.integers(0, runs, size=(replicates, runs)) if runs > 1 else None
+            self.checkpoint_draws[name], self.run_draws[name] = by_group[group]
         self.point: dict[tuple[str, Cell], float] = {}
+        self.run_points: dict[tuple[str, Cell], list[float]] = {}  # each run's checkpoint-averaged score
         self.values: dict[tuple[str, Cell], np.ndarray] = {}
-        self.groups: dict[Cell, dict[tuple[str, int], tuple]] = {}
+        self.groups: dict[Cell, dict[tuple[str, int, int], tuple]] = {}  # (series, run, step) -> sample set
         for cell in sorted({cell for one in series.values() for cell in one.cells()}):
             self._draw_cell(cell)
 
     def _checkpoint_group(self, one: Series) -> object:
-        """The series' checkpoints' identities (a hashable key): equal for series of the same checkpoints;
-        the series' own name where an identity is missing or pairing is turned off (a draw of its own)."""
-        identities = [one.identities[step] for step in one.steps() if step in one.identities]
-        known = len(identities) == len(one.steps()) and len(set(identities)) == len(identities)
-        if self.pairing == "independent" or not known:
+        """The series' checkpoints' identities (a hashable key): equal for series of the same checkpoints
+        (of the same runs); the series' own name where an identity is missing or pairing is turned off (a
+        draw of its own): runs of different series are never paired, each series draws its own."""
+        keys = [_run_group(run) for run in one.members()]
+        if self.pairing == "independent" or None in keys:
             return ("own", one.name)
-        return tuple(sorted(identities))
+        return keys[0] if len(keys) == 1 else tuple(sorted(keys))  # type: ignore[type-var]
 
     def _draw_cell(self, cell: Cell) -> None:
-        members = {}
+        members: dict[tuple[str, int, int], dict] = {}  # (series, its run's index, step) -> samples
         for name, one in sorted(self.series.items()):
-            present = [step for step in one.steps() if cell in one.checkpoints[step]]
-            if not present:
+            if cell not in one.cells():
                 continue
-            if len(present) != len(one.steps()):
-                missing = sorted(set(one.steps()) - set(present))
-                raise UserError(
-                    f"series {name}: {cell.label()}{_at(cell)} is missing at step(s) {missing}; "
-                    "evaluate every checkpoint of a run alike"
-                )
-            for step in present:
-                members[(name, step)] = one.checkpoints[step][cell]
+            for r, run in enumerate(self.runs[name]):
+                missing = [step for step in run.steps() if cell not in run.checkpoints[step]]
+                if missing:
+                    where = f" (run {run.name})" if one.runs else ""
+                    raise UserError(
+                        f"series {name}{where}: {cell.label()}{_at(cell)} is missing at step(s) {missing}; "
+                        "evaluate every checkpoint of a run (and every run of a series) alike"
+                    )
+                for step in run.steps():
+                    members[(name, r, step)] = run.checkpoints[step][cell]
         keys = {member: _sample_set_key(samples, member[0] if self.pairing == "independent" else None)
                 for member, samples in members.items()}  # fmt: skip
         draws = {}
@@ -152,15 +171,21 @@ class Bootstrap:
             draws[key] = self.rng.integers(0, n, size=(self.replicates, n))
         self.groups[cell] = keys
         for name in sorted({member[0] for member in members}):
-            steps = self.order[name]
-            per_checkpoint = []
-            for step in steps:
-                samples = members[(name, step)]
-                scores = np.array([samples[i].score for i in sorted(samples)])
-                per_checkpoint.append(scores[draws[keys[(name, step)]]].mean(axis=1))
-            resampled = np.stack(per_checkpoint)  # (checkpoints, replicates)
-            self.values[(name, cell)] = _combine(resampled, self.checkpoint_draws[name])
-            self.point[(name, cell)] = float(np.mean([mean_score(members[(name, step)]) for step in steps]))
+            values, points = [], []
+            for r, run in enumerate(self.runs[name]):
+                per_checkpoint = []
+                steps = _checkpoint_order(run)
+                for step in steps:
+                    samples = members[(name, r, step)]
+                    scores = np.array([samples[i].score for i in sorted(samples)])
+                    per_checkpoint.append(scores[draws[keys[(name, r, step)]]].mean(axis=1))
+                resampled = np.stack(per_checkpoint)  # (checkpoints, replicates)
+                values.append(_combine(resampled, self.checkpoint_draws[name][r]))
+                points.append(float(np.mean([mean_score(members[(name, r, step)]) for step in steps])))
+            run_draws = self.run_draws[name]  # the runs, resampled as the checkpoints are
+            self.values[(name, cell)] = values[0] if run_draws is None else _combine(np.stack(values), run_draws)
+            self.point[(name, cell)] = float(np.mean(points))
+            self.run_points[(name, cell)] = points
 
     def pairing_level(self, cell: Cell, a: str, b: str) -> str:
         """What the difference at `cell` was paired by: "checkpoints+samples", "checkpoints", "samples" or "none"."""
@@ -172,14 +197,21 @@ class Bootstrap:
 
     def pairing_of(self, cell: Cell, a: str, b: str) -> str:
         keys = self.groups[cell]
-        mine = {key for (name, _), key in keys.items() if name in (a, b)}
-        members = {m: self.series[m[0]].checkpoints[m[1]][cell] for m in keys if m[0] in (a, b)}
+        mine = {key for (name, *_), key in keys.items() if name in (a, b)}
+        members = {m: self.runs[m[0]][m[1]].checkpoints[m[2]][cell] for m in keys if m[0] in (a, b)}
         if len(mine) == 1 and self.pairing != "independent":
             prompts = {tuple(samples[i].prompt for i in sorted(samples)) for samples in members.values()}
             return "paired, same prompts" if len(prompts) == 1 else "paired, same references, prompts differ"
         if self.pairing == "independent":
             return "independent (asked)"
         return f"independent: {_why_unpaired(members)}"
+
+
+def _run_group(run: Series) -> tuple | None:
+    """A run's checkpoints' identities, sorted; None where one is missing or two are alike."""
+    identities = [run.identities[step] for step in run.steps() if step in run.identities]
+    known = len(identities) == len(run.steps()) and len(set(identities)) == len(identities)
+    return tuple(sorted(identities)) if known else None
 
 
 def _checkpoint_order(one: Series) -> list[int]:
@@ -195,12 +227,12 @@ def _sample_set_key(samples: dict, owner: str | None) -> tuple:
     return (owner, tuple((i, samples[i].identity) for i in sorted(samples)))
 
 
-def _why_unpaired(members: dict[tuple[str, int], dict]) -> str:
+def _why_unpaired(members: dict[tuple[str, int, int], dict]) -> str:
     (first_member, first), *others = sorted(members.items())
     for member, samples in others:
         for i in sorted(set(first) & set(samples)):
             if first[i].identity != samples[i].identity:
-                where = f"{first_member[0]} step {first_member[1]} vs {member[0]} step {member[1]}"
+                where = f"{first_member[0]} step {first_member[2]} vs {member[0]} step {member[2]}"
                 return f"references differ at sample {_sample_name(i)} ({where})"
         if set(first) != set(samples):
             return f"different sample sets ({len(first)} vs {len(samples)} samples)"
@@ -263,8 +295,10 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
     draws = np.mean([boot.values[(b, c)] - boot.values[(a, c)] for c in cells], axis=0)
     low, high = (float(x) for x in np.percentile(draws, [2.5, 97.5]))  # the 95% percentile interval
     stderr = float(np.std(draws, ddof=1))
+    runs = {s: [float(v) for v in np.mean([boot.run_points[(s, c)] for c in cells], axis=0)] for s in (a, b)}
     first = cells[0]
-    sizes = {tuple(len(boot.series[s].checkpoints[boot.series[s].steps()[0]][c]) for s in (a, b)) for c in cells}
+    firsts = [boot.runs[s][0] for s in (a, b)]
+    sizes = {tuple(len(run.checkpoints[run.steps()[0]][c]) for run in firsts) for c in cells}
     samples = "/".join(map(str, dict.fromkeys(sizes.pop()))) if len(sizes) == 1 else "varies"
     return Difference(
         baseline=a,
@@ -286,6 +320,8 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
         pairing=_level_over([boot.pairing_level(c, a, b) for c in cells]),
         pairing_detail=_pairing_over([boot.pairing_of(c, a, b) for c in cells]),
         tasks=len(cells),
+        baseline_runs=runs[a],
+        other_runs=runs[b],
     )
 
 
@@ -366,7 +402,8 @@ def compare(
         threshold, source = reference_threshold(boot, threshold_from)
     effective = [effective_length(boot, name, threshold) for name in order if _lengths(series[name])]
     checkpoints = {name: series[name].steps() for name in order}
-    return Comparison(differences, averages, effective, seed, replicates, threshold, source, checkpoints)
+    runs = {name: [run.name for run in boot.runs[name]] for name in order if series[name].runs}
+    return Comparison(differences, averages, effective, seed, replicates, threshold, source, checkpoints, runs)
 
 
 def _lengths(one: Series) -> list[int]:

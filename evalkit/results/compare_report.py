@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +23,14 @@ def _signed(value: float) -> str:
 
 def _p(value: float) -> str:
     return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _value(value: float, runs: list[float]) -> str:
+    """A side's value, and for several training runs the between-seed spread: mean ± std over the runs
+    of each run's checkpoint-averaged score."""
+    if len(runs) < 2:
+        return f"{value:.2f}"
+    return f"{value:.2f} ± {statistics.stdev(runs):.2f} ({len(runs)} runs)"
 
 
 def _marked(d: Difference) -> str:
@@ -53,8 +62,8 @@ def differences_table(comparison: Comparison) -> str:
                 task,
                 metric,
                 cell_length_label(d.length),
-                f"{d.baseline_value:.2f}",
-                f"{d.other_value:.2f}",
+                _value(d.baseline_value, d.baseline_runs),
+                _value(d.other_value, d.other_runs),
                 _signed(d.difference),
                 f"{d.stderr:.2f}",
                 f"[{_signed(d.low)}, {_signed(d.high)}]",
@@ -80,6 +89,8 @@ def effective_table(comparison: Comparison) -> str:
             cell_length_label(n) if n is not None else f"< {shortest}" for n in (e.length, e.low, e.high)
         )
         checkpoints = ", ".join(map(str, comparison.checkpoints.get(e.series, [])))
+        runs = len(comparison.runs.get(e.series, []))
+        checkpoints = f"{runs} runs × ({checkpoints})" if runs else checkpoints
         rows.append([e.series, checkpoints, *scores, shown, f"[{low}, {high}]"])
     effective = f"effective length (≥ {comparison.threshold:.2f})"
     header = ["series", "checkpoints", *map(cell_length_label, lengths), effective, "95% interval"]
@@ -102,6 +113,14 @@ def markdown(comparison: Comparison, command: str) -> str:
         "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm.",
         "",
     ]
+    if comparison.runs:
+        parts[-2] += (
+            " A series of several training runs ("
+            + "; ".join(f"{k}: {', '.join(v)}" for k, v in comparison.runs.items())
+            + ") resamples its runs first, then each run's checkpoints, then samples; each series draws its own runs "
+            "(runs of two series are not paired), so a difference is called only beyond the variation between "
+            "seeds. Its A or B value shows mean ± std over its runs of each run's checkpoint-averaged score."
+        )
     if comparison.averages:
         parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]
     parts += ["## Per task", "", differences_table(comparison), ""]
@@ -124,6 +143,7 @@ def json_records(comparison: Comparison, command: str) -> dict:
         "threshold": comparison.threshold,
         "threshold_source": comparison.threshold_source,
         "checkpoints": comparison.checkpoints,
+        "runs": comparison.runs,
         "correction": "Holm across every task x length x pair cell; separately across the per-length averages",
         "differences": [asdict(d) for d in comparison.differences],
         "averages": [asdict(d) for d in comparison.averages],

@@ -4,7 +4,8 @@ RULER: one row per run (and encoding), one column per length plus the average, e
 mean ± spread over the run's checkpoints of the per-length task average, bold where `evalkit
 compare`'s test puts the run ahead of every other, with the checkpoints, tasks and samples behind
 it; each run's effective length (evalkit.results.compare), with its bootstrap interval where the
-per-sample logs are there; a table per task. Runs evaluated with different settings are marked,
+per-sample logs are there; runs named NAME-seedN as the seeds of one series NAME (mean ± std over
+them, compare's test over runs); a table per task. Runs evaluated with different settings are marked,
 not silently compared. lm-eval tasks and every other benchmark: a table each. `--format csv|json`
 writes every stored number as a ResultRow instead. Every table reads the same rows, each
 checkpoint from one summary only (evalkit.results.summaries refuses it in two, naming both).
@@ -13,6 +14,7 @@ checkpoint from one summary only (evalkit.results.summaries refuses it in two, n
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
@@ -122,21 +124,21 @@ def _best(values: dict[str, float]) -> set[str]:
     return set(leaders) if len(leaders) == 1 else set()
 
 
-def ahead_by_compare(rows: list[ResultRow], series: dict | None) -> dict[int, set[str]]:
-    """Per length, the run to bold: the strict leader there where `evalkit compare --baseline LEADER`
-    (same bootstrap, seed 0) finds every other run there behind it, significantly (compare.significant,
-    one test for both). Nothing without usable per-sample logs: compare could not say either."""
+def ahead_by_compare(means: dict[tuple[str, int], float], series: dict | None) -> dict[int, set[str]]:
+    """Per length, the run (or series of seeds) to bold: the strict leader there by `means` ((run,
+    length) -> the table's value) where `evalkit compare --baseline LEADER` (same bootstrap, seed 0)
+    finds every other there behind it, significantly (compare.significant, one test for both). Nothing
+    without usable per-sample logs: compare could not say either."""
     from evalkit.results.compare import compare, significant
 
-    cells = ruler_cells(rows)
     runs_at: dict[int, set[str]] = defaultdict(set)
-    for run, n in cells:
+    for run, n in means:
         runs_at[n].add(run)
     bold: dict[int, set[str]] = {n: set() for n in runs_at}
     runs = set().union(*runs_at.values())
     if series is None or not runs <= set(series):
         return bold
-    ahead = {n: _best({run: cells[(run, n)].mean for run in at}) for n, at in runs_at.items()}  # before any test
+    ahead = {n: _best({run: means[(run, n)] for run in at}) for n, at in runs_at.items()}  # before any test
     for leader in sorted(set().union(*ahead.values())):
         others = sorted(runs - {leader})
         try:
@@ -169,6 +171,58 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int
         mark = " †" if run in differs else ""
         table.append([f"{run}{mark}", *info.described, ", ".join(map(str, sorted(info.steps))), *text, avg, behind])
     header = ["run", *CHECKPOINT_HEADER, "steps", *map(_label, lengths), "avg", "behind each value"]
+    return markdown_table(header, table)
+
+
+SEED_RUN = re.compile(r"(?P<series>.+)-seed\d+")  # the README's loop names each run NAME-seedN
+
+
+def seed_series(infos: dict[str, RunInfo]) -> dict[str, list[str]]:
+    """Runs named NAME-seedN grouped as the seeds of NAME, where two or more are and all were trained
+    on the same (paradigm, model, data)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for run in sorted(infos):
+        found = SEED_RUN.fullmatch(run)
+        if found:
+            groups[found["series"]].append(run)
+    return {name: runs for name, runs in groups.items() if len({infos[run].described for run in runs}) == 1 < len(runs)}
+
+
+def seeds_table(rows: list[ResultRow], groups: dict[str, list[str]], logged: dict | None, threshold: float) -> str:
+    """Per series of seeds and length: mean ± std over its runs of each run's checkpoint-averaged task
+    average (a length not evaluated by every run: "–"), bold as ahead_by_compare finds it over the runs,
+    and its effective length with compare's interval where the per-sample logs are there."""
+    from evalkit.results.compare import Bootstrap, effective_length
+    from evalkit.results.samples import Series
+
+    cells = ruler_cells(rows)
+    lengths = sorted({n for _, n in cells})
+    per_run = {(name, n): [cells[(run, n)].mean for run in runs if (run, n) in cells]
+               for name, runs in groups.items() for n in lengths}  # fmt: skip
+    values = {key: found for key, found in per_run.items() if len(found) == len(groups[key[0]])}
+    series = None
+    if logged is not None and all(run in logged for runs in groups.values() for run in runs):
+        series = {name: Series(name, paradigm=logged[runs[0]].paradigm, runs=[logged[run] for run in runs])
+                  for name, runs in groups.items()}  # fmt: skip
+    best = ahead_by_compare({key: statistics.fmean(found) for key, found in values.items()}, series)
+    table = []
+    for name, runs in groups.items():
+        shown = []
+        for n in lengths:
+            found = values.get((name, n))
+            text = f"{statistics.fmean(found):.2f} ± {statistics.stdev(found):.2f}" if found else "–"
+            shown.append(f"**{text}**" if name in best.get(n, set()) else text)
+        effective = "– (no per-sample logs)"
+        if series is not None:
+            try:
+                e = effective_length(Bootstrap({name: series[name]}, 2000, seed=0), name, threshold)
+                below = f"< {_label(min(e.scores))}"
+                low, high = (_label(n) if n is not None else below for n in (e.low, e.high))
+                effective = f"{_label(e.length) if e.length is not None else below} [{low}, {high}]"
+            except UserError as err:  # logs the bootstrap cannot use
+                effective = f"– (per-sample logs unusable: {err})"
+        table.append([name, ", ".join(runs), *shown, effective])
+    header = ["series", "runs", *map(_label, lengths), f"effective length (≥ {threshold:.2f}) [95% interval]"]
     return markdown_table(header, table)
 
 
@@ -516,7 +570,7 @@ def build_markdown(
             "## RULER (mean ± std over each run's checkpoints of the per-length task average; bold: ahead of "
             "the rest by `evalkit compare`'s test, Holm-adjusted p < 0.05 on the per-sample logs)",
             "",
-            ruler_table(rows, infos, ahead_by_compare(rows, logged[0])),
+            ruler_table(rows, infos, ahead_by_compare({k: c.mean for k, c in ruler_cells(rows).items()}, logged[0])),
             "",
         ]
         notes = settings_notes(infos)
@@ -531,6 +585,18 @@ def build_markdown(
             "",
             effective,
             "",
+        ]
+        groups = seed_series(infos)
+        if groups:
+            parts += [
+                "## RULER over seeds (runs NAME-seedN as replicates of NAME: mean ± std over the runs of each "
+                "run's value above; bold and intervals by `evalkit compare`'s bootstrap over runs, then "
+                "checkpoints, then samples)",
+                "",
+                seeds_table(rows, groups, logged[0], used),
+                "",
+            ]
+        parts += [
             "## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
             "",
             per_task_table(rows),

@@ -14,6 +14,7 @@ summary's score (to the summary's rounding) is from another evaluation: refused,
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import math
@@ -67,46 +68,79 @@ class Series:
     # step -> what identifies that checkpoint's weights (checkpoint_identity); absent where not recorded
     identities: dict[int, str] = field(default_factory=dict)
     standard_encoding: bool = True  # False for a RULER run's series under another encoding (anchor)
+    runs: list[Series] = field(default_factory=list)  # its training runs (seeds) when several; else empty
+
+    def members(self) -> list[Series]:
+        """Its training runs, each a one-run Series: itself when it is one run."""
+        return self.runs or [self]
 
     def steps(self) -> list[int]:
-        return sorted(self.checkpoints)
+        return sorted({step for run in self.members() for step in run.checkpoints})
 
     def cells(self) -> set[Cell]:
-        return {cell for cells in self.checkpoints.values() for cell in cells}
+        return {cell for run in self.members() for cells in run.checkpoints.values() for cell in cells}
 
 
 def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
-    """Every series under the given `[LABEL=]PATH` arguments, by name.
+    """Every series under the given `[LABEL=]PATH` arguments, by name (PATH may be a glob: its matches).
 
     A LABEL names the series of its path (a path holding one series), or prefixes each of them
     (`LABEL: series`); the same series name from two arguments is refused, asking for labels.
-    The same LABEL given again pools: its directories' samples count as more samples of the same
-    checkpoints (evaluations with another --seed), the k-th directory's sample i being sample
-    (k, i), so two labels pooled alike pair the k-th directory of one with the k-th of the other.
-    A summary left out (another format, a benchmark without per-sample scores here) adds a line to `notes`."""
+    The same LABEL given again (or a glob matching several directories) adds another training run
+    to the series (`anchor=runs/anchor-seed*`: seeds as replicates) or, where the directory holds a
+    run the series already has (the same checkpoints: identities, else run name), pools: its samples
+    count as more samples of those checkpoints (evaluations with another --seed), the k-th directory
+    pooled into a run giving sample (k, i), so two labels pooled alike pair the k-th directory of one
+    with the k-th of the other. A summary left out (another format, a benchmark without per-sample
+    scores here) adds a line to `notes`."""
     found: dict[str, Series] = {}
-    places: dict[str, int] = {}
+    pooled: dict[int, int] = {}  # id(run) -> directories pooled into it so far
     for argument in arguments:
-        label, path = _split_argument(argument)
-        place = places.get(label, 0) if label else 0
-        if label:
-            places[label] = place + 1
-        here = read_directory(path, place, notes)
-        if not here:
-            raise UserError(
-                f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or {PPL_SUMMARY} under {path}; "
-                "give the --out directory of evalkit ruler/general/ppl"
-            )
-        for name, one in here.items():
-            if label:
-                one.name = label if len(here) == 1 else f"{label}: {name}"
-            earlier = found.setdefault(one.name, one)
-            if earlier is not one:  # a LABEL given again pools (the same checkpoints); else its other cells
-                (_pool if place > 0 else merge)(earlier, one)
+        label, paths = _split_argument(argument)
+        for path in paths:
+            here = read_directory(path, notes)
+            if not here:
+                raise UserError(
+                    f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or {PPL_SUMMARY} under {path}; "
+                    "give the --out directory of evalkit ruler/general/ppl"
+                )
+            for name, one in here.items():
+                named = (label if len(here) == 1 else f"{label}: {name}") if label else name
+                earlier = found.setdefault(named, one)
+                if earlier is not one:  # unlabelled: one run's RULER and lm-eval results, its cells
+                    found[named] = _add_run(earlier, one, pooled) if label else merge(earlier, one)
+    for named, one in found.items():
+        one.name = named  # a series of several runs: their own names stay the runs' names
     return found
 
 
-def merge(into: Series, more: Series) -> None:
+def _add_run(series: Series, run: Series, pooled: dict[int, int]) -> Series:
+    """`run` pooled into the series' run of the same checkpoints, else added as another training run."""
+    same = [mine for mine in series.members() if _run_key(mine) == _run_key(run)]
+    if same:
+        place = pooled[id(same[0])] = pooled.get(id(same[0]), 0) + 1
+        _pool(same[0], run, place)
+        return series
+    first = series.members()[0]
+    if (run.paradigm, run.standard_encoding) != (first.paradigm, first.standard_encoding):
+        raise UserError(
+            f"{run.name} differs from {first.name} in paradigm or encoding ({run.paradigm}, {first.paradigm}); "
+            "the runs of one series are replicates (seeds) of one recipe: give them other labels"
+        )
+    if not series.runs:
+        series = Series(series.name, paradigm=run.paradigm, standard_encoding=run.standard_encoding, runs=[series])
+    series.runs.append(run)
+    return series
+
+
+def _run_key(run: Series) -> object:
+    """What makes two directories' series the same run: its checkpoints' identities, else its name."""
+    if run.identities and set(run.identities) == set(run.checkpoints):
+        return tuple(sorted(run.identities.values()))
+    return run.name
+
+
+def merge(into: Series, more: Series) -> Series:
     """One run's cells found in two directories (its RULER and its lm-eval results): one series.
     The same cell twice is refused: two evaluations of one number are never silently picked from."""
     for step, cells in more.checkpoints.items():
@@ -119,28 +153,34 @@ def merge(into: Series, more: Series) -> None:
             )
         mine.update(cells)
     into.identities.update(more.identities)
+    return into
 
 
-def _pool(into: Series, more: Series) -> None:
+def _pool(into: Series, more: Series, place: int) -> None:
     if set(into.steps()) != set(more.steps()):
         raise UserError(
             f"series {into.name}: the pooled directories hold other checkpoints ({into.steps()} vs {more.steps()})"
         )
     for step, cells in more.checkpoints.items():
         for cell, samples in cells.items():
-            into.checkpoints[step].setdefault(cell, {}).update(samples)
+            into.checkpoints[step].setdefault(cell, {}).update({(place, i): s for (_, i), s in samples.items()})
 
 
-def _split_argument(argument: str) -> tuple[str | None, Path]:
-    label, sep, path = argument.partition("=")
-    if sep and label and not Path(argument).exists():
-        return label, Path(path)
-    return None, Path(argument)
+def _split_argument(argument: str) -> tuple[str | None, list[Path]]:
+    named, sep, path = argument.partition("=")
+    label = named if sep and named and not Path(argument).exists() else None
+    path = path if label else argument
+    if Path(path).exists() or not any(char in path for char in "*?["):
+        return label, [Path(path)]
+    matches = sorted(Path(match) for match in glob.glob(path))
+    if not matches:
+        raise UserError(f"{path}: no directory matches")
+    return label, matches
 
 
-def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -> dict[str, Series]:
+def read_directory(path: Path, notes: list[str] | None = None) -> dict[str, Series]:
     """The series whose summaries lie under `path`, with their per-sample scores, each sample
-    keyed (place, index): `place` tells pooled directories apart (load_series). What is left
+    keyed (0, index): the 0 tells pooled directories apart (load_series). What is left
     out is noted in `notes` (evalkit.results.summaries.not_read_note)."""
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
@@ -158,7 +198,7 @@ def read_directory(path: Path, place: int = 0, notes: list[str] | None = None) -
             for series_name, cell, samples in reader(summary, file.parent):
                 standard = series_name == summary["run"]  # ResultRow.series: the run's own name when standard
                 one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, standard_encoding=standard))
-                keyed = {(place, index): sample for index, sample in samples.items()}
+                keyed = {(0, index): sample for index, sample in samples.items()}
                 one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
                 identity = checkpoint_identity(summary)
                 if identity is not None:
