@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evalkit.errors import UserError
 from evalkit.store.result_format import training_precision
 from evalkit.train.distributed import DistContext
 from evalkit.train.loop import build_stream, build_training, collate, compute_weights, optimizer_step, train
@@ -221,6 +222,14 @@ def test_each_checkpoint_records_the_regime_and_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(str(first / "step-4" / "model.safetensors")).values()} == {BF16}
+    # Resuming in the other accumulation is refused; a run saved before the setting accumulated in fp32.
+    fp32 = [*sets[:2], "grad_accum_dtype=fp32", *sets[3:]]
+    with pytest.raises(UserError, match="grad_accum_dtype"):
+        train(micro_config(first, *fp32, max_steps=6), resume=True, show_progress=False)
+    del meta["config"]["grad_accum_dtype"]
+    (first / "step-4" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="grad_accum_dtype"):
+        train(micro_config(first, *sets, max_steps=6), resume=True, show_progress=False)
 
 
 def _free_port() -> int:
