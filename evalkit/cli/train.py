@@ -54,9 +54,11 @@ def train_command(
 ) -> None:
     """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/).
 
-    Precision: --set dtype=fp32|bf16|bf16_full and rope_precision=fp32|bf16 (README, Training).
+    Precision: --set dtype=fp32|bf16|bf16_full, rope_precision=fp32|bf16 and grad_accum_dtype=fp32|bf16
+    (README, Training).
 
-    The paper recipes train in the released code's regime: dtype=bf16_full, rope_precision=bf16.
+    The paper recipes train in the released code's regime: dtype=bf16_full, rope_precision=bf16,
+    grad_accum_dtype=bf16.
 
     Every paradigm's windows start with the BOS at position 0 (data.window_start=bos).
     """

@@ -28,7 +28,7 @@ from evalkit.files import read_text
 from evalkit.models.check import HubModel, checkpoint_source
 from evalkit.models.refs import is_checkpoint
 from evalkit.package_data import CONFIG_DIR, recipe_folder
-from evalkit.train.regime import BF16_DTYPES, DTYPES
+from evalkit.train.regime import BF16_DTYPES, DTYPES, GRAD_ACCUM_DTYPES
 from evalkit.train.synthetic import PHRASINGS
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -121,6 +121,9 @@ class TrainConfig:
     # with a bf16 dtype, how q and k are rotated: fp32 (rotate in fp32, round once at the kernel: the
     # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); README, Training
     rope_precision: str = "fp32"
+    # under bf16_full, the dtype gradients are reduced across processes and accumulated over
+    # micro-batches in: fp32 | bf16 (the released code's DeepSpeed ZeRO-3); evalkit.train.regime
+    grad_accum_dtype: str = "fp32"
     grad_checkpointing: bool = False
     seed: int = 0
     out: str | None = None  # default runs/<name>-<paradigm>
@@ -153,6 +156,7 @@ def _rules(c: TrainConfig) -> list[tuple[bool, str]]:
     m, o, d = c.model, c.optim, c.data
     choices = {  # setting: (its value, the values it may take)
         "dtype": (c.dtype, DTYPES),
+        "grad_accum_dtype": (c.grad_accum_dtype, GRAD_ACCUM_DTYPES),
         "model.arch": (m.arch, ("llama", "qwen2", "mistral")),
         "model.attention": (m.attention, ("auto", "blocked", "flex", "flash", "dense")),
         "model.window_anchor": (m.window_anchor, ("window", "sink")),
@@ -172,6 +176,10 @@ def _rules(c: TrainConfig) -> list[tuple[bool, str]]:
         (
             c.rope_precision == "fp32" or c.dtype in BF16_DTYPES,
             "rope_precision=bf16 needs dtype=bf16 or bf16_full (an fp32 run has no bf16 to rotate in)",
+        ),
+        (
+            c.grad_accum_dtype == "fp32" or c.dtype == "bf16_full",
+            "grad_accum_dtype=bf16 needs dtype=bf16_full (other dtypes make fp32 gradients)",
         ),
         (
             m.attention != "flash" or c.dtype in BF16_DTYPES,

@@ -78,19 +78,33 @@ def broadcast_object(value: Any, ctx: DistContext) -> Any:
     return holder[0]
 
 
-def mixed_precision_policy(dtype: str):
-    """FSDP2's policy for bf16 runs: bf16 all-gathers and compute, fp32 gradient reduction (the
-    sharded master weights and AdamW stay fp32). Inputs are not cast (cast_forward_inputs=False):
-    the residual stream and RoPE's cos/sin stay as the root unit and autocast (bf16) or the bf16
-    root (bf16_full) make them, as in one process. None for fp32 runs."""
+def mixed_precision_policy(dtype: str, grad_accum_dtype: str = "fp32"):
+    """FSDP2's policy for bf16 runs: bf16 all-gathers and compute, gradient reduction in
+    grad_accum_dtype (the sharded master weights and AdamW stay fp32; regime.ACCUMULATION). Inputs
+    are not cast (cast_forward_inputs=False): the residual stream and RoPE's cos/sin stay as the
+    root unit and autocast (bf16) or the bf16 root (bf16_full) make them, as in one process. None
+    for fp32 runs."""
     if dtype not in BF16_DTYPES:
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    reduce_dtype = torch.bfloat16 if grad_accum_dtype == "bf16" else torch.float32
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
 
 
-def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torch.nn.Module:
+def round_grads(model: torch.nn.Module) -> None:
+    """Round the sharded gradients to bf16 in place: after each micro-batch, FSDP2's fp32 sum of
+    its bf16 reductions becomes a bf16 accumulation (regime.ACCUMULATION)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.grad is not None:
+                grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+                grad.copy_(grad.to(torch.bfloat16))
+
+
+def shard(
+    model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32", grad_accum_dtype: str = "fp32"
+) -> torch.nn.Module:
     """FSDP2 over the loss wrapper (train.loop.MaskedLMLoss, not imported: loop.py imports this
     module): each decoder layer its own unit, the root holds embeddings, norm, head. Under bf16
     autocast the root stays fp32 (an fp32 residual stream); under bf16_full it computes in bf16
@@ -99,7 +113,7 @@ def shard(model: torch.nn.Module, ctx: DistContext, dtype: str = "fp32") -> torc
         return model
     from torch.distributed.fsdp import fully_shard
 
-    policy = mixed_precision_policy(dtype)
+    policy = mixed_precision_policy(dtype, grad_accum_dtype)
     layer_policy = {} if policy is None else {"mp_policy": policy}
     decoder = cast(Any, model).lm.base_model
     for layer in cast(torch.nn.ModuleList, decoder.layers):  # HF decoders hold them in one

@@ -191,6 +191,8 @@ def optimizer_step(
                 micro_loss = model(**batch)
             # FSDP averages gradients over processes; scaling by world size makes it a sum.
             (micro_loss * ctx.world_size / num_targets).backward()
+            if ctx.distributed and config.grad_accum_dtype == "bf16":
+                distributed.round_grads(model)
             loss_sum += micro_loss.detach()
     grad_norm = _grad_norm(model, config.optim.grad_clip)
     loss = float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
@@ -228,7 +230,7 @@ def compute_weights(model, config: TrainConfig, ctx):
     """The weights the step computes with: under bf16_full in one process, bf16 copies of the fp32
     masters (regime.bf16_weights); distributed, FSDP2's policy makes them (distributed.shard)."""
     if config.dtype == "bf16_full" and not ctx.distributed:
-        return regime.bf16_weights(model)
+        return regime.bf16_weights(model, torch.bfloat16 if config.grad_accum_dtype == "bf16" else torch.float32)
     return nullcontext()
 
 
@@ -281,7 +283,7 @@ def build_training(
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model = distributed.shard(MaskedLMLoss(lm, config.model.window_anchor), ctx, config.dtype)
+    model = distributed.shard(MaskedLMLoss(lm, config.model.window_anchor), ctx, config.dtype, config.grad_accum_dtype)
     if ctx.distributed:
         distributed.materialize(model, ctx.device)
     if config.dtype == "bf16_full":
@@ -435,7 +437,7 @@ def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source
         "config": config.to_dict(),
         **base_model_record(config),  # model.path as a hub name: the commit it resolved to
         # the precision of training, stated apart from the config: what the leaderboard shows
-        "precision": regime.record(config.dtype, config.rope_precision),
+        "precision": regime.record(config.dtype, config.rope_precision, config.grad_accum_dtype),
         "data_fingerprint": data_fingerprint(source, config.data.window_start),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "evalkit_version": evalkit.__version__,

@@ -35,8 +35,10 @@ def test_paper_recipes_match_the_paper():
         assert config.max_steps == 2000 and config.windows_per_step == 8
         o = config.optim
         assert (o.lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.schedule) == (2e-5, 0.1, 0.9, 0.95, 1e-8, "constant")
-        # the released trainer's regime (DeepSpeed bf16: bf16 weights, buffers, residual; cos/sin cast to bf16)
-        assert (config.dtype, config.rope_precision) == ("bf16_full", "bf16") and config.grad_checkpointing
+        # the released trainer's regime (DeepSpeed bf16: bf16 weights, buffers, residual; cos/sin cast to bf16;
+        # ZeRO-3's bf16 gradient reduction and accumulation)
+        assert (config.dtype, config.rope_precision, config.grad_accum_dtype) == ("bf16_full", "bf16", "bf16")
+        assert config.grad_checkpointing
         assert config.checkpoint_steps() == {1960, 1970, 1980, 1990, 2000}
 
 
@@ -53,6 +55,8 @@ def test_paper_recipes_match_the_paper():
         (["dtype=bf16", "rope_precision=fp16"], "rope_precision must be fp32 or bf16, got 'fp16'"),
         (["rope_precision=bf16"], "rope_precision=bf16 needs dtype=bf16"),
         (["model.attention=flash"], "model.attention=flash needs dtype=bf16"),
+        (["dtype=bf16_full", "grad_accum_dtype=fp16"], "grad_accum_dtype must be one of fp32, bf16, got 'fp16'"),
+        (["dtype=bf16", "grad_accum_dtype=bf16"], "grad_accum_dtype=bf16 needs dtype=bf16_full"),
         (["data.retrieval_phrasing=fancy"], "data.retrieval_phrasing must be one of plain, varied, broad"),
         (["micro_batch=0"], "micro_batch must be at least 1, got 0"),
         (["model.num_kv_heads=0"], "model.num_kv_heads must be at least 1, got 0"),

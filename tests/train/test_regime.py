@@ -1,8 +1,8 @@
 """The released code's precision regime (dtype=bf16_full) against references written here from its
 description (shared/paper.md section 1; README, Training): bf16 weights, buffers and residual
-stream, fp32 master weights and AdamW state, fp32 gradient accumulation, and RoPE rotated from bf16
-frequencies with cos/sin cast to bf16. The references use torch and transformers directly, never
-evalkit.train.regime."""
+stream, fp32 master weights and AdamW state, gradients accumulated in fp32 or (grad_accum_dtype=bf16,
+DeepSpeed 0.14 ZeRO-3's) in bf16, and RoPE rotated from bf16 frequencies with cos/sin cast to bf16.
+The references use torch and transformers directly, never evalkit.train.regime."""
 
 import copy
 import json
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evalkit.errors import UserError
 from evalkit.store.result_format import training_precision
 from evalkit.train.distributed import DistContext
 from evalkit.train.loop import build_stream, build_training, collate, compute_weights, optimizer_step, train
@@ -73,33 +74,60 @@ def test_rope_fp32_keeps_the_frequencies_in_fp32_and_autocast_keeps_every_buffer
     assert {b.dtype for b in model.buffers() if b.is_floating_point()} == {torch.float32}
 
 
-def test_one_step_equals_a_hand_written_fp32_master_bf16_copy_step_bitwise(tmp_path):
-    """The reference: a bf16 copy of the fp32 model (parameters and buffers, as casting the model
-    does), each micro-batch's bf16 gradient added into fp32 ones, clipping and AdamW on the fp32
-    masters; the masters after the step are the trainer's parameters, bit for bit."""
-    config, ctx, model, optimizer, stream = _setup(tmp_path, "rope_precision=bf16", "optim.grad_clip=0.5")
-    masters = copy.deepcopy(model)
-    windows = [stream.next_window() for _ in range(config.windows_per_step)]
-
+def _bf16_copy_gradients(masters, windows, ctx):
+    """Each window's gradient (micro_batch 1) on a bf16 copy of the fp32 model (parameters and
+    buffers, as casting the model does), the loss divided by the batch's target count."""
     bf16_copy = copy.deepcopy(masters).to(BF16)
     for p, master in zip(bf16_copy.parameters(), masters.parameters()):
         assert torch.equal(p, master.to(BF16))
     num_targets = sum(int(w.loss_mask[1:].sum()) for w in windows)
-    grads = [torch.zeros_like(p) for p in masters.parameters()]
-    for window in windows:  # micro_batch 1
+    gradients = []
+    for window in windows:
         (bf16_copy(**collate([window], ctx.device)) / num_targets).backward()
-        for grad, p in zip(grads, bf16_copy.parameters()):
-            assert p.grad.dtype == BF16
-            grad += p.grad.float()
-            p.grad = None
+        assert {p.grad.dtype for p in bf16_copy.parameters()} == {BF16}
+        gradients.append([p.grad for p in bf16_copy.parameters()])
+        bf16_copy.zero_grad(set_to_none=True)
+    return gradients
+
+
+def _accumulate(gradients, accumulate: str):
+    """Sum per parameter over micro-batches: in fp32, or in bf16, rounded after each add (the sum of
+    two bf16 values is exact in fp32; rounding it is the bf16 add)."""
+    sums = [g.float() for g in gradients[0]]
+    for micro in gradients[1:]:
+        for total, g in zip(sums, micro):
+            total += g.float()
+            if accumulate == "bf16":
+                total.copy_(total.to(BF16))
+    return sums
+
+
+def _reference_step(masters, grads, config):
     for master, grad in zip(masters.parameters(), grads):
         master.grad = grad
-    torch.nn.utils.clip_grad_norm_(list(masters.parameters()), 0.5)
+    if config.optim.grad_clip:
+        torch.nn.utils.clip_grad_norm_(list(masters.parameters()), config.optim.grad_clip)
     o = config.optim
     reference = torch.optim.AdamW(
         masters.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
     )
     reference.step()
+
+
+@pytest.mark.parametrize("accumulate", ["fp32", "bf16"])
+def test_one_step_equals_a_hand_written_fp32_master_bf16_copy_step_bitwise(tmp_path, accumulate):
+    """The reference: 8 micro-batches' bf16 gradients on a bf16 copy, added into fp32 ones or
+    (grad_accum_dtype=bf16) into bf16 ones, clipping and AdamW on the fp32 masters; the masters
+    after the step are the trainer's parameters, bit for bit."""
+    sets = ["rope_precision=bf16", "optim.grad_clip=0.5", "windows_per_step=8", f"grad_accum_dtype={accumulate}"]
+    config, ctx, model, optimizer, stream = _setup(tmp_path, *sets)
+    masters = copy.deepcopy(model)
+    windows = [stream.next_window() for _ in range(config.windows_per_step)]
+    gradients = _bf16_copy_gradients(masters, windows, ctx)
+    grads = _accumulate(gradients, accumulate)
+    if accumulate == "bf16":  # the rounding matters here: the comparison below tells the two apart
+        assert any(not torch.equal(a, b) for a, b in zip(grads, _accumulate(gradients, "fp32")))
+    _reference_step(masters, grads, config)
 
     optimizer_step(model, optimizer, windows, config, ctx, torch.autocast("cpu", enabled=False), step=1)
     for (name, mine), theirs in zip(model.named_parameters(), masters.parameters()):
@@ -180,7 +208,7 @@ def test_rope_bf16_rotates_as_the_released_formula_and_fp32_as_the_paper_text(tm
 
 
 def test_each_checkpoint_records_the_regime_and_resumes_exactly(tmp_path):
-    sets = ["dtype=bf16_full", "rope_precision=bf16", "checkpoint.every=2"]
+    sets = ["dtype=bf16_full", "rope_precision=bf16", "grad_accum_dtype=bf16", "checkpoint.every=2"]
     straight = train(micro_config(tmp_path / "straight", *sets, max_steps=4), show_progress=False)
     first = train(micro_config(tmp_path / "resumed", *sets, max_steps=2), show_progress=False)
     train(micro_config(first, *sets, max_steps=4), resume=True, show_progress=False)
@@ -188,12 +216,20 @@ def test_each_checkpoint_records_the_regime_and_resumes_exactly(tmp_path):
     meta = json.loads((first / "step-4" / "meta.json").read_text())
     assert meta["precision"] == {
         "dtype": "bf16_full", "rope": "bf16", "weights": "bf16", "buffers": "bf16", "residual": "bf16",
-        "rotation": "bf16", "master": "fp32",
+        "rotation": "bf16", "master": "fp32", "grad_accum": "bf16",
     }  # fmt: skip
     assert training_precision(meta) == "bf16 full, RoPE bf16"
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(str(first / "step-4" / "model.safetensors")).values()} == {BF16}
+    # Resuming in the other accumulation is refused; a run saved before the setting accumulated in fp32.
+    fp32 = [*sets[:2], "grad_accum_dtype=fp32", *sets[3:]]
+    with pytest.raises(UserError, match="grad_accum_dtype"):
+        train(micro_config(first, *fp32, max_steps=6), resume=True, show_progress=False)
+    del meta["config"]["grad_accum_dtype"]
+    (first / "step-4" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="grad_accum_dtype"):
+        train(micro_config(first, *sets, max_steps=6), resume=True, show_progress=False)
 
 
 def _free_port() -> int:
@@ -217,3 +253,35 @@ def test_two_fsdp2_processes_stay_close_to_one_process(tmp_path):
     assert losses(tmp_path / "two") == pytest.approx(losses(single), rel=1e-3)
     meta = json.loads((tmp_path / "two" / "step-4" / "meta.json").read_text())
     assert meta["world_size"] == 2 and meta["precision"]["residual"] == "bf16"
+
+
+def test_two_fsdp2_processes_reduce_and_accumulate_in_bf16_as_a_hand_written_step(tmp_path):
+    """grad_accum_dtype=bf16 on 2 gloo processes, 8 windows (4 micro-batches each, rank r taking
+    windows r, r+2, ...): per micro-batch the two ranks' bf16 gradients summed once in bf16 (the
+    world-size factors are powers of two: exact), the sums accumulated in bf16 rounded after each
+    add, AdamW on the fp32 masters (no clipping: the sharded norm sums in another order). The step's
+    saved fp32 masters equal that reference, bit for bit."""
+    from evalkit.train import checkpoint as ckpt
+
+    sets = ["dtype=bf16_full", "rope_precision=bf16", "grad_accum_dtype=bf16", "windows_per_step=8",
+            "optim.grad_clip=0", "checkpoint.every=1"]  # fmt: skip
+    config, ctx, model, _, stream = _setup(tmp_path, *sets)
+    windows = [stream.next_window() for _ in range(config.windows_per_step)]
+    gradients = _bf16_copy_gradients(model, windows, ctx)
+    reduced = [  # micro-batch i: windows 2i (rank 0) and 2i + 1 (rank 1)
+        [(a.float() + b.float()).to(BF16) for a, b in zip(gradients[i], gradients[i + 1])]
+        for i in range(0, len(gradients), 2)
+    ]
+    _reference_step(model, _accumulate(reduced, "bf16"), config)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(_free_port())]  # fmt: skip
+    cmd = [*torchrun, "-m", "evalkit.cli", *micro_args(tmp_path / "two", *sets, max_steps=1)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    step = tmp_path / "two" / "step-1"
+    saved = torch.load(step / ckpt.TRAINER_STATE, weights_only=True)[ckpt.MASTER_WEIGHTS]
+    for name, theirs in model.named_parameters():
+        assert torch.equal(saved[name.removeprefix("lm.")], theirs), name
+    assert json.loads((step / "meta.json").read_text())["precision"]["grad_accum"] == "bf16"
