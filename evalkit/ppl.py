@@ -29,9 +29,8 @@ p2 EOS ..., each attending to itself and the anchor only. The same document posi
 scored (never an inserted EOS), each at the fed position before it: a piece's first token at the
 EOS closing the piece before. Key tokens compare these scores with standard's short windows.
 
-The hf engine scores a batch (all exactly L tokens: no padding) chunk by chunk through the KV
-cache, one chunk's logits at a time; vLLM scores with prompt_logprobs. A unit is one length; each
-document is logged as it finishes (<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes.
+The engine's token_logprobs scores a batch of documents; a unit is one length, each document
+logged as it finishes (<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -66,7 +65,6 @@ KEY_CONTEXT, KEY_STRIDE = 4096, 1024  # the reference's short context (trunc_len
 PREFIX_SLACK = 16  # tokens dropped before a prefix's cut: the cut may change how the last ones tokenize
 PREFIX_CHARS = 4  # characters per token wanted in a document's first prefix (most text has fewer per token)
 BUILTIN_DOC_CHARS = 48_000  # the built-in prose joined and cut into documents of about 12K tokens
-LOGIT_BUDGET = 2**26  # floats of one chunk's logits (B x chunk x vocab): 256 MiB in fp32
 
 
 @dataclass
@@ -215,46 +213,6 @@ def bucket_label(bucket: int) -> str:
     return f"{low}-{(FIRST_BUCKET << bucket) - 1}"
 
 
-def hf_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
-    """log P(token p | tokens 0..p-1) for p = 1..L-1 of each row (all of length L), in fp32, the
-    rows as one batch read chunk by chunk through the KV cache: one chunk's logits at a time.
-    With `doc_ids` (packed layouts): under the engine's packed attention, as its packed prefill."""
-    from contextlib import nullcontext
-
-    import torch
-
-    ids = torch.tensor(rows, dtype=torch.long, device=engine.device)
-    batch, length = ids.shape
-    chunk = max(16, LOGIT_BUDGET // (batch * engine.model.config.get_text_config().vocab_size))
-    docs = None if doc_ids is None else torch.tensor(doc_ids, dtype=torch.long, device=engine.device)
-    # evalkit's attention reads every key its doc ids name (and applies the windows itself): keep them all
-    cache, scored = engine._new_cache(every_key=docs is not None), []
-    packed = nullcontext() if docs is None else engine._attention_implementation(engine.packed_attention)
-    with torch.inference_mode(), packed:
-        for start in range(0, length - 1, chunk):
-            end = min(start + chunk, length - 1)  # the last token predicts nothing: never fed
-            positions = torch.arange(start, end, device=ids.device).expand(batch, -1)
-            more = {} if docs is None else {"doc_ids": docs[:, :end], "window_anchor": engine.window_anchor}
-            logits = engine._forward(ids[:, start:end], None, positions, cache=cache, logits_to_keep=0, **more)
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            scored.append(logprobs.gather(-1, ids[:, start + 1 : end + 1, None])[..., 0])
-    return torch.cat(scored, dim=1).cpu().tolist()
-
-
-def vllm_logprobs(engine, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
-    """The same from vLLM's prompt_logprobs (each prompt token's own log-probability comes back);
-    packed layouts carry their segments as the engine's generate_packed sends them."""
-    from evalkit.vllm_plugin.packing import segments_from_doc_ids
-
-    segments = [None] * len(rows) if doc_ids is None else [segments_from_doc_ids(docs) for docs in doc_ids]
-    prompts = [
-        {"prompt_token_ids": row} | ({"cache_salt": s.cache_salt()} if s else {}) for row, s in zip(rows, segments)
-    ]
-    params = [engine._greedy(1, prompt_logprobs=0, **({"extra_args": s.extra_args()} if s else {})) for s in segments]
-    answers = engine._run(prompts, params)
-    return [[score[0] for score in answer.prompt_scores[1:]] for answer in answers]
-
-
 def anchor_layout(tokenizer, ids: list[int], doc_tokens: int) -> tuple[list[int], list[int], list[int]]:
     """(fed ids, doc ids, the fed index of each scored token) of one document's first L tokens under
     --encoding anchor (the module docstring): packed_layout's document part, its question dropped."""
@@ -269,11 +227,11 @@ def anchor_layout(tokenizer, ids: list[int], doc_tokens: int) -> tuple[list[int]
     return layout.input_ids[:size], docs, own[len(own) - (len(ids) - 1) :]  # document positions 1..L-1
 
 
-def anchor_logprobs(engine, score, rows: list[list[int]], doc_tokens: int) -> list[list[float]]:
-    """The rows' log-probabilities at document positions 1..L-1 under --encoding anchor, by `score`."""
+def anchor_logprobs(engine, rows: list[list[int]], doc_tokens: int) -> list[list[float]]:
+    """The rows' log-probabilities at document positions 1..L-1 under --encoding anchor (a PackedEngine's)."""
     layouts = [anchor_layout(engine.tokenizer, row, doc_tokens) for row in rows]
     _fits(engine, len(layouts[0][0]), f"anchor encoding adds one EOS per {doc_tokens}-token piece: ")
-    fed = score(engine, [fed for fed, _, _ in layouts], [docs for _, docs, _ in layouts])
+    fed = engine.token_logprobs([fed for fed, _, _ in layouts], [docs for _, docs, _ in layouts])
     return [[logprobs[i - 1] for i in own] for logprobs, (_, _, own) in zip(fed, layouts)]
 
 
@@ -431,15 +389,14 @@ class PplBenchmark(Benchmark):
         return UnitResult(rows, _detail(length, records, len(tokens)) | encoding, bool(todo))
 
     def _score(self, engine, rows: list[list[int]], docs: list[tuple[int, str]]) -> list[dict[str, Any]]:
-        score = hf_logprobs if engine.name == "hf" else vllm_logprobs
         _fits(engine, len(rows[0]))
         anchor, key_tokens = self.settings.encoding != STANDARD, self.settings.key_tokens
         # the evaluator of key tokens reads the document in standard whatever the encoding (module docstring)
-        standard = score(engine, rows) if key_tokens or not anchor else []
-        long = anchor_logprobs(engine, score, rows, self.settings.doc_tokens) if anchor else standard
+        standard = engine.token_logprobs(rows) if key_tokens or not anchor else []
+        long = anchor_logprobs(engine, rows, self.settings.doc_tokens) if anchor else standard
         if not key_tokens:
             return [document_record(doc, sha, lp, None) for (doc, sha), lp in zip(docs, long)]
-        short = short_logprobs(lambda pieces: score(engine, pieces), rows, KEY_CONTEXT, KEY_STRIDE)
+        short = short_logprobs(engine.token_logprobs, rows, KEY_CONTEXT, KEY_STRIDE)
         return [
             document_record(doc, sha, lp, key_token_mask(ev, sl))
             for (doc, sha), lp, ev, sl in zip(docs, long, standard, short)

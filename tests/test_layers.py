@@ -191,30 +191,37 @@ def test_no_module_circle_beyond_the_allowed():
 def test_results_imports_no_benchmark():
     """results/ sits above the benchmarks and reads stored ResultRows: not one import of a benchmark
     or of the pipeline, lazy ones included (the layer order says it; this names the rule)."""
-    forbidden = ("evalkit.ruler", "evalkit.general", "evalkit.sweep.pipeline", "evalkit.probe")
-    graph = _graph()
-    found = [
-        f"{module} imports {target}"
-        for module, targets in sorted(graph.items())
-        if module.startswith("evalkit.results")
-        for target in sorted(targets)
-        if target.startswith(forbidden)
-    ]
+    found = _found(
+        ("evalkit.results",), ("evalkit.ruler", "evalkit.general", "evalkit.sweep.pipeline", "evalkit.probe")
+    )
     assert not found, "\n".join(found)
 
 
 def test_training_imports_no_serving():
     """train/ shares the anchor rule with the engines through attention.anchor, below both: not one
     import of an engine, the vLLM plugin or the lazy engine (lazy ones included)."""
-    forbidden = ("evalkit.engines", "evalkit.vllm_plugin", "evalkit.sweep.engine_choice")
-    found = [
+    found = _found(("evalkit.train",), ("evalkit.engines", "evalkit.vllm_plugin", "evalkit.sweep.engine_choice"))
+    assert not found, "\n".join(found)
+
+
+def test_benchmarks_import_no_vllm_plugin():
+    """A benchmark reaches vLLM only through the engine interface (engines.base: generate,
+    loglikelihood, token_logprobs, the packed requests): not one import of the plugin, lazy ones
+    included, so that a new engine is its own module and nothing in the benchmarks."""
+    found = _found(("evalkit.ruler", "evalkit.general", "evalkit.ppl"), ("evalkit.vllm_plugin",))
+    assert not found, "\n".join(found)
+
+
+def _found(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    """'module imports target' for each import of a `forbidden` module by one of the `importers`."""
+    graph = _graph()
+    return [
         f"{module} imports {target}"
-        for module, targets in sorted(_graph().items())
-        if module.startswith("evalkit.train")
+        for module, targets in sorted(graph.items())
+        if module.startswith(importers)
         for target in sorted(targets)
         if target.startswith(forbidden)
     ]
-    assert not found, "\n".join(found)
 
 
 def test_the_package_imports_no_test_or_script():

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from evalkit import ppl
+from evalkit.engines import hf
+from evalkit.engines.hf import HFEngine
 from evalkit.models.refs import resolve_checkpoints
 
 TINY = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-base"
@@ -91,7 +93,7 @@ def test_tiny_model_equals_a_plain_forward_at_each_length_and_buckets_add_up(tmp
 def test_a_killed_run_resumes_computing_only_what_was_not_logged(tmp_path, monkeypatch):
     data, _ = _data(tmp_path, (3000, 3000, 3000, 3000))
     whole = _values(_run(TINY, data, tmp_path / "whole", [256, 512]))
-    scored, real = [], ppl.hf_logprobs
+    scored, real = [], HFEngine.token_logprobs
 
     def killed_on_the_third_batch(engine, rows):
         scored.append(len(rows))
@@ -99,11 +101,11 @@ def test_a_killed_run_resumes_computing_only_what_was_not_logged(tmp_path, monke
             raise KeyboardInterrupt  # a kill: no Python error the pipeline would record
         return real(engine, rows)
 
-    monkeypatch.setattr(ppl, "hf_logprobs", killed_on_the_third_batch)
+    monkeypatch.setattr(HFEngine, "token_logprobs", killed_on_the_third_batch)
     with pytest.raises(KeyboardInterrupt):
         _run(TINY, data, tmp_path / "out", [256, 512])
     scored.clear()
-    monkeypatch.setattr(ppl, "hf_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
+    monkeypatch.setattr(HFEngine, "token_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
     resumed = _values(_run(TINY, data, tmp_path / "out", [256, 512]))
     assert sum(scored) == 4  # 256 was done (4 documents); 512's first batch never finished: 4 left
     assert {n: (pytest.approx(v, rel=1e-6), used) for n, (v, used) in whole.items()} == resumed
@@ -168,9 +170,9 @@ def test_chunks_through_the_kv_cache_equal_one_forward_and_more_docs_reuse_the_l
     """Chunks of 100 tokens (a small logit budget) give the plain forward's perplexity; a second
     run with one more document scores only that one (--docs is not part of a record's key)."""
     data, texts = _data(tmp_path, (2000, 2000, 2000))
-    monkeypatch.setattr(ppl, "LOGIT_BUDGET", 2 * 2048 * 100)  # batch 2 x vocab 2048 x 100 positions
-    scored, real = [], ppl.hf_logprobs
-    monkeypatch.setattr(ppl, "hf_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
+    monkeypatch.setattr(hf, "LOGIT_BUDGET", 2 * 2048 * 100)  # batch 2 x vocab 2048 x 100 positions
+    scored, real = [], HFEngine.token_logprobs
+    monkeypatch.setattr(HFEngine, "token_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
     settings = ppl.PplSettings(lengths=[512], data=str(data), docs=2, dtype="fp32", batch_size=2)
     refs = resolve_checkpoints([str(TINY)])
     ppl.run_ppl(refs, settings, tmp_path / "out")
@@ -248,11 +250,11 @@ def _check_anchor_against_reference(path: Path, monkeypatch, tolerance: float) -
 
     with get_engine("hf", path, dtype="fp32", batch_size=2) as engine:
         vocab = engine.model.config.get_text_config().vocab_size
-        monkeypatch.setattr(ppl, "LOGIT_BUDGET", 2 * vocab * 50)  # batch 2 x vocab x 50 positions
+        monkeypatch.setattr(hf, "LOGIT_BUDGET", 2 * vocab * 50)  # batch 2 x vocab x 50 positions
         bos, eos = engine.tokenizer.bos_token_id, engine.tokenizer.eos_token_id
         assert bos is not None  # the reference takes the BOS as the anchor
         rows = [[bos, *range(10 + shift, 309 + shift)] for shift in (0, 700)]  # L = 300: pieces 64 x 4 + 43
-        served = ppl.anchor_logprobs(engine, ppl.hf_logprobs, rows, 64)
+        served = ppl.anchor_logprobs(engine, rows, 64)
     for row, scores in zip(rows, served):
         expected = _anchor_reference(path, row, 64, eos)
         assert len(scores) == len(expected) == 299
@@ -297,11 +299,11 @@ def test_anchor_with_one_piece_equals_standard_and_a_second_piece_changes_only_i
 
     with get_engine("hf", TINY, dtype="fp32", batch_size=2) as engine:
         rows = [[engine.tokenizer.bos_token_id, *range(30 + shift, 229 + shift)] for shift in (0, 500)]  # L = 200
-        standard = ppl.hf_logprobs(engine, rows)
+        standard = engine.token_logprobs(rows)
         for doc_tokens in (199, 512):
-            anchor = ppl.anchor_logprobs(engine, ppl.hf_logprobs, rows, doc_tokens)
+            anchor = ppl.anchor_logprobs(engine, rows, doc_tokens)
             assert [pytest.approx(s, abs=1e-5) for s in standard] == anchor
-        split = ppl.anchor_logprobs(engine, ppl.hf_logprobs, rows, 198)
+        split = ppl.anchor_logprobs(engine, rows, 198)
     for one, two in zip(standard, split):
         assert two[:-1] == [pytest.approx(s, abs=1e-5) for s in one[:-1]] and abs(two[-1] - one[-1]) > 1e-3
 

@@ -215,6 +215,8 @@ def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, mon
         assert verdict.endswith(("the swing is beyond noise.", "the swing is not beyond noise."))
     assert (out / "plots" / "ruler-ppl-vs-step.png").is_file() and (out / "plots" / "ruler-ppl-vs-step.svg").is_file()
 
-    monkeypatch.setattr("evalkit.ppl.hf_logprobs", lambda *a: (_ for _ in ()).throw(AssertionError("scored again")))
+    monkeypatch.setattr(
+        "evalkit.engines.hf.HFEngine.token_logprobs", lambda *a: (_ for _ in ()).throw(AssertionError("scored again"))
+    )
     quickstart._ppl(refs, [1024], plan, console)
     assert "\n".join(quickstart.figure4_claim(out, [1024])).splitlines() == lines

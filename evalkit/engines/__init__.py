@@ -4,6 +4,7 @@
     engine.generate(prompts, max_new_tokens=128, stop=["\\n"])   -> list of greedy continuations
     engine.loglikelihood([(context, continuation), ...])       -> [(sum log p, is_greedy), ...]
     engine.loglikelihood_rolling(texts)                         -> [total log p per text]
+    engine.token_logprobs(rows)                                 -> [[log p of each token after the first]]
     engine.engine_info()                                        -> what a result must record
     engine.generate_packed([PackedRequest([doc1, doc2], question)], max_new_tokens=32)
                                                                 -> the anchor paradigm: documents see

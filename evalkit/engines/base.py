@@ -3,8 +3,8 @@
 What must never differ between engines is implemented once, here: how prompts become tokens
 (BOS where the tokenizer adds one), how a (context, continuation) pair is split, how long texts
 are cut into perplexity windows, and what a request that does not fit the window gets (an error
-naming the lengths, never a silent truncation). A subclass
-implements only the token-level work (`_generate_tokens`, `_score_tokens`) and `engine_info`.
+naming the lengths, never a silent truncation). A subclass implements only the token-level
+work (`_generate_tokens`, `_score_tokens`, `token_logprobs`) and `engine_info`.
 """
 
 from __future__ import annotations
@@ -95,6 +95,11 @@ class Engine(ABC):
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """(sum of log p(continuation | context), every continuation token is the argmax) per
         (context ids, continuation ids); context + continuation minus its last token fits."""
+
+    @abstractmethod
+    def token_logprobs(self, rows: list[list[int]]) -> list[list[float]]:
+        """log P(row[p] | row[:p]), p = 1..L-1, of each row (one length L <= max_length) in float32 (evalkit.ppl);
+        a PackedEngine's takes doc_ids too (tokens.PackedLayout's): a token sees the anchor and its document."""
 
     def close(self) -> None:  # a hook: most engines hold nothing that outlives them
         """Release what outlives the object (processes, device memory); the engine is unusable after."""
@@ -204,3 +209,7 @@ class PackedEngine(Engine):
     def logits_packed(self, requests: Sequence[PackedRequest]) -> Any:
         """Float32 next-token log-probabilities [N, vocab] (a torch tensor on the CPU) after each
         request's last question token: log-softmaxed logits, the same quantity from every engine."""
+
+    @abstractmethod
+    def token_logprobs(self, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
+        """Engine.token_logprobs, with `doc_ids` as it describes."""

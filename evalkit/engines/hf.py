@@ -67,6 +67,7 @@ from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pr
 from evalkit.models.precision import check_dtype, default_dtype, resolve_device, torch_dtype
 
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
+LOGIT_BUDGET = 2**26  # floats of one token_logprobs chunk's logits (B x chunk x V): 256 MiB in fp32
 PREFILL_MODES = ("auto", "shared", "padded")
 SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA = 1024
 
@@ -433,6 +434,25 @@ class HFEngine(PackedEngine):
             for row, i in enumerate(batch):
                 logits[i] = state.logits[row].float().log_softmax(-1).cpu()  # as vLLM returns them
         return torch.stack(logits)
+
+    @_computing
+    def token_logprobs(self, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
+        """The rows as one unpadded batch, chunk by chunk through the KV cache (LOGIT_BUDGET's logits at a time)."""
+        ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+        batch, length = ids.shape
+        chunk = max(16, LOGIT_BUDGET // (batch * self.model.config.get_text_config().vocab_size))
+        docs = None if doc_ids is None else torch.tensor(doc_ids, dtype=torch.long, device=self.device)
+        # evalkit's attention reads every key its doc ids name (and applies the windows itself): keep them all
+        cache, scored = self._new_cache(every_key=docs is not None), []
+        with nullcontext() if docs is None else self._attention_implementation(self.packed_attention):
+            for start in range(0, length - 1, chunk):
+                end = min(start + chunk, length - 1)  # the last token predicts nothing: never fed
+                positions = torch.arange(start, end, device=self.device).expand(batch, -1)
+                more = {} if docs is None else {"doc_ids": docs[:, :end], "window_anchor": self.window_anchor}
+                logits = self._forward(ids[:, start:end], None, positions, cache=cache, logits_to_keep=0, **more)
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                scored.append(logprobs.gather(-1, ids[:, start + 1 : end + 1, None])[..., 0])
+        return torch.cat(scored, dim=1).cpu().tolist()
 
     def _packed_batches(self, layouts: list[tok.PackedLayout]) -> list[list[int]]:
         """Batches of packed requests; refuses a model whose attention evalkit's cannot reproduce."""

@@ -12,6 +12,7 @@ evalkit does that). How requests map onto vLLM:
     generate_packed    the anchor paradigm's layout (engines.tokens.packed_layout) with its
                        segments in SamplingParams.extra_args (evalkit.vllm_plugin.packing)
     logits_packed      the full next-token distribution of the one sampled step
+    token_logprobs     the rows' prompt log-probabilities (packed: with segments, as generate_packed)
 
 vLLM's window (max_model_len) is the engine's max_length + 1: vLLM refuses a prompt that fills
 its window ("at least one output token"), while a scoring request may feed exactly max_length
@@ -583,13 +584,13 @@ class VLLMEngine(PackedEngine):
     ) -> list[str]:
         check_max_new_tokens(max_new_tokens)
         stop = list(stop or [])
-        prompts, params = self._packed_inputs(
-            requests, max_new_tokens, lambda extra: self._greedy(max_new_tokens, stop, extra_args=extra)
-        )
+        layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
+        prompts, params = self._packed_inputs(layouts, functools.partial(self._greedy, max_new_tokens, stop))
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
-        prompts, params = self._packed_inputs(requests, 1, lambda extra: self._greedy(1, logprobs=-1, extra_args=extra))
+        layouts = [self._checked_layout(request, 1) for request in requests]
+        prompts, params = self._packed_inputs(layouts, functools.partial(self._greedy, 1, logprobs=-1))
         rows = []
         for answer in self._run(prompts, params):
             row = torch.full((self._vocab_size,), float("-inf"))
@@ -597,7 +598,18 @@ class VLLMEngine(PackedEngine):
             rows.append(row)
         return torch.stack(rows)
 
-    def _packed_inputs(self, requests: Sequence[PackedRequest], max_new_tokens: int, make_params):
+    def token_logprobs(self, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
+        """From prompt_logprobs (each prompt token's own log-probability; position 0 has none)."""
+        scoring = functools.partial(self._greedy, 1, prompt_logprobs=0)
+        if doc_ids is None:
+            prompts, params = [{"prompt_token_ids": row} for row in rows], [scoring()] * len(rows)
+        else:  # the document part of packed layouts
+            layouts = [tok.PackedLayout(row, docs, len(row)) for row, docs in zip(rows, doc_ids)]
+            prompts, params = self._packed_inputs(layouts, scoring)
+        answers = self._run(prompts, params)
+        return [[score[0] for score in answer.prompt_scores[1:]] for answer in answers]  # type: ignore[index]
+
+    def _packed_inputs(self, layouts: Sequence[tok.PackedLayout], make_params):
         from evalkit.vllm_plugin.packing import segments_from_doc_ids
 
         if not self.packed:
@@ -606,11 +618,10 @@ class VLLMEngine(PackedEngine):
                 "start it with packed=True for packed (anchor) requests"
             )
         prompts, params = [], []
-        for request in requests:
-            layout = self._checked_layout(request, max_new_tokens)
+        for layout in layouts:
             segments = segments_from_doc_ids(layout.doc_ids)
             prompts.append({"prompt_token_ids": layout.input_ids, "cache_salt": segments.cache_salt()})
-            params.append(make_params(segments.extra_args()))
+            params.append(make_params(extra_args=segments.extra_args()))
         return prompts, params
 
 

@@ -100,7 +100,11 @@ def parse_ruler_tasks(text: str) -> list[str]:
 
 def check_checkpoints(refs: list[CheckpointRef], settings: RulerSettings) -> None:
     """Before any model is loaded: every length fits each checkpoint's window, and an encoding
-    other than standard can be served on it (check_packed_attention)."""
+    other than standard can be served by the engine and on it (check_packed_attention)."""
+    from evalkit.engines import PackedEngine, engine_class
+
+    if settings.encoding != STANDARD and not issubclass(engine_class(settings.engine), PackedEngine):
+        raise UserError(f"the {settings.engine} engine cannot run packed requests (--encoding {settings.encoding})")
     for ref in refs:
         too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
         if too_long:
@@ -284,11 +288,9 @@ def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) ->
 def _anchor_answers(engine, spec: TaskSpec, length: int, samples: list, doc_tokens: int) -> Answers:
     """Greedy answers to each sample read as packed documents behind one anchor (ruler.encoding).
     Every sample is laid out first: one that does not fit the window skips the unit, not half of it."""
-    from evalkit.engines import PackedEngine, PackedRequest
+    from evalkit.engines import PackedRequest
     from evalkit.engines.tokens import packed_layout
 
-    if not isinstance(engine, PackedEngine):
-        raise UserError(f"the {engine.name} engine cannot run packed requests, which --encoding anchor needs")
     requests, sizes = {}, {}
     for sample in samples:
         split = split_sample(sample, spec, engine.tokenizer, doc_tokens)

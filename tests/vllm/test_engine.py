@@ -8,6 +8,8 @@ EVALKIT_VLLM_TEST_DTYPE=bf16) compares teacher-forced instead (tests/vllm/agreem
 and with what tolerance). Needs vLLM: run in the vLLM environment (.venv-vllm).
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -242,7 +244,8 @@ def test_plain_and_packed_requests_in_one_batch(engine, hf_engine, tokenizer):
         check_mixed_batch_in_bf16(engine, hf_engine, tokenizer, packed_requests, plain)
         return
     packed_prompts, packed_params = engine._packed_inputs(
-        packed_requests, 20, lambda extra: engine._greedy(20, extra_args=extra)
+        [engine._checked_layout(request, 20) for request in packed_requests],
+        functools.partial(engine._greedy, 20),
     )
     lengths = [40, 3, 20]  # different max_tokens: requests leave the batch at different steps
     plain_prompts = [{"prompt_token_ids": engine.encode(p)} for p in plain]
@@ -261,7 +264,8 @@ def check_mixed_batch_in_bf16(engine, hf_engine, tokenizer, packed_requests, pla
     continuations, reference = agreement.reference_packed(hf_engine, tokenizer, packed_requests, 8)
     prefixes = agreement.prefixes(tokenizer, packed_requests, continuations)
     packed_prompts, packed_params = engine._packed_inputs(
-        prefixes, 1, lambda extra: engine._greedy(1, logprobs=-1, extra_args=extra)
+        [engine._checked_layout(prefix, 1) for prefix in prefixes],
+        functools.partial(engine._greedy, 1, logprobs=-1),
     )
     contexts = [engine.encode(p) for p in plain]
     plain_continuations = [agreement.reference_continuation(hf_engine.model, c, 12) for c in contexts]

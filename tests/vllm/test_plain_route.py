@@ -47,6 +47,8 @@ def test_plain_then_packed_then_plain_engines_select_their_backends(checkpoint, 
             plain.generate_packed([PackedRequest(["A", "B"], " C")], 4)
         with pytest.raises(UserError, match="started for plain requests"):
             plain.logits_packed([PackedRequest(["A", "B"], " C")])
+        with pytest.raises(UserError, match="started for plain requests"):  # ppl's anchor encoding
+            plain.token_logprobs([[tokenizer.bos_token_id, 10, 11]], [[0, 1, 1]])
     finally:
         stop_vllm_engine(plain)
 

@@ -21,10 +21,10 @@ def engine(checkpoint):
     stop_vllm_engine(started)
 
 
-def test_vllm_logprobs_equal_the_hf_engine_per_token(engine, hf_engine, tokenizer):
+def test_vllm_token_logprobs_equal_the_hf_engine_per_token(engine, hf_engine, tokenizer):
     draw = random.Random(0)
     rows = [[tokenizer.bos_token_id, *(draw.randrange(10, 2000) for _ in range(length - 1))] for length in (700, 700)]
-    served, reference = ppl.vllm_logprobs(engine, rows), ppl.hf_logprobs(hf_engine, rows)
+    served, reference = engine.token_logprobs(rows), hf_engine.token_logprobs(rows)
     for got, want in zip(served, reference):
         assert len(got) == len(want) == 699
         assert max(abs(a - b) for a, b in zip(got, want)) <= LOGPROB_ATOL
@@ -44,10 +44,10 @@ def test_vllm_anchor_logprobs_equal_the_hf_engine_per_token(packed_engine, hf_en
     pieces' first tokens (read at the EOS before them) among them, against the hf engine's."""
     draw = random.Random(1)
     rows = [[tokenizer.bos_token_id, *(draw.randrange(10, 2000) for _ in range(599))] for _ in range(2)]
-    served = ppl.anchor_logprobs(packed_engine, ppl.vllm_logprobs, rows, 128)
-    reference = ppl.anchor_logprobs(hf_engine, ppl.hf_logprobs, rows, 128)
+    served = ppl.anchor_logprobs(packed_engine, rows, 128)
+    reference = ppl.anchor_logprobs(hf_engine, rows, 128)
     for got, want in zip(served, reference):
         assert len(got) == len(want) == 599
         assert max(abs(a - b) for a, b in zip(got, want)) <= LOGPROB_ATOL
-    standard = ppl.hf_logprobs(hf_engine, rows)  # not the same numbers: the pieces are read apart
+    standard = hf_engine.token_logprobs(rows)  # not the same numbers: the pieces are read apart
     assert max(abs(a - b) for a, b in zip(reference[0], standard[0])) > 10 * LOGPROB_ATOL
