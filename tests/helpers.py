@@ -4,14 +4,19 @@ The builder makes small random models from a config (never downloaded), saved wi
 as `evalkit train` saves a checkpoint. The references compute what evalkit must return the slow,
 plain way: full unpadded forwards of the model, no KV cache, no batching, no engine, masks
 written out by hand, attention in float64. Conftests hold fixtures only; tests import these from
-here (scripts/gpu_vllm_check.py too).
+here (scripts/gpu_vllm_check.py too). At the end, the CLI as a user meets it (exit status, one
+`error:` line, no traceback, what is left on disk) and the shipped tiny-base broken on purpose.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -244,3 +249,100 @@ def write_qa_files(folder: Path) -> Path:
         )
     (folder / "hotpot_dev_distractor_v1.json").write_text(json.dumps(hotpot))
     return folder
+
+
+# ---------------------------------------------------------------------- the CLI as a user meets it
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_BASE = ROOT / "evalkit" / "checkpoints" / "tiny-base"  # an evalkit checkpoint with tied embeddings
+EVALKIT = [sys.executable, "-m", "evalkit.cli"]
+
+
+def evalkit(*args: str | Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`evalkit ARGS` in a subprocess. The timeout only stops a hung process; no assertion depends on time."""
+    return subprocess.run(
+        [*EVALKIT, *map(str, args)], check=False, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def evalkit_here(capsys, *args: str | Path) -> subprocess.CompletedProcess:
+    """`evalkit ARGS` through the CLI's entry point in this process (no interpreter and torch start
+    per case), seen as a subprocess would be: exit status and stderr."""
+    import signal
+
+    from evalkit.cli import main
+
+    handler = signal.getsignal(signal.SIGTERM)
+    capsys.readouterr()
+    old_argv, sys.argv = sys.argv, ["evalkit", *map(str, args)]
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        signal.signal(signal.SIGTERM, handler)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    """The one `error:` line of a refused command (asserting that it was refused that way)."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def hidden_entries(directory: Path) -> list[str]:
+    """Dot-files and dot-directories: where a temporary copy would be left behind."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file under `directory` with its content's digest: to show that nothing was touched."""
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def copy_tiny_base(destination: Path) -> Path:
+    shutil.copytree(TINY_BASE, destination)
+    return destination
+
+
+def edit_json(path: Path, change: Callable[[dict], dict]) -> None:
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def edit_config(checkpoint: Path, **changes) -> None:
+    edit_json(checkpoint / "config.json", lambda config: {**config, **changes})
+
+
+def edit_weights(checkpoint: Path, change: Callable[[dict], dict]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(checkpoint / "model.safetensors")
+    save_file(change(weights), checkpoint / "model.safetensors", metadata={"format": "pt"})
+
+
+def truncate_weights(checkpoint: Path) -> None:
+    data = (checkpoint / "model.safetensors").read_bytes()
+    (checkpoint / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def ruler_summary(run: str, score: float, **fields) -> dict:
+    """A one-row RULER summary as evalkit writes it (fields: schema_version, benchmark, ...)."""
+    row = {"run": run, "step": 1, "task": "niah_single_1", "length": 512, "score": score}
+    return {"benchmark": "ruler", "run": run, "step": 1, "rows": [row], "skipped": [], "provenance": {}, **fields}
+
+
+def write_summary(out: Path, summary: dict, name: str = "ruler-summary.json") -> Path:
+    path = out / summary["run"] / "step-1" / name
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary))
+    return path

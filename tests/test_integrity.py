@@ -176,14 +176,27 @@ def test_a_record_whose_checksum_was_removed_is_refused(tmp_path, line):
         SampleLog(path, "key")
 
 
-def test_a_torn_last_line_is_dropped_and_duplicates_keep_the_first(tmp_path):
+def test_duplicates_keep_the_first_and_a_torn_last_line_is_dropped(tmp_path):
     path = tmp_path / "512.jsonl"
     lines = written_log(path)
-    again = written_log(tmp_path / "other.jsonl", [{**RECORDS[1], "prediction": "second copy"}])
-    write_lines(path, [lines[0], lines[1], again[0], lines[2][:40]])  # a second writer's copy, a killed write
+    again = written_log(tmp_path / "other.jsonl", [{**r, "prediction": "second copy"} for r in RECORDS[:2]])
+    write_lines(path, [lines[0], lines[1], again[0], lines[2], again[1]])  # a second writer's copies
     log = SampleLog(path, "key")
-    assert [(i, r["prediction"]) for i, r in sorted(log.records.items())] == [(0, "7 1 2"), (1, "5550123")]
-    assert path.read_text().splitlines() == lines[:2]  # rewritten clean for the next append
+    assert [(i, r["prediction"]) for i, r in sorted(log.records.items())] == [(0, "7 1 2"), (1, "5550123"), (2, "é")]
+    log.append([{**RECORDS[2], "index": 3}])
+    assert [json.loads(line)["index"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+    clean = path.read_text().splitlines()
+    write_lines(path, [*clean, lines[2][:40]])  # a killed write
+    assert sorted(SampleLog(path, "key").records) == [0, 1, 2, 3]
+    assert path.read_text().splitlines() == clean  # rewritten clean for the next append
+
+
+def test_a_sample_log_with_a_foreign_line_is_refused_not_truncated(tmp_path):
+    log = tmp_path / "512.jsonl"
+    log.write_text("not a record\nnot one either\n")
+    with pytest.raises(UserError, match="512.jsonl:1 is not a sample record"):
+        SampleLog(log, "key")
+    assert log.read_text() == "not a record\nnot one either\n"
 
 
 def test_ruler_refuses_an_edited_record_in_one_line(tmp_path, capsys):

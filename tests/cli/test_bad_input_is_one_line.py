@@ -1,7 +1,8 @@
-"""The hostile-input pass over the commands of the last round (ppl, hub names, the bf16 regimes'
---dtype/rope_precision, train --inspect, job arrays, export) kept as a test: each case exits 2 with
-one `error:` line and no traceback (docs/reliability.md, fourth round). Run in this process
-(tests.helpers.run_cli): a traceback is an exception out of main and fails the case by itself."""
+"""Bad input is one line: a mistaken or hostile argument, file or environment value is refused
+before any work with exit 2, one `error:` line, no traceback and nothing written. The hostile-input
+pass (ppl, hub names, the bf16 regimes' --dtype/rope_precision, train --inspect, job arrays,
+export) runs in this process (tests.helpers.run_cli: a traceback is an exception out of main and
+fails the case by itself); counts, lengths, limits and addresses are checked as a user meets them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import error_line, evalkit, evalkit_here, run_cli
 from tests.test_hub import MAIN, REPO, TINY_BASE, add_snapshot
 
 CKPT = str(TINY_BASE)
@@ -115,3 +116,147 @@ def test_environment_values_read_as_meant(monkeypatch):
     assert cache_root() == Path.home() / ".cache" / "evalkit"
     assert environ_int("WORLD_SIZE", 1, {"WORLD_SIZE": " 4\n"}) == 4
     assert environ_int("WORLD_SIZE", 1, {}) == 1
+
+
+@pytest.mark.parametrize(
+    "lengths, fragment",
+    [
+        ("²", "could not read length '²'"),  # str.isdigit() says yes, int() says no
+        ("１２", "could not read length '１２'"),  # int() would read 12
+        ("0", "could not read length '0'"),
+        ("-1k", "could not read length '-1k'"),
+        ("4k,0", "could not read length '0'"),
+        ("", "no lengths given"),
+        (" , ", "no lengths given"),
+    ],
+)
+def test_ruler_refuses_unreadable_lengths(checkpoint, lengths, fragment, tmp_path):
+    line = error_line(evalkit("ruler", "--ckpts", checkpoint, "--lengths", lengths, "--out", tmp_path / "out"))
+    assert fragment in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_quickstart_refuses_empty_lengths_instead_of_using_the_default(tmp_path):
+    line = error_line(evalkit("quickstart", "--lengths", "", "--out", tmp_path / "q", "--runs", tmp_path / "runs"))
+    assert "no lengths given" in line
+    assert not (tmp_path / "q").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["ruler", "general", "quickstart"])
+def test_last_below_one_is_refused(checkpoint, command, tmp_path):
+    out = tmp_path / "out"
+    args = {
+        "ruler": ["--ckpts", checkpoint, "--lengths", "512", "--tasks", "niah_single_1", "--samples", "1"],
+        "general": ["--ckpts", checkpoint, "--tasks", "evalkit_fixture_hellaswag_style", "--limit", "1"],
+        "quickstart": ["--runs", tmp_path / "runs", "--recipe", "tiny-cpu", "--max-steps", "1", "--no-shipped"],
+    }[command]
+    line = error_line(evalkit(command, *args, "--last", "0", "--out", out))
+    assert "--last 0" in line and "at least 1" in line
+    assert not out.exists() and not (tmp_path / "runs").exists()  # the quickstart trained nothing
+
+
+@pytest.mark.parametrize("limit", ["inf", "nan", "-1", "0", "2.5"])
+def test_general_refuses_a_limit_that_is_no_count_or_fraction(checkpoint, limit, tmp_path):
+    out = tmp_path / "out"
+    line = error_line(
+        evalkit(
+            "general",
+            "--ckpts",
+            checkpoint,
+            "--tasks",
+            "evalkit_fixture_hellaswag_style",
+            "--limit",
+            limit,
+            "--out",
+            out,
+        )
+    )
+    assert "--limit" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["ruler", "--lengths", "512", "--samples", "0"], "--samples and --batch-size must be at least 1"),
+        (["ruler", "--lengths", "512", "--batch-size", "0"], "--samples and --batch-size must be at least 1"),
+        (["ruler", "--lengths", "512", "--max-length", "0"], "--max-length must be at least 2 tokens"),
+        (["ruler", "--lengths", "512", "--max-length", "1"], "--max-length must be at least 2 tokens"),
+        (
+            ["general", "--tasks", "evalkit_fixture_hellaswag_style", "--max-length", "1"],
+            "--max-length must be at least 2",
+        ),
+        (
+            ["general", "--tasks", "evalkit_fixture_hellaswag_style", "--batch-size", "0"],
+            "--batch-size must be at least 1",
+        ),
+        (["quickstart", "--samples", "0"], "--samples must be at least 1"),
+        (["probe", "shift", "--n", "0"], "--n: the number of texts must be a positive integer"),
+        (["probe", "shift", "--seq", "1"], "--seq: a length must be at least 2 tokens"),
+        (["probe", "length", "--lengths", "1"], "--lengths: a length must be at least 2 tokens"),
+    ],
+)
+def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
+    out = tmp_path / "out"
+    where = (
+        ["--ckpt" if args[0] == "probe" else "--ckpts", checkpoint]
+        if args[0] != "quickstart"
+        else ["--runs", tmp_path / "runs"]
+    )
+    line = error_line(evalkit(*args, *where, "--out", out))
+    assert fragment in line
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(tmp_path, capsys):
+    import json
+
+    from tests.sweep.helpers import SHIPPED
+
+    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    window = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "4k,1000000000", "--out", tmp_path]
+    line = error_line(evalkit_here(capsys, *args))
+    assert f"length 1000000000 is beyond the window of {ckpt} ({window} tokens, its max_position_embeddings)" in line
+    assert "--max-length" in line and "evalkit's limit" not in line
+    line = error_line(evalkit_here(capsys, *args, "--max-length", "8192"))
+    assert "length 1000000000 is beyond --max-length 8192" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, capsys):
+    from tests.sweep.helpers import SHIPPED
+
+    out = tmp_path / "out"
+    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args, "--executor", "ray", "--ray-address", "nosuchhost"))
+    assert "--ray-address 'nosuchhost' is not a Ray address" in line
+    assert "HOST:PORT" in line and "ray://HOST:10001" in line and "auto" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("address", "valid"),
+    [
+        ("nosuchhost", False),
+        ("host:", False),
+        ("host:port", False),
+        ("http://host:6379", False),
+        ("head-node:6379", True),
+        ("10.0.0.5:6379", True),
+        ("[::1]:6379", True),
+        ("ray://head-node:10001", True),
+        ("ray://head-node", True),  # Ray Client's default port
+        ("auto", True),
+    ],
+)
+def test_ray_address_forms(address, valid):
+    from evalkit.errors import UserError
+    from evalkit.sweep.options import check_ray_address
+
+    if valid:
+        check_ray_address(address)
+    else:
+        with pytest.raises(UserError, match="is not a Ray address"):
+            check_ray_address(address)

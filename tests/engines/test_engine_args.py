@@ -8,7 +8,7 @@ import pytest
 
 from evalkit.engines.args import OWN_FLAGS, engine_setting_types, parse_engine_args
 from evalkit.errors import UserError
-from tests.helpers import build_checkpoint
+from tests.helpers import build_checkpoint, error_line, evalkit_here
 
 
 def test_every_keyword_setting_of_the_engine_is_reachable_with_its_type():
@@ -89,3 +89,56 @@ def test_a_bad_engine_arg_stops_the_command_in_one_line_before_any_work(checkpoi
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "error: --engine-arg threads: expected int or none, got 'two'"
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", ["sdpa=1", "no_such_kernel", "evalkit_sdpa"])
+def test_a_bad_attention_setting_is_one_line_before_any_checkpoint(tmp_path, capsys, value):
+    from tests.sweep.helpers import SHIPPED
+
+    out = tmp_path / "out"
+    run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
+    args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args, "--engine-arg", f"attention={value}"))
+    assert f"got {value!r}" in line or f"attention={value!r}" in line
+    assert "sdpa" in line and "eager" in line  # what to use instead
+    assert not out.exists()  # no ruler-failed.json, nothing at all
+
+
+@pytest.mark.parametrize("value", ["sdpa", "eager"])
+def test_transformers_attention_names_pass_the_check(value):
+    from evalkit.engines import check_engine_settings
+
+    check_engine_settings("hf", {"attention": value, "batch_size": 2})
+
+
+def test_a_missing_engine_package_is_one_line_before_any_checkpoint(tmp_path, capsys):
+    import importlib.util
+
+    from tests.sweep.helpers import SHIPPED
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the message is for environments without it")
+    out = tmp_path / "out"
+    run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
+    args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
+    line = error_line(evalkit_here(capsys, *args, "--engine", "vllm"))
+    assert line.startswith("error: the vllm engine needs vllm, which is not installed: pip install")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"rope": "sideways"}, "rope must be one of"),
+        ({"position_shift": -1}, "position_shift must be non-negative, got -1"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be at least 1, got 0"),
+    ],
+)
+def test_the_vllm_engine_judges_its_settings_without_a_checkpoint(settings, message):
+    """What check_engine_settings asks the vllm engine before a sweep (vLLM itself is not needed)."""
+    from evalkit.engines.vllm import VLLMEngine
+    from evalkit.errors import UserError
+
+    VLLMEngine.check_settings({"rope": "cast", "position_shift": 0, "batch_size": 4})  # its defaults pass
+    with pytest.raises(UserError, match=message):
+        VLLMEngine.check_settings(settings)

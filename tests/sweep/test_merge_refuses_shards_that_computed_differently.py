@@ -6,6 +6,7 @@ size) merge, each one's own values recorded under merged_shards."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import evalkit.store.provenance as provenance
 from evalkit.ruler.runner import run_ruler
 from evalkit.sweep.plan import Shard
+from tests.helpers import error_line, evalkit_here
 from tests.sweep.helpers import run_cli, tiny_refs, tiny_settings
 
 # One checkpoint, two units of equal cost: shard 0 scores niah_single_1, shard 1 niah_single_2.
@@ -86,3 +88,35 @@ def test_shards_that_ran_on_another_cpu_or_batch_size_merge_with_their_own_recor
         },
     ]
     assert summary["provenance"]["machine"] == real_machine and len(summary["rows"]) == 2
+
+
+def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, capsys):
+    from evalkit.models.refs import resolve_checkpoints
+    from evalkit.ruler.runner import run_ruler
+    from evalkit.sweep.plan import Shard
+    from tests.sweep.helpers import SHIPPED, tiny_settings
+
+    # Three directories holding a run "myrun" at step 600: a, a copy of a, and b (another run's weights).
+    checkpoints = {
+        "a": SHIPPED / "tiny-long-full-shipped" / "step-600",
+        "a-copy": SHIPPED / "tiny-long-full-shipped" / "step-600",
+        "b": SHIPPED / "tiny-long-anchor-shipped" / "step-600",
+    }
+    for place, source in checkpoints.items():
+        shutil.copytree(source, tmp_path / place / "myrun" / "step-600")
+    settings = tiny_settings(samples=1, tasks=["niah_single_1", "qa_1"])  # one unit per shard
+    for index, place in enumerate(["a", "b"]):
+        refs = resolve_checkpoints([str(tmp_path / place / "myrun" / "step-600")])
+        run_ruler(refs, settings, tmp_path / f"shard{index}-{place}", shard=Shard(index, 2))
+    refs = resolve_checkpoints([str(tmp_path / "a-copy" / "myrun" / "step-600")])
+    run_ruler(refs, settings, tmp_path / "shard1-a-copy", shard=Shard(1, 2))
+
+    line = error_line(
+        evalkit_here(capsys, "merge", tmp_path / "shard0-a", tmp_path / "shard1-b", "--out", tmp_path / "m")
+    )
+    assert "conflicting shards" in line and "myrun step 600 is different weights" in line
+    assert str(tmp_path / "a" / "myrun" / "step-600") in line and str(tmp_path / "b" / "myrun" / "step-600") in line
+    assert not (tmp_path / "m").exists()
+    # The same weights in another directory (a copy staged on another node) are the same checkpoint.
+    merged = evalkit_here(capsys, "merge", tmp_path / "shard0-a", tmp_path / "shard1-a-copy", "--out", tmp_path / "m")
+    assert merged.returncode == 0, merged.stderr

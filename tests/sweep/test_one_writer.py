@@ -1,4 +1,4 @@
-"""One writer per --out: on one host the flock (tests/test_reliability.py); across the hosts of a
+"""One writer per --out: on one host the flock (tests/cli/test_one_writer.py); across the hosts of a
 shared file system, where flock may not reach, the lock file's record of the run holding it
 (evalkit.files.output_lock); under Ray, the driver writes what its workers hand over."""
 

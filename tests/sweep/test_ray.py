@@ -322,8 +322,9 @@ def _descendants(pid: int) -> list:
 
 
 def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(cluster, tmp_path):
-    """As a local sweep (tests/test_reliability_round2.py): the broken checkpoint's failure record,
-    the good ones' summaries equal to a local run of them alone, one line naming the failure."""
+    """As a local sweep (tests/sweep/test_one_bad_checkpoint_does_not_end_a_sweep.py): the broken
+    checkpoint's failure record, the good ones' summaries equal to a local run of them alone, one
+    line naming the failure."""
     import shutil
 
     from evalkit.errors import UserError

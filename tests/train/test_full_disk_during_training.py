@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 
 from evalkit.train import checkpoint as ckpt
 from evalkit.train.loop import train
-from tests.test_reliability import error_line
-from tests.test_reliability_round2 import evalkit_here
+from tests.helpers import error_line, evalkit_here
 from tests.train.helpers import losses, micro_args, micro_config
 
 SETS = ("checkpoint.every=2",)

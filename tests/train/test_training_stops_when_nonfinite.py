@@ -13,8 +13,7 @@ from evalkit.errors import UserError
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import loop
 from evalkit.train.loop import train
-from tests.test_reliability import error_line
-from tests.test_reliability_round2 import evalkit_here
+from tests.helpers import error_line, evalkit_here
 from tests.train.helpers import losses, micro_args, micro_config
 
 
