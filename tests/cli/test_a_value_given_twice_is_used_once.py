@@ -2,12 +2,14 @@
 drops blanks and repeats, and a checkpoint reached twice (a symlinked run beside its target) is
 evaluated once, under the first spelling's name."""
 
+import importlib
 import json
 import shutil
 
 import pytest
 
 from tests.helpers import copy_tiny_base, error_line, evalkit_here
+from tests.sweep.helpers import SHIPPED
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 
@@ -36,8 +38,6 @@ def test_a_length_or_task_given_twice_is_scored_and_stored_once(tmp_path, capsys
     ],
 )
 def test_every_list_parser_keeps_each_value_once(parse, given, expected):
-    import importlib
-
     module, name = parse.split(":")
     assert getattr(importlib.import_module(module), name)(given) == expected
 
@@ -51,8 +51,6 @@ def test_paradigms_and_dtypes_given_twice_are_used_once(tmp_path, capsys):
 
 
 def test_a_symlinked_run_beside_its_target_is_evaluated_once(tmp_path, capsys):
-    from tests.sweep.helpers import SHIPPED
-
     runs = tmp_path / "runs"
     shutil.copytree(SHIPPED / "tiny-long-full-shipped" / "step-600", runs / "myrun" / "step-600")
     (runs / "latest").symlink_to("myrun")

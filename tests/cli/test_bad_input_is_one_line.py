@@ -6,12 +6,14 @@ fails the case by itself); counts, lengths, limits and addresses are checked as 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import error_line, evalkit, evalkit_here, run_cli
+from tests.sweep.helpers import SHIPPED
 from tests.test_hub import MAIN, REPO, TINY_BASE, add_snapshot
 
 CKPT = str(TINY_BASE)
@@ -209,10 +211,6 @@ def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
 
 
 def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(tmp_path, capsys):
-    import json
-
-    from tests.sweep.helpers import SHIPPED
-
     ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
     window = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
     args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "4k,1000000000", "--out", tmp_path]
@@ -225,8 +223,6 @@ def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(t
 
 
 def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, capsys):
-    from tests.sweep.helpers import SHIPPED
-
     out = tmp_path / "out"
     ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
     args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]

@@ -4,6 +4,7 @@ FILE` and exit 2, naming the file and which disk (the cache's or --out's); other
 tracebacks; an atomic write leaves neither the target nor a temporary file. (While training:
 tests/train/test_full_disk_during_training.py.)"""
 
+import errno
 import os
 from pathlib import Path
 
@@ -41,8 +42,6 @@ def test_a_full_disk_is_one_line_and_other_errors_are_not_hidden(capsys, error):
 
 def test_a_write_that_fails_midway_leaves_no_file_behind(tmp_path, monkeypatch):
     """ENOSPC when the data reaches the disk (fsync): neither the target nor a temporary file remains."""
-    import errno
-
     from evalkit import files as storage
 
     def full_disk(fd):
@@ -57,8 +56,6 @@ def test_a_write_that_fails_midway_leaves_no_file_behind(tmp_path, monkeypatch):
 def test_a_full_disk_names_the_file_and_tells_the_cache_from_out(tmp_path, capsys, monkeypatch):
     """ENOSPC injected where the data reaches the disk (fsync raises it with no file name, as the
     kernel does): the error names the file, and says EVALKIT_CACHE when the full disk was the cache's."""
-    import errno
-
     cache, out = tmp_path / "cache", tmp_path / "out"
     monkeypatch.setenv("EVALKIT_CACHE", str(cache))
     ckpt = copy_tiny_base(tmp_path / "run" / "step-1")

@@ -5,6 +5,7 @@ probe outputs, the leaderboard) must be one evalkit wrote, recognised by its con
 one line names it and nothing changes."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tests.helpers import (
     ruler_summary,
     write_summary,
 )
+from tests.train.helpers import micro_args
 
 
 def out_commands(checkpoint: Path, tmp_path: Path) -> dict[str, list]:
@@ -67,8 +69,6 @@ def test_leaderboard_out_that_is_a_directory_is_refused(checkpoint, tmp_path):
 
 @pytest.mark.parametrize("command", OUT_COMMANDS)
 def test_out_in_an_unwritable_directory_is_refused_before_any_work(checkpoint, command, tmp_path):
-    import os
-
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -85,8 +85,6 @@ def test_out_in_an_unwritable_directory_is_refused_before_any_work(checkpoint, c
 
 def test_an_unwritable_output_directory_is_refused_without_running_as_another_user(tmp_path, monkeypatch):
     """The permission branch, for machines where the test above is skipped (root writes anywhere)."""
-    import os
-
     from evalkit.files import check_output_dir, check_output_file
 
     monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
@@ -192,9 +190,6 @@ OTHER_TRAINERS_LOGS = {
 @pytest.mark.parametrize("trainer", list(OTHER_TRAINERS_LOGS))
 @pytest.mark.parametrize("resume", [False, True])
 def test_another_trainers_metrics_log_is_refused_and_left_as_it_is(tmp_path, capsys, trainer, resume):
-
-    from tests.train.helpers import micro_args
-
     out = tmp_path / "run"
     out.mkdir()
     text = "".join(json.dumps(record) + "\n" for record in OTHER_TRAINERS_LOGS[trainer])

@@ -12,6 +12,7 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.files import LOCK_NAME, output_lock
 from tests.helpers import ROOT, error_line, evalkit
+from tests.train.helpers import micro_args
 
 HOLD_LOCK = """
 import sys, time
@@ -60,8 +61,6 @@ def test_general_refuses_a_directory_another_process_writes(checkpoint, tmp_path
 
 
 def test_train_refuses_a_run_directory_another_process_trains(tmp_path):
-    from tests.train.helpers import micro_args
-
     out = tmp_path / "run"
     with output_lock(out):
         line = error_line(evalkit(*micro_args(out, max_steps=2)))

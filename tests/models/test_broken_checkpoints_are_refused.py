@@ -4,6 +4,7 @@ truncated safetensors file, pickle-only weights, custom model code, missing, une
 non-finite weights, and a tokenizer or chat template that does not load (a template that tries to
 leave Jinja's sandbox never runs); a tied lm_head is fine. Nothing is scored or trained then."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -218,8 +219,6 @@ def test_every_loader_shares_the_non_finite_check(nan_checkpoint):
 def test_a_meta_step_that_is_no_number_reads_as_step_zero(tmp_path, step):
     """A checkpoint directory not named step-N takes its step from meta.json; one that holds no
     number there (null, a list, a word) is step 0, as one without the field, never a traceback."""
-    import json
-
     from evalkit.models.refs import resolve_checkpoints
 
     checkpoint = tmp_path / "mine"

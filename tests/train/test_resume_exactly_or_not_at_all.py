@@ -5,12 +5,14 @@ identical losses: tests/train/test_train.py.)"""
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import error_line, evalkit, evalkit_here, run_cli, snapshot, truncate_weights
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
+from tests.train.helpers import losses, micro_args
 
 MICRO_RUN_SETS = ("model.max_position_embeddings=64",)  # below seq_len=128: raised to it
 
@@ -18,8 +20,6 @@ MICRO_RUN_SETS = ("model.max_position_embeddings=64",)  # below seq_len=128: rai
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory) -> Path:
     """A 4-step micro run (checkpoints at steps 2 and 4) whose model asked for fewer positions than it trains on."""
-    from tests.train.helpers import micro_args
-
     out = tmp_path_factory.mktemp("micro") / "run"
     result = evalkit(*micro_args(out, *MICRO_RUN_SETS, max_steps=4))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -27,8 +27,6 @@ def micro_run(tmp_path_factory) -> Path:
 
 
 def resume_args(out: Path, max_steps: int = 6) -> list[str]:
-    from tests.train.helpers import micro_args
-
     return [*micro_args(out, *MICRO_RUN_SETS, max_steps=max_steps), "--resume"]
 
 
@@ -75,8 +73,6 @@ def test_resume_refuses_a_truncated_checkpoint(micro_run, tmp_path):
 @pytest.fixture(scope="module")
 def two_checkpoint_run(tmp_path_factory) -> Path:
     """A micro run of 4 steps: step-2 (no trainer state, pruned) and step-4 (with it)."""
-    from tests.train.helpers import micro_args
-
     out = tmp_path_factory.mktemp("resume") / "run"
     assert run_quietly(micro_args(out, max_steps=4)) == 0
     assert sorted(p.name for p in out.glob("step-*")) == ["step-2", "step-4"]
@@ -85,8 +81,6 @@ def two_checkpoint_run(tmp_path_factory) -> Path:
 
 def run_quietly(args: list[str]) -> int:
     """The CLI in this process, for a module-scoped fixture (which cannot have capsys)."""
-    import signal
-
     handler = signal.getsignal(signal.SIGTERM)
     try:
         return run_cli(args)
@@ -98,8 +92,6 @@ def run_quietly(args: list[str]) -> int:
 def test_resume_refuses_a_newest_checkpoint_without_trainer_state_and_touches_nothing(
     two_checkpoint_run, tmp_path, capsys, older_has_state
 ):
-    from tests.train.helpers import micro_args
-
     run = shutil.copytree(two_checkpoint_run, tmp_path / "run")
     if older_has_state:  # the newest lost its trainer state; an older one still has one
         shutil.copy2(run / "step-4" / "trainer_state.pt", run / "step-2" / "trainer_state.pt")
@@ -118,8 +110,6 @@ def test_resume_refuses_a_newest_checkpoint_without_trainer_state_and_touches_no
 def test_a_run_from_before_the_marker_is_still_evalkits(two_checkpoint_run, tmp_path, capsys):
     """Runs trained before evalkit-run.json existed are recognised by their checkpoints' meta.json;
     resuming one marks it."""
-    from tests.train.helpers import losses, micro_args
-
     run = shutil.copytree(two_checkpoint_run, tmp_path / "run")
     assert (run / "evalkit-run.json").is_file()  # written when the run started
     (run / "evalkit-run.json").unlink()

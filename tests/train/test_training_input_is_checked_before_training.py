@@ -10,6 +10,7 @@ import pytest
 from evalkit.errors import UserError
 from tests.helpers import error_line, evalkit
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
+from tests.train.helpers import micro_args
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:
@@ -47,8 +48,6 @@ BAD_JSONL = {
     ],
 )
 def test_a_bad_jsonl_line_is_refused_before_the_first_step(case, paradigm, tmp_path):
-    from tests.train.helpers import micro_args
-
     lines, number, fragment = BAD_JSONL[case]
     data = write_lines(tmp_path / "data.jsonl", lines)
     out = tmp_path / "run"
