@@ -96,8 +96,14 @@ def test_sigterm_stops_both_replicas_and_their_vllm_processes(checkpoint, two_cp
         env={**os.environ, "RAY_AUTH_MODE": "disabled"},
     )  # fmt: skip
     assert process.stdout.readline().strip() == "ready", "the engine did not start"
-    started = engine_core_pids() - before
-    family = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+    # Polled: a process's VLLM:: title is its own to set, and was once not yet seen at "ready".
+    deadline = time.monotonic() + 60
+    while True:
+        started = engine_core_pids() - before
+        family = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+        if len(started & family) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert len(started & family) >= 2, "two replicas, each with its engine core, under the serving process"
     time.sleep(3)  # mid-request
     process.send_signal(signal.SIGTERM)
