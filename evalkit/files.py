@@ -403,19 +403,21 @@ def written_by_evalkit(path: Path) -> bool:
 
 def read_text(path: Path, what: str = "") -> str:
     """The UTF-8 text of the user's file `path`, or one line saying why not (`what` says what it was
-    given as, e.g. "config"): not a regular file (a directory, or a FIFO that would block the read
-    forever), unreadable (file_error's reasons), or not UTF-8."""
+    given as, e.g. "--config"): not a regular file (a directory, or a FIFO that would block the read
+    forever), unreadable (file_error's reasons), or not UTF-8 (naming the line)."""
     named = f"{what} {path}".strip()
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise UserError(f"{named} is not a regular file (a directory, FIFO or device): give a file")
-        return Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as err:
         raise UserError(f"{named}: {FILE_ERROR_ADVICE.get(err.errno or 0, err.strerror or str(err))}") from None
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
         raise UserError(
-            f"{named} is not UTF-8 text (byte {err.start}: {err.object[err.start : err.start + 1]!r}); "
-            "convert it, e.g. iconv -f latin1 -t utf-8"
+            f"{named} line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save it as UTF-8"
         ) from None
 
 

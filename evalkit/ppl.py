@@ -46,7 +46,7 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import new_figure, write_figure
+from evalkit.files import new_figure, read_text, write_figure
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -107,23 +107,8 @@ def load_documents(data: str) -> list[str]:
         raise UserError(f"--data {data}: no such file or directory (give a .jsonl, a .txt, a datasets dir or builtin)")
     if path.is_dir():
         return _dataset_documents(path)
-    text = _read_text(path)
+    text = read_text(path, "--data")
     return _jsonl_documents(path, text) if path.suffix == ".jsonl" else [text]
-
-
-def _read_text(path: Path) -> str:
-    """The file as UTF-8 text; a file that cannot be read or is not UTF-8 is one line naming it (and the line)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"--data {path}: cannot read it ({err.strerror or err})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise UserError(
-            f"--data {path} line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save it as UTF-8"
-        ) from None
 
 
 def builtin_documents() -> list[str]:

@@ -41,7 +41,7 @@ def test_a_directory_is_one_line(tmp_path):
 def test_a_file_without_read_permission_is_one_line(tmp_path):
     (tmp_path / "locked.txt").write_text("text")
     (tmp_path / "locked.txt").chmod(0)
-    with pytest.raises(UserError, match="locked.txt: cannot read it"):
+    with pytest.raises(UserError, match="locked.txt: permission denied"):
         ppl.load_documents(str(tmp_path / "locked.txt"))
 
 
