@@ -346,3 +346,37 @@ def write_summary(out: Path, summary: dict, name: str = "ruler-summary.json") ->
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(summary))
     return path
+
+
+def descendants(pid: int) -> list:
+    """The processes under `pid` (psutil), or none once it has gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def command_line(process) -> str:
+    """A psutil process's command line, or "" once it has exited (a zombie's cannot be read)."""
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def any_running(pids) -> bool:
+    """Whether any of `pids` is still a live process (exited, reaped or zombie: not running); a
+    process that exits while it is looked at counts as gone."""
+    import psutil
+
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False

@@ -19,6 +19,7 @@ from evalkit.errors import UserError
 from evalkit.files import LOCK_NAME
 from evalkit.ruler.runner import RulerBenchmark, run_ruler
 from evalkit.sweep.pipeline import run_benchmark
+from tests.helpers import any_running, command_line, descendants
 from tests.sweep.helpers import (
     SHIPPED,
     HoldSecondChunkOnce,
@@ -115,11 +116,8 @@ def _group_workers():
 
     found = []
     for process in psutil.Process().children(recursive=True):  # only what this test's cluster started
-        try:
-            if "evaluate_group" in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:
-            continue
+        if "evaluate_group" in command_line(process):
+            found.append(process)
     return found
 
 
@@ -237,8 +235,6 @@ def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
     import subprocess
     import sys
 
-    import psutil
-
     from tests.sweep.helpers import SHIPPED
 
     out = tmp_path / "out"
@@ -248,14 +244,14 @@ def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
-    while not any("evaluate_group" in " ".join(p.cmdline()) for p in _descendants(process.pid)):
+    while not any("evaluate_group" in command_line(p) for p in descendants(process.pid)):
         assert time.monotonic() < deadline and process.poll() is None, "no Ray worker started"
         time.sleep(0.5)
-    family = {p.pid for p in _descendants(process.pid)}
+    family = {p.pid for p in descendants(process.pid)}
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM
     deadline = time.monotonic() + 30
-    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+    while any_running(family):
         assert time.monotonic() < deadline, "a Ray process outlived the driver"
         time.sleep(1)
     assert subprocess.run(command, env=env, capture_output=True, timeout=300).returncode == 0
@@ -271,8 +267,6 @@ def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
     import subprocess
     import sys
 
-    import psutil
-
     out = tmp_path / "out"
     run = str(SHIPPED / "tiny-long-full-shipped")
     command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", run, "--lengths", "1k",
@@ -284,7 +278,7 @@ def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
     while not any(path.read_text().count("\n") >= 8 for path in out.rglob("*.jsonl")):
         assert time.monotonic() < deadline and process.poll() is None, "no samples written"
         time.sleep(0.2)
-    family = [process.pid, *(p.pid for p in _descendants(process.pid))]
+    family = [process.pid, *(p.pid for p in descendants(process.pid))]
     for pid in family:  # every process this test started, by id (Ray's own may leave the group)
         try:
             os.kill(pid, signal.SIGKILL)
@@ -292,7 +286,7 @@ def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
             pass
     process.wait(timeout=60)
     deadline = time.monotonic() + 60
-    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+    while any_running(family):
         assert time.monotonic() < deadline, "a process outlived its kill"
         time.sleep(0.5)
     before = {path: path.read_bytes() for path in out.rglob("*.jsonl")}
@@ -310,15 +304,6 @@ def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
     for path, text in before.items():  # what was stored was kept (appended to, never redone)
         complete = text[: text.rfind(b"\n") + 1]
         assert path.read_bytes().startswith(complete)
-
-
-def _descendants(pid: int) -> list:
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(cluster, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from evalkit.engines import PackedRequest
+from tests.helpers import any_running
 
 from . import agreement
 from .conftest import ENGINE_DTYPE, LOGPROB_ATOL, requires_vllm, start_vllm_engine, stop_vllm_engine
@@ -109,6 +110,6 @@ def test_sigterm_stops_both_replicas_and_their_vllm_processes(checkpoint, two_cp
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=180) == 128 + signal.SIGTERM
     deadline = time.monotonic() + 30
-    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in family):
+    while any_running(family):
         assert time.monotonic() < deadline, "a replica or vLLM process outlived the serving process"
         time.sleep(1)
