@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import attention as bench
+from perf import attention as bench
 
 EVALKIT = [sys.executable, "-m", "evalkit.cli"]
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = [sys.executable, "-m", "benchmarks"]  # run from the repository's root
+PERF = [sys.executable, "-m", "perf"]  # run from the repository's root
 
 
 def run_cli(*args, **kwargs):
@@ -56,7 +56,7 @@ def test_help_lists_every_command_without_importing_heavy_optionals():
     ],
 )
 def test_bad_bench_input_is_one_line_error(args, message):
-    result = subprocess.run([*BENCHMARKS, "attention", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    result = subprocess.run([*PERF, "attention", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -64,12 +64,12 @@ def test_bad_bench_input_is_one_line_error(args, message):
 
 def test_bench_attention_writes_a_report(tmp_path):
     out = tmp_path / "bench.md"
-    result = subprocess.run([*BENCHMARKS, "attention", "--seq", "256", "--repeats", "1", "--mean-doc", "64",
+    result = subprocess.run([*PERF, "attention", "--seq", "256", "--repeats", "1", "--mean-doc", "64",
                              "--paradigms", "intra_doc,anchor", "--out", str(out)],
                             capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = out.read_text()
-    assert "Command: `python -m benchmarks attention --seq 256" in text
+    assert "Command: `python -m perf attention --seq 256" in text
     assert "B=1, H=8, Hkv=8, D=64, fp32" in text
     rows = [line for line in text.splitlines() if line.startswith("| 256 |")]
     assert [r.split("|")[2:4] for r in rows] == [

@@ -151,7 +151,7 @@ def test_the_quickstart_probes_a_hub_model_and_refuses_a_miss_before_any_work(hu
 
 
 def test_bench_eval_takes_a_hub_name(hub):
-    from benchmarks import eval as bench
+    from perf import eval as bench
 
     rows = bench.run(REPO, ["hf"], ["niah_single_1"], [512], 1)
     assert [(row.engine, row.samples) for row in rows] == [("hf", 1)]

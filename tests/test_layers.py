@@ -226,7 +226,7 @@ def _found(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
 
 def test_the_package_imports_no_test_or_script():
     """evalkit/ is library code: the device checks and their helpers are tests (tests/gpu), the
-    benchmarks of evalkit itself are programs beside it (benchmarks/)."""
+    timing programs of evalkit itself are programs beside it (perf/)."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -236,7 +236,5 @@ def test_the_package_imports_no_test_or_script():
                 names = [node.module or ""]
             else:
                 continue
-            found += [
-                f"{path} imports {name}" for name in names if name.split(".")[0] in ("tests", "scripts", "benchmarks")
-            ]
+            found += [f"{path} imports {name}" for name in names if name.split(".")[0] in ("tests", "scripts", "perf")]
     assert not found, "\n".join(found)

@@ -25,7 +25,7 @@ for _name, _module in BENCHMARK_COMMANDS.items():
 
 
 def main(application: Callable[[], object] = app) -> None:
-    """Entry point (of `evalkit`, and of `python -m benchmarks` with its own app): user errors become
+    """Entry point (of `evalkit`, and of `python -m perf` with its own app): user errors become
     one line on stderr and exit status 2."""
     import signal
 

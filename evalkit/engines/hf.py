@@ -179,7 +179,7 @@ class _StopWatcher:
 
 def _computing(method):
     """Run an engine method under torch.inference_mode, with the engine's torch thread count (setting
-    `threads`) restored after: several engines may share one process (python -m benchmarks eval)."""
+    `threads`) restored after: several engines may share one process (python -m perf eval)."""
 
     @functools.wraps(method)
     @torch.inference_mode()

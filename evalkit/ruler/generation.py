@@ -38,7 +38,7 @@ def counter_for(tokenizer, add_special_tokens: bool = True) -> TokenCounter:
 
 
 def forget_counts(tokenizer) -> None:
-    """Drop this tokenizer's memoised piece counts (benchmarks measure from a cold start)."""
+    """Drop this tokenizer's memoised piece counts (the timing programs, perf/, measure from a cold start)."""
     try:
         _COUNTERS.pop(tokenizer, None)
     except TypeError:

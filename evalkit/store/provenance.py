@@ -97,7 +97,7 @@ def command_line() -> str:
     program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
     if program.name == "evalkit" or program.parent.name == "cli" and program.parent.parent.name == "evalkit":
         return "evalkit " + shlex.join(sys.argv[1:])
-    if program.name == "__main__.py":  # python -m <package>, e.g. the benchmarks
+    if program.name == "__main__.py":  # python -m <package>, e.g. the timing programs (perf)
         return f"python -m {program.parent.name} " + shlex.join(sys.argv[1:])
     return "python " + shlex.join(sys.argv)
 

@@ -1,5 +1,5 @@
 """Optimizer-step time of a recipe's model under each paradigm vs full: the quickstart's claim (b)
-and `python -m benchmarks train`.
+and `python -m perf train`.
 
 One window per step (B=1), the same document stream for every paradigm, one untimed warm-up
 step, then the median of the timed steps. Window building is not timed.

@@ -34,7 +34,7 @@ def test_a_length_or_task_given_twice_is_scored_and_stored_once(tmp_path, capsys
         ("evalkit.lengths:parse_lengths", "4k,4096,,8k,4k", [4096, 8192]),
         ("evalkit.ruler.runner:parse_ruler_tasks", "vt,niah_single_1,vt", ["vt", "niah_single_1"]),
         ("evalkit.arglists:parse_list", "mmlu,hellaswag,mmlu", ["mmlu", "hellaswag"]),  # evalkit general --tasks
-        ("benchmarks.eval:parse_engines", "hf, hf", ["hf"]),
+        ("perf.eval:parse_engines", "hf, hf", ["hf"]),
     ],
 )
 def test_every_list_parser_keeps_each_value_once(parse, given, expected):

@@ -1,4 +1,4 @@
-"""`python -m benchmarks eval`: engines timed on the same RULER samples, with what each computed."""
+"""`python -m perf eval`: engines timed on the same RULER samples, with what each computed."""
 
 import subprocess
 import sys
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import eval as bench
 from evalkit.errors import UserError
 from evalkit.ruler.cache import load_or_generate
+from perf import eval as bench
 from tests.helpers import build_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]  # `python -m benchmarks` runs from the repository's root
+ROOT = Path(__file__).resolve().parents[2]  # `python -m perf` runs from the repository's root
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_unknown_or_repeated_engine_variants_are_refused():
 
 
 def test_the_command_refuses_bad_input_in_one_line(checkpoint_512, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "eval", "--ckpt", str(checkpoint_512),
+    result = subprocess.run([sys.executable, "-m", "perf", "eval", "--ckpt", str(checkpoint_512),
                              "--engines", "hf,turbo", "--out", str(tmp_path / "r.md")],
                             capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
     assert result.returncode != 0 and "Traceback" not in result.stderr
@@ -72,13 +72,13 @@ def test_the_command_refuses_bad_input_in_one_line(checkpoint_512, tmp_path):
 
 def test_the_command_writes_its_report_with_conditions(checkpoint_512, tmp_path):
     report = tmp_path / "eval.md"
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "eval", "--ckpt", str(checkpoint_512),
+    result = subprocess.run([sys.executable, "-m", "perf", "eval", "--ckpt", str(checkpoint_512),
                              "--engines", "hf,hf-padded", "--lengths", "512", "--tasks", "niah_single_1",
                              "--samples", "2", "--dtype", "fp32", "--out", str(report)],
                             capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     text = report.read_text()
-    assert "Command: `python -m benchmarks eval" in text and "2 RULER samples per task and length" in text
+    assert "Command: `python -m perf eval" in text and "2 RULER samples per task and length" in text
     assert "| hf | niah_single_1 | 512 | 2 |" in text and "| hf-padded | niah_single_1 | 512 | 2 |" in text
 
 

@@ -143,7 +143,7 @@ def test_growing_cache_layer_holds_what_concatenation_would():
 
 
 def test_threads_setting_holds_while_the_engine_computes_and_is_restored(checkpoint, monkeypatch):
-    """Several engines share a process in `python -m benchmarks eval`: one's thread count must not leak."""
+    """Several engines share a process in `python -m perf eval`: one's thread count must not leak."""
     import torch
 
     engine = engine_for(checkpoint, threads=2)

@@ -1,4 +1,4 @@
-from benchmarks.ruler_data import run, to_markdown
+from perf.ruler_data import run, to_markdown
 
 
 def test_bench_rows_and_table(tokenizer):

@@ -1,4 +1,4 @@
-"""`python -m benchmarks ruler-data`: how fast RULER samples are generated, per task and length.
+"""`python -m perf ruler-data`: how fast RULER samples are generated, per task and length.
 
 Generation runs with the disk cache off and a fresh token counter for every (task, length), so
 each number includes that task's one-time setup (essay and word-list counts, the demonstration

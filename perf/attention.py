@@ -1,4 +1,4 @@
-"""`python -m benchmarks attention`: forward+backward time of document-masked attention vs full causal.
+"""`python -m perf attention`: forward+backward time of document-masked attention vs full causal.
 
 For each sequence length: full causal SDPA (the baseline), then every document-masked paradigm
 on every implementation that can run forward and backward here, on one packed window whose

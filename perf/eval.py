@@ -1,4 +1,4 @@
-"""`python -m benchmarks eval`: RULER evaluation throughput of each engine on one checkpoint.
+"""`python -m perf eval`: RULER evaluation throughput of each engine on one checkpoint.
 
 Every engine answers the same cached samples (made once with the checkpoint's tokenizer, untimed)
 in one timed `generate` call per task and length, as `evalkit ruler` makes them. Beside the wall
@@ -83,7 +83,7 @@ def run(
     from evalkit.ruler.errors import TaskSkipped
 
     # Resolved once: a hub name becomes its snapshot for every engine, lm-eval's own loader included.
-    checkpoint = checkpoint_directory(checkpoint, "python -m benchmarks eval")
+    checkpoint = checkpoint_directory(checkpoint, "python -m perf eval")
     rows: list[EvalBenchRow] = []
     first_predictions: dict[tuple[str, int], list[str]] = {}
     for name in engines:

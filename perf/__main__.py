@@ -1,4 +1,4 @@
-"""`python -m benchmarks ...` (from the repository's root): evalkit's own benchmarks, the attention
+"""`python -m perf ...` (from the repository's root): evalkit's timing programs, the attention
 kernels, training steps, RULER data generation and the engines; reports go to results/. Programs,
 not the library: they live beside the package and import it."""
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from evalkit.train.timing import TrainBenchRow
 
 bench_app = typer.Typer(
-    help="evalkit's own benchmarks; reports go to results/.", no_args_is_help=True, add_completion=False
+    help="evalkit's timing programs; reports go to results/.", no_args_is_help=True, add_completion=False
 )
 
 
@@ -79,8 +79,8 @@ def bench_attention(
     """Forward+backward time of each paradigm's attention vs full causal, with the ideal ratio."""
     import torch
 
-    from benchmarks import attention as bench
     from evalkit.attention import IMPLEMENTATIONS, available_implementations
+    from perf import attention as bench
 
     _check_counts({"--heads": heads, "--head-dim": head_dim, "--mean-doc": mean_doc, "--repeats": repeats}, out)
     if kv_heads < 0:
@@ -143,8 +143,8 @@ def bench_ruler_data(
     """Samples/s of RULER data generation per task and length (cache off, setup included)."""
     _check_counts({"--samples": samples, "--vocab-size": vocab_size}, out)
 
-    from benchmarks import ruler_data as bench
     from evalkit.ruler.runner import parse_ruler_tasks
+    from perf import ruler_data as bench
 
     if tokenizer == "builtin":
         from evalkit.corpus import builtin_tokenizer
@@ -198,8 +198,8 @@ def bench_eval(
     """RULER samples/s of each engine on the same samples, with prefill/decode time and tokens computed."""
     import torch
 
-    from benchmarks import eval as bench
     from evalkit.ruler.runner import parse_ruler_tasks
+    from perf import eval as bench
 
     _check_counts({"--samples": samples, "--batch-size": batch_size}, out)
     variants = bench.parse_engines(engines)
