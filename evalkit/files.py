@@ -277,7 +277,7 @@ def _refuse_other_host(handle: TextIO, directory: Path) -> None:
     across hosts on every shared file system): its record left in place, and the directory written
     recently, means it may be writing there; a record whose directory has been quiet for
     OTHER_HOST_QUIET_S is a run killed there, and is taken over. Two runs of two hosts started in the
-    same instant are not told apart: that is unsupported (README: Scaling out)."""
+    same instant are not told apart: that is unsupported (docs/scaling-out.md)."""
     holder = _record(handle)
     if holder is None or holder.get("host") == socket.gethostname():
         return  # on this host the flock decides: a holder alive would have kept it

@@ -1,6 +1,6 @@
 """`evalkit ppl`: perplexity across context lengths and checkpoints, a benchmark of the one pipeline.
 
-What is measured (README's definition, word for word there): for each length L, the documents of
+What is measured (docs/perplexity.md's definition, word for word there): for each length L, the documents of
 at least L tokens (the checkpoint's tokenizer; BOS first when the tokenizer has one), each cut to
 its first L tokens; the loss over positions 1..L-1 (the token at position p predicted from
 positions 0..p-1); perplexity = exp of the token-weighted mean negative log-likelihood over the
@@ -22,7 +22,7 @@ averaged is the anchor encoding's. Unlike the reference the evaluated scores kee
 tokenizes the evaluated text without special tokens) and map key tokens by position, not through
 character offsets (the same tokenizer on both sides).
 
---encoding anchor (README, "Perplexity"): the document's first L tokens as AnchorAttention trains
+--encoding anchor (docs/perplexity.md): the document's first L tokens as AnchorAttention trains
 on packed documents: after the anchor (the BOS; without one, packed_layout's EOS anchor before all
 L tokens), pieces of --doc-tokens tokens laid out by engines.tokens.packed_layout, [anchor] p1 EOS
 p2 EOS ..., each attending to itself and the anchor only. The same document positions 1..L-1 are

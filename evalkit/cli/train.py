@@ -55,7 +55,7 @@ def train_command(
     """Train a model under one attention paradigm and save checkpoints (runs/<run>/step-<N>/).
 
     Precision: --set dtype=fp32|bf16|bf16_full, rope_precision=fp32|bf16 and grad_accum_dtype=fp32|bf16
-    (README, Training).
+    (docs/training.md).
 
     The paper recipes train in the released code's regime: dtype=bf16_full, rope_precision=bf16,
     grad_accum_dtype=bf16.

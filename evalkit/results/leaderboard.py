@@ -174,7 +174,7 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int
     return markdown_table(header, table)
 
 
-SEED_RUN = re.compile(r"(?P<series>.+)-seed\d+")  # the README's loop names each run NAME-seedN
+SEED_RUN = re.compile(r"(?P<series>.+)-seed\d+")  # docs/comparing.md's loop names each run NAME-seedN
 
 
 def seed_series(infos: dict[str, RunInfo]) -> dict[str, list[str]]:

@@ -236,7 +236,7 @@ def training_precision(meta: dict[str, Any]) -> str:
     """ "bf16, RoPE fp32" for a run trained under bf16 autocast, "bf16 full, RoPE bf16" for one in
     the released regime (bf16 weights, buffers and residual: evalkit.train.regime), "" for an fp32
     run (the model text as before). A bf16 run from before the rope_precision setting rotated in
-    fp32: transformers' fp32 cos/sin promoted q and k (README, Training)."""
+    fp32: transformers' fp32 cos/sin promoted q and k (docs/training.md)."""
     dtype = (meta.get("config") or {}).get("dtype")
     if dtype not in ("bf16", "bf16_full"):
         return ""

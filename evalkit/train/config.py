@@ -119,7 +119,7 @@ class TrainConfig:
     # fp32 masters in the optimizer: the released code's regime); evalkit.train.regime
     dtype: str = "fp32"
     # with a bf16 dtype, how q and k are rotated: fp32 (rotate in fp32, round once at the kernel: the
-    # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); README, Training
+    # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); docs/training.md
     rope_precision: str = "fp32"
     # under bf16_full, the dtype gradients are reduced across processes and accumulated over
     # micro-batches in: fp32 | bf16 (the released code's DeepSpeed ZeRO-3); evalkit.train.regime

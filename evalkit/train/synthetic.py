@@ -56,7 +56,7 @@ VARIED_CLAUSES = ("", "", " given above", " in this text", " that was stated ear
 # Phrasing "broad": varied's forms and more: more nouns (among them RULER's "special magic
 # number"), facts stated as "one of the ...s for", more clauses. A 1.3M model trained on varied
 # did not carry the look-up over to a noun and clause it never saw (RULER's niah at 1K: the same
-# number to most needles), so this corpus names them; README says so beside the scores.
+# number to most needles), so this corpus names them; results/README.md says so beside the scores.
 BROAD_NOUNS = VARIED_NOUNS + (
     "special number",
     "magic number",

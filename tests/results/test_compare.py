@@ -147,7 +147,7 @@ def test_interval_covers_a_known_difference_about_95_percent_of_the_time(checkpo
     the true difference is 10 points. A 95% interval should cover it 90-99% of the time (binomial
     sd at 200 experiments: 1.5 points; the percentile bootstrap under-covers a little).
     Measured with this seed: 97%, 95.5%, 94.5%. (Two checkpoints that swing widely, sd 0.08,
-    under-cover: 89%; two values cannot estimate a spread, README "Comparing runs".)"""
+    under-cover: 89%; two values cannot estimate a spread, docs/comparing.md.)"""
     rng = np.random.default_rng(2026)
     covered = 0
     for experiment in range(200):

@@ -104,7 +104,7 @@ SIZES = [
     ["dtype=bf16_full", "rope_precision=bf16", "grad_checkpointing=true"],
     ["dtype=bf16_full", "rope_precision=bf16", "grad_checkpointing=false", "seq_len=256"],
 ]
-TOLERANCE = 0.25  # stated in the README: the activation model within 25% of the measured peak
+TOLERANCE = 0.25  # stated in docs/training.md: the activation model within 25% of the measured peak
 
 
 @pytest.mark.parametrize(

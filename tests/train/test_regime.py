@@ -1,5 +1,5 @@
 """The released code's precision regime (dtype=bf16_full) against references written here from its
-description (shared/paper.md section 1; README, Training): bf16 weights, buffers and residual
+description (shared/paper.md section 1; docs/training.md): bf16 weights, buffers and residual
 stream, fp32 master weights and AdamW state, gradients accumulated in fp32 or (grad_accum_dtype=bf16,
 DeepSpeed 0.14 ZeRO-3's) in bf16, and RoPE rotated from bf16 frequencies with cos/sin cast to bf16.
 The references use torch and transformers directly, never evalkit.train.regime."""
