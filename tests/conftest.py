@@ -1,4 +1,15 @@
+import os
+
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist (-n auto: one worker per core) each worker and the processes its tests
+    # start use one thread: workers with a thread per core each would oversubscribe the cores,
+    # and OpenMP threads spinning on a busy core slow a step many times over.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
@@ -13,8 +24,6 @@ def pytest_addoption(parser):
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Tests never read or write the user's ~/.cache/evalkit."""
-    import os
-
     cache = tmp_path_factory.mktemp("evalkit-cache")
     old = os.environ.get("EVALKIT_CACHE")
     os.environ["EVALKIT_CACHE"] = str(cache)
