@@ -1,8 +1,7 @@
-"""`evalkit leaderboard`: markdown tables and plots from stored summaries, never re-running (the
-README's "Leaderboards" says what each table holds); `--format csv|json`: every stored number as a
-ResultRow. Every table reads the same rows, each checkpoint from one summary only
-(evalkit.results.summaries refuses it in two); runs evaluated with other settings are marked, not
-silently compared.
+"""`evalkit leaderboard`: markdown tables and plots from stored summaries, never re-running;
+`--format csv|json`: every stored number as a ResultRow. Every table reads the same rows, each
+checkpoint from one summary only (evalkit.results.summaries refuses it in two); runs evaluated with
+other settings are marked, not silently compared.
 """
 
 from __future__ import annotations
@@ -17,13 +16,7 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
-from evalkit.results.summaries import (
-    FAILED_SUFFIX,
-    GENERAL_SUMMARY,
-    RULER_SUMMARY,
-    not_read_note,
-    summary_files,
-)
+from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
 from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
 from evalkit.store.result_format import (
     EXPORT_FIELDS,

@@ -21,13 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import (
-    atomic_write_json,
-    check_output_dir,
-    move_into_place,
-    new_directory_beside,
-    read_json_object,
-)
+from evalkit.files import atomic_write_json, check_output_dir, move_into_place, new_directory_beside, read_json_object
 from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary, summary_name
 from evalkit.sweep.plan import empty_shard_name
 
