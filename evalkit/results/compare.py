@@ -386,14 +386,9 @@ def _lengths(one: Series) -> list[int]:
 def series_length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
     """Per length: the series' task average (point) and its replicates."""
     cells = sorted(c for c in boot.series[name].cells() if c.benchmark == "ruler")  # one order: the same digits
-    found = {}
-    for length in _lengths(boot.series[name]):
-        at = [c for c in cells if c.length == length]
-        found[length] = (
-            float(np.mean([boot.point[(name, c)] for c in at])),
-            np.mean([boot.values[(name, c)] for c in at], axis=0),
-        )
-    return found
+    at = {length: [c for c in cells if c.length == length] for length in _lengths(boot.series[name])}
+    points = {n: float(np.mean([boot.point[(name, c)] for c in cs])) for n, cs in at.items()}
+    return {n: (points[n], np.mean([boot.values[(name, c)] for c in cs], axis=0)) for n, cs in at.items()}
 
 
 def reference_threshold(boot: Bootstrap, name: str) -> tuple[float, str]:
