@@ -37,7 +37,7 @@ from evalkit.markdown import markdown_table
 from evalkit.models.check import checkpoint_source
 from evalkit.models.refs import META, STEP_DIR, check_last, checkpoint_meta, resolve_checkpoints
 from evalkit.results.leaderboard import check_leaderboard_outputs, checkpoint_means, write_leaderboard
-from evalkit.results.summaries import RULER_SUMMARY, find_summaries
+from evalkit.results.summaries import RULER_SUMMARY, summary_files
 from evalkit.store.averages import length_averages, per_checkpoint_length_means
 from evalkit.store.result_format import STANDARD, summary_rows, training_precision, window_start
 
@@ -476,7 +476,7 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
 
 
 def _stored_rows(folder: Path, summary_name: str) -> list:
-    return [row for summary in find_summaries([folder], summary_name) for row in summary_rows(summary)]
+    return [row for _, summary in summary_files([folder], summary_name) for row in summary_rows(summary)]
 
 
 def _scores_above_zero(one) -> bool:

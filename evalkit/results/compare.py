@@ -1,44 +1,35 @@
 """`evalkit compare`: is series B better than series A, by how much, and is that more than noise?
 
-Read from stored per-sample scores (evalkit.results.samples), never re-running. For each cell (a
-RULER task at a length, an lm-eval task's metric) and each pair, B − A of what the leaderboard
-shows: the mean over checkpoints of the per-checkpoint score (the mean over samples); per length
-also the task average, as the leaderboard averages it.
+From stored per-sample scores (evalkit.results.samples), never re-running: per cell (a RULER task at
+a length, an lm-eval task's metric) and pair, B − A of what the leaderboard shows (the mean over
+checkpoints of the per-checkpoint mean over samples), and per length of the task average.
 
 The uncertainty is a hierarchical bootstrap (`replicates` draws from `seed`). Each replicate draws
 every series' checkpoints with replacement (one draw shared by all its cells, so a task average and
-an effective length see the same checkpoints), and every cell's samples with replacement, one draw
-per *sample set*: the checkpoints that answered the same samples, the same indices with the same
-identity (references for RULER, document and target hashes for lm-eval), checked sample by sample,
-never assumed. Series that answered the same samples share the sample draw, so their difference is
-paired; the others are resampled independently. Series of the same checkpoints (the same weights
-by samples.checkpoint_identity: two encodings, sizings or prompt formats of one run) share the
-checkpoint draw, so a per-checkpoint effect common to both cancels. Each difference says what it
-was paired by ("checkpoints+samples", "checkpoints", "samples", "none"). A replicate's value is the
-mean over all K checkpoints of their resampled scores plus √(K/(K−1)) times the drawn checkpoints'
-deviation from it (so its variance is the unbiased s²/K, not the plug-in (K−1)/K of it); with one
-checkpoint only the samples vary.
+an effective length see the same checkpoints), then every cell's samples, one draw per *sample set*:
+the checkpoints that answered the same samples, the same indices with the same identity (RULER's
+references, lm-eval's document and target hashes), checked sample by sample, never assumed. Series
+that answered the same samples share the sample draw (their difference is paired); series of the
+same checkpoints (samples.checkpoint_identity: two encodings, sizings or prompt formats of one run)
+share the checkpoint draw, so a per-checkpoint effect common to both cancels. A replicate's value is
+the mean over all K checkpoints plus √(K/(K−1)) times the drawn checkpoints' deviation from it (so
+its variance is the unbiased s²/K, not the plug-in (K−1)/K of it).
 
-A series of several training runs (seeds; samples.load_series) adds a stage above the checkpoints: a
-three-stage bootstrap resampling at every stage (Davison & Hinkley 1997, Bootstrap Methods, §3.8):
-each replicate draws the series' runs with replacement, each run's value being its own replicate as
-above, combined over the runs as the checkpoints are over a run (√(R/(R−1))), so the interval holds
-the variation between seeds and a difference is called only beyond it. Each series draws its own runs
-(runs of two series are not paired: seeds of two paradigms share nothing) unless both are of the same
-runs (the same checkpoints: two encodings of the same seeds), which share the run draw as they share
-a checkpoint draw; samples answered alike still share their draw. A point value is the mean over runs
-of each run's checkpoint-averaged score; with one run everything is as above, draw for draw.
+A series of several training runs (seeds) adds a stage above the checkpoints (Davison & Hinkley
+1997, Bootstrap Methods, §3.8): its runs drawn with replacement and combined as checkpoints are
+(√(R/(R−1))), so a difference is called only beyond the variation between seeds. Each series draws
+its own runs (seeds of two paradigms share nothing) unless both are of the same runs (two encodings
+of the same seeds); a point value is the mean over runs of each run's checkpoint-averaged score.
 
-From the replicates: the standard error (their standard deviation), the 95% percentile interval,
-and a two-sided p-value from the difference over that standard error (normal approximation: a
-percentile p-value is floored at about 2/replicates, which Holm multiplies). The p-values are
-Holm-adjusted across every task × length × pair cell of one command, and separately across the
-per-length task averages.
+From the replicates: the standard error, the 95% percentile interval, and a two-sided p-value from
+the difference over that standard error (normal approximation: a percentile p-value is floored at
+about 2/replicates, which Holm multiplies), Holm-adjusted across every task × length × pair cell of
+one command, and separately across the per-length task averages.
 
-Effective length (RULER): the longest evaluated length L with the task average at or above the
-threshold at L *and at every shorter evaluated length* (a dip ends it, as RULER reads it: the
-length up to which the model holds); None when the shortest length already falls below. Its
-interval: the 2.5th and 97.5th percentiles of the same quantity over the replicates.
+Effective length (RULER): the longest evaluated length with the task average at or above the
+threshold there *and at every shorter evaluated length* (a dip ends it, as RULER reads it); None
+when the shortest already falls below. Its interval: the 2.5th and 97.5th percentiles of the same
+quantity over the replicates.
 """
 
 from __future__ import annotations
@@ -163,12 +154,13 @@ class Bootstrap:
                     )
                 for step in run.steps():
                     members[(name, r, step)] = run.checkpoints[step][cell]
-        keys = {member: _sample_set_key(samples, member[0] if self.pairing == "independent" else None)
+        # a sample set: (its own series where pairing is off, else None; each sample's index and identity)
+        keys = {member: (member[0] if self.pairing == "independent" else None,
+                         tuple((i, samples[i].identity) for i in sorted(samples)))
                 for member, samples in members.items()}  # fmt: skip
-        draws = {}
-        for key in dict.fromkeys(keys.values()):  # first-appearance order: the draws are reproducible
-            n = len(key[1])
-            draws[key] = self.rng.integers(0, n, size=(self.replicates, n))
+        # in first-appearance order: the draws are reproducible
+        draws = {key: self.rng.integers(0, len(key[1]), size=(self.replicates, len(key[1])))
+                 for key in dict.fromkeys(keys.values())}  # fmt: skip
         self.groups[cell] = keys
         for name in sorted({member[0] for member in members}):
             values, points = [], []
@@ -191,9 +183,8 @@ class Bootstrap:
         """What the difference at `cell` was paired by: "checkpoints+samples", "checkpoints", "samples" or "none"."""
         by_checkpoint = self.checkpoint_group[a] == self.checkpoint_group[b]
         by_sample = self.pairing_of(cell, a, b).startswith("paired")
-        return {(True, True): "checkpoints+samples", (True, False): "checkpoints", (False, True): "samples"}.get(
-            (by_checkpoint, by_sample), "none"
-        )
+        levels = {(True, True): "checkpoints+samples", (True, False): "checkpoints", (False, True): "samples"}
+        return levels.get((by_checkpoint, by_sample), "none")
 
     def pairing_of(self, cell: Cell, a: str, b: str) -> str:
         keys = self.groups[cell]
@@ -221,10 +212,6 @@ def _checkpoint_order(one: Series) -> list[int]:
     if all(step in one.identities for step in steps):
         return sorted(steps, key=lambda step: one.identities[step])
     return steps
-
-
-def _sample_set_key(samples: dict, owner: str | None) -> tuple:
-    return (owner, tuple((i, samples[i].identity) for i in sorted(samples)))
 
 
 def _why_unpaired(members: dict[tuple[str, int, int], dict]) -> str:
@@ -301,28 +288,14 @@ def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -
     sizes = {tuple(len(run.checkpoints[run.steps()[0]][c]) for run in firsts) for c in cells}
     samples = "/".join(map(str, dict.fromkeys(sizes.pop()))) if len(sizes) == 1 else "varies"
     return Difference(
-        baseline=a,
-        other=b,
-        benchmark=first.benchmark,
-        task=task,
-        metric=first.metric if len(cells) == 1 else "task average",
-        length=first.length,
-        filter=first.filter,
-        baseline_value=point_a,
-        other_value=point_b,
-        difference=point_b - point_a,
-        stderr=stderr,
-        low=low,
-        high=high,
-        p=normal_p(point_b - point_a, stderr),
-        p_holm=float("nan"),
-        samples=samples,
+        baseline=a, other=b, benchmark=first.benchmark, task=task,
+        metric=first.metric if len(cells) == 1 else "task average", length=first.length, filter=first.filter,
+        baseline_value=point_a, other_value=point_b, difference=point_b - point_a,
+        stderr=stderr, low=low, high=high, p=normal_p(point_b - point_a, stderr), p_holm=float("nan"), samples=samples,
         pairing=_level_over([boot.pairing_level(c, a, b) for c in cells]),
         pairing_detail=_pairing_over([boot.pairing_of(c, a, b) for c in cells]),
-        tasks=len(cells),
-        baseline_runs=runs[a],
-        other_runs=runs[b],
-    )
+        tasks=len(cells), baseline_runs=runs[a], other_runs=runs[b],
+    )  # fmt: skip
 
 
 def _pairing_over(each: list[str]) -> str:
@@ -413,14 +386,9 @@ def _lengths(one: Series) -> list[int]:
 def series_length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
     """Per length: the series' task average (point) and its replicates."""
     cells = sorted(c for c in boot.series[name].cells() if c.benchmark == "ruler")  # one order: the same digits
-    found = {}
-    for length in _lengths(boot.series[name]):
-        at = [c for c in cells if c.length == length]
-        found[length] = (
-            float(np.mean([boot.point[(name, c)] for c in at])),
-            np.mean([boot.values[(name, c)] for c in at], axis=0),
-        )
-    return found
+    at = {length: [c for c in cells if c.length == length] for length in _lengths(boot.series[name])}
+    points = {n: float(np.mean([boot.point[(name, c)] for c in cs])) for n, cs in at.items()}
+    return {n: (points[n], np.mean([boot.values[(name, c)] for c in cs], axis=0)) for n, cs in at.items()}
 
 
 def reference_threshold(boot: Bootstrap, name: str) -> tuple[float, str]:

@@ -9,12 +9,21 @@ from pathlib import Path
 
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
-from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, significant
+from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, EffectiveLength, significant
 
 
 def cell_length_label(length: int | None) -> str:
     """evalkit.lengths' label, and "–" for a cell without a length (a general task)."""
     return "–" if length is None else label_of_length(length)
+
+
+def length_or_below(length: int | None, shortest: int) -> str:
+    """An effective length's label: "< shortest" where the shortest length already falls below."""
+    return label_of_length(length) if length is not None else f"< {label_of_length(shortest)}"
+
+
+def interval(e: EffectiveLength, shortest: int) -> str:
+    return f"[{length_or_below(e.low, shortest)}, {length_or_below(e.high, shortest)}]"
 
 
 def _signed(value: float) -> str:
@@ -56,24 +65,10 @@ def differences_table(comparison: Comparison) -> str:
         task = f"**average ({d.tasks} tasks)**" if d.task == "average" else d.task
         metric = d.metric + (f" ({d.filter})" if d.filter not in (None, "none") else "")
         metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
-        rows.append(
-            [
-                f"{d.other} − {d.baseline}",
-                task,
-                metric,
-                cell_length_label(d.length),
-                _value(d.baseline_value, d.baseline_runs),
-                _value(d.other_value, d.other_runs),
-                _signed(d.difference),
-                f"{d.stderr:.2f}",
-                f"[{_signed(d.low)}, {_signed(d.high)}]",
-                _p(d.p),
-                _p(d.p_holm),
-                d.samples,
-                d.pairing,
-                d.pairing_detail,
-            ]
-        )
+        rows.append([f"{d.other} − {d.baseline}", task, metric, cell_length_label(d.length),
+                     _value(d.baseline_value, d.baseline_runs), _value(d.other_value, d.other_runs),
+                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]",
+                     _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip
     header = ["B − A", "task", "metric", "length", "A", "B", "B − A", "se", "95% interval", "p", "p (Holm)",
               "samples", "paired by", "pairing"]  # fmt: skip
     return markdown_table(header, rows)
@@ -84,14 +79,11 @@ def effective_table(comparison: Comparison) -> str:
     rows = []
     for e in comparison.effective:
         scores = [f"{e.scores[n]:.2f}" if n in e.scores else "–" for n in lengths]
-        shortest = cell_length_label(min(e.scores)) if e.scores else "–"
-        shown, low, high = (
-            cell_length_label(n) if n is not None else f"< {shortest}" for n in (e.length, e.low, e.high)
-        )
         checkpoints = ", ".join(map(str, comparison.checkpoints.get(e.series, [])))
         runs = len(comparison.runs.get(e.series, []))
         checkpoints = f"{runs} runs × ({checkpoints})" if runs else checkpoints
-        rows.append([e.series, checkpoints, *scores, shown, f"[{low}, {high}]"])
+        shortest = min(e.scores)  # never empty: a series without RULER lengths has no effective length
+        rows.append([e.series, checkpoints, *scores, length_or_below(e.length, shortest), interval(e, shortest)])
     effective = f"effective length (≥ {comparison.threshold:.2f})"
     header = ["series", "checkpoints", *map(cell_length_label, lengths), effective, "95% interval"]
     return markdown_table(header, rows)
@@ -125,12 +117,8 @@ def markdown(comparison: Comparison, command: str) -> str:
         parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]
     parts += ["## Per task", "", differences_table(comparison), ""]
     if comparison.effective:
-        parts += [
-            f"## Effective length (task average ≥ {threshold} at that length and every shorter one)",
-            "",
-            effective_table(comparison),
-            "",
-        ]
+        title = f"## Effective length (task average ≥ {threshold} at that length and every shorter one)"
+        parts += [title, "", effective_table(comparison), ""]
     return "\n".join(parts)
 
 
@@ -170,6 +158,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     if not comparison.averages:
         return []
     from evalkit.files import new_figure, write_figure
+    from evalkit.results.plots import length_axis
 
     figure, axes = new_figure()
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))
@@ -183,11 +172,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
         errors = [[d.difference - d.low for d in entries], [d.high - d.difference for d in entries]]
         axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=f"{b} − {a}")
     axes.axhline(0, color="grey", linewidth=0.8)
-    axes.set_xscale("log", base=2)
-    lengths = sorted({d.length for d in comparison.averages if d.length is not None})
-    axes.set_xticks(lengths, [cell_length_label(n) for n in lengths])
-    axes.minorticks_off()
-    axes.set(xlabel="context length (tokens)", ylabel="B − A (task average, points)",
-             title="Difference with its 95% interval (hierarchical bootstrap)")  # fmt: skip
+    length_axis(axes, {d.length for d in comparison.averages if d.length is not None})
+    axes.set(ylabel="B − A (task average, points)", title="Difference with its 95% interval (hierarchical bootstrap)")
     axes.legend(fontsize=7)
     return write_figure(figure, stem)

@@ -1,14 +1,7 @@
-"""`evalkit leaderboard`: markdown tables and plots from stored summaries, never re-running.
-
-RULER: one row per run (and encoding), one column per length plus the average, each value the
-mean ± spread over the run's checkpoints of the per-length task average, bold where `evalkit
-compare`'s test puts the run ahead of every other, with the checkpoints, tasks and samples behind
-it; each run's effective length (evalkit.results.compare), with its bootstrap interval where the
-per-sample logs are there; runs named NAME-seedN as the seeds of one series NAME (mean ± std over
-them, compare's test over runs); a table per task. Runs evaluated with different settings are marked,
-not silently compared. lm-eval tasks and every other benchmark: a table each. `--format csv|json`
-writes every stored number as a ResultRow instead. Every table reads the same rows, each
-checkpoint from one summary only (evalkit.results.summaries refuses it in two, naming both).
+"""`evalkit leaderboard`: markdown tables and plots from stored summaries, never re-running;
+`--format csv|json`: every stored number as a ResultRow. Every table reads the same rows, each
+checkpoint from one summary only (evalkit.results.summaries refuses it in two); runs evaluated with
+other settings are marked, not silently compared.
 """
 
 from __future__ import annotations
@@ -23,13 +16,7 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
-from evalkit.results.summaries import (
-    FAILED_SUFFIX,
-    GENERAL_SUMMARY,
-    RULER_SUMMARY,
-    not_read_note,
-    summary_files,
-)
+from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
 from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
 from evalkit.store.result_format import (
     EXPORT_FIELDS,
@@ -89,13 +76,10 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
         info.steps.append(int(summary["step"]))
         info.described = describe_checkpoint(summary)
         settings = summary.get("provenance", {}).get("settings", {})
-        key = {
-            "tasks": tuple(sorted(settings.get("tasks", []))),
-            "samples": settings.get("num_samples"),
-            "seed": settings.get("seed"),
-            "sizing": settings.get("sizing", "exact"),
-            "prompt_format": settings.get("prompt_format", "base"),  # another prompt: another task
-        }
+        # another prompt format: another task
+        key = {"tasks": tuple(sorted(settings.get("tasks", []))), "samples": settings.get("num_samples"),
+               "seed": settings.get("seed"), "sizing": settings.get("sizing", "exact"),
+               "prompt_format": settings.get("prompt_format", "base")}  # fmt: skip
         if info.settings and info.settings != key:
             raise UserError(
                 f"run {info.run}: its checkpoints were evaluated with different settings; re-run them alike"
@@ -117,11 +101,8 @@ def _best(values: dict[str, float]) -> set[str]:
     """The one run strictly ahead (at the shown precision) of at least one other: a tie has no
     best, so neither does a column where every run scores the same (the zeros of untrained runs)."""
     shown = {run: round(v, 2) for run, v in values.items()}
-    if len(shown) < 2:
-        return set()
-    top = max(shown.values())
-    leaders = [run for run, v in shown.items() if v == top]
-    return set(leaders) if len(leaders) == 1 else set()
+    leaders = [run for run, v in shown.items() if v == max(shown.values())]
+    return set(leaders) if len(leaders) == 1 < len(shown) else set()
 
 
 def ahead_by_compare(means: dict[tuple[str, int], float], series: dict | None) -> dict[int, set[str]]:
@@ -161,10 +142,7 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int
     table = []
     for run, info in sorted(infos.items()):
         mine = {n: cells[(run, n)] for n in lengths if (run, n) in cells}
-        text = []
-        for n in lengths:
-            value = f"{mine[n].mean:.2f} ± {mine[n].std:.2f}" if n in mine else "–"
-            text.append(f"**{value}**" if run in best.get(n, set()) else value)
+        text = [_spread(run, n, best, (mine[n].mean, mine[n].std) if n in mine else None) for n in lengths]
         # never bold: compare tests no average over lengths
         avg = f"{statistics.fmean(cell.mean for cell in mine.values()):.2f}" if mine else "–"
         behind = _behind(mine, info.settings.get("samples"))
@@ -172,6 +150,12 @@ def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int
         table.append([f"{run}{mark}", *info.described, ", ".join(map(str, sorted(info.steps))), *text, avg, behind])
     header = ["run", *CHECKPOINT_HEADER, "steps", *map(_label, lengths), "avg", "behind each value"]
     return markdown_table(header, table)
+
+
+def _spread(run: str, n: int, best: dict[int, set[str]], found: tuple[float, float] | None) -> str:
+    """A RULER cell: mean ± std, bold where `best` (ahead_by_compare) names the run at length n."""
+    text = "–" if found is None else f"{found[0]:.2f} ± {found[1]:.2f}"
+    return f"**{text}**" if run in best.get(n, set()) else text
 
 
 SEED_RUN = re.compile(r"(?P<series>.+)-seed\d+")  # docs/comparing.md's loop names each run NAME-seedN
@@ -193,6 +177,7 @@ def seeds_table(rows: list[ResultRow], groups: dict[str, list[str]], logged: dic
     average (a length not evaluated by every run: "–"), bold as ahead_by_compare finds it over the runs,
     and its effective length with compare's interval where the per-sample logs are there."""
     from evalkit.results.compare import Bootstrap, effective_length
+    from evalkit.results.compare_report import interval, length_or_below
     from evalkit.results.samples import Series
 
     cells = ruler_cells(rows)
@@ -207,18 +192,13 @@ def seeds_table(rows: list[ResultRow], groups: dict[str, list[str]], logged: dic
     best = ahead_by_compare({key: statistics.fmean(found) for key, found in values.items()}, series)
     table = []
     for name, runs in groups.items():
-        shown = []
-        for n in lengths:
-            found = values.get((name, n))
-            text = f"{statistics.fmean(found):.2f} ± {statistics.stdev(found):.2f}" if found else "–"
-            shown.append(f"**{text}**" if name in best.get(n, set()) else text)
+        spreads = {n: (statistics.fmean(v), statistics.stdev(v)) for (s, n), v in values.items() if s == name}
+        shown = [_spread(name, n, best, spreads.get(n)) for n in lengths]
         effective = "– (no per-sample logs)"
         if series is not None:
             try:
                 e = effective_length(Bootstrap({name: series[name]}, 2000, seed=0), name, threshold)
-                below = f"< {_label(min(e.scores))}"
-                low, high = (_label(n) if n is not None else below for n in (e.low, e.high))
-                effective = f"{_label(e.length) if e.length is not None else below} [{low}, {high}]"
+                effective = f"{length_or_below(e.length, min(e.scores))} {interval(e, min(e.scores))}"
             except UserError as err:  # logs the bootstrap cannot use
                 effective = f"– (per-sample logs unusable: {err})"
         table.append([name, ", ".join(runs), *shown, effective])
@@ -272,11 +252,8 @@ def _task_cell(rows: list[ResultRow]) -> str:
 
 
 def skipped_notes(infos: dict[str, RunInfo]) -> str:
-    lines = []
-    for run in sorted(infos):
-        for (task, length), reason in sorted(infos[run].skipped.items()):
-            lines.append(f"- {run}: {task} at {_label(length)} skipped: {reason}")
-    return "\n".join(lines)
+    skips = [(run, *skip) for run in sorted(infos) for skip in sorted(infos[run].skipped.items())]
+    return "\n".join(f"- {run}: {task} at {_label(length)} skipped: {reason}" for run, (task, length), reason in skips)
 
 
 def settings_notes(infos: dict[str, RunInfo]) -> str:
@@ -313,7 +290,7 @@ def shown_rows(summary: dict) -> list[Shown]:
     """A non-RULER summary's rows as the board tables them, each with what it was measured on beyond
     its task, metric and length: ppl's evaluation data, lm-eval's shots and --limit. Of lm-eval's rows,
     those of the tasks users asked for (mmlu itself, not its 57 subjects). A row without a number is
-    kept: its cell says why (_no_number)."""
+    kept: its cell says why (benchmark_table)."""
     rows = summary_rows(summary)
     if summary.get("benchmark") == "general":
         rows = [row for row in rows if (row.requested or row.task) == row.task]
@@ -353,11 +330,6 @@ def benchmark_cells(shown: list[Shown], separator: str = " ") -> ColumnValues:
     return cells
 
 
-def _no_number(row: ResultRow) -> str:
-    """Why a row holds no number: LongPPL over no key token, or the benchmark's NaN (lm-eval's)."""
-    return "0 key tokens" if "longppl" in row.metric else "no number"
-
-
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
     """run -> step -> the checkpoint's RULER average over lengths (of its per-length task averages)."""
     per_step: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -380,7 +352,8 @@ def benchmark_table(shown: list[Shown]) -> str:
     for (row, measured), column in zip(shown, columns_of):
         on[row.series()].add(measured)
         if row.value is None:
-            missing[(row.series(), column)].append(_no_number(row))
+            # why: LongPPL over no key token, or the benchmark's NaN (lm-eval's)
+            missing[(row.series(), column)].append("0 key tokens" if "longppl" in row.metric else "no number")
     columns = sorted(set(columns_of))
     evaluated = any(any(found) for found in on.values())  # a column only where a row records it
     table = [
@@ -399,24 +372,11 @@ def benchmark_table(shown: list[Shown]) -> str:
 
 def _cell(found: tuple[float, float | None] | None, missing: list[str]) -> str:
     """A benchmark cell: the mean (± stderr), and how many checkpoints had no number and why."""
+    mean = "–" if found is None else f"{found[0]:.4f}" + ("" if found[1] is None else f" ± {found[1]:.4f}")
     if not missing:
-        return _mean_cell(found)
+        return mean
     why = ", ".join(sorted(set(missing)))
-    return f"– ({why})" if found is None else f"{_mean_cell(found)} (not in the mean: {len(missing)} ckpt, {why})"
-
-
-def _benchmark_heading(title: str, rows: list[ResultRow]) -> str:
-    """A benchmark_table's heading, naming what its cells hold: "± stderr" only when a row records one
-    (ppl's rows never do)."""
-    errors = " ± stderr" if any(row.stderr is not None for row in rows) else ""
-    return f"## {title} (mean over checkpoints{errors})"
-
-
-def _mean_cell(found: tuple[float, float | None] | None) -> str:
-    if found is None:
-        return "–"
-    mean, error = found
-    return f"{mean:.4f}" if error is None else f"{mean:.4f} ± {error:.4f}"
+    return f"– ({why})" if found is None else f"{mean} (not in the mean: {len(missing)} ckpt, {why})"
 
 
 def provenance_notes(summaries: list[dict]) -> str:
@@ -451,9 +411,7 @@ def benchmark_summaries(dirs: list[Path], notes: list[str] | None = None) -> dic
 def _nothing_to_table(name: str, summary: dict) -> str | None:
     """Why a summary adds nothing to any table (None: it does): no row (RULER's skips are listed)."""
     skipped = summary.get("skipped") or []
-    if name == "ruler" and (summary["rows"] or skipped):
-        return None
-    if name != "ruler" and shown_rows(summary):
+    if (summary["rows"] or skipped) if name == "ruler" else shown_rows(summary):
         return None
     if not summary["rows"]:
         first = skipped[0].get("reason") if skipped and isinstance(skipped[0], dict) else None
@@ -487,6 +445,7 @@ def effective_length_table(
     the 95% interval from the bootstrap over the per-sample logs (`logged`: logged_series), "–" where
     the logs are not there."""
     from evalkit.results.compare import RULER_THRESHOLD, Bootstrap, effective_length, longest_holding
+    from evalkit.results.compare_report import interval, length_or_below
 
     cells = ruler_cells(rows)
     runs = sorted({run for run, _ in cells})
@@ -506,14 +465,10 @@ def effective_length_table(
     table = []
     for run in runs:
         point = longest_holding(lengths[run], [cells[(run, n)].mean for n in lengths[run]], threshold)
-        below = f"< {_label(lengths[run][0])}"
-        shown = _label(point) if point is not None else below
+        spread = f"– ({unusable})"
         if boot is not None and run in boot.series and any(c.benchmark == "ruler" for c in boot.series[run].cells()):
-            found = effective_length(boot, run, threshold)
-            spread = "[" + ", ".join(_label(n) if n is not None else below for n in (found.low, found.high)) + "]"
-        else:
-            spread = f"– ({unusable})"
-        table.append([run, shown, spread])
+            spread = interval(effective_length(boot, run, threshold), lengths[run][0])
+        table.append([run, length_or_below(point, lengths[run][0]), spread])
     return markdown_table(["run", "effective length", "95% interval (bootstrap, seed 0)"], table), threshold
 
 
@@ -562,58 +517,46 @@ def build_markdown(
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
     parts = ["# Leaderboard", ""]
+    section = lambda title, *body: parts.extend([f"## {title}", "", *body, ""])  # noqa: E731
     if ruler:
         rows = [row for s in ruler for row in s["rows"]]
         infos = run_infos(ruler)
         logged = logged_series(dirs)
-        parts += [
-            "## RULER (mean ± std over each run's checkpoints of the per-length task average; bold: ahead of "
-            "the rest by `evalkit compare`'s test, Holm-adjusted p < 0.05 on the per-sample logs)",
-            "",
-            ruler_table(rows, infos, ahead_by_compare({k: c.mean for k, c in ruler_cells(rows).items()}, logged[0])),
-            "",
-        ]
+        best = ahead_by_compare({k: c.mean for k, c in ruler_cells(rows).items()}, logged[0])
+        section(
+            "RULER (mean ± std over each run's checkpoints of the per-length task average; bold: ahead of the rest "
+            "by `evalkit compare`'s test, Holm-adjusted p < 0.05 on the per-sample logs)",
+            ruler_table(rows, infos, best),
+        )
         notes = settings_notes(infos)
-        if notes:
-            parts += [notes, ""]
-        skipped = skipped_notes(infos)
-        parts += ["Skipped tasks (not scored, not averaged):", "", skipped or "- none", ""]
+        parts += [notes, ""] if notes else []
+        parts += ["Skipped tasks (not scored, not averaged):", "", skipped_notes(infos) or "- none", ""]
         effective, used = effective_length_table(logged, rows, threshold, threshold_from)
-        parts += [
-            f"## RULER effective length (the longest length whose task average is ≥ {used:.2f} there "
-            "and at every shorter length)",
-            "",
-            effective,
-            "",
-        ]
+        section(f"RULER effective length (the longest length whose task average is ≥ {used:.2f} there and at every "
+                "shorter length)", effective)  # fmt: skip
         groups = seed_series(infos)
         if groups:
-            parts += [
-                "## RULER over seeds (runs NAME-seedN as replicates of NAME: mean ± std over the runs of each "
-                "run's value above; bold and intervals by `evalkit compare`'s bootstrap over runs, then "
-                "checkpoints, then samples)",
-                "",
+            section(
+                "RULER over seeds (runs NAME-seedN as replicates of NAME: mean ± std over the runs of each run's "
+                "value above; bold and intervals by `evalkit compare`'s bootstrap over runs, then checkpoints, "
+                "then samples)",
                 seeds_table(rows, groups, logged[0], used),
-                "",
-            ]
-        parts += [
-            "## RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
-            "",
-            per_task_table(rows),
-            "",
-        ]
+            )
+        section("RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
+                per_task_table(rows))  # fmt: skip
     for name, summaries in others.items():
         default = "General tasks" if name == "general" else name
         title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), default)  # the benchmark's own
         shown = [one for summary in summaries for one in shown_rows(summary)]
-        parts += [_benchmark_heading(title, [row for row, _ in shown]), "", benchmark_table(shown), ""]
+        errors = " ± stderr" if any(row.stderr is not None for row, _ in shown) else ""  # ppl's rows never hold one
+        section(f"{title} (mean over checkpoints{errors})", benchmark_table(shown))
     if unread:
         parts += ["## " + not_read_note(unread), ""]
     failures = failure_notes(dirs)
     if failures:
-        parts += ["## Failed checkpoints (not scored; rerun them once mended)", "", failures, ""]
+        section("Failed checkpoints (not scored; rerun them once mended)", failures)
     everything = ruler + [summary for summaries in others.values() for summary in summaries]
-    parts += ["## Provenance", "", provenance_notes(everything), "", ""]
+    section("Provenance", provenance_notes(everything), "")
     return "\n".join(parts), ruler, general
 
 

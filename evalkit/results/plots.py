@@ -22,19 +22,20 @@ def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Pat
         means, stds = np.array([cells[(run, n)] for n in lengths]).T
         (line,) = axes.plot(lengths, means, marker="o", label=run)
         axes.fill_between(lengths, means - stds, means + stds, color=line.get_color(), alpha=0.2)
-    axes.set_xscale("log", base=2)
-    all_lengths = sorted({n for _, n in cells})
-    axes.set_xticks(all_lengths, [length_label(n) for n in all_lengths])
-    axes.minorticks_off()
-    axes.set(
-        xlabel="context length (tokens)",
-        ylabel="RULER score (task average)",
-        ylim=(-2, 102),
-        title="RULER vs context length (band: spread over checkpoints)",
-    )
+    length_axis(axes, {n for _, n in cells})
+    axes.set(ylabel="RULER score (task average)", ylim=(-2, 102),
+             title="RULER vs context length (band: spread over checkpoints)")  # fmt: skip
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     return write_figure(figure, stem)
+
+
+def length_axis(axes, lengths: set[int]) -> None:
+    """The x axis of a plot against context length: log 2, ticked at the lengths by their labels."""
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sorted(lengths), [length_label(n) for n in sorted(lengths)])
+    axes.minorticks_off()
+    axes.set(xlabel="context length (tokens)")
 
 
 def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Path]:

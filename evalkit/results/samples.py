@@ -82,17 +82,11 @@ class Series:
 
 
 def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
-    """Every series under the given `[LABEL=]PATH` arguments, by name (PATH may be a glob: its matches).
-
-    A LABEL names the series of its path (a path holding one series), or prefixes each of them
-    (`LABEL: series`); the same series name from two arguments is refused, asking for labels.
-    The same LABEL given again (or a glob matching several directories) adds another training run
-    to the series (`anchor=runs/anchor-seed*`: seeds as replicates) or, where the directory holds a
-    run the series already has (the same checkpoints: identities, else run name), pools: its samples
-    count as more samples of those checkpoints (evaluations with another --seed), the k-th directory
-    pooled into a run giving sample (k, i), so two labels pooled alike pair the k-th directory of one
-    with the k-th of the other. A summary left out (another format, a benchmark without per-sample
-    scores here) adds a line to `notes`."""
+    """Every series under the given `[LABEL=]PATH` arguments (PATH may be a glob), by name: LABEL, or
+    `LABEL: series` where its path holds several. The same LABEL again (or a glob's several matches)
+    adds a training run to the series (seeds as replicates) or, for a run it already has (the same
+    checkpoints), pools: the k-th directory pooled gives sample (k, i), so two labels pooled alike
+    pair their k-th directories. A summary left out adds a line to `notes`."""
     found: dict[str, Series] = {}
     pooled: dict[int, int] = {}  # id(run) -> directories pooled into it so far
     for argument in arguments:
@@ -179,9 +173,8 @@ def _split_argument(argument: str) -> tuple[str | None, list[Path]]:
 
 
 def read_directory(path: Path, notes: list[str] | None = None) -> dict[str, Series]:
-    """The series whose summaries lie under `path`, with their per-sample scores, each sample
-    keyed (0, index): the 0 tells pooled directories apart (load_series). What is left
-    out is noted in `notes` (evalkit.results.summaries.not_read_note)."""
+    """The series whose summaries lie under `path`, each sample keyed (0, index): the 0 tells pooled
+    directories apart (load_series). What is left out is noted in `notes`."""
     if not path.is_dir():
         raise UserError(f"results directory {path} does not exist")
     found: dict[str, Series] = {}
@@ -228,10 +221,8 @@ def _ruler_cells(summary: dict, directory: Path):
         log = directory / "ruler" / row.task / (f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl")
         # a log may hold more samples than the cell averages (its first n)
         records = [r for r in _read_log(log) if row.n is None or int(r["index"]) < row.n]
-        samples = {
-            int(r["index"]): LoggedSample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
-            for r in records
-        }
+        samples = {int(r["index"]): LoggedSample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
+                   for r in records}  # fmt: skip
         assert row.value is not None  # RULER rows always carry a score
         _check_mean(log, samples, row.value, row.n)
         yield row.series(), Cell("ruler", row.task, length, row.metric), samples
@@ -248,9 +239,8 @@ def _general_cells(summary: dict, directory: Path):
             for metric, value in (record.get("metrics") or {}).items():
                 if isinstance(value, bool | int | float):
                     key = (record["task"], metric, record.get("filter"))
-                    per_task.setdefault(key, {})[int(record["doc_id"])] = LoggedSample(
-                        float(value), identity, record.get("prompt_hash")
-                    )
+                    sample = LoggedSample(float(value), identity, record.get("prompt_hash"))
+                    per_task.setdefault(key, {})[int(record["doc_id"])] = sample
     for row in summary_rows(summary):
         samples = per_task.get((row.task, row.metric, row.filter))
         if row.value is None or not samples:
@@ -270,9 +260,8 @@ def _ppl_cells(summary: dict, directory: Path):
         by_key: dict[str, dict[int, LoggedSample]] = {}
         for record in _checked_records(directory / "ppl" / "ppl" / f"{row.length}.jsonl"):
             try:
-                by_key.setdefault(record["key"], {})[int(record["doc"])] = LoggedSample(
-                    record["nll"] / record["tokens"], record["text_sha"], None
-                )
+                sample = LoggedSample(record["nll"] / record["tokens"], record["text_sha"], None)
+                by_key.setdefault(record["key"], {})[int(record["doc"])] = sample
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 continue  # not a document's record
         for samples in by_key.values():

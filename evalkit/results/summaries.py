@@ -15,14 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.store.result_format import (
-    STANDARD,
-    ResultRow,
-    failed_name,
-    not_understood,
-    summary_name,
-    summary_rows,
-)
+from evalkit.store.result_format import STANDARD, ResultRow, failed_name, not_understood, summary_name, summary_rows
 
 RULER_SUMMARY = summary_name("ruler")
 GENERAL_SUMMARY = summary_name("general")
@@ -30,14 +23,9 @@ FAILED_SUFFIX = failed_name("")  # "-failed.json": a checkpoint a sweep could no
 
 
 def not_read_note(unread: list[str]) -> str:
-    """The one note on summaries left out (find_summaries' `notes`): the same heading and lines in
+    """The one note on summaries left out (summary_files' `notes`): the same heading and lines in
     the markdown leaderboard, on stderr for its csv/json export and for compare, and in compare.md."""
     return "Not read (not in any table; each line says why):\n\n" + "\n".join(unread)
-
-
-def find_summaries(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[dict]:
-    """Every summary file `name` under `dirs`, each read once, at most one per (run, step) (summary_files)."""
-    return [summary for _, summary in summary_files(dirs, name, notes)]
 
 
 def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[tuple[Path, dict]]:

@@ -21,13 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import (
-    atomic_write_json,
-    check_output_dir,
-    move_into_place,
-    new_directory_beside,
-    read_json_object,
-)
+from evalkit.files import atomic_write_json, check_output_dir, move_into_place, new_directory_beside, read_json_object
 from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary, summary_name
 from evalkit.sweep.plan import empty_shard_name
 
@@ -37,19 +31,10 @@ _PER_SHARD = {"created", "command", "shard", "answered_by", "data_keys", "weight
 # Provenance that may differ between the shards of one sweep: how fast and on which host each ran,
 # never what it computed (the plan holds the settings that decide results, evalkit.store.identity).
 # A shard's own values are kept under merged_shards; anything else must agree or the merge is refused.
-_EXECUTION = {
-    "settings",
-    "machine.cpu",
-    "machine.cores",
-    "machine.torch_threads",
-    "machine.python",
-    "engine.model_path",
-    "engine.device",  # cuda:0 or cuda:1; CPU or GPU shows in machine.gpu
-    "engine.batch_size",
-    "engine.packed_batch_size",
-    "engine.packed_batch_note",
-    "engine.threads",
-}
+# engine.device: cuda:0 or cuda:1 (CPU or GPU shows in machine.gpu)
+_EXECUTION = {"settings", "machine.cpu", "machine.cores", "machine.torch_threads", "machine.python",
+              "engine.model_path", "engine.device", "engine.batch_size", "engine.packed_batch_size",
+              "engine.packed_batch_note", "engine.threads"}  # fmt: skip
 Redraw = Callable[[list[dict], Path], None]
 _CODE = ("evalkit_version", "git_hash", "dirty_files")  # the code every shard ran, empty ones too
 
@@ -304,15 +289,11 @@ def _files_to_copy(inputs: list[Path]) -> dict[Path, Path]:
         summaries = set(_summary_files(directory))
         for path in sorted(directory.rglob("*")):
             rel = path.relative_to(directory)
-            if not path.is_file() or path in summaries or _not_merged(rel):
+            # a shard's own: a file at the top of its --out (derived from its share, its lock or
+            # empty-shard record), or a temporary
+            if not path.is_file() or path in summaries or len(rel.parts) == 1 or any(p[0] == "." for p in rel.parts):
                 continue
             if rel in owner and (owner[rel] / rel).read_bytes() != path.read_bytes():
                 raise UserError(f"overlapping shards: {owner[rel]} and {directory} both hold {rel}, unequal")
             owner.setdefault(rel, directory)
     return owner
-
-
-def _not_merged(rel: Path) -> bool:
-    """A shard's own: a file at the top of its --out (derived from its share, or its lock or
-    empty-shard record), or a temporary."""
-    return len(rel.parts) == 1 or any(part.startswith(".") for part in rel.parts)
