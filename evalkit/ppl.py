@@ -46,7 +46,8 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import new_figure, read_text, write_figure
+from evalkit.figures import new_figure, write_figure
+from evalkit.files import read_text
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint

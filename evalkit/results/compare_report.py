@@ -169,7 +169,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     """The task average's B − A against length, with its 95% interval, one line per pair."""
     if not comparison.averages:
         return []
-    from evalkit.files import new_figure, write_figure
+    from evalkit.figures import new_figure, write_figure
 
     figure, axes = new_figure()
     pairs = list(dict.fromkeys((d.baseline, d.other) for d in comparison.averages))

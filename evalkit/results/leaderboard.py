@@ -561,7 +561,7 @@ def build_markdown(
     if not ruler and not others:
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
-    parts = ["# Leaderboard", ""]
+    parts = [TITLE, ""]
     if ruler:
         rows = [row for s in ruler for row in s["rows"]]
         infos = run_infos(ruler)
@@ -645,6 +645,7 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     return out
 
 
+TITLE = "# Leaderboard"  # the first line of the markdown, by which a rerun knows it as its own
 PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures, .png and .svg
 
 
@@ -652,7 +653,7 @@ def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
     """Before any work: the markdown and figures write_leaderboard replaces are none of the user's."""
     from evalkit.files import refuse_foreign
 
-    refuse_foreign([out])
+    refuse_foreign([out], heading=TITLE)
     plots_dir = plots_dir or out.parent / "plots"
     refuse_foreign([plots_dir / f"{stem}{suffix}" for stem in PLOT_STEMS for suffix in (".png", ".svg")], "--plots")
 
