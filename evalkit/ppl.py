@@ -417,7 +417,7 @@ class PplBenchmark(Benchmark):
             not earlier or earlier["provenance"].get("eval_data") != summary["provenance"]["eval_data"]
         ):  # other documents: not one table
             return summary
-        rows, skipped = earlier_cells(TASK, PplSettings, summary, earlier, _cell_name)
+        rows, skipped = earlier_cells(PplSettings, summary, earlier, _cell_name)
         kept = {_cell_name(entry) for entry in rows + skipped}
         lengths = {name: detail for name, detail in (earlier.get("lengths") or {}).items() if name in kept}
         return summary | {

@@ -425,7 +425,7 @@ def provenance_notes(summaries: list[dict]) -> str:
         p = summary.get("provenance", {})
         engine = p.get("engine", {})
         line = (
-            f"- {summary.get('benchmark', 'ruler')} {summary['run']}: engine {engine.get('engine')}, dtype "
+            f"- {summary['benchmark']} {summary['run']}: engine {engine.get('engine')}, dtype "
             f"{engine.get('dtype')}, batch size {engine.get('batch_size')}, evalkit {p.get('evalkit_version')} "
             f"({p.get('git_hash')})"
         )
