@@ -5,7 +5,6 @@ replacing only evalkit's own outputs, and the cache directory."""
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import re
@@ -360,28 +359,25 @@ def file_error(err: BaseException) -> str | None:
     return f"{err.filename}: {FILE_ERROR_ADVICE[err.errno]} ({err.strerror})"
 
 
-# The first line of each markdown file evalkit writes (the leaderboard, --avg tables, probe summaries).
-OWN_MARKDOWN_TITLES = ("# Leaderboard", "# BF16 RoPE probe: ")
-OWN_MARKDOWN_SUFFIX = ", averaged over checkpoints"
-
-
-def refuse_foreign(paths: Iterable[Path], option: str = "--out") -> None:
+def refuse_foreign(paths: Iterable[Path], option: str = "--out", heading: str = "") -> None:
     """Before any work: every path among `paths` that exists must be a file (or checkpoint) that
     evalkit wrote, recognised by its content, since the command is about to replace, rewrite or
-    delete it; a file of the user's there is refused with one line and left as it is."""
+    delete it; a file of the user's there is refused with one line and left as it is. `heading`:
+    the first line (a pattern, re.fullmatch) of the caller's markdown among `paths`."""
     for path in paths:
-        if path.exists() and not written_by_evalkit(path):
+        if path.exists() and not written_by_evalkit(path, heading):
             raise UserError(
                 f"{path} is in the way and was not written by evalkit; evalkit never replaces or truncates a file "
                 f"it did not write: move it away, or choose another {option}"
             )
 
 
-def written_by_evalkit(path: Path) -> bool:
+def written_by_evalkit(path: Path, heading: str = "") -> bool:
     """Whether `path` looks as evalkit writes it: a JSON record with provenance or schema_version, a
-    markdown report of evalkit's, a matplotlib figure, or a checkpoint directory with its meta.json
-    (an empty directory holds nothing to lose). A JSONL log is not judged by its lines (other
-    trainers log {"step", "loss"} too): training's log by its run's marker (train.checkpoint)."""
+    markdown report whose first line matches `heading`, a matplotlib figure, or a checkpoint
+    directory with its meta.json (an empty directory holds nothing to lose). A JSONL log is not
+    judged by its lines (other trainers log {"step", "loss"} too): training's log by its run's
+    marker (train.checkpoint)."""
     try:
         if path.is_dir():
             return (path / "meta.json").is_file() or not any(path.iterdir())
@@ -390,9 +386,7 @@ def written_by_evalkit(path: Path) -> bool:
             return isinstance(record, dict) and ("provenance" in record or "schema_version" in record)
         if path.suffix == ".md":
             first = path.read_text(encoding="utf-8").partition("\n")[0]
-            return first.startswith(OWN_MARKDOWN_TITLES) or (
-                first.startswith("# ") and first.endswith(OWN_MARKDOWN_SUFFIX)
-            )
+            return bool(heading) and re.fullmatch(heading, first) is not None
         if path.suffix in (".png", ".svg"):
             with open(path, "rb") as handle:
                 return b"matplotlib" in handle.read(1 << 16).lower()
@@ -429,23 +423,3 @@ def read_json_object(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return record if isinstance(record, dict) else {}
-
-
-def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
-    """A figure and its axes (one per column): matplotlib's Figure rather than pyplot's, so no
-    global state is touched, no backend chosen and nothing needs closing (savefig picks Agg/SVG)."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    return figure, figure.subplots(1, columns)
-
-
-def write_figure(figure: Any, stem: Path) -> list[Path]:
-    """A matplotlib figure as stem.png (150 dpi) and stem.svg, each written atomically."""
-    png, svg = io.BytesIO(), io.StringIO()
-    figure.tight_layout()
-    figure.savefig(png, format="png", dpi=150)
-    figure.savefig(svg, format="svg")
-    atomic_write_bytes(stem.with_suffix(".png"), png.getvalue())
-    atomic_write_text(stem.with_suffix(".svg"), svg.getvalue())
-    return [stem.with_suffix(".png"), stem.with_suffix(".svg")]

@@ -46,7 +46,8 @@ from typing import Any
 import typer
 
 from evalkit.errors import Skipped, UserError
-from evalkit.files import new_figure, read_text, write_figure
+from evalkit.figures import new_figure, write_figure
+from evalkit.files import read_text
 from evalkit.lengths import length_label, parse_lengths
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -416,7 +417,7 @@ class PplBenchmark(Benchmark):
             not earlier or earlier["provenance"].get("eval_data") != summary["provenance"]["eval_data"]
         ):  # other documents: not one table
             return summary
-        rows, skipped = earlier_cells(TASK, PplSettings, summary, earlier, _cell_name)
+        rows, skipped = earlier_cells(PplSettings, summary, earlier, _cell_name)
         kept = {_cell_name(entry) for entry in rows + skipped}
         lengths = {name: detail for name, detail in (earlier.get("lengths") or {}).items() if name in kept}
         return summary | {

@@ -337,8 +337,11 @@ def truncate_weights(checkpoint: Path) -> None:
 
 def ruler_summary(run: str, score: float, **fields) -> dict:
     """A one-row RULER summary as evalkit writes it (fields: schema_version, benchmark, ...)."""
-    row = {"run": run, "step": 1, "task": "niah_single_1", "length": 512, "score": score}
-    return {"benchmark": "ruler", "run": run, "step": 1, "rows": [row], "skipped": [], "provenance": {}, **fields}
+    from evalkit.store.result_format import SCHEMA_VERSION
+
+    row = {"run": run, "step": 1, "task": "niah_single_1", "metric": "string_match_all", "length": 512, "value": score}
+    summary = {"schema_version": SCHEMA_VERSION, "benchmark": "ruler", "run": run, "step": 1, "rows": [row]}
+    return {**summary, "skipped": [], "provenance": {}, **fields}
 
 
 def write_summary(out: Path, summary: dict, name: str = "ruler-summary.json") -> Path:

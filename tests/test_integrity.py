@@ -14,6 +14,7 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.ruler import cache as cache_module
 from evalkit.ruler import cache_path, dumps_jsonl, generate, load_or_generate, loads_jsonl
+from evalkit.store.result_format import SCHEMA_VERSION
 from evalkit.store.sample_log import SampleLog
 from tests.helpers import run_cli
 
@@ -225,14 +226,14 @@ SETTINGS = {"tasks": ["niah_single_1", "vt", "fwe"], "num_samples": 10, "seed": 
 
 def ruler_summary(run: str, step: int, scores: dict, version: str = "0.1.0", git: str = "abc") -> dict:
     """scores: {(task, length): score}."""
+    cells = {"run": run, "step": step, "metric": "string_match_all", "n": 10}
     return {
+        "schema_version": SCHEMA_VERSION,
         "benchmark": "ruler",
         "run": run,
         "step": step,
         "checkpoint": f"/x/{run}/step-{step}",
-        "rows": [
-            {"run": run, "step": step, "task": t, "length": n, "score": s, "n": 10} for (t, n), s in scores.items()
-        ],
+        "rows": [{**cells, "task": t, "length": n, "value": s} for (t, n), s in scores.items()],
         "skipped": [],
         "provenance": {
             "settings": SETTINGS,

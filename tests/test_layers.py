@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "evalkit"
 # From the bottom up. A unit may import from its own layer and the layers below it, never above.
 LAYERS = (
     ("errors",),
-    ("arglists", "lengths", "markdown", "package_data", "files"),  # parsing, tables, atomic writes and the lock
+    ("arglists", "lengths", "markdown", "package_data", "files", "figures"),  # parsing, tables, files, figures
     ("models",),  # checkpoints on disk: a directory or a hub name, step folders, dtypes, GGUF import
     ("store",),  # results on disk: sample logs, summaries, their identity and provenance, averages
     ("attention", "corpus"),

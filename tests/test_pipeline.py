@@ -247,17 +247,19 @@ def test_a_new_benchmark_reaches_the_leaderboard_through_the_one_schema(two_chec
     assert "- toy toy-run: engine fake" in markdown
 
 
-def test_stored_summaries_of_both_shapes_read_as_one_schema():
+def test_stored_summaries_of_every_benchmark_read_as_one_schema():
     from evalkit.store.result_format import summary_rows
 
     meta = {"paradigm": "anchor", "config": {"model": {"arch": "llama", "num_layers": 4, "hidden_size": 256},
                                              "data": {"source": "builtin"}}}  # fmt: skip
-    ruler = {  # as evalkit 0.1 wrote it, before summaries named their benchmark
+    cell = {"run": "r", "step": 2, "length": 1024, "n": 20}
+    ruler = {
+        "benchmark": "ruler",
         "run": "r",
         "step": 2,
         "rows": [
-            {"run": "r", "step": 2, "task": "niah_single_1", "length": 1024, "score": 90.0, "stderr": 6.9, "n": 20},
-            {"run": "r", "step": 2, "task": "qa_1", "length": 1024, "score": 40.0, "stderr": 1.0, "n": 20},
+            {**cell, "task": "niah_single_1", "metric": "string_match_all", "value": 90.0, "stderr": 6.9},
+            {**cell, "task": "qa_1", "metric": "string_match_part", "value": 40.0, "stderr": 1.0},
         ],
         "provenance": {"checkpoint_meta": meta},
     }
@@ -281,7 +283,7 @@ def test_stored_summaries_of_both_shapes_read_as_one_schema():
 
 
 def test_the_repositorys_stored_summaries_still_load():
-    """Every summary under results/ (written by earlier versions) reads into the schema."""
+    """Every summary under results/ (written by earlier versions, migrated once) reads into the schema."""
     from evalkit.store.result_format import summary_rows
 
     root = Path(__file__).resolve().parents[1] / "results"
@@ -296,8 +298,8 @@ def test_the_repositorys_stored_summaries_still_load():
 
 def test_rows_written_now_read_back_as_the_rows_the_benchmark_made():
     """row_record (what a summary stores) and read_row (the one reader) are inverses for this
-    version's rows, RULER's anchor-encoded cells and lm-eval's rows alike, with RULER's stored
-    layout kept (`score`, as version 1 readers of RULER's value expect) beside its metric."""
+    version's rows, RULER's anchor-encoded cells and lm-eval's rows alike, every number stored as
+    `value`."""
     from evalkit.store.result_format import SCHEMA_VERSION, export_record, summary_rows
 
     made = [
@@ -310,7 +312,8 @@ def test_rows_written_now_read_back_as_the_rows_the_benchmark_made():
     ]  # fmt: skip
     records = [row_record(row) for row in made]
     assert records[0] == {"run": "r", "step": 2, "task": "qa_1", "metric": "string_match_part", "length": 1024,
-                          "score": 40.0, "stderr": 1.0, "n": 20}  # fmt: skip
+                          "value": 40.0, "stderr": 1.0, "n": 20}  # fmt: skip
+    assert [record["value"] for record in records] == [40.0, 5.0, 0.25, 3.0]
     assert records[1]["encoding"] == "anchor" and records[1]["doc_tokens"] == 128 and records[1]["documents"] == 7.5
     assert [read_row(row.benchmark, record) for row, record in zip(made, records)] == made
     summary = {"schema_version": SCHEMA_VERSION, "benchmark": "ruler", "run": "r", "step": 2, "rows": records[:2]}

@@ -150,7 +150,7 @@ def test_paradigms_are_compared_against_full_with_the_summaries_means():
         per_step = []
         for summary in sorted((root / run).glob("step-*/ruler-summary.json")):
             rows = [r for r in json.loads(summary.read_text())["rows"] if r.get("encoding", "standard") == "standard"]
-            per_step.append(sum(r["score"] for r in rows) / len(rows))
+            per_step.append(sum(r["value"] for r in rows) / len(rows))
         return sum(per_step) / len(per_step)
 
     lines = "\n".join(compare_paradigms_against_full(root)).splitlines()
@@ -205,7 +205,7 @@ def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, mon
         for step in (550, 600):
             folder = out / "ruler" / run / f"step-{step}"
             rows = json.loads((folder / "ruler-summary.json").read_text())["rows"]
-            scores = [r["score"] for r in rows if r.get("encoding", "standard") == "standard" and r["length"] == 1024]
+            scores = [r["value"] for r in rows if r.get("encoding", "standard") == "standard" and r["length"] == 1024]
             averages[step] = sum(scores) / len(scores)
             rows = json.loads((out / "ppl" / run / f"step-{step}" / "ppl-summary.json").read_text())["rows"]
             (ppl,) = [r["value"] for r in rows if r["metric"] == "perplexity" and r["length"] == 1024]

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from evalkit.files import new_figure, write_figure
+from evalkit.figures import new_figure, write_figure
 from evalkit.markdown import markdown_table
 from evalkit.store.provenance import provenance_lines
 
+TITLE = "# BF16 RoPE probe: {kind}"  # the markdown's first line, by which a rerun knows it as its own
 PRECISION_FACTOR = 10.0  # "≫": an order of magnitude
 DOMINANCE_FACTOR = 10.0  # the first column against the average column
 GROWTH_FACTOR = 1.5  # longest against shortest length: well beyond text-to-text noise
@@ -371,7 +372,7 @@ def summary_markdown(payload: dict) -> str:
     key_rows += _amplification_lines(summary["pretraining_amplification"])
     first_token = "BOS" if provenance["first_token_is_bos"] else "not a BOS (the tokenizer adds none)"
     out = [
-        f"# BF16 RoPE probe: {kind}",
+        TITLE.format(kind=kind),
         "",
         f"{metric_name} of `{provenance['checkpoint']}` on {provenance['texts']}: {_texts_used(provenance)} on "
         f"{provenance['device']}. First token: {first_token}.",

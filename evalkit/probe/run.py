@@ -27,7 +27,7 @@ from evalkit.models.refs import checkpoint_meta
 from evalkit.probe.attention import PROBE_ATTENTION, register_probe_attention
 from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
-from evalkit.probe.report import summarise, summary_markdown, write_plots
+from evalkit.probe.report import TITLE, summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
 from evalkit.probe.windows import describe_window, model_window
 
@@ -290,7 +290,7 @@ def run_probe(
     probe_options = ProbeOptions(**options)
     check_output_dir(out_dir)  # before the measurement, not when its results are written
     paths = output_paths(kind, out_dir)
-    refuse_foreign(paths.values())  # replaced when done: never a file of the user's
+    refuse_foreign(paths.values(), heading=TITLE.format(kind=kind))  # replaced when done: never a file of the user's
     hub = checkpoint_source(str(ckpt))[1]  # resolved once: checkpoint_directory reads the same answer
     checkpoint = checkpoint_directory(ckpt, "the probe")
     check_checkpoint(checkpoint)  # a broken checkpoint is refused before texts are read and tokenized

@@ -157,7 +157,7 @@ def plot(comparison: Comparison, stem: Path) -> list[Path]:
     """The task average's B − A against length, with its 95% interval, one line per pair."""
     if not comparison.averages:
         return []
-    from evalkit.files import new_figure, write_figure
+    from evalkit.figures import new_figure, write_figure
     from evalkit.results.plots import length_axis
 
     figure, axes = new_figure()

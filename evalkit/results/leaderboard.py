@@ -385,7 +385,7 @@ def provenance_notes(summaries: list[dict]) -> str:
         p = summary.get("provenance", {})
         engine = p.get("engine", {})
         line = (
-            f"- {summary.get('benchmark', 'ruler')} {summary['run']}: engine {engine.get('engine')}, dtype "
+            f"- {summary['benchmark']} {summary['run']}: engine {engine.get('engine')}, dtype "
             f"{engine.get('dtype')}, batch size {engine.get('batch_size')}, evalkit {p.get('evalkit_version')} "
             f"({p.get('git_hash')})"
         )
@@ -516,7 +516,7 @@ def build_markdown(
     if not ruler and not others:
         left_out = f" ({len(unread)} left out: {unread[0][2:]})" if unread else ""
         raise nothing_to_show(f"no {RULER_SUMMARY}, {GENERAL_SUMMARY} or other *{SUMMARY_SUFFIX}{left_out}", dirs)
-    parts = ["# Leaderboard", ""]
+    parts = [TITLE, ""]
     section = lambda title, *body: parts.extend([f"## {title}", "", *body, ""])  # noqa: E731
     if ruler:
         rows = [row for s in ruler for row in s["rows"]]
@@ -588,6 +588,7 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
     return out
 
 
+TITLE = "# Leaderboard"  # the first line of the markdown, by which a rerun knows it as its own
 PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures, .png and .svg
 
 
@@ -595,7 +596,7 @@ def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
     """Before any work: the markdown and figures write_leaderboard replaces are none of the user's."""
     from evalkit.files import refuse_foreign
 
-    refuse_foreign([out])
+    refuse_foreign([out], heading=TITLE)
     plots_dir = plots_dir or out.parent / "plots"
     refuse_foreign([plots_dir / f"{stem}{suffix}" for stem in PLOT_STEMS for suffix in (".png", ".svg")], "--plots")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalkit.files import new_figure, write_figure
+from evalkit.figures import new_figure, write_figure
 from evalkit.lengths import length_label
 
 

@@ -37,7 +37,7 @@ from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, read_row, row_record
+from evalkit.store.result_format import ResultRow, row_record
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
@@ -382,21 +382,18 @@ def _cell_name(row: dict) -> str:
 
 
 def earlier_cells(
-    benchmark: str, settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
+    settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
 ) -> tuple[list[dict], list[dict]]:
     """The earlier summary's rows and skips of the cells (`cell`) this run did not touch, when both
     were evaluated alike: the same settings' identity (count included; no cell's length or encoding
     is part of it) and the same facts the engine resolved (engines.base.RESULT_FACTS); none
-    otherwise (their records stay in the logs). Kept rows are rewritten in this version's shape."""
+    otherwise (their records stay in the logs)."""
     now, then = summary["provenance"], earlier.get("provenance") or {}
     alike = stored_identity(settings_type, now["settings"]) == stored_identity(settings_type, then.get("settings"))
     if not alike or any((now["engine"] or {}).get(k) != (then.get("engine") or {}).get(k) for k in RESULT_FACTS):
         return [], []
     touched = {cell(entry) for entry in summary["rows"] + summary["skipped"]}
-    version = earlier.get("schema_version", 1)
-    rows = [
-        row_record(read_row(benchmark, row, version)) for row in earlier.get("rows", []) if cell(row) not in touched
-    ]
+    rows = [row for row in earlier.get("rows", []) if cell(row) not in touched]
     return rows, [skip for skip in earlier.get("skipped", []) if cell(skip) not in touched]
 
 
@@ -405,7 +402,7 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     `--lengths 1k` then `--lengths 2k` into one --out keeps both."""
     if earlier is None:
         return summary
-    kept_rows, kept_skips = earlier_cells("ruler", RulerSettings, summary, earlier, _cell_name)
+    kept_rows, kept_skips = earlier_cells(RulerSettings, summary, earlier, _cell_name)
     if not (kept_rows or kept_skips):
         return summary
     now, then = summary["provenance"], earlier["provenance"]

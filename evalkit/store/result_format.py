@@ -2,15 +2,13 @@
 
 A benchmark constructs a `ResultRow` for each number it computes; the pipeline stores it in the
 checkpoint's summary with `row_record` (the shapes below), and every reader (the leaderboard, its
-plots, compare, scripts) reads it back through `summary_rows`, which maps every shape any evalkit
-version wrote onto one typed row per number. No dimension is packed into a string: a RULER length
-and encoding, an lm-eval filter and the shots are fields.
+plots, compare, scripts) reads it back through `summary_rows`, one typed row per number. No
+dimension is packed into a string: a RULER length and encoding, an lm-eval filter and the shots
+are fields.
 
-Stored rows (`schema_version` of the summary; a summary without one is of version 1):
-- RULER (benchmark "ruler"; a summary without a benchmark field is RULER's, as the first ones
-  were): run, step, task, metric, length, score (the value), stderr, n; an anchor-encoded cell
-  adds encoding, doc_tokens and documents. Version 1 rows carry no metric: RULER scored qa_1 and
-  qa_2 by string_match_part and its other tasks by string_match_all (`_V1_RULER_METRICS`).
+Stored rows, the number always as `value` (a summary of another schema_version is not read):
+- RULER: run, step, task, metric, length, value, stderr, n; an anchor-encoded cell adds
+  encoding, doc_tokens and documents.
 - every other benchmark: run, step, requested, task, metric, filter, value, stderr, n,
   num_fewshot (and length, encoding and doc_tokens where it has them: ppl).
 """
@@ -24,9 +22,9 @@ from typing import Any
 from evalkit.files import read_json_object
 
 # The format of every file the pipeline writes (summaries, failure records, averages). Raised when
-# a reader of the old format would misread the new one; readers skip, with a note, a higher one.
-# Version 2: RULER rows name their metric (version 1 readers took a row with a metric for lm-eval's).
-SCHEMA_VERSION = 2
+# a reader of the old format would misread the new one; readers skip, with a note, any other one.
+# Version 3: RULER rows store their number as `value`, as every benchmark's rows do (2: as `score`).
+SCHEMA_VERSION = 3
 
 STANDARD = "standard"  # the encoding of a RULER cell evaluated as one causal prompt
 # What a LongPPL row without a value (ppl --key-tokens) means, said under every table that shows one.
@@ -71,17 +69,6 @@ EXPORT_FIELDS = (
     "requested", "filter", "num_fewshot", "paradigm", "model", "data",
 )  # fmt: skip
 
-# Version 1 RULER rows carry no metric: the metric RULER scored each of its tasks by then.
-_V1_RULER_METRICS = {
-    **dict.fromkeys(
-        ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
-         "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"),
-        "string_match_all",
-    ),
-    "qa_1": "string_match_part",
-    "qa_2": "string_match_part",
-}  # fmt: skip
-
 
 def encoding_label(encoding: str | None, doc_tokens: int | None) -> str:
     """ "standard", or "anchor-512" (documents of about 512 tokens): what a row was encoded as."""
@@ -107,7 +94,7 @@ def row_record(row: ResultRow) -> dict[str, Any]:
     """The row as a summary stores it (the module docstring's shapes, of this version)."""
     if row.benchmark == "ruler":
         record = {"run": row.run, "step": row.step, "task": row.task, "metric": row.metric, "length": row.length}
-        record.update(score=row.value, stderr=row.stderr, n=row.n)
+        record.update(value=row.value, stderr=row.stderr, n=row.n)
         if row.encoding not in (None, STANDARD):
             record.update(encoding=row.encoding, doc_tokens=row.doc_tokens, documents=row.documents)
         return record
@@ -120,48 +107,33 @@ def row_record(row: ResultRow) -> dict[str, Any]:
 
 
 def summary_rows(summary: dict[str, Any]) -> list[ResultRow]:
-    """Every number of a stored summary as a ResultRow, whichever evalkit version wrote it."""
-    benchmark = summary.get("benchmark") or "ruler"
-    version = summary.get("schema_version", 1)
+    """Every number of a stored summary as a ResultRow (a summary of this version: readers leave
+    out any other, not_understood)."""
     paradigm, model, data = describe_checkpoint(summary)
     described = {"paradigm": paradigm, "model": model, "data": data}
-    return [read_row(benchmark, record, version, described) for record in summary.get("rows", [])]
+    return [read_row(summary["benchmark"], record, described) for record in summary.get("rows", [])]
 
 
-def read_row(
-    benchmark: str, record: dict[str, Any], version: int = SCHEMA_VERSION, described: dict[str, str] | None = None
-) -> ResultRow:
+def read_row(benchmark: str, record: dict[str, Any], described: dict[str, str] | None = None) -> ResultRow:
     """One stored row as a ResultRow (`described`: the checkpoint's paradigm, model and data)."""
-    common = {
-        "benchmark": benchmark,
-        "run": record["run"],
-        "step": int(record["step"]),
-        "task": record["task"],
-        "stderr": _float(record.get("stderr")),
-        "n": record.get("n"),
-        **(described or {}),
-    }
-    if benchmark == "ruler":
-        metric = record["metric"] if version >= 2 else _V1_RULER_METRICS.get(record["task"], "score")
-        return ResultRow(
-            metric=metric,
-            value=float(record["score"]),
-            length=int(record["length"]),
-            encoding=record.get("encoding") or STANDARD,
-            doc_tokens=record.get("doc_tokens"),
-            documents=record.get("documents"),
-            **common,
-        )
     return ResultRow(
+        benchmark=benchmark,
+        run=record["run"],
+        step=int(record["step"]),
+        task=record["task"],
         metric=record["metric"],
         value=_float(record.get("value")),
+        stderr=_float(record.get("stderr")),
+        n=record.get("n"),
         length=record.get("length"),
-        encoding=record.get("encoding"),  # ppl: "standard" or "anchor" (with doc_tokens); None where no encoding
+        # RULER rows store an encoding only for anchor cells; ppl's say "standard" or "anchor", others none
+        encoding=record.get("encoding") or (STANDARD if benchmark == "ruler" else None),
         doc_tokens=record.get("doc_tokens"),
+        documents=record.get("documents"),
         requested=record.get("requested"),
         filter=record.get("filter"),
         num_fewshot=record.get("num_fewshot"),
-        **common,
+        **(described or {}),
     )
 
 
@@ -178,14 +150,14 @@ def failed_name(benchmark: str) -> str:
 
 def not_understood(path: Path, record: Any, suffix: str = SUMMARY_SUFFIX) -> str | None:
     """Why this evalkit cannot read the stored record at `path` (<benchmark><suffix>) as its own
-    format, or None: a schema_version it does not know, or a benchmark other than its file name's.
-    A record without schema_version is of version 1 (written before versions were recorded)."""
+    format, or None: a schema_version other than SCHEMA_VERSION (none: written before versions
+    were recorded), or a benchmark other than its file name's."""
     if not isinstance(record, dict):
         return f"it holds a JSON {type(record).__name__}, not an evalkit record"
-    version = record.get("schema_version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION:
         return (
-            f"its schema_version is {version!r} and this evalkit reads versions 1 to {SCHEMA_VERSION} "
+            f"its schema_version is {version!r} and this evalkit reads version {SCHEMA_VERSION} only "
             "(written by another evalkit version: read it with that one)"
         )
     expected = path.name[: -len(suffix)] if path.name.endswith(suffix) else None

@@ -88,11 +88,11 @@ def check_results_dir(out: Path, benchmark: str, refs: Iterable[CheckpointRef]) 
     (never a file of the user's) and of this format (a summary of another would lose its cells)."""
     averages, checkpoints = averages_paths(out, benchmark), [CheckpointFiles(out, ref, benchmark) for ref in refs]
     check_output_dir(out)
-    refuse_foreign(averages)
+    refuse_foreign(averages, heading="# .+, averaged over checkpoints")  # as sweep.pipeline.write_averages heads it
     for files in checkpoints:
         refuse_foreign([files.summary, files.failed])  # what is left there is an evalkit JSON object, or nothing
-        reason = not_understood(files.summary, read_json_object(files.summary))
-        if reason is not None:
+        reason = files.summary.exists() and not_understood(files.summary, read_json_object(files.summary))
+        if reason:
             raise UserError(
                 f"{files.summary} is of another format ({reason}); it is not replaced: choose another --out"
             )

@@ -65,14 +65,10 @@ def merge_shards(inputs: list[Path], dest: Path, redraw: Redraw | None = None) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    names = {_benchmark(record) for _, record in empty} | {_benchmark(s) for s in merged.values()}
-    unscored = sorted(names - {_benchmark(s) for s in merged.values() if s["rows"]})
+    names = {record["benchmark"] for _, record in empty} | {s["benchmark"] for s in merged.values()}
+    unscored = sorted(names - {s["benchmark"] for s in merged.values() if s["rows"]})
     shards = {"shards": len(inputs), "empty": len({directory for directory, _ in empty})}
     return shards | {"summaries": len(merged), "files": len(copies), "unscored": unscored}
-
-
-def _benchmark(summary: dict) -> str:
-    return summary.get("benchmark") or "ruler"  # as result_format reads a summary from before the field
 
 
 def _read_empty_shards(inputs: list[Path]) -> list[tuple[Path, dict]]:
@@ -137,7 +133,7 @@ def _check_one_sweep(summaries: dict[Path, list[tuple[Path, dict]]], empty: list
     index_from: dict[tuple[str, int], Path] = {}
     records = [item for found in summaries.values() for item in found] + empty
     for directory, summary in records:
-        shard, name = _shard(summary), _benchmark(summary)
+        shard, name = _shard(summary), summary["benchmark"]
         stamp = {key: summary["provenance"].get(key) for key in _CODE}
         _agree(code.setdefault(name, (directory, stamp)), (directory, stamp))
         first = by_benchmark.setdefault(name, (directory, shard))
@@ -267,13 +263,13 @@ def _claim(blocks: dict, skips: dict, position: int, directory: Path, rel: Path)
 
 def _check_complete(summaries: dict, merged: dict[Path, dict], empty: list[tuple[Path, dict]]) -> None:
     """Every unit of the sweep present once (a missing shard, or a shard still running, is refused)."""
-    by_benchmark: dict[str, list] = {_benchmark(record): [] for _, record in empty}
+    by_benchmark: dict[str, list] = {record["benchmark"]: [] for _, record in empty}
     for summary in merged.values():
-        by_benchmark.setdefault(_benchmark(summary), []).append(summary.pop("_units_merged"))
+        by_benchmark.setdefault(summary["benchmark"], []).append(summary.pop("_units_merged"))
     records = [s for found in summaries.values() for _, s in found] + [record for _, record in empty]
     for name, counts in by_benchmark.items():
-        shard = _shard(next(s for s in records if _benchmark(s) == name))
-        seen = sorted({_shard(s)["index"] for s in records if _benchmark(s) == name})
+        shard = _shard(next(s for s in records if s["benchmark"] == name))
+        seen = sorted({_shard(s)["index"] for s in records if s["benchmark"] == name})
         if sum(counts) != shard["plan_units"]:
             raise UserError(
                 f"incomplete {name} sweep: {sum(counts)} of its {shard['plan_units']} units are here (shards "

@@ -140,7 +140,7 @@ def test_an_output_file_of_the_users_is_refused_before_any_work(case, tmp_path, 
 
 def test_the_leaderboard_never_replaces_a_markdown_file_of_the_users(tmp_path, capsys):
     results = tmp_path / "results"
-    write_summary(results, ruler_summary("current", 61.0, schema_version=1))
+    write_summary(results, ruler_summary("current", 61.0))
     notes = tmp_path / "notes.md"
     notes.write_text("# My notes\n")
     line = error_line(evalkit_here(capsys, "leaderboard", results, "--out", notes))

@@ -1,6 +1,6 @@
 """A stored lm-eval task record is reused when its key matches: the key is read from
 GeneralSettings' fields (evalkit.store.identity) and the engine's dtype, and the committed
-results/smollm2-135m/general run (migrated to the current keys: scripts/migrate_results.py) matches it."""
+results/smollm2-135m/general run (migrated to the current keys: results/README.md) matches it."""
 
 import dataclasses
 import json

@@ -1,5 +1,5 @@
-"""The committed results under results/ are of the current schema and keys (scripts/migrate_results.py
-rewrote them once): every summary is read as this version's, and every RULER answer carries its
+"""The committed results under results/ are of the current schema and keys (migrated once each
+time they changed: results/README.md): every summary is read as this version's, and every RULER answer carries its
 checksum and the key this evalkit derives for its cell, from today's generator, the summary's
 settings and the engine facts it recorded. Nothing under results/ needs a compatibility path."""
 
@@ -22,7 +22,7 @@ SUMMARIES = sorted(p for p in RESULTS.rglob("*-summary.json") if not p.is_relati
 
 
 def test_results_hold_the_summaries_the_migration_rewrote():
-    """The 13 RULER and lm-eval summaries it rewrote (later benchmarks' summaries were born current)."""
+    """The 13 RULER and lm-eval summaries the keys' migration rewrote (ppl's was born with them)."""
     assert len([p for p in SUMMARIES if p.name in ("ruler-summary.json", "general-summary.json")]) == 13
 
 

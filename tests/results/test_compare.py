@@ -14,6 +14,7 @@ import pytest
 from evalkit.errors import UserError
 from evalkit.results.compare import compare, holm, longest_holding, normal_p
 from evalkit.results.samples import Cell, LoggedSample, Series, load_series
+from evalkit.store.result_format import SCHEMA_VERSION
 from evalkit.store.sample_log import record_checksum
 
 CELL = Cell("ruler", "niah_single_1", 1024, "string_match_all")
@@ -276,11 +277,20 @@ def write_checkpoint(out, run, step, task, length, correct, references=None, lab
     with log.open("a") as handle:
         handle.writelines(lines)
     score = round(100.0 * sum(correct) / len(correct), 2) if summary_score is None else summary_score
-    row = {"run": run, "step": step, "task": task, "length": length, "score": score, "n": len(correct)}
+    row = {"run": run, "step": step, "task": task, "metric": "string_match_all", "length": length, "value": score}
+    row["n"] = len(correct)
     if label is not None:
         row.update(encoding="anchor", doc_tokens=int(label.split("-")[1]))
     path = directory / "ruler-summary.json"
-    empty = {"benchmark": "ruler", "run": run, "step": step, "rows": [], "skipped": [], "provenance": {}}
+    empty = {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "ruler",
+        "run": run,
+        "step": step,
+        "rows": [],
+        "skipped": [],
+    }
+    empty["provenance"] = {}
     summary = json.loads(path.read_text()) if path.is_file() else empty
     summary["rows"].append(row)
     path.write_text(json.dumps(summary))
@@ -385,7 +395,8 @@ def write_general(out, run, step, task, accs, docs=None):
     (directory / "general" / f"{task}.samples.jsonl").write_text("".join(lines))
     row = {"run": run, "step": step, "requested": task, "task": task, "metric": "acc", "filter": "none",
            "value": sum(accs) / len(accs), "stderr": 0.1, "n": len(accs), "num_fewshot": 0}  # fmt: skip
-    summary = {"benchmark": "general", "run": run, "step": step, "rows": [row], "provenance": {}}
+    summary = {"schema_version": SCHEMA_VERSION, "benchmark": "general", "run": run, "step": step, "rows": [row]}
+    summary["provenance"] = {}
     (directory / "general-summary.json").write_text(json.dumps(summary))
 
 
@@ -522,7 +533,9 @@ def test_summaries_left_out_are_noted_alike_by_compare_and_every_leaderboard_for
     assert json.loads((tmp_path / "board.json").read_text())["not_read"][0].startswith(line)
     # a benchmark compare has no per-sample scores for: compare says so too
     other = out / "full" / "step-1" / "xyz-summary.json"
-    other.write_text(json.dumps({"schema_version": 2, "benchmark": "xyz", "run": "full", "step": 1, "rows": []}))
+    other.write_text(
+        json.dumps({"schema_version": SCHEMA_VERSION, "benchmark": "xyz", "run": "full", "step": 1, "rows": []})
+    )
     compared = run_compare(str(out), "--baseline", "full", "--replicates", "200", cwd=root)
     assert (
         f"- {other}: not read: compare reads ruler-summary.json, general-summary.json and ppl-summary.json, not 'xyz'"

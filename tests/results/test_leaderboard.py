@@ -9,20 +9,21 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.models.refs import resolve_checkpoints
+from evalkit.store.result_format import SCHEMA_VERSION
 
 SETTINGS = {"tasks": ["niah_single_1", "vt", "cwe"], "num_samples": 10, "seed": 42}
 
 
 def ruler_summary(run, step, scores, skipped=(), paradigm="anchor", settings=SETTINGS):
     """scores: {(task, length): score}."""
+    cells = {"run": run, "step": step, "metric": "string_match_all", "n": 10}
     return {
+        "schema_version": SCHEMA_VERSION,
         "benchmark": "ruler",
         "run": run,
         "step": step,
         "checkpoint": f"/x/{run}/step-{step}",
-        "rows": [
-            {"run": run, "step": step, "task": t, "length": n, "score": s, "n": 10} for (t, n), s in scores.items()
-        ],
+        "rows": [{**cells, "task": t, "length": n, "value": s} for (t, n), s in scores.items()],
         "skipped": [{"task": t, "length": n, "reason": why} for t, n, why in skipped],
         "provenance": {
             "settings": settings,
@@ -96,6 +97,7 @@ def results(tmp_path):
             write(
                 general,
                 {
+                    "schema_version": SCHEMA_VERSION,
                     "benchmark": "general",
                     "run": run,
                     "step": step,
@@ -217,13 +219,14 @@ def test_per_task_cells_show_the_standard_error_of_a_single_checkpoint():
     from evalkit.results.leaderboard import per_task_table
     from evalkit.store.result_format import read_row
 
+    cell = {"task": "vt", "metric": "string_match_all", "length": 1024, "n": 20}
     rows = [
-        {"run": "one", "step": 5, "task": "vt", "length": 1024, "score": 15.0, "stderr": 8.19, "n": 20},
-        {"run": "two", "step": 5, "task": "vt", "length": 1024, "score": 10.0, "stderr": 3.0, "n": 20},
-        {"run": "two", "step": 9, "task": "vt", "length": 1024, "score": 20.0, "stderr": 4.0, "n": 20},
-        {"run": "old", "step": 1, "task": "vt", "length": 1024, "score": 7.5, "n": 20},  # written before stderr
+        {**cell, "run": "one", "step": 5, "value": 15.0, "stderr": 8.19},
+        {**cell, "run": "two", "step": 5, "value": 10.0, "stderr": 3.0},
+        {**cell, "run": "two", "step": 9, "value": 20.0, "stderr": 4.0},
+        {**cell, "run": "old", "step": 1, "value": 7.5},  # no stderr
     ]
-    rows = [read_row("ruler", row, version=1) for row in rows]
+    rows = [read_row("ruler", row) for row in rows]
     lines = per_task_table(rows).splitlines()
     assert lines[2:] == ["| old | vt | 7.50 |", "| one | vt | 15.00 ± 8.19 |", "| two | vt | 15.00 |"]
 
@@ -287,8 +290,7 @@ def test_exports_parse_back_to_the_stored_numbers(results, form):
     for path in sorted(results.rglob("*-summary.json")):
         summary = json.loads(path.read_text())
         for row in summary["rows"]:
-            value = row.get("score", row.get("value"))
-            stored[(row["run"], int(row["step"]), row["task"], row.get("length") or None)] = float(value)
+            stored[(row["run"], int(row["step"]), row["task"], row.get("length") or None)] = float(row["value"])
     exported = {
         (
             row["run"],
@@ -368,10 +370,10 @@ def test_leaderboard_cells_and_avg_are_one_computation_and_only_avg_demands_the_
 def test_provenance_is_one_line_per_engine_and_evalkit_of_a_run():
     from evalkit.results.leaderboard import provenance_notes
 
-    def summary(run, dtype, tokenizer, benchmark=None):
+    def summary(run, dtype, tokenizer, benchmark="ruler"):
         engine = {"engine": "hf", "dtype": dtype, "batch_size": 8, "tokenizer_fingerprint": tokenizer}
         provenance = {"evalkit_version": "0.1.0", "git_hash": "abc", "engine": engine}
-        return {"run": run, "provenance": provenance, **({"benchmark": benchmark} if benchmark else {})}
+        return {"benchmark": benchmark, "run": run, "provenance": provenance}
 
     found = provenance_notes(
         [
@@ -387,7 +389,7 @@ def test_provenance_is_one_line_per_engine_and_evalkit_of_a_run():
         "- ppl b: engine hf, dtype fp32, batch size 8, evalkit 0.1.0 (abc), tokenizer t4",
     ]
     assert (
-        provenance_notes([{"run": "c"}])
+        provenance_notes([{"benchmark": "ruler", "run": "c"}])
         == "- ruler c: engine None, dtype None, batch size None, evalkit None (None), tokenizer ?"
     )
 

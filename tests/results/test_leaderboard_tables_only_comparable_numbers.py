@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evalkit.results.leaderboard import build_markdown, write_export
+from evalkit.store.result_format import SCHEMA_VERSION
 
 NO_KEY_TOKENS = (
     "0 key tokens: no token's log-probability gained enough from the long context "
@@ -28,7 +29,14 @@ def ppl_summary(run: str, step: int, values: dict, eval_data: dict | None = None
         {"run": run, "step": step, "task": "ppl", "metric": m, "value": v, "n": 3, "length": n, "encoding": "standard"}
         for (m, n), v in values.items()
     ]
-    summary = {"schema_version": 2, "benchmark": "ppl", "title": "Perplexity", "run": run, "step": step, "rows": rows}
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "ppl",
+        "title": "Perplexity",
+        "run": run,
+        "step": step,
+        "rows": rows,
+    }
     provenance = {"settings": {"data": "builtin"}} | ({"eval_data": eval_data} if eval_data else {})
     return summary | {"skipped": list(skipped), "provenance": provenance}
 
@@ -40,7 +48,7 @@ def general_summary(run: str, rows: list[tuple[str, str, float | None, int]], li
         | {"stderr": None, "n": 10, "num_fewshot": shots}
         for t, f, v, shots in rows
     ]
-    return {"schema_version": 2, "benchmark": "general", "run": run, "step": 1, "rows": stored} | {
+    return {"schema_version": SCHEMA_VERSION, "benchmark": "general", "run": run, "step": 1, "rows": stored} | {
         "provenance": {"settings": {"limit": limit}}
     }
 
@@ -48,10 +56,15 @@ def general_summary(run: str, rows: list[tuple[str, str, float | None, int]], li
 def ruler_summary(run: str, score: float, prompt_format: str | None = None) -> dict:
     settings = {"tasks": ["vt"], "num_samples": 10, "seed": 42}
     settings |= {"prompt_format": prompt_format} if prompt_format else {}
-    row = {"run": run, "step": 1, "task": "vt", "metric": "string_match_all", "length": 512, "score": score, "n": 10}
-    return {"schema_version": 2, "benchmark": "ruler", "run": run, "step": 1, "rows": [row], "skipped": []} | {
-        "provenance": {"settings": settings}
-    }
+    row = {"run": run, "step": 1, "task": "vt", "metric": "string_match_all", "length": 512, "value": score, "n": 10}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "ruler",
+        "run": run,
+        "step": 1,
+        "rows": [row],
+        "skipped": [],
+    } | {"provenance": {"settings": settings}}
 
 
 def section(board: str, heading: str) -> list[str]:
@@ -121,7 +134,9 @@ def test_every_summary_left_out_is_noted_with_its_file_and_why(tmp_path):
     the csv/json export's notes."""
     write(tmp_path, ruler_summary("valid", 60.0), "ruler-summary.json")
     empty = write(
-        tmp_path, {"schema_version": 2, "benchmark": "xyz", "run": "u", "step": 1, "rows": []}, "xyz-summary.json"
+        tmp_path,
+        {"schema_version": SCHEMA_VERSION, "benchmark": "xyz", "run": "u", "step": 1, "rows": []},
+        "xyz-summary.json",
     )
     reason = "no document of the 3 reaches 8192 tokens (longest: 5000)"
     skip = {"task": "ppl", "length": 8192, "reason": reason}

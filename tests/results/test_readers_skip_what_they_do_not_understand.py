@@ -1,7 +1,7 @@
-"""Readers skip what they do not understand: a summary of an unknown schema_version, or whose
-benchmark is not its file name's, is left out of the leaderboard with a note (an error when it is
-all there is), never replaced by a run and never reused by a rerun. (compare's note:
-tests/results/test_compare.py.)"""
+"""Readers skip what they do not understand: a summary of another schema_version (an older one
+included: no reader keeps a compatibility path), or whose benchmark is not its file name's, is
+left out of the leaderboard with a note (an error when it is all there is), never replaced by a
+run and never reused by a rerun. (compare's note: tests/results/test_compare.py.)"""
 
 import json
 
@@ -11,15 +11,19 @@ from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 def test_the_leaderboard_leaves_out_summaries_of_another_format_with_a_note(tmp_path, capsys):
     out = tmp_path / "results"
-    write_summary(out, ruler_summary("current", 61.0, schema_version=1))
-    write_summary(out, ruler_summary("older", 62.0))  # written before schema_version: version 1
+    write_summary(out, ruler_summary("current", 61.0))
+    older = ruler_summary("older", 62.0, schema_version=2)  # version 2: RULER rows stored their number as `score`
+    older["rows"] = [{("score" if key == "value" else key): value for key, value in older["rows"][0].items()}]
+    older = write_summary(out, older)
     future = write_summary(out, ruler_summary("future", 99.0, schema_version=999))
     other = write_summary(out, ruler_summary("other", 98.0, benchmark="xyz"))
     board = tmp_path / "board.md"
     result = evalkit_here(capsys, "leaderboard", out, "--out", board)
     assert result.returncode == 0, result.stderr
     tables, unread = board.read_text().split("## Not read")
-    assert "| current |" in tables and "| older |" in tables
+    assert "| current |" in tables and "61.00" in tables
+    assert "older" not in tables and "62.00" not in tables
+    assert f"{older}: not read: its schema_version is 2 and this evalkit reads version 3 only" in unread
     assert "future" not in tables and "99.00" not in tables and "other" not in tables and "98.00" not in tables
     assert f"{future}: not read: its schema_version is 999" in unread
     assert f"{other}: not read: its benchmark is 'xyz', but its file name says 'ruler'" in unread

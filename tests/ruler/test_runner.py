@@ -47,7 +47,7 @@ def test_end_to_end_outputs_and_average(tiny_run, tmp_path):
         assert {(r["task"], r["length"]) for r in summary["rows"]} == {
             (t, n) for t in ("niah_single_1", "niah_multikey_2", "fwe") for n in (512, 1024)
         }
-        assert all(r["n"] == 3 and 0 <= r["score"] <= 100 for r in summary["rows"])
+        assert all(r["n"] == 3 and 0 <= r["value"] <= 100 for r in summary["rows"])
         assert {(s["task"], s["length"]) for s in summary["skipped"]} == {("cwe", 512), ("cwe", 1024)}
         assert all(s["min_length"] > 1024 for s in summary["skipped"])
         provenance = summary["provenance"]
@@ -63,7 +63,7 @@ def test_end_to_end_outputs_and_average(tiny_run, tmp_path):
     table = (out / "ruler-avg.md").read_text()
     for length in (512, 1024):
         per_checkpoint = [
-            statistics.fmean(r["score"] for r in found[step]["rows"] if r["length"] == length) for step in (2, 4)
+            statistics.fmean(r["value"] for r in found[step]["rows"] if r["length"] == length) for step in (2, 4)
         ]
         expected = f"{statistics.fmean(per_checkpoint):.2f} ± {statistics.pstdev(per_checkpoint):.2f}"
         assert expected in table
@@ -250,30 +250,3 @@ def test_chat_prompt_format_without_a_template_is_one_line(tiny_run, tmp_path):
     assert "no chat template" in result.stderr
     result = ruler("--ckpts", str(tiny_run), "--prompt-format", "instruct", "--out", str(tmp_path / "out2"))
     assert result.returncode == 2 and "--prompt-format must be one of base, chat" in result.stderr
-
-
-def test_cells_kept_from_a_version_1_summary_are_stored_in_this_versions_shape():
-    """An --out written before RULER rows named their metric (schema_version 1), extended by a run
-    at another length: the kept rows gain their metric, so the merged summary reads as one version."""
-    from evalkit.ruler.runner import _with_earlier_cells
-    from evalkit.store.result_format import SCHEMA_VERSION, summary_rows
-
-    def provenance(length: int) -> dict:
-        settings = {"tasks": ["niah_single_1", "qa_1"], "lengths": [length], "num_samples": 2}
-        return {"settings": settings, "engine": {"engine": "hf"}, "data_keys": {f"qa_1@{length}": "k"}}
-
-    cell = {"run": "r", "step": 1, "task": "qa_1", "stderr": 1.0, "n": 2}
-    earlier = {"run": "r", "step": 1, "skipped": [], "provenance": provenance(512),  # as evalkit 0.1 wrote it
-               "rows": [{**cell, "length": 512, "score": 40.0}]}  # fmt: skip
-    now = {"schema_version": SCHEMA_VERSION, "benchmark": "ruler", "run": "r", "step": 1, "skipped": [],
-           "provenance": provenance(1024),
-           "rows": [{**cell, "metric": "string_match_part", "length": 1024, "score": 60.0}]}  # fmt: skip
-    merged = _with_earlier_cells(now, earlier)
-    assert [(r["length"], r["metric"], r["score"]) for r in merged["rows"]] == [
-        (512, "string_match_part", 40.0),  # qa_1 is scored by string_match_part (RULER's qa metric)
-        (1024, "string_match_part", 60.0),
-    ]
-    assert [(row.length, row.metric, row.value) for row in summary_rows(merged)] == [
-        (512, "string_match_part", 40.0),
-        (1024, "string_match_part", 60.0),
-    ]

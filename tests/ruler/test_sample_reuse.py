@@ -1,7 +1,7 @@
 """Stored answers are reused whatever the sample count: growing a pilot computes only the new
 samples, shrinking computes nothing, and either equals a fresh run of that count. A setting
 that changes answers (seed, window) is answered anew; one that changes speed (batch size) is
-not. The committed results (migrated to the current keys: scripts/migrate_results.py) are reused as they are.
+not. The committed results (migrated to the current keys: results/README.md) are reused as they are.
 """
 
 import dataclasses
@@ -141,7 +141,7 @@ def test_the_committed_results_are_reused_not_recomputed(tmp_path, monkeypatch):
                 lines = (STORED / "ruler" / name).read_text().splitlines()
                 records = [json.loads(line) for line in lines][:samples]
                 by_hand = sum(string_match_all(r["prediction"], r["references"]) for r in records) / samples
-                assert row["n"] == samples and row["score"] == pytest.approx(by_hand, abs=0.005)
+                assert row["n"] == samples and row["value"] == pytest.approx(by_hand, abs=0.005)
                 if samples == 30:  # the very row the summary holds
                     assert row in stored["rows"]
 
