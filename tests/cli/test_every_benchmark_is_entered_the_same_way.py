@@ -45,12 +45,18 @@ def test_every_benchmark_has_its_command_module_which_hands_it_to_run_command():
     for cls, name in benchmarks.items():
         assert name in COMMAND_MODULES, f"{cls}: add {name} to evalkit/cli/__init__.py's COMMAND_MODULES"
         command = trees[ROOT / "cli" / f"{name}.py"]
-        handed = [
-            _called(call.args[0])
-            for call in ast.walk(command)
-            if isinstance(call, ast.Call) and _called(call) == "run_command" and isinstance(call.args[0], ast.Call)
-        ]
-        assert handed == [cls], f"cli/{name}.py must call options.run_command({cls}(settings), ...) once"
+        calls = [node for node in ast.walk(command) if isinstance(node, ast.Call)]
+        (built,) = [call for call in calls if _called(call) == cls]
+        (run,) = [call for call in calls if _called(call) == "run_command"]
+        bound = {
+            target.id: node.value
+            for node in ast.walk(command)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        handed = bound.get(run.args[0].id) if isinstance(run.args[0], ast.Name) else run.args[0]
+        assert handed is built, f"cli/{name}.py must hand {cls}(settings) to options.run_command"
 
 
 def test_only_the_pipeline_and_its_callers_run_a_benchmark():

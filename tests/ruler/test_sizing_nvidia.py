@@ -271,8 +271,8 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
 
     seen = []
 
-    def capture(run, *shared_options):  # run is run_benchmark bound to the command's benchmark
-        seen.append(run.args[0].settings)
+    def capture(benchmark, *shared_options):
+        seen.append(benchmark.settings)
         raise SystemExit(0)
 
     monkeypatch.setattr(options, "run_command", capture)
