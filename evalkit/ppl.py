@@ -1,4 +1,4 @@
-"""`evalkit ppl`: perplexity across context lengths and checkpoints, a benchmark of the one pipeline.
+"""Perplexity across context lengths and checkpoints (`evalkit ppl`, cli/ppl.py), a benchmark of the one pipeline.
 
 What is measured (docs/perplexity.md's definition, word for word there): for each length L, the documents of
 at least L tokens (the checkpoint's tokenizer; BOS first when the tokenizer has one), each cut to
@@ -43,21 +43,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from evalkit.errors import Skipped, UserError
 from evalkit.figures import new_figure, write_figure
 from evalkit.files import read_text
-from evalkit.lengths import length_label, parse_lengths
+from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
 from evalkit.store.result_format import NO_KEY_TOKENS, STANDARD, ResultRow, encoding_label
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import Unit, UnitStore
-from evalkit.sweep import options
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, UnitProgress, UnitResult, run_benchmark
+from evalkit.sweep.pipeline import Averages, Benchmark, UnitProgress, UnitResult, check_lengths, earlier_cells
 
 TASK = "ppl"
 FIRST_BUCKET = 128  # positions [1, 128), then doubling: [128, 256), [256, 512), ...
@@ -320,10 +317,8 @@ class PplBenchmark(Benchmark):
         return self._tokens[ref.path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        from evalkit.ruler.runner import check_checkpoints
-
         self.documents()  # a bad --data is one line before any model loads
-        check_checkpoints(refs, self.settings)
+        check_lengths(refs, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(TASK, length) for length in self.settings.lengths]
@@ -401,10 +396,8 @@ class PplBenchmark(Benchmark):
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
         """Per length and encoding: documents used of those read, and the loss per position bucket;
-        the earlier summary's cells this run did not touch, when it was scored alike (ruler.runner's
+        the earlier summary's cells this run did not touch, when it was scored alike (the pipeline's
         earlier_cells): standard, then anchor, into one --out is one summary."""
-        from evalkit.ruler.runner import earlier_cells
-
         # what was scored: --data's name (builtin, a file's or folder's) and a hash of the documents read,
         # so that the leaderboard never tables perplexities of two data sets as one
         data = self.settings.data
@@ -464,7 +457,7 @@ def _document(record: dict[str, Any]) -> tuple[int, str] | None:
     return (doc, sha) if isinstance(doc, int) and isinstance(sha, str) else None
 
 
-# ---- tables, plot and command -------------------------------------------------------------------
+# ---- tables and plot ---------------------------------------------------------------------------
 
 
 def checkpoint_table(rows: list[ResultRow]) -> str:
@@ -504,67 +497,3 @@ def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     return write_figure(figure, out / "ppl-positions")[0]
-
-
-def run_ppl(refs: list[CheckpointRef], settings: PplSettings, out: Path, **kwargs: Any) -> EvaluationRun:
-    """Perplexity on every checkpoint through the one pipeline (kwargs: run_benchmark's)."""
-    return run_benchmark(PplBenchmark(settings), refs, out, **kwargs)
-
-
-def command(
-    paths: list[str] = options.paths_argument(),
-    ckpts: list[str] = options.ckpts_option(),
-    avg: bool = options.avg_option(),
-    last: int = options.last_option(),
-    lengths: str = options.lengths_option(),
-    data: str = typer.Option(
-        "builtin", "--data", help="builtin (the bundled prose), a .jsonl with a text field, a .txt, or a datasets dir."
-    ),
-    docs: int = typer.Option(50, "--docs", help="Use the first N documents (at each length, those long enough)."),
-    key_tokens: bool = typer.Option(
-        False, "--key-tokens", help="Also LongPPL: perplexity over the tokens that need the long context."
-    ),
-    engine: str = options.engine_option(),
-    dtype: str = options.dtype_option(),
-    batch_size: int = options.batch_size_option("Documents"),
-    engine_arg: list[str] = options.engine_arg_option(),
-    max_length: int = options.max_length_option("lengths"),
-    encoding: str = typer.Option(
-        "standard",
-        "--encoding",
-        help="standard: one causal sequence; anchor: the document cut into pieces behind "
-        "one anchor, each attending to itself and the anchor (AnchorAttention's packed documents).",
-    ),
-    doc_tokens: int = typer.Option(512, "--doc-tokens", help="--encoding anchor: tokens per piece."),
-    out: Path = options.out_option("results/ppl"),
-    shard: str = options.shard_option(),
-    executor: str = options.executor_option(),
-    ray_address: str = options.ray_address_option(),
-    ray_resources: str = options.ray_resources_option(),
-) -> None:
-    """Perplexity at each context length on checkpoints, with loss per position; --avg over checkpoints."""
-    from functools import partial
-
-    from rich.console import Console
-
-    from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-
-    settings = PplSettings(
-        lengths=parse_lengths(lengths),
-        data=data,
-        docs=docs,
-        key_tokens=key_tokens,
-        engine=engine,
-        dtype=dtype,
-        batch_size=batch_size,
-        max_length=max_length,
-        engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
-        encoding=encoding,
-        doc_tokens=doc_tokens,
-    )
-    ppl = partial(run_ppl, settings=settings)
-    run = options.run_command(
-        ppl, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
-    )
-    if run.summaries and shard is None:
-        Console(stderr=True).print(f"wrote {draw(run.summaries, out)}")

@@ -489,8 +489,9 @@ def _scores_above_zero(one) -> bool:
 
 
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
-    from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
     from evalkit.ruler.spec import TASKS, task_spec
+    from evalkit.sweep.pipeline import run_benchmark
 
     # RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's (qa_1,
     # qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have).
@@ -503,9 +504,9 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
             console.print(f"[dim]  {event.unit.label()}: {event.total} samples[/dim]")
         last_shown[event.unit] = event.done
 
-    run = run_ruler(
+    run = run_benchmark(
+        RulerBenchmark(settings),
         refs,
-        settings,
         plan.out / "ruler",
         progress=progress,
         on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
@@ -515,20 +516,26 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
 
 
 def _ppl(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
-    from evalkit.ppl import PplSettings, run_ppl
+    from evalkit.ppl import PplBenchmark, PplSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     settings = PplSettings(lengths=lengths, docs=PPL_DOCS)
-    run_ppl(refs, settings, plan.out / "ppl", on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"))
+    run_benchmark(
+        PplBenchmark(settings),
+        refs,
+        plan.out / "ppl",
+        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
+    )
 
 
 def _general(refs, plan: QuickstartPlan, console: Console) -> None:
-    from evalkit.general import run_general
+    from evalkit.general import GeneralBenchmark, GeneralSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
-    run = run_general(
+    run = run_benchmark(
+        GeneralBenchmark(GeneralSettings(list(FIXTURE_TASKS), limit=plan.general_limit)),
         refs,
-        list(FIXTURE_TASKS),
-        out=plan.out / "general",
-        limit=plan.general_limit,
+        plan.out / "general",
         on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
         log=console.print,
     )

@@ -13,6 +13,7 @@ import pytest
 
 from evalkit import ppl
 from evalkit.models.refs import resolve_checkpoints
+from evalkit.sweep.pipeline import run_benchmark
 from tests.test_ppl import TINY, _anchor_reference, _data
 
 CONTEXT, STRIDE = 64, 16
@@ -69,7 +70,7 @@ def _run(tmp_path: Path, monkeypatch, lengths: list[int], **more):
     settings = ppl.PplSettings(
         lengths=lengths, data=str(data), docs=3, key_tokens=True, dtype="fp32", batch_size=2, **more
     )
-    run = ppl.run_ppl(resolve_checkpoints([str(TINY)]), settings, tmp_path / "out")
+    run = run_benchmark(ppl.PplBenchmark(settings), resolve_checkpoints([str(TINY)]), tmp_path / "out")
     values = {row.length: row.value for row in run.result_rows() if row.metric == "longppl"}
     details = {d["length"]: d for d in run.summaries[0]["lengths"].values()}
     return values, details, texts

@@ -15,6 +15,7 @@ from evalkit import ppl
 from evalkit.engines import hf
 from evalkit.engines.hf import HFEngine
 from evalkit.models.refs import resolve_checkpoints
+from evalkit.sweep.pipeline import run_benchmark
 
 TINY = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-base"
 
@@ -58,7 +59,7 @@ def _data(tmp_path: Path, sizes: tuple[int, ...]) -> tuple[Path, list[str]]:
 
 def _run(checkpoint: Path, data: Path, out: Path, lengths: list[int], shard=None, **more):
     settings = ppl.PplSettings(lengths=lengths, data=str(data), docs=10, dtype="fp32", batch_size=2, **more)
-    return ppl.run_ppl(resolve_checkpoints([str(checkpoint)]), settings, out, shard=shard)
+    return run_benchmark(ppl.PplBenchmark(settings), resolve_checkpoints([str(checkpoint)]), out, shard=shard)
 
 
 def _values(run, metric: str = "perplexity") -> dict[int, tuple[float, int]]:
@@ -175,9 +176,9 @@ def test_chunks_through_the_kv_cache_equal_one_forward_and_more_docs_reuse_the_l
     monkeypatch.setattr(HFEngine, "token_logprobs", lambda engine, rows: scored.append(len(rows)) or real(engine, rows))
     settings = ppl.PplSettings(lengths=[512], data=str(data), docs=2, dtype="fp32", batch_size=2)
     refs = resolve_checkpoints([str(TINY)])
-    ppl.run_ppl(refs, settings, tmp_path / "out")
+    run_benchmark(ppl.PplBenchmark(settings), refs, tmp_path / "out")
     settings.docs = 3
-    run = ppl.run_ppl(refs, settings, tmp_path / "out")
+    run = run_benchmark(ppl.PplBenchmark(settings), refs, tmp_path / "out")
     assert scored == [2, 1]
     assert _values(run)[512] == (pytest.approx(_reference(TINY, texts, 512)[0], rel=1e-4), 3)
 

@@ -11,6 +11,7 @@ import pytest
 
 from evalkit import ppl
 from evalkit.models.refs import resolve_checkpoints
+from evalkit.sweep.pipeline import run_benchmark
 from tests.test_ppl import TINY, _reference
 
 DOCUMENTS = [
@@ -73,7 +74,7 @@ def test_the_tokenizer_reads_a_bounded_prefix_of_a_huge_document(tmp_path, monke
 
     monkeypatch.setattr(cls, "__call__", counting)
     settings = ppl.PplSettings(lengths=[128, 256], data=str(data), docs=2, dtype="fp32", batch_size=2)
-    run = ppl.run_ppl(resolve_checkpoints([str(TINY)]), settings, tmp_path / "out")
+    run = run_benchmark(ppl.PplBenchmark(settings), resolve_checkpoints([str(TINY)]), tmp_path / "out")
     assert read and max(read) <= 64 * 256  # 0.9 M characters in the document
     monkeypatch.setattr(cls, "__call__", real)
     for row in run.result_rows():

@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from evalkit.errors import UserError
-from evalkit.models.precision import DTYPE_NAMES, check_dtype, long_dtype_name, resolve_device, torch_dtype
+from evalkit.models.precision import (
+    DTYPE_NAMES,
+    check_dtype,
+    engine_dtype,
+    long_dtype_name,
+    resolve_device,
+    torch_dtype,
+)
 
 EXPECTED = {
     "bf16": (torch.bfloat16, "bfloat16"),
@@ -45,3 +52,12 @@ def test_devices():
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="torch sees no CUDA device"):
             resolve_device("cuda:0")
+
+
+def test_the_engine_dtype_is_the_one_asked_for_else_bf16_on_cuda_and_fp32_elsewhere():
+    """The one resolution the engines compute in and the benchmarks key stored results by."""
+    assert engine_dtype("fp16", "cpu") == "fp16"
+    assert engine_dtype(None, "cpu") == "fp32"
+    assert engine_dtype() == ("bf16" if torch.cuda.is_available() else "fp32")
+    with pytest.raises(UserError, match="unknown dtype 'int4'"):
+        engine_dtype("int4")

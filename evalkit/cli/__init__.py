@@ -12,16 +12,14 @@ from collections.abc import Callable
 
 import typer
 
-from evalkit.cli.app import BENCHMARK_COMMANDS, app
+from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.files import disk_full_advice, disk_full_error, file_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
-COMMAND_MODULES = "train checkpoints probe ruler general merge leaderboard compare quickstart".split()
+COMMAND_MODULES = "train checkpoints probe ruler general ppl merge leaderboard compare quickstart".split()
 for _module in COMMAND_MODULES:
     importlib.import_module(f"evalkit.cli.{_module}")
-for _name, _module in BENCHMARK_COMMANDS.items():
-    app.command(_name)(importlib.import_module(_module).command)
 
 
 def main(application: Callable[[], object] = app) -> None:

@@ -10,9 +10,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# A benchmark's command lives in the benchmark's own module (a function `command`, built from
-# evalkit.sweep.options): one entry here registers it, as `evalkit <name>`, after the cli/ commands.
-BENCHMARK_COMMANDS: dict[str, str] = {"ppl": "evalkit.ppl"}
 probe_app = typer.Typer(
     help="Measure the BF16 RoPE relative-position error of a checkpoint (the paper's Figure 1).", no_args_is_help=True
 )

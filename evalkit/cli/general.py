@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from evalkit.cli import options
 from evalkit.cli.app import app
-from evalkit.sweep import options
 
 
 @app.command("general")
@@ -45,28 +45,20 @@ def general_command(
     ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
-    from functools import partial
-
     from evalkit.arglists import parse_list
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
-    from evalkit.general import general_checkpoint_table, run_general
+    from evalkit.general import GeneralBenchmark, GeneralSettings, general_checkpoint_table
 
-    settings = {
+    engine_settings = {
         **parse_engine_args(engine, engine_arg, OWN_FLAGS),
         "batch_size": batch_size,
         "max_length": max_length,
         **({"dtype": dtype} if dtype else {}),
     }
-    run = partial(
-        run_general,
-        tasks=parse_list(tasks),
-        num_fewshot=num_fewshot,
-        limit=limit,
-        engine=engine,
-        engine_settings=settings,
-        include_path=include_path,  # type: ignore[arg-type]  # only read there: list[str] is safe
-        too_long=too_long,
+    settings = GeneralSettings(
+        parse_list(tasks), num_fewshot, limit, engine, engine_settings, include_path or [], too_long
     )
+    benchmark = GeneralBenchmark(settings)
     options.run_command(
-        run, general_checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
+        benchmark, general_checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )

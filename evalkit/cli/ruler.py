@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
+from evalkit.cli import options
 from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.lengths import LengthBeyondLimit, parse_lengths
-from evalkit.sweep import options
 
 
 @app.command("ruler")
@@ -60,12 +60,9 @@ def ruler_command(
     ray_resources: str = options.ray_resources_option(),
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
-    from functools import partial
-
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.ruler.runner import RulerBenchmark, RulerSettings, parse_ruler_tasks
     from evalkit.store.averages import checkpoint_table
-    from evalkit.sweep.pipeline import run_benchmark
 
     try:
         parsed_lengths = parse_lengths(lengths)
@@ -88,9 +85,9 @@ def ruler_command(
         doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
-    run = partial(run_benchmark, RulerBenchmark(settings))
+    benchmark = RulerBenchmark(settings)
     options.run_command(
-        run, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
+        benchmark, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )
 
 
@@ -98,7 +95,7 @@ def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | N
     """A length above evalkit's limit, said against the first checkpoint's window (the limit's own
     message when the checkpoints cannot be resolved: their error comes once the length is mended)."""
     from evalkit.models.refs import resolve_checkpoints
-    from evalkit.ruler.runner import beyond_window
+    from evalkit.sweep.pipeline import beyond_window
 
     try:
         ref = resolve_checkpoints(paths)[0]

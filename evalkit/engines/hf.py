@@ -64,7 +64,7 @@ from evalkit.engines.base import (
 )
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
-from evalkit.models.precision import check_dtype, default_dtype, resolve_device, torch_dtype
+from evalkit.models.precision import engine_dtype, resolve_device, torch_dtype
 
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
 LOGIT_BUDGET = 2**26  # floats of one token_logprobs chunk's logits (B x chunk x V): 256 MiB in fp32
@@ -229,7 +229,7 @@ class HFEngine(PackedEngine):
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
-        self.dtype = check_dtype(dtype or default_dtype(str(self.device)))
+        self.dtype = engine_dtype(dtype, str(self.device))
         register_hf_attention()  # evalkit's implementations, which packed_attention names
         self.batch_size = batch_size
         self.threads = threads

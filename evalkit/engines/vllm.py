@@ -58,7 +58,7 @@ from evalkit.engines.base import (
 )
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
-from evalkit.models.precision import ROPE_VARIANTS, check_dtype, default_dtype, long_dtype_name, torch_dtype
+from evalkit.models.precision import ROPE_VARIANTS, engine_dtype, long_dtype_name, torch_dtype
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
@@ -356,7 +356,7 @@ class VLLMEngine(PackedEngine):
         # custom code unless asked. Missing weights are vLLM's own loader's to refuse.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
-        self.dtype = check_dtype(dtype or default_dtype(self.device))
+        self.dtype = engine_dtype(dtype, self.device)
         self.batch_size = batch_size
         self.tensor_parallel_size = tensor_parallel_size
         self.data_parallel_size = data_parallel_size

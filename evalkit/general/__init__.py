@@ -7,24 +7,23 @@ and tokenization everywhere. A request over the model window is never silently t
 standard shots: catalog.STANDARD_FEWSHOT. evalkit's tasks/ folder (offline fixtures with mmlu's
 and hellaswag's shapes) is always on the include path.
 
-    from evalkit.general import general_checkpoint_table, run_general
-    run = run_general(refs, ["mmlu", "hellaswag"], out=Path("results/general"),
-                      engine_settings={"dtype": "bf16", "batch_size": 8}, avg=True)
+    from evalkit.general import GeneralBenchmark, GeneralSettings, general_checkpoint_table
+    from evalkit.sweep.pipeline import run_benchmark
+    settings = GeneralSettings(["mmlu", "hellaswag"], engine_settings={"dtype": "bf16", "batch_size": 8})
+    run = run_benchmark(GeneralBenchmark(settings), refs, Path("results/general"), avg=True)
     run.rows, run.skipped, run.averages  # a sweep.pipeline.EvaluationRun
     general_checkpoint_table(run.result_rows())
 
 Nothing heavy is imported here: lm_eval and transformers load when a run starts.
 """
 
-from evalkit.general.runner import DEFAULT_OUT, GeneralBenchmark, GeneralSettings, run_general
+from evalkit.general.runner import GeneralBenchmark, GeneralSettings
 from evalkit.general.tables import general_average_table, general_checkpoint_table, run_averages
 
 __all__ = [
-    "DEFAULT_OUT",
     "GeneralBenchmark",
     "GeneralSettings",
     "general_average_table",
     "general_checkpoint_table",
     "run_averages",
-    "run_general",
 ]

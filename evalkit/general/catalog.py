@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,11 @@ OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 STANDARD_FEWSHOT = {"mmlu": 5, "hellaswag": 0}
 
 
-def default_include_paths(extra: list[str | Path] | None = None) -> list[Path]:
+def default_include_paths(extra: Sequence[str | Path] = ()) -> list[Path]:
     """evalkit's tasks/ folder (package data), then the user's folders: lm-eval lets later folders
     override earlier ones, so a user's task of the same name wins."""
     paths = [TASKS_DIR] if TASKS_DIR.is_dir() else []
-    for path in extra or []:
+    for path in extra:
         path = Path(path).expanduser().resolve()
         if not path.is_dir():
             raise UserError(f"--include-path {path} is not a directory of lm-eval task YAMLs")

@@ -35,9 +35,8 @@ from evalkit.store.provenance import stamp
 from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, Unit, UnitProgress, UnitResult, run_benchmark
+from evalkit.sweep.pipeline import Averages, Benchmark, Unit, UnitProgress, UnitResult
 
-DEFAULT_OUT = Path("results/general")
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
 TOO_LONG_CHOICES = ("task", "documents", "middle")
@@ -94,32 +93,6 @@ class TaskPlan:
     key: str
 
 
-def run_general(
-    refs: list[CheckpointRef],
-    tasks: list[str],
-    *,
-    out: Path = DEFAULT_OUT,
-    num_fewshot: int | None = None,
-    limit: float | None = None,
-    engine: str = "hf",
-    engine_settings: dict[str, Any] | None = None,
-    include_path: list[str | Path] | None = None,
-    too_long: str = "task",
-    log: Callable[[str], None] = lambda _line: None,
-    **kwargs: Any,
-) -> EvaluationRun:
-    """Score every checkpoint on every task (see the module docstring); writes and returns the results.
-    kwargs: run_benchmark's (avg, progress, on_checkpoint, shard, executor: see evalkit.sweep)."""
-    from evalkit.general.catalog import default_include_paths, quiet_logger
-
-    include_paths = [str(p) for p in default_include_paths(include_path)]  # each one a folder, or one line
-    settings = GeneralSettings(
-        list(tasks), num_fewshot, limit, engine, dict(engine_settings or {}), include_paths, too_long
-    )  # validated here, once
-    with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
-        return run_benchmark(GeneralBenchmark(settings, log), refs, Path(out), log=log, **kwargs)
-
-
 class GeneralBenchmark(Benchmark):
     """lm-eval tasks as a benchmark of the one pipeline (evalkit.sweep.pipeline): a unit is a requested task."""
 
@@ -127,8 +100,13 @@ class GeneralBenchmark(Benchmark):
     title = "General tasks"
     transient = ("_lms",)  # adapters of the engine this process built
 
-    def __init__(self, settings: GeneralSettings, log: Callable[[str], None] = lambda _line: None) -> None:
-        self.settings, self.log = settings, log
+    def __init__(self, settings: GeneralSettings) -> None:
+        from evalkit.general.catalog import default_include_paths
+
+        # evalkit's tasks/ first, each path resolved: a folder, or one line (not kept in the settings'
+        # __post_init__, since a stored record's paths need not exist where it is read)
+        resolved = [str(path) for path in default_include_paths(settings.include_paths)]
+        self.settings = replace(settings, include_paths=resolved)
         self.engine = EngineChoice(settings.engine, settings.engine_settings)
         self._plans: dict[str, TaskPlan] = {}
         self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
@@ -240,11 +218,8 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
 
 
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
-    from evalkit.models.precision import default_dtype
-
     shots, source = catalog.fewshot(name, settings.num_fewshot)
-    asked = settings.engine_settings
-    dtype = asked.get("dtype") or default_dtype(asked.get("device") or "auto")
+    dtype = EngineChoice(settings.engine, settings.engine_settings).dtype()
     return TaskPlan(name, shots, source, task_key(settings, name, shots, dtype))
 
 
@@ -312,19 +287,22 @@ def _run_lm_eval(
     fit is skipped whole, as under "task"."""
     from lm_eval import simple_evaluate
 
+    from evalkit.general.catalog import quiet_logger
+
     fitting: dict[str, list[int]] = {}
     over_window: dict[str, dict[str, int]] = {}
     while True:
         try:
-            results = simple_evaluate(
-                model=lm,
-                tasks=catalog.load(plan.name) if fitting else tasks,  # a rerun gets fresh task objects
-                task_manager=catalog.manager,
-                num_fewshot=plan.num_fewshot,
-                limit=settings.limit,
-                samples=fitting or None,
-                log_samples=True,
-            )
+            with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
+                results = simple_evaluate(
+                    model=lm,
+                    tasks=catalog.load(plan.name) if fitting else tasks,  # a rerun gets fresh task objects
+                    task_manager=catalog.manager,
+                    num_fewshot=plan.num_fewshot,
+                    limit=settings.limit,
+                    samples=fitting or None,
+                    log_samples=True,
+                )
             return results, over_window
         except RequestsExceedWindow as why:
             if settings.too_long != "documents" or not why.over or set(why.over) & set(fitting):

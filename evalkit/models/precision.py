@@ -30,9 +30,12 @@ def check_dtype(name: str, allowed: Sequence[str] = DTYPE_NAMES) -> str:
     return name
 
 
-def default_dtype(device: str = "auto") -> str:
-    """The dtype an engine computes in when none is asked for: bf16 on CUDA, fp32 elsewhere. Also
-    what a stored answer is keyed under before its engine is built (evalkit.ruler.runner)."""
+def engine_dtype(asked: str | None = None, device: str = "auto") -> str:
+    """The dtype an engine computes in: the one asked for, else bf16 on CUDA and fp32 elsewhere.
+    The engines resolve theirs here, and the benchmarks key a stored result by it before any
+    engine is built (sweep.engine_choice.EngineChoice.dtype): the recorded one is the used one."""
+    if asked:
+        return check_dtype(asked)
     return "bf16" if resolve_device(device).type == "cuda" else "fp32"
 
 

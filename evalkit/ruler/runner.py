@@ -18,9 +18,8 @@ from typing import Any
 from evalkit.arglists import parse_list
 from evalkit.attention.anchor import anchor_note, anchor_record
 from evalkit.attention.features import trained_window_anchor
-from evalkit.engines.base import RESULT_FACTS
 from evalkit.errors import Skipped, UserError
-from evalkit.models.check import load_tokenizer, read_config
+from evalkit.models.check import load_tokenizer
 from evalkit.models.refs import CheckpointRef
 from evalkit.ruler.cache import cache_key, load_or_generate
 from evalkit.ruler.encoding import (
@@ -35,13 +34,13 @@ from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
-from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting, stored_identity
+from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
 from evalkit.store.provenance import stamp
 from evalkit.store.result_format import ResultRow, row_record
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import Averages, Benchmark, EvaluationRun, Unit, UnitProgress, UnitResult, run_benchmark
+from evalkit.sweep.pipeline import Averages, Benchmark, Unit, UnitProgress, UnitResult, check_lengths, earlier_cells
 
 PROMPT_FORMATS = ("base", "chat")
 SAMPLES_PER_APPEND = 32  # samples generated between durable appends: a kill loses at most one chunk's work
@@ -98,58 +97,6 @@ def parse_ruler_tasks(text: str) -> list[str]:
     return names
 
 
-def check_checkpoints(refs: list[CheckpointRef], settings: RulerSettings) -> None:
-    """Before any model is loaded: every length fits each checkpoint's window, and an encoding
-    other than standard can be served by the engine and on it (check_packed_attention)."""
-    from evalkit.engines import PackedEngine, engine_class
-
-    if settings.encoding != STANDARD and not issubclass(engine_class(settings.engine), PackedEngine):
-        raise UserError(f"the {settings.engine} engine cannot run packed requests (--encoding {settings.encoding})")
-    for ref in refs:
-        too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
-        if too_long:
-            raise beyond_window(str(too_long[0]), ref, settings.max_length)
-        if settings.encoding != STANDARD:
-            check_packed_attention(ref, settings)
-
-
-def window_of(ref: CheckpointRef, max_length: int | None) -> int:
-    """The window lengths must fit: --max-length, else the checkpoint's max_position_embeddings."""
-    config = read_config(ref.path)
-    config = config.get("text_config", config)
-    window = max_length or config.get("max_position_embeddings")
-    if window is None:
-        raise UserError(f"{ref.path}/config.json has no max_position_embeddings; pass --max-length")
-    return int(window)
-
-
-def beyond_window(length: str, ref: CheckpointRef, max_length: int | None) -> UserError:
-    window = window_of(ref, max_length)
-    if max_length:
-        return UserError(f"length {length} is beyond --max-length {window}; drop it or raise --max-length")
-    return UserError(
-        f"length {length} is beyond the window of {ref.path} ({window} tokens, its max_position_embeddings); "
-        "drop it or pass --max-length to evaluate beyond the trained window (never truncated)"
-    )
-
-
-def check_packed_attention(ref: CheckpointRef, settings: RulerSettings) -> None:
-    """Before any model is loaded: the anchor encoding runs on evalkit's attention, which must
-    reproduce the model's; vLLM's packed backend has no sliding windows."""
-    from transformers import AutoConfig
-
-    from evalkit.attention.features import check_attention_supported, windows_shorter_than
-
-    config = AutoConfig.from_pretrained(ref.path, local_files_only=True)
-    check_attention_supported(config, f"--encoding {settings.encoding}")
-    windows = windows_shorter_than(config, max(settings.lengths))
-    if windows and settings.engine == "vllm":
-        raise UserError(
-            f"--encoding {settings.encoding} on the vllm engine: evalkit's packed backend has no sliding-window "
-            f"attention and {ref.path} has {len(windows)} layers with a {min(windows)}-token window; use --engine hf"
-        )
-
-
 def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
@@ -171,16 +118,10 @@ def unit_key(
     fingerprint, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     sink = settings.encoding != STANDARD and trained_window_anchor(ref.path) == "sink"
     reading = {"window_anchor": "sink"} if sink else {}
-    return UnitKey(fingerprint, data_key, answer_key(settings, data_key, _engine_facts(settings, fingerprint), reading))
-
-
-def _engine_facts(settings: RulerSettings, fingerprint: str) -> dict[str, str]:
-    """The engine's result facts (engines.base.RESULT_FACTS) beyond the settings, as they will be
-    once it is built; the checkpoint's own (its path, its window) are the log's place."""
-    from evalkit.models.precision import default_dtype
-
-    dtype = settings.dtype or default_dtype(settings.engine_args.get("device", "auto"))
-    return {"dtype": dtype, "tokenizer_fingerprint": fingerprint}
+    # The engine's result facts (engines.base.RESULT_FACTS) beyond the settings, as they will be once
+    # it is built; the checkpoint's own (its path, its window) are the log's place.
+    facts = {"dtype": EngineChoice.of(settings).dtype(), "tokenizer_fingerprint": fingerprint}
+    return UnitKey(fingerprint, data_key, answer_key(settings, data_key, facts, reading))
 
 
 def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
@@ -335,7 +276,7 @@ class RulerBenchmark(Benchmark):
         return self._tokenizers[path]
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        check_checkpoints(refs, self.settings)
+        check_lengths(refs, self.settings)
 
     def units(self) -> list[Unit]:
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
@@ -381,25 +322,8 @@ def _cell_name(row: dict) -> str:
     return f"{row['task']}@{row['length']}" + ("" if label == STANDARD else f"@{label}")
 
 
-def earlier_cells(
-    settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
-) -> tuple[list[dict], list[dict]]:
-    """The earlier summary's rows and skips of the cells (`cell`) this run did not touch, when both
-    were evaluated alike: the same settings' identity (count included; no cell's length or encoding
-    is part of it) and the same facts the engine resolved (engines.base.RESULT_FACTS); none
-    otherwise (their records stay in the logs)."""
-    now, then = summary["provenance"], earlier.get("provenance") or {}
-    alike = stored_identity(settings_type, now["settings"]) == stored_identity(settings_type, then.get("settings"))
-    if not alike or any((now["engine"] or {}).get(k) != (then.get("engine") or {}).get(k) for k in RESULT_FACTS):
-        return [], []
-    touched = {cell(entry) for entry in summary["rows"] + summary["skipped"]}
-    rows = [row for row in earlier.get("rows", []) if cell(row) not in touched]
-    return rows, [skip for skip in earlier.get("skipped", []) if cell(skip) not in touched]
-
-
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
-    """The summary plus the earlier summary's cells this run did not touch (earlier_cells):
-    `--lengths 1k` then `--lengths 2k` into one --out keeps both."""
+    """The summary plus the earlier summary's cells this run did not touch (sweep.pipeline.earlier_cells)."""
     if earlier is None:
         return summary
     kept_rows, kept_skips = earlier_cells(RulerSettings, summary, earlier, _cell_name)
@@ -418,8 +342,3 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     summary["rows"] = sorted([*kept_rows, *summary["rows"]], key=cell)
     summary["skipped"] = sorted([*kept_skips, *summary["skipped"]], key=cell)
     return summary
-
-
-def run_ruler(refs: list[CheckpointRef], settings: RulerSettings, out: Path, **kwargs: Any) -> EvaluationRun:
-    """kwargs: run_benchmark's (progress, avg, shard...)."""
-    return run_benchmark(RulerBenchmark(settings), refs, out, **kwargs)

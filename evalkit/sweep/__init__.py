@@ -1,6 +1,8 @@
-"""Scale out: one sweep split over job-array shards (`--shard I/N`, `evalkit merge`) or run on a
-Ray cluster (`--executor ray`), both over the pipeline's units (a checkpoint with a task, or a
-task at a length). `plan` picks this process's units (all, or its shard's); the executor computes
-them (locally in the pipeline's loop; on Ray's workers, a checkpoint's units grouped so a model
-loads once per worker, every write handed back); this process alone writes the summaries.
+"""The running of a sweep, the same for every benchmark: the pipeline (pipeline.py: the Benchmark
+base class, run_benchmark, its checks, summaries, --avg), the engine a benchmark asks for
+(engine_choice.py), and scale-out over the pipeline's units (a
+checkpoint with a task, or a task at a length): job-array shards (`--shard I/N`: plan.py picks this
+process's units; `evalkit merge`: merge.py) or a Ray cluster (`--executor ray`: ray_executor.py,
+a checkpoint's units grouped so a model loads once per worker, every write handed back). This
+process alone writes the summaries. The command line (options, progress, report) is evalkit.cli's.
 """

@@ -29,6 +29,12 @@ class EngineChoice:
             chosen["packed"] = True
         return cls(settings.engine, chosen)
 
+    def dtype(self) -> str:
+        """The dtype the engine will compute in, known before it is built (what results are keyed under)."""
+        from evalkit.models.precision import engine_dtype
+
+        return engine_dtype(self.settings.get("dtype"), self.settings.get("device") or "auto")
+
 
 class LazyEngine:
     """The checkpoint's engine, built on first `get()`: a checkpoint whose units are all on disk

@@ -7,14 +7,16 @@
     --avg ──▶ <out>/<name>-avg.json, <out>/<name>-avg.md     mean ± std over each run's checkpoints
 
 The pipeline owns, for every benchmark: the request checks (engine, its settings, the output
-directory, a tokenizer beside every checkpoint) before anything is loaded, the output lock, the
+directory, a tokenizer beside every checkpoint; check_lengths for a benchmark at context lengths)
+before anything is loaded, the merge of an earlier summary's cells (earlier_cells), the output lock, the
 engine's lifecycle, skip records, the summary and its provenance (the stamp of the run that
 computed the scores, not of a rerun that read them back), --avg and progress (ProgressEvents).
 Where files go under --out is the store's (evalkit.store.units).
 
-A benchmark subclasses Benchmark below (tests/test_pipeline.py runs a toy one through every part
-of the pipeline) and adds its typer command, registered by one line in evalkit/cli/app.py; its
-rows are evalkit.store.result_format.ResultRow, which the leaderboard reads.
+A benchmark is a settings dataclass and a subclass of Benchmark below (tests/test_pipeline.py runs a
+toy one through every part of the pipeline), run by run_benchmark alone: its command (cli/<name>.py)
+hands it to cli.options.run_command. Its rows are evalkit.store.result_format.ResultRow, which the
+leaderboard reads.
 """
 
 from __future__ import annotations
@@ -28,9 +30,19 @@ from typing import Any, Generic, TypeVar
 from evalkit.errors import Skipped, UserError
 from evalkit.files import atomic_write_json, atomic_write_text, disk_full_error, output_lock
 from evalkit.lengths import check_max_length
+from evalkit.models.check import read_config
 from evalkit.models.refs import CheckpointRef, checkpoint_meta, weights_fingerprint
+from evalkit.store.identity import stored_identity
 from evalkit.store.provenance import command_line, stamp, stamp_of
-from evalkit.store.result_format import SCHEMA_VERSION, ResultRow, failed_name, read_summary, row_record, summary_rows
+from evalkit.store.result_format import (
+    SCHEMA_VERSION,
+    STANDARD,
+    ResultRow,
+    failed_name,
+    read_summary,
+    row_record,
+    summary_rows,
+)
 from evalkit.store.units import CheckpointFiles, Unit, UnitStore, averages_paths, check_results_dir
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from evalkit.sweep.plan import CheckpointWork, Shard, plan_work, write_empty_shard
@@ -173,6 +185,59 @@ def check_tokenizer(ref: CheckpointRef) -> None:
         )
 
 
+def check_lengths(refs: list[CheckpointRef], settings: Any) -> None:
+    """A benchmark at context lengths (RULER, ppl; its settings: engine, lengths, max_length,
+    encoding) calls this from its check(): every length fits each checkpoint's window, and an
+    encoding other than standard can be served by the engine and on the checkpoint."""
+    from evalkit.engines import PackedEngine, engine_class
+
+    if settings.encoding != STANDARD and not issubclass(engine_class(settings.engine), PackedEngine):
+        raise UserError(f"the {settings.engine} engine cannot run packed requests (--encoding {settings.encoding})")
+    for ref in refs:
+        too_long = [n for n in settings.lengths if n > window_of(ref, settings.max_length)]
+        if too_long:
+            raise beyond_window(str(too_long[0]), ref, settings.max_length)
+        if settings.encoding != STANDARD:
+            check_packed_attention(ref, settings)
+
+
+def window_of(ref: CheckpointRef, max_length: int | None) -> int:
+    """The window lengths must fit: --max-length, else the checkpoint's max_position_embeddings."""
+    config = read_config(ref.path)
+    config = config.get("text_config", config)
+    window = max_length or config.get("max_position_embeddings")
+    if window is None:
+        raise UserError(f"{ref.path}/config.json has no max_position_embeddings; pass --max-length")
+    return int(window)
+
+
+def beyond_window(length: str, ref: CheckpointRef, max_length: int | None) -> UserError:
+    window = window_of(ref, max_length)
+    if max_length:
+        return UserError(f"length {length} is beyond --max-length {window}; drop it or raise --max-length")
+    return UserError(
+        f"length {length} is beyond the window of {ref.path} ({window} tokens, its max_position_embeddings); "
+        "drop it or pass --max-length to evaluate beyond the trained window (never truncated)"
+    )
+
+
+def check_packed_attention(ref: CheckpointRef, settings: Any) -> None:
+    """The anchor encoding runs on evalkit's attention, which must reproduce the model's; vLLM's
+    packed backend has no sliding windows."""
+    from transformers import AutoConfig
+
+    from evalkit.attention.features import check_attention_supported, windows_shorter_than
+
+    config = AutoConfig.from_pretrained(ref.path, local_files_only=True)
+    check_attention_supported(config, f"--encoding {settings.encoding}")
+    windows = windows_shorter_than(config, max(settings.lengths))
+    if windows and settings.engine == "vllm":
+        raise UserError(
+            f"--encoding {settings.encoding} on the vllm engine: evalkit's packed backend has no sliding-window "
+            f"attention and {ref.path} has {len(windows)} layers with a {min(windows)}-token window; use --engine hf"
+        )
+
+
 def run_benchmark(
     benchmark: Benchmark,
     refs: list[CheckpointRef],
@@ -186,9 +251,11 @@ def run_benchmark(
     shard: Shard | None = None,
     executor: Any = None,
 ) -> EvaluationRun:
-    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring); `shard`:
-    only its units; `executor`: computes the units elsewhere first (Ray), this loop then writes."""
+    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring): the one
+    entry of every benchmark. `shard`: only its units; `executor`: computes the units elsewhere
+    first (Ray), this loop then writes; `log`: the pipeline's notes and the benchmark's."""
     out = Path(out)
+    benchmark.log = log  # the benchmark's own notes go where the pipeline's do
     check_request(benchmark, refs, out)
     # Taken after the checks (a refused request leaves no trace in `out`), before any result is
     # written; this process is then the one writer under `out` (an executor's workers hand it theirs).
@@ -311,6 +378,25 @@ def _stamp_of_the_scores(earlier: dict[str, Any] | None, computed_any: bool) -> 
     reads them back keeps the earlier summary's stamp instead of claiming them as its own."""
     kept = stamp_of(earlier.get("provenance")) if not computed_any and earlier is not None else None
     return kept or stamp()  # no whole stamp to keep: this run's
+
+
+def earlier_cells(
+    settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
+) -> tuple[list[dict], list[dict]]:
+    """For a benchmark's finish_summary: the earlier summary's rows and skips of the cells (`cell`)
+    this run did not touch, when both were evaluated alike: the same settings' identity (count
+    included; no cell's length or encoding is part of it) and the same facts the engine resolved
+    (engines.base.RESULT_FACTS); none otherwise (their records stay in the logs). `--lengths 1k`
+    then `--lengths 2k` into one --out keeps both."""
+    from evalkit.engines.base import RESULT_FACTS
+
+    now, then = summary["provenance"], earlier.get("provenance") or {}
+    alike = stored_identity(settings_type, now["settings"]) == stored_identity(settings_type, then.get("settings"))
+    if not alike or any((now["engine"] or {}).get(k) != (then.get("engine") or {}).get(k) for k in RESULT_FACTS):
+        return [], []
+    touched = {cell(entry) for entry in summary["rows"] + summary["skipped"]}
+    rows = [row for row in earlier.get("rows", []) if cell(row) not in touched]
+    return rows, [skip for skip in earlier.get("skipped", []) if cell(skip) not in touched]
 
 
 def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tuple[Averages, dict[str, Path]]:

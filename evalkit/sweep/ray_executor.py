@@ -52,7 +52,7 @@ class RayExecutor:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
         back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status): groups done and
         each worker's samples/s, every 10 s."""
-        import ray  # evalkit.sweep.options.make_executor checked that it is installed
+        import ray  # evalkit.cli.options.make_executor checked that it is installed
 
         started_here = self._connect(ray)
         try:

@@ -248,8 +248,8 @@ def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, cap
     ],
 )
 def test_ray_address_forms(address, valid):
+    from evalkit.cli.options import check_ray_address
     from evalkit.errors import UserError
-    from evalkit.sweep.options import check_ray_address
 
     if valid:
         check_ray_address(address)

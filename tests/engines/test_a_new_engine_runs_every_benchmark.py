@@ -87,13 +87,14 @@ def _by_engine(run_with) -> dict[str, object]:
 
 
 def test_ruler_with_a_new_engine(plain_engine, tmp_path):
-    from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     def run(engine: str):
         tasks = ["niah_single_1", "niah_multikey_1"]
         settings = RulerSettings(tasks=tasks, lengths=[512], num_samples=2, engine=engine)
         settings.dtype = "fp32"
-        return run_ruler(resolve_checkpoints([str(TINY)]), settings, tmp_path / engine)
+        return run_benchmark(RulerBenchmark(settings), resolve_checkpoints([str(TINY)]), tmp_path / engine)
 
     runs = _by_engine(run)
     assert runs["plain"].summaries[0]["provenance"]["engine"]["engine"] == "plain"
@@ -114,11 +115,16 @@ def _answer(line: str) -> str:
 
 def test_general_with_a_new_engine(plain_engine, tmp_path):
     pytest.importorskip("lm_eval")
-    from evalkit.general import run_general
+    from evalkit.general import GeneralBenchmark, GeneralSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     tasks = ["evalkit_fixture_mmlu_style", "evalkit_fixture_hellaswag_style"]
     refs = resolve_checkpoints([str(TINY)])
-    runs = _by_engine(lambda e: run_general(refs, tasks, out=tmp_path / e, engine=e, engine_settings={"dtype": "fp32"}))
+    runs = _by_engine(
+        lambda e: run_benchmark(
+            GeneralBenchmark(GeneralSettings(tasks, engine=e, engine_settings={"dtype": "fp32"})), refs, tmp_path / e
+        )
+    )
     values = {e: {(r.task, r.metric): r.value for r in run.result_rows()} for e, run in runs.items()}
     assert len(values["plain"]) == 6 and values["plain"].keys() == values["hf"].keys()
     assert values["plain"] == {key: pytest.approx(value, abs=1e-6) for key, value in values["hf"].items()}
@@ -126,10 +132,11 @@ def test_general_with_a_new_engine(plain_engine, tmp_path):
 
 def test_ppl_with_a_new_engine(plain_engine, tmp_path):
     from evalkit import ppl
+    from evalkit.sweep.pipeline import run_benchmark
 
     def run(engine: str):
         settings = ppl.PplSettings(lengths=[128, 512], docs=3, engine=engine, dtype="fp32", batch_size=2)
-        return ppl.run_ppl(resolve_checkpoints([str(TINY)]), settings, tmp_path / engine)
+        return run_benchmark(ppl.PplBenchmark(settings), resolve_checkpoints([str(TINY)]), tmp_path / engine)
 
     runs = _by_engine(run)
     values = {e: {(r.length, r.metric): r.value for r in run.result_rows()} for e, run in runs.items()}
@@ -140,11 +147,12 @@ def test_ppl_with_a_new_engine(plain_engine, tmp_path):
 def test_a_new_engine_without_packed_requests_is_refused_the_anchor_encoding_before_any_load(plain_engine, tmp_path):
     from evalkit import ppl
     from evalkit.errors import UserError
-    from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     refs = resolve_checkpoints([str(TINY)])
     anchor = {"lengths": [128], "engine": "plain", "encoding": "anchor", "doc_tokens": 64}
-    for run, settings in ((ppl.run_ppl, ppl.PplSettings(**anchor)), (run_ruler, RulerSettings(**anchor))):
+    for benchmark in (ppl.PplBenchmark(ppl.PplSettings(**anchor)), RulerBenchmark(RulerSettings(**anchor))):
         with pytest.raises(UserError, match=r"the plain engine cannot run packed requests \(--encoding anchor\)"):
-            run(refs, settings, tmp_path / "out")
+            run_benchmark(benchmark, refs, tmp_path / "out")
         assert not (tmp_path / "out").exists()

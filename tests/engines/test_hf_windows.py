@@ -146,7 +146,8 @@ def test_ruler_anchor_encoding_refuses_before_loading_a_model(gemma3, tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from evalkit.models.refs import CheckpointRef
-    from evalkit.ruler.runner import RulerSettings, check_packed_attention
+    from evalkit.ruler.runner import RulerSettings
+    from evalkit.sweep.pipeline import check_packed_attention
 
     anchor = dict(tasks=["niah_single_1"], lengths=[256], encoding="anchor")
     check_packed_attention(CheckpointRef("g3", 1, gemma3), RulerSettings(**anchor))  # hf: windows are served
@@ -188,7 +189,8 @@ def test_answers_logged_under_the_window_reading_are_not_reused_for_the_sink_rea
     import shutil
 
     from evalkit.models.refs import resolve_checkpoints
-    from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     checkpoint = shutil.copytree(gemma3, tmp_path / "run" / "step-1")
     settings = RulerSettings(
@@ -200,14 +202,14 @@ def test_answers_logged_under_the_window_reading_are_not_reused_for_the_sink_rea
     def engine_record() -> dict:
         return json.loads(summary.read_text())["provenance"]["engine"]
 
-    run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
+    run_benchmark(RulerBenchmark(settings), resolve_checkpoints([str(checkpoint)]), out)
     assert engine_record()["window_anchor"] == "window"
     logs = sorted((out / "run" / "step-1" / "ruler").rglob("*.jsonl"))
     first = [log.read_text() for log in logs]
-    run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
+    run_benchmark(RulerBenchmark(settings), resolve_checkpoints([str(checkpoint)]), out)
     assert [log.read_text() for log in logs] == first  # read back, nothing answered
     (checkpoint / "meta.json").write_text(json.dumps({"step": 1, "attention": {"window_anchor": "sink"}}))
-    run_ruler(resolve_checkpoints([str(checkpoint)]), settings, out)
+    run_benchmark(RulerBenchmark(settings), resolve_checkpoints([str(checkpoint)]), out)
     assert engine_record()["window_anchor"] == "sink"  # an engine was built and answered under the sink
     keys = [{json.loads(line)["key"] for line in text.splitlines()} for text in first]
     keys_now = [{json.loads(line)["key"] for line in log.read_text().splitlines()} for log in logs]

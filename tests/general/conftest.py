@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from evalkit.engines import get_engine
+from evalkit.general import GeneralBenchmark, GeneralSettings
 from tests.helpers import build_checkpoint
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
@@ -31,3 +32,8 @@ def model(tiny_run) -> LlamaForCausalLM:
 
 def engine_for(path: Path, **settings):
     return get_engine("hf", path, dtype="fp32", device="cpu", **settings)
+
+
+def general(tasks: list[str], **settings) -> GeneralBenchmark:
+    """The general benchmark on `tasks` (GeneralSettings' other fields as keywords), for run_benchmark."""
+    return GeneralBenchmark(GeneralSettings(list(tasks), **settings))

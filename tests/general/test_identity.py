@@ -36,7 +36,7 @@ def key(settings: GeneralSettings, records: dict[str, dict], task: str) -> str:
 
 @pytest.mark.parametrize("task", sorted(stored_records()))
 def test_the_committed_records_match_their_key(task):
-    from evalkit.models.precision import default_dtype
+    from evalkit.models.precision import engine_dtype
 
     records = stored_records()
     stored = records[task]["provenance"]["settings"]
@@ -44,7 +44,7 @@ def test_the_committed_records_match_their_key(task):
     assert key(settings, records, task) == records[task]["key"]
     # No dtype asked: the engine's default, the fp32 these were computed in only where that is the default.
     unasked = dataclasses.replace(settings, engine_settings={**stored["engine_settings"], "dtype": None})
-    assert (key(unasked, records, task) == records[task]["key"]) == (default_dtype() == "fp32")
+    assert (key(unasked, records, task) == records[task]["key"]) == (engine_dtype() == "fp32")
 
     engine = stored["engine_settings"]
     faster = dataclasses.replace(settings, engine_settings={**engine, "batch_size": 64, "device": "cpu"})

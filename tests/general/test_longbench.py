@@ -18,9 +18,10 @@ pytest.importorskip("rouge", reason="LongBench's metrics need evalkit[longbench]
 from lm_eval.tasks._yaml_loader import load_yaml  # noqa: E402
 from lm_eval.utils import apply_template  # noqa: E402
 
-from evalkit.general import run_general  # noqa: E402
 from evalkit.general.catalog import TASKS_DIR  # noqa: E402
 from evalkit.models.refs import resolve_checkpoints  # noqa: E402
+from evalkit.sweep.pipeline import run_benchmark  # noqa: E402
+from tests.general.conftest import general  # noqa: E402
 
 FIXTURES = TASKS_DIR / "evalkit_fixtures"
 GROUP = "evalkit_fixture_longbench"
@@ -123,7 +124,11 @@ def scored(tiny_run, tmp_path_factory):
     """The group on one checkpoint with scripted answers: (EvaluationRun, {task: [(prompt, max_new_tokens)]})."""
     with scripted_answers() as seen:
         refs = resolve_checkpoints([str(tiny_run / "step-1")])
-        run = run_general(refs, [GROUP], out=tmp_path_factory.mktemp("longbench"), engine_settings={"dtype": "fp32"})
+        run = run_benchmark(
+            general([GROUP], engine_settings={"dtype": "fp32"}),
+            refs,
+            tmp_path_factory.mktemp("longbench"),
+        )
     return run, seen
 
 
@@ -175,8 +180,12 @@ def test_documents_over_the_window_are_left_out_and_counted_or_skip_the_task(tin
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
     settings = {"dtype": "fp32", "max_length": window}
     with scripted_answers():
-        whole = run_general(refs, [task], out=tmp_path / "task", engine_settings=settings)
-        parts = run_general(refs, [task], out=tmp_path / "documents", engine_settings=settings, too_long="documents")
+        whole = run_benchmark(general([task], engine_settings=settings), refs, tmp_path / "task")
+        parts = run_benchmark(
+            general([task], engine_settings=settings, too_long="documents"),
+            refs,
+            tmp_path / "documents",
+        )
     assert whole.rows == [] and whole.skipped[0]["requests_over_window"] == 1
     assert value(parts.rows, task, "count_score") == pytest.approx(expected, abs=1e-9)
     assert {row["n"] for row in parts.rows if row["task"] == task} == {2}
@@ -211,8 +220,10 @@ def test_middle_truncation_keeps_both_ends_of_what_fits_and_counts_the_cut(tiny_
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(HFEngine, "_generate_tokens", recording)
-        run = run_general(
-            refs, [task], out=tmp_path, engine_settings={"dtype": "fp32", "max_length": window}, too_long="middle"
+        run = run_benchmark(
+            general([task], engine_settings={"dtype": "fp32", "max_length": window}, too_long="middle"),
+            refs,
+            tmp_path,
         )
     longest = max(prompts, key=len)
     expected = longest[: room // 2] + longest[len(longest) - (room - room // 2) :]  # by hand: both ends
@@ -229,6 +240,6 @@ def test_too_long_documents_refuses_a_limit(tiny_run, tmp_path):
 
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
     with pytest.raises(UserError, match="--too-long documents and --limit cannot be combined"):
-        run_general(refs, [GROUP], out=tmp_path, limit=2, too_long="documents")
+        run_benchmark(general([GROUP], limit=2, too_long="documents"), refs, tmp_path)
     with pytest.raises(UserError, match="--too-long must be one of task, documents, middle"):
-        run_general(refs, [GROUP], out=tmp_path, too_long="truncate")
+        run_benchmark(general([GROUP], too_long="truncate"), refs, tmp_path)

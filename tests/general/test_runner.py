@@ -1,4 +1,4 @@
-"""`run_general` end to end on the offline fixtures: scores against a computation by hand, the
+"""General tasks through run_benchmark end to end on the offline fixtures: scores against a computation by hand, the
 results layout, --avg, resume, skipped tasks (missing data, requests beyond the window)."""
 
 import json
@@ -10,12 +10,12 @@ import pytest
 
 import evalkit.engines
 from evalkit.errors import UserError
-from evalkit.general import run_general
 from evalkit.general.catalog import TASKS_DIR, offline_hubs
 from evalkit.general.tables import general_average_table
 from evalkit.models.refs import resolve_checkpoints
+from evalkit.sweep.pipeline import run_benchmark
 
-from .conftest import RUN, engine_for
+from .conftest import RUN, engine_for, general
 
 MMLU_STYLE = "evalkit_fixture_mmlu_style"
 HELLASWAG_STYLE = "evalkit_fixture_hellaswag_style"
@@ -37,8 +37,11 @@ def scored(tiny_run, tmp_path_factory):
     """Both fixtures on both checkpoints, with --avg: (refs, out, the EvaluationRun)."""
     out = tmp_path_factory.mktemp("general")
     refs = resolve_checkpoints([str(tiny_run)])
-    run = run_general(
-        refs, [MMLU_STYLE, HELLASWAG_STYLE], out=out, engine_settings={"dtype": "fp32", "batch_size": 8}, avg=True
+    run = run_benchmark(
+        general([MMLU_STYLE, HELLASWAG_STYLE], engine_settings={"dtype": "fp32", "batch_size": 8}),
+        refs,
+        out,
+        avg=True,
     )
     return refs, out, run
 
@@ -180,8 +183,10 @@ def test_rerun_recomputes_nothing_and_a_missing_task_only(scored, monkeypatch):
         raise AssertionError("a finished checkpoint must not load its engine")
 
     monkeypatch.setattr(evalkit.engines, "get_engine", no_engine)
-    again = run_general(
-        refs, [MMLU_STYLE, HELLASWAG_STYLE], out=out, engine_settings={"dtype": "fp32", "batch_size": 4}
+    again = run_benchmark(
+        general([MMLU_STYLE, HELLASWAG_STYLE], engine_settings={"dtype": "fp32", "batch_size": 4}),
+        refs,
+        out,
     )
     assert stamps(out) == before  # another batch size measures the same thing: nothing recomputed
     assert again.rows == run.rows
@@ -190,7 +195,7 @@ def test_rerun_recomputes_nothing_and_a_missing_task_only(scored, monkeypatch):
     monkeypatch.undo()
     removed = out / RUN / "step-2" / "general" / f"{HELLASWAG_STYLE}.json"
     removed.unlink()
-    resumed = run_general(refs, [MMLU_STYLE, HELLASWAG_STYLE], out=out, engine_settings={"dtype": "fp32"})
+    resumed = run_benchmark(general([MMLU_STYLE, HELLASWAG_STYLE], engine_settings={"dtype": "fp32"}), refs, out)
     changed = {path for path, stamp in stamps(out).items() if before.get(path) != stamp}
     assert changed == {
         str(removed.with_name(f"{HELLASWAG_STYLE}{suffix}")) for suffix in (".json", ".lm_eval.json", ".samples.jsonl")
@@ -202,8 +207,10 @@ def test_other_settings_are_scored_again(scored, tmp_path):
     refs, scored_out, _ = scored
     out = tmp_path / "copy"
     shutil.copytree(scored_out, out)  # the shared results stay as the other tests expect them
-    one_shot = run_general(
-        refs[:1], [HELLASWAG_STYLE], out=out, num_fewshot=1, limit=4.0, engine_settings={"dtype": "fp32"}
+    one_shot = run_benchmark(
+        general([HELLASWAG_STYLE], num_fewshot=1, limit=4.0, engine_settings={"dtype": "fp32"}),
+        refs[:1],
+        out,
     )
     (summary,) = one_shot.summaries
     assert summary["tasks"][HELLASWAG_STYLE] == {
@@ -242,13 +249,15 @@ def test_missing_data_skips_that_task_with_one_line_and_the_rest_runs(tiny_run, 
     monkeypatch.setattr(TaskManager, "load", lambda self, names: tried.extend(names) or real_load(self, names))
     refs = resolve_checkpoints([str(tiny_run)])
     with offline_hubs():  # as a user without network who set the switches; the test never reaches out
-        run = run_general(
+        run = run_benchmark(
+            general(
+                ["local_missing", "hub_missing", HELLASWAG_STYLE],
+                limit=3,
+                include_paths=[tasks_dir],
+                engine_settings={"dtype": "fp32"},
+            ),
             refs,
-            ["local_missing", "hub_missing", HELLASWAG_STYLE],
-            out=tmp_path / "out",
-            limit=3,
-            include_path=[tasks_dir],
-            engine_settings={"dtype": "fp32"},
+            tmp_path / "out",
         )
     assert tried.count("hub_missing") == tried.count("local_missing") == 1  # not retried for the second checkpoint
     for summary in run.summaries:
@@ -265,8 +274,10 @@ def test_missing_data_skips_that_task_with_one_line_and_the_rest_runs(tiny_run, 
 
 def test_requests_beyond_the_window_skip_the_task_with_counts(tiny_run, tmp_path):
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
-    run = run_general(
-        refs, [MMLU_STYLE, HELLASWAG_STYLE], out=tmp_path, limit=2, engine_settings={"dtype": "fp32", "max_length": 64}
+    run = run_benchmark(
+        general([MMLU_STYLE, HELLASWAG_STYLE], limit=2, engine_settings={"dtype": "fp32", "max_length": 64}),
+        refs,
+        tmp_path,
     )
     (skip,) = run.skipped
     assert skip["task"] == MMLU_STYLE and skip["window"] == 64 and skip["longest"] > 64
@@ -278,20 +289,20 @@ def test_requests_beyond_the_window_skip_the_task_with_counts(tiny_run, tmp_path
 def test_bad_requests_are_user_errors_before_any_work(tiny_run, tmp_path):
     refs = resolve_checkpoints([str(tiny_run / "step-1")])
     with pytest.raises(UserError, match="--num-fewshot"):
-        run_general(refs, [MMLU_STYLE], out=tmp_path, num_fewshot=-1)
+        run_benchmark(general([MMLU_STYLE], num_fewshot=-1), refs, tmp_path)
     with pytest.raises(UserError, match="unknown dtype"):
-        run_general(refs, [MMLU_STYLE], out=tmp_path, engine_settings={"dtype": "int4"})
+        run_benchmark(general([MMLU_STYLE], engine_settings={"dtype": "int4"}), refs, tmp_path)
     with pytest.raises(UserError, match="--limit"):
-        run_general(refs, [MMLU_STYLE], out=tmp_path, limit=0)
+        run_benchmark(general([MMLU_STYLE], limit=0), refs, tmp_path)
     with pytest.raises(UserError, match="unknown engine"):
-        run_general(refs, [MMLU_STYLE], out=tmp_path, engine="tgi")
+        run_benchmark(general([MMLU_STYLE], engine="tgi"), refs, tmp_path)
     with pytest.raises(UserError, match="not a directory"):
-        run_general(refs, [MMLU_STYLE], out=tmp_path, include_path=[tmp_path / "no-such-folder"])
+        run_benchmark(general([MMLU_STYLE], include_paths=[tmp_path / "no-such-folder"]), refs, tmp_path)
     assert not any(tmp_path.iterdir())
 
 
 def test_the_request_is_checked_once_and_lm_eval_starts_only_after_the_pipelines_checks(tmp_path, monkeypatch):
-    """The pipeline's checks run once (run_general no longer runs them ahead itself); the task
+    """The pipeline's checks run once (no general-only pass runs them ahead); the task
     catalog (lm-eval's start) is made by the benchmark's own check, after them: a request the
     pipeline refuses makes none."""
     import evalkit.general.catalog
@@ -315,7 +326,7 @@ def test_the_request_is_checked_once_and_lm_eval_starts_only_after_the_pipelines
     monkeypatch.setattr(evalkit.general.catalog, "TaskCatalog", Catalog)
     refs = tiny_refs()[:1]
     with pytest.raises(UserError, match="stopped at the first unit"):
-        run_general(refs, ["some_task"], out=tmp_path / "out")
+        run_benchmark(general(["some_task"]), refs, tmp_path / "out")
     assert checks == refs and catalogs == [["some_task"]]
 
     bare = tmp_path / "bare"
@@ -323,7 +334,7 @@ def test_the_request_is_checked_once_and_lm_eval_starts_only_after_the_pipelines
     for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"):
         (bare / name).unlink(missing_ok=True)
     with pytest.raises(UserError, match="has no tokenizer files"):
-        run_general(resolve_checkpoints([str(bare)]), ["some_task"], out=tmp_path / "out2")
+        run_benchmark(general(["some_task"]), resolve_checkpoints([str(bare)]), tmp_path / "out2")
     assert catalogs == [["some_task"]]  # refused by the pipeline first: no lm-eval start
 
 

@@ -109,18 +109,19 @@ def test_stored_results_and_skips_load_no_model(tiny_run, tmp_path, monkeypatch)
     from the tokenizer alone: the engine is never built, and the summary is the first one's."""
     import evalkit.engines
     from evalkit.models.refs import resolve_checkpoints
-    from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     (ref,) = resolve_checkpoints([str(tiny_run / "step-4")])
     settings = RulerSettings(tasks=["niah_single_1", "qa_1", "cwe"], lengths=[512], num_samples=2)
-    (first,) = run_ruler([ref], settings, tmp_path / "out").summaries
+    (first,) = run_benchmark(RulerBenchmark(settings), [ref], tmp_path / "out").summaries
     assert [row["task"] for row in first["rows"]] == ["niah_single_1"]
 
     def no_engine(*_args, **_kwargs):
         raise AssertionError("an engine was built for results already on disk")
 
     monkeypatch.setattr(evalkit.engines, "get_engine", no_engine)
-    (again,) = run_ruler([ref], settings, tmp_path / "out").summaries
+    (again,) = run_benchmark(RulerBenchmark(settings), [ref], tmp_path / "out").summaries
     assert again["rows"] == first["rows"] and again["skipped"] == first["skipped"]
     assert {skip["task"] for skip in again["skipped"]} == {"qa_1", "cwe"}
     assert again["provenance"]["engine"] == first["provenance"]["engine"]  # the engine that answered
@@ -129,7 +130,11 @@ def test_stored_results_and_skips_load_no_model(tiny_run, tmp_path, monkeypatch)
 
     # One sample more to answer: now the engine is needed, and asked for.
     with pytest.raises(AssertionError, match="already on disk"):
-        run_ruler([ref], RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=3), tmp_path / "out")
+        run_benchmark(
+            RulerBenchmark(RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=3)),
+            [ref],
+            tmp_path / "out",
+        )
 
 
 @pytest.mark.parametrize(
@@ -207,7 +212,8 @@ def with_chat_template(checkpoint: Path, destination: Path) -> Path:
 def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_path, monkeypatch):
     import evalkit.engines
     from evalkit.models.refs import resolve_checkpoints
-    from evalkit.ruler.runner import RulerSettings, run_ruler
+    from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     chat_checkpoint = with_chat_template(sorted(tiny_run.glob("step-*"))[-1], tmp_path / "chat-run" / "step-4")
     fed = []
@@ -222,7 +228,7 @@ def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_p
     monkeypatch.setattr(evalkit.engines, "get_engine", recording_engine)
     (ref,) = resolve_checkpoints([str(chat_checkpoint)])
     settings = RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=2, prompt_format="chat")
-    (summary,) = run_ruler([ref], settings, tmp_path / "out").summaries
+    (summary,) = run_benchmark(RulerBenchmark(settings), [ref], tmp_path / "out").summaries
     engine_tokenizer = real_get_engine("hf", chat_checkpoint, dtype="fp32").tokenizer
     assert len(fed) == 2
     for ids in fed:
@@ -238,7 +244,7 @@ def test_chat_prompt_format_feeds_the_template_once_with_one_bos(tiny_run, tmp_p
 
     # Base into the same --out afterwards: different prompts, so the chat cells are not mixed in.
     base = RulerSettings(tasks=["niah_single_1"], lengths=[512], num_samples=2)
-    (base_summary,) = run_ruler([ref], base, tmp_path / "out").summaries
+    (base_summary,) = run_benchmark(RulerBenchmark(base), [ref], tmp_path / "out").summaries
     assert base_summary["provenance"]["settings"]["prompt_format"] == "base"
     assert base_summary["provenance"]["data_keys"] != summary["provenance"]["data_keys"]
 

@@ -14,7 +14,8 @@ import pytest
 import evalkit.engines
 from evalkit.models.refs import resolve_checkpoints
 from evalkit.ruler import generate, load_or_generate
-from evalkit.ruler.runner import RulerSettings, run_ruler
+from evalkit.ruler.runner import RulerBenchmark, RulerSettings
+from evalkit.sweep.pipeline import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
@@ -40,7 +41,7 @@ def answered(monkeypatch):
 
 def evaluate(out: Path, samples: int, **changes) -> dict:
     settings = RulerSettings(tasks=[TASK], lengths=[LENGTH], num_samples=samples, dtype="fp32", **changes)
-    (summary,) = run_ruler(resolve_checkpoints([str(SHIPPED)]), settings, out).summaries
+    (summary,) = run_benchmark(RulerBenchmark(settings), resolve_checkpoints([str(SHIPPED)]), out).summaries
     return summary
 
 
@@ -135,7 +136,7 @@ def test_the_committed_results_are_reused_not_recomputed(tmp_path, monkeypatch):
             settings = RulerSettings(
                 tasks=["niah_single_1", "vt"], lengths=[1024], num_samples=samples, encoding=encoding, doc_tokens=128
             )
-            (summary,) = run_ruler(ref, settings, out).summaries
+            (summary,) = run_benchmark(RulerBenchmark(settings), ref, out).summaries
             for row in summary["rows"]:
                 name = f"{row['task']}/1024{'' if encoding == 'standard' else '.anchor-128'}.jsonl"
                 lines = (STORED / "ruler" / name).read_text().splitlines()
@@ -153,7 +154,7 @@ def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_eng
     import evalkit.ruler.cache as cache
     import evalkit.ruler.runner as runner
     from evalkit.corpus import tokenizer_fingerprint
-    from evalkit.models.precision import default_dtype
+    from evalkit.models.precision import engine_dtype
 
     derived = {"data": 0, "answers": 0}
 
@@ -164,13 +165,16 @@ def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_eng
     monkeypatch.setattr(runner, "identity_key", counted("answers", runner.identity_key))
     settings = RulerSettings(tasks=[TASK, "vt"], lengths=[LENGTH], num_samples=2)  # no dtype: the engine's default
     ref = resolve_checkpoints([str(SHIPPED)])
-    (summary,) = run_ruler(ref, settings, tmp_path).summaries
+    (summary,) = run_benchmark(RulerBenchmark(settings), ref, tmp_path).summaries
     assert len(answered) == 4 and derived == {"data": 2, "answers": 2}  # two units
-    asked = dataclasses.replace(settings, dtype=default_dtype())  # the default, asked for: the same answers
-    run_ruler(ref, asked, tmp_path)
+    asked = dataclasses.replace(settings, dtype=engine_dtype())  # the default, asked for: the same answers
+    run_benchmark(RulerBenchmark(asked), ref, tmp_path)
     assert len(answered) == 4 and derived == {"data": 4, "answers": 4}  # read back: once per unit again
 
     engine = summary["provenance"]["engine"]
     tokenizer = runner.load_tokenizer(SHIPPED)
-    predicted = runner._engine_facts(settings, tokenizer_fingerprint(tokenizer))
+    predicted = {
+        "dtype": RulerBenchmark(settings).engine.dtype(),
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+    }
     assert predicted == {"dtype": engine["dtype"], "tokenizer_fingerprint": engine["tokenizer_fingerprint"]}

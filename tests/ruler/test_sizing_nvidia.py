@@ -230,7 +230,7 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
     import json
 
     from evalkit.corpus import tokenizer_fingerprint
-    from evalkit.models.precision import default_dtype
+    from evalkit.models.precision import engine_dtype
     from evalkit.models.refs import CheckpointRef
     from evalkit.ruler.runner import _evaluate_task, _prompt_hash, answer_key
     from evalkit.ruler.spec import task_spec
@@ -257,7 +257,7 @@ def test_results_of_the_two_sizings_never_mix_in_one_sample_log(tokenizer, tmp_p
     assert exact_key != nvidia_key
     assert len(nvidia_prompts) == 4 and nvidia_prompts != exact_prompts  # nothing reused from the exact run
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    facts = {"dtype": default_dtype(), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
+    facts = {"dtype": engine_dtype(), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
     assert {r["key"] for r in records} == {answer_key(settings_for("nvidia"), nvidia_key, facts, {})}
     assert [r["prompt_sha"] for r in records] == [_prompt_hash(p) for p in nvidia_prompts]
     assert evaluate("nvidia")[1] == []  # a rerun with the same sizing computes nothing
@@ -267,12 +267,12 @@ def test_cli_sizing_option_reaches_the_settings(monkeypatch):
     from typer.testing import CliRunner
 
     from evalkit import cli
-    from evalkit.sweep import options
+    from evalkit.cli import options
 
     seen = []
 
-    def capture(run, *shared_options):  # run is run_benchmark bound to the command's benchmark
-        seen.append(run.args[0].settings)
+    def capture(benchmark, *shared_options):
+        seen.append(benchmark.settings)
         raise SystemExit(0)
 
     monkeypatch.setattr(options, "run_command", capture)

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 import evalkit.store.provenance as provenance
-from evalkit.ruler.runner import run_ruler
+from evalkit.ruler.runner import RulerBenchmark
+from evalkit.sweep.pipeline import run_benchmark
 from evalkit.sweep.plan import Shard
 from tests.helpers import error_line, evalkit_here
 from tests.sweep.helpers import run_cli, tiny_refs, tiny_settings
@@ -22,7 +23,7 @@ SETTINGS = dict(samples=1, tasks=["niah_single_1", "niah_single_2"])
 
 
 def _shard(out, index: int) -> None:
-    run_ruler(tiny_refs()[:1], tiny_settings(**SETTINGS), out, shard=Shard(index, 2))
+    run_benchmark(RulerBenchmark(tiny_settings(**SETTINGS)), tiny_refs()[:1], out, shard=Shard(index, 2))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_shards_that_ran_on_another_cpu_or_batch_size_merge_with_their_own_recor
     with monkeypatch.context() as patch:
         patch.setattr(provenance, "machine", lambda: {**real_machine, "cpu": "Another CPU", "cores": 999})
         settings = replace(tiny_settings(**SETTINGS), batch_size=1)  # a rerun after an out-of-memory error
-        run_ruler(tiny_refs()[:1], settings, tmp_path / "s1", shard=Shard(1, 2))
+        run_benchmark(RulerBenchmark(settings), tiny_refs()[:1], tmp_path / "s1", shard=Shard(1, 2))
     assert _merge(shard0, tmp_path / "s1", tmp_path / "m") == 0
     summary = json.loads(next((tmp_path / "m").rglob("ruler-summary.json")).read_text())
     shards = summary["provenance"]["merged_shards"]
@@ -92,7 +93,8 @@ def test_shards_that_ran_on_another_cpu_or_batch_size_merge_with_their_own_recor
 
 def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, capsys):
     from evalkit.models.refs import resolve_checkpoints
-    from evalkit.ruler.runner import run_ruler
+    from evalkit.ruler.runner import RulerBenchmark
+    from evalkit.sweep.pipeline import run_benchmark
     from evalkit.sweep.plan import Shard
     from tests.sweep.helpers import SHIPPED, tiny_settings
 
@@ -107,9 +109,9 @@ def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, c
     settings = tiny_settings(samples=1, tasks=["niah_single_1", "qa_1"])  # one unit per shard
     for index, place in enumerate(["a", "b"]):
         refs = resolve_checkpoints([str(tmp_path / place / "myrun" / "step-600")])
-        run_ruler(refs, settings, tmp_path / f"shard{index}-{place}", shard=Shard(index, 2))
+        run_benchmark(RulerBenchmark(settings), refs, tmp_path / f"shard{index}-{place}", shard=Shard(index, 2))
     refs = resolve_checkpoints([str(tmp_path / "a-copy" / "myrun" / "step-600")])
-    run_ruler(refs, settings, tmp_path / "shard1-a-copy", shard=Shard(1, 2))
+    run_benchmark(RulerBenchmark(settings), refs, tmp_path / "shard1-a-copy", shard=Shard(1, 2))
 
     line = error_line(
         evalkit_here(capsys, "merge", tmp_path / "shard0-a", tmp_path / "shard1-b", "--out", tmp_path / "m")

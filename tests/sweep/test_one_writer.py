@@ -120,10 +120,15 @@ def test_two_drivers_of_two_hosts_on_one_out_the_second_is_refused_and_runs_once
     assert len(lines) == 1 and "Traceback" not in b.stderr, b.stderr
     assert lines[0].startswith("error: the evalkit run of host node-a pid ") and f"is writing to {out}" in lines[0]
 
-    from evalkit.ruler.runner import run_ruler
+    from evalkit.ruler.runner import RulerBenchmark
+    from evalkit.sweep.pipeline import run_benchmark
 
     single = tmp_path / "single"
-    run_ruler([r for r in tiny_refs() if r.step == 600], tiny_settings(samples=8, tasks=["niah_single_1"]), single)
+    run_benchmark(
+        RulerBenchmark(tiny_settings(samples=8, tasks=["niah_single_1"])),
+        [r for r in tiny_refs() if r.step == 600],
+        single,
+    )
     raced, alone = outputs_of(out), outputs_of(single)
     assert raced[1] == alone[1] and raced[1]  # the per-sample logs, byte for byte: one writer
     assert {k: v["rows"] for k, v in raced[0].items()} == {k: v["rows"] for k, v in alone[0].items()}

@@ -17,7 +17,7 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.files import LOCK_NAME
-from evalkit.ruler.runner import RulerBenchmark, run_ruler
+from evalkit.ruler.runner import RulerBenchmark
 from evalkit.sweep.pipeline import run_benchmark
 from tests.helpers import any_running, command_line, descendants
 from tests.sweep.helpers import (
@@ -60,9 +60,9 @@ def executor():
 
 def test_ray_run_equals_a_local_run_record_for_record(cluster, tmp_path):
     refs, settings = tiny_refs(), tiny_settings()
-    local = run_ruler(refs, settings, tmp_path / "local")
+    local = run_benchmark(RulerBenchmark(settings), refs, tmp_path / "local")
     lines: list[str] = []
-    remote = run_ruler(refs, settings, tmp_path / "ray", executor=executor(), log=lines.append)
+    remote = run_benchmark(RulerBenchmark(settings), refs, tmp_path / "ray", executor=executor(), log=lines.append)
     assert remote.rows == local.rows and remote.skipped == local.skipped and local.skipped
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
     assert any(line.startswith("ray: 6 units in 2 groups") for line in lines)  # one group per checkpoint
@@ -76,7 +76,7 @@ def test_ray_run_equals_a_local_run_record_for_record(cluster, tmp_path):
     assert len({w["pid"] for w in answered.values()}) == 1  # a checkpoint's units on one worker, one engine
 
     # A rerun (a driver killed after the workers finished) computes nothing and keeps the stamp.
-    run_ruler(refs, settings, tmp_path / "ray", executor=executor())
+    run_benchmark(RulerBenchmark(settings), refs, tmp_path / "ray", executor=executor())
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
     rerun = json.loads(summary_path.read_text())
     assert rerun["provenance"]["created"] == summary["provenance"]["created"]
@@ -89,11 +89,14 @@ def test_ray_run_equals_a_local_run_record_for_record(cluster, tmp_path):
 def test_general_under_ray_hands_its_files_to_the_driver_and_equals_a_local_run(cluster, tmp_path):
     """An lm-eval task on Ray: the unit's record, samples and lm-eval output, which the worker
     hands over and the driver writes, are the local run's (its record but for the time and place)."""
-    from evalkit.general import run_general
+    from evalkit.general import GeneralBenchmark, GeneralSettings
+    from evalkit.sweep.pipeline import run_benchmark
 
     refs, tasks, engine = tiny_refs()[-1:], ["evalkit_fixture_hellaswag_style"], {"dtype": "fp32"}
-    local = run_general(refs, tasks, out=tmp_path / "local", engine_settings=engine)
-    remote = run_general(refs, tasks, out=tmp_path / "ray", engine_settings=engine, executor=executor())
+    local = run_benchmark(GeneralBenchmark(GeneralSettings(tasks, engine_settings=engine)), refs, tmp_path / "local")
+    remote = run_benchmark(
+        GeneralBenchmark(GeneralSettings(tasks, engine_settings=engine)), refs, tmp_path / "ray", executor=executor()
+    )
     assert remote.rows == local.rows and local.rows
 
     def unit_files(out: Path) -> dict[str, Path]:
@@ -182,7 +185,7 @@ def test_worker_killed_mid_unit_is_retried_with_no_sample_lost_or_twice(cluster,
     assert killed_at == 32  # mid-unit: the first chunk durable, the second not yet
     assert any("retried (attempt 2" in line for line in lines), lines
 
-    run_ruler(refs, settings, tmp_path / "local")
+    run_benchmark(RulerBenchmark(settings), refs, tmp_path / "local")
     killed, local = outputs_of(tmp_path / "ray"), outputs_of(tmp_path / "local")
     assert killed == local  # every sample once, in order, with the same predictions
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
@@ -225,7 +228,7 @@ def test_a_paused_worker_writes_nothing_and_its_group_ends_once_when_it_goes_on(
     assert not sweep.failure and not driver.is_alive(), (sweep.failure, sweep.lines)
     assert paused_at == 32  # paused mid-unit: its second chunk not yet written
 
-    run_ruler(refs, settings, tmp_path / "local")
+    run_benchmark(RulerBenchmark(settings), refs, tmp_path / "local")
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")  # record for record
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert sorted(r["index"] for r in records) == list(range(40))  # each sample stored once
@@ -303,7 +306,7 @@ def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
     assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
     straight = tmp_path / "straight"
     refs = tiny_refs()
-    run_ruler(refs, tiny_settings(samples=40, tasks=["niah_single_1"]), straight)
+    run_benchmark(RulerBenchmark(tiny_settings(samples=40, tasks=["niah_single_1"])), refs, straight)
     assert outputs_of(out)[1] == outputs_of(straight)[1]  # every per-sample log, byte for byte
     assert outputs_of(out)[0].keys() == outputs_of(straight)[0].keys()
     for rel, summary in outputs_of(out)[0].items():
@@ -329,12 +332,12 @@ def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(
     settings = tiny_settings(samples=2, tasks=["niah_single_1"])
     refs = resolve_checkpoints([str(sweep)])
     with pytest.raises(UserError, match="1 of 2 checkpoints failed.*truncated or corrupt"):
-        run_ruler(refs, settings, tmp_path / "ray", executor=executor())
+        run_benchmark(RulerBenchmark(settings), refs, tmp_path / "ray", executor=executor())
     record = json.loads((tmp_path / "ray" / "sweep" / "step-550" / "ruler-failed.json").read_text())
     assert record["step"] == 550 and "truncated or corrupt" in record["reason"]
     assert not (tmp_path / "ray" / "sweep" / "step-550" / "ruler-summary.json").exists()
 
-    run_ruler([r for r in refs if r.step == 600], settings, tmp_path / "local")
+    run_benchmark(RulerBenchmark(settings), [r for r in refs if r.step == 600], tmp_path / "local")
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
 
 
@@ -443,13 +446,19 @@ def test_the_log_says_how_many_model_copies_run_at_once(cluster, tmp_path):
 
     refs, settings = tiny_refs(), tiny_settings(samples=1, tasks=["niah_single_1"])
     lines: list[str] = []
-    run_ruler(refs, settings, tmp_path / "ray", executor=RayExecutor(resources={"num_cpus": 2.0}), log=lines.append)
+    run_benchmark(
+        RulerBenchmark(settings),
+        refs,
+        tmp_path / "ray",
+        executor=RayExecutor(resources={"num_cpus": 2.0}),
+        log=lines.append,
+    )
     assert any(
         line.startswith("ray: each task asks 2 CPUs, 7.5 MiB memory: 1 concurrent model copies") for line in lines
     )
-    run_ruler(refs, settings, tmp_path / "local")
+    run_benchmark(RulerBenchmark(settings), refs, tmp_path / "local")
     assert outputs_of(tmp_path / "ray") == outputs_of(tmp_path / "local")
     default: list[str] = []
-    run_ruler(refs, settings, tmp_path / "ray2", executor=RayExecutor(), log=default.append)
+    run_benchmark(RulerBenchmark(settings), refs, tmp_path / "ray2", executor=RayExecutor(), log=default.append)
     asked = next(line for line in default if line.startswith("ray: each task asks"))
     assert asked.startswith("ray: each task asks 1 CPUs, 7.5 MiB memory: 2 concurrent model copies"), asked

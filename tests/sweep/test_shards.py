@@ -8,8 +8,9 @@ import shutil
 import pytest
 
 from evalkit.errors import UserError
-from evalkit.ruler.runner import RulerBenchmark, run_ruler
+from evalkit.ruler.runner import RulerBenchmark
 from evalkit.sweep.merge import merge_shards
+from evalkit.sweep.pipeline import run_benchmark
 from evalkit.sweep.plan import Shard, assign_shards, parse_shard, plan_work
 from tests.sweep.helpers import outputs_of, run_cli, tiny_refs, tiny_settings
 
@@ -53,17 +54,17 @@ def test_bad_shard_is_one_line(text):
 
 def test_two_shards_merged_equal_the_unsharded_run_record_for_record(tmp_path):
     refs, settings = tiny_refs(), tiny_settings()
-    whole = run_ruler(refs, settings, tmp_path / "whole")
+    whole = run_benchmark(RulerBenchmark(settings), refs, tmp_path / "whole")
     assert whole.skipped and whole.rows  # qa_1 is skipped (no --qa-dir): skips are merged too
     for i in range(2):
-        run_ruler(refs, settings, tmp_path / f"shard{i}", shard=Shard(i, 2))
+        run_benchmark(RulerBenchmark(settings), refs, tmp_path / f"shard{i}", shard=Shard(i, 2))
     parts = [outputs_of(tmp_path / f"shard{i}")[1] for i in range(2)]
     assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])  # both worked, on different units
     merge_shards([tmp_path / "shard1", tmp_path / "shard0"], tmp_path / "merged")  # any order
     assert outputs_of(tmp_path / "merged") == outputs_of(tmp_path / "whole")
 
     # The merged output reads as one run's: a rerun into it computes nothing and changes no record.
-    rerun = run_ruler(refs, settings, tmp_path / "merged", avg=True)
+    rerun = run_benchmark(RulerBenchmark(settings), refs, tmp_path / "merged", avg=True)
     assert rerun.rows == whole.rows
     assert outputs_of(tmp_path / "merged") == outputs_of(tmp_path / "whole")
     assert (tmp_path / "merged" / "ruler-avg.json").is_file()
@@ -74,14 +75,14 @@ def test_two_shards_merged_equal_the_unsharded_run_record_for_record(tmp_path):
         merge_shards([tmp_path / "shard0", tmp_path / "shard0-again", tmp_path / "shard1"], tmp_path / "m1")
     with pytest.raises(UserError, match="incomplete ruler sweep: 3 of its 6 units"):
         merge_shards([tmp_path / "shard0"], tmp_path / "m2")
-    run_ruler(refs, tiny_settings(samples=2), tmp_path / "other1", shard=Shard(1, 2))
+    run_benchmark(RulerBenchmark(tiny_settings(samples=2)), refs, tmp_path / "other1", shard=Shard(1, 2))
     with pytest.raises(UserError, match="conflicting shards: .* different sweeps"):
         merge_shards([tmp_path / "shard0", tmp_path / "other1"], tmp_path / "m3")
     assert not any((tmp_path / name).exists() for name in ("m1", "m2", "m3"))
 
 
 def test_merge_refuses_an_output_without_shards(tmp_path, capsys):
-    run_ruler(tiny_refs(), tiny_settings(samples=1, tasks=["qa_1"]), tmp_path / "plain")
+    run_benchmark(RulerBenchmark(tiny_settings(samples=1, tasks=["qa_1"])), tiny_refs(), tmp_path / "plain")
     assert run_cli(["merge", str(tmp_path / "plain"), "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a shard's summary (written without --shard)" in err[0]
@@ -95,7 +96,9 @@ def test_shard_with_avg_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_shard_summary_records_its_shard(tmp_path):
-    run_ruler(tiny_refs(), tiny_settings(samples=1, tasks=["qa_1"]), tmp_path / "s", shard=Shard(0, 3))
+    run_benchmark(
+        RulerBenchmark(tiny_settings(samples=1, tasks=["qa_1"])), tiny_refs(), tmp_path / "s", shard=Shard(0, 3)
+    )
     summaries = sorted((tmp_path / "s").rglob("ruler-summary.json"))
     shard = json.loads(summaries[0].read_text())["provenance"]["shard"]
     assert (shard["index"], shard["count"], shard["plan_units"]) == (0, 3, 2)
@@ -150,13 +153,15 @@ def test_the_plan_ignores_batch_size_and_data_locations_but_not_results():
 def test_a_shard_without_units_is_merged_and_counted(tmp_path):
     refs, settings = tiny_refs()[:1], tiny_settings(samples=1, tasks=["niah_single_1"])  # one unit
     for i in range(2):
-        run = run_ruler(refs, settings, tmp_path / f"s{i}", shard=Shard(i, 2))
+        run = run_benchmark(RulerBenchmark(settings), refs, tmp_path / f"s{i}", shard=Shard(i, 2))
     assert run.empty_shard is not None and (tmp_path / "s1" / "ruler-empty-shard.json").is_file()
     counts = merge_shards([tmp_path / "s0", tmp_path / "s1"], tmp_path / "m")
     assert (counts["shards"], counts["empty"], counts["summaries"]) == (2, 1, 1)
     with pytest.raises(UserError, match=r"incomplete ruler sweep: 0 of its 1 units are here \(shards 1 of 2\)"):
         merge_shards([tmp_path / "s1"], tmp_path / "m2")
-    run_ruler(refs, tiny_settings(samples=2, tasks=["niah_single_1"]), tmp_path / "other", shard=Shard(0, 2))
+    run_benchmark(
+        RulerBenchmark(tiny_settings(samples=2, tasks=["niah_single_1"])), refs, tmp_path / "other", shard=Shard(0, 2)
+    )
     with pytest.raises(UserError, match="conflicting shards"):
         merge_shards([tmp_path / "other", tmp_path / "s1"], tmp_path / "m3")
 

@@ -1,8 +1,8 @@
 """What every benchmark's command shares, declared once: its options (as lighteval's cli_args.py
 declares them), their checks before any work (--shard, --executor, --ray-address), and the one
-way from them to a run (run_command: progress display, run, closing report). A benchmark's typer
-command is its own settings plus run_command, so a new benchmark is its module plus one line
-registering the command (evalkit/cli/app.py)."""
+way from them to a run (run_command: progress display, run_benchmark, closing report). A
+benchmark's typer command (cli/<name>.py) builds its settings and Benchmark and hands it to
+run_command."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from evalkit.errors import UserError
 from evalkit.models.precision import check_dtype
+
+if TYPE_CHECKING:
+    from evalkit.sweep.pipeline import Benchmark, EvaluationRun
 
 EXECUTORS = ("local", "ray")
 SHARD_HELP = (
@@ -135,7 +138,7 @@ def progress_display(console) -> Iterator[dict[str, Callable]]:
 
 
 def run_command(
-    run: Callable[..., Any],
+    benchmark: Benchmark,
     table: Callable[[list], str],
     out: Path,
     paths: list[str] | None,
@@ -146,13 +149,14 @@ def run_command(
     executor: str,
     ray_address: str | None,
     ray_resources: str | None,
-) -> Any:
-    """A benchmark command's body past its own settings: `run` (run_benchmark bound to its benchmark)
-    on the checkpoints named, shown as it goes, then its table per checkpoint (stdout), --avg's
-    table and where the files are; no score at all (every unit skipped) is a failure."""
+) -> EvaluationRun:
+    """A benchmark command's body past its own settings: run_benchmark on the checkpoints named,
+    shown as it goes, then its table per checkpoint (stdout), --avg's table and where the files
+    are; no score at all (every unit skipped) is a failure."""
     from rich.console import Console
 
     from evalkit.models.refs import resolve_checkpoints
+    from evalkit.sweep.pipeline import run_benchmark
     from evalkit.sweep.plan import parse_shard
 
     console = Console(stderr=True)
@@ -162,7 +166,7 @@ def run_command(
     chosen = make_executor(executor, ray_address, ray_resources)
     refs = resolve_checkpoints([*(ckpts or []), *(paths or [])], last=last)  # --ckpts, then the arguments
     with progress_display(console) as shown:
-        result = run(refs, out=out, avg=avg, shard=parsed, executor=chosen, **shown)
+        result = run_benchmark(benchmark, refs, out, avg=avg, shard=parsed, executor=chosen, **shown)
     if result.empty_shard is not None:
         return result  # said by the run's log: a shard without units succeeds, for evalkit merge
     if not result.rows and parsed is not None:  # whether the sweep scored anything is evalkit merge's to say

@@ -1,0 +1,70 @@
+"""`evalkit ppl`: perplexity across context lengths on checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from evalkit.cli import options
+from evalkit.cli.app import app
+from evalkit.lengths import parse_lengths
+
+
+@app.command("ppl")
+def ppl_command(
+    paths: list[str] = options.paths_argument(),
+    ckpts: list[str] = options.ckpts_option(),
+    avg: bool = options.avg_option(),
+    last: int = options.last_option(),
+    lengths: str = options.lengths_option(),
+    data: str = typer.Option(
+        "builtin", "--data", help="builtin (the bundled prose), a .jsonl with a text field, a .txt, or a datasets dir."
+    ),
+    docs: int = typer.Option(50, "--docs", help="Use the first N documents (at each length, those long enough)."),
+    key_tokens: bool = typer.Option(
+        False, "--key-tokens", help="Also LongPPL: perplexity over the tokens that need the long context."
+    ),
+    engine: str = options.engine_option(),
+    dtype: str = options.dtype_option(),
+    batch_size: int = options.batch_size_option("Documents"),
+    engine_arg: list[str] = options.engine_arg_option(),
+    max_length: int = options.max_length_option("lengths"),
+    encoding: str = typer.Option(
+        "standard",
+        "--encoding",
+        help="standard: one causal sequence; anchor: the document cut into pieces behind "
+        "one anchor, each attending to itself and the anchor (AnchorAttention's packed documents).",
+    ),
+    doc_tokens: int = typer.Option(512, "--doc-tokens", help="--encoding anchor: tokens per piece."),
+    out: Path = options.out_option("results/ppl"),
+    shard: str = options.shard_option(),
+    executor: str = options.executor_option(),
+    ray_address: str = options.ray_address_option(),
+    ray_resources: str = options.ray_resources_option(),
+) -> None:
+    """Perplexity at each context length on checkpoints, with loss per position; --avg over checkpoints."""
+    from rich.console import Console
+
+    from evalkit.engines.args import OWN_FLAGS, parse_engine_args
+    from evalkit.ppl import PplBenchmark, PplSettings, checkpoint_table, draw
+
+    settings = PplSettings(
+        lengths=parse_lengths(lengths),
+        data=data,
+        docs=docs,
+        key_tokens=key_tokens,
+        engine=engine,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+        engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
+        encoding=encoding,
+        doc_tokens=doc_tokens,
+    )
+    benchmark = PplBenchmark(settings)
+    run = options.run_command(
+        benchmark, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
+    )
+    if run.summaries and shard is None:
+        Console(stderr=True).print(f"wrote {draw(run.summaries, out)}")
