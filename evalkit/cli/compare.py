@@ -38,8 +38,8 @@ def compare_command(
     pairing: str = typer.Option(
         "auto",
         "--pairing",
-        help="auto: paired where the same samples were answered (checked); require: refuse otherwise; "
-        "independent: never pair.",
+        help="auto: paired where the same samples were answered (checked), the same checkpoints or the "
+        "same seeds (training streams) were evaluated; require: refuse unpaired samples; independent: never pair.",
     ),
     out: Path = typer.Option(None, "--out", help="Directory for compare.md, compare.json and the plot."),
 ) -> None:

@@ -17,9 +17,12 @@ its variance is the unbiased s²/K, not the plug-in (K−1)/K of it).
 
 A series of several training runs (seeds) adds a stage above the checkpoints (Davison & Hinkley
 1997, Bootstrap Methods, §3.8): its runs drawn with replacement and combined as checkpoints are
-(√(R/(R−1))), so a difference is called only beyond the variation between seeds. Each series draws
-its own runs (seeds of two paradigms share nothing) unless both are of the same runs (two encodings
-of the same seeds); a point value is the mean over runs of each run's checkpoint-averaged score.
+(√(R/(R−1))), so a difference is called only beyond the variation between seeds. Two series whose
+runs have the same training streams (samples.training_stream: one base, one seed and its data per
+run, as continued pretraining under two paradigms or precisions) share the draw of runs: paired by
+seed, a seed's effect common to both cancels. Otherwise each series draws its own runs, unless both
+are of the same runs (two encodings of the same seeds). A point value is the mean over runs of each
+run's checkpoint-averaged score.
 
 From the replicates: the standard error, the 95% percentile interval, and a two-sided p-value from
 the difference over that standard error (normal approximation: a percentile p-value is floored at
@@ -70,7 +73,7 @@ class Difference:
     p: float
     p_holm: float
     samples: str  # "30", "30/20" (A/B), or "varies" over an average's tasks
-    pairing: str  # paired by "checkpoints+samples", "checkpoints", "samples", or "none"
+    pairing: str  # paired by "checkpoints" or "seeds" (+"samples"), "samples", or "none"
     pairing_detail: str  # e.g. "paired, same prompts", "independent: references differ at sample 3"
     tasks: int = 1
     # each training run's checkpoint-averaged value (one entry for a one-run series): the between-seed spread
@@ -112,17 +115,23 @@ class Bootstrap:
         # Series of the same checkpoints share one checkpoint draw (paired by checkpoint), their
         # checkpoints taken in the order of their identities so that draw k is the same weights.
         self.checkpoint_group = {name: self._checkpoint_group(one) for name, one in sorted(series.items())}
-        # a series' runs in the order of their identities, so that series of the same runs draw alike
-        self.runs = {name: sorted(one.members(), key=lambda run: _run_group(run) or ()) for name, one in series.items()}
-        by_group: dict[object, tuple[list[np.ndarray], np.ndarray | None]] = {}
+        # a series' runs in the order of their streams (seeds), then identities, so that series of the
+        # same seeds or of the same runs draw alike
+        self.runs = {name: sorted(one.members(), key=lambda run: (run.stream or "", _run_group(run) or ()))
+                     for name, one in series.items()}  # fmt: skip
+        self.run_group = {name: self._run_draw_group(name) for name in self.checkpoint_group}
+        checkpoint_draws: dict[object, list[np.ndarray]] = {}
+        run_draws: dict[object, np.ndarray | None] = {}
         self.checkpoint_draws, self.run_draws = {}, {}
         for name, group in self.checkpoint_group.items():
-            if group not in by_group:  # per run its checkpoints' draw, then (several runs only) the runs' draw
-                runs = len(self.runs[name])
-                draws = [self.rng.integers(0, len(run.steps()), size=(replicates, len(run.steps())))
-                         for run in self.runs[name]]  # fmt: skip
-                by_group[group] = draws, self.rng.integers(0, runs, size=(replicates, runs)) if runs > 1 else None
-            self.checkpoint_draws[name], self.run_draws[name] = by_group[group]
+            if group not in checkpoint_draws:  # per run its checkpoints' draw
+                checkpoint_draws[group] = [self.rng.integers(0, len(run.steps()), size=(replicates, len(run.steps())))
+                                           for run in self.runs[name]]  # fmt: skip
+            runs = len(self.runs[name])
+            if self.run_group[name] not in run_draws:  # then (several runs only) the runs' draw
+                draw = self.rng.integers(0, runs, size=(replicates, runs)) if runs > 1 else None
+                run_draws[self.run_group[name]] = draw
+            self.checkpoint_draws[name], self.run_draws[name] = checkpoint_draws[group], run_draws[self.run_group[name]]
         self.point: dict[tuple[str, Cell], float] = {}
         self.run_points: dict[tuple[str, Cell], list[float]] = {}  # each run's checkpoint-averaged score
         self.values: dict[tuple[str, Cell], np.ndarray] = {}
@@ -138,6 +147,15 @@ class Bootstrap:
         if self.pairing == "independent" or None in keys:
             return ("own", one.name)
         return keys[0] if len(keys) == 1 else tuple(sorted(keys))  # type: ignore[type-var]
+
+    def _run_draw_group(self, name: str) -> object:
+        """Which series share the draw of runs: those of the same streams, one run per stream (the same
+        seeds of one base: paired by seed); else those of the same checkpoints; else none."""
+        streams = [run.stream for run in self.runs[name]]
+        distinct = None not in streams and len(set(streams)) == len(streams)
+        if self.pairing != "independent" and len(streams) > 1 and distinct:
+            return ("streams", tuple(streams))
+        return self.checkpoint_group[name]
 
     def _draw_cell(self, cell: Cell) -> None:
         members: dict[tuple[str, int, int], dict] = {}  # (series, its run's index, step) -> samples
@@ -180,11 +198,16 @@ class Bootstrap:
             self.run_points[(name, cell)] = points
 
     def pairing_level(self, cell: Cell, a: str, b: str) -> str:
-        """What the difference at `cell` was paired by: "checkpoints+samples", "checkpoints", "samples" or "none"."""
-        by_checkpoint = self.checkpoint_group[a] == self.checkpoint_group[b]
+        """What the difference at `cell` was paired by: checkpoints (the same weights), else seeds (runs of
+        the same streams), with "+samples" where the samples were too, or "samples", or "none"."""
         by_sample = self.pairing_of(cell, a, b).startswith("paired")
-        levels = {(True, True): "checkpoints+samples", (True, False): "checkpoints", (False, True): "samples"}
-        return levels.get((by_checkpoint, by_sample), "none")
+        if self.checkpoint_group[a] == self.checkpoint_group[b]:
+            by = "checkpoints"
+        elif self.run_group[a] == self.run_group[b] and self.run_draws[a] is not None:
+            by = "seeds"
+        else:
+            return "samples" if by_sample else "none"
+        return by + "+samples" if by_sample else by
 
     def pairing_of(self, cell: Cell, a: str, b: str) -> str:
         keys = self.groups[cell]
@@ -308,7 +331,7 @@ def _pairing_over(each: list[str]) -> str:
 
 def _level_over(levels: list[str]) -> str:
     """An average's pairing: its tasks' where all agree, else the weakest ("mixed" would hide which)."""
-    ranked = ["none", "checkpoints", "samples", "checkpoints+samples"]
+    ranked = ["none", "seeds", "checkpoints", "samples", "seeds+samples", "checkpoints+samples"]
     return min(levels, key=ranked.index)
 
 

@@ -69,6 +69,8 @@ class Series:
     identities: dict[int, str] = field(default_factory=dict)
     standard_encoding: bool = True  # False for a RULER run's series under another encoding (anchor)
     runs: list[Series] = field(default_factory=list)  # its training runs (seeds) when several; else empty
+    # a run's training stream (training_stream): runs of two series with the same streams pair by seed
+    stream: str | None = None
 
     def members(self) -> list[Series]:
         """Its training runs, each a one-run Series: itself when it is one run."""
@@ -190,7 +192,10 @@ def read_directory(path: Path, notes: list[str] | None = None) -> dict[str, Seri
             paradigm = describe_checkpoint(summary)[0]
             for series_name, cell, samples in reader(summary, file.parent):
                 standard = series_name == summary["run"]  # ResultRow.series: the run's own name when standard
-                one = found.setdefault(series_name, Series(series_name, paradigm=paradigm, standard_encoding=standard))
+                one = found.setdefault(
+                    series_name,
+                    Series(series_name, paradigm=paradigm, standard_encoding=standard, stream=training_stream(summary)),
+                )
                 keyed = {(0, index): sample for index, sample in samples.items()}
                 one.checkpoints.setdefault(int(summary["step"]), {})[cell] = keyed
                 identity = checkpoint_identity(summary)
@@ -213,6 +218,18 @@ def checkpoint_identity(summary: dict) -> str | None:
     meta = provenance.get("checkpoint_meta") or {}
     digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
     return f"{path}@{summary.get('step')}#{digest}"
+
+
+def training_stream(summary: dict) -> str | None:
+    """What a trained checkpoint started from and saw: its base (or scratch), its seed and its data's
+    fingerprint, as its meta.json records them. The seed fixes the documents, their order and (from
+    scratch) the initial weights, so runs of two paradigms (or precisions) with the same stream saw the
+    same data and pair by seed. None where a record is missing (a checkpoint not trained here)."""
+    meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
+    config = meta.get("config") or {}
+    seed, data = config.get("seed"), meta.get("data_fingerprint")
+    base = (config.get("model") or {}).get("path") or "scratch"
+    return None if seed is None or data is None else f"base {base} · seed {seed} · data {data}"
 
 
 def _ruler_cells(summary: dict, directory: Path):

@@ -466,10 +466,15 @@ def test_the_json_is_the_same_whatever_the_processs_hash_seed(tmp_path):
 # --- silent drops and defaults (issue #36) ---
 
 
-def set_paradigm(out, run, step, paradigm):
+def set_paradigm(out, run, step, paradigm, seed=None):
+    """The checkpoint's meta.json record: its paradigm, and with a seed its training stream (a base, the
+    seed, the data's fingerprint) as evalkit train records it."""
     path = out / run / f"step-{step}" / "ruler-summary.json"
     summary = json.loads(path.read_text())
     summary["provenance"]["checkpoint_meta"] = {"paradigm": paradigm}
+    if seed is not None:
+        stream = {"config": {"seed": seed, "model": {"path": "/bases/tiny"}}, "data_fingerprint": f"data{seed}"}
+        summary["provenance"]["checkpoint_meta"].update(stream)
     path.write_text(json.dumps(summary))
 
 

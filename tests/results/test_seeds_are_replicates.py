@@ -21,9 +21,9 @@ from tests.results.test_compare import run_compare, set_paradigm, write_checkpoi
 CELL = Cell("ruler", "niah_single_1", 1024, "string_match_all")
 
 
-def run(name: str, checkpoints: list[list[float]]) -> Series:
+def run(name: str, checkpoints: list[list[float]], stream: str | None = None) -> Series:
     """One training run whose checkpoints answered the same samples 0..n-1 (references r<i>)."""
-    one = Series(name)
+    one = Series(name, stream=stream)
     for step, scores in enumerate(checkpoints):
         one.checkpoints[step] = {CELL: {(0, i): LoggedSample(float(s), json.dumps([f"r{i}"]), f"p{i}")
                                         for i, s in enumerate(scores)}}  # fmt: skip
@@ -98,26 +98,28 @@ def test_between_seed_spread_widens_the_interval_and_only_a_difference_beyond_it
     )
 
 
-def hierarchical_bootstrap(series_a, series_b, replicates: int, rng) -> np.ndarray:
+def hierarchical_bootstrap(series_a, series_b, replicates: int, rng, paired_seeds: bool = False) -> np.ndarray:
     """B − A over replicates, written from the documented rule: per replicate one draw of the samples
-    (both series answered the same ones: paired), per series its own draw of runs and per run of its
-    checkpoints, each stage's spread scaled to the unbiased s²/n (the value mean + √(n/(n−1)) times the
-    drawn mean's deviation from it)."""
+    (both series answered the same ones: paired), per series its own draw of runs (or, paired by seed,
+    one draw of seeds for both: run k of A is seed k, as run k of B) and per run of its checkpoints,
+    each stage's spread scaled to the unbiased s²/n (the value mean + √(n/(n−1)) times the drawn mean's
+    deviation from it)."""
     n = series_a[0].shape[1]
 
-    def stage(values: np.ndarray) -> float:
+    def stage(values: np.ndarray, drawn_indices=None) -> float:
         mean = values.mean()
         if len(values) == 1:
             return float(mean)
-        drawn = values[rng.integers(0, len(values), len(values))].mean()
-        return float(mean + math.sqrt(len(values) / (len(values) - 1)) * (drawn - mean))
+        indices = rng.integers(0, len(values), len(values)) if drawn_indices is None else drawn_indices
+        return float(mean + math.sqrt(len(values) / (len(values) - 1)) * (values[indices].mean() - mean))
 
     out = np.empty(replicates)
     for r in range(replicates):
         samples = rng.integers(0, n, n)
+        seeds = rng.integers(0, len(series_a), len(series_a)) if paired_seeds else None
         value = {}
         for side, runs in (("a", series_a), ("b", series_b)):
-            value[side] = stage(np.array([stage(scores[:, samples].mean(axis=1)) for scores in runs]))
+            value[side] = stage(np.array([stage(scores[:, samples].mean(axis=1)) for scores in runs]), seeds)
         out[r] = value["b"] - value["a"]
     return out
 
@@ -152,6 +154,57 @@ def test_multi_run_intervals_match_a_hierarchical_bootstrap_written_here():
     assert d.pairing == "samples"  # runs of two series are never paired; their samples are
 
 
+def test_runs_of_the_same_seeds_pair_by_seed_as_a_paired_bootstrap_written_here():
+    """3 seeds x 2 checkpoints on each side, 20 paired 0/100 samples; a seed's effect (0.3, 0.5, 0.7)
+    is common to both paradigms, B is 0.08 better in every seed. Runs of the same training streams
+    share the draw of seeds: the interval matches the paired hierarchical bootstrap written here (the
+    tolerances of the test above), and is narrower than the same runs drawn independently."""
+    rng = np.random.default_rng(8)
+
+    def runs(shift: float) -> list[np.ndarray]:
+        made = []
+        for effect in (0.3, 0.5, 0.7):
+            p = np.clip(effect + shift + rng.normal(0, 0.03, (2, 1)) + np.linspace(-0.2, 0.2, 20), 0, 1)
+            made.append(100.0 * (rng.random((2, 20)) < p))
+        return made
+
+    raw_a, raw_b = runs(0.0), runs(0.08)
+    # B's runs listed in another order than A's: the streams, not the order given, pair them
+    a = Series("A", runs=[run(f"a{k}", x.tolist(), f"seed {k}") for k, x in enumerate(raw_a)])
+    b = Series("B", runs=[run(f"b{k}", x.tolist(), f"seed {k}") for k, x in reversed(list(enumerate(raw_b)))])
+    (d,) = compare({"A": a, "B": b}, ["A", "B"], replicates=6000, seed=4).differences
+    reference = hierarchical_bootstrap(raw_a, raw_b, 6000, np.random.default_rng(99), paired_seeds=True)
+    se = float(np.std(reference, ddof=1))
+    assert d.stderr == pytest.approx(se, rel=0.05)
+    low, high = np.percentile(reference, [2.5, 97.5])
+    assert d.low == pytest.approx(low, abs=0.2 * se) and d.high == pytest.approx(high, abs=0.2 * se)
+    assert d.pairing == "seeds+samples"
+    (apart,) = compare({"A": a, "B": b}, ["A", "B"], replicates=6000, seed=4, pairing="independent").differences
+    unpaired = hierarchical_bootstrap(raw_a, raw_b, 6000, np.random.default_rng(99))  # samples paired there
+    assert apart.stderr > 1.5 * d.stderr and apart.pairing == "none"
+    assert float(np.std(unpaired, ddof=1)) > 1.5 * se
+
+
+def test_a_seed_effect_common_to_both_sides_cancels_only_when_the_seeds_match():
+    """Seed means 20, 50, 80 (A) and 25, 55, 85 (B), tiny noise within each run: paired by seed B − A
+    is 5 ± ~0.3 and called; with one of B's runs of another seed (another data stream) nothing pairs
+    the runs and the seed spread (SD 30) hides it."""
+    rng = np.random.default_rng(6)
+
+    def noisy(name: str, means: list[float], streams: list[str]) -> Series:
+        made = [run(f"{name}{k}", [list(m + rng.normal(0, 1, 20)) for _ in range(2)], stream)
+                for k, (m, stream) in enumerate(zip(means, streams))]  # fmt: skip
+        return Series(name, runs=made)
+
+    same = ["seed 1", "seed 2", "seed 3"]
+    a, b = noisy("A", [20, 50, 80], same), noisy("B", [25, 55, 85], same)
+    (d,) = compare({"A": a, "B": b}, ["A", "B"], replicates=4000, seed=1).differences
+    assert d.difference == pytest.approx(5.0, abs=0.5) and significant(d) and d.stderr < 1.0
+    other = noisy("B", [25, 55, 85], ["seed 1", "seed 2", "seed 9"])
+    (d,) = compare({"A": a, "B": other}, ["A", "B"], replicates=4000, seed=1).differences
+    assert not significant(d) and d.stderr > 15 and d.pairing == "samples"
+
+
 def test_a_glob_of_run_directories_is_one_series_of_seeds(tmp_path):
     out = tmp_path / "results"
     answers = {"full": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]], "anchor": [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]}
@@ -160,9 +213,13 @@ def test_a_glob_of_run_directories_is_one_series_of_seeds(tmp_path):
             for step in (1, 2):
                 write_checkpoint(out / f"{paradigm}-seed{seed}", f"{paradigm}-seed{seed}", step, "niah_single_1",
                                  1024, correct)  # fmt: skip
-                set_paradigm(out / f"{paradigm}-seed{seed}", f"{paradigm}-seed{seed}", step, paradigm)
+                set_paradigm(out / f"{paradigm}-seed{seed}", f"{paradigm}-seed{seed}", step, paradigm, seed)
     found = load_series([f"full={out}/full-seed*", f"anchor={out}/anchor-seed*"])
     assert [r.name for r in found["anchor"].runs] == ["anchor-seed1", "anchor-seed2", "anchor-seed3"]
+    # the runs' training streams, read from their checkpoints' records: the seeds pair
+    assert found["anchor"].runs[1].stream == "base /bases/tiny · seed 2 · data data2"
+    (d,) = compare(found, ["full", "anchor"], replicates=300).differences
+    assert d.pairing == "seeds+samples"
     root = pathlib.Path(__file__).resolve().parents[2]
     done = run_compare(f"full={out}/full-seed*", f"anchor={out}/anchor-seed*", "--replicates", "300", "--out",
                        str(tmp_path / "cmp"), cwd=root)  # fmt: skip
