@@ -21,9 +21,13 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 SUMMARIES = sorted(p for p in RESULTS.rglob("*-summary.json") if not p.is_relative_to(RESULTS / "quickstart"))
 
 
+BORN_AFTER_THE_MIGRATION = ("study-pilot",)  # results folders written by the current keys
+
+
 def test_results_hold_the_summaries_the_migration_rewrote():
     """The 13 RULER and lm-eval summaries the keys' migration rewrote (ppl's was born with them)."""
-    assert len([p for p in SUMMARIES if p.name in ("ruler-summary.json", "general-summary.json")]) == 13
+    older = [p for p in SUMMARIES if p.relative_to(RESULTS).parts[0] not in BORN_AFTER_THE_MIGRATION]
+    assert len([p for p in older if p.name in ("ruler-summary.json", "general-summary.json")]) == 13
 
 
 @pytest.mark.parametrize("path", SUMMARIES, ids=lambda p: str(p.relative_to(RESULTS)))
