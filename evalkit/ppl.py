@@ -1,36 +1,10 @@
 """Perplexity across context lengths and checkpoints (`evalkit ppl`, cli/ppl.py), a benchmark of the one pipeline.
 
-What is measured (docs/perplexity.md's definition, word for word there): for each length L, the documents of
-at least L tokens (the checkpoint's tokenizer; BOS first when the tokenizer has one), each cut to
-its first L tokens; the loss over positions 1..L-1 (the token at position p predicted from
-positions 0..p-1); perplexity = exp of the token-weighted mean negative log-likelihood over the
-documents. A shorter document is not used at L; a length no document reaches is skipped.
-Per document the log keeps its NLL summed in doubling position buckets (bucket 0: [1, 128),
-bucket b: [128 * 2^(b-1), 128 * 2^b)), which add up to its total.
-
---key-tokens (LongPPL, Fang et al., 2024, arXiv:2410.23771), as its reference implementation
-(PyPI `longppl` 0.3.0, find_key_token and compute_longppl) defines it on the document's first L
-tokens, with the checkpoint as its own evaluator (the paper's are fixed models such as
-Qwen2-72B-Instruct): a key token at position p >= 4096 (trunc_len) has a log-probability with the
-positions 0..p-1 before it (LCL) above -2 (beta) and above by more than 2 (alpha) its
-log-probability from the short context start..p-1, start = the multiple of 1024 (the stride,
-sliding_window) that puts p in [start + 4096, start + 5120). At L <= 4096 there is none. A
-document's LongPPL is exp of the mean NLL of its key tokens; over documents, their mean weighted by
-key tokens (the paper's perplexity.py). Under --encoding anchor the evaluator still reads the
-document in standard (key tokens are the document's, as the reference's evaluator's) and the NLL
-averaged is the anchor encoding's. Unlike the reference the evaluated scores keep the BOS (it
-tokenizes the evaluated text without special tokens) and map key tokens by position, not through
-character offsets (the same tokenizer on both sides).
-
---encoding anchor (docs/perplexity.md): the document's first L tokens as AnchorAttention trains
-on packed documents: after the anchor (the BOS; without one, packed_layout's EOS anchor before all
-L tokens), pieces of --doc-tokens tokens laid out by engines.tokens.packed_layout, [anchor] p1 EOS
-p2 EOS ..., each attending to itself and the anchor only. The same document positions 1..L-1 are
-scored (never an inserted EOS), each at the fed position before it: a piece's first token at the
-EOS closing the piece before. Key tokens compare these scores with standard's short windows.
-
-The engine's token_logprobs scores a batch of documents; a unit is one length, each document
-logged as it finishes (<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes.
+docs/perplexity.md defines what is measured: perplexity over positions 1..L-1 of each document's
+first L tokens, its loss per doubling position bucket, LongPPL's key tokens (--key-tokens, as the
+PyPI `longppl` 0.3.0 reference defines them) and --encoding anchor (pieces of --doc-tokens tokens
+behind one anchor, as AnchorAttention trains). A unit is one length, each document logged as it
+finishes (<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -50,11 +24,20 @@ from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
-from evalkit.store.result_format import NO_KEY_TOKENS, STANDARD, ResultRow, encoding_label
+from evalkit.store.result_format import NO_KEY_TOKENS, STANDARD, ResultRow, encoding_label, row_encoding
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import Unit, UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import Averages, Benchmark, UnitProgress, UnitResult, check_lengths, earlier_cells
+from evalkit.sweep.pipeline import (
+    Averages,
+    Benchmark,
+    UnitProgress,
+    UnitResult,
+    check_encoding,
+    check_lengths,
+    earlier_cells,
+    encoding_skips,
+)
 
 TASK = "ppl"
 FIRST_BUCKET = 128  # positions [1, 128), then doubling: [128, 256), [256, 512), ...
@@ -84,11 +67,9 @@ class PplSettings:
     doc_tokens: int = setting(512, role=SELECTION)
 
     def __post_init__(self) -> None:
-        from evalkit.ruler.encoding import check_encoding  # light: no torch, no transformers
-
-        check_encoding(self.encoding, self.doc_tokens, "base")
-        if self.docs < 1 or self.batch_size < 1:
-            raise UserError(f"--docs and --batch-size must be at least 1, got {self.docs} and {self.batch_size}")
+        check_encoding(self.encoding, self.doc_tokens)
+        if self.docs < 1:  # --batch-size: the pipeline's check_request, for every benchmark
+            raise UserError(f"--docs must be at least 1, got {self.docs}")
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -198,7 +179,7 @@ def bucket_label(bucket: int) -> str:
 
 def anchor_layout(tokenizer, ids: list[int], doc_tokens: int) -> tuple[list[int], list[int], list[int]]:
     """(fed ids, doc ids, the fed index of each scored token) of one document's first L tokens under
-    --encoding anchor (the module docstring): packed_layout's document part, its question dropped."""
+    --encoding anchor (docs/perplexity.md): packed_layout's document part, its question dropped."""
     from evalkit.engines.tokens import packed_layout
 
     content = ids[1:] if tokenizer.bos_token_id is not None else ids  # the BOS is the anchor packed_layout puts
@@ -339,15 +320,10 @@ class PplBenchmark(Benchmark):
         )
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
-        try:
-            return self._evaluate(engine, unit, store, progress)
-        except Skipped as why:
-            if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
-                why.details |= {"encoding": self.settings.encoding, "doc_tokens": self.settings.doc_tokens}
-            raise
+        with encoding_skips(self.settings):
+            return self._evaluate(engine, int(unit.length or 0), store, progress)
 
-    def _evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
-        length = int(unit.length or 0)
+    def _evaluate(self, engine: LazyEngine, length: int, store: UnitStore, progress: UnitProgress) -> UnitResult:
         tokens = self._tokenized(store.ref)[1]
         chosen = [i for i, ids in enumerate(tokens) if len(ids) >= length]
         if not chosen:
@@ -372,7 +348,7 @@ class PplBenchmark(Benchmark):
     def _score(self, engine, rows: list[list[int]], docs: list[tuple[int, str]]) -> list[dict[str, Any]]:
         _fits(engine, len(rows[0]))
         anchor, key_tokens = self.settings.encoding != STANDARD, self.settings.key_tokens
-        # the evaluator of key tokens reads the document in standard whatever the encoding (module docstring)
+        # the evaluator of key tokens reads the document in standard whatever the encoding (docs/perplexity.md)
         standard = engine.token_logprobs(rows) if key_tokens or not anchor else []
         long = anchor_logprobs(engine, rows, self.settings.doc_tokens) if anchor else standard
         if not key_tokens:
@@ -447,7 +423,7 @@ def _detail(length: int, records: list[dict[str, Any]], read: int) -> dict[str, 
 
 def _cell_name(entry: dict[str, Any]) -> str:
     """A row's, skip's or detail's cell, its key in the summary's "lengths": "4096", or "4096@anchor-512"."""
-    label = encoding_label(entry.get("encoding"), entry.get("doc_tokens"))
+    label = row_encoding(entry)
     return str(entry["length"]) if label == STANDARD else f"{entry['length']}@{label}"
 
 
@@ -486,7 +462,7 @@ def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
     figure, axes = new_figure()
     for summary in summaries:
         details = sorted((summary.get("lengths") or {}).values(), key=lambda d: d["length"])
-        for encoding, longest in {encoding_label(d.get("encoding"), d.get("doc_tokens")): d for d in details}.items():
+        for encoding, longest in {row_encoding(d): d for d in details}.items():
             spans = [tuple(map(int, label.split("-"))) for label in longest["position_loss"]]
             middles = [math.sqrt(low * high) for low, high in spans]
             name = summary["run"] if encoding == STANDARD else f"{summary['run']} [{encoding}]"

@@ -12,8 +12,8 @@ from evalkit.cli.app import app
 
 @app.command("general")
 def general_command(
-    paths: list[str] = options.paths_argument(),
-    ckpts: list[str] = options.ckpts_option(),
+    paths: list[str] = options.PATHS,
+    ckpts: list[str] = options.CKPTS,
     tasks: str = typer.Option(
         ..., "--tasks", help="lm-eval tasks, groups or tags, comma-separated (mmlu,hellaswag,...)."
     ),
@@ -28,21 +28,21 @@ def general_command(
         "results (documents: for LongBench-style tasks whose lengths vary), or, asked for explicitly, loses "
         "the middle of its generation prompt, counted (middle: LongBench's own truncation).",
     ),
-    engine: str = options.engine_option(),
-    dtype: str = options.dtype_option(),
+    engine: str = options.ENGINE,
+    dtype: str = options.DTYPE,
     batch_size: int = options.batch_size_option("Requests"),
-    engine_arg: list[str] = options.engine_arg_option(),
+    engine_arg: list[str] = options.ENGINE_ARG,
     max_length: int = options.max_length_option("requests"),
-    last: int = options.last_option(),
+    last: int = options.LAST,
     avg: bool = options.avg_option(),
     include_path: list[str] = typer.Option(
         None, "--include-path", help="More folders of lm-eval task YAMLs (tasks/ is always included)."
     ),
     out: Path = options.out_option("results/general"),
-    shard: str = options.shard_option(),
-    executor: str = options.executor_option(),
-    ray_address: str = options.ray_address_option(),
-    ray_resources: str = options.ray_resources_option(),
+    shard: str = options.SHARD,
+    executor: str = options.EXECUTOR,
+    ray_address: str = options.RAY_ADDRESS,
+    ray_resources: str = options.RAY_RESOURCES,
 ) -> None:
     """Run lm-evaluation-harness tasks (mmlu, hellaswag, any task or group) on checkpoints."""
     from evalkit.arglists import parse_list

@@ -21,97 +21,79 @@ if TYPE_CHECKING:
     from evalkit.sweep.pipeline import Benchmark, EvaluationRun
 
 EXECUTORS = ("local", "ray")
-SHARD_HELP = (
-    "Evaluate only shard I of N of the (checkpoint, unit) pairs, balanced by estimated tokens; "
+
+# The options: each typer's default for its parameter (`ckpts: list[str] = options.CKPTS`); a
+# function where a word differs with the benchmark (its units, its default --out).
+PATHS = typer.Argument(None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False)
+CKPTS = typer.Option(
+    None,
+    "--ckpts",
+    help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
+    "org/name\\[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
+)
+LAST = typer.Option(None, "--last", help="Use only each run's newest N checkpoints.")
+LENGTHS = typer.Option("4k", "--lengths", help="Context lengths, comma-separated (4k = 4096).")
+ENGINE = typer.Option("hf", "--engine", help="hf (transformers) or vllm.")
+DTYPE = typer.Option(
+    None,
+    "--dtype",
+    help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).",
+    # Checked as given: an empty --dtype "" is refused, not read as "not given" (the default).
+    callback=lambda value: value if value is None else check_dtype(value),
+)
+ENGINE_ARG = typer.Option(
+    None,
+    "--engine-arg",
+    help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
+    "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
+)
+SHARD = typer.Option(
+    None,
+    "--shard",
+    help="Evaluate only shard I of N of the (checkpoint, unit) pairs, balanced by estimated tokens; "
     "'slurm' or 'sge': this job-array task's shard, from the scheduler's array variables (any first "
-    "index and step). Join the shards with evalkit merge."
+    "index and step). Join the shards with evalkit merge.",
 )
-EXECUTOR_HELP = "local: this process; ray: the units on a Ray cluster's workers (pip install 'evalkit[ray]')."
-RAY_ADDRESS_HELP = "--executor ray: the cluster to join (ray://host:10001 or host:6379; default: a local one)."
-RAY_RESOURCES_HELP = (
-    "--executor ray: what each task (one model copy) asks of a node, e.g. cpus=4,memory=8G or gpus=2 "
-    "(default: 1 CPU and 3x the weights' size in memory on CPUs; the GPUs of its tensor-parallel size on GPUs)."
+EXECUTOR = typer.Option(
+    "local",
+    "--executor",
+    help="local: this process; ray: the units on a Ray cluster's workers (pip install 'evalkit[ray]').",
 )
-
-
-# The options: each a function returning typer's default (typer.Option/Argument), the parameter
-# then reads `ckpts: list[str] = ckpts_option()`; a word differs where the benchmarks' units do.
-def paths_argument() -> Any:
-    return typer.Argument(
-        None, help="More checkpoints or run directories (so --ckpts runs/*/ works).", show_default=False
-    )
-
-
-def ckpts_option() -> Any:
-    return typer.Option(
-        None,
-        "--ckpts",
-        help="A checkpoint, a run directory of step-* checkpoints (globs work), or a hub name "
-        "org/name\\[@revision] (from the Hugging Face cache; HF_HUB_OFFLINE=1: the cache only).",
-    )
+RAY_ADDRESS = typer.Option(
+    None,
+    "--ray-address",
+    help="--executor ray: the cluster to join (ray://host:10001 or host:6379; default: a local one).",
+)
+RAY_RESOURCES = typer.Option(
+    None,
+    "--ray-resources",
+    help="--executor ray: what each task (one model copy) asks of a node, e.g. cpus=4,memory=8G or gpus=2 "
+    "(default: 1 CPU and 3x the weights' size in memory on CPUs; the GPUs of its tensor-parallel size on GPUs).",
+)
 
 
 def avg_option(what: str = "mean ± std") -> Any:
     return typer.Option(False, "--avg", help=f"Also average each run over its checkpoints ({what}).")
 
 
-def last_option() -> Any:
-    return typer.Option(None, "--last", help="Use only each run's newest N checkpoints.")
-
-
-def lengths_option(default: str = "4k") -> Any:
-    return typer.Option(default, "--lengths", help="Context lengths, comma-separated (4k = 4096).")
-
-
-def engine_option() -> Any:
-    return typer.Option("hf", "--engine", help="hf (transformers) or vllm.")
-
-
-def dtype_option() -> Any:
-    # Checked as given: an empty --dtype "" is refused, not read as "not given" (the default).
-    return typer.Option(
-        None,
-        "--dtype",
-        help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).",
-        callback=lambda value: value if value is None else check_dtype(value),
-    )
-
-
 def batch_size_option(items: str) -> Any:
     return typer.Option(8, "--batch-size", help=f"{items} per batch.")
-
-
-def engine_arg_option() -> Any:
-    return typer.Option(
-        None,
-        "--engine-arg",
-        help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
-        "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
-    )
 
 
 def max_length_option(items: str) -> Any:
     return typer.Option(None, "--max-length", help=f"Allow {items} beyond the model's max_position_embeddings.")
 
 
+def encoding_option(standard: str, anchor: str) -> Any:
+    return typer.Option("standard", "--encoding", help=f"standard: one causal {standard}; anchor: {anchor}")
+
+
+def doc_tokens_option(what: str) -> Any:
+    return typer.Option(512, "--doc-tokens", help=f"--encoding anchor: {what}")
+
+
 def out_option(default: str) -> Any:
     return typer.Option(Path(default), "--out", help="Results directory.")
-
-
-def shard_option() -> Any:
-    return typer.Option(None, "--shard", help=SHARD_HELP)
-
-
-def executor_option() -> Any:
-    return typer.Option("local", "--executor", help=EXECUTOR_HELP)
-
-
-def ray_address_option() -> Any:
-    return typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP)
-
-
-def ray_resources_option() -> Any:
-    return typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP)
 
 
 @contextmanager
@@ -207,12 +189,12 @@ def make_executor(name: str, ray_address: str | None, ray_resources: str | None 
 # What ray.init takes: the head's HOST:PORT (a name, IPv4 or [IPv6]), ray://HOST[:PORT] (Ray Client),
 # or a keyword: "auto" (the cluster this node joined), "local" (start one here).
 _HOST = r"(\[[0-9a-fA-F:]+\]|[^\s:/\[\]]+)"
-RAY_ADDRESS = re.compile(rf"^(ray://{_HOST}(:\d+)?|{_HOST}:\d+|auto|local)$")
+RAY_ADDRESS_PATTERN = re.compile(rf"^(ray://{_HOST}(:\d+)?|{_HOST}:\d+|auto|local)$")
 
 
 def check_ray_address(address: str | None) -> None:
     """A malformed --ray-address is one line before any work, not Ray's "Invalid address format" traceback."""
-    if address is not None and not RAY_ADDRESS.match(address):
+    if address is not None and not RAY_ADDRESS_PATTERN.match(address):
         raise UserError(
             f"--ray-address {address!r} is not a Ray address: give the head node's HOST:PORT (as `ray start "
             "--head` printed it, e.g. 10.0.0.5:6379), ray://HOST:10001 (Ray Client), or auto (this node's cluster)"

@@ -13,11 +13,11 @@ from evalkit.lengths import parse_lengths
 
 @app.command("ppl")
 def ppl_command(
-    paths: list[str] = options.paths_argument(),
-    ckpts: list[str] = options.ckpts_option(),
+    paths: list[str] = options.PATHS,
+    ckpts: list[str] = options.CKPTS,
     avg: bool = options.avg_option(),
-    last: int = options.last_option(),
-    lengths: str = options.lengths_option(),
+    last: int = options.LAST,
+    lengths: str = options.LENGTHS,
     data: str = typer.Option(
         "builtin", "--data", help="builtin (the bundled prose), a .jsonl with a text field, a .txt, or a datasets dir."
     ),
@@ -25,23 +25,22 @@ def ppl_command(
     key_tokens: bool = typer.Option(
         False, "--key-tokens", help="Also LongPPL: perplexity over the tokens that need the long context."
     ),
-    engine: str = options.engine_option(),
-    dtype: str = options.dtype_option(),
+    engine: str = options.ENGINE,
+    dtype: str = options.DTYPE,
     batch_size: int = options.batch_size_option("Documents"),
-    engine_arg: list[str] = options.engine_arg_option(),
+    engine_arg: list[str] = options.ENGINE_ARG,
     max_length: int = options.max_length_option("lengths"),
-    encoding: str = typer.Option(
-        "standard",
-        "--encoding",
-        help="standard: one causal sequence; anchor: the document cut into pieces behind "
-        "one anchor, each attending to itself and the anchor (AnchorAttention's packed documents).",
+    encoding: str = options.encoding_option(
+        "sequence",
+        "the document cut into pieces behind one anchor, each attending to itself and the anchor "
+        "(AnchorAttention's packed documents).",
     ),
-    doc_tokens: int = typer.Option(512, "--doc-tokens", help="--encoding anchor: tokens per piece."),
+    doc_tokens: int = options.doc_tokens_option("tokens per piece."),
     out: Path = options.out_option("results/ppl"),
-    shard: str = options.shard_option(),
-    executor: str = options.executor_option(),
-    ray_address: str = options.ray_address_option(),
-    ray_resources: str = options.ray_resources_option(),
+    shard: str = options.SHARD,
+    executor: str = options.EXECUTOR,
+    ray_address: str = options.RAY_ADDRESS,
+    ray_resources: str = options.RAY_RESOURCES,
 ) -> None:
     """Perplexity at each context length on checkpoints, with loss per position; --avg over checkpoints."""
     from rich.console import Console

@@ -14,11 +14,11 @@ from evalkit.lengths import LengthBeyondLimit, parse_lengths
 
 @app.command("ruler")
 def ruler_command(
-    paths: list[str] = options.paths_argument(),
-    ckpts: list[str] = options.ckpts_option(),
+    paths: list[str] = options.PATHS,
+    ckpts: list[str] = options.CKPTS,
     avg: bool = options.avg_option("mean ± std of the per-length task average"),
-    last: int = options.last_option(),
-    lengths: str = options.lengths_option(),
+    last: int = options.LAST,
+    lengths: str = options.LENGTHS,
     tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
     samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
     seed: int = typer.Option(42, "--seed", help="Data seed (RULER's default 42)."),
@@ -28,10 +28,10 @@ def ruler_command(
     qa_dir: str = typer.Option(
         None, "--qa-dir", help="Directory with SQuAD v2 dev and HotpotQA dev-distractor JSON (qa_1, qa_2)."
     ),
-    engine: str = options.engine_option(),
-    dtype: str = options.dtype_option(),
+    engine: str = options.ENGINE,
+    dtype: str = options.DTYPE,
     batch_size: int = options.batch_size_option("Prompts"),
-    engine_arg: list[str] = options.engine_arg_option(),
+    engine_arg: list[str] = options.ENGINE_ARG,
     max_length: int = options.max_length_option("lengths"),
     sizing: str = typer.Option(
         "exact",
@@ -44,20 +44,17 @@ def ruler_command(
         "--prompt-format",
         help="base: the task text as is; chat: inside the checkpoint tokenizer's chat template (instruct models).",
     ),
-    encoding: str = typer.Option(
-        "standard",
-        "--encoding",
-        help="standard: one causal prompt; anchor: the instruction and the context's pieces as documents "
-        "that attend to themselves and one shared anchor, the question to everything (AnchorAttention).",
+    encoding: str = options.encoding_option(
+        "prompt",
+        "the instruction and the context's pieces as documents that attend to themselves and one shared "
+        "anchor, the question to everything (AnchorAttention).",
     ),
-    doc_tokens: int = typer.Option(
-        512, "--doc-tokens", help="--encoding anchor: about this many tokens per document (cut at line breaks)."
-    ),
+    doc_tokens: int = options.doc_tokens_option("about this many tokens per document (cut at line breaks)."),
     out: Path = options.out_option("results/ruler"),
-    shard: str = options.shard_option(),
-    executor: str = options.executor_option(),
-    ray_address: str = options.ray_address_option(),
-    ray_resources: str = options.ray_resources_option(),
+    shard: str = options.SHARD,
+    executor: str = options.EXECUTOR,
+    ray_address: str = options.RAY_ADDRESS,
+    ray_resources: str = options.RAY_RESOURCES,
 ) -> None:
     """Run RULER on checkpoints across context lengths; --avg averages each run over its checkpoints."""
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args

@@ -1,19 +1,10 @@
-"""`evalkit general`: lm-eval tasks on checkpoints, one task file per (checkpoint, task), resumable.
-
-lm-eval tasks are one benchmark of the one pipeline (evalkit.sweep.pipeline, which owns the checks,
-the engine, the summary, skips and --avg): its unit is a requested task. For each checkpoint,
-each requested task (a task, group or tag lm-eval knows) either is on disk already with the
-same settings (kept, nothing recomputed, the engine not even loaded) or is run by lm-eval's
-`simple_evaluate` through EngineLM and stored:
-
-    <out>/<run>/step-<N>/general/<task>.json           evalkit's record: rows, settings key, provenance (written last)
-    <out>/<run>/step-<N>/general/<task>.lm_eval.json   lm-eval's full result JSON (without samples)
-    <out>/<run>/step-<N>/general/<task>.samples.jsonl  per-sample responses, metrics and hashes, no prompts
-    <out>/<run>/step-<N>/general-summary.json          every row of the checkpoint, skipped tasks, provenance
-    <out>/general-avg.json, general-avg.md             with avg: mean ± std over each run's checkpoints
-
-A task that cannot run (its dataset cannot be had, a request exceeds the model window, it asks
-for sampling) is recorded as skipped with a one-line reason, and the other tasks still run.
+"""`evalkit general`: lm-eval tasks as one benchmark of the pipeline (evalkit.sweep.pipeline), a unit
+per requested task (a task, group or tag lm-eval knows; docs/general.md). A task on disk with the
+same settings is kept (the engine not even loaded); else lm-eval's `simple_evaluate` runs it through
+EngineLM and it is stored under <out>/<run>/step-<N>/general/: <task>.lm_eval.json (lm-eval's result,
+without samples), <task>.samples.jsonl (per-sample responses, metrics and hashes, no prompts) and
+<task>.json (evalkit's record: rows, settings key, provenance; written last). A task that cannot
+run is recorded as skipped with a one-line reason, and the other tasks still run.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""`--encoding anchor`: RULER's samples read as the anchor paradigm reads packed documents.
-
-Anchor encoding cuts a sample into documents: the task's instruction, then its context cut at
-line breaks, else sentence ends, else spaces into pieces of about `doc_tokens` tokens (qa_1/qa_2:
-at their own "Document k:" blocks). They are laid out as AnchorAttention trains, [anchor] d1 EOS
-d2 EOS ... (evalkit.attention.pack), then the question with the answer prefix. In the prefill
-each document attends to itself and the anchor only; the question and the answer attend to
-everything (the engines' generate_packed); positions run on from the anchor at 0. The request is
-one EOS per document longer than the standard prompt, so a length at the model's very window
-cannot be anchor encoded (the unit is skipped, with that reason).
-
-What it asks: does a model trained with AnchorAttention answer as well when its documents were
-encoded apart (the precondition for encoding, caching and reusing them independently)?
+"""`--encoding anchor`: RULER's samples cut into documents as the anchor paradigm reads packed
+documents (docs/ruler.md): the instruction, then the context cut at line breaks, else sentence
+ends, else spaces into pieces of about `doc_tokens` tokens (qa_1/qa_2: at their own "Document k:"
+blocks), losslessly, or the unit is skipped. The engines' generate_packed lays them out.
 """
 
 from __future__ import annotations
@@ -20,16 +11,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from evalkit.errors import Skipped, UserError
+from evalkit.errors import Skipped
 from evalkit.ruler.kinds import task_kind
-from evalkit.store.result_format import STANDARD, encoding_label
 
 if TYPE_CHECKING:
     from evalkit.ruler.sample import Sample
     from evalkit.ruler.spec import TaskSpec
 
-ANCHOR = "anchor"
-ENCODINGS = (STANDARD, ANCHOR)
 DEFAULT_DOC_TOKENS = 512
 BOUNDARIES = ("\n", ". ", " ")  # where a context may be cut, in order of preference
 
@@ -43,20 +31,6 @@ class Split:
 
     def text(self) -> str:
         return "".join(self.documents) + self.question
-
-
-def check_encoding(encoding: str, doc_tokens: int, prompt_format: str) -> None:
-    if encoding not in ENCODINGS:
-        raise UserError(f"--encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
-    if doc_tokens < 1:
-        raise UserError(f"--doc-tokens must be a positive number of tokens, got {doc_tokens}")
-    if encoding == ANCHOR and prompt_format != "base":
-        raise UserError("--encoding anchor reads the base prompt: drop --prompt-format chat")
-
-
-def row_encoding(row: dict) -> str:
-    """A stored row's encoding label (rows written before the option are standard)."""
-    return encoding_label(row.get("encoding"), row.get("doc_tokens"))
 
 
 def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> Split:

@@ -22,25 +22,28 @@ from evalkit.errors import Skipped, UserError
 from evalkit.models.check import load_tokenizer
 from evalkit.models.refs import CheckpointRef
 from evalkit.ruler.cache import cache_key, load_or_generate
-from evalkit.ruler.encoding import (
-    DEFAULT_DOC_TOKENS,
-    STANDARD,
-    check_encoding,
-    encoding_label,
-    row_encoding,
-    split_sample,
-)
+from evalkit.ruler.encoding import DEFAULT_DOC_TOKENS, split_sample
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
 from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, row_record
+from evalkit.store.result_format import STANDARD, ResultRow, encoding_label, row_encoding, row_record
 from evalkit.store.sample_log import SampleLog
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
-from evalkit.sweep.pipeline import Averages, Benchmark, Unit, UnitProgress, UnitResult, check_lengths, earlier_cells
+from evalkit.sweep.pipeline import (
+    Averages,
+    Benchmark,
+    Unit,
+    UnitProgress,
+    UnitResult,
+    check_encoding,
+    check_lengths,
+    earlier_cells,
+    encoding_skips,
+)
 
 PROMPT_FORMATS = ("base", "chat")
 SAMPLES_PER_APPEND = 32  # samples generated between durable appends: a kill loses at most one chunk's work
@@ -73,13 +76,13 @@ class RulerSettings:
 
     def __post_init__(self) -> None:
         check_sizing(self.sizing)
-        check_encoding(self.encoding, self.doc_tokens, self.prompt_format)
+        check_encoding(self.encoding, self.doc_tokens)
+        if self.encoding != STANDARD and self.prompt_format != "base":
+            raise UserError(f"--encoding {self.encoding} reads the base prompt: drop --prompt-format chat")
         if self.prompt_format not in PROMPT_FORMATS:
             raise UserError(f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {self.prompt_format!r}")
-        if self.num_samples < 1 or self.batch_size < 1:
-            raise UserError(
-                f"--samples and --batch-size must be at least 1, got {self.num_samples} and {self.batch_size}"
-            )
+        if self.num_samples < 1:  # --batch-size: the pipeline's check_request, for every benchmark
+            raise UserError(f"--samples must be at least 1, got {self.num_samples}")
 
     def data_options(self) -> dict:
         return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
@@ -99,29 +102,6 @@ def parse_ruler_tasks(text: str) -> list[str]:
 
 def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class UnitKey:
-    """A unit's keys, derived once (`unit_key`): the sample cache's folder and file, and the sample log's."""
-
-    tokenizer: str  # the tokenizer's fingerprint: the cache's folder
-    data: str  # the samples' data key (ruler.cache.data_key): the cache file's name, in the summary
-    answers: str  # what a stored answer must match to be reused (answer_key)
-
-
-def unit_key(
-    ref: CheckpointRef, spec: TaskSpec, length: int, tokenizer, settings: RulerSettings, data: dict
-) -> UnitKey:
-    """Under --encoding anchor, a checkpoint trained with the sink window reading is served that
-    reading by the hf engine: its answers are keyed apart."""
-    fingerprint, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
-    sink = settings.encoding != STANDARD and trained_window_anchor(ref.path) == "sink"
-    reading = {"window_anchor": "sink"} if sink else {}
-    # The engine's result facts (engines.base.RESULT_FACTS) beyond the settings, as they will be once
-    # it is built; the checkpoint's own (its path, its window) are the log's place.
-    facts = {"dtype": EngineChoice.of(settings).dtype(), "tokenizer_fingerprint": fingerprint}
-    return UnitKey(fingerprint, data_key, answer_key(settings, data_key, facts, reading))
 
 
 def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
@@ -147,13 +127,19 @@ def _evaluate_task(
     assert length is not None  # every RULER unit is a task at a length (RulerBenchmark.units)
     fmt = PromptFormat.from_chat_template(tokenizer) if settings.prompt_format == "chat" else BASE
     data = {**settings.data_options(), "prompt_format": fmt}
-    key = unit_key(ref, spec, length, tokenizer, settings, data)  # the one derivation of the unit's keys
+    fingerprint, data_key = cache_key(spec, tokenizer, length, settings.seed, **data)
     samples = load_or_generate(
-        spec, tokenizer, length, settings.num_samples, settings.seed, key=(key.tokenizer, key.data), **data
+        spec, tokenizer, length, settings.num_samples, settings.seed, key=(fingerprint, data_key), **data
     )
     label = encoding_label(settings.encoding, settings.doc_tokens)
+    # Under --encoding anchor, a checkpoint trained with the sink window reading is served that reading
+    # by the hf engine: its answers are keyed apart. The engine's result facts (engines.base.RESULT_FACTS)
+    # beyond the settings, as they will be once it is built; the checkpoint's own (path, window): the log's place.
+    sink = label != STANDARD and trained_window_anchor(ref.path) == "sink"
+    facts = {"dtype": engine.choice.dtype(), "tokenizer_fingerprint": fingerprint}
+    key = answer_key(settings, data_key, facts, {"window_anchor": "sink"} if sink else {})
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
-    log = SampleLog(log_file, key.answers, writer=store.writer)
+    log = SampleLog(log_file, key, writer=store.writer)
     todo = [s for s in samples if s.index not in log.records]
     progress(len(samples) - len(todo), len(samples))
     if todo:
@@ -199,7 +185,7 @@ def _evaluate_task(
         encoding=settings.encoding,
         **encoded,
     )
-    return row, key.data, len(todo)
+    return row, data_key, len(todo)
 
 
 # (samples, their rendered prompts) -> (predictions, extra record fields)
@@ -287,14 +273,10 @@ class RulerBenchmark(Benchmark):
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult[str]:
         """The unit's row; its detail, the cell's data key, goes in the summary."""
-        try:
+        with encoding_skips(self.settings):
             row, data_key, generated = _evaluate_task(
                 engine, self._tokenizer_at(store.ref.path), self._specs[unit.task], self.settings, store, progress
             )
-        except Skipped as why:
-            if self.settings.encoding != STANDARD:  # the skip belongs to this encoding's cell
-                why.details |= {"encoding": self.settings.encoding, "doc_tokens": self.settings.doc_tokens}
-            raise
         return UnitResult([row], data_key, computed=bool(generated))
 
     def finish_summary(self, summary: dict, results: list[UnitResult], earlier: dict | None) -> dict:

@@ -77,6 +77,11 @@ def encoding_label(encoding: str | None, doc_tokens: int | None) -> str:
     return f"{encoding}-{doc_tokens}"
 
 
+def row_encoding(record: dict[str, Any]) -> str:
+    """A stored row's, skip's or detail's encoding label (one without an encoding is standard)."""
+    return encoding_label(record.get("encoding"), record.get("doc_tokens"))
+
+
 def series_name(run: str, encoding: str | None, doc_tokens: int | None) -> str:
     """The name a RULER row (or skip) is tabled and averaged under: its run, or its run and its
     encoding, so the two encodings of one checkpoint stand side by side and never average together."""

@@ -1,28 +1,18 @@
-"""One evaluation pipeline: every benchmark (RULER, lm-eval tasks, any later one) runs through here.
-
-    refs ──checks──▶ for each checkpoint, one engine (built on first use, closed before the next):
-        for each unit of the benchmark (a task, a task at a length):
-            stored with the same settings? keep it : evaluate it ──▶ rows, or Skipped(reason)
-        ──▶ <out>/<run>/step-<N>/<name>-summary.json   rows, skips, provenance, the checkpoint's meta
-    --avg ──▶ <out>/<name>-avg.json, <out>/<name>-avg.md     mean ± std over each run's checkpoints
-
-The pipeline owns, for every benchmark: the request checks (engine, its settings, the output
-directory, a tokenizer beside every checkpoint; check_lengths for a benchmark at context lengths)
-before anything is loaded, the merge of an earlier summary's cells (earlier_cells), the output lock, the
-engine's lifecycle, skip records, the summary and its provenance (the stamp of the run that
-computed the scores, not of a rerun that read them back), --avg and progress (ProgressEvents).
-Where files go under --out is the store's (evalkit.store.units).
-
-A benchmark is a settings dataclass and a subclass of Benchmark below (tests/test_pipeline.py runs a
-toy one through every part of the pipeline), run by run_benchmark alone: its command (cli/<name>.py)
-hands it to cli.options.run_command. Its rows are evalkit.store.result_format.ResultRow, which the
-leaderboard reads.
+"""One evaluation pipeline: every benchmark (RULER, lm-eval tasks, perplexity, any later one) runs
+through run_benchmark (docs/architecture.md draws it). It owns, for every benchmark: the request
+checks before anything is loaded (check_lengths and check_encoding for a benchmark at lengths), the
+output lock, the engine's lifecycle, skip records, the merge of an earlier summary's cells
+(earlier_cells), the summary and its provenance (the stamp of the run that computed the scores, not
+of a rerun that read them back), --avg and progress. Where files go is the store's
+(evalkit.store.units). A benchmark is a settings dataclass and a Benchmark subclass
+(tests/test_pipeline.py runs a toy one through every part), handed here by cli.options.run_command.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -199,6 +189,28 @@ def check_lengths(refs: list[CheckpointRef], settings: Any) -> None:
             raise beyond_window(str(too_long[0]), ref, settings.max_length)
         if settings.encoding != STANDARD:
             check_packed_attention(ref, settings)
+
+
+ENCODINGS = (STANDARD, "anchor")  # how a benchmark at lengths feeds a document (docs/ruler.md, docs/perplexity.md)
+
+
+def check_encoding(encoding: str, doc_tokens: int) -> None:
+    """A benchmark at lengths checks its --encoding and --doc-tokens as its settings are made."""
+    if encoding not in ENCODINGS:
+        raise UserError(f"--encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    if doc_tokens < 1:
+        raise UserError(f"--doc-tokens must be a positive number of tokens, got {doc_tokens}")
+
+
+@contextmanager
+def encoding_skips(settings: Any) -> Iterator[None]:
+    """A unit skipped under an encoding other than standard: the skip belongs to that encoding's cell."""
+    try:
+        yield
+    except Skipped as why:
+        if settings.encoding != STANDARD:
+            why.details |= {"encoding": settings.encoding, "doc_tokens": settings.doc_tokens}
+        raise
 
 
 def window_of(ref: CheckpointRef, max_length: int | None) -> int:

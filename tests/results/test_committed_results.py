@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from evalkit.ruler.cache import data_key
-from evalkit.ruler.encoding import STANDARD, encoding_label
 from evalkit.ruler.runner import RulerSettings, answer_key
-from evalkit.store.result_format import SCHEMA_VERSION, not_understood
+from evalkit.store.result_format import SCHEMA_VERSION, STANDARD, encoding_label, not_understood
 from evalkit.store.sample_log import CHECKSUM, KEY, SampleLog, record_checksum
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
