@@ -68,11 +68,8 @@ class PplSettings:
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding, self.doc_tokens)
-        if self.docs < 1:  # --batch-size: the pipeline's check_request, for every benchmark
-            raise UserError(f"--docs must be at least 1, got {self.docs}")
-
-
-# ---- data ---------------------------------------------------------------------------------------
+        if self.docs < 1 or self.batch_size < 1:
+            raise UserError(f"--docs and --batch-size must be at least 1, got {self.docs} and {self.batch_size}")
 
 
 def load_documents(data: str) -> list[str]:
@@ -162,9 +159,6 @@ def document_tokens(tokenizer, text: str, limit: int) -> list[int]:
         if whole or len(stable) >= need:
             return ids + stable[:need]
         chars *= 2
-
-
-# ---- scoring ------------------------------------------------------------------------------------
 
 
 def bucket_of(position: int) -> int:
@@ -260,9 +254,6 @@ def position_losses(records: list[dict[str, Any]]) -> dict[str, float]:
             cell[0] += nll
             cell[1] += tokens
     return {bucket_label(b): nll / tokens for b, (nll, tokens) in sorted(sums.items())}
-
-
-# ---- the benchmark ------------------------------------------------------------------------------
 
 
 class PplBenchmark(Benchmark):
@@ -382,10 +373,8 @@ class PplBenchmark(Benchmark):
         # in the provenance, so that merge refuses shards that scored other documents
         summary = {**summary, "provenance": summary["provenance"] | {"eval_data": {"name": name, "sha256": digest}}}
         summary["lengths"] = {_cell_name(r.detail): r.detail for r in results if r.detail}
-        if (
-            not earlier or earlier["provenance"].get("eval_data") != summary["provenance"]["eval_data"]
-        ):  # other documents: not one table
-            return summary
+        if not earlier or earlier["provenance"].get("eval_data") != summary["provenance"]["eval_data"]:
+            return summary  # other documents: not one table
         rows, skipped = earlier_cells(PplSettings, summary, earlier, _cell_name)
         kept = {_cell_name(entry) for entry in rows + skipped}
         lengths = {name: detail for name, detail in (earlier.get("lengths") or {}).items() if name in kept}
@@ -431,9 +420,6 @@ def _document(record: dict[str, Any]) -> tuple[int, str] | None:
     """A log record's document: its index in --data and its text's hash (None: not a document's record)."""
     doc, sha = record.get("doc"), record.get("text_sha")
     return (doc, sha) if isinstance(doc, int) and isinstance(sha, str) else None
-
-
-# ---- tables and plot ---------------------------------------------------------------------------
 
 
 def checkpoint_table(rows: list[ResultRow]) -> str:

@@ -205,9 +205,6 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
     return UnitResult(rows, (record["task"], entry), not resumed, engine_info)
 
 
-# ---------------------------------------------------------------------- checks and plans
-
-
 def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
     shots, source = catalog.fewshot(name, settings.num_fewshot)
     dtype = EngineChoice(settings.engine, settings.engine_settings).dtype()
@@ -221,9 +218,6 @@ def task_key(settings: GeneralSettings, task: str, shots: int | None, dtype: str
     asking for the default is the same key as asking for none)."""
     asked = {name: value for name, value in settings.engine_settings.items() if name != "dtype"}
     return identity_key(replace(settings, engine_settings=asked), task=task, num_fewshot=shots, dtype=dtype)
-
-
-# ---------------------------------------------------------------------- one task
 
 
 def _evaluate_task(
@@ -324,9 +318,6 @@ def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
     refuse_foreign([path])  # a stale record is replaced below: never a file of the user's
     record = read_json_object(path)
     return record if record.get("key") == plan.key else None
-
-
-# ---------------------------------------------------------------------- small helpers
 
 
 def _json(data: Any, indent: int | None = None) -> str:

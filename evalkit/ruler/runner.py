@@ -81,8 +81,10 @@ class RulerSettings:
             raise UserError(f"--encoding {self.encoding} reads the base prompt: drop --prompt-format chat")
         if self.prompt_format not in PROMPT_FORMATS:
             raise UserError(f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {self.prompt_format!r}")
-        if self.num_samples < 1:  # --batch-size: the pipeline's check_request, for every benchmark
-            raise UserError(f"--samples must be at least 1, got {self.num_samples}")
+        if self.num_samples < 1 or self.batch_size < 1:
+            raise UserError(
+                f"--samples and --batch-size must be at least 1, got {self.num_samples} and {self.batch_size}"
+            )
 
     def data_options(self) -> dict:
         return {"essays": self.essays, "qa_dir": self.qa_dir, "sizing": self.sizing}
@@ -167,24 +169,13 @@ def _evaluate_task(
         )
         progress(len(samples) - len(todo) + start + len(chunk), len(samples))
     records = [log.records[s.index] for s in samples]  # the first num_samples: a log may hold more
-    predictions, references = [r["prediction"] for r in records], [r["references"] for r in records]
-    encoded = {}
+    answers = ([r["prediction"] for r in records], [r["references"] for r in records])
+    cell: dict[str, Any] = {"n": len(records), "length": length, "encoding": settings.encoding}
     if label != STANDARD:  # documents of what size, and how many a sample became on average
         documents = round(sum(r["documents"] for r in records) / len(records), 2)
-        encoded = {"doc_tokens": settings.doc_tokens, "documents": documents}
-    row = ResultRow(
-        "ruler",
-        ref.run,
-        ref.step,
-        spec.name,
-        spec.metric_name,
-        score(spec, predictions, references),
-        standard_error(spec, predictions, references),
-        len(records),
-        length=length,
-        encoding=settings.encoding,
-        **encoded,
-    )
+        cell |= {"doc_tokens": settings.doc_tokens, "documents": documents}
+    value, stderr = score(spec, *answers), standard_error(spec, *answers)
+    row = ResultRow("ruler", ref.run, ref.step, spec.name, spec.metric_name, value, stderr, **cell)
     return row, data_key, len(todo)
 
 
@@ -291,12 +282,8 @@ class RulerBenchmark(Benchmark):
     def average(self, rows: list[ResultRow]) -> Averages:
         from evalkit.store.averages import average_table, length_averages
 
-        records = [asdict(average) for average in length_averages(rows)]
-        return Averages(
-            records,
-            average_table(rows),
-            "Mean ± population std over each run's checkpoints of the per-length task average.",
-        )
+        conditions = "Mean ± population std over each run's checkpoints of the per-length task average."
+        return Averages([asdict(average) for average in length_averages(rows)], average_table(rows), conditions)
 
 
 def _cell_name(row: dict) -> str:

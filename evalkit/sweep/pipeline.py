@@ -120,9 +120,6 @@ class Benchmark(ABC):
         argument is left as it was. By default, the summary as the pipeline made it."""
         return summary
 
-    def settings_record(self) -> dict[str, Any]:
-        return asdict(self.settings)
-
     def unit_cost(self, unit: Unit) -> float:
         """The unit's estimated work (tokens, say), for balancing shards and Ray workers; by default
         every unit weighs the same."""
@@ -375,7 +372,7 @@ def evaluate_checkpoint(
             "checkpoint_meta": checkpoint_meta(ref.path, ref.hub),
             "weights": weights_fingerprint(ref.path),  # what merge checks shards of one checkpoint by
             "engine": engine_info,
-            "settings": benchmark.settings_record(),
+            "settings": asdict(benchmark.settings),
             **work.provenance(answered),
         },
     }
@@ -415,7 +412,7 @@ def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tu
     """--avg, for every benchmark alike: <out>/<name>-avg.json (records) and .md (the table)."""
     averages = benchmark.average(rows)
     json_path, markdown_path = averages_paths(out, benchmark.name)
-    provenance = {**stamp(), "command": command_line(), "settings": benchmark.settings_record()}
+    provenance = {**stamp(), "command": command_line(), "settings": asdict(benchmark.settings)}
     averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
     atomic_write_json(json_path, {**averaged, "provenance": provenance})
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""
