@@ -3,16 +3,11 @@
 All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] (grouped-query when Hkv < Hq), doc_ids
 [B, Sk] or None, and return [B, Hq, Sq, D]; with Sq < Sk the queries are the last Sq keys
 (decoding with a KV cache). A layer's sliding `window` (`anchor`: how the anchor meets it,
-masks.py) applies on top of the document rule in every implementation.
-
-    dense    SDPA with the reference mask: obviously correct, O(Sk^2) memory and work.
-    blocked  one causal SDPA call per document, cross-document work skipped: the CPU training
-             path (FlexAttention has no CPU backward), work sum(d_i^2) instead of S^2.
-    flex     FlexAttention with a mask_mod; compiled on CUDA (training), eager elsewhere.
-    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's K/V
-             prepended to each (imported only when used; needs CUDA). Windows on anchor-free,
-             contiguous documents only: its window counts positions within each regrouped
-             sequence, where a prepended anchor is not at its real distance.
+masks.py) applies on top of the document rule in every implementation (docs/attention.md):
+dense (SDPA with the reference mask), blocked (one causal SDPA per document: the CPU training
+path, FlexAttention having no CPU backward), flex (compiled on CUDA, eager elsewhere) and flash
+(flash-attn's varlen kernel over documents regrouped with the anchor's K/V prepended; windows on
+anchor-free contiguous documents only: it counts positions within each regrouped sequence).
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ class Engine(ABC):
         (tokens.rolling_windows): nothing is truncated."""
         prefix = anchor_token_id(self.tokenizer)  # what conditions a text's first token
         windows_per_text = [
-            tok.rolling_windows(tok.encode_content(self.tokenizer, text), prefix, self.max_length) for text in texts
+            tok.rolling_windows(tok.encode_prompt(self.tokenizer, text, specials=False), prefix, self.max_length)
+            for text in texts
         ]
         flat = [window for windows in windows_per_text for window in windows]
         scores = iter(self._score_tokens(flat))

@@ -19,11 +19,9 @@ its window ("at least one output token"), while a scoring request may feed exact
 tokens; the extra slot only ever holds the one sampled token, never a fed one, so positions
 stay below max_length.
 
-data_parallel_size > 1 runs that many independent vLLM replicas as Ray actors (as lm-eval does;
-the Ray instance of the process, else a local one started and stopped with the engine), each on
-its own tensor_parallel_size GPUs (one CPU on a CPU machine); each gets a contiguous slice of the
-requests sorted by token ids (prefix-cache neighbours stay together) and answers are returned in
-request order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
+data_parallel_size > 1 runs that many vLLM replicas as Ray actors, as lm-eval does (vLLM's LLM
+refuses it in one process), each on its own tensor_parallel_size GPUs (one CPU on a CPU machine)
+and a contiguous slice of the requests sorted by token ids (prefix-cache neighbours together).
 """
 
 from __future__ import annotations
@@ -61,9 +59,6 @@ from evalkit.models.precision import ROPE_VARIANTS, engine_dtype, long_dtype_nam
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
-# An engine started for packed requests: evalkit's CPU backend (vllm_plugin) and the V1 model
-# runner, since the packed-request tracker is a V1 logits processor (see vllm_plugin.tracker).
-PACKED_ENGINE_ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
 # ---------------------------------------------------------------------- what comes back from vLLM
@@ -414,12 +409,8 @@ class VLLMEngine(PackedEngine):
         from evalkit.vllm_plugin import ARCHITECTURES, CUDA_BACKEND_NAME, TRACKER
         from evalkit.vllm_plugin.rope import RopeOptions
 
-        hf_overrides: dict[str, Any] = {}
-        if self.architecture in ARCHITECTURES.values():
-            hf_overrides = {
-                "architectures": [self.architecture],
-                **RopeOptions(self.rope, self.position_shift).hf_overrides(),
-            }
+        hf_overrides = RopeOptions(self.rope, self.position_shift).hf_overrides()
+        evalkit_class = self.architecture in ARCHITECTURES.values()
         options: dict[str, Any] = {
             "model": str(self.model_path),
             "tokenizer": str(self.model_path),
@@ -427,7 +418,7 @@ class VLLMEngine(PackedEngine):
             "max_model_len": self.max_length + 1,  # see the module docstring
             "max_num_seqs": self.batch_size,
             "tensor_parallel_size": self.tensor_parallel_size,
-            "hf_overrides": hf_overrides,
+            "hf_overrides": {"architectures": [self.architecture], **hf_overrides} if evalkit_class else {},
             "max_logprobs": self._vocab_size,  # logits_packed returns the whole distribution
             **{key: value for key, value in passed.items() if value is not None},
         }
@@ -444,7 +435,8 @@ class VLLMEngine(PackedEngine):
         return options
 
     def _environment(self, config) -> dict[str, str]:
-        environment = dict(PACKED_ENGINE_ENVIRONMENT) if self.packed else {}
+        # Packed requests need the V1 model runner: the packed-request tracker is a V1 logits processor.
+        environment = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if self.packed else {}
         trained = getattr(config.get_text_config(), "max_position_embeddings", None)
         if trained is not None and self.max_length + 1 > trained:
             # vLLM refuses windows beyond the config's unless told; evalkit's model classes
