@@ -220,28 +220,20 @@ class VarlenLayout:
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
     """One varlen sequence per (row, document): the anchor's K/V prepended to each document."""
-    q_parts, k_parts, len_q, len_k = [], [], [], []
+    q_parts, k_parts = [], []
     runs = True
     for b, doc_row in enumerate(_rows(doc_ids, batch)):
         for seg in document_segments(doc_row, kv_len, q_len):
             runs = runs and not seg.num_prefix and _is_run(seg.k_index)
             q_parts.append(seg.q_index + b * q_len)
             k_parts.append(seg.k_index + b * kv_len)
-            len_q.append(seg.q_index.numel())
-            len_k.append(seg.k_index.numel())
+    len_q, len_k = [part.numel() for part in q_parts], [part.numel() for part in k_parts]
 
     def cumulative(lengths):
         return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
 
-    return VarlenLayout(
-        q_index=torch.cat(q_parts),
-        k_index=torch.cat(k_parts),
-        cu_seqlens_q=cumulative(len_q),
-        cu_seqlens_k=cumulative(len_k),
-        max_seqlen_q=max(len_q),
-        max_seqlen_k=max(len_k),
-        runs=runs,
-    )
+    cu_seqlens = cumulative(len_q), cumulative(len_k)
+    return VarlenLayout(torch.cat(q_parts), torch.cat(k_parts), *cu_seqlens, max(len_q), max(len_k), runs)
 
 
 def _flash_varlen_func() -> Callable:

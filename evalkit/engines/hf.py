@@ -166,13 +166,11 @@ class _StopWatcher:
         self.tail = max((len(s.encode()) for s in self.stop), default=0) + 4
 
     def hit(self, generated: list[int]) -> bool:
-        if not self.stop:
-            return False
-        tail_text = self.decode(generated[-self.tail :])
-        if not any(s in tail_text for s in self.stop):
-            return False
-        full_text = self.decode(generated)
-        return any(s in full_text for s in self.stop)
+        return bool(self.stop) and self._has_stop(generated[-self.tail :]) and self._has_stop(generated)
+
+    def _has_stop(self, token_ids: list[int]) -> bool:
+        text = self.decode(token_ids)
+        return any(s in text for s in self.stop)
 
 
 def _computing(method):

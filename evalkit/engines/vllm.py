@@ -516,11 +516,8 @@ class VLLMEngine(PackedEngine):
             replica.submit([prompts[i] for i in share], [params[i] for i in share])
             for replica, share in zip(self._replicas, shares)
         ]
-        answers: list[_Answer | None] = [None] * len(prompts)
-        for share, result in zip(shares, pending):
-            for i, answer in zip(share, result()):
-                answers[i] = answer
-        return answers  # type: ignore[return-value]
+        answers = {i: answer for share, result in zip(shares, pending) for i, answer in zip(share, result())}
+        return [answers[i] for i in range(len(prompts))]
 
     def _greedy(self, max_tokens: int, stop: Sequence[str] = (), **options):
         from vllm import SamplingParams
@@ -540,19 +537,12 @@ class VLLMEngine(PackedEngine):
         return [self._text(answer, stop) for answer in answers]
 
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        prompts, params = [], []
-        for context, continuation in requests:
-            prompts.append({"prompt_token_ids": context + continuation[:-1]})
-            params.append(
-                self._greedy(
-                    1, prompt_logprobs=0 if len(continuation) > 1 else None, logprob_token_ids=[continuation[-1]]
-                )
-            )
-        answers = self._run(prompts, params)
-        return [
-            _continuation_score(answer, len(context), continuation)
-            for answer, (context, continuation) in zip(answers, requests)
+        prompts = [{"prompt_token_ids": context + continuation[:-1]} for context, continuation in requests]
+        params = [
+            self._greedy(1, prompt_logprobs=0 if len(c) > 1 else None, logprob_token_ids=[c[-1]]) for _, c in requests
         ]
+        answers = self._run(prompts, params)
+        return [_continuation_score(answer, len(ctx), c) for answer, (ctx, c) in zip(answers, requests)]
 
     def _text(self, answer: _Answer, stop: Sequence[str]) -> str:
         token_ids = answer.token_ids
