@@ -445,13 +445,10 @@ class HFEngine(PackedEngine):
     def _packed_batches(self, layouts: list[tok.PackedLayout]) -> list[list[int]]:
         """Batches of packed requests; refuses a model whose attention evalkit's cannot reproduce."""
         check_attention_supported(self.model.config, "packed (anchor) requests on the hf engine")
-        batches = self._sorted_batches([-len(layout.input_ids) for layout in layouts])
-        if self._packed_one_by_one:
-            if self._packed_batch_note is not None and not self._packed_note_said:
-                print(self._packed_batch_note, file=sys.stderr)
-                self._packed_note_said = True
-            return [[i] for batch in batches for i in batch]
-        return batches
+        if self._packed_batch_note is not None and not self._packed_note_said:
+            print(self._packed_batch_note, file=sys.stderr)
+            self._packed_note_said = True
+        return self._sorted_batches([-len(layout.input_ids) for layout in layouts], self._packed_one_by_one)
 
     def _packed_reading(self) -> AbstractContextManager:
         """Under the sink reading on a windowed model, the question and decoded tokens see the anchor
@@ -581,11 +578,11 @@ class HFEngine(PackedEngine):
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens count from 0
         return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
 
-    def _sorted_batches(self, keys: Sequence[Any]) -> list[list[int]]:
+    def _sorted_batches(self, keys: Sequence[Any], one_by_one: bool = False) -> list[list[int]]:
         """Indices sorted by `keys`, in batches: by negated lengths, similar lengths together, longest
         first (padding waste is small, OOM shows early); by token ids, shared prefixes together."""
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        return [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        order, size = sorted(range(len(keys)), key=keys.__getitem__), 1 if one_by_one else self.batch_size
+        return [order[start : start + size] for start in range(0, len(order), size)]
 
 
 # ---------------------------------------------------------------------- loading
