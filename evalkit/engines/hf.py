@@ -257,8 +257,7 @@ class HFEngine(PackedEngine):
             else None
         )
         self._packed_note_said = False
-        # How the anchor meets those windows, as trained (meta.json); "sink" keeps it visible beyond
-        # them, which transformers' own masks and sliding caches never do (_packed_reading).
+        # How the anchor meets those windows, as trained (meta.json): see _packed_reading.
         self.window_anchor = trained_window_anchor(self.model_path)
         self._sink_beyond_windows = self.window_anchor == "sink" and self._packed_one_by_one
 

@@ -338,9 +338,7 @@ class VLLMEngine(PackedEngine):
     ) -> None:
         _check_plugin_installed()
         self.model_path = checkpoint_directory(model_path, "the vllm engine")
-        # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
-        # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
-        # custom code unless asked. Missing weights are vLLM's own loader's to refuse.
+        # Before vLLM starts, where a fault would crash its engine core (missing weights are its loader's to refuse).
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
         self.dtype = engine_dtype(dtype, self.device)
