@@ -29,30 +29,17 @@ HF_NAMES: dict[str, str] = {hf_name(name): name for name in ("auto", *IMPLEMENTA
 
 
 def _attention_forward(impl: str):
-    def forward(
-        module,
-        query,
-        key,
-        value,
-        attention_mask,
-        scaling=None,
-        dropout=0.0,
-        doc_ids=None,
-        window_anchor="window",
-        **kwargs,
-    ):
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, doc_ids=None, **kwargs):
         if dropout and module.training:
             raise ValueError("evalkit attention does not implement attention dropout; set attention_dropout=0")
         # transformers hands each sliding layer its window (None on global layers); evalkit
         # applies it on top of the document rule, the anchor meeting it as window_anchor says.
-        window = kwargs.get("sliding_window") or None
+        window, anchor = kwargs.get("sliding_window") or None, kwargs.get("window_anchor", "window")
         if kwargs.get("softcap") or kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
             raise ValueError(
                 "evalkit attention does not implement soft-capping or attention sinks (attention.features)"
             )
-        out = document_attention(
-            query, key, value, doc_ids, scale=scaling, impl=impl, window=window, anchor=window_anchor
-        )
+        out = document_attention(query, key, value, doc_ids, scale=scaling, impl=impl, window=window, anchor=anchor)
         return out.transpose(1, 2).contiguous(), None
 
     forward.__name__ = f"evalkit_{impl}_attention_forward"

@@ -3,16 +3,11 @@
 All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] (grouped-query when Hkv < Hq), doc_ids
 [B, Sk] or None, and return [B, Hq, Sq, D]; with Sq < Sk the queries are the last Sq keys
 (decoding with a KV cache). A layer's sliding `window` (`anchor`: how the anchor meets it,
-masks.py) applies on top of the document rule in every implementation.
-
-    dense    SDPA with the reference mask: obviously correct, O(Sk^2) memory and work.
-    blocked  one causal SDPA call per document, cross-document work skipped: the CPU training
-             path (FlexAttention has no CPU backward), work sum(d_i^2) instead of S^2.
-    flex     FlexAttention with a mask_mod; compiled on CUDA (training), eager elsewhere.
-    flash    flash-attn's varlen kernel over documents regrouped contiguously, the anchor's K/V
-             prepended to each (imported only when used; needs CUDA). Windows on anchor-free,
-             contiguous documents only: its window counts positions within each regrouped
-             sequence, where a prepended anchor is not at its real distance.
+masks.py) applies on top of the document rule in every implementation (docs/attention.md):
+dense (SDPA with the reference mask), blocked (one causal SDPA per document: the CPU training
+path, FlexAttention having no CPU backward), flex (compiled on CUDA, eager elsewhere) and flash
+(flash-attn's varlen kernel over documents regrouped with the anchor's K/V prepended; windows on
+anchor-free contiguous documents only: it counts positions within each regrouped sequence).
 """
 
 from __future__ import annotations
@@ -110,10 +105,6 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
 # ----------------------------------------------------------------------------- blocked
 
 
-def _own_keys(seg: Segment) -> torch.Tensor:
-    return seg.k_index[seg.num_prefix :]
-
-
 def _is_run(index: torch.Tensor) -> bool:
     """True when the sorted positions `index` are one contiguous run of the row."""
     return int(index[-1] - index[0]) + 1 == index.numel()
@@ -146,7 +137,7 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     split (backward: one concatenation) or gathered once.
     """
     length = q_row.shape[1]
-    own = [_own_keys(seg) for seg in segments]
+    own = [seg.k_index[seg.num_prefix :] for seg in segments]
     # The documents tile the row in order (every paradigm but the interleaved): split, no gather.
     if all(_is_run(keys) for keys in own) and sum(keys.numel() for keys in own) == length:
         sizes = [keys.numel() for keys in own]
@@ -170,8 +161,8 @@ def _blocked_row_prefill(q_row, k_row, v_row, segments: list[Segment], sdpa: Cal
     outputs = [sdpa(q, k, v, seg, seg.k_index) for q, k, v, seg in zip(q_seg, k_seg, v_seg, segments)]
     row_of_position = torch.empty(length, dtype=torch.long)  # each position's own (non-duplicate) row
     start = 0
-    for seg in segments:
-        row_of_position[_own_keys(seg)] = torch.arange(start + seg.num_prefix, start + seg.k_index.numel())
+    for seg, keys in zip(segments, own):
+        row_of_position[keys] = torch.arange(start + seg.num_prefix, start + seg.k_index.numel())
         start += seg.k_index.numel()
     return torch.cat(outputs, dim=2)[0].index_select(1, row_of_position.to(device))
 
@@ -229,28 +220,20 @@ class VarlenLayout:
 
 def varlen_layout(doc_ids: torch.Tensor | None, batch: int, kv_len: int, q_len: int) -> VarlenLayout:
     """One varlen sequence per (row, document): the anchor's K/V prepended to each document."""
-    q_parts, k_parts, len_q, len_k = [], [], [], []
+    q_parts, k_parts = [], []
     runs = True
     for b, doc_row in enumerate(_rows(doc_ids, batch)):
         for seg in document_segments(doc_row, kv_len, q_len):
             runs = runs and not seg.num_prefix and _is_run(seg.k_index)
             q_parts.append(seg.q_index + b * q_len)
             k_parts.append(seg.k_index + b * kv_len)
-            len_q.append(seg.q_index.numel())
-            len_k.append(seg.k_index.numel())
+    len_q, len_k = [part.numel() for part in q_parts], [part.numel() for part in k_parts]
 
     def cumulative(lengths):
         return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
 
-    return VarlenLayout(
-        q_index=torch.cat(q_parts),
-        k_index=torch.cat(k_parts),
-        cu_seqlens_q=cumulative(len_q),
-        cu_seqlens_k=cumulative(len_k),
-        max_seqlen_q=max(len_q),
-        max_seqlen_k=max(len_k),
-        runs=runs,
-    )
+    cu_seqlens = cumulative(len_q), cumulative(len_k)
+    return VarlenLayout(torch.cat(q_parts), torch.cat(k_parts), *cu_seqlens, max(len_q), max(len_k), runs)
 
 
 def _flash_varlen_func() -> Callable:

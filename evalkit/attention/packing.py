@@ -8,12 +8,9 @@ returned as `leftover` for the next window. Layout per paradigm:
     anchor_tag:                                           BOS  [T1 d1 EOS][T2 d2 EOS]...
 
 A continued document (the leftover of a cut) keeps its domain tag, so every document piece in
-an anchor_tag window is tagged. Where it opens the next window, `window_start` decides its BOS:
-
-    "bos"       (the default) it gets one, so every window of every paradigm starts with a BOS at
-                position 0, as the anchor paradigms' windows do and as a prompt does at inference
-    "document"  it carries none (it is the middle of a document): the packing of runs made before
-                the setting existed, kept so that they stay reproducible
+an anchor_tag window is tagged. Where it opens the next window, `window_start` decides its BOS
+(docs/training.md): "bos" (the default) gives it one, so every window of every paradigm starts
+with a BOS at position 0; "document" gives none, the packing of runs made before the setting.
 """
 
 from __future__ import annotations
@@ -85,14 +82,8 @@ class _Piece:
 def _as_documents(docs: Sequence[Sequence[int] | Document], domain_tags: Sequence[int] | None) -> list[Document]:
     if domain_tags is not None and len(domain_tags) != len(docs):
         raise ValueError(f"domain_tags has {len(domain_tags)} entries for {len(docs)} documents")
-    out = []
-    for i, doc in enumerate(docs):
-        if isinstance(doc, Document):
-            out.append(doc)
-        else:
-            tag = None if domain_tags is None else int(domain_tags[i])
-            out.append(Document(tokens=[int(t) for t in doc], tag=tag))
-    return out
+    tags = [None] * len(docs) if domain_tags is None else [int(tag) for tag in domain_tags]
+    return [doc if isinstance(doc, Document) else Document([int(t) for t in doc], tag) for doc, tag in zip(docs, tags)]
 
 
 def _piece(doc: Document, paradigm: Paradigm, bos_id: int, eos_id: int, opens_bos_window: bool) -> _Piece:
@@ -180,12 +171,9 @@ def pack(
     loader passes a different seed per window. Padding (eos_id, PAD_DOC_ID, no loss) fills the
     end only when the documents run out. window_start: "bos" or "document" (module docstring).
 
-    Trained targets, one rule for every paradigm and window_start: input_ids[i] is a target iff
-    it and the token before it belong to the same document piece, where a piece's tokens are its
-    content and its EOS; the anchor, BOS, tags and padding belong to none. So a piece's first
-    content token (predicted from a BOS, a tag, the anchor or another document; a carried piece's
-    context was cut) is never a target, its EOS is, and so is every other content token but the
-    first of a chunk that resumes a document after another's (interleaving).
+    Trained targets, one rule for every paradigm and window_start (docs/training.md): input_ids[i]
+    is one iff it and the token before it belong to one document piece (its content and EOS; the
+    anchor, BOS, tags and padding belong to none), so no piece's first content token is a target.
     """
     paradigm = Paradigm.parse(paradigm)
     if seq_len < 2:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import enum
 
+from evalkit.arglists import parse_list
+from evalkit.errors import UserError
+
 TRAITS = ("has_anchor", "masks_documents", "resets_positions", "interleaves", "uses_tags")
 
 
@@ -55,9 +58,6 @@ class Paradigm(str, enum.Enum):
 
 def parse_paradigms(text: str) -> list[Paradigm]:
     """Paradigm names, comma-separated (--paradigms); a misspelt one is a one-line error naming the valid ones."""
-    from evalkit.arglists import parse_list
-    from evalkit.errors import UserError
-
     try:
         return parse_list(text, Paradigm.parse)
     except ValueError as err:

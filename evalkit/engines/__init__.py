@@ -1,14 +1,5 @@
-"""Inference engines behind one interface (base.Engine), chosen by name and imported lazily.
-
-    engine = get_engine("hf", "runs/anchor/step-2000", dtype="bf16", batch_size=8)
-    engine.generate(prompts, max_new_tokens=128, stop=["\\n"])   -> list of greedy continuations
-    engine.loglikelihood([(context, continuation), ...])       -> [(sum log p, is_greedy), ...]
-    engine.loglikelihood_rolling(texts)                         -> [total log p per text]
-    engine.token_logprobs(rows)                                 -> [[log p of each token after the first]]
-    engine.engine_info()                                        -> what a result must record
-    engine.generate_packed([PackedRequest([doc1, doc2], question)], max_new_tokens=32)
-                                                                -> the anchor paradigm: documents see
-                                                                   themselves and the anchor, the question all
+"""Inference engines behind one interface (base.Engine: generate, loglikelihood, token_logprobs,
+engine_info; a PackedEngine's generate_packed), chosen by name: `get_engine("hf", path, dtype="bf16")`.
 
 An engine module (and what it imports: transformers, vLLM) is imported only when chosen, so
 `evalkit --help` and the CPU path never import vLLM.

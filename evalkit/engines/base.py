@@ -118,6 +118,10 @@ class Engine(ABC):
         """The token ids the engine feeds for `prompt`: text gets the tokenizer's specials (BOS), ids are kept."""
         return tok.encode_prompt(self.tokenizer, prompt)
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of generated ids, special tokens left out, spacing as the tokenizer produced it."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
     def count_tokens(self, prompt: Prompt) -> int:
         """len(encode(prompt)): what RULER sizes its samples with."""
         return len(self.encode(prompt))
@@ -150,7 +154,8 @@ class Engine(ABC):
         (tokens.rolling_windows): nothing is truncated."""
         prefix = anchor_token_id(self.tokenizer)  # what conditions a text's first token
         windows_per_text = [
-            tok.rolling_windows(tok.encode_content(self.tokenizer, text), prefix, self.max_length) for text in texts
+            tok.rolling_windows(tok.encode_prompt(self.tokenizer, text, specials=False), prefix, self.max_length)
+            for text in texts
         ]
         flat = [window for windows in windows_per_text for window in windows]
         scores = iter(self._score_tokens(flat))
@@ -186,12 +191,18 @@ class Engine(ABC):
 class PackedEngine(Engine):
     """An engine that can also run the anchor paradigm's packed multi-document requests."""
 
-    @abstractmethod
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
     ) -> list[str]:
         """Greedy answers to packed requests (PackedRequest describes the attention pattern); one whose
         tokens + max_new_tokens exceed max_length is a UserError naming the lengths."""
+        check_max_new_tokens(max_new_tokens)
+        layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
+        return self._generate_layouts(layouts, max_new_tokens, list(stop or []))
+
+    @abstractmethod
+    def _generate_layouts(self, layouts: list[tok.PackedLayout], max_new_tokens: int, stop: list[str]) -> list[str]:
+        """generate_packed for layouts already checked to fit."""
 
     def _checked_layout(self, request: PackedRequest, max_new_tokens: int) -> tok.PackedLayout:
         """The request's token layout; a UserError naming the lengths when it does not fit the window."""

@@ -58,7 +58,6 @@ from evalkit.engines.base import (
     PackedEngine,
     PackedRequest,
     check_at_least_one,
-    check_max_new_tokens,
     check_one_of,
     context_window,
 )
@@ -90,7 +89,6 @@ class _PrefilledRow:
 
     ids: list[int] = field(default_factory=list)
     keys_values: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    reused: int = 0  # leading tokens whose K/V came from the row before it
 
 
 @dataclass
@@ -168,13 +166,11 @@ class _StopWatcher:
         self.tail = max((len(s.encode()) for s in self.stop), default=0) + 4
 
     def hit(self, generated: list[int]) -> bool:
-        if not self.stop:
-            return False
-        tail_text = self.decode(generated[-self.tail :])
-        if not any(s in tail_text for s in self.stop):
-            return False
-        full_text = self.decode(generated)
-        return any(s in full_text for s in self.stop)
+        return bool(self.stop) and self._has_stop(generated[-self.tail :]) and self._has_stop(generated)
+
+    def _has_stop(self, token_ids: list[int]) -> bool:
+        text = self.decode(token_ids)
+        return any(s in text for s in self.stop)
 
 
 def _computing(method):
@@ -199,14 +195,11 @@ def _computing(method):
 class HFEngine(PackedEngine):
     """A transformers causal LM loaded from a local checkpoint directory (safetensors weights).
 
-    Settings: dtype bf16|fp16|fp32 (default bf16 on CUDA, fp32 on CPU); device auto|cpu|cuda|cuda:N;
-    batch_size (rows per forward); max_length (default config.max_position_embeddings; may be
-    set above it to test length extrapolation); attention (transformers implementation for plain
-    prompts, default sdpa); packed_attention (evalkit implementation for packed prefills);
-    prefill auto|shared|padded (how plain prompts are prefilled, see the module docstring);
-    threads (torch CPU threads while this engine computes, default torch's own: one per core);
-    trust_remote_code (off unless asked).
-    `stats` counts the tokens and time of plain generation.
+    Settings: dtype (default bf16 on CUDA, fp32 on CPU); batch_size (rows per forward); max_length
+    (default config.max_position_embeddings, may be set above it to test length extrapolation);
+    attention (transformers' implementation for plain prompts); packed_attention (evalkit's, for
+    packed prefills); prefill (module docstring); threads (torch CPU threads while this engine
+    computes, default torch's: one per core). `stats` counts the tokens and time of plain generation.
     """
 
     name = "hf"
@@ -249,7 +242,10 @@ class HFEngine(PackedEngine):
         forward_parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
         self._fingerprint = tokenizer_fingerprint(self.tokenizer)
-        self._plain_cache = _has_plain_cache(self._new_cache())
+        from transformers.cache_utils import DynamicLayer
+
+        # Only plain full-attention layers (K/V of every position, nothing else kept) can share a prefix.
+        self._plain_cache = all(type(layer) is DynamicLayer for layer in self._new_cache().layers)
         # Sliding layers count their window in cache slots, which a packed batch's padding holes would
         # take: such models take packed requests one at a time (said once, and kept in engine_info).
         windows = windows_shorter_than(self.model.config, self.max_length)
@@ -261,8 +257,7 @@ class HFEngine(PackedEngine):
             else None
         )
         self._packed_note_said = False
-        # How the anchor meets those windows, as trained (meta.json); "sink" keeps it visible beyond
-        # them, which transformers' own masks and sliding caches never do (_packed_reading).
+        # How the anchor meets those windows, as trained (meta.json): see _packed_reading.
         self.window_anchor = trained_window_anchor(self.model_path)
         self._sink_beyond_windows = self.window_anchor == "sink" and self._packed_one_by_one
 
@@ -349,12 +344,9 @@ class HFEngine(PackedEngine):
         choices of one question share its context); the continuation's logits are always computed."""
         results: list[tuple[float, bool]] = [(0.0, True)] * len(fed)
         last = _PrefilledRow()
-        computed = 0
         for i in sorted(range(len(fed)), key=lambda i: fed[i]):
             logits, last = self._forward_after_shared_prefix(fed[i], last, len(continuations[i]))
             results[i] = _continuation_score(logits[0], continuations[i])
-            computed += len(fed[i]) - last.reused
-        self._count_prefill(fed, computed)
         return results
 
     def _prefill(self, prompts: list[list[int]]) -> _DecodeState:
@@ -368,11 +360,10 @@ class HFEngine(PackedEngine):
         """Each row alone from the prefix it shares with the row before; the K/V then left-padded into one batch."""
         width = max(len(p) for p in prompts)
         padded_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer [B, kv heads, width, head dim]
-        logits, computed = [], 0
+        logits = []
         for row, ids in enumerate(prompts):
             row_logits, last = self._forward_after_shared_prefix(ids, last, 1)
             logits.append(row_logits[0, -1])
-            computed += len(ids) - last.reused
             if not padded_kv:
                 rows = len(prompts)
                 padded_kv = [
@@ -387,13 +378,12 @@ class HFEngine(PackedEngine):
             layer.update(keys, values)
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         attention_mask = (torch.arange(width, device=self.device)[None, :] >= width - lengths[:, None]).long()
-        self._count_prefill(prompts, computed)
         return _DecodeState(cache, attention_mask, lengths, torch.stack(logits)), last
 
     def _forward_after_shared_prefix(self, ids: list[int], last: _PrefilledRow, logits_to_keep: int):
         """Logits [1, logits_to_keep, V] of `ids` alone, unpadded, with the K/V of the prefix it shares
-        with `last` taken from it (the last `logits_to_keep` tokens are always fed); and `ids` as the
-        new last row."""
+        with `last` taken from it (the last `logits_to_keep` tokens are always fed; `stats` counts what
+        is fed); and `ids` as the new last row."""
         reused = min(len(os.path.commonprefix([last.ids, ids])), len(ids) - logits_to_keep)
         cache = self._new_cache()
         for layer, (keys, values) in zip(cache.layers, last.keys_values if reused else []):
@@ -401,7 +391,8 @@ class HFEngine(PackedEngine):
         new_ids = torch.tensor([ids[reused:]], device=self.device)
         positions = torch.arange(reused, len(ids), device=self.device)[None]
         logits = self._forward(new_ids, None, positions, cache=cache, logits_to_keep=logits_to_keep)
-        return logits, _PrefilledRow(ids, [(layer.keys, layer.values) for layer in cache.layers], reused)
+        self._count_prefill([ids], len(ids) - reused)
+        return logits, _PrefilledRow(ids, [(layer.keys, layer.values) for layer in cache.layers])
 
     def _count_prefill(self, prompts: list[list[int]], computed: int) -> None:
         self.stats.prompts += len(prompts)
@@ -411,16 +402,12 @@ class HFEngine(PackedEngine):
     # ------------------------------------------------------------------ packed requests
 
     @_computing
-    def generate_packed(
-        self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
-    ) -> list[str]:
-        check_max_new_tokens(max_new_tokens)
-        layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
+    def _generate_layouts(self, layouts: list[tok.PackedLayout], max_new_tokens: int, stop: list[str]) -> list[str]:
         outputs: list[str] = [""] * len(layouts)
         for batch in self._packed_batches(layouts):
             with self._packed_reading():
                 state = self._prefill_packed([layouts[i] for i in batch])
-                for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, list(stop or []))):
+                for i, text in zip(batch, self._greedy_decode(state, max_new_tokens, stop)):
                     outputs[i] = text
         return outputs
 
@@ -457,13 +444,10 @@ class HFEngine(PackedEngine):
     def _packed_batches(self, layouts: list[tok.PackedLayout]) -> list[list[int]]:
         """Batches of packed requests; refuses a model whose attention evalkit's cannot reproduce."""
         check_attention_supported(self.model.config, "packed (anchor) requests on the hf engine")
-        batches = self._sorted_batches([-len(layout.input_ids) for layout in layouts])
-        if self._packed_one_by_one:
-            if self._packed_batch_note is not None and not self._packed_note_said:
-                print(self._packed_batch_note, file=sys.stderr)
-                self._packed_note_said = True
-            return [[i] for batch in batches for i in batch]
-        return batches
+        if self._packed_batch_note is not None and not self._packed_note_said:
+            print(self._packed_batch_note, file=sys.stderr)
+            self._packed_note_said = True
+        return self._sorted_batches([-len(layout.input_ids) for layout in layouts], self._packed_one_by_one)
 
     def _packed_reading(self) -> AbstractContextManager:
         """Under the sink reading on a windowed model, the question and decoded tokens see the anchor
@@ -521,7 +505,7 @@ class HFEngine(PackedEngine):
         self._give_room(state.cache, max_new_tokens)
         generated: list[list[int]] = [[] for _ in range(state.logits.shape[0])]
         active = list(range(len(generated)))  # the original row of each row still in the batch
-        watcher = _StopWatcher(self._decode, stop)
+        watcher = _StopWatcher(self.decode, stop)
         for step in range(max_new_tokens):
             next_tokens = state.logits.argmax(dim=-1)
             continuing = []
@@ -542,7 +526,7 @@ class HFEngine(PackedEngine):
             logits = self._forward(next_tokens[:, None], attention_mask, positions[:, None], cache=state.cache)[:, -1]
             state = _DecodeState(state.cache, attention_mask, positions + 1, logits)
         self.stats.new_tokens += sum(len(tokens) for tokens in generated)
-        return [tok.cut_at_stop(self._decode(tokens), stop) for tokens in generated]
+        return [tok.cut_at_stop(self.decode(tokens), stop) for tokens in generated]
 
     def _give_room(self, cache, room: int) -> None:
         """Plain cache layers replaced by growing ones with `room` spare columns (_growing_layer_class)."""
@@ -593,14 +577,11 @@ class HFEngine(PackedEngine):
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens count from 0
         return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
 
-    def _sorted_batches(self, keys: Sequence[Any]) -> list[list[int]]:
+    def _sorted_batches(self, keys: Sequence[Any], one_by_one: bool = False) -> list[list[int]]:
         """Indices sorted by `keys`, in batches: by negated lengths, similar lengths together, longest
         first (padding waste is small, OOM shows early); by token ids, shared prefixes together."""
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        return [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        order, size = sorted(range(len(keys)), key=keys.__getitem__), 1 if one_by_one else self.batch_size
+        return [order[start : start + size] for start in range(0, len(order), size)]
 
 
 # ---------------------------------------------------------------------- loading
@@ -641,14 +622,6 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
         model.set_attn_implementation(register_grouped_sdpa())
     return model.eval()
-
-
-def _has_plain_cache(cache) -> bool:
-    """Whether every layer's cache is plain full attention: K/V of every position, nothing else kept."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None) or []
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:

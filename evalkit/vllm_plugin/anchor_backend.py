@@ -120,17 +120,14 @@ class AnchorAttentionImplMixin:
             self._warm_up_anchor_kernels(torch.device("cuda", torch.cuda.current_device()))
 
     def _warm_up_anchor_kernels(self, device: torch.device) -> None:
-        """FlexAttention compiled now, while vLLM builds the model (its default dtype is then the
-        model's), not at the first packed request inside the compiled forward, where vLLM's
-        fail-on-recompile stance makes any compile an error (kernels.warm_up_anchor_flex)."""
+        """FlexAttention compiled now, while vLLM builds the model (its default dtype is then the model's)."""
         warm_up_anchor_flex(
             self.num_heads, self.num_kv_heads, self.head_size, self.scale, torch.get_default_dtype(), device
         )
 
     def _build_prefix_workspace(self) -> PrefixWorkspace | None:
-        """The prefix K/V buffer, made now: vLLM builds the impls while it loads the model, so the
-        buffer counts as model memory before the KV cache is sized (workspace.py). None outside a
-        vLLM model build, or for a quantized cache (packed requests refuse it)."""
+        """The prefix K/V buffer (workspace.py), made while vLLM loads the model; None outside a vLLM
+        model build, or for a quantized cache (packed requests refuse it)."""
         from vllm.config import get_current_vllm_config_or_none
 
         config = get_current_vllm_config_or_none()

@@ -72,11 +72,8 @@ class LearnedLayout:
 def _affine_strides(offsets_BHD: torch.Tensor) -> tuple[int, int, int] | None:
     """(token, head, dim) strides when offset = base + t*st + h*sh + d*sd everywhere, else None."""
     base = offsets_BHD[0, 0, 0]
-    strides = [
-        int(offsets_BHD[1, 0, 0] - base) if offsets_BHD.shape[0] > 1 else 0,
-        int(offsets_BHD[0, 1, 0] - base) if offsets_BHD.shape[1] > 1 else 0,
-        int(offsets_BHD[0, 0, 1] - base) if offsets_BHD.shape[2] > 1 else 0,
-    ]
+    steps = ((1, 0, 0), (0, 1, 0), (0, 0, 1))  # one token, one head, one dim on
+    strides = [int(offsets_BHD[step] - base) if size > 1 else 0 for step, size in zip(steps, offsets_BHD.shape)]
     grids = torch.meshgrid(*(torch.arange(n) for n in offsets_BHD.shape), indexing="ij")
     predicted = base + sum(grid * stride for grid, stride in zip(grids, strides))
     return (strides[0], strides[1], strides[2]) if torch.equal(predicted, offsets_BHD) else None

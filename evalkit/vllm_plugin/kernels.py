@@ -9,10 +9,9 @@ the blocks of its positions 0, BS, 2*BS, ... in order, as vLLM's block tables do
 The rule is evalkit.attention's (masks.py). Only document queries come here: the question and
 generated tokens attend to everything, which is plain causal attention.
 
-    flex     FlexAttention with a BlockMask built at block level from document boundaries (no
-             Q x L mask anywhere); compiled on CUDA, eager elsewhere (the CPU tests)
-    blocked  one SDPA call per document (evalkit.attention's blocked kernel): the CPU path
-    dense    SDPA with the materialised reference mask: the reference, O(Q x L) memory
+Implementations: flex (a BlockMask built at block level from document boundaries, no Q x L mask
+anywhere; compiled on CUDA, eager elsewhere), blocked (one SDPA call per document: the CPU path)
+and dense (SDPA with the materialised reference mask: the reference, O(Q x L) memory).
 """
 
 from __future__ import annotations

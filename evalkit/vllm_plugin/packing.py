@@ -36,11 +36,6 @@ class PackedSegments:
         if not self.document_lengths or min(self.document_lengths) < 1:
             raise ValueError("a packed request needs at least one document, and no document may be empty")
 
-    @property
-    def document_end(self) -> int:
-        """Position of the first token after the last document: where full attention resumes."""
-        return self.anchor_length + sum(self.document_lengths)
-
     def extra_args(self) -> dict[str, Any]:
         """What to put in SamplingParams.extra_args to send this layout with a request."""
         return {EXTRA_ARGS_KEY: {"anchor_length": self.anchor_length, "document_lengths": list(self.document_lengths)}}

@@ -31,10 +31,6 @@ class RopeOptions:
     variant: str = "cast"
     position_shift: int = 0  # both judged where the user gives them (VLLMEngine.check_settings)
 
-    @property
-    def is_stock(self) -> bool:
-        return self.variant == "cast" and self.position_shift == 0
-
     def hf_overrides(self) -> dict[str, object]:
         return {CONFIG_ROPE: self.variant, CONFIG_POSITION_SHIFT: self.position_shift}
 
@@ -109,7 +105,7 @@ def install_rope_options(model: nn.Module, options: RopeOptions, max_model_len: 
         if isinstance(rotary, ServingRotaryEmbedding):
             continue
         if id(rotary) not in replacements:  # (a replacement resizes the shared original's table)
-            if options.is_stock and max_model_len <= rotary.max_position_embeddings:
+            if options == RopeOptions() and max_model_len <= rotary.max_position_embeddings:
                 continue
             replacements[id(rotary)] = ServingRotaryEmbedding(rotary, options, max_model_len)
         owner.rotary_emb = replacements[id(rotary)]

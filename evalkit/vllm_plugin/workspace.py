@@ -1,15 +1,10 @@
 """A preallocated buffer for the prefix keys and values that the anchor kernels read: no allocation at serving time.
 
 The document queries of a packed request attend to its positions 0..L-1, read back from the
-paged KV cache [NB blocks, BS tokens, H heads, D] as contiguous [L, H, D] tensors. Gathered into
-fresh tensors, that is up to max_model_len tokens per layer allocated at run time, unseen by
-vLLM's memory profile (its profile run skips attention), from which it sizes the KV cache: on
-a GPU the gather could find too little memory left. vLLM's own backends keep such scratch
-memory in buffers sized before the KV cache is.
-
-Here the buffer is allocated when the attention impl is built, inside vLLM's model loading, so
-it counts with the weights; one (shared_prefix_workspace) serves every layer: layers run one
-after another, each consuming its gather before the next.
+paged KV cache as contiguous [L, H, D] tensors. Fresh tensors would be allocated at run time,
+unseen by vLLM's memory profile (its profile run skips attention) from which it sizes the KV
+cache; this buffer is allocated when the attention impl is built, inside vLLM's model loading,
+so it counts with the weights, as vLLM's own backends keep their scratch memory.
 """
 
 from __future__ import annotations
