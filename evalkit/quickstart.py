@@ -1,20 +1,7 @@
 """`evalkit quickstart`: the paper's claims, measured on a CPU in a few minutes, offline.
 
-    1. probe    BF16 breaks RoPE (the paper's Figure 1): `probe tokens` in BF16 and FP32 on the
-                real pretrained model (SmolLM2-135M) when it is installed, else on the shipped
-                tiny base, said plainly: BF16 / FP32 attention difference and the first token's share
-    2. train    anchor attention is cheaper to train: one optimizer step under full and anchor
-                attention at a length where whole-window attention dominates (CPU time, one thread)
-    3. ruler    RULER across lengths, averaged over the last checkpoints, for every paradigm: the
-                recipe's shipped runs (checkpoints/<recipe>/, trained to the end by `evalkit train`
-                on this kind of CPU); the quickstart trains short runs of its own only with --train
-                or when the recipe ships none (those score 0: shown as trained, not as a result)
-    4. ppl      perplexity of the same checkpoints at the same lengths: the paper's Figure 4 (RULER and
-                perplexity per checkpoint; is RULER's swing between a run's last two beyond noise?)
-    5. general  the offline fixture tasks of tasks/ (only with --general)
-    6. board    leaderboard.md, plots and claims.md from the stored results
-
-Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
+Its stages and options are README.md's "The quickstart". Every stage stores what it made, so a
+second run reuses all of it and finishes in seconds.
 """
 
 from __future__ import annotations
@@ -488,10 +475,17 @@ def _scores_above_zero(one) -> bool:
     )
 
 
+def _evaluate(benchmark, refs, folder: Path, console: Console, **options):
+    """run_benchmark into `folder`, naming each checkpoint as its turn comes."""
+    from evalkit.sweep.pipeline import run_benchmark
+
+    say = lambda ref: console.print(f"{ref.run} step {ref.step}")  # noqa: E731
+    return run_benchmark(benchmark, refs, folder, on_checkpoint=say, **options)
+
+
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ruler.runner import RulerBenchmark, RulerSettings
     from evalkit.ruler.spec import TASKS, task_spec
-    from evalkit.sweep.pipeline import run_benchmark
 
     # RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's (qa_1,
     # qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have).
@@ -504,40 +498,21 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
             console.print(f"[dim]  {event.unit.label()}: {event.total} samples[/dim]")
         last_shown[event.unit] = event.done
 
-    run = run_benchmark(
-        RulerBenchmark(settings),
-        refs,
-        plan.out / "ruler",
-        progress=progress,
-        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
-    )
+    run = _evaluate(RulerBenchmark(settings), refs, plan.out / "ruler", console, progress=progress)
     for skip in {(s["task"], s["length"], s["reason"]) for s in run.skipped}:  # once, not per checkpoint
         console.print(f"[yellow]skipped[/yellow] {skip[0]} @ {skip[1]}: {skip[2]}")
 
 
 def _ppl(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ppl import PplBenchmark, PplSettings
-    from evalkit.sweep.pipeline import run_benchmark
 
-    settings = PplSettings(lengths=lengths, docs=PPL_DOCS)
-    run_benchmark(
-        PplBenchmark(settings),
-        refs,
-        plan.out / "ppl",
-        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
-    )
+    _evaluate(PplBenchmark(PplSettings(lengths=lengths, docs=PPL_DOCS)), refs, plan.out / "ppl", console)
 
 
 def _general(refs, plan: QuickstartPlan, console: Console) -> None:
     from evalkit.general import GeneralBenchmark, GeneralSettings
-    from evalkit.sweep.pipeline import run_benchmark
 
-    run = run_benchmark(
-        GeneralBenchmark(GeneralSettings(list(FIXTURE_TASKS), limit=plan.general_limit)),
-        refs,
-        plan.out / "general",
-        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
-        log=console.print,
-    )
+    settings = GeneralSettings(list(FIXTURE_TASKS), limit=plan.general_limit)
+    run = _evaluate(GeneralBenchmark(settings), refs, plan.out / "general", console, log=console.print)
     if not run.rows:
         raise UserError("the general-task fixtures produced no score; see the messages above")

@@ -208,46 +208,44 @@ def _verdict(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
 
-def _precision_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
-    claim = "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)"
-    if found is None:
-        return [], f"- {claim}: not measured here (`evalkit probe shift` with `--dtypes bf16,fp32`)."
+# The paper's observations: the summary's key, the claim, and what measures it when the rows do not.
+OBSERVATIONS = (
+    ("precision_ratio", "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)",
+     "`evalkit probe shift` with `--dtypes bf16,fp32`"),
+    ("first_token", "The first token carries most of the difference", "`evalkit probe tokens`"),
+    ("logit_growth", "The first-token logit difference grows with length",
+     "`evalkit probe length`, at least two lengths"),
+)  # fmt: skip
+
+
+def _precision_lines(found: dict) -> tuple[list[tuple[str, str]], str]:
     low = found["dtype"].upper()
     where = f"Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}, rope={found['rope']}"
     ratio = _num(found["ratio"]) if found["ratio"] is not None else "∞ (FP32 D is exactly 0)"
     row = (f"{low} / FP32 D ({where})", f"{ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])})")
-    line = f"- {claim}: {_verdict(found['holds'])}: the ratio is {ratio}, threshold {PRECISION_FACTOR:g}."
-    return [row], line
+    return [row], f"the ratio is {ratio}, threshold {PRECISION_FACTOR:g}."
 
 
-def _first_token_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
-    claim = "The first token carries most of the difference"
-    if found is None:
-        return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
+def _first_token_lines(found: dict) -> tuple[list[tuple[str, str]], str]:
     where = f"{found['dtype'].upper()}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
     rows = [
         (f"first-token share of D ({where})", _num(found["share"])),
         ("first column / mean other column", _num(found["over_mean_other"])),
     ]
     largest = "is" if found["is_largest"] else "is not"
-    line = (
-        f"- {claim}: {_verdict(found['holds'])}: its column {largest} the largest and stands "
-        f"{_num(found['over_mean_other'])}× the mean other column (threshold {DOMINANCE_FACTOR:g}×)."
+    return rows, (
+        f"its column {largest} the largest and stands {_num(found['over_mean_other'])}× the mean other column "
+        f"(threshold {DOMINANCE_FACTOR:g}×)."
     )
-    return rows, line
 
 
-def _growth_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
-    claim = "The first-token logit difference grows with length"
-    if found is None:
-        return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
+def _growth_lines(found: dict) -> tuple[list[tuple[str, str]], str]:
     span = f"{found['shortest']} → {found['longest']} tokens"
     row = (
         f"D_logit growth, {span} ({found['dtype'].upper()})",
         f"{_num(found['ratio'])} ({_num(found['at_shortest'])} → {_num(found['at_longest'])})",
     )
-    line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
-    return [row], line
+    return [row], f"×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
 
 
 def _amplification_lines(found: dict | None) -> list[tuple[str, str]]:
@@ -361,14 +359,13 @@ def summary_markdown(payload: dict) -> str:
     kind, summary, rows, provenance = payload["kind"], payload["summary"], payload["rows"], payload["provenance"]
     metric_name, metric, axis = KIND_VALUES[kind]
     key_rows, observations = [], []
-    for part, build in (
-        ("precision_ratio", _precision_lines),
-        ("first_token", _first_token_lines),
-        ("logit_growth", _growth_lines),
-    ):
-        table_rows, line = build(summary[part])
+    for (part, claim, measured_by), build in zip(OBSERVATIONS, (_precision_lines, _first_token_lines, _growth_lines)):
+        if summary[part] is None:
+            observations.append(f"- {claim}: not measured here ({measured_by}).")
+            continue
+        table_rows, evidence = build(summary[part])
         key_rows += table_rows
-        observations.append(line)
+        observations.append(f"- {claim}: {_verdict(summary[part]['holds'])}: {evidence}")
     key_rows += _amplification_lines(summary["pretraining_amplification"])
     first_token = "BOS" if provenance["first_token_is_bos"] else "not a BOS (the tokenizer adds none)"
     out = [
