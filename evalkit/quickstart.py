@@ -274,17 +274,15 @@ def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     summary = payload["summary"]
     precision, first = summary["precision_ratio"], summary["first_token"]
     ratio = "∞" if precision["ratio"] is None else f"{precision['ratio']:,.0f}"
-    return [
-        f"## (a) BF16 breaks RoPE: measured on {what}",
-        "",
+    return _section(
+        f"(a) BF16 breaks RoPE: measured on {what}",
         f"- Attention difference D under a position shift (Δ1={precision['delta1']}, Δ2={precision['delta2']}, "
         f"T={precision['length']}): BF16 {precision['low_precision']:.3g} against FP32 {precision['fp32']:.3g}, "
         f"×{ratio} ({'holds' if precision['holds'] else 'does not hold'}).",
         f"- The first token's share of D in BF16: {first['share']:.3f}; its column is "
         f"{first['over_mean_other']:.1f}× the mean other column ({'holds' if first['holds'] else 'does not hold'}).",
         f"- Details: {out / 'probe-tokens.md'}.",
-        "",
-    ]
+    )
 
 
 # ---------------------------------------------------------------------- claim (b): training cost
@@ -299,15 +297,13 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
         rows = [asdict(row) for row in _time_training_steps(plan.bench_seq, console)]
         atomic_write_json(stored, {"recipe": TRAIN_BENCH_RECIPE, "sets": list(TRAIN_BENCH_SETS), "rows": rows})
     full, anchor = (next(r for r in rows if r["paradigm"] == p) for p in ("full", "anchor"))
-    return [
-        "## (b) Anchor attention is cheaper to train",
-        "",
+    return _section(
+        "(b) Anchor attention is cheaper to train",
         f"- One optimizer step (forward, backward, AdamW) of {TRAIN_BENCH_RECIPE}'s model at {full['seq_len']} tokens, "
         f"{full['docs_per_window']:.0f} documents a window, CPU s on one thread: full {full['step_seconds']:.2f}, "
         f"anchor {anchor['step_seconds']:.2f} (×{anchor['ratio_to_full']:.2f}; the attention work alone is "
         f"×{anchor['ideal_ratio']:.2f}, Σd²/S²).",
-        "",
-    ]
+    )
 
 
 def _time_training_steps(seq_len: int, console: Console) -> list:
@@ -346,7 +342,7 @@ def how_runs_trained(refs) -> list[str]:
         meta = checkpoint_meta(path)
         rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
     header = ["run", "paradigm", "precision", "window start"]
-    return ["## How each run trained", "", markdown_table(header, rows), ""]
+    return _section("How each run trained", markdown_table(header, rows))
 
 
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
@@ -361,11 +357,10 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
         [run, *[f"{cells[run, n].mean:.1f} ± {cells[run, n].std:.1f}" if (run, n) in cells else "" for n in lengths]]
         for run in scored
     ]
-    lines = ["## (c) RULER across lengths (task average, mean ± std over each run's checkpoints)", ""]
-    lines += [markdown_table(header, rows), ""] if rows else ["- No run scored above 0 at any length.", ""]
+    lines = [markdown_table(header, rows)] if rows else ["- No run scored above 0 at any length."]
     if zero:
-        lines += [f"- Scored 0 at every length, so not a result: {', '.join(zero)}.", ""]
-    return lines
+        lines += ["", f"- Scored 0 at every length, so not a result: {', '.join(zero)}."]
+    return _section("(c) RULER across lengths (task average, mean ± std over each run's checkpoints)", *lines)
 
 
 def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
@@ -376,23 +371,22 @@ def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
     from evalkit.results.compare_report import summary_table
     from evalkit.results.samples import load_series
 
-    lines = ["## Paradigms against full attention (`evalkit compare`)", ""]
+    title = "Paradigms against full attention (`evalkit compare`)"
     series = {name: one for name, one in load_series([str(ruler_dir)]).items() if _scores_above_zero(one)}
     full = [name for name, one in series.items() if one.paradigm == "full"]
     others = [name for name, one in series.items() if one.paradigm != "full"]
     if not full or not others:
-        return lines + ["- Not compared: no full-attention run and another paradigm that both score above 0.", ""]
+        return _section(title, "- Not compared: no full-attention run and another paradigm that both score above 0.")
     baseline = full[0]
     result = compare({name: series[name] for name in [baseline, *others]}, [baseline, *others], baseline=baseline)
-    lines += [
+    return _section(
+        title,
         summary_table(result),
         "",
         f"- B − A in points with its 95% interval ({result.replicates} bootstrap replicates, seed {result.seed}, "
         "over checkpoints and samples); bold only where Holm-adjusted p < 0.05. An interval that spans 0 says the "
         "paradigms are not told apart at this sample count, not that they are equal.",
-        "",
-    ]
-    return lines
+    )
 
 
 def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
@@ -416,15 +410,13 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
         for run, step in sorted({(run, step) for run, step, _ in [*ruler_means, *ppl_means]})
     ]
     plot = ruler_and_ppl_vs_step(checkpoint_means(ruler), checkpoint_means(ppl), out / "plots" / "ruler-ppl-vs-step")
-    return [
-        "## (d) RULER and perplexity per checkpoint (the paper's Figure 4)",
-        "",
+    return _section(
+        "(d) RULER and perplexity per checkpoint (the paper's Figure 4)",
         markdown_table(header, table),
         "",
         f"- RULER: task average; ppl: perplexity on the built-in prose. Plot: {plot[0]}.",
         *swing_verdicts(out / "ruler"),
-        "",
-    ]
+    )
 
 
 def swing_verdicts(ruler_dir: Path) -> list[str]:
@@ -460,6 +452,10 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
             f"the swing is {'' if beyond else 'not '}beyond noise."
         )
     return lines
+
+
+def _section(title: str, *lines: str) -> list[str]:
+    return [f"## {title}", "", *lines, ""]
 
 
 def _stored_rows(folder: Path, summary_name: str) -> list:
