@@ -20,7 +20,7 @@ from rich.console import Console
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, atomic_write_text, cache_root, check_output_dir, output_lock
 from evalkit.lengths import length_label
-from evalkit.markdown import markdown_table
+from evalkit.markdown import markdown_section, markdown_table
 from evalkit.models.check import checkpoint_source
 from evalkit.models.refs import META, STEP_DIR, check_last, checkpoint_meta, resolve_checkpoints
 from evalkit.results.leaderboard import check_leaderboard_outputs, checkpoint_means, write_leaderboard
@@ -274,7 +274,7 @@ def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     summary = payload["summary"]
     precision, first = summary["precision_ratio"], summary["first_token"]
     ratio = "∞" if precision["ratio"] is None else f"{precision['ratio']:,.0f}"
-    return _section(
+    return markdown_section(
         f"(a) BF16 breaks RoPE: measured on {what}",
         f"- Attention difference D under a position shift (Δ1={precision['delta1']}, Δ2={precision['delta2']}, "
         f"T={precision['length']}): BF16 {precision['low_precision']:.3g} against FP32 {precision['fp32']:.3g}, "
@@ -297,7 +297,7 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
         rows = [asdict(row) for row in _time_training_steps(plan.bench_seq, console)]
         atomic_write_json(stored, {"recipe": TRAIN_BENCH_RECIPE, "sets": list(TRAIN_BENCH_SETS), "rows": rows})
     full, anchor = (next(r for r in rows if r["paradigm"] == p) for p in ("full", "anchor"))
-    return _section(
+    return markdown_section(
         "(b) Anchor attention is cheaper to train",
         f"- One optimizer step (forward, backward, AdamW) of {TRAIN_BENCH_RECIPE}'s model at {full['seq_len']} tokens, "
         f"{full['docs_per_window']:.0f} documents a window, CPU s on one thread: full {full['step_seconds']:.2f}, "
@@ -342,7 +342,7 @@ def how_runs_trained(refs) -> list[str]:
         meta = checkpoint_meta(path)
         rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
     header = ["run", "paradigm", "precision", "window start"]
-    return _section("How each run trained", markdown_table(header, rows))
+    return markdown_section("How each run trained", markdown_table(header, rows))
 
 
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
@@ -360,7 +360,7 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
     lines = [markdown_table(header, rows)] if rows else ["- No run scored above 0 at any length."]
     if zero:
         lines += ["", f"- Scored 0 at every length, so not a result: {', '.join(zero)}."]
-    return _section("(c) RULER across lengths (task average, mean ± std over each run's checkpoints)", *lines)
+    return markdown_section("(c) RULER across lengths (task average, mean ± std over each run's checkpoints)", *lines)
 
 
 def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
@@ -376,10 +376,12 @@ def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
     full = [name for name, one in series.items() if one.paradigm == "full"]
     others = [name for name, one in series.items() if one.paradigm != "full"]
     if not full or not others:
-        return _section(title, "- Not compared: no full-attention run and another paradigm that both score above 0.")
+        return markdown_section(
+            title, "- Not compared: no full-attention run and another paradigm that both score above 0."
+        )
     baseline = full[0]
     result = compare({name: series[name] for name in [baseline, *others]}, [baseline, *others], baseline=baseline)
-    return _section(
+    return markdown_section(
         title,
         summary_table(result),
         "",
@@ -410,7 +412,7 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
         for run, step in sorted({(run, step) for run, step, _ in [*ruler_means, *ppl_means]})
     ]
     plot = ruler_and_ppl_vs_step(checkpoint_means(ruler), checkpoint_means(ppl), out / "plots" / "ruler-ppl-vs-step")
-    return _section(
+    return markdown_section(
         "(d) RULER and perplexity per checkpoint (the paper's Figure 4)",
         markdown_table(header, table),
         "",
@@ -452,10 +454,6 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
             f"the swing is {'' if beyond else 'not '}beyond noise."
         )
     return lines
-
-
-def _section(title: str, *lines: str) -> list[str]:
-    return [f"## {title}", "", *lines, ""]
 
 
 def _stored_rows(folder: Path, summary_name: str) -> list:

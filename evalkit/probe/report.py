@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from evalkit.figures import new_figure, write_figure
-from evalkit.markdown import markdown_table
+from evalkit.markdown import markdown_section, markdown_table
 from evalkit.store.provenance import provenance_lines
 
 TITLE = "# BF16 RoPE probe: {kind}"  # the markdown's first line, by which a rerun knows it as its own
@@ -200,10 +200,6 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def _section(title: str, *lines: str) -> list[str]:
-    return [f"## {title}", "", *lines, ""]
-
-
 def _verdict(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
@@ -276,7 +272,7 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
     header = {"delta1": "Δ1", "length": "length"}[axis]
     keys = sorted({row[axis] for row in chosen})
     table = [[key, *(_num(cells.get((key, label))) for label in labels)] for key in keys]
-    return _section("Values (mean over texts)", markdown_table([header, *labels], table))
+    return markdown_section("Values (mean over texts)", markdown_table([header, *labels], table))
 
 
 def _provenance_lines(provenance: dict) -> list[str]:
@@ -308,7 +304,7 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
         for name, parts in values.items()
     ]
     where = f"{found['dtype'].upper()}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
-    return _section(
+    return markdown_section(
         "Per layer type",
         f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
         "within their window. Global (full_attention) layers are where long-distance RoPE error can show.",
@@ -341,7 +337,7 @@ def _regime_lines(provenance: dict) -> list[str]:
         for r in regimes
     ]
     header = ["condition", "weights", "residual stream", "RoPE frequencies", "as trained (bf16_full)"]
-    return _section("Precision of each condition", *lines, markdown_table(header, table))
+    return markdown_section("Precision of each condition", *lines, markdown_table(header, table))
 
 
 def _texts_used(provenance: dict) -> str:
@@ -379,8 +375,8 @@ def summary_markdown(payload: dict) -> str:
     ]
     notes = [f"Note: {note}." for note in payload["notes"]]
     out += [*notes, ""] if notes else []
-    out += _section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
-    out += _section("The paper's observations, from these numbers", *observations)
+    out += markdown_section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
+    out += markdown_section("The paper's observations, from these numbers", *observations)
     out += _layer_type_lines(summary.get("by_layer_type"), provenance.get("layer_windows"))
     out += _value_table(over_all_layers(rows), metric, axis)
     return "\n".join(out)
