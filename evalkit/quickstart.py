@@ -328,10 +328,8 @@ def how_runs_trained(refs) -> list[str]:
     """One row per evaluated run: its paradigm, precision regime and window start, read from its
     newest checkpoint's meta.json, so a comparison shows that only the paradigm differs."""
     newest = {ref.run: ref.path for ref in sorted(refs, key=lambda ref: ref.step)}  # CheckpointRef
-    rows = []
-    for run, path in sorted(newest.items()):
-        meta = checkpoint_meta(path)
-        rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
+    metas = {run: checkpoint_meta(path) for run, path in sorted(newest.items())}
+    rows = [[run, m.get("paradigm", "?"), training_precision(m) or "fp32", window_start(m)] for run, m in metas.items()]
     header = ["run", "paradigm", "precision", "window start"]
     return markdown_section("How each run trained", markdown_table(header, rows))
 

@@ -193,9 +193,6 @@ def summarise(rows: list[Row]) -> dict:
     }
 
 
-# ---- markdown ------------------------------------------------------------------------------------
-
-
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
@@ -380,9 +377,6 @@ def summary_markdown(payload: dict) -> str:
     out += _layer_type_lines(summary.get("by_layer_type"), provenance.get("layer_windows"))
     out += _value_table(over_all_layers(rows), metric, axis)
     return "\n".join(out)
-
-
-# ---- plots ---------------------------------------------------------------------------------------
 
 
 def _style(row: Row, rows: list[Row]) -> dict:
