@@ -10,8 +10,6 @@ import typer
 from evalkit.cli.app import probe_app
 from evalkit.store.provenance import command_line
 
-RUN_OPTION_NAMES = {"n": "n_texts"}  # the CLI's short names for run_probe's options (and `size`, by kind)
-
 
 def _probe(kind: str, params: dict) -> None:
     """Run `kind` with a command's parsed parameters (click's `ctx.params`); an option left out is the default."""
@@ -20,7 +18,7 @@ def _probe(kind: str, params: dict) -> None:
     from evalkit.probe import run_probe
 
     console = Console(stderr=True)
-    names = {**RUN_OPTION_NAMES, "size": "lengths" if kind == "length" else "seq_len"}
+    names = {"n": "n_texts", "size": "lengths" if kind == "length" else "seq_len"}  # run_probe's names
     given = {names.get(name, name): value for name, value in params.items() if value is not None}
     ckpt, out = given.pop("ckpt"), given.pop("out", None)
     out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name

@@ -185,11 +185,9 @@ def summarise(rows: list[Row]) -> dict:
         "logit_growth": logit_growth(rows),
         "pretraining_amplification": pretraining_amplification(rows),
         "by_layer_type": by_layer_type(every),
-        "thresholds": {
-            "precision_factor": PRECISION_FACTOR,
-            "dominance_factor": DOMINANCE_FACTOR,
-            "growth_factor": GROWTH_FACTOR,
-        },
+        "thresholds": dict(
+            precision_factor=PRECISION_FACTOR, dominance_factor=DOMINANCE_FACTOR, growth_factor=GROWTH_FACTOR
+        ),
     }
 
 
