@@ -243,12 +243,8 @@ def _amplification_lines(found: dict | None) -> list[tuple[str, str]]:
     if found is None:
         return []
     name = "D" if found["metric"] == "attn_diff" else "D_logit"
-    return [
-        (
-            f"pretrained / random-init {name} ({found['dtype'].upper()}, Δ1={found['delta1']})",
-            f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})",
-        )
-    ]
+    label = f"pretrained / random-init {name} ({found['dtype'].upper()}, Δ1={found['delta1']})"
+    return [(label, f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})")]
 
 
 def _series_label(row: Row, with_delta1: bool = False) -> str:
@@ -321,14 +317,9 @@ def _regime_lines(provenance: dict) -> list[str]:
             f"{trained.get('rope', 'fp32')}.",
             "",
         ]
+    columns = ("weights", "residual", "rope_frequencies")
     table = [
-        [
-            f"{r['condition']} {r['dtype'].upper()}",
-            r["weights"],
-            r["residual"],
-            r["rope_frequencies"],
-            "yes" if r["as_trained"] else "",
-        ]
+        [f"{r['condition']} {r['dtype'].upper()}", *(r[c] for c in columns), "yes" if r["as_trained"] else ""]
         for r in regimes
     ]
     header = ["condition", "weights", "residual stream", "RoPE frequencies", "as trained (bf16_full)"]
