@@ -124,7 +124,7 @@ def write_checkpoint(
     weights = dict(model_state)
     if getattr(model.config, "tie_word_embeddings", False):
         head = model.get_output_embeddings()  # stored once, as the input embedding
-        weights.pop(next((f"{name}.weight" for name, module in model.named_modules() if module is head), None), None)
+        weights.pop(next((f"{name}.weight" for name, module in model.named_modules() if module is head), ""), None)
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
     try:
