@@ -1,4 +1,4 @@
-"""Markdown tables: the one place that writes a header, its `|---|` separator and the rows."""
+"""Markdown tables (the one place that writes a header, its `|---|` separator and the rows) and sections."""
 
 from __future__ import annotations
 
@@ -29,3 +29,8 @@ def markdown_table(header: Sequence[object], rows: Iterable[Sequence[object]]) -
             raise ValueError(f"a row of {len(row)} cells in a table of {len(header)} columns: {list(row)!r}")
         lines.append(markdown_row(row))
     return "\n".join(lines)
+
+
+def markdown_section(title: str, *lines: str) -> list[str]:
+    """A `## title` section's lines, a blank line after the heading and after the body."""
+    return [f"## {title}", "", *lines, ""]

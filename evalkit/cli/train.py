@@ -20,10 +20,8 @@ def train_command(
     paradigm: str = typer.Option(
         None,
         "--paradigm",
-        help=(
-            "full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved; "
-            "with --inspect, a comma-separated list."
-        ),
+        help="full, intra_doc, intra_doc_reset, anchor, anchor_tag, intra_doc_interleaved, anchor_interleaved; "
+        "with --inspect, a comma-separated list.",
     ),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per training window."),
     max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
@@ -41,10 +39,8 @@ def train_command(
     inspect: str = typer.Option(
         None,
         "--inspect",
-        help=(
-            "Train nothing: write the first window(s) as training would build them into DIR/<paradigm>/ "
-            "(window.json: tokens, positions, documents, loss mask; mask.png: the attention mask, as Figure 2)."
-        ),
+        help="Train nothing: write the first window(s) as training would build them into DIR/<paradigm>/ "
+        "(window.json: tokens, positions, documents, loss mask; mask.png: the attention mask, as Figure 2).",
         metavar="DIR",
     ),
     inspect_tokens: int = typer.Option(

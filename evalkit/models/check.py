@@ -13,9 +13,7 @@ safetensors. So every evalkit loader (the hf engine, the probe, `train --model`)
   renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which are tied,
   so an independent comparison would refuse valid checkpoints.
 
-A checkpoint is named by its directory or, where no local path has that name, by its hub name
-`org/name[@revision]`: `checkpoint_source` resolves both, to the snapshot directory in the hub
-cache (downloaded unless HF_HUB_OFFLINE=1) and the commit it holds.
+A checkpoint named by its hub name resolves here too (checkpoint_source; docs/models.md).
 """
 
 from __future__ import annotations

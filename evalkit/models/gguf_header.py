@@ -1,11 +1,6 @@
-"""A GGUF file's header read once: its magic and version, then every count and size it declares
-checked against the file before anything else reads it.
-
-gguf's reader trusts the header: an array declared with 2^40 items in a 130-byte file is sliced
-past the end without an error and then looped over item by item, growing without bound. This
-walk reads the same header (metadata entries, then the tensor index) and, before each read or
-loop, checks that what is declared fits in the bytes that remain, so its own work is bounded by
-the file's size. Only then may gguf (or transformers through it) read the file.
+"""A GGUF file's header read once, every count and size it declares checked against the file
+before anything else reads it: gguf's reader trusts the header (an array declared with 2^40 items
+in a 130-byte file is sliced past the end, then looped over item by item without bound).
 """
 
 from __future__ import annotations

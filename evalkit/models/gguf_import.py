@@ -1,14 +1,9 @@
-"""`evalkit import`: a GGUF file (llama.cpp's format) as a plain Hugging Face checkpoint.
+"""`evalkit import`: a GGUF file (llama.cpp's format) as a plain Hugging Face checkpoint (docs/models.md).
 
-transformers reads GGUF files with the `gguf` package and dequantizes every weight, but a
-model loaded that way refuses `save_pretrained`. We take its state dict, check it against the
-same architecture built from the config without its quantization settings (on the meta device,
-so nothing is allocated twice), and save it as safetensors with the tokenizer, config,
-generation config and a meta.json naming the source file and its hash. Every command that takes
-a checkpoint then reads the destination like any other.
-
-The destination is assembled in a hidden temporary directory beside it and renamed into place
-only when complete; a failure leaves nothing behind.
+transformers dequantizes a GGUF file's weights, but a model loaded that way refuses
+`save_pretrained`: its state dict is checked against the same architecture built without the
+quantization settings, then saved as safetensors beside the tokenizer, config and a meta.json,
+assembled beside the destination and renamed into place (a failure leaves nothing).
 """
 
 from __future__ import annotations

@@ -3,11 +3,7 @@
 A path may be one checkpoint (a directory with config.json) or a run directory holding
 `step-<N>` checkpoints; shell globs expand before we see them, quoted globs expand here.
 Every checkpoint gets a run name (its run directory's name) and a step, which is how results
-are stored and averaged.
-
-A name that is no local path but reads `org/name` or `org/name@revision` is a Hugging Face hub
-model, resolved by models.check.checkpoint_source to its snapshot in the hub cache; its run
-name is the repo's name part, its step 0 (or its meta.json's).
+are stored and averaged; a hub name's (docs/models.md): the repo's name part, step 0 or its meta.json's.
 """
 
 from __future__ import annotations

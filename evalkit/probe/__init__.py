@@ -1,18 +1,9 @@
 """The BF16 RoPE probe: the paper's Figure 1 measured on any Llama, Qwen2, Mistral or Gemma 3 checkpoint.
 
-RoPE promises that shifting every position id by the same Δ changes no attention score. The
-probe runs a text with position ids Δ..Δ+T−1 for Δ1 and for Δ2 and measures how far the
-attention moves (Wang et al. 2024, arXiv 2411.13476, §3 and Figure 1; the formulas are
-evalkit.probe.measure's):
-
-- `evalkit probe shift`: D(X, Δ1, Δ2) (Eq. 4) for each Δ1. Figure 1 left.
-- `evalkit probe tokens`: the same kept per key column j, and the first token's share. Figure 1 middle.
-- `evalkit probe length`: D_logit (Eq. 5), the first key's logit difference, per length. Figure 1 right.
-
-The CLI calls `run_probe(kind, ckpt, out_dir, progress=print_fn, **options)`, the options being
-ProbeOptions' fields (each with the paper's default; a bad one is a UserError before a model
-loads). It writes probe-<kind>.json (rows, provenance, summary), probe-<kind>.png/.svg (the
-panel) and probe-<kind>.md (key ratios and whether the paper's observations hold).
+RoPE promises that shifting every position id by the same Δ changes no attention score; the
+probe measures how far attention moves when it does (Wang et al. 2024, arXiv 2411.13476, §3).
+`run_probe(kind, ckpt, out_dir, **options)` runs one kind (ProbeOptions' fields; a bad one is a
+UserError before a model loads); what each kind measures and writes is docs/probe.md's.
 """
 
 from importlib import import_module

@@ -5,11 +5,8 @@ the reference shift Δ2, copies 1..K at shifts Δ1. In every layer this function
 probabilities as transformers' eager attention does (logits in the activation dtype, softmax in
 FP32, cast back), adds |P_k − P_0| and the first key's logit difference |A_k[:, 0] − A_0[:, 0]|
 into a `ShiftRecorder`, and returns the ordinary output, so the next layer sees what it would
-have seen. Query rows go in blocks: no layer's full S×S map is ever held.
-
-Under a sliding window W (transformers passes `sliding_window`) query i sees key j iff
-i − W < j <= i, as transformers' `sliding_window_causal_mask_function` defines it: each layer is
-measured as the model computes it, its sums kept per layer for the per-layer-type report.
+have seen. Query rows go in blocks: no layer's full S×S map is ever held. A layer with a sliding
+window is measured within it, as transformers masks it (visible_keys).
 
 Shapes: B copies, H query heads, Hkv key/value heads, G = H // Hkv query heads per key/value
 head, R query rows of a block, S keys (the sequence length), D head dim.

@@ -1,11 +1,6 @@
-"""The measurements: shifted copies of each text through the model, reduced to the paper's numbers.
-
-For each text and each Δ1, D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|
-(Eq. 4, n_j = 1/(T − j + 1) for the 1-based key column j), kept per column j for the per-token
-view, and D_logit = (1/T) Σ_i Σ_(l,h) |A_i1(Δ1) − A_i1(Δ2)| (Eq. 5) with A the scaled logits
-q·k/sqrt(d), the logits the softmax sees; both averaged over the texts. Under a sliding window
-the counts are those the layer attends to (ShiftRecorder), and the sums are also kept per layer
-type (full_attention, sliding_attention), which add up to the total.
+"""The measurements: shifted copies of each text through the model, reduced to the paper's numbers
+(D of Eq. 4 per key column and in total, D_logit of Eq. 5, averaged over the texts; their exact
+definitions are evalkit.probe.run.MEASUREMENT, stored with every result), also per layer type.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from evalkit.figures import new_figure, write_figure
-from evalkit.markdown import markdown_table
+from evalkit.markdown import markdown_section, markdown_table
 from evalkit.store.provenance import provenance_lines
 
 TITLE = "# BF16 RoPE probe: {kind}"  # the markdown's first line, by which a rerun knows it as its own
@@ -185,81 +185,66 @@ def summarise(rows: list[Row]) -> dict:
         "logit_growth": logit_growth(rows),
         "pretraining_amplification": pretraining_amplification(rows),
         "by_layer_type": by_layer_type(every),
-        "thresholds": {
-            "precision_factor": PRECISION_FACTOR,
-            "dominance_factor": DOMINANCE_FACTOR,
-            "growth_factor": GROWTH_FACTOR,
-        },
+        "thresholds": dict(
+            precision_factor=PRECISION_FACTOR, dominance_factor=DOMINANCE_FACTOR, growth_factor=GROWTH_FACTOR
+        ),
     }
-
-
-# ---- markdown ------------------------------------------------------------------------------------
 
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def _section(title: str, *lines: str) -> list[str]:
-    return [f"## {title}", "", *lines, ""]
-
-
 def _verdict(holds: bool) -> str:
     return "**holds**" if holds else "**does not hold**"
 
 
-def _precision_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
-    claim = "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)"
-    if found is None:
-        return [], f"- {claim}: not measured here (`evalkit probe shift` with `--dtypes bf16,fp32`)."
+# The paper's observations: the summary's key, the claim, and what measures it when the rows do not.
+OBSERVATIONS = (
+    ("precision_ratio", "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)",
+     "`evalkit probe shift` with `--dtypes bf16,fp32`"),
+    ("first_token", "The first token carries most of the difference", "`evalkit probe tokens`"),
+    ("logit_growth", "The first-token logit difference grows with length",
+     "`evalkit probe length`, at least two lengths"),
+)  # fmt: skip
+
+
+def _precision_lines(found: dict) -> tuple[list[tuple[str, str]], str]:
     low = found["dtype"].upper()
     where = f"Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}, rope={found['rope']}"
     ratio = _num(found["ratio"]) if found["ratio"] is not None else "∞ (FP32 D is exactly 0)"
     row = (f"{low} / FP32 D ({where})", f"{ratio} ({_num(found['low_precision'])} / {_num(found['fp32'])})")
-    line = f"- {claim}: {_verdict(found['holds'])}: the ratio is {ratio}, threshold {PRECISION_FACTOR:g}."
-    return [row], line
+    return [row], f"the ratio is {ratio}, threshold {PRECISION_FACTOR:g}."
 
 
-def _first_token_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
-    claim = "The first token carries most of the difference"
-    if found is None:
-        return [], f"- {claim}: not measured here (`evalkit probe tokens`)."
+def _first_token_lines(found: dict) -> tuple[list[tuple[str, str]], str]:
     where = f"{found['dtype'].upper()}, Δ1={found['delta1']}, Δ2={found['delta2']}, T={found['length']}"
     rows = [
         (f"first-token share of D ({where})", _num(found["share"])),
         ("first column / mean other column", _num(found["over_mean_other"])),
     ]
     largest = "is" if found["is_largest"] else "is not"
-    line = (
-        f"- {claim}: {_verdict(found['holds'])}: its column {largest} the largest and stands "
-        f"{_num(found['over_mean_other'])}× the mean other column (threshold {DOMINANCE_FACTOR:g}×)."
+    return rows, (
+        f"its column {largest} the largest and stands {_num(found['over_mean_other'])}× the mean other column "
+        f"(threshold {DOMINANCE_FACTOR:g}×)."
     )
-    return rows, line
 
 
-def _growth_lines(found: dict | None) -> tuple[list[tuple[str, str]], str]:
-    claim = "The first-token logit difference grows with length"
-    if found is None:
-        return [], f"- {claim}: not measured here (`evalkit probe length`, at least two lengths)."
+def _growth_lines(found: dict) -> tuple[list[tuple[str, str]], str]:
     span = f"{found['shortest']} → {found['longest']} tokens"
     row = (
         f"D_logit growth, {span} ({found['dtype'].upper()})",
         f"{_num(found['ratio'])} ({_num(found['at_shortest'])} → {_num(found['at_longest'])})",
     )
-    line = f"- {claim}: {_verdict(found['holds'])}: ×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
-    return [row], line
+    return [row], f"×{_num(found['ratio'])} over {span}, threshold {GROWTH_FACTOR:g}×."
 
 
 def _amplification_lines(found: dict | None) -> list[tuple[str, str]]:
     if found is None:
         return []
     name = "D" if found["metric"] == "attn_diff" else "D_logit"
-    return [
-        (
-            f"pretrained / random-init {name} ({found['dtype'].upper()}, Δ1={found['delta1']})",
-            f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})",
-        )
-    ]
+    label = f"pretrained / random-init {name} ({found['dtype'].upper()}, Δ1={found['delta1']})"
+    return [(label, f"{_num(found['ratio'])} ({_num(found['pretrained'])} / {_num(found['random_init'])})")]
 
 
 def _series_label(row: Row, with_delta1: bool = False) -> str:
@@ -278,7 +263,7 @@ def _value_table(rows: list[Row], metric: str, axis: str) -> list[str]:
     header = {"delta1": "Δ1", "length": "length"}[axis]
     keys = sorted({row[axis] for row in chosen})
     table = [[key, *(_num(cells.get((key, label))) for label in labels)] for key in keys]
-    return _section("Values (mean over texts)", markdown_table([header, *labels], table))
+    return markdown_section("Values (mean over texts)", markdown_table([header, *labels], table))
 
 
 def _provenance_lines(provenance: dict) -> list[str]:
@@ -310,7 +295,7 @@ def _layer_type_lines(found: dict | None, layer_windows: list | None) -> list[st
         for name, parts in values.items()
     ]
     where = f"{found['dtype'].upper()}, rope={found['rope']}, Δ1={found['delta1']}, Δ2={found.get('delta2')}"
-    return _section(
+    return markdown_section(
         "Per layer type",
         f"Pretrained {where}. D and D_logit of the layer types add up to all layers; sliding layers are measured "
         "within their window. Global (full_attention) layers are where long-distance RoPE error can show.",
@@ -332,18 +317,13 @@ def _regime_lines(provenance: dict) -> list[str]:
             f"{trained.get('rope', 'fp32')}.",
             "",
         ]
+    columns = ("weights", "residual", "rope_frequencies")
     table = [
-        [
-            f"{r['condition']} {r['dtype'].upper()}",
-            r["weights"],
-            r["residual"],
-            r["rope_frequencies"],
-            "yes" if r["as_trained"] else "",
-        ]
+        [f"{r['condition']} {r['dtype'].upper()}", *(r[c] for c in columns), "yes" if r["as_trained"] else ""]
         for r in regimes
     ]
     header = ["condition", "weights", "residual stream", "RoPE frequencies", "as trained (bf16_full)"]
-    return _section("Precision of each condition", *lines, markdown_table(header, table))
+    return markdown_section("Precision of each condition", *lines, markdown_table(header, table))
 
 
 def _texts_used(provenance: dict) -> str:
@@ -361,14 +341,13 @@ def summary_markdown(payload: dict) -> str:
     kind, summary, rows, provenance = payload["kind"], payload["summary"], payload["rows"], payload["provenance"]
     metric_name, metric, axis = KIND_VALUES[kind]
     key_rows, observations = [], []
-    for part, build in (
-        ("precision_ratio", _precision_lines),
-        ("first_token", _first_token_lines),
-        ("logit_growth", _growth_lines),
-    ):
-        table_rows, line = build(summary[part])
+    for (part, claim, measured_by), build in zip(OBSERVATIONS, (_precision_lines, _first_token_lines, _growth_lines)):
+        if summary[part] is None:
+            observations.append(f"- {claim}: not measured here ({measured_by}).")
+            continue
+        table_rows, evidence = build(summary[part])
         key_rows += table_rows
-        observations.append(line)
+        observations.append(f"- {claim}: {_verdict(summary[part]['holds'])}: {evidence}")
     key_rows += _amplification_lines(summary["pretraining_amplification"])
     first_token = "BOS" if provenance["first_token_is_bos"] else "not a BOS (the tokenizer adds none)"
     out = [
@@ -382,14 +361,11 @@ def summary_markdown(payload: dict) -> str:
     ]
     notes = [f"Note: {note}." for note in payload["notes"]]
     out += [*notes, ""] if notes else []
-    out += _section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
-    out += _section("The paper's observations, from these numbers", *observations)
+    out += markdown_section("Key numbers", markdown_table(["quantity", "value"], key_rows)) if key_rows else []
+    out += markdown_section("The paper's observations, from these numbers", *observations)
     out += _layer_type_lines(summary.get("by_layer_type"), provenance.get("layer_windows"))
     out += _value_table(over_all_layers(rows), metric, axis)
     return "\n".join(out)
-
-
-# ---- plots ---------------------------------------------------------------------------------------
 
 
 def _style(row: Row, rows: list[Row]) -> dict:

@@ -1,9 +1,6 @@
-"""Where RoPE's rounding happens: the two precision variants the probe measures.
-
-- `cast` (transformers, vLLM and the paper's code): cos/sin computed in FP32 and cast to the
-  activation dtype, q and k rotated in that dtype. No change to the model.
-- `fp32` (the paper's text): q and k rotated in FP32 with FP32 cos/sin, rounded to the
-  activation dtype once, afterwards.
+"""Where RoPE's rounding happens: the probe's two variants, `cast` (transformers, vLLM and the
+paper's code: cos/sin cast to the activation dtype, q and k rotated in it) and `fp32` (the paper's
+text: rotated in FP32, rounded to the activation dtype once, afterwards).
 
 For `fp32`, a forward pre-hook hands the rotary-embedding module (Llama, Qwen2, Mistral) an FP32
 tensor: it casts its cos/sin tables to the dtype of that argument, so they stay FP32, and each

@@ -45,6 +45,7 @@ MEASUREMENT = {
     "layers": "which layers a row sums over: all, or one layer type (full_attention, sliding_attention, from the "
     "window each layer attended with); the types add up to all",
 }
+OUTPUTS = {"json": "json", "markdown": "md", "png": "png", "svg": "svg"}  # probe-<kind>.<suffix> of each
 
 
 def trained_regime(checkpoint: Path) -> dict | None:
@@ -268,11 +269,6 @@ def _options_record(plan: ProbePlan, options: ProbeOptions) -> dict:
     }
 
 
-def output_paths(kind: str, out_dir: Path) -> dict[str, Path]:
-    suffixes = {"json": ".json", "markdown": ".md", "png": ".png", "svg": ".svg"}
-    return {name: out_dir / f"probe-{kind}{suffix}" for name, suffix in suffixes.items()}
-
-
 def run_probe(
     kind: str,
     ckpt: str | Path,
@@ -289,7 +285,7 @@ def run_probe(
     kind, out_dir = check_kind(kind), Path(out_dir)
     probe_options = ProbeOptions(**options)
     check_output_dir(out_dir)  # before the measurement, not when its results are written
-    paths = output_paths(kind, out_dir)
+    paths = {name: out_dir / f"probe-{kind}.{suffix}" for name, suffix in OUTPUTS.items()}
     refuse_foreign(paths.values(), heading=TITLE.format(kind=kind))  # replaced when done: never a file of the user's
     hub = checkpoint_source(str(ckpt))[1]  # resolved once: checkpoint_directory reads the same answer
     checkpoint = checkpoint_directory(ckpt, "the probe")

@@ -1,8 +1,4 @@
-"""The model's own window, as the probe measures it: what its global layers reach,
-max_position_embeddings. A sequence longer than a sliding layer's window is still within the
-model; the probe measures every layer as it attends (evalkit.attention.features.layer_windows:
-each layer's window as the model applies it).
-"""
+"""The model's own window, as the probe measures it (each layer within its own sliding window, if any)."""
 
 from __future__ import annotations
 

@@ -123,10 +123,8 @@ def write_checkpoint(
     tmp.mkdir(parents=True)
     weights = dict(model_state)
     if getattr(model.config, "tie_word_embeddings", False):
-        head = model.get_output_embeddings()
-        for name, module in model.named_modules():  # each module once
-            if module is head:
-                weights.pop(f"{name}.weight", None)  # stored once, as the input embedding
+        head = model.get_output_embeddings()  # stored once, as the input embedding
+        weights.pop(next((f"{name}.weight" for name, module in model.named_modules() if module is head), ""), None)
     if weights_dtype != torch.float32:
         trainer_state = {**trainer_state, MASTER_WEIGHTS: weights}
     try:

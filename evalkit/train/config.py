@@ -279,9 +279,6 @@ def _check_model_attention(config: TrainConfig) -> None:
     check_rope_theta(hf_config, config.model.rope_theta)
 
 
-# ----------------------------------------------------------------------------- building from dicts
-
-
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 

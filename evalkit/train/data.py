@@ -235,9 +235,6 @@ def data_fingerprint(source: DocumentSource, window_start: str) -> str:
     return hashlib.sha256(f"{source.fingerprint}-start-{window_start}".encode()).hexdigest()[:16]
 
 
-# ----------------------------------------------------------------------------- domain tags
-
-
 def domain_tag_ids(tokenizer, domains: list[str]) -> dict[str, int]:
     """One token id per domain: the built-in tokenizer's reserved tags, else the domain's single token."""
     from evalkit.corpus.tokenizer import BUILTIN_DOMAIN_TAGS
@@ -259,9 +256,6 @@ def domain_tag_ids(tokenizer, domains: list[str]) -> dict[str, int]:
             )
         ids[domain] = pieces[0]
     return ids
-
-
-# ----------------------------------------------------------------------------- the stream
 
 
 @dataclass

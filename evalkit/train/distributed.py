@@ -1,13 +1,8 @@
 """One code path for 1 process and for torchrun: FSDP2 (fully_shard) when WORLD_SIZE > 1 or in a
-process group the caller joined (of any size: tests/gpu/test_fsdp.py checks one rank against the
-unsharded run). The group uses NCCL on CUDA, gloo on CPU (how the tests run 2 processes).
-Checkpoints hold full state dicts gathered to CPU, so any world size loads what any other wrote.
-
-Rank 0 alone reads and writes weights: it reads the checkpoint (or builds/loads the model) while
-the others build theirs on the meta device and receive their shards by broadcast, and it saves
-while they wait. Those waits, as long as storage makes them, run in a gloo group with its own
-timeout (checkpoint.io_timeout_minutes), not in the training group, whose collective timeout
-(NCCL's 10-minute watchdog) would kill the job at the first slow save.
+process group the caller joined (NCCL on CUDA, gloo on CPU); checkpoints hold full state dicts on
+CPU, so any world size loads what any other wrote. Rank 0 alone reads and writes weights while the
+others wait in a gloo group with its own timeout (checkpoint.io_timeout_minutes): in the training
+group NCCL's 10-minute watchdog would kill the job at the first slow save (docs/training.md).
 """
 
 from __future__ import annotations

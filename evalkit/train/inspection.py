@@ -1,15 +1,7 @@
-"""`evalkit train --inspect DIR`: the first windows of a run, built exactly as training builds them
-(same config, tokenizer, source and window stream), written out to be read before any training.
-
-    DIR/<paradigm>/window.json  per window: token ids, each token's text, position ids, document
-                                ids, loss mask, the anchor's index, and the attention mask of its
-                                first N tokens (rows of "0"/"1", query i's row, key j's column)
-    DIR/<paradigm>/mask.png     that mask as the paper's Figure 2 draws it: query rows, key
-                                columns, an allowed cell coloured by the key's document, the
-                                anchor's column black, a masked cell white
-
-No model is built. The mask is evalkit's definition (evalkit.attention.masks.document_mask, what
-the dense implementation attends with), never a second one; a layer's sliding window is not drawn.
+"""`evalkit train --inspect DIR`: the first windows of a run, built exactly as training builds them,
+written out (window.json, mask.png: docs/training.md) to be read before any training. No model is
+built. The mask is evalkit's definition (evalkit.attention.masks.document_mask, what the dense
+implementation attends with), never a second one; a layer's sliding window is not drawn.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.models.check import checkpoint_source
@@ -44,23 +43,6 @@ LOSS_CHUNK = 4096  # target tokens per chunk of the loss's output projection (lo
 # in bf16; gradients: two fp32 hidden-sized and two bf16 MLP-sized tensors.
 # bf16_full: the same tensors with the residual stream, norms and gradients in bf16 as well.
 ACTIVATION_BYTES = {"bf16": (42, 10, 12), "bf16_full": (22, 6, 12), "fp32": (44, 12, 24)}
-
-# The paper's base models (their published config.json), for recipes naming a hub model
-# that is not on this machine.
-KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {  # Architecture's fields
-    "meta-llama/Llama-2-7b-hf": dict(
-        hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000, tied=False
-    ),
-    "meta-llama/Meta-Llama-3-8B": dict(
-        hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256, tied=False
-    ),
-    "mistralai/Mistral-7B-v0.3": dict(
-        hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=32768, tied=False
-    ),
-    "Qwen/Qwen1.5-1.8B": dict(
-        hidden=2048, layers=24, heads=16, kv_heads=16, intermediate=5504, vocab=151936, tied=False, qkv_bias=True
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -90,6 +72,16 @@ class Architecture:
         return self.layers * self.layer_params() + self.root_params()
 
 
+# The paper's base models (their published config.json), for recipes naming a hub model
+# that is not on this machine: hidden, layers, heads, kv_heads, intermediate, vocab, tied.
+KNOWN_ARCHITECTURES = {
+    "meta-llama/Llama-2-7b-hf": Architecture(4096, 32, 32, 32, 11008, 32000, False),
+    "meta-llama/Meta-Llama-3-8B": Architecture(4096, 32, 32, 8, 14336, 128256, False),
+    "mistralai/Mistral-7B-v0.3": Architecture(4096, 32, 32, 8, 14336, 32768, False),
+    "Qwen/Qwen1.5-1.8B": Architecture(2048, 24, 16, 16, 5504, 151936, False, qkv_bias=True),
+}
+
+
 def architecture(config: TrainConfig, vocab: int | None = None) -> Architecture:
     """The recipe's model: built from scratch (vocab: the tokenizer's size, default data.vocab_size),
     a known hub model, else model.path's config.json (a hub name's from the hub cache)."""
@@ -106,7 +98,7 @@ def architecture(config: TrainConfig, vocab: int | None = None) -> Architecture:
             qkv_bias=m.arch == "qwen2",
         )
     if m.path in KNOWN_ARCHITECTURES and not Path(m.path).expanduser().exists():
-        return Architecture(**KNOWN_ARCHITECTURES[m.path])  # sized without fetching it
+        return KNOWN_ARCHITECTURES[m.path]  # sized without fetching it
     # A hub name's config.json from the hub cache: an estimate never downloads a model.
     config_json = checkpoint_source(m.path, cache_only=True)[0] / "config.json"
     if config_json.is_file():

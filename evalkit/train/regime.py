@@ -1,18 +1,6 @@
-"""The precision regime a run trains in (`dtype`): which tensors are bf16 and which stay fp32.
-
-    fp32       everything in fp32.
-    bf16       autocast over fp32 weights: matmuls in bf16; weights, buffers (RoPE's frequencies)
-               and the residual stream between layers stay fp32.
-    bf16_full  the paper's released regime (DeepSpeed's bf16 mode, which casts the whole model):
-               the model computes with bf16 weights and bf16 buffers, so the residual stream is
-               bf16 too, while the optimizer keeps fp32 master weights and fp32 AdamW moments;
-               gradients are accumulated (and, under FSDP2, reduced) in `grad_accum_dtype`:
-               fp32, or bf16 as the released code's DeepSpeed 0.14 ZeRO-3 does (ACCUMULATION).
-
-`rope_precision` (bf16 runs) says how q and k are rotated: `bf16` casts cos/sin to bf16 first (the
-released code; under bf16_full they are computed from bf16 frequencies, as the released stack
-computes them), `fp32` rotates in fp32 (the paper's text: under bf16_full the frequencies stay
-fp32 as well, and q and k are rounded to bf16 once, at the attention kernel).
+"""The precision regime a run trains in: `dtype` (fp32, bf16 autocast, bf16_full: the released code's
+bf16 weights, buffers and residual stream over fp32 masters), `rope_precision` and
+`grad_accum_dtype`. Which tensor is in which dtype under each: docs/training.md's table.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Has a model learned in-context retrieval? Answer-token accuracy on held-out synthetic documents.
 
 RULER scores stay at 0 until a model retrieves well enough to reproduce a whole value, so they
-cannot guide the tuning of a small training recipe. This check is the finer signal: on
-synthetic retrieval documents the model never saw (indices far beyond the training stream's),
-it measures teacher-forced next-token accuracy and loss on the digits of each answer, and, as
-the control, on the digits of the same value where it is first stated (a random number nobody
-can predict). A model that retrieves scores well above the control on answers; one that does
-not scores the same on both. `python scripts/retrieval_check.py` runs it over checkpoints.
+cannot guide the tuning of a small training recipe; this finer signal (docs/training.md) compares
+the answer digits with the control, the same value where it is first stated (unpredictable): a
+model that retrieves scores well above the control on answers, one that does not, the same.
 """
 
 from __future__ import annotations
