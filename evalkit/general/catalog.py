@@ -1,10 +1,8 @@
 """Which lm-eval tasks exist (TaskCatalog: lm-eval's TaskManager over evalkit's tasks/ and the
 user's folders), how each is loaded, and with how many shots it is scored.
 
-Standard settings (the paper's general tasks; written down because the paper does not state them):
-mmlu is 5-shot, as in the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0);
-hellaswag is 0-shot and reports acc and acc_norm (lm-eval's default). Every other task keeps
-lm-eval's default unless --num-fewshot is given.
+Standard shots (STANDARD_FEWSHOT, docs/general.md; the paper does not state them): mmlu 5, as in
+the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0), hellaswag 0.
 """
 
 from __future__ import annotations

@@ -6,13 +6,10 @@ sample is held to (composed piece counts, or a full tokenisation in exact mode).
 brackets the answer from a guess, bisects on the estimate, then steps down until the measured
 prompt fits: table look-ups per step, no whole-text tokenisation.
 
-Two sizings (SIZINGS). `exact` (the default) fits every sample on its own. `nvidia` sizes as
-NVIDIA's generators do: one size per task and length, searched on one sample (`shared_size`),
-from which every sample drops by the task's coarse step while it overflows (`step_down`), so
-prompts may land well below the target. Only the size follows NVIDIA: every sample keeps its
-own random choices, where NVIDIA shuffles every qa sample with one fixed permutation (its gold
-document at one position in all samples) and repeats one cwe/fwe layout and one vt
-demonstration; mimicking those would make a score hinge on one random position.
+Two sizings (SIZINGS, docs/ruler.md): `exact` fits every sample on its own; `nvidia` searches one
+size per task and length (`shared_size`) and steps each sample down from it (`step_down`). Only
+the size follows NVIDIA: its shared qa permutation and repeated layouts would make a score hinge
+on one random position.
 """
 
 from __future__ import annotations

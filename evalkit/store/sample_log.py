@@ -8,9 +8,8 @@ A per-sample log is the unit of resumption: a rerun keeps the lines made under t
 (RULER's evalkit.ruler.runner.answer_key: the prompt, the engine's result facts and every setting
 that changes an answer, not the sample count; ppl's PplBenchmark._key) and computes the rest.
 
-Each record carries `sha`, the sha256 of its canonical JSON without that field: a record edited
-by hand no longer matches, and loading refuses it with file and line rather than score it or
-recompute it behind the user's back: they delete the line (or the file) and rerun.
+Each record carries `sha` (record_checksum): an edited record is refused with file and line
+(docs/reliability.md), never scored nor recomputed behind the user's back.
 """
 
 from __future__ import annotations
