@@ -101,11 +101,8 @@ class TaskCatalog:
             yield
 
     def load(self, name: str) -> list[Any]:
-        """The top-level Task/Group objects of `name`, data loaded; DatasetUnavailable if it cannot be.
-
-        A failure is remembered: without network each try costs the hub client's retries (~25 s),
-        and the next checkpoints would only fail the same way.
-        """
+        """The top-level Task/Group objects of `name`, data loaded; DatasetUnavailable if it cannot be,
+        remembered: without network each try costs the hub client's retries (~25 s) to fail alike."""
         if name in self.unavailable:
             raise DatasetUnavailable(self.unavailable[name])
         try:
@@ -145,9 +142,6 @@ def _lm_eval_tasks_dir() -> Path:
 
 def _is_under(path: Path | None, folder: Path) -> bool:
     return path is not None and Path(path).resolve().is_relative_to(folder.resolve())
-
-
-# ---------------------------------------------------------------------- data that cannot be had
 
 
 def _unavailable_reason(name: str, err: BaseException) -> str:
@@ -192,17 +186,10 @@ def _failing_dataset(task: Any) -> tuple[str, bool]:
     return (f"{path} ({config_name})" if config_name else str(path)), True
 
 
-# ---------------------------------------------------------------------- offline fixtures
-
-
 @contextmanager
 def offline_hubs() -> Iterator[None]:
-    """huggingface_hub and datasets in offline mode for the duration, then as they were.
-
-    Both libraries read the switches from the environment once, at import, into module constants:
-    setting the environment alone would not reach them, and leaving it set would make the next
-    (real) task offline too. So the environment and the constants are set, then restored.
-    """
+    """huggingface_hub and datasets offline for the duration, then as they were: both read the
+    environment once, at import, into module constants, so both are set, then restored."""
     from unittest import mock
 
     import datasets.config

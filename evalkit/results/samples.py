@@ -82,10 +82,8 @@ class Series:
 
 def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
     """Every series under the given `[LABEL=]PATH` arguments (PATH may be a glob), by name: LABEL, or
-    `LABEL: series` where its path holds several. The same LABEL again (or a glob's several matches)
-    adds a training run to the series (seeds as replicates) or, for a run it already has (the same
-    checkpoints), pools: the k-th directory pooled gives sample (k, i), so two labels pooled alike
-    pair their k-th directories. A summary left out adds a line to `notes`."""
+    `LABEL: series` where its path holds several. The same LABEL again adds a training run (a seed) or
+    pools a run it has (docs/comparing.md): the k-th directory pooled gives sample (k, i)."""
     found: dict[str, Series] = {}
     pooled: dict[int, int] = {}  # id(run) -> directories pooled into it so far
     for argument in arguments:
@@ -202,10 +200,9 @@ def read_directory(path: Path, notes: list[str] | None = None) -> dict[str, Seri
 
 
 def checkpoint_identity(summary: dict) -> str | None:
-    """What identifies the weights a summary scored, so that two series of one checkpoint (two
-    encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
-    are called: provenance.weights (what merge checks shards by). Summaries written before it: its
-    resolved path, step and meta.json record (changed by retraining in place). None: no checkpoint."""
+    """What identifies the weights a summary scored, so that two series of one checkpoint pair by
+    checkpoint in compare: provenance.weights, else (older summaries) its resolved path, step and
+    meta.json record. None: no checkpoint."""
     provenance = summary.get("provenance") or {}
     if provenance.get("weights"):
         return f"weights:{provenance['weights']}"

@@ -30,10 +30,9 @@ _CODE = ("evalkit_version", "git_hash", "dirty_files")  # the code every shard r
 
 
 def merge_shards(inputs: list[Path], dest: Path, redraw: Redraw | None = None) -> dict[str, Any]:
-    """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted,
-    and `unscored`: the benchmarks whose whole sweep produced no score (every unit skipped).
-    `redraw(summaries, directory)` draws the files derived from the merged summaries (the
-    benchmarks' own, so the caller's: sweep/ imports no benchmark) before dest is in place."""
+    """Merge shard outputs `inputs` into `dest` (new or empty); returns the counts and `unscored` (the
+    benchmarks whose whole sweep scored nothing). `redraw(summaries, directory)` draws the files derived
+    from the merged summaries (the caller's: sweep/ imports no benchmark) before dest is in place."""
     inputs, dest = [Path(p) for p in inputs], Path(dest)
     _check_paths(inputs, dest)
     empty = _read_empty_shards(inputs)
