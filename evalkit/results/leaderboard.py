@@ -32,8 +32,7 @@ from evalkit.store.result_format import (
     summary_rows,
 )
 
-# What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
-# this order, after the run in every table.
+# What each row was trained as, from the checkpoint's meta: these columns after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
 CHECKPOINT_HEADER = ("paradigm", "model", "training data")  # not the data a benchmark evaluated on
 ColumnValues = dict[tuple[str, str], tuple[float, float | None]]  # (run, column) -> (mean, mean stderr)

@@ -215,10 +215,9 @@ def checkpoint_identity(summary: dict) -> str | None:
 
 
 def training_stream(summary: dict) -> str | None:
-    """What a trained checkpoint started from and saw: its base (or scratch), its seed and its data's
-    fingerprint, as its meta.json records them. The seed fixes the documents, their order and (from
-    scratch) the initial weights, so runs of two paradigms (or precisions) with the same stream saw the
-    same data and pair by seed. None where a record is missing (a checkpoint not trained here)."""
+    """What a trained checkpoint started from and saw, as its meta.json records it: its base, its seed
+    (the documents, their order, from scratch the initial weights) and its data's fingerprint, so runs
+    of the same stream pair by seed. None where a record is missing (a checkpoint not trained here)."""
     meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
     config = meta.get("config") or {}
     seed, data = config.get("seed"), meta.get("data_fingerprint")

@@ -17,8 +17,7 @@ from evalkit.files import atomic_write_json, check_output_dir, move_into_place, 
 from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary, summary_name
 from evalkit.sweep.plan import empty_shard_name
 
-# Provenance each shard records of itself: listed per shard (created) or joined (answered_by,
-# data_keys) by the merge; the weights are checked by _check_same_weights.
+# Provenance of each shard itself: listed per shard (created), joined (answered_by, data_keys) or checked (weights).
 _PER_SHARD = {"created", "command", "shard", "answered_by", "data_keys", "weights"}
 # Provenance that may differ between the shards of one sweep (kept under merged_shards): how fast and
 # on which host each ran, never what it computed. engine.device: cuda:0 or cuda:1 (the GPU: machine.gpu)
