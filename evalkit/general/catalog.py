@@ -72,9 +72,8 @@ class TaskCatalog:
         return None, "lm-eval default"
 
     def leaf_tasks(self, name: str, seen: frozenset[str] = frozenset()) -> int:
-        """How many tasks `name` scores (a group's or tag's leaves, recursively; 1 for a task), read from
-        the task index alone (no dataset is loaded): the cost that balances shards (mmlu's 57 against one).
-        An unknown name or a group that names itself (`seen`: the groups above it) counts 1."""
+        """How many tasks `name` scores (a group's or tag's leaves; 1 for a task, an unknown name or a
+        group that names itself, `seen` being the groups above it), from the index alone: a shard's cost."""
         entry = self.manager.task_index.get(name)
         if entry is None or name in seen:
             return 1

@@ -89,9 +89,8 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
 
 
 def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], RunAverage]:
-    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average (the one
-    computation of --avg, evalkit.store.averages, without its demand that every checkpoint scored
-    the same tasks: the leaderboard shows what is stored)."""
+    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average: --avg's, but
+    without its demand that every checkpoint scored the same tasks (the leaderboard shows what is stored)."""
     return {(average.run, average.length): average for average in length_averages(rows, same_tasks=False)}
 
 

@@ -149,10 +149,9 @@ def check_sizing(sizing: str) -> str:
 
 
 def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
-    """The one size of a task and length under NVIDIA's sizing: the largest at which this (the
-    first) sample fits (NVIDIA bisects on one sample: qa.py on the first question; niah.py and
-    variable_tracking.py draw a fresh one at every probe). fwe's is snapped to NVIDIA's climbing
-    grid: the last grid point that fits, else one step below the origin. TooLong if none fits."""
+    """The one size of a task and length under NVIDIA's sizing: the largest at which this (the first)
+    sample fits, as NVIDIA bisects on one sample; fwe's snapped to NVIDIA's climbing grid (the last
+    point that fits, else one step below the origin). TooLong if none fits."""
     size, _ = fit(plan, budget, measure)
     if coarse.origin is not None:
         origin, step = coarse.origin, max(1, coarse.step)
@@ -161,9 +160,8 @@ def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: 
 
 
 def step_down(plan: Plan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
-    """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by
-    `step` while the prompt overflows. Where a step would go below the smallest size (NVIDIA's
-    loop never ends there), the largest smaller size that fits. TooLong if none fits."""
+    """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by `step`
+    while it overflows; below the smallest size (NVIDIA's loop never ends), the largest that fits."""
     size = max(start, plan.min_size)
     if plan.max_size is not None:
         size = min(size, plan.max_size)

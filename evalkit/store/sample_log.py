@@ -35,9 +35,8 @@ def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
 
 
 class Writer:
-    """How a unit's files are written: here, durably, by the one process that writes under --out
-    (a local run; the driver of a Ray sweep). A Ray worker's writer hands each write to its driver
-    instead (evalkit.sweep.ray_executor.Handover), which writes it with this one."""
+    """How a unit's files are written: here, durably, by the one process that writes under --out (a
+    local run; a Ray sweep's driver, to which a worker's Handover writer hands each write)."""
 
     def text(self, path: Path, text: str) -> None:
         """Replace the file, atomically."""
@@ -65,11 +64,9 @@ def sample_index(record: dict[str, Any]) -> int | None:
 class SampleLog:
     """Append-only JSONL of finished samples for one unit, each record sealed with its key and
     checksum, read back by its sample's id (`identify`: None for a record that is not a sample's).
-
     A log of its own (RULER's: one per cell) is rewritten without the lines it will not use. A
-    `shared` log (ppl's: every encoding and setting of a length in one file) is never rewritten: the
-    lines of other keys stay for their own reruns, a torn line anywhere is passed over, and a record
-    from before checksums is computed again rather than refused."""
+    `shared` log (ppl's: every setting of a length) is never rewritten: other keys' lines stay for
+    their reruns, a torn line anywhere is passed over, a record from before checksums recomputed."""
 
     path: Path
     key: str

@@ -193,9 +193,8 @@ def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
 
 
 def _agree(first: tuple[Path, dict], other: tuple[Path, dict]) -> dict[str, Any]:
-    """The other shard's provenance values where they differ from the first's only in how it ran
-    (_EXECUTION); refused with one line where they differ in what decides a score. The engine and
-    machine are compared only where both shards built an engine (computed anything)."""
+    """The other shard's provenance values that differ from the first's only in how it ran (_EXECUTION);
+    refused where they decide a score. Engine and machine are compared only where both built an engine."""
     (first_dir, a), (other_dir, b) = first, other
     skipped = _PER_SHARD | ({"engine", "machine"} if not (a.get("engine") and b.get("engine")) else set())
     keys = [key for key in {**a, **b} if key not in skipped]  # in the record's order: the commit first

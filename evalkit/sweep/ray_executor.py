@@ -158,8 +158,7 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
 
 
 class Handover(Writer):
-    """A worker's writer: each write, named relative to --out, is sent to the driver, which writes
-    it (write_handed_over); the worker writes nothing under --out."""
+    """A worker's writer: each write, named relative to --out, is sent to the driver to write (write_handed_over)."""
 
     def __init__(self, out: Path, send: Callable[[str, str, str], Any]) -> None:
         self.out, self.send = out, send

@@ -4,7 +4,7 @@ From qa.py: documents are the datasets' paragraphs (deduplicated, sorted); sampl
 i-th answerable question; its gold paragraph(s) go among distractors (for SQuAD, first the
 other paragraphs of the same article, then random ones), shuffled, as `Document {i}:\\n{text}`
 joined by blank lines. The number of documents is the size fitted to the length. The data is
-read from local files only; a missing file makes the task TaskDataMissing.
+read from local files only (a missing one: TaskDataMissing).
 """
 
 from __future__ import annotations
