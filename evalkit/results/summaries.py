@@ -66,7 +66,7 @@ def _check_summary(path: Path, summary: dict) -> None:
             f"{path} holds rows of another checkpoint than {summary['run']} step {summary['step']}; "
             "remove it or rerun that checkpoint"
         )
-    twice = sorted((cell for cell, count in Counter(cells).items() if count > 1), key=str)
+    twice = sorted((cell for cell, count in Counter(cells).items() if count > 1 and cell is not None), key=str)
     if twice:
         raise UserError(f"{path} holds {' '.join(map(str, twice[0]))} twice; remove it or rerun that checkpoint")
 
