@@ -1,10 +1,8 @@
 """Which lm-eval tasks exist (TaskCatalog: lm-eval's TaskManager over evalkit's tasks/ and the
 user's folders), how each is loaded, and with how many shots it is scored.
 
-Standard settings (the paper's general tasks; written down because the paper does not state them):
-mmlu is 5-shot, as in the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0);
-hellaswag is 0-shot and reports acc and acc_norm (lm-eval's default). Every other task keeps
-lm-eval's default unless --num-fewshot is given.
+Standard shots (STANDARD_FEWSHOT, docs/general.md; the paper does not state them): mmlu 5, as in
+the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0), hellaswag 0.
 """
 
 from __future__ import annotations
@@ -74,9 +72,8 @@ class TaskCatalog:
         return None, "lm-eval default"
 
     def leaf_tasks(self, name: str, seen: frozenset[str] = frozenset()) -> int:
-        """How many tasks `name` scores (a group's or tag's leaves, recursively; 1 for a task), read from
-        the task index alone (no dataset is loaded): the cost that balances shards (mmlu's 57 against one).
-        An unknown name or a group that names itself (`seen`: the groups above it) counts 1."""
+        """How many tasks `name` scores (a group's or tag's leaves; 1 for a task, an unknown name or a
+        group that names itself, `seen` being the groups above it), from the index alone: a shard's cost."""
         entry = self.manager.task_index.get(name)
         if entry is None or name in seen:
             return 1
@@ -103,11 +100,8 @@ class TaskCatalog:
             yield
 
     def load(self, name: str) -> list[Any]:
-        """The top-level Task/Group objects of `name`, data loaded; DatasetUnavailable if it cannot be.
-
-        A failure is remembered: without network each try costs the hub client's retries (~25 s),
-        and the next checkpoints would only fail the same way.
-        """
+        """The top-level Task/Group objects of `name`, data loaded; DatasetUnavailable if it cannot be,
+        remembered: without network each try costs the hub client's retries (~25 s) to fail alike."""
         if name in self.unavailable:
             raise DatasetUnavailable(self.unavailable[name])
         try:
@@ -147,9 +141,6 @@ def _lm_eval_tasks_dir() -> Path:
 
 def _is_under(path: Path | None, folder: Path) -> bool:
     return path is not None and Path(path).resolve().is_relative_to(folder.resolve())
-
-
-# ---------------------------------------------------------------------- data that cannot be had
 
 
 def _unavailable_reason(name: str, err: BaseException) -> str:
@@ -194,17 +185,10 @@ def _failing_dataset(task: Any) -> tuple[str, bool]:
     return (f"{path} ({config_name})" if config_name else str(path)), True
 
 
-# ---------------------------------------------------------------------- offline fixtures
-
-
 @contextmanager
 def offline_hubs() -> Iterator[None]:
-    """huggingface_hub and datasets in offline mode for the duration, then as they were.
-
-    Both libraries read the switches from the environment once, at import, into module constants:
-    setting the environment alone would not reach them, and leaving it set would make the next
-    (real) task offline too. So the environment and the constants are set, then restored.
-    """
+    """huggingface_hub and datasets offline for the duration, then as they were: both read the
+    environment once, at import, into module constants, so both are set, then restored."""
     from unittest import mock
 
     import datasets.config

@@ -32,8 +32,7 @@ from evalkit.store.result_format import (
     summary_rows,
 )
 
-# What each leaderboard row was evaluated on, from the checkpoint's meta: the same columns, in
-# this order, after the run in every table.
+# What each row was trained as, from the checkpoint's meta: these columns after the run in every table.
 CHECKPOINT_COLUMNS = ("paradigm", "model", "data")
 CHECKPOINT_HEADER = ("paradigm", "model", "training data")  # not the data a benchmark evaluated on
 ColumnValues = dict[tuple[str, str], tuple[float, float | None]]  # (run, column) -> (mean, mean stderr)
@@ -51,9 +50,8 @@ class RunInfo:
 
 
 def encoding_series(ruler: list[dict]) -> list[dict]:
-    """Each RULER summary as one summary per encoding it holds (--encoding anchor beside the
-    standard cells), its run named as the series (ResultRow.series) and its rows ResultRows:
-    every table and plot then shows the two encodings as two rows, never averaged together."""
+    """Each RULER summary as one summary per encoding it holds, its run named as the series
+    (ResultRow.series): every table and plot shows two encodings as two rows, never averaged."""
     split = []
     for summary in ruler:
         rows: dict[str, list[ResultRow]] = defaultdict(list)
@@ -91,9 +89,8 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
 
 
 def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], RunAverage]:
-    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average (the one
-    computation of --avg, evalkit.store.averages, without its demand that every checkpoint scored
-    the same tasks: the leaderboard shows what is stored)."""
+    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average: --avg's, but
+    without its demand that every checkpoint scored the same tasks (the leaderboard shows what is stored)."""
     return {(average.run, average.length): average for average in length_averages(rows, same_tasks=False)}
 
 
@@ -106,10 +103,8 @@ def _best(values: dict[str, float]) -> set[str]:
 
 
 def ahead_by_compare(means: dict[tuple[str, int], float], series: dict | None) -> dict[int, set[str]]:
-    """Per length, the run (or series of seeds) to bold: the strict leader there by `means` ((run,
-    length) -> the table's value) where `evalkit compare --baseline LEADER` (same bootstrap, seed 0)
-    finds every other there behind it, significantly (compare.significant, one test for both). Nothing
-    without usable per-sample logs: compare could not say either."""
+    """Per length, the run (or series of seeds) to bold (docs/leaderboards.md): the strict leader by
+    `means` ((run, length) -> the table's value) that compare's test finds ahead of every other."""
     from evalkit.results.compare import compare, significant
 
     runs_at: dict[int, set[str]] = defaultdict(set)
@@ -173,9 +168,8 @@ def seed_series(infos: dict[str, RunInfo]) -> dict[str, list[str]]:
 
 
 def seeds_table(rows: list[ResultRow], groups: dict[str, list[str]], logged: dict | None, threshold: float) -> str:
-    """Per series of seeds and length: mean ± std over its runs of each run's checkpoint-averaged task
-    average (a length not evaluated by every run: "–"), bold as ahead_by_compare finds it over the runs,
-    and its effective length with compare's interval where the per-sample logs are there."""
+    """Per series of seeds and length: mean ± std over its runs of each run's value (a length not
+    evaluated by every run: "–"), bold by ahead_by_compare, and its effective length."""
     from evalkit.results.compare import Bootstrap, effective_length
     from evalkit.results.compare_report import interval, length_or_below
     from evalkit.results.samples import Series
@@ -230,9 +224,8 @@ def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
 
 
 def per_task_table(rows: list[ResultRow]) -> str:
-    """(run, task) rows, one column per length: the mean over the run's checkpoints, or for a run of
-    one checkpoint its score ± the standard error over its samples (when recorded). From ruler_table's
-    rows, one score per cell, so the mean over a length's tasks here is the main table's value."""
+    """(run, task) rows, one column per length: the mean over the run's checkpoints (one checkpoint:
+    ± its samples' standard error), from ruler_table's rows: a length's task mean is its value."""
     cells: dict[tuple[str, str, int], list[ResultRow]] = defaultdict(list)
     for row in rows:
         if row.length is not None:  # every RULER row has one
@@ -288,9 +281,8 @@ def eval_data_label(summary: dict) -> str:
 
 def shown_rows(summary: dict) -> list[Shown]:
     """A non-RULER summary's rows as the board tables them, each with what it was measured on beyond
-    its task, metric and length: ppl's evaluation data, lm-eval's shots and --limit. Of lm-eval's rows,
-    those of the tasks users asked for (mmlu itself, not its 57 subjects). A row without a number is
-    kept: its cell says why (benchmark_table)."""
+    its column (ppl's data, lm-eval's shots and --limit); of lm-eval's, the tasks asked for (mmlu,
+    not its 57 subjects)."""
     rows = summary_rows(summary)
     if summary.get("benchmark") == "general":
         rows = [row for row in rows if (row.requested or row.task) == row.task]
@@ -339,10 +331,8 @@ def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
 
 
 def benchmark_table(shown: list[Shown]) -> str:
-    """Any benchmark's rows (shown_rows): one line per run, one column per task/metric (and length,
-    where there is one), each the mean over the run's checkpoints ± the mean of their stderrs; what
-    the run was evaluated on, where its benchmark records it; checkpoints without a number named in
-    the cell. 0 key tokens get a note saying why."""
+    """Any benchmark's rows (shown_rows): one line per run, one column per task/metric (and length),
+    each benchmark_cells' value; checkpoints without a number named in the cell."""
     rows = [row for row, _ in shown]
     described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values = benchmark_cells(shown)
@@ -441,9 +431,8 @@ def effective_length_table(
     threshold: float | None = None,
     threshold_from: str | None = None,
 ) -> tuple[str, float]:
-    """Each run's effective length (evalkit.results.compare): the point from the table's own means,
-    the 95% interval from the bootstrap over the per-sample logs (`logged`: logged_series), "–" where
-    the logs are not there."""
+    """Each run's effective length: the point from the table's own means, the 95% interval from the
+    bootstrap over the per-sample logs (`logged`: logged_series), "–" without them."""
     from evalkit.results.compare import RULER_THRESHOLD, Bootstrap, effective_length, longest_holding
     from evalkit.results.compare_report import interval, length_or_below
 
@@ -561,9 +550,8 @@ def build_markdown(
 
 
 def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | None = None) -> Path:
-    """--format csv|json: every stored number under `dirs` (RULER, lm-eval tasks and any other
-    benchmark) as a long-form row, the schema's fields (EXPORT_FIELDS) as columns; a summary of
-    another format is left out, a line saying why added to `unread` (and to the JSON's "not_read")."""
+    """--format csv|json: every stored number under `dirs` as a long-form row of EXPORT_FIELDS; a
+    summary of another format is left out, a line saying why added to `unread` (JSON: "not_read")."""
     import csv
     import io
 

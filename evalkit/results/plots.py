@@ -1,7 +1,4 @@
-"""Leaderboard plots (matplotlib, Agg; PNG and SVG): RULER vs length, RULER (and perplexity) vs
-step, general bars.
-
-Each takes the values the leaderboard's tables computed (evalkit.results.leaderboard), never rows."""
+"""Leaderboard plots (PNG and SVG), each from the values the leaderboard's tables computed, never rows."""
 
 from __future__ import annotations
 

@@ -4,12 +4,9 @@
     <out>/<run>/step-<N>/general/<task>.samples.jsonl              lm-eval: doc_id, doc/target/prompt hashes, metrics
     <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl                    perplexity: doc, text_sha, tokens, nll
 
-Keyed by series (a leaderboard line: a run, or a run under another encoding, `ResultRow.series`)
-and cell (one number of it: RULER's task at a length, an lm-eval task's metric under a filter).
-Each sample carries its identity (RULER: its references; lm-eval: the document's and target's
-hashes) and its prompt hash: two checkpoints answered the same sample when index and identity
-agree, which `evalkit.results.compare` checks rather than assumes. A log whose mean is not its
-summary's score (to the summary's rounding) is from another evaluation: refused, not compared.
+Keyed by series (`ResultRow.series`) and cell. Each sample carries its identity and prompt hash,
+by which compare checks that two checkpoints answered the same sample (docs/comparing.md). A log
+whose mean is not its summary's score is from another evaluation: refused, not compared.
 """
 
 from __future__ import annotations
@@ -85,10 +82,8 @@ class Series:
 
 def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[str, Series]:
     """Every series under the given `[LABEL=]PATH` arguments (PATH may be a glob), by name: LABEL, or
-    `LABEL: series` where its path holds several. The same LABEL again (or a glob's several matches)
-    adds a training run to the series (seeds as replicates) or, for a run it already has (the same
-    checkpoints), pools: the k-th directory pooled gives sample (k, i), so two labels pooled alike
-    pair their k-th directories. A summary left out adds a line to `notes`."""
+    `LABEL: series` where its path holds several. The same LABEL again adds a training run (a seed) or
+    pools a run it has (docs/comparing.md): the k-th directory pooled gives sample (k, i)."""
     found: dict[str, Series] = {}
     pooled: dict[int, int] = {}  # id(run) -> directories pooled into it so far
     for argument in arguments:
@@ -205,10 +200,9 @@ def read_directory(path: Path, notes: list[str] | None = None) -> dict[str, Seri
 
 
 def checkpoint_identity(summary: dict) -> str | None:
-    """What identifies the weights a summary scored, so that two series of one checkpoint (two
-    encodings, sizings or prompt formats) pair by checkpoint in compare, whatever their directories
-    are called: provenance.weights (what merge checks shards by). Summaries written before it: its
-    resolved path, step and meta.json record (changed by retraining in place). None: no checkpoint."""
+    """What identifies the weights a summary scored, so that two series of one checkpoint pair by
+    checkpoint in compare: provenance.weights, else (older summaries) its resolved path, step and
+    meta.json record. None: no checkpoint."""
     provenance = summary.get("provenance") or {}
     if provenance.get("weights"):
         return f"weights:{provenance['weights']}"
@@ -221,10 +215,9 @@ def checkpoint_identity(summary: dict) -> str | None:
 
 
 def training_stream(summary: dict) -> str | None:
-    """What a trained checkpoint started from and saw: its base (or scratch), its seed and its data's
-    fingerprint, as its meta.json records them. The seed fixes the documents, their order and (from
-    scratch) the initial weights, so runs of two paradigms (or precisions) with the same stream saw the
-    same data and pair by seed. None where a record is missing (a checkpoint not trained here)."""
+    """What a trained checkpoint started from and saw, as its meta.json records it: its base, its seed
+    (the documents, their order, from scratch the initial weights) and its data's fingerprint, so runs
+    of the same stream pair by seed. None where a record is missing (a checkpoint not trained here)."""
     meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
     config = meta.get("config") or {}
     seed, data = config.get("seed"), meta.get("data_fingerprint")
@@ -275,7 +268,7 @@ def _ppl_cells(summary: dict, directory: Path):
         if row.metric != "perplexity" or row.value is None or row.length is None:
             continue  # LongPPL's key tokens differ per document: not a mean over documents
         by_key: dict[str, dict[int, LoggedSample]] = {}
-        for record in _checked_records(directory / "ppl" / "ppl" / f"{row.length}.jsonl"):
+        for record in _read_log(directory / "ppl" / "ppl" / f"{row.length}.jsonl", latest=False):
             try:
                 sample = LoggedSample(record["nll"] / record["tokens"], record["text_sha"], None)
                 by_key.setdefault(record["key"], {})[int(record["doc"])] = sample
@@ -287,20 +280,9 @@ def _ppl_cells(summary: dict, directory: Path):
                 break
 
 
-def _read_log(path: Path) -> list[dict]:
-    """A per-sample log's records, each sample once (the first line stands, as the store keeps it),
-    those of its latest data only; a record that fails its checksum is refused."""
-    records = _checked_records(path)
-    if records and KEY in records[-1]:  # a log resumed under another key keeps only the latest key's lines
-        records = [r for r in records if r.get(KEY) == records[-1][KEY]]
-    first: dict = {}
-    for record in records:
-        first.setdefault(record.get("index", record.get("doc_id")), record)
-    return list(first.values())
-
-
-def _checked_records(path: Path) -> list[dict]:
-    """A log's parsed lines; a record that fails its checksum is refused, a missing log is one line."""
+def _read_log(path: Path, latest: bool = True) -> list[dict]:
+    """A per-sample log's records (`latest`: each sample once, the first line standing as in the store,
+    of its latest key only); a record that fails its checksum, or a missing log, is one line."""
     if not path.is_file():
         raise UserError(f"{path} is missing: compare needs the per-sample logs beside each summary")
     records = []
@@ -314,7 +296,14 @@ def _checked_records(path: Path) -> list[dict]:
         if CHECKSUM in record and record[CHECKSUM] != record_checksum(record):
             raise UserError(f"{path}:{number} does not match its checksum (edited or damaged); rerun that evaluation")
         records.append(record)
-    return records
+    if not latest:
+        return records
+    if records and KEY in records[-1]:  # a log resumed under another key keeps only the latest key's lines
+        records = [r for r in records if r.get(KEY) == records[-1][KEY]]
+    first: dict = {}
+    for record in records:
+        first.setdefault(record.get("index", record.get("doc_id")), record)
+    return list(first.values())
 
 
 def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n) -> None:

@@ -1,11 +1,6 @@
-"""The stored summaries under results directories, read once each and at most one per checkpoint.
-
-Every table reads one score per (run, step, task, length), so a checkpoint comes from one summary
-only: the same (run, step) in two files (two directories given together, or a copy inside one) is
-refused naming both, whether or not they agree in evalkit version, settings or engine, since
-merging could only pick one file's scores or average the two, silently. The same file reached
-twice (overlapping directories) is read once. A summary whose rows name another checkpoint, or
-hold one cell twice, is refused the same way.
+"""The stored summaries under results directories, read once each and at most one per checkpoint
+(docs/leaderboards.md): merging two summaries of one checkpoint could only pick one file's scores
+or average the two, silently.
 """
 
 from __future__ import annotations
@@ -77,10 +72,8 @@ def _check_summary(path: Path, summary: dict) -> None:
 
 
 def _row_cell(row: ResultRow, summary: dict) -> tuple | None:
-    """The cell a row scores, None when the row names another checkpoint than its file.
-
-    RULER rows are cells (task, length, encoding); other rows (requested, task, metric, filter, length, encoding),
-    since an lm-eval group's member is scored once under each requested group that holds it."""
+    """The cell a row scores (None: the row names another checkpoint than its file); an lm-eval
+    group's member is scored once under each requested group that holds it."""
     if row.run != summary["run"] or row.step != summary["step"]:
         return None
     label = row.encoding_label()  # an encoding other than standard (RULER's, ppl's) is a cell of its own

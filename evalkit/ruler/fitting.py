@@ -6,13 +6,10 @@ sample is held to (composed piece counts, or a full tokenisation in exact mode).
 brackets the answer from a guess, bisects on the estimate, then steps down until the measured
 prompt fits: table look-ups per step, no whole-text tokenisation.
 
-Two sizings (SIZINGS). `exact` (the default) fits every sample on its own. `nvidia` sizes as
-NVIDIA's generators do: one size per task and length, searched on one sample (`shared_size`),
-from which every sample drops by the task's coarse step while it overflows (`step_down`), so
-prompts may land well below the target. Only the size follows NVIDIA: every sample keeps its
-own random choices, where NVIDIA shuffles every qa sample with one fixed permutation (its gold
-document at one position in all samples) and repeats one cwe/fwe layout and one vt
-demonstration; mimicking those would make a score hinge on one random position.
+Two sizings (SIZINGS, docs/ruler.md): `exact` fits every sample on its own; `nvidia` searches one
+size per task and length (`shared_size`) and steps each sample down from it (`step_down`). Only
+the size follows NVIDIA: its shared qa permutation and repeated layouts would make a score hinge
+on one random position.
 """
 
 from __future__ import annotations
@@ -152,10 +149,9 @@ def check_sizing(sizing: str) -> str:
 
 
 def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: Coarse) -> int:
-    """The one size of a task and length under NVIDIA's sizing: the largest at which this (the
-    first) sample fits (NVIDIA bisects on one sample: qa.py on the first question; niah.py and
-    variable_tracking.py draw a fresh one at every probe). fwe's is snapped to NVIDIA's climbing
-    grid: the last grid point that fits, else one step below the origin. TooLong if none fits."""
+    """The one size of a task and length under NVIDIA's sizing: the largest at which this (the first)
+    sample fits, as NVIDIA bisects on one sample; fwe's snapped to NVIDIA's climbing grid (the last
+    point that fits, else one step below the origin). TooLong if none fits."""
     size, _ = fit(plan, budget, measure)
     if coarse.origin is not None:
         origin, step = coarse.origin, max(1, coarse.step)
@@ -164,9 +160,8 @@ def shared_size(plan: Plan, budget: int, measure: Callable[[int], int], coarse: 
 
 
 def step_down(plan: Plan, budget: int, measure: Callable[[int], int], start: int, step: int) -> tuple[int, int]:
-    """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by
-    `step` while the prompt overflows. Where a step would go below the smallest size (NVIDIA's
-    loop never ends there), the largest smaller size that fits. TooLong if none fits."""
+    """(size, measured tokens) of a sample under NVIDIA's sizing: from the shared size, down by `step`
+    while it overflows; below the smallest size (NVIDIA's loop never ends), the largest that fits."""
     size = max(start, plan.min_size)
     if plan.max_size is not None:
         size = min(size, plan.max_size)

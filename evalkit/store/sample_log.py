@@ -8,9 +8,8 @@ A per-sample log is the unit of resumption: a rerun keeps the lines made under t
 (RULER's evalkit.ruler.runner.answer_key: the prompt, the engine's result facts and every setting
 that changes an answer, not the sample count; ppl's PplBenchmark._key) and computes the rest.
 
-Each record carries `sha`, the sha256 of its canonical JSON without that field: a record edited
-by hand no longer matches, and loading refuses it with file and line rather than score it or
-recompute it behind the user's back: they delete the line (or the file) and rerun.
+Each record carries `sha` (record_checksum): an edited record is refused with file and line
+(docs/reliability.md), never scored nor recomputed behind the user's back.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ def checkpoint_dir(out_dir: Path, ref: CheckpointRef) -> Path:
 
 
 class Writer:
-    """How a unit's files are written: here, durably, by the one process that writes under --out
-    (a local run; the driver of a Ray sweep). A Ray worker's writer hands each write to its driver
-    instead (evalkit.sweep.ray_executor.Handover), which writes it with this one."""
+    """How a unit's files are written: here, durably, by the one process that writes under --out (a
+    local run; a Ray sweep's driver, to which a worker's Handover writer hands each write)."""
 
     def text(self, path: Path, text: str) -> None:
         """Replace the file, atomically."""
@@ -66,11 +64,9 @@ def sample_index(record: dict[str, Any]) -> int | None:
 class SampleLog:
     """Append-only JSONL of finished samples for one unit, each record sealed with its key and
     checksum, read back by its sample's id (`identify`: None for a record that is not a sample's).
-
     A log of its own (RULER's: one per cell) is rewritten without the lines it will not use. A
-    `shared` log (ppl's: every encoding and setting of a length in one file) is never rewritten: the
-    lines of other keys stay for their own reruns, a torn line anywhere is passed over, and a record
-    from before checksums is computed again rather than refused."""
+    `shared` log (ppl's: every setting of a length) is never rewritten: other keys' lines stay for
+    their reruns, a torn line anywhere is passed over, a record from before checksums recomputed."""
 
     path: Path
     key: str

@@ -1,15 +1,7 @@
-"""`evalkit merge`: join the outputs of a sweep's shards (`--shard I/N`, one --out each) into one.
-
-Every file under a shard's checkpoint directories is copied to its place in the destination; each
-checkpoint's summaries are joined into one, rows and skips back in the benchmark's unit order, so
-the merged output reads as the unsharded run's (`evalkit leaderboard`, or a local rerun into it
-that computes nothing). Files at the top of a shard's --out (plots, --avg tables, its lock and
-empty-shard record) are of its share alone: never copied nor compared, the merged results' own
-are drawn from the merged summaries. Refused with one line, before anything is written: shards
-of different sweeps (another plan), shards whose provenance differs in anything that decides a
-score (evalkit's commit, library versions, the GPU, the engine's setup: all but `_EXECUTION`),
-the same shard twice or two shards holding one unit or file, an incomplete set, an output that
-is not a shard's. The destination is built beside itself and renamed into place.
+"""`evalkit merge` (docs/scaling-out.md): join the outputs of a sweep's shards into one, read as
+the unsharded run's. Files at the top of a shard's --out are of its share alone: never copied nor
+compared. Every refusal comes before anything is written; the destination is built beside itself
+and renamed into place.
 """
 
 from __future__ import annotations
@@ -25,13 +17,10 @@ from evalkit.files import atomic_write_json, check_output_dir, move_into_place, 
 from evalkit.store.result_format import SUMMARY_SUFFIX, read_summary, summary_name
 from evalkit.sweep.plan import empty_shard_name
 
-# Provenance each shard records of itself: listed per shard (created) or joined (answered_by,
-# data_keys) by the merge; the weights are checked by _check_same_weights.
+# Provenance of each shard itself: listed per shard (created), joined (answered_by, data_keys) or checked (weights).
 _PER_SHARD = {"created", "command", "shard", "answered_by", "data_keys", "weights"}
-# Provenance that may differ between the shards of one sweep: how fast and on which host each ran,
-# never what it computed (the plan holds the settings that decide results, evalkit.store.identity).
-# A shard's own values are kept under merged_shards; anything else must agree or the merge is refused.
-# engine.device: cuda:0 or cuda:1 (CPU or GPU shows in machine.gpu)
+# Provenance that may differ between the shards of one sweep (kept under merged_shards): how fast and
+# on which host each ran, never what it computed. engine.device: cuda:0 or cuda:1 (the GPU: machine.gpu)
 _EXECUTION = {"settings", "machine.cpu", "machine.cores", "machine.torch_threads", "machine.python",
               "engine.model_path", "engine.device", "engine.batch_size", "engine.packed_batch_size",
               "engine.packed_batch_note", "engine.threads"}  # fmt: skip
@@ -40,10 +29,9 @@ _CODE = ("evalkit_version", "git_hash", "dirty_files")  # the code every shard r
 
 
 def merge_shards(inputs: list[Path], dest: Path, redraw: Redraw | None = None) -> dict[str, Any]:
-    """Merge shard outputs `inputs` into `dest` (new or empty); returns what was merged, counted,
-    and `unscored`: the benchmarks whose whole sweep produced no score (every unit skipped).
-    `redraw(summaries, directory)` draws the files derived from the merged summaries (the
-    benchmarks' own, so the caller's: sweep/ imports no benchmark) before dest is in place."""
+    """Merge shard outputs `inputs` into `dest` (new or empty); returns the counts and `unscored` (the
+    benchmarks whose whole sweep scored nothing). `redraw(summaries, directory)` draws the files derived
+    from the merged summaries (the caller's: sweep/ imports no benchmark) before dest is in place."""
     inputs, dest = [Path(p) for p in inputs], Path(dest)
     _check_paths(inputs, dest)
     empty = _read_empty_shards(inputs)
@@ -205,9 +193,8 @@ def _merge_checkpoint(rel: Path, found: list[tuple[Path, dict]]) -> dict:
 
 
 def _agree(first: tuple[Path, dict], other: tuple[Path, dict]) -> dict[str, Any]:
-    """The other shard's provenance values where they differ from the first's only in how it ran
-    (_EXECUTION); refused with one line where they differ in what decides a score. The engine and
-    machine are compared only where both shards built an engine (computed anything)."""
+    """The other shard's provenance values that differ from the first's only in how it ran (_EXECUTION);
+    refused where they decide a score. Engine and machine are compared only where both built an engine."""
     (first_dir, a), (other_dir, b) = first, other
     skipped = _PER_SHARD | ({"engine", "machine"} if not (a.get("engine") and b.get("engine")) else set())
     keys = [key for key in {**a, **b} if key not in skipped]  # in the record's order: the commit first
@@ -241,9 +228,7 @@ def _short(value: Any) -> str:
 
 def _check_same_weights(found: list[tuple[Path, dict]]) -> None:
     """Shards of one run name and step must have evaluated the same weights: the plan knows checkpoints
-    by name only, so shards run over two directories of one name (another run's weights under it)
-    would merge into one checkpoint's scores. A summary written before the record existed is not
-    checked (it has none)."""
+    by name only (a summary written before the record existed is not checked)."""
     recorded = [summary for _, summary in found if summary["provenance"].get("weights") is not None]
     for summary in recorded[1:]:
         first = recorded[0]

@@ -1,22 +1,9 @@
-"""`--executor ray`: the pipeline's units computed on a Ray cluster's workers; the driver writes.
-
-    driver (this process, holding --out's lock)            workers (any node; --out readable there)
-      plan: each checkpoint's units in groups ──task──▶  one engine per group (a model loaded once per worker)
-                                                          each unit: benchmark.evaluate, resuming from the
-      writes each one under --out, in order  ◀──inbox──── unit's files; every write it makes (a finished
-                                                          chunk of a per-sample log, a file) handed back
-      results, skips, who answered ◀──────────────────── (a Skipped unit is a value, never a failure)
-      the pipeline's own loop writes every summary, as if it had computed the units
+"""`--executor ray` (docs/scaling-out.md): the pipeline's units computed on a Ray cluster's workers.
 
 The driver is the one writer under --out: workers hand their writes to a Ray actor (Inbox; Ray
 runs one caller's calls to an actor in order) that the driver empties into --out every second.
-When a group's worker dies (kill -9, a lost node) the driver writes what it handed over, drops
-whatever else arrives from that attempt and retries the group (up to MAX_RETRIES times), which
-resumes from the per-sample logs: a killed worker loses at most its unsent chunk, and no sample
-is written twice. A Skipped unit comes back as a skip, never retried; any other error fails that
-checkpoint alone, recorded by the pipeline as in a local sweep. A killed driver takes its groups
-with it (Ray cancels a dead owner's tasks; a rerun resumes from the logs); a worker that hangs
-alive holds its group until it goes on or dies.
+A dead worker's group is retried from the per-sample logs, whatever else its attempt sends dropped,
+so no sample is written twice; a Skipped unit is a value, never retried or a failure.
 """
 
 from __future__ import annotations
@@ -50,8 +37,7 @@ class RayExecutor:
 
     def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
-        back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status): groups done and
-        each worker's samples/s, every 10 s."""
+        back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status)."""
         import ray  # evalkit.cli.options.make_executor checked that it is installed
 
         started_here = self._connect(ray)
@@ -172,8 +158,7 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
 
 
 class Handover(Writer):
-    """A worker's writer: each write, named relative to --out, is sent to the driver, which writes
-    it (write_handed_over); the worker writes nothing under --out."""
+    """A worker's writer: each write, named relative to --out, is sent to the driver to write (write_handed_over)."""
 
     def __init__(self, out: Path, send: Callable[[str, str, str], Any]) -> None:
         self.out, self.send = out, send
@@ -372,20 +357,15 @@ def weight_bytes(paths: list[Path]) -> int:
     """The largest checkpoint's weight files on disk (safetensors, else .bin or .gguf), in bytes."""
     sizes = [0]
     for path in paths:
-        for pattern in WEIGHT_FILES:
-            found = sum(f.stat().st_size for f in Path(path).glob(pattern) if f.is_file())
-            if found:
-                sizes.append(found)
-                break
+        found = (sum(f.stat().st_size for f in Path(path).glob(pattern) if f.is_file()) for pattern in WEIGHT_FILES)
+        sizes.append(next((size for size in found if size), 0))
     return max(sizes)
 
 
 def task_resources(ray, benchmark, checkpoints: list[Path], given: dict[str, float] | None = None) -> dict[str, float]:
-    """What each group's task asks of Ray: `given` (--ray-resources), and for what it leaves out the
-    default: on a GPU cluster the GPUs of its tensor-parallel size (the model lives there); on CPUs
-    one CPU and the memory its model needs, so that Ray starts on a node only as many model copies
-    as fit in that node's memory, not one per core. A model that fits in no node's memory is one
-    line now, not an out-of-memory kill later."""
+    """What each group's task asks of Ray (docs/scaling-out.md): `given` (--ray-resources), else on GPUs
+    those of its tensor-parallel size; on CPUs one CPU and its model's memory, so that a node runs
+    only the copies that fit in its memory, and a model that fits in none is one line now."""
     given = given or {}
     if ray.cluster_resources().get("GPU", 0) > 0:
         return {"num_gpus": float(benchmark.engine.settings.get("tensor_parallel_size") or 1), "num_cpus": 1.0, **given}

@@ -71,8 +71,7 @@ TaskT = TypeVar("TaskT", bound="KindTask")
 
 class KindPlan(ABC, Generic[TaskT]):
     """One sample's fixed random choices, its haystack size still open (fitting sizes it): a kind's
-    plan sets min_size, prefix, outputs and items(); the search's rough estimate and its guess
-    (the smallest prompt plus per_unit() tokens per unit) are shared."""
+    plan sets min_size, prefix, outputs and items(); estimate and guess (per_unit()'s slope) are shared."""
 
     max_size: int | None = None
     min_size: int

@@ -65,10 +65,9 @@ def join_queries(queries: list[str]) -> str:
 
 
 class ValuePool:
-    """Random values of one type drawn once per batch, each counted once (with what follows it):
-    counting fresh ones for each of a needle haystack's hundreds of lines would cost a full
-    tokenisation per sample. A sample draws its distractors without replacement from these pools
-    (sized for the longest haystack that fits). Word keys need none: their words are counted once."""
+    """Random values of one type drawn and counted once per batch (fresh ones for each of a haystack's
+    hundreds of lines would cost a full tokenisation per sample): a sample draws its distractors from
+    them without replacement. Word keys need none: their words are counted once."""
 
     def __init__(self, counter: TokenCounter, kind: str, size: int, rng: random.Random, suffix: str):
         self.values = [random_value(kind, rng) for _ in range(size)]

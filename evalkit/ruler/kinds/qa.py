@@ -4,14 +4,13 @@ From qa.py: documents are the datasets' paragraphs (deduplicated, sorted); sampl
 i-th answerable question; its gold paragraph(s) go among distractors (for SQuAD, first the
 other paragraphs of the same article, then random ones), shuffled, as `Document {i}:\\n{text}`
 joined by blank lines. The number of documents is the size fitted to the length. The data is
-read from local files only; a missing file makes the task TaskDataMissing.
+read from local files only (a missing one: TaskDataMissing).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,11 +38,6 @@ DATASETS = {
 DOCUMENT_START = "\n\nDocument"
 DATA_CONSTANTS = {"DOCUMENT_START": DOCUMENT_START}  # keyed into the cache (evalkit.ruler.kinds)
 DOCUMENT_BREAK = "\n\nDocument "  # a context joins its "Document k:\n..." blocks with a blank line
-
-
-def _constant(text: str) -> Callable[[], str]:
-    """A block's render function for text already built."""
-    return lambda: text
 
 
 @dataclass(frozen=True)
@@ -190,7 +184,8 @@ class QaPlan(KindPlan["QaTask"]):
         for k, (doc, label, body) in enumerate(zip(chosen, labels, bodies), 1):
             text = f"Document {k}:\n{documents[doc]}"
             sep = "" if k == 1 else "\n\n"  # the template's blank line precedes the first document
-            items.append(Block(sep + "Document", label + body, text[-LEFT_CONTEXT_CHARS:], _constant(sep + text)))
+            render = lambda rendered=sep + text: rendered  # noqa: E731  (bound now, not at the loop's end)
+            items.append(Block(sep + "Document", label + body, text[-LEFT_CONTEXT_CHARS:], render))
         items.append(self.tail)
         return items
 
