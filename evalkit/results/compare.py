@@ -140,17 +140,15 @@ class Bootstrap:
             self._draw_cell(cell)
 
     def _checkpoint_group(self, one: Series) -> object:
-        """The series' checkpoints' identities (a hashable key): equal for series of the same checkpoints
-        (of the same runs); the series' own name where an identity is missing or pairing is turned off (a
-        draw of its own): runs of different series are never paired, each series draws its own."""
+        """The series' checkpoints' identities (a hashable key), equal for series of the same checkpoints; its
+        own name (a draw of its own) where an identity is missing or pairing is turned off."""
         keys = [_run_group(run) for run in one.members()]
         if self.pairing == "independent" or None in keys:
             return ("own", one.name)
         return keys[0] if len(keys) == 1 else tuple(sorted(keys))  # type: ignore[type-var]
 
     def _run_draw_group(self, name: str) -> object:
-        """Which series share the draw of runs: those of the same streams, one run per stream (the same
-        seeds of one base: paired by seed); else those of the same checkpoints; else none."""
+        """Series of the same streams, one run each (paired by seed), share the draw of runs; else as checkpoints."""
         streams = [run.stream for run in self.runs[name]]
         distinct = None not in streams and len(set(streams)) == len(streams)
         if self.pairing != "independent" and len(streams) > 1 and distinct:

@@ -109,10 +109,9 @@ def markdown(comparison: Comparison, command: str) -> str:
         parts[-2] += (
             " A series of several training runs ("
             + "; ".join(f"{k}: {', '.join(v)}" for k, v in comparison.runs.items())
-            + ") resamples its runs first, then each run's checkpoints, then samples; two series of the same seeds "
-            "(one base, each seed's data alike) draw the same seeds (paired by seed), others draw their own, so a "
-            "difference is called only beyond the variation between seeds. Its A or B value shows mean ± std over its "
-            "runs of each run's checkpoint-averaged score."
+            + ") resamples its runs, then their checkpoints, then samples (series of the same seeds draw alike: "
+            "paired by seed), so a difference is called only beyond the variation between seeds. Its A or B value "
+            "shows mean ± std over its runs of each run's checkpoint-averaged score."
         )
     if comparison.averages:
         parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]

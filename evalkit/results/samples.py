@@ -215,14 +215,12 @@ def checkpoint_identity(summary: dict) -> str | None:
 
 
 def training_stream(summary: dict) -> str | None:
-    """What a trained checkpoint started from and saw, as its meta.json records it: its base, its seed
-    (the documents, their order, from scratch the initial weights) and its data's fingerprint, so runs
-    of the same stream pair by seed. None where a record is missing (a checkpoint not trained here)."""
+    """A trained checkpoint's base (or scratch), seed and data fingerprint from its meta.json (None where
+    not recorded): runs of one stream saw the same data (docs/comparing.md, "Seeds as replicates")."""
     meta = (summary.get("provenance") or {}).get("checkpoint_meta") or {}
-    config = meta.get("config") or {}
-    seed, data = config.get("seed"), meta.get("data_fingerprint")
+    config, data = meta.get("config") or {}, meta.get("data_fingerprint")
     base = (config.get("model") or {}).get("path") or "scratch"
-    return None if seed is None or data is None else f"base {base} · seed {seed} · data {data}"
+    return None if config.get("seed") is None or data is None else f"base {base} · seed {config['seed']} · data {data}"
 
 
 def _ruler_cells(summary: dict, directory: Path):
