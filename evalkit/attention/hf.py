@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.attention.kernels import IMPLEMENTATIONS, document_attention
+from evalkit.attention.kernels import IMPLEMENTATIONS, document_attention, one_dtype
 
 
 def hf_name(impl: str) -> str:
@@ -97,6 +97,19 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
         module._evalkit_rope_hooks = hooks  # type: ignore[assignment]  # torch types Module attributes Tensor | Module
 
 
+def serve_rope(model: torch.nn.Module, frequencies: str, rotation: str) -> None:
+    """Serve a loaded model's RoPE as models.precision.Serving says: its frequencies held in
+    `frequencies` (a bf16 trainer rounded the fp32 ones it computed; transformers recomputes them
+    in fp32 at load, into original_inv_freq too) and q, k rotated in `rotation` (ROPE_VARIANTS:
+    "cast", in the model's dtype, or "fp32"). Setting it again replaces the earlier setting."""
+    modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
+    for module in modules:
+        computed = getattr(module, "original_inv_freq", module.inv_freq).float()
+        module.inv_freq = computed.to(torch.bfloat16) if frequencies == "bf16" else computed
+    if modules:
+        set_rope_precision(model, "fp32" if rotation == "fp32" else "bf16")
+
+
 def _no_padding_mask(*, attention_mask=None, **_kwargs):
     """transformers' mask hook: evalkit takes document ids, not dense masks, and has no padding."""
     if attention_mask is not None and not bool(torch.all(attention_mask)):
@@ -140,6 +153,7 @@ def register_grouped_sdpa() -> str:
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    query, key, value = one_dtype(query, key, value)  # an fp32 rotation (serve_rope) hands over q, k in fp32
     batch, heads, queries, head_dim = query.shape
     groups = heads // key.shape[1]
     plain = groups == 1 or queries != 1 or module.training or kwargs.get("softcap") is not None

@@ -51,8 +51,9 @@ import torch
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.anchor import anchor_record
 from evalkit.attention.features import check_attention_supported, trained_window_anchor, windows_shorter_than
-from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa
+from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa, serve_rope
 from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines import parity
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import (
     PackedEngine,
@@ -63,11 +64,12 @@ from evalkit.engines.base import (
 )
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_pretrained, load_tokenizer
-from evalkit.models.precision import engine_dtype, resolve_device, torch_dtype
+from evalkit.models.precision import SERVINGS, Serving, resolve_device, served_regime, torch_dtype
 
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
 LOGIT_BUDGET = 2**26  # floats of one token_logprobs chunk's logits (B x chunk x V): 256 MiB in fp32
 PREFILL_MODES = ("auto", "shared", "padded")
+OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
 SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA = 1024
 
 
@@ -199,7 +201,8 @@ class HFEngine(PackedEngine):
     (default config.max_position_embeddings, may be set above it to test length extrapolation);
     attention (transformers' implementation for plain prompts); packed_attention (evalkit's, for
     packed prefills); prefill (module docstring); threads (torch CPU threads while this engine
-    computes, default torch's: one per core). `stats` counts the tokens and time of plain generation.
+    computes, default torch's: one per core); serving (models.precision.SERVINGS: trained, the
+    default, or stock). `stats` counts the tokens and time of plain generation.
     """
 
     name = "hf"
@@ -216,13 +219,15 @@ class HFEngine(PackedEngine):
         packed_attention: str = "evalkit",
         prefill: str = "auto",
         threads: int | None = None,
+        serving: str = "trained",
         trust_remote_code: bool = False,
     ) -> None:
         self.model_path = checkpoint_directory(model_path, "the hf engine")
         # Before the tokenizer too: AutoTokenizer reads config.json and would fail with a traceback.
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = resolve_device(device)
-        self.dtype = engine_dtype(dtype, str(self.device))
+        self.served = served_regime(self.model_path, serving, dtype, str(self.device))
+        self.dtype = self.served.dtype
         register_hf_attention()  # evalkit's implementations, which packed_attention names
         self.batch_size = batch_size
         self.threads = threads
@@ -231,8 +236,9 @@ class HFEngine(PackedEngine):
         self.prefill = prefill
         self.stats = GenerationStats()
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
-        self.model = _load_model(self.model_path, self.dtype, self.device, attention, trust_remote_code)
+        self.model = _load_model(self.model_path, self.served, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
+        self.off_regime_kl = self._off_regime_kl(attention, trust_remote_code) if self.served.off_regime else None
         self._eos_ids = tok.end_of_generation_ids(self.tokenizer, self.model.config, self.model_path)
         # Any valid id will do: padded slots are masked out, never attended to.
         self._pad_id = next(
@@ -268,6 +274,7 @@ class HFEngine(PackedEngine):
             _check_plain_attention(settings["attention"])
         check_one_of(settings, "packed_attention", HF_NAMES)
         check_one_of(settings, "prefill", PREFILL_MODES)
+        check_one_of(settings, "serving", SERVINGS)
 
     def engine_info(self) -> dict[str, Any]:
         import transformers
@@ -276,6 +283,8 @@ class HFEngine(PackedEngine):
             "engine": self.name,
             "model_path": str(self.model_path),
             "dtype": self.dtype,
+            **self.served.record(),
+            **({"off_regime_kl": self.off_regime_kl} if self.off_regime_kl is not None else {}),
             "batch_size": self.batch_size,
             "packed_batch_size": 1 if self._packed_one_by_one else self.batch_size,
             **({"packed_batch_note": self._packed_batch_note} if self._packed_batch_note else {}),
@@ -291,6 +300,27 @@ class HFEngine(PackedEngine):
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         }
+
+    def _off_regime_kl(self, attention: str, trust_remote_code: bool) -> float:
+        """Served stock off the trained regime: the mean KL from a copy served as trained over the
+        first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
+        trained = served_regime(self.model_path, "trained")
+        twin = _load_model(self.model_path, trained, self.device, attention, trust_remote_code)
+        tokens = parity.probe_tokens(self.tokenizer, min(self.max_length, OFF_REGIME_PROBE))
+        reference = _position_logprobs(twin, tokens, self.device)
+        del twin
+        kl = float(parity.divergence(reference, self.position_logprobs(tokens))[0].mean())
+        print(
+            f"note: {self.model_path} is served stock ({self.served.describe()}), off the regime it trained in "
+            f"({self.served.off_regime}): KL {kl:.2g} nats/token from it over {len(tokens)} tokens "
+            f"(evalkit parity {self.model_path} measures it per position)",
+            file=sys.stderr,
+        )
+        return kl
+
+    @_computing
+    def position_logprobs(self, tokens: list[int]) -> torch.Tensor:
+        return _position_logprobs(self.model, tokens, self.device)
 
     # ------------------------------------------------------------------ plain prompts
 
@@ -603,8 +633,9 @@ def _check_plain_attention(attention: str) -> None:
         raise UserError(f"attention must be one of transformers' {', '.join(known)}, got {attention!r}")
 
 
-def _load_model(path: Path, dtype: str, device: torch.device, attention: str, trust_remote_code: bool):
-    """The model, refused with one line if any weight is missing, unexpected or mis-shaped (load_pretrained)."""
+def _load_model(path: Path, served: Serving, device: torch.device, attention: str, trust_remote_code: bool):
+    """The model served as `served` says, refused with one line if any weight is missing, unexpected
+    or mis-shaped (load_pretrained)."""
     from transformers import AutoModelForCausalLM
 
     model = load_pretrained(
@@ -613,7 +644,7 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
         # Evaluations load one checkpoint after another under evalkit's own progress display;
         # transformers' per-load "Loading weights" bar would interleave with it.
         progress_bar=False,
-        dtype=torch_dtype(dtype),
+        dtype=torch_dtype(served.dtype),
         attn_implementation=attention,
         local_files_only=True,
         trust_remote_code=trust_remote_code,
@@ -621,7 +652,16 @@ def _load_model(path: Path, dtype: str, device: torch.device, attention: str, tr
     )
     if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
         model.set_attn_implementation(register_grouped_sdpa())
+    if not served.stock_rope:
+        serve_rope(model, served.frequencies, served.rotation)
     return model.eval()
+
+
+def _position_logprobs(model, tokens: list[int], device: torch.device) -> torch.Tensor:
+    """Next-token log-probabilities [T, V] of one unpadded row, in one forward."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([tokens], device=device), use_cache=False).logits[0]
+    return logits.float().log_softmax(-1).cpu()
 
 
 def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:

@@ -8,6 +8,8 @@ lm-eval. torch is imported only when a torch object is asked for.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evalkit.errors import UserError
@@ -37,6 +39,73 @@ def engine_dtype(asked: str | None = None, device: str = "auto") -> str:
     if asked:
         return check_dtype(asked)
     return "bf16" if resolve_device(device).type == "cuda" else "fp32"
+
+
+# How an engine serves a checkpoint (docs/engines.md, "Serving as trained"): "trained", in the
+# regime its meta.json records (the trainer's compute dtype, RoPE frequencies and rotation), or
+# "stock", as transformers and vLLM load it (frequencies computed in fp32, cos/sin cast to the
+# model's dtype). A checkpoint that records no bf16 regime is served alike either way.
+SERVINGS = ("trained", "stock")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The regime an engine serves a checkpoint in: its compute dtype, the dtype RoPE's frequencies
+    are held in, and where q and k are rotated (ROPE_VARIANTS: in the model's dtype, or fp32)."""
+
+    asked: str  # SERVINGS
+    dtype: str
+    frequencies: str = "fp32"
+    rotation: str = "cast"
+    off_regime: str = ""  # served stock off the trained regime: that regime, said (else "")
+
+    @property
+    def stock_rope(self) -> bool:
+        return self.frequencies == "fp32" and self.rotation == "cast"
+
+    def key_facts(self) -> dict[str, str]:
+        """What the served regime adds to a stored result's key beyond its dtype: nothing where the
+        RoPE is the stock one (so results from before the setting keep their keys)."""
+        return {} if self.stock_rope else {"rope": f"frequencies {self.frequencies}, rotation {self.rotation}"}
+
+    def record(self) -> dict[str, str]:
+        return {"serving": self.asked, "rope_frequencies": self.frequencies, "rope_rotation": self.rotation}
+
+    def describe(self) -> str:
+        return f"{self.dtype}, RoPE frequencies {self.frequencies}, rotation {self.rotation}"
+
+
+def served_regime(
+    path: Path, serving: str = "trained", asked_dtype: str | None = None, device: str = "auto"
+) -> Serving:
+    """How `serving` serves the checkpoint at `path`, from its meta.json's precision record
+    (evalkit.train.regime.record); a checkpoint without one is served stock either way. Under
+    "trained" a bf16 run computes in bf16 and an fp32 run in fp32, and a dtype that contradicts it
+    is refused: it would serve another regime."""
+    from evalkit.models.refs import checkpoint_meta
+
+    if serving not in SERVINGS:
+        raise UserError(f"serving must be one of {', '.join(SERVINGS)}, got {serving!r}")
+    precision = checkpoint_meta(Path(path)).get("precision") or {}
+    recorded = str(precision.get("dtype"))
+    if recorded not in ("fp32", "bf16", "bf16_full"):
+        return Serving(serving, engine_dtype(asked_dtype, device))
+    trained = Serving(
+        "trained",
+        "fp32" if recorded == "fp32" else "bf16",
+        "bf16" if precision.get("buffers") == "bf16" else "fp32",
+        "fp32" if recorded != "fp32" and precision.get("rotation") == "fp32" else "cast",
+    )
+    if serving == "trained":
+        if asked_dtype and check_dtype(asked_dtype) != trained.dtype:
+            raise UserError(
+                f"{path} trained in {recorded}: serving=trained computes in {trained.dtype}, not {asked_dtype}; "
+                "drop the dtype, or serve it stock (--engine-arg serving=stock)"
+            )
+        return trained
+    stock = Serving("stock", engine_dtype(asked_dtype, device))
+    off = (stock.dtype, stock.frequencies, stock.rotation) != (trained.dtype, trained.frequencies, trained.rotation)
+    return Serving("stock", stock.dtype, off_regime=f"{recorded}: {trained.describe()}" if off else "")
 
 
 def long_dtype_name(name: str) -> str:

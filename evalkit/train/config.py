@@ -343,6 +343,13 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
             setattr(obj, key, _coerce(value, hints[key], full))
 
 
+def recorded_config(values: dict[str, Any]) -> TrainConfig:
+    """The config a run recorded (meta.json's "config"), unvalidated: its files may be elsewhere now."""
+    config = TrainConfig()
+    _apply(config, values)
+    return config
+
+
 def resolve_recipe(name_or_path: str) -> Path:
     """A recipe path as given, or configs/NAME.yaml (evalkit's recipes, shipped in the package)."""
     for candidate in (Path(name_or_path), CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):

@@ -32,7 +32,7 @@ from evalkit.models.check import check_checkpoint
 from evalkit.store.provenance import git_state
 from evalkit.train import checkpoint as ckpt
 from evalkit.train import distributed, regime
-from evalkit.train.config import TrainConfig, base_model_record, check_inputs, merge_sections
+from evalkit.train.config import TrainConfig, base_model_record, check_inputs, merge_sections, recorded_config
 from evalkit.train.data import DocumentSource, WindowStream, data_fingerprint, domain_tag_ids, open_source
 from evalkit.train.memory import LOSS_CHUNK
 from evalkit.train.model import build_model, recipe_tokenizer
@@ -59,15 +59,18 @@ class MaskedLMLoss(torch.nn.Module):
         self.lm = lm
         self.window_anchor = window_anchor  # how the anchor meets sliding layers' windows (attention.masks)
 
-    def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
+    def hidden_states(self, input_ids, position_ids, doc_ids) -> torch.Tensor:
         decoder = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = decoder(  # use_cache=False: nothing decodes (transformers 5.17's cache would promote v to k's dtype)
+        return decoder(  # use_cache=False: nothing decodes (transformers 5.17's cache would promote v to k's dtype)
             input_ids=input_ids,
             position_ids=position_ids,
             doc_ids=doc_ids,
             window_anchor=self.window_anchor,
             use_cache=False,
         ).last_hidden_state
+
+    def forward(self, input_ids, position_ids, doc_ids, loss_mask) -> torch.Tensor:
+        hidden = self.hidden_states(input_ids, position_ids, doc_ids)
         targets_mask = loss_mask[:, 1:]
         hidden = hidden[:, :-1][targets_mask]
         targets = input_ids[:, 1:][targets_mask]
@@ -77,6 +80,22 @@ class MaskedLMLoss(torch.nn.Module):
             h, t = hidden[start : start + LOSS_CHUNK], targets[start : start + LOSS_CHUNK]
             total = total + activation_checkpoint(_chunk_loss, h, head, t, use_reentrant=False)
         return total
+
+
+def trainer_logprobs(checkpoint: Path, tokens: list[int], device: torch.device) -> torch.Tensor:
+    """Next-token log-probabilities [T, V] of one document, `tokens`, by the trainer's own forward on
+    a checkpoint it wrote: its model, attention and precision regime as its meta.json records them
+    (the reference `evalkit parity` holds each engine's serving to)."""
+    config = recorded_config(_read_meta(checkpoint).get("config") or {})
+    config.model.path = str(checkpoint)
+    model = MaskedLMLoss(build_model(config, None, device), config.model.window_anchor).eval()
+    if config.dtype == "bf16_full":
+        regime.cast_buffers(model, config.rope_precision)
+    ids = torch.tensor([tokens], device=device)
+    positions = torch.arange(len(tokens), device=device)[None]
+    with torch.no_grad(), compute_weights(model, config, distributed.DistContext()), autocast_context(config, device):
+        hidden = model.hidden_states(ids, positions, None)[0]
+        return F.linear(hidden, model.lm.get_output_embeddings().weight).float().log_softmax(-1).cpu()
 
 
 def collate(windows: list[PackedSequence], device: torch.device) -> dict[str, torch.Tensor | None]:
