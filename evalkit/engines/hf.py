@@ -51,7 +51,13 @@ import torch
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.anchor import anchor_record
 from evalkit.attention.features import check_attention_supported, trained_window_anchor, windows_shorter_than
-from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa, serve_rope
+from evalkit.attention.hf import (
+    GROUPED_SDPA,
+    cast_buffers,
+    register_anchor_sink_sdpa,
+    register_grouped_sdpa,
+    set_rope_precision,
+)
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import parity
 from evalkit.engines import tokens as tok
@@ -652,8 +658,10 @@ def _load_model(path: Path, served: Serving, device: torch.device, attention: st
     )
     if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
         model.set_attn_implementation(register_grouped_sdpa())
-    if not served.stock_rope:
-        serve_rope(model, served.frequencies, served.rotation)
+    if served.frequencies == "bf16":  # the bf16 buffers a bf16_full run trained with (transformers loads fp32 ones)
+        cast_buffers(model, "bf16")
+    if served.rotation == "fp32":
+        set_rope_precision(model, "fp32")
     return model.eval()
 
 
