@@ -35,13 +35,11 @@ class EngineChoice:
     def served(self, path: Path) -> Serving:
         """How the engine will serve the checkpoint at `path`: its dtype and RoPE regime, known before
         it is built (what results are keyed under: the recorded regime is the used one)."""
-        from evalkit.engines.args import engine_setting_types
+        from evalkit.engines import ENGINE_NAMES
         from evalkit.models.precision import served_regime
 
-        # An engine without the setting serves stock (its own dtype default).
-        serving = self.settings.get("serving") or (
-            "trained" if "serving" in engine_setting_types(self.name) else "stock"
-        )
+        # evalkit's engines take `serving` (default trained); one registered beside them serves stock
+        serving = self.settings.get("serving") or ("trained" if self.name in ENGINE_NAMES else "stock")
         return served_regime(path, serving, self.settings.get("dtype"), self.settings.get("device") or "auto")
 
 
