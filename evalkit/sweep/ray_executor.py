@@ -53,7 +53,7 @@ class RayExecutor:
                 ray.shutdown()
 
     def _connect(self, ray) -> bool:
-        """Join the cluster (or start a local one with no address); True when this call did."""
+        """True when this call joined (or started) the cluster."""
         if ray.is_initialized():
             return False
         if self.address:
@@ -140,8 +140,8 @@ class Group:
 
 
 def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
-    """Each checkpoint's units not yet stored, in as many groups as keep every worker busy (one
-    per checkpoint when there are as many checkpoints as workers), balanced by estimated tokens."""
+    """Each checkpoint's units not yet stored, in as many groups as keep every worker busy,
+    balanced by estimated tokens."""
     todo = []
     for ref, checkpoint in work.checkpoints:
         units = [u for u in checkpoint.units if benchmark.stored(u, UnitStore(out, ref, benchmark.name, u)) is None]
@@ -208,8 +208,7 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, attempt: in
 
 
 class Inbox:
-    """A Ray actor the workers hand what they do to: their writes (kept until the driver takes
-    them) and their progress, which the driver reads for its one progress view."""
+    """A Ray actor the workers hand their writes (until the driver takes them) and progress to."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[str, int, str, str, str]] = []
@@ -239,8 +238,7 @@ class Inbox:
 
 
 class Status:
-    """The driver's progress: a line every STATUS_EVERY_S (groups done, samples/s per worker),
-    one per finished group, one per retry."""
+    """The driver's progress lines (docs/scaling-out.md)."""
 
     def __init__(self, log, groups: int) -> None:
         self.log, self.groups = log, groups
@@ -398,7 +396,6 @@ def _alive_nodes(ray) -> list[dict[str, float]]:
 
 
 def _gib(size: float) -> str:
-    """A memory size as people read it: GiB, or MiB below one GiB."""
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
