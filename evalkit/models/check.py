@@ -1,19 +1,9 @@
-"""Checks that a checkpoint loads as it was written, or fails with one line saying why.
-
-transformers loads weights that do not match config.json (a layer missing, a stray tensor, a
-wrong shape) by initialising what is missing at random, with a warning in a log nobody reads:
-evalkit would score noise. Other faults surface as tracebacks from deep inside transformers or
-safetensors. So every evalkit loader (the hf engine, the probe, `train --model`) checks twice:
-
-- `check_checkpoint`, before its first read (a tokenizer or AutoConfig reads config.json too):
-  config.json is valid JSON, no custom code is needed unless trust_remote_code is on, the
-  weights are safetensors (never pickle) and each file is whole (header readable, data all there);
-- `load_pretrained`, after loading: transformers' own loading report has no missing, unexpected
-  or mis-shaped weight. Its report, not safetensors headers against the state dict: transformers
-  renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which are tied,
-  so an independent comparison would refuse valid checkpoints.
-
-A checkpoint named by its hub name resolves here too (checkpoint_source; docs/models.md).
+"""Checks that a checkpoint loads as it was written, or fails with one line saying why
+(docs/reliability.md): `check_checkpoint` before a loader's first read, `load_pretrained` after
+loading, by transformers' own loading report, not safetensors headers against the state dict:
+transformers renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which
+are tied, so an independent comparison would refuse valid checkpoints. A checkpoint named by its
+hub name resolves here too (checkpoint_source; docs/models.md).
 """
 
 from __future__ import annotations
@@ -102,9 +92,7 @@ def check_config_files(path: Path, *, trust_remote_code: bool = False) -> dict[s
 
 
 def checkpoint_directory(path: str | Path, who: str) -> Path:
-    """The resolved directory of a transformers checkpoint (a folder with config.json) named by its
-    path or hub name, or a UserError naming what is missing; `who` (the hf engine, the probe, ...)
-    says which loader asks."""
+    """The resolved checkpoint directory a path or hub name names; `who`: the loader that asks."""
     resolved = checkpoint_source(str(path))[0].resolve()
     if not resolved.is_dir():
         raise UserError(
@@ -225,8 +213,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def check_json_files(path: Path) -> None:
-    """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it
-    (transformers' own errors for these rarely say which file it was reading)."""
+    """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it."""
     for name in CHECKPOINT_JSON:
         if (Path(path) / name).is_file():
             _read_json(Path(path) / name)
@@ -256,7 +243,6 @@ def load_config(path: str | Path, *, trust_remote_code: bool = False):
 
 
 def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
-    """AutoTokenizer of a local checkpoint; any error in reading it becomes one line naming the file."""
     from transformers import AutoTokenizer
 
     if (Path(path) / "config.json").is_file():  # AutoTokenizer reads it too, and would fail on it
@@ -310,7 +296,6 @@ def _check_custom_code(path: Path, config: dict[str, Any], trust_remote_code: bo
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint (one file, or the shards its index names)."""
     if (path / SAFETENSORS).is_file():
         return [path / SAFETENSORS]
     if (path / SAFETENSORS_INDEX).is_file():
