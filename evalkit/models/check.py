@@ -73,7 +73,7 @@ class HubModel:
 
 
 def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """Refuse, before loading, what would load wrongly or fail with a traceback; returns config.json."""
+    """Refuse what would load wrongly or fail with a traceback; returns config.json."""
     path = Path(path)
     config = check_config_files(path, trust_remote_code=trust_remote_code)
     for file in weight_files(path):
@@ -82,8 +82,7 @@ def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> di
 
 
 def check_config_files(path: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """config.json, and every JSON file a tokenizer reads, read as transformers will; one line
-    naming the file on any fault. Returns config.json."""
+    """config.json, and every JSON file a tokenizer reads, read as transformers will."""
     config = read_config(path)
     _check_custom_code(path, config, trust_remote_code)
     check_json_files(path)
@@ -229,8 +228,7 @@ def _read_json(file: Path) -> Any:
 
 
 def load_config(path: str | Path, *, trust_remote_code: bool = False):
-    """transformers' config of a local checkpoint; whatever its validation raises (a field of the
-    wrong type, an unknown model_type) becomes one line naming config.json."""
+    """transformers' config of a local checkpoint; whatever its validation raises is one line."""
     from transformers import AutoConfig
 
     file = Path(path) / "config.json"
@@ -365,9 +363,8 @@ def _non_finite_weights(file: str, _size: int, _mtime_ns: int) -> list[tuple[str
 
 
 def check_loading_info(path: str | Path, info: dict[str, Any], *, allowed_unexpected: Iterable[str] = ()) -> None:
-    """Refuse a loaded model whose weights did not all come from the checkpoint. `info` is
-    from_pretrained's output_loading_info (tied weights are not among its missing keys);
-    `allowed_unexpected`: name prefixes the caller leaves out on purpose (the probe loads no LM head)."""
+    """Refuse a loaded model whose weights did not all come from the checkpoint (`info`: from_pretrained's
+    output_loading_info). `allowed_unexpected`: name prefixes left out on purpose (the probe loads no LM head)."""
     allowed = tuple(allowed_unexpected)
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(key for key in info.get("unexpected_keys") or () if not key.startswith(allowed))

@@ -37,7 +37,7 @@ class RayExecutor:
 
     def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
-        back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status)."""
+        back; fills each checkpoint's outcomes."""
         import ray  # evalkit.cli.options.make_executor checked that it is installed
 
         started_here = self._connect(ray)
@@ -158,7 +158,7 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
 
 
 class Handover(Writer):
-    """A worker's writer: each write, named relative to --out, is sent to the driver to write (write_handed_over)."""
+    """A worker's writer: each write, named relative to --out, is sent to the driver to write."""
 
     def __init__(self, out: Path, send: Callable[[str, str, str], Any]) -> None:
         self.out, self.send = out, send
@@ -352,7 +352,7 @@ def _size(text: str) -> float | None:
 
 
 def weight_bytes(paths: list[Path]) -> int:
-    """The largest checkpoint's weight files on disk (safetensors, else .bin or .gguf), in bytes."""
+    """The largest checkpoint's weight files on disk, in bytes."""
     sizes = [0]
     for path in paths:
         found = (sum(f.stat().st_size for f in Path(path).glob(pattern) if f.is_file()) for pattern in WEIGHT_FILES)
@@ -380,8 +380,7 @@ def task_resources(ray, benchmark, checkpoints: list[Path], given: dict[str, flo
 
 
 def concurrent_copies(nodes: list[dict[str, float]], asked: dict[str, float]) -> int:
-    """How many tasks asking `asked` the nodes run at once (each node: the least its CPUs, GPUs and
-    memory allow), so how many model copies are loaded at once; at least 1."""
+    """How many tasks asking `asked` the nodes run at once, so how many model copies are loaded at once."""
     names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
     asked = {"num_cpus": 1.0, **asked}  # Ray's default for a task that names no CPUs
     total = 0

@@ -36,9 +36,8 @@ class DocumentSource(Protocol):
 
 
 class BuiltinSource:
-    """Built-in documents (no download): `num_retrieval_docs` synthetic retrieval ones, as many copy
-    ones as keep the shares `retrieval_fraction` and `copy_fraction` of the documents
-    (`num_retrieval_docs` without retrieval), and prose, repeated as needed, for the rest."""
+    """Built-in documents (no download): synthetic retrieval and copy ones in the config's shares,
+    prose, repeated as needed, for the rest."""
 
     def __init__(self, config: DataConfig, seed: int, seq_len: int):
         prose = prose_documents()
@@ -158,8 +157,6 @@ class JsonlSource:
 
 
 class HFDatasetSource:
-    """A saved `datasets` directory, or a hub dataset the user has cached or can download."""
-
     def __init__(self, source: str, split: str, text_field: str, domain_field: str):
         import datasets
 
@@ -231,7 +228,6 @@ def data_fingerprint(source: DocumentSource, window_start: str) -> str:
 
 
 def domain_tag_ids(tokenizer, domains: list[str]) -> dict[str, int]:
-    """One token id per domain: the built-in tokenizer's reserved tags, else the domain's single token."""
     from evalkit.corpus.tokenizer import BUILTIN_DOMAIN_TAGS
 
     vocab = tokenizer.get_vocab()
@@ -263,8 +259,6 @@ class StreamState:
 
 
 class WindowStream:
-    """Windows of exactly seq_len tokens, packed per paradigm, in a deterministic, resumable order."""
-
     def __init__(
         self,
         source: DocumentSource,
