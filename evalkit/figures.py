@@ -21,7 +21,6 @@ def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
 
 
 def write_figure(figure: Any, stem: Path) -> list[Path]:
-    """A matplotlib figure as stem.png (150 dpi) and stem.svg, each written atomically."""
     png, svg = io.BytesIO(), io.StringIO()
     figure.tight_layout()
     figure.savefig(png, format="png", dpi=150)

@@ -5,6 +5,7 @@ replacing only evalkit's own outputs, and the cache directory."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -108,8 +109,7 @@ def check_replaceable(destination: Path, is_ours: Callable[[Path], bool], what: 
 
 
 def check_output_dir(directory: Path, option: str = "--out") -> None:
-    """Refuse, before any work, an output directory evalkit could not write: a file, a path under
-    a file, or a place without write permission. Creates nothing, so a refusal leaves no trace."""
+    """Refuse, before any work, an output directory evalkit could not write; creates nothing."""
     directory = Path(directory)
     if _kind(directory, directory, option) == "file":
         raise UserError(f"{option} {directory} is a file, not a directory: choose another {option}")
@@ -117,8 +117,7 @@ def check_output_dir(directory: Path, option: str = "--out") -> None:
 
 
 def check_output_file(file: Path, option: str = "--out") -> None:
-    """The same for one output file: it may exist (it is replaced), but not as a directory, and its
-    directory must be writable (atomic writes put a temporary file beside it)."""
+    """The same for one output file: it may exist (it is replaced), but not as a directory."""
     file = Path(file)
     if _kind(file, file, option) == "dir":
         raise UserError(f"{option} {file} is a directory; give the path of the file to write (in it, or elsewhere)")
@@ -217,16 +216,10 @@ OTHER_HOST_QUIET_S = 15 * 60
 
 @contextmanager
 def output_lock(directory: Path, *, leave_no_trace: bool = False) -> Iterator[Path]:
-    """Hold `directory` as this process's results directory until the block ends; yields the lock file.
-
-    A second evalkit process writing the same results would duplicate log lines and overwrite
-    summaries: it is refused with one line instead of waiting. The lock is an flock on a file in
-    the directory, which the kernel releases however the holder exits (kill -9 included), so a
-    stale file never blocks this host; while held it records the holder (host, pid, start) for
-    runs on other hosts (_refuse_other_host). The file stays: unlinking it could let a third
-    process lock a new file while a second holds the old one. `leave_no_trace`: a directory this
-    call created that holds only the lock when the block fails is removed (a refused run leaves none).
-    """
+    """Hold `directory` as this process's results directory until the block ends (docs/reliability.md,
+    "One writer"); yields the lock file. The file stays: unlinking it could let a third process lock a
+    new file while a second holds the old one. `leave_no_trace`: a directory this call created that
+    holds only the lock when the block fails is removed (a refused run leaves none)."""
     directory = Path(directory)
     created = not directory.exists()
     handle = _open_lock_file(directory)
@@ -272,11 +265,7 @@ def _take(handle: TextIO, directory: Path) -> None:
 
 
 def _refuse_other_host(handle: TextIO, directory: Path) -> None:
-    """The flock is ours, yet a run on another host may hold the directory (flock does not reach
-    across hosts on every shared file system): its record left in place, and the directory written
-    recently, means it may be writing there; a record whose directory has been quiet for
-    OTHER_HOST_QUIET_S is a run killed there, and is taken over. Two runs of two hosts started in the
-    same instant are not told apart: that is unsupported (docs/scaling-out.md)."""
+    """The flock is ours, yet a run on another host may hold the directory (docs/scaling-out.md)."""
     holder = _record(handle)
     if holder is None or holder.get("host") == socket.gethostname():
         return  # on this host the flock decides: a holder alive would have kept it
@@ -291,7 +280,6 @@ def _refuse_other_host(handle: TextIO, directory: Path) -> None:
 
 
 def _record(handle: TextIO) -> dict | None:
-    """The holder's record in the lock file; None when empty (no holder) or unreadable."""
     handle.seek(0)
     try:
         record = json.loads(handle.read() or "null")
@@ -301,7 +289,6 @@ def _record(handle: TextIO) -> dict | None:
 
 
 def _write_record(handle: TextIO) -> dict:
-    """This process as the holder: for the message a second process prints, and for other hosts."""
     record = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -351,19 +338,16 @@ FILE_ERROR_ADVICE = {
 
 
 def file_error(err: BaseException) -> str | None:
-    """One line for a file the system refused anywhere in a command (a symbolic link loop in a hub
-    snapshot, an unreadable file, a directory given for a file): an OSError naming its file,
-    with what to do. None for any other error, which stays a traceback (a bug to report)."""
+    """One line for an OSError naming a file the system refused, with what to do; None for any other
+    error, which stays a traceback (a bug to report)."""
     if not isinstance(err, OSError) or err.filename is None or err.errno not in FILE_ERROR_ADVICE:
         return None
     return f"{err.filename}: {FILE_ERROR_ADVICE[err.errno]} ({err.strerror})"
 
 
 def refuse_foreign(paths: Iterable[Path], option: str = "--out", heading: str = "") -> None:
-    """Before any work: every path among `paths` that exists must be a file (or checkpoint) that
-    evalkit wrote, recognised by its content, since the command is about to replace, rewrite or
-    delete it; a file of the user's there is refused with one line and left as it is. `heading`:
-    the first line (a pattern, re.fullmatch) of the caller's markdown among `paths`."""
+    """Before any work: every path among `paths` that exists must be evalkit's (written_by_evalkit).
+    `heading`: the first line (a pattern, re.fullmatch) of the caller's markdown among `paths`."""
     for path in paths:
         if path.exists() and not written_by_evalkit(path, heading):
             raise UserError(
@@ -373,11 +357,8 @@ def refuse_foreign(paths: Iterable[Path], option: str = "--out", heading: str = 
 
 
 def written_by_evalkit(path: Path, heading: str = "") -> bool:
-    """Whether `path` looks as evalkit writes it: a JSON record with provenance or schema_version, a
-    markdown report whose first line matches `heading`, a matplotlib figure, or a checkpoint
-    directory with its meta.json (an empty directory holds nothing to lose). A JSONL log is not
-    judged by its lines (other trainers log {"step", "loss"} too): training's log by its run's
-    marker (train.checkpoint)."""
+    """Whether `path` looks as evalkit writes it. A JSONL log is not judged by its lines (other
+    trainers log {"step", "loss"} too): training's log by its run's marker (train.checkpoint)."""
     try:
         if path.is_dir():
             return (path / "meta.json").is_file() or not any(path.iterdir())
@@ -413,6 +394,14 @@ def read_text(path: Path, what: str = "") -> str:
         raise UserError(
             f"{named} line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save it as UTF-8"
         ) from None
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()  # by hand: hashlib.file_digest is Python 3.11+, evalkit supports 3.10
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json_object(path: Path) -> dict:

@@ -23,8 +23,7 @@ for _module in COMMAND_MODULES:
 
 
 def main(application: Callable[[], object] = app) -> None:
-    """Entry point (of `evalkit`, and of `python -m perf` with its own app): user errors become
-    one line on stderr and exit status 2."""
+    """Entry point (of `evalkit`, and of `python -m perf` with its own app): user errors are one line."""
     import signal
 
     # SIGTERM (a scheduler's stop, `kill`) unwinds like an exception: engines close, so vLLM's

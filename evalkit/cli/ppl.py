@@ -7,12 +7,13 @@ from pathlib import Path
 import typer
 
 from evalkit.cli import options
-from evalkit.cli.app import app
+from evalkit.cli.app import app, settings_from
 from evalkit.lengths import parse_lengths
 
 
 @app.command("ppl")
 def ppl_command(
+    ctx: typer.Context,
     paths: list[str] = options.PATHS,
     ckpts: list[str] = options.CKPTS,
     avg: bool = options.avg_option(),
@@ -48,18 +49,11 @@ def ppl_command(
     from evalkit.engines.args import OWN_FLAGS, parse_engine_args
     from evalkit.ppl import PplBenchmark, PplSettings, checkpoint_table, draw
 
-    settings = PplSettings(
+    settings = settings_from(
+        PplSettings,
+        ctx,
         lengths=parse_lengths(lengths),
-        data=data,
-        docs=docs,
-        key_tokens=key_tokens,
-        engine=engine,
-        dtype=dtype,
-        batch_size=batch_size,
-        max_length=max_length,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
-        encoding=encoding,
-        doc_tokens=doc_tokens,
     )
     benchmark = PplBenchmark(settings)
     run = options.run_command(

@@ -7,13 +7,14 @@ from pathlib import Path
 import typer
 
 from evalkit.cli import options
-from evalkit.cli.app import app
+from evalkit.cli.app import app, settings_from
 from evalkit.errors import UserError
 from evalkit.lengths import LengthBeyondLimit, parse_lengths
 
 
 @app.command("ruler")
 def ruler_command(
+    ctx: typer.Context,
     paths: list[str] = options.PATHS,
     ckpts: list[str] = options.CKPTS,
     avg: bool = options.avg_option("mean ± std of the per-length task average"),
@@ -65,21 +66,12 @@ def ruler_command(
         parsed_lengths = parse_lengths(lengths)
     except LengthBeyondLimit as err:  # the model is known: say its window, not evalkit's limit
         raise _beyond_window(err, [*(ckpts or []), *(paths or [])], max_length) from None
-    settings = RulerSettings(
+    settings = settings_from(
+        RulerSettings,
+        ctx,
         tasks=parse_ruler_tasks(tasks),
         lengths=parsed_lengths,
         num_samples=samples,
-        seed=seed,
-        essays=essays,
-        qa_dir=qa_dir,
-        engine=engine,
-        dtype=dtype,
-        batch_size=batch_size,
-        max_length=max_length,
-        sizing=sizing,
-        prompt_format=prompt_format,
-        encoding=encoding,
-        doc_tokens=doc_tokens,
         engine_args=parse_engine_args(engine, engine_arg, {**OWN_FLAGS, "packed": "--encoding"}),
     )
     benchmark = RulerBenchmark(settings)

@@ -1,19 +1,8 @@
-"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine.
-
-lm-eval builds the prompts, few-shot contexts and metrics; the adapter answers its three request
-types with the engine that scores a checkpoint everywhere else in evalkit (same dtype, attention,
-tokenization, BOS handling):
-
-    loglikelihood          Instance.args = (context, continuation) -> (sum log p, is_greedy)
-    loglikelihood_rolling  Instance.args = (text,)                  -> total log p (windowed, never cut)
-    generate_until         Instance.args = (context, gen_kwargs)    -> greedy text up to a stop string
-
-Where lm-eval's own HF model would silently drop the start of a context over the window, the
-adapter checks every request of a call before computing anything and raises RequestsExceedWindow
-(how many, how long): the task is skipped with that count, unless the user asked for LongBench's
-remedy (`--too-long middle`: a generation prompt over the window keeps the first and last halves
-of what fits, as LongBench's pred.py truncates; each cut document is counted). Sampling is
-refused: the engines are greedy. Import this module lazily: EngineLM derives from lm_eval's LM.
+"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine: its three
+request types answered by the engine that scores a checkpoint everywhere else in evalkit. Where
+lm-eval's own HF model would silently drop the start of a context over the window, every request
+of a call is checked before anything is computed (RequestsExceedWindow; `--too-long middle`:
+LongBench's truncation, docs/general.md). Import lazily: EngineLM derives from lm_eval's LM.
 """
 
 from __future__ import annotations
@@ -34,8 +23,6 @@ RequestProgress = Callable[[str, int, int], None]  # (request type, requests don
 
 
 class EngineLM(LM):
-    """An evalkit Engine as an lm-eval LM (single process, greedy, no truncation)."""
-
     def __init__(self, engine: Engine, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
@@ -57,8 +44,6 @@ class EngineLM(LM):
     def get_model_info(self) -> dict[str, Any]:
         """Merged into the `config` of lm-eval's result JSON: what scored the task."""
         return {"evalkit_engine": self.engine.engine_info()}
-
-    # ------------------------------------------------------------------ the three request types
 
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
         # Split once, with the same rule every evalkit engine uses (tokens.encode_pair), so the

@@ -1,13 +1,6 @@
 """lm-eval's result JSON as evalkit's long-form rows (ResultRow), and its per-sample log in compact form.
-
-lm-eval keys a metric as "<metric>,<filter>" and its error as "<metric>_stderr,<filter>"; a row
-gives each dimension its own field instead (stored as evalkit.store.result_format.row_record writes it):
-
-    {"run", "step", "requested", "task", "metric", "filter", "value", "stderr", "n", "num_fewshot"}
-
 `requested` is the name the user asked for (mmlu), `task` the lm-eval task or group the number
-belongs to (mmlu, mmlu_stem, mmlu_anatomy, ...): a group's row is lm-eval's own aggregate of its
-members (for mmlu, the mean over all questions: its groups set weight_by_size), never recomputed here.
+belongs to (mmlu_anatomy, ...): a group's row is lm-eval's own aggregate of its members, never recomputed here.
 """
 
 from __future__ import annotations
@@ -22,7 +15,6 @@ STDERR_MARK = "_stderr"
 
 
 def result_rows(results: dict[str, Any], requested: str, run: str, step: int) -> list[ResultRow]:
-    """One row per (task or group, metric, filter) of an lm-eval result, groups and members alike."""
     rows = []
     for task, entry in results["results"].items():
         for key, value in entry.items():

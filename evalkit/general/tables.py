@@ -1,8 +1,5 @@
-"""Averages over a run's checkpoints and markdown tables, from long-form general-task rows.
-
-The paper's advice for RULER holds for any score that swings between nearby checkpoints: report
-a run as the mean (and spread) over its last checkpoints. Tables show what the user asked for
-(mmlu, not its 57 subjects); the rows and averages on disk keep every member.
+"""Averages over a run's checkpoints and markdown tables, from long-form general-task rows. Tables
+show what the user asked for (mmlu, not its 57 subjects); the rows and averages on disk keep every member.
 """
 
 from __future__ import annotations
@@ -47,7 +44,6 @@ def headline(rows: list, get: Callable[[Any, str], Any] = getattr) -> list:
 
 
 def general_checkpoint_table(rows: list[ResultRow]) -> str:
-    """One line per checkpoint, task and metric: value ± stderr, documents scored, shots."""
     return markdown_table(
         ["run", "step", "task", "metric", "value", "stderr", "n", "shots"],
         [
@@ -67,7 +63,6 @@ def general_checkpoint_table(rows: list[ResultRow]) -> str:
 
 
 def general_average_table(averages: list[dict[str, Any]]) -> str:
-    """One line per run, task and metric: mean ± std over the checkpoints listed."""
     return markdown_table(
         ["run", "checkpoints", "task", "metric", "mean ± std", "shots"],
         [

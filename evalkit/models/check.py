@@ -1,19 +1,9 @@
-"""Checks that a checkpoint loads as it was written, or fails with one line saying why.
-
-transformers loads weights that do not match config.json (a layer missing, a stray tensor, a
-wrong shape) by initialising what is missing at random, with a warning in a log nobody reads:
-evalkit would score noise. Other faults surface as tracebacks from deep inside transformers or
-safetensors. So every evalkit loader (the hf engine, the probe, `train --model`) checks twice:
-
-- `check_checkpoint`, before its first read (a tokenizer or AutoConfig reads config.json too):
-  config.json is valid JSON, no custom code is needed unless trust_remote_code is on, the
-  weights are safetensors (never pickle) and each file is whole (header readable, data all there);
-- `load_pretrained`, after loading: transformers' own loading report has no missing, unexpected
-  or mis-shaped weight. Its report, not safetensors headers against the state dict: transformers
-  renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which are tied,
-  so an independent comparison would refuse valid checkpoints.
-
-A checkpoint named by its hub name resolves here too (checkpoint_source; docs/models.md).
+"""Checks that a checkpoint loads as it was written, or fails with one line saying why
+(docs/reliability.md): `check_checkpoint` before a loader's first read, `load_pretrained` after
+loading, by transformers' own loading report, not safetensors headers against the state dict:
+transformers renames and fuses weights on load (MoE experts, multimodal wrappers) and knows which
+are tied, so an independent comparison would refuse valid checkpoints. A checkpoint named by its
+hub name resolves here too (checkpoint_source; docs/models.md).
 """
 
 from __future__ import annotations
@@ -83,7 +73,7 @@ class HubModel:
 
 
 def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """Refuse, before loading, what would load wrongly or fail with a traceback; returns config.json."""
+    """Refuse what would load wrongly or fail with a traceback; returns config.json."""
     path = Path(path)
     config = check_config_files(path, trust_remote_code=trust_remote_code)
     for file in weight_files(path):
@@ -92,8 +82,7 @@ def check_checkpoint(path: str | Path, *, trust_remote_code: bool = False) -> di
 
 
 def check_config_files(path: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """config.json, and every JSON file a tokenizer reads, read as transformers will; one line
-    naming the file on any fault. Returns config.json."""
+    """config.json, and every JSON file a tokenizer reads, read as transformers will."""
     config = read_config(path)
     _check_custom_code(path, config, trust_remote_code)
     check_json_files(path)
@@ -102,9 +91,7 @@ def check_config_files(path: Path, *, trust_remote_code: bool = False) -> dict[s
 
 
 def checkpoint_directory(path: str | Path, who: str) -> Path:
-    """The resolved directory of a transformers checkpoint (a folder with config.json) named by its
-    path or hub name, or a UserError naming what is missing; `who` (the hf engine, the probe, ...)
-    says which loader asks."""
+    """The resolved checkpoint directory a path or hub name names; `who`: the loader that asks."""
     resolved = checkpoint_source(str(path))[0].resolve()
     if not resolved.is_dir():
         raise UserError(
@@ -225,8 +212,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def check_json_files(path: Path) -> None:
-    """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it
-    (transformers' own errors for these rarely say which file it was reading)."""
+    """Each JSON file a tokenizer or generation config is read from parses, or a UserError names it."""
     for name in CHECKPOINT_JSON:
         if (Path(path) / name).is_file():
             _read_json(Path(path) / name)
@@ -242,8 +228,7 @@ def _read_json(file: Path) -> Any:
 
 
 def load_config(path: str | Path, *, trust_remote_code: bool = False):
-    """transformers' config of a local checkpoint; whatever its validation raises (a field of the
-    wrong type, an unknown model_type) becomes one line naming config.json."""
+    """transformers' config of a local checkpoint; whatever its validation raises is one line."""
     from transformers import AutoConfig
 
     file = Path(path) / "config.json"
@@ -256,7 +241,6 @@ def load_config(path: str | Path, *, trust_remote_code: bool = False):
 
 
 def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
-    """AutoTokenizer of a local checkpoint; any error in reading it becomes one line naming the file."""
     from transformers import AutoTokenizer
 
     if (Path(path) / "config.json").is_file():  # AutoTokenizer reads it too, and would fail on it
@@ -310,7 +294,6 @@ def _check_custom_code(path: Path, config: dict[str, Any], trust_remote_code: bo
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint (one file, or the shards its index names)."""
     if (path / SAFETENSORS).is_file():
         return [path / SAFETENSORS]
     if (path / SAFETENSORS_INDEX).is_file():
@@ -380,9 +363,8 @@ def _non_finite_weights(file: str, _size: int, _mtime_ns: int) -> list[tuple[str
 
 
 def check_loading_info(path: str | Path, info: dict[str, Any], *, allowed_unexpected: Iterable[str] = ()) -> None:
-    """Refuse a loaded model whose weights did not all come from the checkpoint. `info` is
-    from_pretrained's output_loading_info (tied weights are not among its missing keys);
-    `allowed_unexpected`: name prefixes the caller leaves out on purpose (the probe loads no LM head)."""
+    """Refuse a loaded model whose weights did not all come from the checkpoint (`info`: from_pretrained's
+    output_loading_info). `allowed_unexpected`: name prefixes left out on purpose (the probe loads no LM head)."""
     allowed = tuple(allowed_unexpected)
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(key for key in info.get("unexpected_keys") or () if not key.startswith(allowed))

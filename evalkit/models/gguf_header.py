@@ -59,8 +59,7 @@ class _Cursor:
 
 
 def read_gguf_header(path: Path) -> tuple[int, str | None]:
-    """(GGUF version, the quantization its header declares, e.g. MOSTLY_Q4_1) of `path`, or a
-    UserError saying why it is not a GGUF file or what it declares that does not fit the file."""
+    """(GGUF version, the quantization its header declares, e.g. MOSTLY_Q4_1) of `path`."""
     if not path.is_file():
         raise UserError(f"{path} does not exist or is not a file; give the path of a .gguf model file")
     with open(path, "rb") as handle:

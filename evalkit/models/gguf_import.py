@@ -8,14 +8,13 @@ assembled beside the destination and renamed into place (a failure leaves nothin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from evalkit.errors import UserError
-from evalkit.files import atomic_write_json, check_replaceable, move_into_place, new_directory_beside
+from evalkit.files import atomic_write_json, check_replaceable, file_sha256, move_into_place, new_directory_beside
 from evalkit.models.check import one_line
 from evalkit.models.gguf_header import read_gguf_header
 from evalkit.models.precision import check_dtype, torch_dtype
@@ -24,16 +23,7 @@ from evalkit.models.refs import META, checkpoint_meta
 IMPORT_KIND = "gguf-import"  # meta.json's "source.kind": marks a directory this command wrote
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()  # by hand: hashlib.file_digest is Python 3.11+, evalkit supports 3.10
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _load_dequantized(path: Path):
-    """(model, tokenizer) from the GGUF file, weights dequantized to float32 on the CPU."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -87,7 +77,6 @@ def _is_import(destination: Path) -> bool:
 
 
 def import_gguf(source: Path, destination: Path, dtype: str = "bf16", overwrite: bool = False) -> Path:
-    """Write `destination` as a plain HF checkpoint of the GGUF model at `source`; returns it."""
     from evalkit import __version__
 
     check_dtype(dtype, ("bf16", "fp32"))

@@ -75,10 +75,7 @@ def _expand(pattern: str) -> list[Path]:
 
 
 def resolve_checkpoints(paths: list[str], last: int | None = None) -> list[CheckpointRef]:
-    """Checkpoints named by `paths`, sorted by run then step; `last` keeps each run's newest N.
-
-    A UserError when a path holds no checkpoint, or two different runs share a name.
-    """
+    """Checkpoints named by `paths`, sorted by run then step; `last` keeps each run's newest N."""
     if not paths:
         raise UserError(
             "no checkpoint given: pass --ckpts PATH (a checkpoint, a run directory of step-* checkpoints "
@@ -167,11 +164,10 @@ WEIGHTS_SAMPLE_BYTES = 1 << 16
 
 
 def weights_fingerprint(path: Path) -> str | None:
-    """What identifies a checkpoint's weights, whatever its directory or run name: a sha256 over each
-    *.safetensors file's name, size, header (tensor names, dtypes, shapes) and 16 blocks of 64 KiB
-    spread over its data. Two trainings differ in every tensor, so in every block; a copy is the same.
-    Cheap (1 MiB read per file, not the whole file) and read once per process. None without weights
-    in safetensors (nothing to identify them by)."""
+    """What identifies a checkpoint's weights, whatever its directory or run name (docs/reliability.md):
+    a sha256 over each *.safetensors file's name, size, header and WEIGHTS_SAMPLES blocks spread over
+    its data. Two trainings differ in every tensor, so in every block; a copy is the same. None
+    without weights in safetensors."""
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         return None

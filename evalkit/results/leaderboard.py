@@ -1,8 +1,4 @@
-"""`evalkit leaderboard`: markdown tables and plots from stored summaries, never re-running;
-`--format csv|json`: every stored number as a ResultRow. Every table reads the same rows, each
-checkpoint from one summary only (evalkit.results.summaries refuses it in two); runs evaluated with
-other settings are marked, not silently compared.
-"""
+"""`evalkit leaderboard`: tables and plots from stored summaries (docs/leaderboards.md)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,6 @@ ColumnValues = dict[tuple[str, str], tuple[float, float | None]]  # (run, column
 
 @dataclass
 class RunInfo:
-    """What a row of the leaderboard stands for, read from the stored summaries."""
-
     run: str
     steps: list[int] = field(default_factory=list)
     described: tuple[str, str, str] = ("?", "?", "?")  # CHECKPOINT_COLUMNS
@@ -89,8 +83,7 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
 
 
 def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], RunAverage]:
-    """(run, length) -> mean ± std over checkpoints of the per-checkpoint task average: --avg's, but
-    without its demand that every checkpoint scored the same tasks (the leaderboard shows what is stored)."""
+    """--avg's (run, length) cells, without its demand that every checkpoint scored the same tasks."""
     return {(average.run, average.length): average for average in length_averages(rows, same_tasks=False)}
 
 
@@ -103,8 +96,8 @@ def _best(values: dict[str, float]) -> set[str]:
 
 
 def ahead_by_compare(means: dict[tuple[str, int], float], series: dict | None) -> dict[int, set[str]]:
-    """Per length, the run (or series of seeds) to bold (docs/leaderboards.md): the strict leader by
-    `means` ((run, length) -> the table's value) that compare's test finds ahead of every other."""
+    """Per length, the run (or series of seeds) to bold: the strict leader by `means` that compare's
+    test finds ahead of every other (docs/leaderboards.md)."""
     from evalkit.results.compare import compare, significant
 
     runs_at: dict[int, set[str]] = defaultdict(set)
@@ -157,8 +150,7 @@ SEED_RUN = re.compile(r"(?P<series>.+)-seed\d+")  # docs/comparing.md's loop nam
 
 
 def seed_series(infos: dict[str, RunInfo]) -> dict[str, list[str]]:
-    """Runs named NAME-seedN grouped as the seeds of NAME, where two or more are and all were trained
-    on the same (paradigm, model, data)."""
+    """Runs NAME-seedN as the seeds of NAME, where two or more are, all trained alike."""
     groups: dict[str, list[str]] = defaultdict(list)
     for run in sorted(infos):
         found = SEED_RUN.fullmatch(run)
@@ -168,8 +160,6 @@ def seed_series(infos: dict[str, RunInfo]) -> dict[str, list[str]]:
 
 
 def seeds_table(rows: list[ResultRow], groups: dict[str, list[str]], logged: dict | None, threshold: float) -> str:
-    """Per series of seeds and length: mean ± std over its runs of each run's value (a length not
-    evaluated by every run: "–"), bold by ahead_by_compare, and its effective length."""
     from evalkit.results.compare import Bootstrap, effective_length
     from evalkit.results.compare_report import interval, length_or_below
     from evalkit.results.samples import Series
@@ -201,8 +191,7 @@ def seeds_table(rows: list[ResultRow], groups: dict[str, list[str]], logged: dic
 
 
 def _behind(cells: dict[int, RunAverage], samples) -> str:
-    """Checkpoints, tasks and samples behind a run's values (`cells`: by length); the lengths named
-    when counts differ."""
+    """Checkpoints, tasks and samples behind a run's values; the lengths named when counts differ."""
     by_count: dict[tuple[int, int], list[int]] = defaultdict(list)
     for n, cell in cells.items():
         by_count[(len(cell.checkpoints), len(cell.tasks))].append(n)
@@ -224,8 +213,6 @@ def _differing_settings(infos: dict[str, RunInfo]) -> set[str]:
 
 
 def per_task_table(rows: list[ResultRow]) -> str:
-    """(run, task) rows, one column per length: the mean over the run's checkpoints (one checkpoint:
-    ± its samples' standard error), from ruler_table's rows: a length's task mean is its value."""
     cells: dict[tuple[str, str, int], list[ResultRow]] = defaultdict(list)
     for row in rows:
         if row.length is not None:  # every RULER row has one
@@ -280,9 +267,8 @@ def eval_data_label(summary: dict) -> str:
 
 
 def shown_rows(summary: dict) -> list[Shown]:
-    """A non-RULER summary's rows as the board tables them, each with what it was measured on beyond
-    its column (ppl's data, lm-eval's shots and --limit); of lm-eval's, the tasks asked for (mmlu,
-    not its 57 subjects)."""
+    """A non-RULER summary's rows, each with what it was measured on beyond its column; of lm-eval's,
+    the tasks asked for (mmlu, not its 57 subjects)."""
     rows = summary_rows(summary)
     if summary.get("benchmark") == "general":
         rows = [row for row in rows if (row.requested or row.task) == row.task]
@@ -331,8 +317,6 @@ def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
 
 
 def benchmark_table(shown: list[Shown]) -> str:
-    """Any benchmark's rows (shown_rows): one line per run, one column per task/metric (and length),
-    each benchmark_cells' value; checkpoints without a number named in the cell."""
     rows = [row for row, _ in shown]
     described = {row.series(): tuple(getattr(row, name) for name in CHECKPOINT_COLUMNS) for row in rows}
     values = benchmark_cells(shown)
@@ -361,7 +345,6 @@ def benchmark_table(shown: list[Shown]) -> str:
 
 
 def _cell(found: tuple[float, float | None] | None, missing: list[str]) -> str:
-    """A benchmark cell: the mean (± stderr), and how many checkpoints had no number and why."""
     mean = "–" if found is None else f"{found[0]:.4f}" + ("" if found[1] is None else f" ± {found[1]:.4f}")
     if not missing:
         return mean
@@ -410,8 +393,7 @@ def _nothing_to_table(name: str, summary: dict) -> str | None:
 
 
 def logged_series(dirs: list[Path]) -> tuple[dict | None, str]:
-    """(The series of the per-sample logs under `dirs`, or None with why not): what the effective
-    length's interval and the bold of the RULER table are computed from."""
+    """(The series of the per-sample logs under `dirs`, or None, and why not)."""
     from evalkit.results.samples import merge, read_directory
 
     series: dict = {}
@@ -431,8 +413,7 @@ def effective_length_table(
     threshold: float | None = None,
     threshold_from: str | None = None,
 ) -> tuple[str, float]:
-    """Each run's effective length: the point from the table's own means, the 95% interval from the
-    bootstrap over the per-sample logs (`logged`: logged_series), "–" without them."""
+    """Each run's effective length: the point from the table's means, the interval from the logs."""
     from evalkit.results.compare import RULER_THRESHOLD, Bootstrap, effective_length, longest_holding
     from evalkit.results.compare_report import interval, length_or_below
 
@@ -467,8 +448,7 @@ def failure_records(dirs: list[Path]) -> list[Path]:
 
 
 def nothing_to_show(found_none: str, dirs: list[Path]) -> UserError:
-    """No result to show: when failure records are there instead, say how many and where (every
-    checkpoint failed: rerunning is not "first"), else that nothing was run yet."""
+    """No result to show: failure records named where there are some (rerunning is not "first")."""
     where = ", ".join(map(str, dirs))
     records = failure_records(dirs)
     if not records:

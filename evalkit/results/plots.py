@@ -9,8 +9,7 @@ from evalkit.lengths import length_label
 
 
 def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Path) -> list[Path]:
-    """One line per run: the checkpoint mean at each length, the band one std either side
-    (`cells`: (run, length) -> (mean, std) over the run's checkpoints)."""
+    """One line per run, the band one std either side (`cells`: (run, length) -> (mean, std))."""
     import numpy as np
 
     figure, axes = new_figure()
@@ -28,7 +27,6 @@ def ruler_vs_length(cells: dict[tuple[str, int], tuple[float, float]], stem: Pat
 
 
 def length_axis(axes, lengths: set[int]) -> None:
-    """The x axis of a plot against context length: log 2, ticked at the lengths by their labels."""
     axes.set_xscale("log", base=2)
     axes.set_xticks(sorted(lengths), [length_label(n) for n in sorted(lengths)])
     axes.minorticks_off()
@@ -36,8 +34,7 @@ def length_axis(axes, lengths: set[int]) -> None:
 
 
 def ruler_vs_step(per_step: dict[str, dict[int, float]], stem: Path) -> list[Path]:
-    """The paper's Fig. 4 view: each checkpoint's RULER average (over lengths) against its step
-    (`per_step`: run -> step -> that average)."""
+    """The paper's Fig. 4 view (`per_step`: run -> step -> the checkpoint's RULER average)."""
     figure, axes = new_figure()
     _by_step(axes, per_step, "RULER score (average over lengths)", "RULER across a run's checkpoints")
     axes.set(ylim=(-2, 102))
@@ -64,8 +61,7 @@ def _by_step(axes, per_step: dict[str, dict[int, float]], ylabel: str, title: st
 
 
 def general_bars(values: dict[tuple[str, str], tuple[float, float | None]], stem: Path) -> list[Path]:
-    """Grouped bars: one group per task/metric, one bar per run (mean over checkpoints), stderr whiskers
-    (`values`: (run, column) -> the mean over checkpoints and the mean of their stderrs, or None)."""
+    """Grouped bars: one group per task/metric, one bar per run, stderr whiskers (leaderboard.benchmark_cells)."""
     columns = sorted({c for _, c in values})
     runs = sorted({r for r, _ in values})
     figure, axes = new_figure(max(6.4, 1.2 * len(columns) * max(1, len(runs)) / 2))

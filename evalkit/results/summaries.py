@@ -25,8 +25,7 @@ def not_read_note(unread: list[str]) -> str:
 
 def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -> list[tuple[Path, dict]]:
     """Every summary file `name` under `dirs` with its contents, each read once, at most one per (run, step).
-    A file of another format (a newer schema_version, another benchmark than its name) is left out, with
-    a line saying why added to `notes`: tabling it as if it were current could only mislead."""
+    A file of another format is left out, with a line saying why added to `notes`."""
     paths: dict[Path, Path] = {}  # resolved -> as found first: a file under two given directories is read once
     for directory in dirs:
         for path in sorted(Path(directory).rglob(name)):

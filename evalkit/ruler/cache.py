@@ -93,7 +93,7 @@ def samples_checksum(samples: list[Sample]) -> str:
 
 
 def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
-    """The samples of a cache file whose header and checksum hold (`num_samples` of them, if given); else StaleEntry."""
+    """The samples of a cache file whose header and checksum hold; else StaleEntry."""
     damaged = StaleEntry(f"RULER cache entry {path} does not match its checksum (edited or damaged); regenerating it")
     try:
         first, _, rest = path.read_text(encoding="utf-8").partition("\n")

@@ -69,7 +69,6 @@ class TokenCounter:
         return found
 
     def spaced(self, pieces: Sequence[str]) -> list[int]:
-        """Tokens of pieces that start with a space, whatever non-space text precedes them."""
         return self.after_many((SPACED_LEFT, piece) for piece in pieces)
 
     def stream_counts(self, pieces: Sequence[str], left: str = "") -> list[int]:

@@ -59,13 +59,9 @@ def generate(
     sizing: str = DEFAULT_SIZING,
     first: Sequence[Sample] = (),
 ) -> list[Sample]:
-    """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens.
-
-    Sample i depends on (seed, task, length, i) and the data, never on `num_samples`. `first`:
-    samples 0..k-1 generated before with the same arguments (a cache file), kept; only the rest
-    are generated. `exact_lengths` tokenises every prompt in full. TaskDataMissing when the
-    task's data is not here, TaskDoesNotFit (with the minimum length) when no valid sample fits.
-    """
+    """`num_samples` samples of `task` whose prompts plus generation budget fit in `length` tokens;
+    sample i never depends on `num_samples`. `first`: samples 0..k-1 generated before with the same
+    arguments (a cache file), kept; only the rest are generated."""
     check_sizing(sizing)
     spec = as_spec(task)
     fmt = prompt_format or BASE

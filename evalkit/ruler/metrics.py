@@ -27,7 +27,6 @@ def match_all(prediction: str, references: Sequence[str]) -> float:
 
 
 def match_part(prediction: str, references: Sequence[str]) -> float:
-    """1.0 when any reference is found in the prediction, else 0.0."""
     text = postprocess(prediction).lower()
     return max(1.0 if ref.lower() in text else 0.0 for ref in references)
 
@@ -59,8 +58,7 @@ def score(task: str | TaskSpec, predictions: Sequence[str], references: Sequence
 
 
 def standard_error(task: str | TaskSpec, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
-    """The standard error of the task's score (0..100): the sample standard deviation of the
-    per-sample scores over the square root of their number; 0 for a single sample."""
+    """The standard error of the task's score (0..100); 0 for a single sample."""
     spec = as_spec(task)
     values = [sample_score(spec, p, r) for p, r in zip(predictions, references)]
     if len(values) < 2:

@@ -1,8 +1,6 @@
-"""`evalkit ruler`: RULER as one benchmark of the pipeline (evalkit.sweep.pipeline), a unit per task and length.
-
-Per unit: the cached samples for the checkpoint's tokenizer (load_or_generate), greedy answers to
-those not yet in the sample log, then the score. A task whose data is missing or that cannot fit
-a length is recorded as skipped with the reason, never dropped or scored 0.
+"""`evalkit ruler`: RULER as one benchmark of the pipeline (evalkit.sweep.pipeline), a unit per task
+and length. A task whose data is missing or that cannot fit a length is recorded as skipped with
+the reason, never dropped or scored 0.
 """
 
 from __future__ import annotations
@@ -107,10 +105,9 @@ def _prompt_hash(prompt: str) -> str:
 
 
 def answer_key(settings: RulerSettings, data_key: str, facts: dict[str, str], reading: dict[str, str]) -> str:
-    """What a stored answer must match to be reused: the data key (it hashes everything that
-    decides the prompt and references), the engine's result facts, the window reading and every
-    setting that changes an answer (not the count, the batch size or where the data files lie).
-    The resolved dtype stands for --dtype, so asking for the default is asking for none."""
+    """What a stored answer must match to be reused: the data key, the engine's result facts, the
+    window reading and every setting that changes an answer (identity_key without the count). The
+    resolved dtype stands for --dtype, so asking for the default is asking for none."""
     label = encoding_label(settings.encoding, settings.doc_tokens)
     return identity_key(settings, with_count=False, data=data_key, encoding=label, **facts, **reading)
 
@@ -185,8 +182,6 @@ Answers = Callable[[list, list[str]], tuple[list[str], list[dict]]]
 
 
 def _standard_answers(engine, fmt: PromptFormat, spec: TaskSpec, length: int) -> Answers:
-    """Greedy answers to each sample's prompt as one causal sequence."""
-
     def answer(chunk: list, prompts: list[str]) -> tuple[list[str], list[dict]]:
         # Base prompts as text (the engine adds the specials); chat prompts as token ids, since a
         # template that writes the BOS itself must not get a second.
@@ -260,11 +255,10 @@ class RulerBenchmark(Benchmark):
         return [Unit(task, length) for length in self.settings.lengths for task in self.settings.tasks]
 
     def unit_cost(self, unit: Unit) -> float:
-        """Tokens, for balancing shards and workers: every sample is about `length` long."""
+        """Every sample is about `length` tokens long."""
         return unit.length * self.settings.num_samples
 
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult[str]:
-        """The unit's row; its detail, the cell's data key, goes in the summary."""
         with encoding_skips(self.settings):
             row, data_key, generated = _evaluate_task(
                 engine, self._tokenizer_at(store.ref.path), self._specs[unit.task], self.settings, store, progress
@@ -293,7 +287,6 @@ def _cell_name(row: dict) -> str:
 
 
 def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
-    """The summary plus the earlier summary's cells this run did not touch (sweep.pipeline.earlier_cells)."""
     if earlier is None:
         return summary
     kept_rows, kept_skips = earlier_cells(RulerSettings, summary, earlier, _cell_name)

@@ -44,7 +44,6 @@ def random_value(kind: str, rng: random.Random) -> str:
 
 @cache
 def common_words_pool() -> tuple[str, ...]:
-    """cwe's words: wonderwords' nouns, adjectives and verbs, deduplicated and sorted."""
     return tuple(
         sorted(set(wonderwords_list("nouns")) | set(wonderwords_list("adjectives")) | set(wonderwords_list("verbs")))
     )

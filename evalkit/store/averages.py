@@ -1,9 +1,6 @@
-"""Averages over stored results: per length over tasks, then over a run's checkpoints, and their tables.
-
-The paper's recommendation (Fig. 4): RULER swings between nearby checkpoints, so a run is
-reported as the mean (and spread) over its last checkpoints of the per-length task average.
-`over_checkpoints` is that last step, the one mean ± std every average over checkpoints uses
-(RULER's here and in the leaderboard, lm-eval tasks' in evalkit.general.tables).
+"""Averages over stored results: per length over tasks, then over a run's checkpoints (the paper's
+Fig. 4 advice: RULER swings between nearby checkpoints), and their tables. `over_checkpoints` is the
+one mean ± std every average over checkpoints uses.
 """
 
 from __future__ import annotations
@@ -67,7 +64,6 @@ def length_averages(rows: list[ResultRow], *, same_tasks: bool = True) -> list[R
 
 
 def checkpoint_table(rows: list[ResultRow]) -> str:
-    """One row per checkpoint: the task average at each length, and their mean."""
     means = per_checkpoint_length_means(rows)
     lengths = sorted({length for _, _, length in means})
     table = []
@@ -81,7 +77,6 @@ def checkpoint_table(rows: list[ResultRow]) -> str:
 
 
 def average_table(rows: list[ResultRow]) -> str:
-    """One row per run: mean ± std over its checkpoints of the per-length task average."""
     averages = length_averages(rows)
     lengths = sorted({a.length for a in averages})
     table = []

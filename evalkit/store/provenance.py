@@ -17,14 +17,13 @@ import evalkit
 
 @cache
 def git_state() -> tuple[str, tuple[str, ...]]:
-    """The evalkit checkout's commit (with '+dirty' for uncommitted changes to tracked files) and
-    those files, relative to the checkout; ('unknown', ()) outside a git checkout."""
+    """checkout_state of the evalkit checkout."""
     return checkout_state(Path(evalkit.__file__).resolve().parent.parent)
 
 
 def checkout_state(root: Path) -> tuple[str, tuple[str, ...]]:
-    """(commit, changed tracked files) of the git checkout at `root`; see git_state. A change counts
-    whether staged or not (the work tree against HEAD), and a rename names both its paths."""
+    """(commit, with '+dirty' for uncommitted changes to tracked files, and those files) of the git
+    checkout at `root`; ('unknown', ()) outside one. A rename names both its paths."""
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
@@ -69,9 +68,8 @@ STAMP_KEYS = ("evalkit_version", "git_hash", "created", "machine")  # what every
 
 
 def stamp() -> dict[str, object]:
-    """Provenance fields every evalkit output records: version, commit, time, machine, the command,
-    and, from a checkout with uncommitted changes, which files were changed (their code is not in
-    any commit: the list says what to look at)."""
+    """Provenance fields every evalkit output records; from a checkout with uncommitted changes, which
+    files were changed (their code is not in any commit: the list says what to look at)."""
     commit, dirty = git_state()
     return {
         "evalkit_version": evalkit.__version__,
@@ -103,7 +101,6 @@ def command_line() -> str:
 
 
 def provenance_lines(info: dict[str, object] | None = None) -> list[str]:
-    """Markdown lines naming the machine and the evalkit commit behind a report."""
     info = info or stamp()
     machine = cast(dict, info["machine"])  # a stamp's machine is the dict machine() returns
     machine_line = ", ".join(f"{k} {v}" for k, v in machine.items())

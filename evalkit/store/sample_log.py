@@ -1,14 +1,6 @@
-"""Where results live and how they survive a kill.
-
-    <out>/<run>/step-<N>/ruler/<task>/<length>.jsonl   one line per finished sample (appended, fsynced)
-    <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl        one line per finished document (the same)
-    <out>/<run>/step-<N>/ruler-summary.json            long-form rows + provenance (atomic)
-
-A per-sample log is the unit of resumption: a rerun keeps the lines made under the same key
-(RULER's evalkit.ruler.runner.answer_key: the prompt, the engine's result facts and every setting
-that changes an answer, not the sample count; ppl's PplBenchmark._key) and computes the rest.
-
-Each record carries `sha` (record_checksum): an edited record is refused with file and line
+"""Per-sample logs, the unit of resumption: a rerun keeps the lines made under the same key
+(RULER's evalkit.ruler.runner.answer_key, ppl's PplBenchmark._key) and computes the rest. Each
+record carries `sha` (record_checksum): an edited record is refused with file and line
 (docs/reliability.md), never scored nor recomputed behind the user's back.
 """
 

@@ -32,11 +32,9 @@ class Unit:
 
 @dataclass(frozen=True)
 class UnitStore:
-    """Where one unit of one checkpoint keeps its files: <out>/<run>/step-<N>/<benchmark>/ (`folder`,
-    beside the summary), named from the unit (`file`). No benchmark builds a path under --out, so the
-    pipeline's loop, a shard and a Ray worker find a unit's files alike; their validity (the settings'
-    identity, evalkit.store.identity) is written in them and checked by the benchmark that reads them.
-    Writes go only through `writer`: a Ray worker's hands each to the driver, the one writer."""
+    """Where one unit of one checkpoint keeps its files: no benchmark builds a path under --out, so the
+    pipeline's loop, a shard and a Ray worker find a unit's files alike. Writes go only through
+    `writer`: a Ray worker's hands each to the driver, the one writer."""
 
     out: Path
     ref: CheckpointRef
@@ -59,8 +57,7 @@ class UnitStore:
 
 @dataclass(frozen=True)
 class CheckpointFiles:
-    """Where one checkpoint's results of one benchmark live: <out>/<run>/step-<N>/<benchmark>-summary.json,
-    <benchmark>-failed.json beside it (the leaderboard lists it), and its units' files."""
+    """Where one checkpoint's results of one benchmark live: its summary, failure record and units' files."""
 
     out: Path
     ref: CheckpointRef

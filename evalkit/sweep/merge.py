@@ -1,7 +1,5 @@
 """`evalkit merge` (docs/scaling-out.md): join the outputs of a sweep's shards into one, read as
-the unsharded run's. Files at the top of a shard's --out are of its share alone: never copied nor
-compared. Every refusal comes before anything is written; the destination is built beside itself
-and renamed into place.
+the unsharded run's. Files at the top of a shard's --out are of its share alone: never copied nor compared.
 """
 
 from __future__ import annotations
@@ -90,7 +88,7 @@ def _check_paths(inputs: list[Path], dest: Path) -> None:
 
 
 def _summary_files(directory: Path) -> list[Path]:
-    """<run>/step-<N>/<benchmark>-summary.json: the per-checkpoint summaries (not --avg's files)."""
+    """The per-checkpoint summaries (not --avg's files)."""
     return sorted(p for p in directory.glob(f"*/step-*/*{SUMMARY_SUFFIX}") if p.is_file())
 
 
@@ -210,7 +208,7 @@ def _agree(first: tuple[Path, dict], other: tuple[Path, dict]) -> dict[str, Any]
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """Dotted path -> (a's value, b's) wherever the two differ, nested dicts compared key by key."""
+    """Dotted path -> (a's value, b's) wherever the two differ."""
     found: dict[str, tuple[Any, Any]] = {}
     for key in {**a, **b}:
         mine, theirs = a.get(key), b.get(key)

@@ -1,11 +1,5 @@
-"""One evaluation pipeline: every benchmark (RULER, lm-eval tasks, perplexity, any later one) runs
-through run_benchmark (docs/architecture.md draws it). It owns, for every benchmark: the request
-checks before anything is loaded (check_lengths and check_encoding for a benchmark at lengths), the
-output lock, the engine's lifecycle, skip records, the merge of an earlier summary's cells
-(earlier_cells), the summary and its provenance (the stamp of the run that computed the scores, not
-of a rerun that read them back), --avg and progress. Where files go is the store's
-(evalkit.store.units). A benchmark is a settings dataclass and a Benchmark subclass
-(tests/test_pipeline.py runs a toy one through every part), handed here by cli.options.run_command.
+"""One evaluation pipeline, run_benchmark, for every benchmark (docs/architecture.md draws it and
+says what it owns); tests/test_pipeline.py runs a toy benchmark through every part.
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 @dataclass
 class UnitResult(Generic[Detail]):
-    """What scoring one unit produced. `detail`: what the benchmark's summary keeps of it, of its own
-    type (RULER's data key, a general task's record)."""
+    """`detail`: what the benchmark's summary keeps of a unit (RULER's data key, a general task's record)."""
 
     rows: list[ResultRow]
     detail: Detail | None = None
@@ -63,8 +56,7 @@ class Averages:
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """The one progress report from the pipeline to its caller (the CLI): `done` of `total` of a
-    unit on a checkpoint, counted as the benchmark counts its work (RULER: samples; lm-eval: requests)."""
+    """`done` of `total` of a unit on a checkpoint, as the benchmark counts its work (RULER: samples)."""
 
     ref: CheckpointRef
     unit: Unit
@@ -77,10 +69,7 @@ UnitProgress = Callable[[int, int], None]  # what a benchmark reports while eval
 
 
 class Benchmark(ABC):
-    """What a benchmark tells the pipeline; everything else is the pipeline's. A benchmark sets
-    `name`, `title`, `engine` and `settings` (its one settings dataclass, recorded in every
-    summary) and implements `units`, `evaluate` and `average` (abstract: a benchmark missing one
-    cannot be built); the other members have defaults that do nothing beyond the pipeline's own work."""
+    """What a benchmark tells the pipeline; everything else is the pipeline's."""
 
     name: str  # summaries are <name>-summary.json, averages <name>-avg.json/.md
     title: str  # what its tables are headed with in reports and the leaderboard ("RULER")
@@ -93,8 +82,7 @@ class Benchmark(ABC):
     transient: tuple[str, ...] = ()
 
     @abstractmethod
-    def units(self) -> list[Unit]:
-        """The units to evaluate on every checkpoint, in order."""
+    def units(self) -> list[Unit]: ...
 
     @abstractmethod
     def evaluate(self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress) -> UnitResult:
@@ -106,23 +94,20 @@ class Benchmark(ABC):
         """`--avg`: the rows averaged over checkpoints, with their tables."""
 
     def check(self, refs: list[CheckpointRef]) -> None:
-        """Refuse (UserError) a request this benchmark cannot serve, once, after the pipeline's own
-        checks and before any model is loaded. By default, nothing more to check."""
+        """Refuse (UserError) a request this benchmark cannot serve, before any model is loaded."""
         return None
 
     def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
-        """The unit's finished result with the same settings, read from `store` without an engine;
-        by default none (the benchmark's evaluate resumes from the store's files itself)."""
+        """The unit's finished result with the same settings, read without an engine; by default
+        none (evaluate resumes from the store's files itself)."""
         return None
 
     def finish_summary(self, summary: dict[str, Any], results: list[UnitResult], earlier: dict | None) -> dict:
-        """A new summary with the benchmark's own fields (earlier: the summary on disk, if any); the
-        argument is left as it was. By default, the summary as the pipeline made it."""
+        """A new summary with the benchmark's own fields (earlier: the summary on disk, if any)."""
         return summary
 
     def unit_cost(self, unit: Unit) -> float:
-        """The unit's estimated work (tokens, say), for balancing shards and Ray workers; by default
-        every unit weighs the same."""
+        """The unit's estimated work (tokens, say), for balancing shards and Ray workers."""
         return 1.0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -131,11 +116,9 @@ class Benchmark(ABC):
 
 @dataclass
 class EvaluationRun:
-    """What run_benchmark produced: per-checkpoint summaries, all rows, all skips, and (--avg) averages."""
-
     summaries: list[dict[str, Any]]
-    rows: list[dict[str, Any]]
-    skipped: list[dict[str, Any]]  # rows: the summaries' stored rows (evalkit.store.result_format.row_record)
+    rows: list[dict[str, Any]]  # the summaries' stored rows (evalkit.store.result_format.row_record)
+    skipped: list[dict[str, Any]]
     averages: Averages | None = None
     files: dict[str, Path] = field(default_factory=dict)
     empty_shard: str | None = None  # a shard without units: the line saying so (nothing else was done)
@@ -173,9 +156,8 @@ def check_tokenizer(ref: CheckpointRef) -> None:
 
 
 def check_lengths(refs: list[CheckpointRef], settings: Any) -> None:
-    """A benchmark at context lengths (RULER, ppl; its settings: engine, lengths, max_length,
-    encoding) calls this from its check(): every length fits each checkpoint's window, and an
-    encoding other than standard can be served by the engine and on the checkpoint."""
+    """A benchmark at context lengths (RULER, ppl) calls this from its check(): every length fits each
+    checkpoint's window, and an encoding other than standard can be served by the engine."""
     from evalkit.engines import PackedEngine, engine_class
 
     if settings.encoding != STANDARD and not issubclass(engine_class(settings.engine), PackedEngine):
@@ -260,9 +242,8 @@ def run_benchmark(
     shard: Shard | None = None,
     executor: Any = None,
 ) -> EvaluationRun:
-    """Evaluate every checkpoint on every unit of `benchmark` (see the module docstring): the one
-    entry of every benchmark. `shard`: only its units; `executor`: computes the units elsewhere
-    first (Ray), this loop then writes; `log`: the pipeline's notes and the benchmark's."""
+    """Every checkpoint on every unit of `benchmark`. `shard`: only its units; `executor`: computes
+    the units elsewhere first (Ray), this loop then writes; `log`: the pipeline's notes and the benchmark's."""
     out = Path(out)
     benchmark.log = log  # the benchmark's own notes go where the pipeline's do
     check_request(benchmark, refs, out)
@@ -310,7 +291,7 @@ def record_failure(benchmark: Benchmark, ref: CheckpointRef, out: Path, err: Exc
     reason = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {one_line(err)}"
     record = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "run": ref.run, "step": ref.step}
     record["checkpoint"] = str(ref.path)
-    record.update(reason=reason, provenance={**stamp(), "command": command_line()})
+    record.update(reason=reason, provenance=stamp())
     atomic_write_json(CheckpointFiles(out, ref, benchmark.name).failed, record)
     return record
 
@@ -324,8 +305,8 @@ def evaluate_checkpoint(
     open_engine: Callable[..., Any] | None = None,
     work: CheckpointWork | None = None,
 ) -> dict[str, Any]:
-    """Every unit of one checkpoint (`work`, evalkit.sweep.plan.CheckpointWork: only its units,
-    some computed elsewhere; by default all of them, here); writes and returns its summary."""
+    """Every unit of one checkpoint (`work`: only its units, some computed elsewhere; by default all,
+    here); writes and returns its summary."""
     work = work or CheckpointWork(benchmark.units(), {})
     if work.failure is not None:
         raise work.failure  # computed elsewhere and failed there: the sweep records it
@@ -393,10 +374,8 @@ def earlier_cells(
     settings_type: type, summary: dict, earlier: dict, cell: Callable[[dict], str]
 ) -> tuple[list[dict], list[dict]]:
     """For a benchmark's finish_summary: the earlier summary's rows and skips of the cells (`cell`)
-    this run did not touch, when both were evaluated alike: the same settings' identity (count
-    included; no cell's length or encoding is part of it) and the same facts the engine resolved
-    (engines.base.RESULT_FACTS); none otherwise (their records stay in the logs). `--lengths 1k`
-    then `--lengths 2k` into one --out keeps both."""
+    this run did not touch, when both were evaluated alike (the settings' identity, the engine's
+    RESULT_FACTS); none otherwise. `--lengths 1k` then `--lengths 2k` into one --out keeps both."""
     from evalkit.engines.base import RESULT_FACTS
 
     now, then = summary["provenance"], earlier.get("provenance") or {}
@@ -412,7 +391,7 @@ def write_averages(benchmark: Benchmark, rows: list[ResultRow], out: Path) -> tu
     """--avg, for every benchmark alike: <out>/<name>-avg.json (records) and .md (the table)."""
     averages = benchmark.average(rows)
     json_path, markdown_path = averages_paths(out, benchmark.name)
-    provenance = {**stamp(), "command": command_line(), "settings": asdict(benchmark.settings)}
+    provenance = {**stamp(), "settings": asdict(benchmark.settings)}
     averaged = {"schema_version": SCHEMA_VERSION, "benchmark": benchmark.name, "averages": averages.records}
     atomic_write_json(json_path, {**averaged, "provenance": provenance})
     conditions = f"{averages.conditions}\n\n" if averages.conditions else ""

@@ -90,8 +90,6 @@ class Outcome:
 
 @dataclass
 class CheckpointWork:
-    """One checkpoint's share of the plan (what its summary records of it: provenance)."""
-
     units: list  # list[Unit]: those evaluated here, in the benchmark's order
     positions: dict  # Unit -> index in benchmark.units(), to merge shards back into that order
     shard: dict[str, Any] | None = None
@@ -118,10 +116,8 @@ class CheckpointWork:
 
 @dataclass
 class WorkPlan:
-    """The checkpoints with any unit here, and each one's work; `shard`: the shard's record (None unsharded)."""
-
-    checkpoints: list[tuple[CheckpointRef, CheckpointWork]]
-    shard: dict[str, Any] | None = None
+    checkpoints: list[tuple[CheckpointRef, CheckpointWork]]  # those with any unit here
+    shard: dict[str, Any] | None = None  # the shard's record (None unsharded)
 
 
 def plan_work(benchmark, refs: list[CheckpointRef], shard: Shard | None = None) -> WorkPlan:
@@ -142,7 +138,6 @@ def plan_work(benchmark, refs: list[CheckpointRef], shard: Shard | None = None) 
 
 
 def empty_shard_name(benchmark_name: str) -> str:
-    """<out>/<benchmark>-empty-shard.json: what a shard without units leaves for evalkit merge."""
     return f"{benchmark_name}-empty-shard.json"
 
 

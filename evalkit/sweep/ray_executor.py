@@ -37,7 +37,7 @@ class RayExecutor:
 
     def run(self, benchmark, work: WorkPlan, out: Path, *, log=print, open_engine=None) -> None:
         """Compute every unit of `work` not yet stored on the cluster, writing what the workers hand
-        back; fills each checkpoint's outcomes. Progress is `log`'s lines (Status)."""
+        back; fills each checkpoint's outcomes."""
         import ray  # evalkit.cli.options.make_executor checked that it is installed
 
         started_here = self._connect(ray)
@@ -53,7 +53,7 @@ class RayExecutor:
                 ray.shutdown()
 
     def _connect(self, ray) -> bool:
-        """Join the cluster (or start a local one with no address); True when this call did."""
+        """True when this call joined (or started) the cluster."""
         if ray.is_initialized():
             return False
         if self.address:
@@ -140,8 +140,8 @@ class Group:
 
 
 def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]:
-    """Each checkpoint's units not yet stored, in as many groups as keep every worker busy (one
-    per checkpoint when there are as many checkpoints as workers), balanced by estimated tokens."""
+    """Each checkpoint's units not yet stored, in as many groups as keep every worker busy,
+    balanced by estimated tokens."""
     todo = []
     for ref, checkpoint in work.checkpoints:
         units = [u for u in checkpoint.units if benchmark.stored(u, UnitStore(out, ref, benchmark.name, u)) is None]
@@ -158,7 +158,7 @@ def plan_groups(benchmark, work: WorkPlan, out: Path, slots: int) -> list[Group]
 
 
 class Handover(Writer):
-    """A worker's writer: each write, named relative to --out, is sent to the driver to write (write_handed_over)."""
+    """A worker's writer: each write, named relative to --out, is sent to the driver to write."""
 
     def __init__(self, out: Path, send: Callable[[str, str, str], Any]) -> None:
         self.out, self.send = out, send
@@ -208,8 +208,7 @@ def evaluate_group(benchmark, ref, units: list, out: str, name: str, attempt: in
 
 
 class Inbox:
-    """A Ray actor the workers hand what they do to: their writes (kept until the driver takes
-    them) and their progress, which the driver reads for its one progress view."""
+    """A Ray actor the workers hand their writes (until the driver takes them) and progress to."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[str, int, str, str, str]] = []
@@ -239,8 +238,7 @@ class Inbox:
 
 
 class Status:
-    """The driver's progress: a line every STATUS_EVERY_S (groups done, samples/s per worker),
-    one per finished group, one per retry."""
+    """The driver's progress lines (docs/scaling-out.md)."""
 
     def __init__(self, log, groups: int) -> None:
         self.log, self.groups = log, groups
@@ -354,7 +352,7 @@ def _size(text: str) -> float | None:
 
 
 def weight_bytes(paths: list[Path]) -> int:
-    """The largest checkpoint's weight files on disk (safetensors, else .bin or .gguf), in bytes."""
+    """The largest checkpoint's weight files on disk, in bytes."""
     sizes = [0]
     for path in paths:
         found = (sum(f.stat().st_size for f in Path(path).glob(pattern) if f.is_file()) for pattern in WEIGHT_FILES)
@@ -382,8 +380,7 @@ def task_resources(ray, benchmark, checkpoints: list[Path], given: dict[str, flo
 
 
 def concurrent_copies(nodes: list[dict[str, float]], asked: dict[str, float]) -> int:
-    """How many tasks asking `asked` the nodes run at once (each node: the least its CPUs, GPUs and
-    memory allow), so how many model copies are loaded at once; at least 1."""
+    """How many tasks asking `asked` the nodes run at once, so how many model copies are loaded at once."""
     names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
     asked = {"num_cpus": 1.0, **asked}  # Ray's default for a task that names no CPUs
     total = 0
@@ -398,7 +395,6 @@ def _alive_nodes(ray) -> list[dict[str, float]]:
 
 
 def _gib(size: float) -> str:
-    """A memory size as people read it: GiB, or MiB below one GiB."""
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 

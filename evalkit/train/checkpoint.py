@@ -1,11 +1,6 @@
-"""Checkpoints: plain HF directories `runs/<run>/step-<N>/`, written atomically.
-
-Each holds model.safetensors, config.json, generation_config.json, the tokenizer, meta.json (what
-made it) and, in the newest one only, trainer_state.pt (optimizer, scheduler, data position, RNG)
-for resuming. A bf16 run's weights are saved in bf16, what evaluators read and the dtype it computed
-in (half the bytes to write and load); the fp32 masters an exact resume needs travel in
-trainer_state.pt, pruned with it. Assembled in a hidden temporary directory, meta.json last, and
-renamed into place: a step-N with a meta.json is complete, whatever moment a run was killed at.
+"""Checkpoints: plain HF directories `runs/<run>/step-<N>/` (docs/training.md), assembled in a hidden
+temporary directory, meta.json last, and renamed into place: a step-N with a meta.json is complete,
+whatever moment a run was killed at. Only the newest holds trainer_state.pt.
 """
 
 from __future__ import annotations
@@ -65,7 +60,6 @@ def refuse_foreign_log(log: Path) -> None:
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint of a run, oldest first."""
     found = []
     for child in Path(run_dir).glob("step-*"):  # none when run_dir is no directory
         match = STEP_DIR.match(child.name)
@@ -98,7 +92,7 @@ def newest_resumable(run_dir: Path) -> Path | None:
 
 
 def remove_partial(run_dir: Path) -> None:
-    """Temporary directories left by a run killed while saving."""
+    """Remove the temporary directories left by a run killed while saving."""
     for child in Path(run_dir).glob(".step-*.tmp"):
         shutil.rmtree(child, ignore_errors=True)
 
@@ -211,10 +205,8 @@ def export_checkpoint(
     source: str | Path, destination: Path, dtype: torch.dtype = torch.bfloat16, *, overwrite: bool = False
 ) -> Path:
     """A checkpoint to ship or share: its weights cast to `dtype`, without the trainer state, the rest
-    copied as it is (config.json's dtype updated), so evaluators read the copy like the original.
-    Built beside the destination and renamed: never half-written, nothing left by a failure. A
-    destination is replaced only if empty or, with `overwrite`, an earlier evalkit checkpoint. A
-    hub name's snapshot (no meta.json of its own) gets one recording its repo, revision and commit."""
+    copied as it is (config.json's dtype updated). A hub name's snapshot (no meta.json of its own)
+    gets one recording its repo, revision and commit."""
     (source, hub), destination = checkpoint_source(str(source)), Path(destination)
     if not (source / META).is_file() and hub is None:
         raise UserError(f"{source} is not a complete checkpoint (no {META})")

@@ -32,15 +32,12 @@ class DocumentSource(Protocol):
 
     def __getitem__(self, index: int) -> tuple[str, str | None]: ...
 
-    def domains(self) -> list[str]:
-        """The distinct domain names, sorted (anchor_tag gives each one a tag token)."""
-        ...
+    def domains(self) -> list[str]: ...  # the distinct domain names, sorted (anchor_tag tags each)
 
 
 class BuiltinSource:
-    """Built-in documents (no download): `num_retrieval_docs` synthetic retrieval ones, as many copy
-    ones as keep the shares `retrieval_fraction` and `copy_fraction` of the documents
-    (`num_retrieval_docs` without retrieval), and prose, repeated as needed, for the rest."""
+    """Built-in documents (no download): synthetic retrieval and copy ones in the config's shares,
+    prose, repeated as needed, for the rest."""
 
     def __init__(self, config: DataConfig, seed: int, seq_len: int):
         prose = prose_documents()
@@ -88,10 +85,9 @@ class BuiltinSource:
 
 class JsonlSource:
     """One JSON object per line with a text field (and optionally a domain field), every non-blank
-    line checked on opening (UTF-8 JSON, an object, its text field a string): a fault found lazily
-    at step N would stop a run that has written checkpoints, and a record without the field would
-    train on an empty document unnoticed. It is the streaming pass (memory flat) the source makes
-    anyway, for line offsets, content hash and domains; parsing costs far less than training on it."""
+    line checked on opening: a fault found lazily at step N would stop a run that has written
+    checkpoints. It is the streaming pass the source makes anyway, for line offsets, content hash
+    and domains; parsing costs far less than training on it."""
 
     def __init__(self, path: Path, text_field: str, domain_field: str):
         self._path, self._text_field, self._domain_field = path, text_field, domain_field
@@ -115,7 +111,6 @@ class JsonlSource:
         self._domains = sorted(found)
 
     def _parse(self, line: bytes, number: int) -> dict:
-        """The record on line `number`, or a UserError naming the file, the line and the fault."""
         where = f"{self._path}, line {number}"
         try:
             text = line.decode("utf-8-sig")  # -sig: a BOM some editors write on line 1 is not JSON
@@ -162,8 +157,6 @@ class JsonlSource:
 
 
 class HFDatasetSource:
-    """A saved `datasets` directory, or a hub dataset the user has cached or can download."""
-
     def __init__(self, source: str, split: str, text_field: str, domain_field: str):
         import datasets
 
@@ -211,7 +204,6 @@ class _Truncated:
 
 
 def open_source(config: DataConfig, seed: int, seq_len: int) -> DocumentSource:
-    """The document source a DataConfig names; a UserError when it cannot be read."""
     if config.source == "builtin":
         source: DocumentSource = BuiltinSource(config, seed, seq_len)
     elif config.source.endswith(".jsonl"):
@@ -236,7 +228,6 @@ def data_fingerprint(source: DocumentSource, window_start: str) -> str:
 
 
 def domain_tag_ids(tokenizer, domains: list[str]) -> dict[str, int]:
-    """One token id per domain: the built-in tokenizer's reserved tags, else the domain's single token."""
     from evalkit.corpus.tokenizer import BUILTIN_DOMAIN_TAGS
 
     vocab = tokenizer.get_vocab()
@@ -268,8 +259,6 @@ class StreamState:
 
 
 class WindowStream:
-    """Windows of exactly seq_len tokens, packed per paradigm, in a deterministic, resumable order."""
-
     def __init__(
         self,
         source: DocumentSource,

@@ -32,7 +32,6 @@ class DistContext:
 
 
 def init_distributed() -> DistContext:
-    """Join the torchrun process group, or the one the caller initialised; pick this process's device."""
     world = environ_int("WORLD_SIZE", 1, fix="launch with torchrun, which sets it")
     cuda = torch.cuda.is_available()
     if world == 1 and not dist.is_initialized():
@@ -59,7 +58,6 @@ def open_io_group(ctx: DistContext, timeout_minutes: float) -> None:
 
 
 def wait_for_rank0(ctx: DistContext) -> None:
-    """Every rank waits here until rank 0 arrives (after writing or reading a checkpoint)."""
     if ctx.distributed:
         dist.barrier(group=ctx.io_group)
 
@@ -74,11 +72,9 @@ def broadcast_object(value: Any, ctx: DistContext) -> Any:
 
 
 def mixed_precision_policy(dtype: str, grad_accum_dtype: str = "fp32"):
-    """FSDP2's policy for bf16 runs: bf16 all-gathers and compute, gradient reduction in
-    grad_accum_dtype (the sharded master weights and AdamW stay fp32; regime.ACCUMULATION). Inputs
-    are not cast (cast_forward_inputs=False): the residual stream and RoPE's cos/sin stay as the
-    root unit and autocast (bf16) or the bf16 root (bf16_full) make them, as in one process. None
-    for fp32 runs."""
+    """FSDP2's policy for bf16 runs (docs/training.md): gradient reduction in grad_accum_dtype
+    (regime.ACCUMULATION); inputs not cast, so the residual stream and RoPE's cos/sin stay as in one
+    process. None for fp32 runs."""
     if dtype not in BF16_DTYPES:
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -135,8 +131,7 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
 
 
 def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> tuple[dict, dict]:
-    """(weights, optimizer state): unsharded, on CPU, keyed by parameter name, so any world size
-    can load them."""
+    """(weights, optimizer state): unsharded, on CPU, so any world size can load them."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=ctx.distributed)

@@ -29,8 +29,7 @@ ANCHOR_COLOUR, PAD_COLOUR, MASKED_COLOUR = (0.0, 0.0, 0.0), (0.6, 0.6, 0.6), (1.
 def inspect_windows(configs: list[TrainConfig], out: Path, *, windows: int = 1, tokens: int = 256) -> list[Path]:
     """Write the first `windows` windows of each config into out/<paradigm>/; returns the files.
     The configs differ in their paradigm alone (the comma-separated --paradigm): the tokenizer and
-    source load once. The counts, output folders (never a file of the user's) and inputs are all
-    checked before anything is written."""
+    source load once."""
     for option, value in (("--inspect-windows", windows), ("--inspect-tokens", tokens)):
         if value < 1:
             raise UserError(f"{option} must be at least 1, got {value}")

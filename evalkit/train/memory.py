@@ -1,24 +1,10 @@
 """A memory model of one training step per GPU, from a recipe: what `evalkit train --memory-estimate`
-prints before anything is loaded.
-
-Terms, per GPU, for FSDP2 over N GPUs (N=1: one process, nothing sharded):
-- params, grads, optimizer: the fp32 master weights, their fp32 gradients and AdamW's two fp32
-  moments, each sharded N ways: 4 + 4 + 8 bytes a parameter, over N.
-- working: unsharded copies alive for part of each step. Distributed: the root unit (embeddings,
-  head, final norm) gathered in fp32 for the whole step with its gradient, two decoder layers
-  gathered at once (prefetch; bf16 under the bf16 recipe's FSDP2 policy) and one layer's gradient
-  before its reduce-scatter (bf16, then fp32 for the reduction). Under bf16 autocast also the bf16
-  cast of one layer and of the head (the cache is off: loop.py). Under bf16_full (train.regime) one
-  process holds a bf16 copy of every weight during the step, FSDP2 gathers the root in bf16 too,
-  and the residual stream is bf16.
-- activations at micro_batch x seq_len tokens: with gradient checkpointing, each decoder layer's
-  input (the residual stream) plus the larger of one layer's recomputed set and the loss's backward
-  (the final norm, one chunk of LOSS_CHUNK tokens of fp32 logits and their gradient); without,
-  every layer's set plus the loss's. A layer's set: the tensors autograd saves in a Llama-style
-  decoder layer plus the gradients in flight (bytes per token: ACTIVATION_BYTES).
-Not counted: the attention kernel's own workspace (FlexAttention and flash-attn keep O(tokens)),
-the CUDA context and allocator fragmentation (budget a few GiB), NCCL buffers. A model, checked
-against measured tensor bytes on CPU at small sizes (tests/train/test_memory.py), not measured on a GPU.
+prints before anything is loaded (docs/training.md). Per GPU, for FSDP2 over N GPUs: fp32 weights,
+gradients and AdamW's two moments sharded N ways; working copies, unsharded for part of each step:
+the root unit (embeddings, head, final norm) with its gradient, two decoder layers gathered at once
+(prefetch) and one layer's gradient before its reduce-scatter; activations at micro_batch x seq_len
+tokens. A model, checked against measured tensor bytes on CPU at small sizes
+(tests/train/test_memory.py), not measured on a GPU.
 """
 
 from __future__ import annotations
@@ -129,9 +115,7 @@ def _from_config_json(path: Path) -> Architecture:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per GPU."""
-
-    params: float
+    params: float  # bytes per GPU, as every field
     grads: float
     optimizer: float
     working: float

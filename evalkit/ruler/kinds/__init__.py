@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from evalkit.files import file_sha256
 from evalkit.ruler.counting import Item, compose_count
 from evalkit.ruler.fitting import Coarse
 
@@ -132,11 +133,7 @@ def file_identity(path: Path) -> list:
 
 @functools.lru_cache(maxsize=64)
 def _content_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def generator_class(kind: str) -> type[KindTask]:
