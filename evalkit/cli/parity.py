@@ -22,7 +22,7 @@ def parity_command(
     """KL divergence and top-1 agreement of each engine's next-token distributions against the
     trainer's forward on the same tokens, per bucket of positions, served as trained and stock."""
     from evalkit.probe.parity import measure, parity_table
-    from evalkit.store.provenance import command_line
+    from evalkit.store.provenance import stamp
 
     if out is not None:
         check_output_dir(out)
@@ -30,6 +30,8 @@ def parity_command(
     table = parity_table(rows)
     typer.echo(table)
     if out is not None:
+        made = stamp()
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "parity.md", f"# Parity: {ckpt}\n\nCommand: `{command_line()}`\n\n{table}\n")
-        atomic_write_json(out / "parity.json", {"checkpoint": str(ckpt), "command": command_line(), "rows": rows})
+        heading = f"# Parity: {ckpt}\n\nCommand: `{made['command']}` (evalkit {made['git_hash']}, {made['machine']})"
+        atomic_write_text(out / "parity.md", f"{heading}\n\n{table}\n")
+        atomic_write_json(out / "parity.json", {"checkpoint": str(ckpt), "provenance": made, "rows": rows})
