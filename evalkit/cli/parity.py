@@ -22,7 +22,7 @@ def parity_command(
     """KL divergence and top-1 agreement of each engine's next-token distributions against the
     trainer's forward on the same tokens, per bucket of positions, served as trained and stock."""
     from evalkit.probe.parity import measure, parity_table
-    from evalkit.store.provenance import stamp
+    from evalkit.store.provenance import provenance_lines, stamp
 
     if out is not None:
         check_output_dir(out)
@@ -32,6 +32,6 @@ def parity_command(
     if out is not None:
         made = stamp()
         out.mkdir(parents=True, exist_ok=True)
-        heading = f"# Parity: {ckpt}\n\nCommand: `{made['command']}` (evalkit {made['git_hash']}, {made['machine']})"
-        atomic_write_text(out / "parity.md", f"{heading}\n\n{table}\n")
+        heading = [f"# Parity: {ckpt}", "", f"Command: `{made['command']}`", "", *provenance_lines(made)]
+        atomic_write_text(out / "parity.md", "\n".join([*heading, "", table, ""]))
         atomic_write_json(out / "parity.json", {"checkpoint": str(ckpt), "provenance": made, "rows": rows})
