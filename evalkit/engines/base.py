@@ -12,12 +12,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from evalkit.attention.anchor import anchor_token_id
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
 from evalkit.lengths import check_max_length
+from evalkit.models.precision import Serving
 
 # What every engine's engine_info() holds that it resolved and that decides an answer: results made
 # under other values of these are other results (the rest of an info says how it ran).
@@ -189,7 +191,16 @@ class Engine(ABC):
 
 
 class PackedEngine(Engine):
-    """An engine that can also run the anchor paradigm's packed multi-document requests."""
+    """An engine that can also run the anchor paradigm's packed multi-document requests, and serve
+    a checkpoint as trained or stock (evalkit parity holds it to the trainer's forward)."""
+
+    model_path: Path  # the checkpoint's directory
+    served: Serving  # the regime it serves it in
+
+    @abstractmethod
+    def position_logprobs(self, tokens: list[int]) -> Any:
+        """Float32 next-token log-probabilities [T, V] (a torch tensor on the CPU) of one unpadded
+        row: row t is the distribution after tokens 0..t."""
 
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None

@@ -1,8 +1,8 @@
 """How close two forwards of one checkpoint are, position by position: the KL divergence of one's
 next-token distribution from a reference's, and whether their top-1 tokens agree, per bucket of
 positions (RoPE's rounding grows with the position). `evalkit parity` holds each engine's serving
-to the trainer's own forward; an hf engine serving a checkpoint stock, off the regime it trained in,
-states the same KL in one line (HFEngine)."""
+to the trainer's own forward; an engine serving a checkpoint stock, off the regime it trained in,
+states its KL from a transformers twin served as trained in one line (off_regime_kl)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
+from evalkit.engines.base import PackedEngine
 from evalkit.errors import UserError
 from evalkit.markdown import markdown_table
 
 FIRST_BUCKET = 64  # positions 0-63, then doubling: 64-127, 128-255, ...
+OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
 
 
 def probe_tokens(tokenizer, length: int) -> list[int]:
@@ -54,6 +56,32 @@ def bucket_rows(kl: torch.Tensor, top1: torch.Tensor) -> list[dict[str, Any]]:
     return rows
 
 
+def off_regime_kl(
+    engine: PackedEngine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
+) -> float:
+    """An engine serving stock off the trained regime (engine.served.off_regime): the mean KL of its
+    next-token distributions from a transformers twin's served as trained, on `device`, over the
+    first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
+    import sys
+
+    from evalkit.engines.hf import load_model, model_logprobs
+    from evalkit.models.precision import served_regime
+
+    path, served = engine.model_path, engine.served
+    tokens = probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
+    twin = load_model(path, served_regime(path, "trained"), device, attention, trust_remote_code)
+    reference = model_logprobs(twin, tokens, device)
+    del twin
+    kl = float(divergence(reference, engine.position_logprobs(tokens))[0].mean())
+    print(
+        f"note: {path} is served stock ({served.describe()}), off the regime it trained in "
+        f"({served.off_regime}): KL {kl:.2g} nats/token from it over {len(tokens)} tokens "
+        f"(evalkit parity {path} measures it per position)",
+        file=sys.stderr,
+    )
+    return kl
+
+
 def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str, Any]]:
     """Per engine and serving (trained, stock) and bucket of positions: how far the engine's forward
     is from the trainer's on `length` tokens of the built-in prose."""
@@ -63,8 +91,9 @@ def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str,
     from evalkit.models.refs import checkpoint_meta
     from evalkit.train.loop import trainer_logprobs
 
-    for name in engines:
-        engine_class(name)  # an unknown or uninstalled engine: one line before any model loads
+    for name in engines:  # an unknown or uninstalled engine: one line before any model loads
+        if not issubclass(engine_class(name), PackedEngine):
+            raise UserError(f"the {name} engine has no position_logprobs to compare; use hf or vllm")
     if not checkpoint_meta(checkpoint).get("config"):
         raise UserError(
             f"{checkpoint}/meta.json records no training run: parity needs a checkpoint evalkit train wrote"
@@ -77,6 +106,7 @@ def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str,
     for name in engines:
         for serving in SERVINGS:
             with get_engine(name, checkpoint, serving=serving, max_length=length) as engine:
+                assert isinstance(engine, PackedEngine)  # checked above
                 kl, top1 = divergence(reference, engine.position_logprobs(tokens))
                 served = {"engine": name, "serving": serving, "served": engine.served.describe()}
             rows += [{**served, **row} for row in bucket_rows(kl, top1)]
