@@ -13,6 +13,7 @@ evalkit does that). How requests map onto vLLM:
                        segments in SamplingParams.extra_args (evalkit.vllm_plugin.packing)
     logits_packed      the full next-token distribution of the one sampled step
     token_logprobs     the rows' prompt log-probabilities (packed: with segments, as generate_packed)
+    position_logprobs  whole prompt distributions (prompt_logprobs=-1) one row up, then the sampled step's
 
 vLLM's window (max_model_len) is the engine's max_length + 1: vLLM refuses a prompt that fills
 its window ("at least one output token"), while a scoring request may feed exactly max_length
