@@ -304,6 +304,7 @@ class PplBenchmark(Benchmark):
         fingerprint = self._tokenized(ref)[0]
         label = encoding_label(self.settings.encoding, self.settings.doc_tokens)
         more = {} if label == STANDARD else {"encoding": label}  # standard keys as before the option
+        more.update(self.engine.served(ref.path).key_facts())  # a serving unlike a stock one
         if self.settings.key_tokens:  # records of an earlier key-token rule are never reused
             more["key_rule"] = f"longppl {KEY_CONTEXT}/{KEY_STRIDE} {KEY_ALPHA}/{KEY_BETA}"
         return identity_key(

@@ -97,17 +97,16 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
         module._evalkit_rope_hooks = hooks  # type: ignore[assignment]  # torch types Module attributes Tensor | Module
 
 
-def serve_rope(model: torch.nn.Module, frequencies: str, rotation: str) -> None:
-    """Serve a loaded model's RoPE as models.precision.Serving says: its frequencies held in
-    `frequencies` (a bf16 trainer rounded the fp32 ones it computed; transformers recomputes them
-    in fp32 at load, into original_inv_freq too) and q, k rotated in `rotation` (ROPE_VARIANTS:
-    "cast", in the model's dtype, or "fp32"). Setting it again replaces the earlier setting."""
-    modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
-    for module in modules:
-        computed = getattr(module, "original_inv_freq", module.inv_freq).float()
-        module.inv_freq = computed.to(torch.bfloat16) if frequencies == "bf16" else computed
-    if modules:
-        set_rope_precision(model, "fp32" if rotation == "fp32" else "bf16")
+def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
+    """bf16_full: every floating buffer to bf16, as casting the whole model does; RoPE's
+    frequencies (computed in fp32 at construction, as the model computes them) are cast too,
+    unless the rotation is to be fp32."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding") and rope_precision == "fp32":
+            continue
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and buffer.is_floating_point():
+                setattr(module, name, buffer.to(torch.bfloat16))
 
 
 def _no_padding_mask(*, attention_mask=None, **_kwargs):
@@ -153,7 +152,7 @@ def register_grouped_sdpa() -> str:
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    query, key, value = one_dtype(query, key, value)  # an fp32 rotation (serve_rope) hands over q, k in fp32
+    query, key, value = one_dtype(query, key, value)  # an fp32 rotation (rope_precision) hands over q, k in fp32
     batch, heads, queries, head_dim = query.shape
     groups = heads // key.shape[1]
     plain = groups == 1 or queries != 1 or module.training or kwargs.get("softcap") is not None

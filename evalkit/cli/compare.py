@@ -41,6 +41,12 @@ def compare_command(
         help="auto: paired where the same samples were answered (checked), the same checkpoints or the "
         "same seeds (training streams) were evaluated; require: refuse unpaired samples; independent: never pair.",
     ),
+    interactions: list[str] = typer.Option(
+        [],
+        "--interaction",
+        help="A-B:C-D, four series: also (A − B) − (C − D) per cell and task average, from the same replicates "
+        "(e.g. full_bf16-full_fp32:anchor_bf16-anchor_fp32); repeatable.",
+    ),
     out: Path = typer.Option(None, "--out", help="Directory for compare.md, compare.json and the plot."),
 ) -> None:
     """Compare stored runs per task and length: B − A with paired or independent intervals, Holm-corrected."""
@@ -82,16 +88,9 @@ def compare_command(
     chosen = {name: series[name] for name in order}
     if threshold_from is not None and threshold_from not in chosen and threshold_from in series:
         chosen[threshold_from] = series[threshold_from]
-    result = compare(
-        chosen,
-        order,
-        baseline=baseline,
-        replicates=replicates,
-        seed=seed,
-        pairing=pairing,
-        threshold=RULER_THRESHOLD if threshold is None else threshold,
-        threshold_from=threshold_from,
-    )
+    result = compare(chosen, order, baseline=baseline, replicates=replicates, seed=seed, pairing=pairing,
+                     threshold=RULER_THRESHOLD if threshold is None else threshold, threshold_from=threshold_from,
+                     interactions=tuple(interactions))  # fmt: skip
     command = command_line()
     text = compare_report.markdown(result, command)
     if unread:

@@ -37,15 +37,17 @@ ENGINE = typer.Option("hf", "--engine", help="hf (transformers) or vllm.")
 DTYPE = typer.Option(
     None,
     "--dtype",
-    help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU).",
+    help="bf16, fp16 or fp32 (default: a checkpoint's trained regime, where its meta.json records one; "
+    "else bf16 on GPU, fp32 on CPU).",
     # Checked as given: an empty --dtype "" is refused, not read as "not given" (the default).
     callback=lambda value: value if value is None else check_dtype(value),
 )
 ENGINE_ARG = typer.Option(
     None,
     "--engine-arg",
-    help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. prefill=padded (hf), "
-    "enforce_eager=false or max_num_batched_tokens=8192 (vllm). A wrong key lists the engine's settings.",
+    help="KEY=VALUE (repeatable): any other setting of the engine's, e.g. serving=stock (a bf16 run served "
+    "as transformers and vLLM load it, not as trained), prefill=padded (hf), enforce_eager=false (vllm). "
+    "A wrong key lists the engine's settings.",
 )
 SHARD = typer.Option(
     None,

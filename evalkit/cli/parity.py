@@ -21,7 +21,7 @@ def parity_command(
 ) -> None:
     """KL divergence and top-1 agreement of each engine's next-token distributions against the
     trainer's forward on the same tokens, per bucket of positions, served as trained and stock."""
-    from evalkit.engines.parity import measure, parity_table
+    from evalkit.probe.parity import measure, parity_table
     from evalkit.store.provenance import command_line
 
     if out is not None:

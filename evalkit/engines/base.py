@@ -12,14 +12,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from evalkit.attention.anchor import anchor_token_id
 from evalkit.engines import tokens as tok
 from evalkit.errors import UserError
 from evalkit.lengths import check_max_length
-from evalkit.models.precision import Serving
+
+if TYPE_CHECKING:
+    from evalkit.models.precision import Serving
 
 # What every engine's engine_info() holds that it resolved and that decides an answer: results made
 # under other values of these are other results (the rest of an info says how it ran).
@@ -75,6 +76,7 @@ class Engine(ABC):
     name: ClassVar[str]
     tokenizer: Any  # a transformers tokenizer: the one whose ids the engine feeds
     max_length: int  # the window: prompt + generated tokens (or fed scoring tokens) must fit in it
+    served: Serving  # the dtype and RoPE regime it serves the checkpoint in (models.precision.served_regime)
 
     # ------------------------------------------------------------------ what engines implement
 
@@ -102,6 +104,11 @@ class Engine(ABC):
     def token_logprobs(self, rows: list[list[int]]) -> list[list[float]]:
         """log P(row[p] | row[:p]), p = 1..L-1, of each row (one length L <= max_length) in float32 (evalkit.ppl);
         a PackedEngine's takes doc_ids too (tokens.PackedLayout's): a token sees the anchor and its document."""
+
+    def position_logprobs(self, tokens: list[int]) -> Any:
+        """Next-token log-probabilities [T, V] (a float32 torch tensor on the CPU) of one row: row t
+        is the distribution after tokens[: t + 1] (evalkit parity)."""
+        raise UserError(f"the {self.name} engine gives no whole next-token distributions, which evalkit parity reads")
 
     def close(self) -> None:  # a hook: most engines hold nothing that outlives them
         """Release what outlives the object (processes, device memory); the engine is unusable after."""
@@ -191,16 +198,7 @@ class Engine(ABC):
 
 
 class PackedEngine(Engine):
-    """An engine that can also run the anchor paradigm's packed multi-document requests, and serve
-    a checkpoint as trained or stock (evalkit parity holds it to the trainer's forward)."""
-
-    model_path: Path  # the checkpoint's directory
-    served: Serving  # the regime it serves it in
-
-    @abstractmethod
-    def position_logprobs(self, tokens: list[int]) -> Any:
-        """Float32 next-token log-probabilities [T, V] (a torch tensor on the CPU) of one unpadded
-        row: row t is the distribution after tokens 0..t."""
+    """An engine that can also run the anchor paradigm's packed multi-document requests."""
 
     def generate_packed(
         self, requests: Sequence[PackedRequest], max_new_tokens: int, stop: list[str] | None = None

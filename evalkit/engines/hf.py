@@ -51,7 +51,13 @@ import torch
 from evalkit.attention import HF_NAMES, PAD_DOC_ID, register_hf_attention
 from evalkit.attention.anchor import anchor_record
 from evalkit.attention.features import check_attention_supported, trained_window_anchor, windows_shorter_than
-from evalkit.attention.hf import GROUPED_SDPA, register_anchor_sink_sdpa, register_grouped_sdpa, serve_rope
+from evalkit.attention.hf import (
+    GROUPED_SDPA,
+    cast_buffers,
+    register_anchor_sink_sdpa,
+    register_grouped_sdpa,
+    set_rope_precision,
+)
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.engines import parity
 from evalkit.engines import tokens as tok
@@ -238,7 +244,9 @@ class HFEngine(PackedEngine):
         self.model = load_model(self.model_path, self.served, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
         self.off_regime_kl = (
-            parity.off_regime_kl(self, self.device, attention, trust_remote_code) if self.served.off_regime else None
+            parity.off_regime_kl(self.model_path, self, self.device, attention, trust_remote_code)
+            if self.served.off_regime
+            else None
         )
         self._eos_ids = tok.end_of_generation_ids(self.tokenizer, self.model.config, self.model_path)
         # Any valid id will do: padded slots are masked out, never attended to.
@@ -636,8 +644,10 @@ def load_model(path: Path, served: Serving, device: torch.device, attention: str
     )
     if attention == "sdpa":  # the same SDPA, without copying key-value heads at decoding (register_grouped_sdpa)
         model.set_attn_implementation(register_grouped_sdpa())
-    if not served.stock_rope:
-        serve_rope(model, served.frequencies, served.rotation)
+    if served.frequencies == "bf16":  # the bf16 buffers a bf16_full run trained with (transformers loads fp32 ones)
+        cast_buffers(model, "bf16")
+    if served.rotation == "fp32":
+        set_rope_precision(model, "fp32")
     return model.eval()
 
 

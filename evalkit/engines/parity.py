@@ -1,8 +1,8 @@
 """How close two forwards of one checkpoint are, position by position: the KL divergence of one's
 next-token distribution from a reference's, and whether their top-1 tokens agree, per bucket of
-positions (RoPE's rounding grows with the position). `evalkit parity` holds each engine's serving
-to the trainer's own forward; an engine serving a checkpoint stock, off the regime it trained in,
-states its KL from a transformers twin served as trained in one line (off_regime_kl)."""
+positions (RoPE's rounding grows with the position). `evalkit parity` (probe.parity) holds each
+engine's serving to the trainer's own forward; an engine serving a checkpoint stock, off the regime
+it trained in, states its KL from a transformers twin served as trained in one line (off_regime_kl)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from typing import Any
 
 import torch
 
-from evalkit.engines.base import PackedEngine
-from evalkit.errors import UserError
-from evalkit.markdown import markdown_table
+from evalkit.engines.base import Engine
 
 FIRST_BUCKET = 64  # positions 0-63, then doubling: 64-127, 128-255, ...
 OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
@@ -57,9 +55,9 @@ def bucket_rows(kl: torch.Tensor, top1: torch.Tensor) -> list[dict[str, Any]]:
 
 
 def off_regime_kl(
-    engine: PackedEngine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
+    path: Path, engine: Engine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
 ) -> float:
-    """An engine serving stock off the trained regime (engine.served.off_regime): the mean KL of its
+    """An engine serving `path` stock off the trained regime (engine.served.off_regime): the mean KL of its
     next-token distributions from a transformers twin's served as trained, on `device`, over the
     first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
     import sys
@@ -67,7 +65,7 @@ def off_regime_kl(
     from evalkit.engines.hf import load_model, model_logprobs
     from evalkit.models.precision import served_regime
 
-    path, served = engine.model_path, engine.served
+    served = engine.served
     tokens = probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
     twin = load_model(path, served_regime(path, "trained"), device, attention, trust_remote_code)
     reference = model_logprobs(twin, tokens, device)
@@ -80,44 +78,3 @@ def off_regime_kl(
         file=sys.stderr,
     )
     return kl
-
-
-def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str, Any]]:
-    """Per engine and serving (trained, stock) and bucket of positions: how far the engine's forward
-    is from the trainer's on `length` tokens of the built-in prose."""
-    from evalkit.engines import engine_class, get_engine
-    from evalkit.models.check import load_tokenizer
-    from evalkit.models.precision import SERVINGS, resolve_device
-    from evalkit.models.refs import checkpoint_meta
-    from evalkit.train.loop import trainer_logprobs
-
-    for name in engines:  # an unknown or uninstalled engine: one line before any model loads
-        if not issubclass(engine_class(name), PackedEngine):
-            raise UserError(f"the {name} engine has no position_logprobs to compare; use hf or vllm")
-    if not checkpoint_meta(checkpoint).get("config"):
-        raise UserError(
-            f"{checkpoint}/meta.json records no training run: parity needs a checkpoint evalkit train wrote"
-        )
-    tokens = probe_tokens(load_tokenizer(checkpoint), length)
-    if len(tokens) < length:
-        raise UserError(f"the built-in prose gives {len(tokens)} tokens with this tokenizer; ask for fewer")
-    reference = trainer_logprobs(checkpoint, tokens, resolve_device("auto"))
-    rows = []
-    for name in engines:
-        for serving in SERVINGS:
-            with get_engine(name, checkpoint, serving=serving, max_length=length) as engine:
-                assert isinstance(engine, PackedEngine)  # checked above
-                kl, top1 = divergence(reference, engine.position_logprobs(tokens))
-                served = {"engine": name, "serving": serving, "served": engine.served.describe()}
-            rows += [{**served, **row} for row in bucket_rows(kl, top1)]
-    return rows
-
-
-def parity_table(rows: list[dict[str, Any]]) -> str:
-    header = ["engine", "serving", "served as", "positions", "KL mean (nats)", "KL max", "top-1 agreement"]
-    cells = [
-        [r["engine"], r["serving"], r["served"], r["positions"], f"{r['kl_mean']:.2e}", f"{r['kl_max']:.2e}",
-         f"{100 * r['top1_agreement']:.1f}%"]
-        for r in rows
-    ]  # fmt: skip
-    return markdown_table(header, cells)

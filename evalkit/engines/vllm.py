@@ -404,7 +404,9 @@ class VLLMEngine(PackedEngine):
                 "unset VLLM_USE_V2_MODEL_RUNNER"
             )
         # vLLM holds the accelerator: the twin served as trained computes on the CPU.
-        self.off_regime_kl = parity.off_regime_kl(self, torch.device("cpu")) if self.served.off_regime else None
+        self.off_regime_kl = (
+            parity.off_regime_kl(self.model_path, self, torch.device("cpu")) if self.served.off_regime else None
+        )
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:

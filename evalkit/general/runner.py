@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalkit.errors import UserError
 from evalkit.files import read_json_object, refuse_foreign
@@ -27,6 +27,9 @@ from evalkit.store.result_format import ResultRow, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from evalkit.sweep.pipeline import Averages, Benchmark, Unit, UnitProgress, UnitResult
+
+if TYPE_CHECKING:
+    from evalkit.models.precision import Serving
 
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
@@ -99,7 +102,7 @@ class GeneralBenchmark(Benchmark):
         resolved = [str(path) for path in default_include_paths(settings.include_paths)]
         self.settings = replace(settings, include_paths=resolved)
         self.engine = EngineChoice(settings.engine, settings.engine_settings)
-        self._plans: dict[str, TaskPlan] = {}
+        self._plans: dict[tuple[str, Path], TaskPlan] = {}
         self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
 
     @cached_property
@@ -122,13 +125,13 @@ class GeneralBenchmark(Benchmark):
         weighs 57 single tasks). Documents per task would need every dataset loaded; not counted."""
         return float(self.catalog.leaf_tasks(unit.task))
 
-    def plan(self, unit: Unit) -> TaskPlan:
-        if unit.task not in self._plans:
-            self._plans[unit.task] = _plan(self.catalog, unit.task, self.settings)
-        return self._plans[unit.task]
+    def plan(self, unit: Unit, path: Path) -> TaskPlan:
+        if (unit.task, path) not in self._plans:
+            self._plans[unit.task, path] = _plan(self.catalog, unit.task, self.settings, path)
+        return self._plans[unit.task, path]
 
     def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
-        record = _stored_record(store, self.plan(unit))
+        record = _stored_record(store, self.plan(unit, store.ref.path))
         return None if record is None else _result(record, store, resumed=True)
 
     def evaluate(
@@ -136,7 +139,7 @@ class GeneralBenchmark(Benchmark):
     ) -> UnitResult[tuple[str, dict]]:
         ref = store.ref
         record = _evaluate_task(
-            lambda: self._engine_lm(engine, progress), self.catalog, self.plan(unit), self.settings, store
+            lambda: self._engine_lm(engine, progress), self.catalog, self.plan(unit, ref.path), self.settings, store
         )
         for task, left in record.get("over_window", {}).items():
             self.log(
@@ -205,19 +208,26 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
     return UnitResult(rows, (record["task"], entry), not resumed, engine_info)
 
 
-def _plan(catalog, name: str, settings: GeneralSettings) -> TaskPlan:
+def _plan(catalog, name: str, settings: GeneralSettings, path: Path) -> TaskPlan:
     shots, source = catalog.fewshot(name, settings.num_fewshot)
-    dtype = EngineChoice(settings.engine, settings.engine_settings).dtype()
-    return TaskPlan(name, shots, source, task_key(settings, name, shots, dtype))
+    served = EngineChoice(settings.engine, settings.engine_settings).served(path)
+    return TaskPlan(name, shots, source, task_key(settings, name, shots, served))
 
 
-def task_key(settings: GeneralSettings, task: str, shots: int | None, dtype: str) -> str:
+def task_key(settings: GeneralSettings, task: str, shots: int | None, served: Serving) -> str:
     """What a stored task result must match to be reused: the settings' identity
     (evalkit.store.identity), the task with the shots in effect, and the dtype the engine computes in
     (an engine result fact, engines.base.RESULT_FACTS: its default where none is asked for, so
-    asking for the default is the same key as asking for none)."""
+    asking for the default is the same key as asking for none), with a serving unlike a stock one."""
     asked = {name: value for name, value in settings.engine_settings.items() if name != "dtype"}
-    return identity_key(replace(settings, engine_settings=asked), task=task, num_fewshot=shots, dtype=dtype)
+    return identity_key(
+        replace(settings, engine_settings=asked),
+        with_count=True,
+        task=task,
+        num_fewshot=shots,
+        dtype=served.dtype,
+        **served.key_facts(),
+    )
 
 
 def _evaluate_task(

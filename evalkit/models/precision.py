@@ -8,7 +8,7 @@ lm-eval. torch is imported only when a torch object is asked for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +41,7 @@ def engine_dtype(asked: str | None = None, device: str = "auto") -> str:
     return "bf16" if resolve_device(device).type == "cuda" else "fp32"
 
 
-# How an engine serves a checkpoint (docs/engines.md, "Serving as trained"): "trained", in the
+# How an engine serves a checkpoint (docs/training.md, "Serving as trained"): "trained", in the
 # regime its meta.json records (the trainer's compute dtype, RoPE frequencies and rotation), or
 # "stock", as transformers and vLLM load it (frequencies computed in fp32, cos/sin cast to the
 # model's dtype). A checkpoint that records no bf16 regime is served alike either way.
@@ -58,15 +58,16 @@ class Serving:
     frequencies: str = "fp32"
     rotation: str = "cast"
     off_regime: str = ""  # served stock off the trained regime: that regime, said (else "")
+    unlike_stock: bool = False  # served as trained, and that is not what a stock serving computes
 
     @property
     def stock_rope(self) -> bool:
         return self.frequencies == "fp32" and self.rotation == "cast"
 
     def key_facts(self) -> dict[str, str]:
-        """What the served regime adds to a stored result's key beyond its dtype: nothing where the
-        RoPE is the stock one (so results from before the setting keep their keys)."""
-        return {} if self.stock_rope else {"rope": f"frequencies {self.frequencies}, rotation {self.rotation}"}
+        """What the serving adds to a stored result's key: nothing where it computes what a stock
+        serving does (so results from before the setting keep their keys), else the regime."""
+        return {"served": self.describe()} if self.unlike_stock else {}
 
     def record(self) -> dict[str, str]:
         return {"serving": self.asked, "rope_frequencies": self.frequencies, "rope_rotation": self.rotation}
@@ -96,16 +97,16 @@ def served_regime(
         "bf16" if precision.get("buffers") == "bf16" else "fp32",
         "fp32" if recorded != "fp32" and precision.get("rotation") == "fp32" else "cast",
     )
+    stock = Serving("stock", engine_dtype(asked_dtype, device))
+    unlike_stock = replace(stock, asked="trained") != trained
     if serving == "trained":
         if asked_dtype and check_dtype(asked_dtype) != trained.dtype:
             raise UserError(
                 f"{path} trained in {recorded}: serving=trained computes in {trained.dtype}, not {asked_dtype}; "
                 "drop the dtype, or serve it stock (--engine-arg serving=stock)"
             )
-        return trained
-    stock = Serving("stock", engine_dtype(asked_dtype, device))
-    off = (stock.dtype, stock.frequencies, stock.rotation) != (trained.dtype, trained.frequencies, trained.rotation)
-    return Serving("stock", stock.dtype, off_regime=f"{recorded}: {trained.describe()}" if off else "")
+        return replace(trained, unlike_stock=unlike_stock)
+    return replace(stock, off_regime=f"{recorded}: {trained.describe()}" if unlike_stock else "")
 
 
 def long_dtype_name(name: str) -> str:

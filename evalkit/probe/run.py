@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from evalkit.attention.features import check_attention_supported, layer_windows, windows_shorter_than
+from evalkit.attention.hf import cast_buffers
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 from evalkit.models.check import (
@@ -79,8 +80,6 @@ def load_model(checkpoint: Path, config, condition: str, dtype: str, device: tor
     # run_probe reports its own progress: no loading bar.
     model = load_pretrained(AutoModel, checkpoint, allowed_unexpected=("lm_head.",), progress_bar=False, **common)
     if as_trained(condition, dtype, trained):
-        from evalkit.train.regime import cast_buffers
-
         cast_buffers(model, (trained or {}).get("rope", "bf16"))
     return model.to(device).eval()
 

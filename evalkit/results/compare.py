@@ -29,6 +29,10 @@ the difference over that standard error (normal approximation: a percentile p-va
 about 2/replicates, which Holm multiplies), Holm-adjusted across every task × length × pair cell of
 one command, and separately across the per-length task averages.
 
+An interaction (A − B) − (C − D) (--interaction A-B:C-D: e.g. how much larger BF16 − FP32 is under
+full attention than under anchor) is differenced replicate by replicate from the same replicates, so
+it is paired wherever its four series are; its cells and its averages are two more Holm families.
+
 Effective length (RULER): the longest evaluated length with the task average at or above the
 threshold there *and at every shorter evaluated length* (a dip ends it, as RULER reads it); None
 when the shortest already falls below. Its interval: the 2.5th and 97.5th percentiles of the same
@@ -95,6 +99,7 @@ class EffectiveLength:
 class Comparison:
     differences: list[Difference]
     averages: list[Difference]
+    interactions: list[Difference]  # (A − B) − (C − D): "other" is (A − B), "baseline" (C − D); cells, then averages
     effective: list[EffectiveLength]
     seed: int
     replicates: int
@@ -195,22 +200,22 @@ class Bootstrap:
             self.point[(name, cell)] = float(np.mean(points))
             self.run_points[(name, cell)] = points
 
-    def pairing_level(self, cell: Cell, a: str, b: str) -> str:
-        """What the difference at `cell` was paired by: checkpoints (the same weights), else seeds (runs of
-        the same streams), with "+samples" where the samples were too, or "samples", or "none"."""
-        by_sample = self.pairing_of(cell, a, b).startswith("paired")
-        if self.checkpoint_group[a] == self.checkpoint_group[b]:
+    def pairing_level(self, cell: Cell, *names: str) -> str:
+        """What the difference of `names` at `cell` was paired by: checkpoints (the same weights), else seeds
+        (runs of the same streams), with "+samples" where the samples were too, or "samples", or "none"."""
+        by_sample = self.pairing_of(cell, *names).startswith("paired")
+        if len({self.checkpoint_group[name] for name in names}) == 1:
             by = "checkpoints"
-        elif self.run_group[a] == self.run_group[b] and self.run_draws[a] is not None:
+        elif len({self.run_group[name] for name in names}) == 1 and self.run_draws[names[0]] is not None:
             by = "seeds"
         else:
             return "samples" if by_sample else "none"
         return by + "+samples" if by_sample else by
 
-    def pairing_of(self, cell: Cell, a: str, b: str) -> str:
+    def pairing_of(self, cell: Cell, *names: str) -> str:
         keys = self.groups[cell]
-        mine = {key for (name, *_), key in keys.items() if name in (a, b)}
-        members = {m: self.runs[m[0]][m[1]].checkpoints[m[2]][cell] for m in keys if m[0] in (a, b)}
+        mine = {key for (name, *_), key in keys.items() if name in names}
+        members = {m: self.runs[m[0]][m[1]].checkpoints[m[2]][cell] for m in keys if m[0] in names}
         if len(mine) == 1 and self.pairing != "independent":
             prompts = {tuple(samples[i].prompt for i in sorted(samples)) for samples in members.values()}
             return "paired, same prompts" if len(prompts) == 1 else "paired, same references, prompts differ"
@@ -296,25 +301,35 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def _difference(boot: Bootstrap, a: str, b: str, cells: list[Cell], task: str) -> Difference:
-    """B − A over `cells` (one cell, or a length's tasks averaged)."""
-    point_a = float(np.mean([boot.point[(a, c)] for c in cells]))
-    point_b = float(np.mean([boot.point[(b, c)] for c in cells]))
-    draws = np.mean([boot.values[(b, c)] - boot.values[(a, c)] for c in cells], axis=0)
+Side = tuple[str] | tuple[str, str]  # a series, or the contrast X − Y of two (one side of an interaction)
+
+
+def _of(table: dict, side: Side, cell: Cell) -> np.ndarray:
+    """A side's entry in `table` (boot.point, values or run_points): the series', or X's minus Y's."""
+    return np.sum([sign * np.asarray(table[(name, cell)]) for name, sign in zip(side, (1, -1))], axis=0)
+
+
+def _difference(boot: Bootstrap, a: Side, b: Side, cells: list[Cell], task: str) -> Difference:
+    """B − A over `cells` (one cell, or a length's tasks averaged), from the same replicates."""
+    point_a, point_b = (float(np.mean([_of(boot.point, s, c) for c in cells])) for s in (a, b))
+    draws = np.mean([_of(boot.values, b, c) - _of(boot.values, a, c) for c in cells], axis=0)
     low, high = (float(x) for x in np.percentile(draws, [2.5, 97.5]))  # the 95% percentile interval
     stderr = float(np.std(draws, ddof=1))
-    runs = {s: [float(v) for v in np.mean([boot.run_points[(s, c)] for c in cells], axis=0)] for s in (a, b)}
-    first = cells[0]
-    firsts = [boot.runs[s][0] for s in (a, b)]
+    # each run's value; a contrast's per seed, where its two series share the draw of runs (the same seeds)
+    runs = {s: [float(v) for v in np.mean([_of(boot.run_points, s, c) for c in cells], axis=0)]
+            if boot.run_draws[s[0]] is boot.run_draws[s[-1]] else [] for s in (a, b)}  # fmt: skip
+    first, names = cells[0], a + b
+    firsts = [boot.runs[s][0] for s in names]
     sizes = {tuple(len(run.checkpoints[run.steps()[0]][c]) for run in firsts) for c in cells}
     samples = "/".join(map(str, dict.fromkeys(sizes.pop()))) if len(sizes) == 1 else "varies"
+    label = lambda side: side[0] if len(side) == 1 else f"({side[0]} − {side[1]})"  # noqa: E731
     return Difference(
-        baseline=a, other=b, benchmark=first.benchmark, task=task,
+        baseline=label(a), other=label(b), benchmark=first.benchmark, task=task,
         metric=first.metric if len(cells) == 1 else "task average", length=first.length, filter=first.filter,
         baseline_value=point_a, other_value=point_b, difference=point_b - point_a,
         stderr=stderr, low=low, high=high, p=normal_p(point_b - point_a, stderr), p_holm=float("nan"), samples=samples,
-        pairing=_level_over([boot.pairing_level(c, a, b) for c in cells]),
-        pairing_detail=_pairing_over([boot.pairing_of(c, a, b) for c in cells]),
+        pairing=_level_over([boot.pairing_level(c, *names) for c in cells]),
+        pairing_detail=_pairing_over([boot.pairing_of(c, *names) for c in cells]),
         tasks=len(cells), baseline_runs=runs[a], other_runs=runs[b],
     )  # fmt: skip
 
@@ -343,6 +358,18 @@ def pairs(names: list[str], baseline: str | None) -> list[tuple[str, str]]:
     return [(base, other) for other in names if other != base]
 
 
+def interaction(spec: str, names: list[str]) -> tuple[str, str, str, str]:
+    """--interaction A-B:C-D as its four series (names may hold "-": the one split into two known names)."""
+    halves = [[(half[:i], half[i + 1 :]) for i, dash in enumerate(half) if dash == "-" and
+               {half[:i], half[i + 1 :]} <= set(names)] for half in spec.split(":")]  # fmt: skip
+    if len(halves) != 2 or any(len(splits) != 1 for splits in halves):
+        raise UserError(f"--interaction {spec!r}: give A-B:C-D, four of the series ({', '.join(names)})")
+    (a, b), (c, d) = halves[0][0], halves[1][0]
+    if len({a, b, c, d}) < 4:
+        raise UserError(f"--interaction {spec!r} names a series twice; (A − B) − (C − D) takes four series")
+    return a, b, c, d
+
+
 FULL_ATTENTION = "full"  # evalkit.attention.paradigms.Paradigm.FULL, as meta.json records it (not imported: torch)
 
 
@@ -359,6 +386,20 @@ def default_baseline(series: dict[str, Series]) -> str:
     raise UserError(f"no series is full attention by its checkpoints' records ({paradigms}); pass --baseline SERIES")
 
 
+def _rows(boot: Bootstrap, a: Side, b: Side, pairing: Pairing) -> tuple[list[Difference], list[Difference]]:
+    """B − A at every cell the sides share, and per RULER length of their task average."""
+    shared = sorted(set.intersection(*(boot.series[name].cells() for name in a + b)))
+    if not shared:
+        raise UserError(f"{' and '.join(a + b)} share no task: nothing to compare")
+    cells = [_difference(boot, a, b, [cell], cell.task) for cell in shared]
+    for cell, found in zip(shared, cells):
+        if pairing == "require" and not found.pairing_detail.startswith("paired"):
+            where = f"{found.other} vs {found.baseline}, {cell.label()}{_at(cell)}"
+            raise UserError(f"{where}: cannot pair, {found.pairing_detail}")
+    ruler = {n: [c for c in shared if c.benchmark == "ruler" and c.length == n] for n in _lengths(shared)}
+    return cells, [_difference(boot, a, b, at, "average") for at in ruler.values()]
+
+
 def compare(
     series: dict[str, Series],
     order: list[str],
@@ -369,52 +410,47 @@ def compare(
     pairing: Pairing = "auto",
     threshold: float = RULER_THRESHOLD,
     threshold_from: str | None = None,
+    interactions: tuple[str, ...] = (),
 ) -> Comparison:
-    """Every pair's differences, per-length averages and every series' effective length."""
+    """Every pair's differences, per-length averages, each interaction's and every series' effective length."""
     if pairing not in PAIRINGS:
         raise UserError(f"--pairing must be one of {', '.join(PAIRINGS)}, got {pairing!r}")
     compared = pairs(order, baseline)
+    fours = [interaction(spec, order) for spec in interactions]
     boot = Bootstrap(series, replicates, seed, pairing)
-    differences, averages = [], []
-    for a, b in compared:
-        shared = sorted(series[a].cells() & series[b].cells())
-        if not shared:
-            raise UserError(f"{a} and {b} share no task: nothing to compare")
-        for cell in shared:
-            found = _difference(boot, a, b, [cell], cell.task)
-            if pairing == "require" and not found.pairing_detail.startswith("paired"):
-                raise UserError(f"{b} vs {a}, {cell.label()}{_at(cell)}: cannot pair, {found.pairing_detail}")
-            differences.append(found)
-        for length in sorted({c.length for c in shared if c.benchmark == "ruler" and c.length is not None}):
-            cells = [c for c in shared if c.benchmark == "ruler" and c.length == length]
-            averages.append(_difference(boot, a, b, cells, "average"))
-    for family in (differences, averages):
+    pairwise = [_rows(boot, (a,), (b,), pairing) for a, b in compared]
+    interacting = [_rows(boot, (c, d), (a, b), pairing) for a, b, c, d in fours]
+    # Holm families: the pairs' cells, their averages, the interactions' cells, their averages
+    families = [[d for rows in found for d in rows[k]] for found in (pairwise, interacting) for k in (0, 1)]
+    for family in families:
         for entry, adjusted in zip(family, holm([d.p for d in family])):
             entry.p_holm = adjusted
     source = "given"
     if threshold_from is not None:
         threshold, source = reference_threshold(boot, threshold_from)
-    effective = [effective_length(boot, name, threshold) for name in order if _lengths(series[name])]
+    effective = [effective_length(boot, name, threshold) for name in order if _lengths(series[name].cells())]
     checkpoints = {name: series[name].steps() for name in order}
     runs = {name: [run.name for run in boot.runs[name]] for name in order if series[name].runs}
-    return Comparison(differences, averages, effective, seed, replicates, threshold, source, checkpoints, runs)
+    differences, averages, cells, means = families
+    return Comparison(differences, averages, cells + means, effective, seed, replicates, threshold, source,
+                      checkpoints, runs)  # fmt: skip
 
 
-def _lengths(one: Series) -> list[int]:
-    return sorted({c.length for c in one.cells() if c.benchmark == "ruler" and c.length is not None})
+def _lengths(cells: set[Cell] | list[Cell]) -> list[int]:
+    return sorted({c.length for c in cells if c.benchmark == "ruler" and c.length is not None})
 
 
 def series_length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
     """Per length: the series' task average (point) and its replicates."""
     cells = sorted(c for c in boot.series[name].cells() if c.benchmark == "ruler")  # one order: the same digits
-    at = {length: [c for c in cells if c.length == length] for length in _lengths(boot.series[name])}
+    at = {length: [c for c in cells if c.length == length] for length in _lengths(boot.series[name].cells())}
     points = {n: float(np.mean([boot.point[(name, c)] for c in cs])) for n, cs in at.items()}
     return {n: (points[n], np.mean([boot.values[(name, c)] for c in cs], axis=0)) for n, cs in at.items()}
 
 
 def reference_threshold(boot: Bootstrap, name: str) -> tuple[float, str]:
     """--threshold-from: the reference series' task average at its shortest length (its point value)."""
-    if name not in boot.series or not _lengths(boot.series[name]):
+    if name not in boot.series or not _lengths(boot.series[name].cells()):
         raise UserError(f"--threshold-from {name!r}: no RULER series of that name among {', '.join(boot.series)}")
     shortest, (value, _) = min(series_length_averages(boot, name).items())
     return value, f"{name} at {shortest}"

@@ -59,9 +59,10 @@ def summary_table(comparison: Comparison) -> str:
     return markdown_table(["B − A (task average)", *map(cell_length_label, lengths)], rows)
 
 
-def differences_table(comparison: Comparison) -> str:
+def differences_table(comparison: Comparison, interactions: bool = False) -> str:
+    """One row per difference (B − A), or with `interactions` per interaction ((A − B) − (C − D))."""
     rows = []
-    for d in comparison.differences + comparison.averages:
+    for d in comparison.interactions if interactions else comparison.differences + comparison.averages:
         task = f"**average ({d.tasks} tasks)**" if d.task == "average" else d.task
         metric = d.metric + (f" ({d.filter})" if d.filter not in (None, "none") else "")
         metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
@@ -69,7 +70,8 @@ def differences_table(comparison: Comparison) -> str:
                      _value(d.baseline_value, d.baseline_runs), _value(d.other_value, d.other_runs),
                      _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]",
                      _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip
-    header = ["B − A", "task", "metric", "length", "A", "B", "B − A", "se", "95% interval", "p", "p (Holm)",
+    names = ["(A − B) − (C − D)", "C − D", "A − B"] if interactions else ["B − A", "A", "B"]
+    header = [names[0], "task", "metric", "length", *names[1:], names[0], "se", "95% interval", "p", "p (Holm)",
               "samples", "paired by", "pairing"]  # fmt: skip
     return markdown_table(header, rows)
 
@@ -116,6 +118,9 @@ def markdown(comparison: Comparison, command: str) -> str:
     if comparison.averages:
         parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]
     parts += ["## Per task", "", differences_table(comparison), ""]
+    if comparison.interactions:
+        parts += ["## Interactions ((A − B) − (C − D), from the same replicates; Holm across these cells and, "
+                  "separately, their averages)", "", differences_table(comparison, interactions=True), ""]  # fmt: skip
     if comparison.effective:
         title = f"## Effective length (task average ≥ {threshold} at that length and every shorter one)"
         parts += [title, "", effective_table(comparison), ""]
@@ -132,9 +137,11 @@ def json_records(comparison: Comparison, command: str) -> dict:
         "threshold_source": comparison.threshold_source,
         "checkpoints": comparison.checkpoints,
         "runs": comparison.runs,
-        "correction": "Holm across every task x length x pair cell; separately across the per-length averages",
+        "correction": "Holm across every task x length x pair cell; separately across the per-length averages, "
+        "the interactions' cells and the interactions' averages",
         "differences": [asdict(d) for d in comparison.differences],
         "averages": [asdict(d) for d in comparison.averages],
+        "interactions": [asdict(d) for d in comparison.interactions],
         "effective_lengths": [
             {**asdict(e), "scores": {str(k): v for k, v in e.scores.items()}} for e in comparison.effective
         ],

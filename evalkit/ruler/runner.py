@@ -138,7 +138,8 @@ def _evaluate_task(
     # by the hf engine: its answers are keyed apart. The engine's result facts (engines.base.RESULT_FACTS)
     # beyond the settings, as they will be once it is built; the checkpoint's own (path, window): the log's place.
     sink = label != STANDARD and trained_window_anchor(ref.path) == "sink"
-    facts = {"dtype": engine.choice.dtype(), "tokenizer_fingerprint": fingerprint}
+    served = engine.choice.served(ref.path)
+    facts = {"dtype": served.dtype, **served.key_facts(), "tokenizer_fingerprint": fingerprint}
     key = answer_key(settings, data_key, facts, {"window_anchor": "sink"} if sink else {})
     log_file = store.file(".jsonl" if label == STANDARD else f".{label}.jsonl")  # encodings never share a log
     log = SampleLog(log_file, key, writer=store.writer)

@@ -197,8 +197,9 @@ def describe_checkpoint(summary: dict[str, Any]) -> tuple[str, str, str]:
     else:
         model_text = "?"
     precision = training_precision(meta)
-    if precision:
-        model_text = f"{model_text} ({precision})"
+    if precision:  # a bf16 run: which serving (models.precision.SERVINGS) its scores are of
+        serving = ((summary.get("provenance") or {}).get("engine") or {}).get("serving")
+        model_text = f"{model_text} ({precision}; served {'as trained' if serving == 'trained' else serving})"
     data = (config.get("data") or {}).get("source", "?")
     return meta.get("paradigm", "?"), model_text, data
 

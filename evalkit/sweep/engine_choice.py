@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalkit.store.result_format import STANDARD
+
+if TYPE_CHECKING:
+    from evalkit.models.precision import Serving
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,17 @@ class EngineChoice:
             chosen["packed"] = True
         return cls(settings.engine, chosen)
 
-    def dtype(self) -> str:
-        """The dtype the engine will compute in, known before it is built (what results are keyed under)."""
-        from evalkit.models.precision import engine_dtype
+    def served(self, path: Path) -> Serving:
+        """How the engine will serve the checkpoint at `path`: its dtype and RoPE regime, known before
+        it is built (what results are keyed under: the recorded regime is the used one)."""
+        from evalkit.engines.args import engine_setting_types
+        from evalkit.models.precision import served_regime
 
-        return engine_dtype(self.settings.get("dtype"), self.settings.get("device") or "auto")
+        # An engine without the setting serves stock (its own dtype default).
+        serving = self.settings.get("serving") or (
+            "trained" if "serving" in engine_setting_types(self.name) else "stock"
+        )
+        return served_regime(path, serving, self.settings.get("dtype"), self.settings.get("device") or "auto")
 
 
 class LazyEngine:

@@ -24,7 +24,7 @@ import evalkit
 from evalkit.attention import PackedSequence
 from evalkit.attention.anchor import anchor_note, anchor_record
 from evalkit.attention.features import layer_windows
-from evalkit.attention.hf import HF_NAMES
+from evalkit.attention.hf import HF_NAMES, cast_buffers
 from evalkit.corpus import tokenizer_fingerprint
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_text, check_output_dir, disk_full_error, naming, output_lock, refuse_foreign
@@ -90,7 +90,7 @@ def trainer_logprobs(checkpoint: Path, tokens: list[int], device: torch.device) 
     config.model.path = str(checkpoint)
     model = MaskedLMLoss(build_model(config, None, device), config.model.window_anchor).eval()
     if config.dtype == "bf16_full":
-        regime.cast_buffers(model, config.rope_precision)
+        cast_buffers(model, config.rope_precision)
     ids = torch.tensor([tokens], device=device)
     positions = torch.arange(len(tokens), device=device)[None]
     with torch.no_grad(), compute_weights(model, config, distributed.DistContext()), autocast_context(config, device):
@@ -306,7 +306,7 @@ def build_training(
     if ctx.distributed:
         distributed.materialize(model, ctx.device)
     if config.dtype == "bf16_full":
-        regime.cast_buffers(model, config.rope_precision)
+        cast_buffers(model, config.rope_precision)
     model.train()
     o = config.optim
     optimizer = torch.optim.AdamW(

@@ -59,18 +59,6 @@ def record(dtype: str, rope_precision: str, grad_accum_dtype: str = "fp32") -> d
     }
 
 
-def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
-    """bf16_full: every floating buffer to bf16, as casting the whole model does; RoPE's
-    frequencies (computed in fp32 at construction, as the model computes them) are cast too,
-    unless the rotation is to be fp32."""
-    for module in model.modules():
-        if type(module).__name__.endswith("RotaryEmbedding") and rope_precision == "fp32":
-            continue
-        for name, buffer in module.named_buffers(recurse=False):
-            if buffer is not None and buffer.is_floating_point():
-                setattr(module, name, buffer.to(torch.bfloat16))
-
-
 @contextmanager
 def bf16_weights(model: torch.nn.Module, accumulate: torch.dtype = torch.float32) -> Iterator[None]:
     """One process under bf16_full, for one optimizer step's forwards and backwards: the parameters

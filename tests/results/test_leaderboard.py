@@ -313,26 +313,29 @@ def test_export_refuses_an_unknown_format(results):
 
 
 @pytest.mark.parametrize(
-    "config, precision, shown",
+    "config, precision, serving, shown",
     [
-        ({}, None, "llama 4x256"),  # fp32 training: the model text as before
-        ({"dtype": "bf16"}, None, "llama 4x256 (bf16, RoPE fp32)"),  # bf16 before the setting: rotated in fp32
+        ({}, None, "trained", "llama 4x256"),  # fp32 training: the model text as before, either serving
+        ({"dtype": "bf16"}, None, "stock", "llama 4x256 (bf16, RoPE fp32; served stock)"),  # before the setting
         (
             {"dtype": "bf16", "rope_precision": "bf16"},
             {"dtype": "bf16", "rope": "bf16"},
-            "llama 4x256 (bf16, RoPE bf16)",
+            "stock",
+            "llama 4x256 (bf16, RoPE bf16; served stock)",
         ),
         (  # the released regime: bf16 weights, buffers and residual
             {"dtype": "bf16_full", "rope_precision": "bf16"},
             {"dtype": "bf16_full", "rope": "bf16", "weights": "bf16", "residual": "bf16"},
-            "llama 4x256 (bf16 full, RoPE bf16)",
+            "trained",
+            "llama 4x256 (bf16 full, RoPE bf16; served as trained)",
         ),
     ],
 )
-def test_the_model_column_shows_the_training_precision(config, precision, shown):
+def test_the_model_column_shows_the_training_precision_and_the_serving(config, precision, serving, shown):
     from evalkit.store.result_format import describe_checkpoint
 
     summary = ruler_summary("run", 10, {("vt", 512): 50})
+    summary["provenance"]["engine"] = {"serving": serving}
     meta = summary["provenance"]["checkpoint_meta"]
     meta["config"].update(config)
     if precision:

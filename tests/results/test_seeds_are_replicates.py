@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from evalkit.errors import UserError
-from evalkit.results.compare import compare, significant
-from evalkit.results.compare_report import differences_table
+from evalkit.results.compare import compare, interaction, normal_p, significant
+from evalkit.results.compare_report import differences_table, json_records, markdown
 from evalkit.results.samples import Cell, LoggedSample, Series, load_series
+from tests.helpers import error_line, evalkit_here
 from tests.results.test_compare import run_compare, set_paradigm, write_checkpoint
 
 CELL = Cell("ruler", "niah_single_1", 1024, "string_match_all")
@@ -98,13 +99,13 @@ def test_between_seed_spread_widens_the_interval_and_only_a_difference_beyond_it
     )
 
 
-def hierarchical_bootstrap(series_a, series_b, replicates: int, rng, paired_seeds: bool = False) -> np.ndarray:
-    """B − A over replicates, written from the documented rule: per replicate one draw of the samples
-    (both series answered the same ones: paired), per series its own draw of runs (or, paired by seed,
-    one draw of seeds for both: run k of A is seed k, as run k of B) and per run of its checkpoints,
-    each stage's spread scaled to the unbiased s²/n (the value mean + √(n/(n−1)) times the drawn mean's
-    deviation from it)."""
-    n = series_a[0].shape[1]
+def hierarchical_bootstrap(sides: list, replicates: int, rng, paired_seeds: bool = False) -> np.ndarray:
+    """Each series' value over replicates (sides × replicates), written from the documented rule: per
+    replicate one draw of the samples (all series answered the same ones: paired), per series its own
+    draw of runs (or, paired by seed, one draw of seeds for all: run k of each is seed k) and per run of
+    its checkpoints, each stage's spread scaled to the unbiased s²/n (the value mean + √(n/(n−1)) times
+    the drawn mean's deviation from it)."""
+    n = sides[0][0].shape[1]
 
     def stage(values: np.ndarray, drawn_indices=None) -> float:
         mean = values.mean()
@@ -113,14 +114,12 @@ def hierarchical_bootstrap(series_a, series_b, replicates: int, rng, paired_seed
         indices = rng.integers(0, len(values), len(values)) if drawn_indices is None else drawn_indices
         return float(mean + math.sqrt(len(values) / (len(values) - 1)) * (values[indices].mean() - mean))
 
-    out = np.empty(replicates)
+    out = np.empty((len(sides), replicates))
     for r in range(replicates):
         samples = rng.integers(0, n, n)
-        seeds = rng.integers(0, len(series_a), len(series_a)) if paired_seeds else None
-        value = {}
-        for side, runs in (("a", series_a), ("b", series_b)):
-            value[side] = stage(np.array([stage(scores[:, samples].mean(axis=1)) for scores in runs]), seeds)
-        out[r] = value["b"] - value["a"]
+        seeds = rng.integers(0, len(sides[0]), len(sides[0])) if paired_seeds else None
+        for k, runs in enumerate(sides):
+            out[k, r] = stage(np.array([stage(scores[:, samples].mean(axis=1)) for scores in runs]), seeds)
     return out
 
 
@@ -143,7 +142,7 @@ def test_multi_run_intervals_match_a_hierarchical_bootstrap_written_here():
     a = Series("A", runs=[run(f"a{k}", scores.tolist()) for k, scores in enumerate(raw_a)])
     b = Series("B", runs=[run(f"b{k}", scores.tolist()) for k, scores in enumerate(raw_b)])
     (d,) = compare({"A": a, "B": b}, ["A", "B"], replicates=6000, seed=4).differences
-    reference = hierarchical_bootstrap(raw_a, raw_b, 6000, np.random.default_rng(99))
+    reference = np.diff(hierarchical_bootstrap([raw_a, raw_b], 6000, np.random.default_rng(99)), axis=0)[0]
     by_run = {side: [float(scores.mean()) for scores in raw] for side, raw in (("a", raw_a), ("b", raw_b))}
     assert d.baseline_runs == pytest.approx(by_run["a"]) and d.other_runs == pytest.approx(by_run["b"])
     assert d.difference == pytest.approx(statistics.fmean(by_run["b"]) - statistics.fmean(by_run["a"]))
@@ -173,16 +172,95 @@ def test_runs_of_the_same_seeds_pair_by_seed_as_a_paired_bootstrap_written_here(
     a = Series("A", runs=[run(f"a{k}", x.tolist(), f"seed {k}") for k, x in enumerate(raw_a)])
     b = Series("B", runs=[run(f"b{k}", x.tolist(), f"seed {k}") for k, x in reversed(list(enumerate(raw_b)))])
     (d,) = compare({"A": a, "B": b}, ["A", "B"], replicates=6000, seed=4).differences
-    reference = hierarchical_bootstrap(raw_a, raw_b, 6000, np.random.default_rng(99), paired_seeds=True)
+    reference = np.diff(hierarchical_bootstrap([raw_a, raw_b], 6000, np.random.default_rng(99), True), axis=0)[0]
     se = float(np.std(reference, ddof=1))
     assert d.stderr == pytest.approx(se, rel=0.05)
     low, high = np.percentile(reference, [2.5, 97.5])
     assert d.low == pytest.approx(low, abs=0.2 * se) and d.high == pytest.approx(high, abs=0.2 * se)
     assert d.pairing == "seeds+samples"
     (apart,) = compare({"A": a, "B": b}, ["A", "B"], replicates=6000, seed=4, pairing="independent").differences
-    unpaired = hierarchical_bootstrap(raw_a, raw_b, 6000, np.random.default_rng(99))  # samples paired there
+    unpaired = hierarchical_bootstrap([raw_a, raw_b], 6000, np.random.default_rng(99))  # samples paired there
     assert apart.stderr > 1.5 * d.stderr and apart.pairing == "none"
-    assert float(np.std(unpaired, ddof=1)) > 1.5 * se
+    assert float(np.std(unpaired[1] - unpaired[0], ddof=1)) > 1.5 * se
+
+
+def test_an_interaction_is_the_difference_of_two_paired_contrasts_replicate_by_replicate():
+    """H2's design in miniature: four arms (full and anchor, bf16 and fp32) of 3 seeds x 2 checkpoints
+    on 20 shared 0/100 samples, a seed effect common to all, BF16 costing full 0.15 and anchor nothing.
+    (full_bf16 − full_fp32) − (anchor_bf16 − anchor_fp32): its point value is the difference of the
+    run-mean differences by hand, each seed's contrasts are the per-seed differences by hand, and its
+    interval matches the four-series paired bootstrap written here (tolerances of the tests above)."""
+    rng = np.random.default_rng(12)
+    uniforms = {effect: rng.random((2, 20)) for effect in (0.3, 0.5, 0.7)}  # a seed's samples: alike in every arm
+    raw = {}
+    for arm, shift in (("full_bf16", -0.15), ("full_fp32", 0.0), ("anchor_bf16", 0.0), ("anchor_fp32", 0.0)):
+        p = {e: np.clip(e + shift + rng.normal(0, 0.03, (2, 1)) + np.linspace(-0.2, 0.2, 20), 0, 1) for e in uniforms}
+        raw[arm] = [100.0 * (uniforms[e] < p[e]) for e in uniforms]
+    found = {arm: Series(arm, runs=[run(f"{arm}{k}", x.tolist(), f"seed {k}") for k, x in enumerate(runs)])
+             for arm, runs in raw.items()}  # fmt: skip
+    result = compare(found, list(found), baseline="full_fp32", replicates=6000, seed=4,
+                     interactions=("full_bf16-full_fp32:anchor_bf16-anchor_fp32",))  # fmt: skip
+    cell, average = result.interactions  # the one task, and its task average at 1K
+    by_seed = {arm: np.array([x.mean() for x in runs]) for arm, runs in raw.items()}
+    full, anchor = by_seed["full_bf16"] - by_seed["full_fp32"], by_seed["anchor_bf16"] - by_seed["anchor_fp32"]
+    assert cell.other_runs == pytest.approx(list(full)) and cell.baseline_runs == pytest.approx(list(anchor))
+    assert cell.difference == pytest.approx(full.mean() - anchor.mean())
+    assert (cell.other, cell.baseline) == ("(full_bf16 − full_fp32)", "(anchor_bf16 − anchor_fp32)")
+    fb, ff, ab, af = hierarchical_bootstrap([raw[a] for a in found], 6000, np.random.default_rng(99), True)
+    reference = (fb - ff) - (ab - af)
+    se = float(np.std(reference, ddof=1))
+    assert cell.stderr == pytest.approx(se, rel=0.05)
+    low, high = np.percentile(reference, [2.5, 97.5])
+    assert cell.low == pytest.approx(low, abs=0.2 * se) and cell.high == pytest.approx(high, abs=0.2 * se)
+    assert cell.pairing == "seeds+samples" and cell.p == pytest.approx(normal_p(cell.difference, cell.stderr))
+    assert (average.task, average.difference, average.stderr) == ("average", cell.difference, cell.stderr)
+    assert "## Interactions" in markdown(result, "cmd") and len(json_records(result, "cmd")["interactions"]) == 2
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("full-bf16-full-fp32", "give A-B:C-D"),  # no second contrast
+        ("full-bf16-full-fp32:anchor-bf16-anchor-fp16", "give A-B:C-D"),  # an unknown series
+        ("full-bf16-full-fp32:anchor-bf16-full-bf16", "names a series twice"),
+    ],
+)
+def test_an_interaction_names_four_known_series(spec, fragment):
+    names = ["full-bf16", "full-fp32", "anchor-bf16", "anchor-fp32"]
+    assert interaction("full-bf16-full-fp32:anchor-bf16-anchor-fp32", names) == tuple(names)  # "-" in names
+    with pytest.raises(UserError, match=fragment):
+        interaction(spec, names)
+
+
+def test_the_command_reports_an_interaction_and_refuses_a_bad_one_in_a_line(tmp_path, capsys):
+    """Per seed (4 samples): full fp32 50, 75, 25 and bf16 25, 50, 0; anchor fp32 75, 100, 50 and bf16
+    75, 75, 50: (full_bf16 − full_fp32) − (anchor_bf16 − anchor_fp32) = −25 − (−8.33) = −16.67 by hand."""
+    out = tmp_path / "results"
+    answers = {
+        "full-fp32": [[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]],
+        "full-bf16": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]],
+        "anchor-fp32": [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]],
+        "anchor-bf16": [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]],
+    }
+    for arm, per_seed in answers.items():
+        for seed, correct in enumerate(per_seed, start=1):
+            write_checkpoint(out, f"{arm}-seed{seed}", 1, "niah_single_1", 1024, correct)
+            set_paradigm(out, f"{arm}-seed{seed}", 1, arm.split("-")[0], seed)
+    labels = [f"{arm.replace('-', '_')}={out}/{arm}-seed*" for arm in answers]
+    spec = "full_bf16-full_fp32:anchor_bf16-anchor_fp32"
+    done = evalkit_here(capsys, "compare", *labels, "--baseline", "full_fp32", "--replicates", "300",
+                        "--interaction", spec, "--out", tmp_path / "cmp")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    row = ("| (full_bf16 − full_fp32) − (anchor_bf16 − anchor_fp32) | niah_single_1 | string_match_all | 1K "
+           "| -8.33 ± 14.43 (3 runs) | -25.00 ± 0.00 (3 runs) | -16.67 |")  # fmt: skip
+    assert row in (tmp_path / "cmp" / "compare.md").read_text().split("## Interactions")[1]
+    records = json.loads((tmp_path / "cmp" / "compare.json").read_text())["interactions"]
+    assert [(d["task"], round(d["difference"], 2), d["pairing"]) for d in records] == [
+        ("niah_single_1", -16.67, "seeds+samples"), ("average", -16.67, "seeds+samples")]  # fmt: skip
+    refused = evalkit_here(
+        capsys, "compare", *labels, "--baseline", "full_fp32", "--interaction", "full_bf16-full_fp32"
+    )
+    assert error_line(refused).startswith("error: --interaction 'full_bf16-full_fp32': give A-B:C-D")
 
 
 def test_a_seed_effect_common_to_both_sides_cancels_only_when_the_seeds_match():

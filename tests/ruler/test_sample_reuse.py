@@ -174,7 +174,7 @@ def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_eng
     engine = summary["provenance"]["engine"]
     tokenizer = runner.load_tokenizer(SHIPPED)
     predicted = {
-        "dtype": RulerBenchmark(settings).engine.dtype(),
+        "dtype": RulerBenchmark(settings).engine.served(SHIPPED).dtype,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
     }
     assert predicted == {"dtype": engine["dtype"], "tokenizer_fingerprint": engine["tokenizer_fingerprint"]}

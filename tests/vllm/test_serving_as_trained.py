@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from evalkit.engines import get_engine, parity
 from evalkit.errors import UserError
+from evalkit.probe.parity import measure
 
 from .conftest import LOGPROB_ATOL, requires_vllm, start_vllm_engine, stop_vllm_engine
 
@@ -58,7 +59,7 @@ def parity_rows(bf16_run):
     """evalkit parity's rows for the vllm engine, and what it said on stderr."""
     said = io.StringIO()
     with contextlib.redirect_stderr(said):
-        rows = parity.measure(bf16_run, ["vllm"], LENGTH)
+        rows = measure(bf16_run, ["vllm"], LENGTH)
     return rows, said.getvalue()
 
 
