@@ -75,7 +75,6 @@ from evalkit.models.precision import SERVINGS, Serving, resolve_device, served_r
 LOGPROB_CHUNK = 1024  # positions per log-softmax: bounds the float32 copy of [positions, V] logits
 LOGIT_BUDGET = 2**26  # floats of one token_logprobs chunk's logits (B x chunk x V): 256 MiB in fp32
 PREFILL_MODES = ("auto", "shared", "padded")
-OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
 SHARED_PREFILL_MIN_MEAN_LENGTH_ON_CUDA = 1024
 
 
@@ -242,9 +241,13 @@ class HFEngine(PackedEngine):
         self.prefill = prefill
         self.stats = GenerationStats()
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
-        self.model = _load_model(self.model_path, self.served, self.device, attention, trust_remote_code)
+        self.model = load_model(self.model_path, self.served, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
-        self.off_regime_kl = self._off_regime_kl(attention, trust_remote_code) if self.served.off_regime else None
+        self.off_regime_kl = (
+            parity.off_regime_kl(self.model_path, self, self.device, attention, trust_remote_code)
+            if self.served.off_regime
+            else None
+        )
         self._eos_ids = tok.end_of_generation_ids(self.tokenizer, self.model.config, self.model_path)
         # Any valid id will do: padded slots are masked out, never attended to.
         self._pad_id = next(
@@ -307,26 +310,9 @@ class HFEngine(PackedEngine):
             "torch": torch.__version__,
         }
 
-    def _off_regime_kl(self, attention: str, trust_remote_code: bool) -> float:
-        """Served stock off the trained regime: the mean KL from a copy served as trained over the
-        first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
-        trained = served_regime(self.model_path, "trained")
-        twin = _load_model(self.model_path, trained, self.device, attention, trust_remote_code)
-        tokens = parity.probe_tokens(self.tokenizer, min(self.max_length, OFF_REGIME_PROBE))
-        reference = _position_logprobs(twin, tokens, self.device)
-        del twin
-        kl = float(parity.divergence(reference, self.position_logprobs(tokens))[0].mean())
-        print(
-            f"note: {self.model_path} is served stock ({self.served.describe()}), off the regime it trained in "
-            f"({self.served.off_regime}): KL {kl:.2g} nats/token from it over {len(tokens)} tokens "
-            f"(evalkit parity {self.model_path} measures it per position)",
-            file=sys.stderr,
-        )
-        return kl
-
     @_computing
     def position_logprobs(self, tokens: list[int]) -> torch.Tensor:
-        return _position_logprobs(self.model, tokens, self.device)
+        return model_logprobs(self.model, tokens, self.device)
 
     # ------------------------------------------------------------------ plain prompts
 
@@ -639,7 +625,7 @@ def _check_plain_attention(attention: str) -> None:
         raise UserError(f"attention must be one of transformers' {', '.join(known)}, got {attention!r}")
 
 
-def _load_model(path: Path, served: Serving, device: torch.device, attention: str, trust_remote_code: bool):
+def load_model(path: Path, served: Serving, device: torch.device, attention: str, trust_remote_code: bool):
     """The model served as `served` says, refused with one line if any weight is missing, unexpected
     or mis-shaped (load_pretrained)."""
     from transformers import AutoModelForCausalLM
@@ -665,7 +651,7 @@ def _load_model(path: Path, served: Serving, device: torch.device, attention: st
     return model.eval()
 
 
-def _position_logprobs(model, tokens: list[int], device: torch.device) -> torch.Tensor:
+def model_logprobs(model, tokens: list[int], device: torch.device) -> torch.Tensor:
     """Next-token log-probabilities [T, V] of one unpadded row, in one forward."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([tokens], device=device), use_cache=False).logits[0]

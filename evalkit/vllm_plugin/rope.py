@@ -1,18 +1,21 @@
-"""RoPE at serving time: FP32 rotation with one rounding, a constant position shift, long windows.
+"""RoPE at serving time: FP32 rotation with one rounding, bf16 frequencies, a constant position
+shift, long windows.
 
 The precision variants are evalkit.probe.rope's (the BF16 probe, runnable in vLLM): `cast` is
 vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k rotated in it,
 as transformers does); `fp32` rotates q and k in FP32 with FP32 cos/sin, rounded once.
+`frequencies` "bf16" builds the cos/sin table from the inverse frequencies rounded to bf16, as a
+bf16 trainer held them (models.precision.Serving), the angles and cos/sin computed in FP32 from them.
 
 `position_shift` adds a constant to every position id before the rotation (the probe's Δ; the
 anchor moves to the shift). Windows beyond the checkpoint's max_position_embeddings (allowed to
 test extrapolation, as in the hf engine) grow the cos/sin table beyond what vLLM builds.
-Options reach the model through the HF config (hf_overrides): `evalkit_rope`, `evalkit_position_shift`.
+Options reach the model through the HF config (hf_overrides): `evalkit_rope`,
+`evalkit_position_shift`, `evalkit_rope_frequencies`.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,7 @@ from torch import nn
 
 CONFIG_ROPE = "evalkit_rope"
 CONFIG_POSITION_SHIFT = "evalkit_position_shift"
+CONFIG_FREQUENCIES = "evalkit_rope_frequencies"
 # Rotary classes whose tables are a plain function of the position: their tables can be
 # extended and shifted. (Dynamic NTK, YaRN and multi-factor linear scaling are not.)
 EXTENDABLE_ROTARY_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
@@ -30,16 +34,31 @@ EXTENDABLE_ROTARY_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
 class RopeOptions:
     variant: str = "cast"
     position_shift: int = 0  # both judged where the user gives them (VLLMEngine.check_settings)
+    frequencies: str = "fp32"  # fp32 | bf16: the served regime's (models.precision.served_regime)
 
     def hf_overrides(self) -> dict[str, object]:
-        return {CONFIG_ROPE: self.variant, CONFIG_POSITION_SHIFT: self.position_shift}
+        return {
+            CONFIG_ROPE: self.variant,
+            CONFIG_POSITION_SHIFT: self.position_shift,
+            CONFIG_FREQUENCIES: self.frequencies,
+        }
 
 
 def rope_options_from_config(hf_config) -> RopeOptions:
     return RopeOptions(
         variant=getattr(hf_config, CONFIG_ROPE, "cast"),
         position_shift=int(getattr(hf_config, CONFIG_POSITION_SHIFT, 0)),
+        frequencies=getattr(hf_config, CONFIG_FREQUENCIES, "fp32"),
     )
+
+
+def cos_sin_table(inv_freq: torch.Tensor, num_positions: int) -> torch.Tensor:
+    """The FP32 cos|sin table [positions, rotary_dim] from inverse frequencies: vLLM's
+    RotaryEmbedding._compute_cos_sin_cache, on given frequencies."""
+    angles = torch.einsum(
+        "i,j -> ij", torch.arange(num_positions, dtype=torch.float, device=inv_freq.device), inv_freq.float()
+    )
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
 
 
 class ServingRotaryEmbedding(nn.Module):
@@ -59,11 +78,11 @@ class ServingRotaryEmbedding(nn.Module):
         self.head_size = original.head_size
         self.rotary_dim = original.rotary_dim
         self.is_neox_style = original.is_neox_style
-        # The FP32 cos|sin table [positions, rotary_dim] by the module's own formula, computed on a
-        # shallow copy: the original keeps its size.
-        sized = copy.copy(original)
-        sized.max_position_embeddings = num_positions + options.position_shift
-        table = sized._compute_cos_sin_cache().float()
+        # The module's own frequencies (Llama 3's scaling included), rounded as a bf16 trainer held them.
+        inv_freq = original._compute_inv_freq(original.base)
+        if options.frequencies == "bf16":
+            inv_freq = inv_freq.to(torch.bfloat16)
+        table = cos_sin_table(inv_freq, num_positions + options.position_shift)
         if self.variant == "cast":
             # vLLM's own kernels, on a table long enough for the shifted positions.
             original.cos_sin_cache = table.to(original.cos_sin_cache.dtype)

@@ -1,6 +1,7 @@
 """RoPE options at serving time, on a Qwen2 checkpoint: FP32 rotation, a position shift, a longer window.
 
-One engine: rope="fp32", position_shift=SHIFT, max_length beyond the checkpoint's 1024 positions.
+One engine: rope="fp32" (a variant to probe: serving=stock), position_shift=SHIFT, max_length
+beyond the checkpoint's 1024 positions.
 Reference: the transformers model run by hand with position ids shifted by SHIFT, for plain
 prompts and for a packed request with the anchor mask written out. In FP32 a small shift would
 change nothing (RoPE is relative); at a million, FP32 angles themselves are rounded (their
@@ -37,7 +38,7 @@ def qwen2(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def engine(qwen2):
     engine = start_vllm_engine(
-        qwen2[0], rope="fp32", position_shift=SHIFT, max_length=WINDOW, batch_size=4, packed=True
+        qwen2[0], serving="stock", rope="fp32", position_shift=SHIFT, max_length=WINDOW, batch_size=4, packed=True
     )
     yield engine
     stop_vllm_engine(engine)
