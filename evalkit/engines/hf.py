@@ -244,7 +244,7 @@ class HFEngine(PackedEngine):
         self.model = load_model(self.model_path, self.served, self.device, attention, trust_remote_code)
         self.max_length = context_window(self.model.config, max_length)
         self.off_regime_kl = (
-            parity.off_regime_kl(self.model_path, self, self.device, attention, trust_remote_code)
+            off_regime_kl(self.model_path, self, self.device, attention, trust_remote_code)
             if self.served.off_regime
             else None
         )
@@ -669,3 +669,27 @@ def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tup
         total += logprobs.gather(-1, chunk_targets[:, None]).double().sum()
         greedy = greedy and bool((logprobs.argmax(dim=-1) == chunk_targets).all())
     return float(total), greedy
+
+
+OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
+
+
+def off_regime_kl(
+    path: Path, engine: PackedEngine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
+) -> float:
+    """An engine serving `path` stock off the trained regime (engine.served.off_regime): the mean KL of its
+    next-token distributions from a transformers twin's served as trained, on `device`, over the
+    first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
+    served = engine.served
+    tokens = parity.probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
+    twin = load_model(path, served_regime(path, "trained"), device, attention, trust_remote_code)
+    reference = model_logprobs(twin, tokens, device)
+    del twin
+    kl = float(parity.divergence(reference, engine.position_logprobs(tokens))[0].mean())
+    print(
+        f"note: {path} is served stock ({served.describe()}), off the regime it trained in "
+        f"({served.off_regime}): KL {kl:.2g} nats/token from it over {len(tokens)} tokens "
+        f"(evalkit parity {path} measures it per position)",
+        file=sys.stderr,
+    )
+    return kl

@@ -2,19 +2,16 @@
 next-token distribution from a reference's, and whether their top-1 tokens agree, per bucket of
 positions (RoPE's rounding grows with the position). `evalkit parity` (probe.parity) holds each
 engine's serving to the trainer's own forward; an engine serving a checkpoint stock, off the regime
-it trained in, states its KL from a transformers twin served as trained in one line (off_regime_kl)."""
+it trained in, states its KL from a transformers twin served as trained in one line
+(engines.hf.off_regime_kl)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from evalkit.engines.base import Engine
-
 FIRST_BUCKET = 64  # positions 0-63, then doubling: 64-127, 128-255, ...
-OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
 
 
 def probe_tokens(tokenizer, length: int) -> list[int]:
@@ -52,29 +49,3 @@ def bucket_rows(kl: torch.Tensor, top1: torch.Tensor) -> list[dict[str, Any]]:
         )
         start, end = end, 2 * end
     return rows
-
-
-def off_regime_kl(
-    path: Path, engine: Engine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
-) -> float:
-    """An engine serving `path` stock off the trained regime (engine.served.off_regime): the mean KL of its
-    next-token distributions from a transformers twin's served as trained, on `device`, over the
-    first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
-    import sys
-
-    from evalkit.engines.hf import load_model, model_logprobs
-    from evalkit.models.precision import served_regime
-
-    served = engine.served
-    tokens = probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
-    twin = load_model(path, served_regime(path, "trained"), device, attention, trust_remote_code)
-    reference = model_logprobs(twin, tokens, device)
-    del twin
-    kl = float(divergence(reference, engine.position_logprobs(tokens))[0].mean())
-    print(
-        f"note: {path} is served stock ({served.describe()}), off the regime it trained in "
-        f"({served.off_regime}): KL {kl:.2g} nats/token from it over {len(tokens)} tokens "
-        f"(evalkit parity {path} measures it per position)",
-        file=sys.stderr,
-    )
-    return kl

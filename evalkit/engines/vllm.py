@@ -46,7 +46,6 @@ import torch
 
 from evalkit.attention.anchor import anchor_record
 from evalkit.corpus import tokenizer_fingerprint
-from evalkit.engines import parity
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import (
     PackedEngine,
@@ -55,6 +54,7 @@ from evalkit.engines.base import (
     check_one_of,
     context_window,
 )
+from evalkit.engines.hf import off_regime_kl
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
 from evalkit.models.precision import ROPE_VARIANTS, SERVINGS, Serving, long_dtype_name, served_regime, torch_dtype
@@ -405,7 +405,7 @@ class VLLMEngine(PackedEngine):
             )
         # vLLM holds the accelerator: the twin served as trained computes on the CPU.
         self.off_regime_kl = (
-            parity.off_regime_kl(self.model_path, self, torch.device("cpu")) if self.served.off_regime else None
+            off_regime_kl(self.model_path, self, torch.device("cpu")) if self.served.off_regime else None
         )
 
     @classmethod

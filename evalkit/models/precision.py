@@ -60,10 +60,6 @@ class Serving:
     off_regime: str = ""  # served stock off the trained regime: that regime, said (else "")
     unlike_stock: bool = False  # served as trained, and that is not what a stock serving computes
 
-    @property
-    def stock_rope(self) -> bool:
-        return self.frequencies == "fp32" and self.rotation == "cast"
-
     def key_facts(self) -> dict[str, str]:
         """What the serving adds to a stored result's key: nothing where it computes what a stock
         serving does (so results from before the setting keep their keys), else the regime."""
