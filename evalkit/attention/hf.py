@@ -1,10 +1,5 @@
-"""evalkit attention inside unmodified transformers models (Llama, Qwen2, Mistral, ...).
+"""evalkit attention inside unmodified transformers models (docs/attention.md: the names to load with).
 
-After `register_hf_attention()`, load or build a model with `attn_implementation="evalkit"`
-(or "evalkit_blocked", "evalkit_dense", "evalkit_flex", "evalkit_varlen" (flash) to pin one) and call it
-with `position_ids=` and `doc_ids=` (from `pack`); doc_ids=None gives plain causal attention.
-Sliding layers keep their window (`window_anchor="window"|"sink"` says how the anchor meets it,
-attention.masks); other attention features are checked before a model is used (attention.features).
 transformers forwards unknown keyword arguments of the model call down to the attention
 function, which is how doc_ids reach every layer without patched model files.
 """
