@@ -1,10 +1,7 @@
 """Perplexity across context lengths and checkpoints (`evalkit ppl`, cli/ppl.py), a benchmark of the one pipeline.
 
-docs/perplexity.md defines what is measured: perplexity over positions 1..L-1 of each document's
-first L tokens, its loss per doubling position bucket, LongPPL's key tokens (--key-tokens, as the
-PyPI `longppl` 0.3.0 reference defines them) and --encoding anchor (pieces of --doc-tokens tokens
-behind one anchor, as AnchorAttention trains). A unit is one length, each document logged as it
-finishes (<out>/<run>/step-<N>/ppl/ppl/<L>.jsonl), so a killed run resumes.
+What is measured and stored: docs/perplexity.md. A unit is one length, each document logged as
+it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -443,9 +440,8 @@ def _value_cell(row: ResultRow | None) -> str:
 
 
 def draw(summaries: list[dict[str, Any]], out: Path) -> Path:
-    """What ppl derives from its summaries into --out (drawn by the command, or for a sharded sweep by
-    evalkit merge from the merged summaries): loss against position (the bucket's middle, log scale),
-    one line per checkpoint at its longest length, as the leaderboard's plots are drawn (PNG and SVG)."""
+    """Loss against position into --out (by the command, or evalkit merge for a sharded sweep): one
+    line per checkpoint at its longest length, at each bucket's middle."""
     figure, axes = new_figure()
     for summary in summaries:
         details = sorted((summary.get("lengths") or {}).values(), key=lambda d: d["length"])

@@ -353,9 +353,8 @@ def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
 
 
 def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
-    """Each scored paradigm against full attention (`evalkit compare` on the stored per-sample
-    logs: paired where the same samples were answered, hierarchical bootstrap over checkpoints and
-    samples, Holm-adjusted); runs scoring 0 at every length are left out, as in claim (c)."""
+    """Each scored paradigm against full attention (`evalkit compare` on the stored per-sample logs);
+    runs scoring 0 at every length are left out, as in claim (c)."""
     from evalkit.results.compare import compare
     from evalkit.results.compare_report import summary_table
     from evalkit.results.samples import load_series
@@ -411,8 +410,7 @@ def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
 
 
 def swing_verdicts(ruler_dir: Path) -> list[str]:
-    """Each run's last checkpoint against the one before, as two series over the same samples (`evalkit
-    compare`: the task average's difference per length, 95% interval, Holm): is the swing beyond noise?"""
+    """Each run's last checkpoint against the one before (`evalkit compare`): is the swing beyond noise?"""
     from evalkit.results.compare import compare, significant
     from evalkit.results.compare_report import cell_length_label
     from evalkit.results.samples import load_series

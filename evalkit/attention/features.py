@@ -1,11 +1,6 @@
 """What a model's config declares about attention, checked in one place against what evalkit's
-attention paths reproduce (the trainer, the probe, and packed requests on both engines).
-
-evalkit replaces only the attention kernel inside an unmodified transformers model: what the
-model computes before it (QK-norm, RoPE with a base per layer type, the query scaling) stays
-the model's own and is kept as declared. The kernel itself implements causal softmax attention
-under the paradigms' document rule and each layer's sliding window. Everything else a config
-may declare that changes the attention scores is refused here, in one line, before any work.
+attention paths reproduce (docs/models.md's table): evalkit replaces only the attention kernel, so
+what the model computes before it stays its own; what else changes the scores is refused here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""evalkit attention inside unmodified transformers models (Llama, Qwen2, Mistral, ...).
+"""evalkit attention inside unmodified transformers models (docs/attention.md: the names to load with).
 
-After `register_hf_attention()`, load or build a model with `attn_implementation="evalkit"`
-(or "evalkit_blocked", "evalkit_dense", "evalkit_flex", "evalkit_varlen" (flash) to pin one) and call it
-with `position_ids=` and `doc_ids=` (from `pack`); doc_ids=None gives plain causal attention.
-Sliding layers keep their window (`window_anchor="window"|"sink"` says how the anchor meets it,
-attention.masks); other attention features are checked before a model is used (attention.features).
 transformers forwards unknown keyword arguments of the model call down to the attention
 function, which is how doc_ids reach every layer without patched model files.
 """
@@ -48,10 +43,7 @@ def _attention_forward(impl: str):
 
 # ---------------------------------------------------------------------- RoPE precision in training
 
-# How q and k are rotated under mixed precision (the paper's variable). "fp32": cos/sin stay fp32,
-# the rotation runs in fp32 and q, k are rounded once, to the autocast dtype, at the kernel (the
-# paper's text). "bf16": cos/sin are cast to the activation dtype first and the rotation runs in
-# it, rounding at every product (the paper's released code, and what transformers does in a bf16 model).
+# How q and k are rotated under mixed precision (the paper's variable): docs/training.md's "Precision" table.
 ROPE_PRECISIONS = ("fp32", "bf16")
 
 
@@ -78,16 +70,23 @@ def _rope_precision_hook(precision: str):
     return cast
 
 
-def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
+def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that compute RoPE's cos/sin tables (one per model in Llama, Qwen2, Mistral)."""
+    return [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
+
+
+def set_rope_precision(model: torch.nn.Module, precision: str) -> list:
     """Make the model rotate q and k in `precision` (ROPE_PRECISIONS) under autocast. transformers'
     rotary module returns cos/sin in its input's dtype (fp32 with fp32 master weights whatever
     autocast does, bf16 in a bf16 model); hooks on it set their dtype instead (_fp32_angles: nothing
-    rounded on the way), in every layer of every architecture built on it, without patched files."""
+    rounded on the way), in every layer of every architecture built on it, without patched files.
+    Returns the hooks' handles, for a caller that removes them again (the probe)."""
     if precision not in ROPE_PRECISIONS:
         raise ValueError(f"rope precision must be one of {', '.join(ROPE_PRECISIONS)}, got {precision!r}")
-    modules = [module for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")]
+    modules = rotary_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no rotary embedding module to set the RoPE precision of")
+    handles = []
     for module in modules:
         for handle in getattr(module, "_evalkit_rope_hooks", []):
             handle.remove()  # setting it again replaces the earlier setting
@@ -95,6 +94,8 @@ def set_rope_precision(model: torch.nn.Module, precision: str) -> None:
         if precision == "fp32":
             hooks.append(module.register_forward_pre_hook(_fp32_angles))
         module._evalkit_rope_hooks = hooks  # type: ignore[assignment]  # torch types Module attributes Tensor | Module
+        handles += hooks
+    return handles
 
 
 def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
@@ -120,10 +121,10 @@ def _no_padding_mask(*, attention_mask=None, **_kwargs):
 
 def register_hf_attention() -> list[str]:
     """Register evalkit's implementations with transformers; returns the names (idempotent)."""
-    return [_register(name, _attention_forward(impl), _no_padding_mask) for name, impl in HF_NAMES.items()]
+    return [register_attention(name, _attention_forward(impl), _no_padding_mask) for name, impl in HF_NAMES.items()]
 
 
-def _register(name: str, forward, mask=None) -> str:
+def register_attention(name: str, forward, mask=None) -> str:
     """`forward` registered with transformers as the attention called `name`, with `mask` as its
     mask function (None: SDPA's)."""
     from transformers import AttentionInterface
@@ -146,7 +147,7 @@ def register_grouped_sdpa() -> str:
     gets at every decoding step of a padded batch, transformers' SDPA repeats each key-value head
     instead (repeat_kv, in 5.19; 5.24 packs): ~150 MB per layer per step at 8 rows x 4K on SmolLM2,
     more than the attention itself reads. Returns the name to load with."""
-    return _register(GROUPED_SDPA, _grouped_sdpa_forward)
+    return register_attention(GROUPED_SDPA, _grouped_sdpa_forward)
 
 
 def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -177,7 +178,7 @@ def register_anchor_sink_sdpa() -> str:
     beyond its window (a packed request's question and decoded tokens on a model trained with
     window_anchor="sink", attention.masks). Valid for one unpadded row whose cache holds every key
     from the anchor on, as the hf engine's packed requests on windowed models. Returns the name."""
-    return _register(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
+    return register_attention(ANCHOR_SINK_SDPA, _anchor_sink_sdpa_forward)
 
 
 def _anchor_sink_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

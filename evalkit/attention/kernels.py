@@ -1,13 +1,9 @@
-"""Interchangeable implementations of document-masked attention (the rule in masks.py).
+"""Interchangeable implementations of document-masked attention (the rule in masks.py; what each
+does and where flash serves windows: docs/attention.md).
 
 All take q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] (grouped-query when Hkv < Hq), doc_ids
 [B, Sk] or None, and return [B, Hq, Sq, D]; with Sq < Sk the queries are the last Sq keys
-(decoding with a KV cache). A layer's sliding `window` (`anchor`: how the anchor meets it,
-masks.py) applies on top of the document rule in every implementation (docs/attention.md):
-dense (SDPA with the reference mask), blocked (one causal SDPA per document: the CPU training
-path, FlexAttention having no CPU backward), flex (compiled on CUDA, eager elsewhere) and flash
-(flash-attn's varlen kernel over documents regrouped with the anchor's K/V prepended; windows on
-anchor-free contiguous documents only: it counts positions within each regrouped sequence).
+(decoding with a KV cache).
 """
 
 from __future__ import annotations

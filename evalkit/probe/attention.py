@@ -214,8 +214,6 @@ def _no_mask(*, attention_mask=None, **_kwargs):
 
 def register_probe_attention() -> None:
     """Register the probe attention with transformers (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from evalkit.attention.hf import register_attention
 
-    AttentionInterface.register(PROBE_ATTENTION, probe_attention_forward)
-    AttentionMaskInterface.register(PROBE_ATTENTION, _no_mask)
+    register_attention(PROBE_ATTENTION, probe_attention_forward, _no_mask)

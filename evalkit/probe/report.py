@@ -2,12 +2,7 @@
 
 Everything here reads only what probe-<kind>.json stores (rows, provenance): a summary can be
 rebuilt from it. The observations read the rows summed over all layers (a model with more than
-one layer type also gets the key numbers per layer type) and are decided by thresholds:
-- BF16 breaks RoPE: D in BF16 at least PRECISION_FACTOR times D in FP32 (same weights, Δ1, RoPE variant);
-- the first token dominates: its column is the largest and at least DOMINANCE_FACTOR times the
-  mean of the other columns;
-- the error grows with length: D_logit at the longest length at least GROWTH_FACTOR times that
-  at the shortest.
+one layer type also gets the key numbers per layer type) and are decided by the *_FACTOR thresholds.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from evalkit.attention.features import check_attention_supported, layer_windows, windows_shorter_than
-from evalkit.attention.hf import cast_buffers
+from evalkit.attention.hf import cast_buffers, rotary_modules
 from evalkit.errors import UserError
 from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir, output_lock, refuse_foreign
 from evalkit.models.check import (
@@ -91,8 +91,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def loaded_regime(model, condition: str, dtype: str, trained: dict | None) -> dict:
     """What one condition computed in, read off the loaded model: weights (and so the residual
     stream), RoPE's frequencies, and whether it is the regime the checkpoint trained in."""
-    from evalkit.probe.rope import rotary_modules
-
     weights = _dtype_name(next(model.parameters()).dtype)
     # Gemma 3 keeps one table per layer type (full_attention_inv_freq, sliding_attention_inv_freq)
     buffers = [b for m in rotary_modules(model) for name, b in m.named_buffers() if name.endswith("inv_freq")]

@@ -1,42 +1,11 @@
 """`evalkit compare`: is series B better than series A, by how much, and is that more than noise?
 
-From stored per-sample scores (evalkit.results.samples), never re-running: per cell (a RULER task at
-a length, an lm-eval task's metric) and pair, B − A of what the leaderboard shows (the mean over
-checkpoints of the per-checkpoint mean over samples), and per length of the task average.
-
-The uncertainty is a hierarchical bootstrap (`replicates` draws from `seed`). Each replicate draws
-every series' checkpoints with replacement (one draw shared by all its cells, so a task average and
-an effective length see the same checkpoints), then every cell's samples, one draw per *sample set*:
-the checkpoints that answered the same samples, the same indices with the same identity (RULER's
-references, lm-eval's document and target hashes), checked sample by sample, never assumed. Series
-that answered the same samples share the sample draw (their difference is paired); series of the
-same checkpoints (samples.checkpoint_identity: two encodings, sizings or prompt formats of one run)
-share the checkpoint draw, so a per-checkpoint effect common to both cancels. A replicate's value is
-the mean over all K checkpoints plus √(K/(K−1)) times the drawn checkpoints' deviation from it (so
-its variance is the unbiased s²/K, not the plug-in (K−1)/K of it).
-
-A series of several training runs (seeds) adds a stage above the checkpoints (Davison & Hinkley
-1997, Bootstrap Methods, §3.8): its runs drawn with replacement and combined as checkpoints are
-(√(R/(R−1))), so a difference is called only beyond the variation between seeds. Two series whose
-runs have the same training streams (samples.training_stream: one base, one seed and its data per
-run, as continued pretraining under two paradigms or precisions) share the draw of runs: paired by
-seed, a seed's effect common to both cancels. Otherwise each series draws its own runs, unless both
-are of the same runs (two encodings of the same seeds). A point value is the mean over runs of each
-run's checkpoint-averaged score.
-
-From the replicates: the standard error, the 95% percentile interval, and a two-sided p-value from
-the difference over that standard error (normal approximation: a percentile p-value is floored at
-about 2/replicates, which Holm multiplies), Holm-adjusted across every task × length × pair cell of
-one command, and separately across the per-length task averages.
-
-An interaction (A − B) − (C − D) (--interaction A-B:C-D: e.g. how much larger BF16 − FP32 is under
-full attention than under anchor) is differenced replicate by replicate from the same replicates, so
-it is paired wherever its four series are; its cells and its averages are two more Holm families.
-
-Effective length (RULER): the longest evaluated length with the task average at or above the
-threshold there *and at every shorter evaluated length* (a dip ends it, as RULER reads it); None
-when the shortest already falls below. Its interval: the 2.5th and 97.5th percentiles of the same
-quantity over the replicates.
+From stored per-sample scores (evalkit.results.samples), never re-running. The hierarchical
+bootstrap (runs, then checkpoints, then sample sets; what shares a draw), the Holm families, the
+interactions and effective length are as docs/comparing.md says. Each stage's draw is scaled by
+√(n/(n−1)) around the mean over all n, so its variance is the unbiased s²/n, not the plug-in
+(n−1)/n of it. The p-value is the normal approximation on the standard error: a percentile
+p-value is floored at about 2/replicates, which Holm multiplies.
 """
 
 from __future__ import annotations
@@ -110,7 +79,7 @@ class Comparison:
 
 
 class Bootstrap:
-    """The replicates of every series' value at every cell, drawn as the module docstring says."""
+    """The replicates of every series' value at every cell, drawn as docs/comparing.md says."""
 
     def __init__(self, series: dict[str, Series], replicates: int, seed: int, pairing: Pairing = "auto"):
         if replicates < 100:

@@ -1,9 +1,7 @@
 """Typed training configuration: dataclasses, named YAML recipes with `base:` inheritance, overrides.
 
-A recipe is a YAML file whose keys mirror `TrainConfig` (nested sections model/data/optim/
-checkpoint). `base: NAME` starts from another recipe. Command-line flags and `--set a.b=value`
-override single fields. Every key and type is checked before any work starts: a typo is a
-one-line error, never a silently ignored setting.
+A recipe's keys mirror `TrainConfig`; `base: NAME` starts from another recipe. Every key and type
+is checked before any work starts (docs/training.md): a typo is never a silently ignored setting.
 """
 
 from __future__ import annotations
@@ -75,10 +73,7 @@ class DataConfig:
     retrieval_phrasing: str = "plain"
     # use only the first N documents of the source
     max_documents: int | None = _at_least(1, None, " (or null: every document)")
-    # What opens a window that continues a document cut at the end of the previous one: "bos" (a BOS
-    # at position 0 in every paradigm, as the anchor's) | "document" (no BOS: the packing of runs
-    # made before this setting). evalkit.attention.packing says more.
-    window_start: str = "bos"
+    window_start: str = "bos"  # bos | document: docs/training.md's "Window start"
 
 
 @dataclass
@@ -101,9 +96,7 @@ class CheckpointConfig:
     final_count: int = _at_least(1, 5)  # the evaluation window: the last K checkpoints ...
     final_spacing: int = _at_least(1, 10)  # ... M steps apart, ending at max_steps
     keep_periodic: bool = False  # keep resume checkpoints outside the evaluation window
-    # Distributed: how long the other ranks wait for rank 0 to write a checkpoint or read one
-    # (a gloo group of its own, so the training group's collective timeout never sees the wait)
-    io_timeout_minutes: float = 120.0
+    io_timeout_minutes: float = 120.0  # distributed: the other ranks' wait on rank 0 (docs/training.md)
 
 
 @dataclass
@@ -115,15 +108,10 @@ class TrainConfig:
     windows_per_step: int = _at_least(1, 8)  # the global batch, in windows
     # windows per forward pass on each process (gradient accumulation covers the rest)
     micro_batch: int = _at_least(1, 1)
-    # fp32 | bf16 (autocast over fp32 weights) | bf16_full (bf16 weights, buffers and residual stream,
-    # fp32 masters in the optimizer: the released code's regime); evalkit.train.regime
-    dtype: str = "fp32"
-    # with a bf16 dtype, how q and k are rotated: fp32 (rotate in fp32, round once at the kernel: the
-    # paper's text) | bf16 (cos/sin cast to bf16 first: the paper's released code); docs/training.md
-    rope_precision: str = "fp32"
-    # under bf16_full, the dtype gradients are reduced across processes and accumulated over
-    # micro-batches in: fp32 | bf16 (the released code's DeepSpeed ZeRO-3); evalkit.train.regime
-    grad_accum_dtype: str = "fp32"
+    # the precision regime, each tensor's dtype under each setting: docs/training.md's "Precision" table
+    dtype: str = "fp32"  # fp32 | bf16 | bf16_full
+    rope_precision: str = "fp32"  # fp32 | bf16
+    grad_accum_dtype: str = "fp32"  # fp32 | bf16
     grad_checkpointing: bool = False
     seed: int = 0
     out: str | None = None  # default runs/<name>-<paradigm>

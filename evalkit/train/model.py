@@ -155,9 +155,7 @@ def _model_without_weights(hf_config, attn: str, trust_remote_code: bool):
 
 
 def _check_windows_with(attn: str, hf_config, config: TrainConfig) -> None:
-    """flash counts a window inside each regrouped document: with the anchor prepended, or with
-    interleaved documents, that is not the model's window (attention.kernels); refused here,
-    before the first step, rather than inside it."""
+    """What flash cannot window (docs/attention.md), refused before the first step rather than inside it."""
     windowed = windows_shorter_than(hf_config, config.seq_len)
     if attn == hf_name("flash") and windowed and (config.paradigm.has_anchor or config.paradigm.interleaves):
         raise UserError(

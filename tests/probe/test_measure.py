@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from evalkit.attention.hf import rotary_modules
 from evalkit.probe import measure_shifts, rope_precision
-from evalkit.probe.rope import rotary_modules
 
 DTYPES = [torch.float32, torch.bfloat16]
 
