@@ -15,13 +15,14 @@ def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str,
     """Per engine and serving (trained, stock) and bucket of positions: how far the engine's forward
     is from the trainer's on `length` tokens of the built-in prose."""
     from evalkit.engines import engine_class, get_engine
-    from evalkit.models.check import load_tokenizer
+    from evalkit.models.check import checkpoint_directory, load_tokenizer
     from evalkit.models.precision import SERVINGS, resolve_device
     from evalkit.models.refs import checkpoint_meta
     from evalkit.train.loop import trainer_logprobs
 
     for name in engines:
         engine_class(name)  # an unknown or uninstalled engine: one line before any model loads
+    checkpoint = checkpoint_directory(checkpoint, "evalkit parity")
     if not checkpoint_meta(checkpoint).get("config"):
         raise UserError(
             f"{checkpoint}/meta.json records no training run: parity needs a checkpoint evalkit train wrote"

@@ -156,6 +156,8 @@ def test_parity_buckets_by_position_and_is_a_command(tmp_path, released):
     (plain / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match="records no training run"):
         measure(plain, ["hf"], 128)
+    with pytest.raises(UserError, match="no checkpoint directory at"):
+        measure(tmp_path / "absent", ["hf"], 128)
 
 
 def test_each_serving_keys_its_own_answers(tmp_path, released):
