@@ -17,7 +17,7 @@ from evalkit.errors import UserError
 from evalkit.files import disk_full_advice, disk_full_error, file_error
 
 # Importing a command's module registers it on the app; `evalkit --help` lists them in this order.
-COMMAND_MODULES = "train checkpoints probe parity ruler general ppl merge leaderboard compare quickstart".split()
+COMMAND_MODULES = "train checkpoints probe ruler general ppl merge leaderboard compare quickstart".split()
 for _module in COMMAND_MODULES:
     importlib.import_module(f"evalkit.cli.{_module}")
 

@@ -1,4 +1,5 @@
-"""`evalkit probe shift|tokens|length`: the paper's BF16 RoPE measurements (Figure 1)."""
+"""`evalkit probe shift|tokens|length`: the paper's BF16 RoPE measurements (Figure 1); `evalkit parity`:
+an engine's forward against the trainer's own, served as trained and stock."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from typing import Any
 
 import typer
 
-from evalkit.cli.app import probe_app
-from evalkit.store.provenance import command_line
+from evalkit.arglists import parse_list
+from evalkit.cli.app import app, probe_app
+from evalkit.files import atomic_write_json, atomic_write_text, check_output_dir
+from evalkit.lengths import parse_length
+from evalkit.store.provenance import command_line, provenance_lines, stamp
 
 
 def _probe(kind: str, params: dict) -> None:
@@ -93,3 +97,27 @@ _probe_command(
     typer.Option(None, "--lengths", help="Lengths, comma-separated (default 64..8192 doubling, capped)."),
     "Shift Δ1 (default 0).",
 )
+
+
+@app.command("parity")
+def parity_command(
+    ckpt: Path = typer.Argument(..., help="A checkpoint evalkit train wrote (runs/<run>/step-<N>)."),
+    engines: str = typer.Option("hf", "--engines", help="hf, vllm, or both comma-separated."),
+    length: str = typer.Option("1k", "--length", help="Tokens of the built-in prose to compare on (1k = 1024)."),
+    out: Path = typer.Option(None, "--out", help="Directory for parity.md and parity.json."),
+) -> None:
+    """KL divergence and top-1 agreement of each engine's next-token distributions against the
+    trainer's forward on the same tokens, per bucket of positions, served as trained and stock."""
+    from evalkit.probe.parity import measure, parity_table
+
+    if out is not None:
+        check_output_dir(out)
+    rows = measure(ckpt, parse_list(engines), parse_length(length))
+    table = parity_table(rows)
+    typer.echo(table)
+    if out is not None:
+        made = stamp()
+        out.mkdir(parents=True, exist_ok=True)
+        heading = [f"# Parity: {ckpt}", "", f"Command: `{made['command']}`", "", *provenance_lines(made)]
+        atomic_write_text(out / "parity.md", "\n".join([*heading, "", table, ""]))
+        atomic_write_json(out / "parity.json", {"checkpoint": str(ckpt), "provenance": made, "rows": rows})
