@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 LONG_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's, vLLM's, lm-eval's
 # How RoPE's cos/sin tables meet a bf16 model: "cast" rounds them to the model's dtype, as stock
-# models do (the paper's subject); "fp32" keeps them in float32. Used by the probe (evalkit.probe.rope)
+# models do (the paper's subject); "fp32" keeps them in float32. Used by the probe (evalkit.probe.measure)
 # and by serving (evalkit.vllm_plugin.rope), which must not import the probe.
 ROPE_VARIANTS = ("cast", "fp32")
 

@@ -16,7 +16,7 @@ _LAZY = {
     "PROBE_ATTENTION": "attention",
     "register_probe_attention": "attention",
     "measure_shifts": "measure",
-    "rope_precision": "rope",
+    "rope_precision": "measure",
     "summarise": "report",
     "summary_markdown": "report",
     "write_plots": "report",

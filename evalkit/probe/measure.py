@@ -6,14 +6,16 @@ definitions are evalkit.probe.run.MEASUREMENT, stored with every result), also p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from evalkit.attention.features import layer_windows
+from evalkit.attention.hf import rotary_modules, set_rope_precision
+from evalkit.errors import UserError
 from evalkit.probe.attention import DEFAULT_BLOCK_ELEMENTS, PROBE_ATTENTION, ShiftRecorder, layer_type
-from evalkit.probe.rope import rope_precision
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,28 @@ class ShiftMeasurement:
         """The first key column's part of the total (of the means): 0 when there is no difference at all."""
         total = float(self.columns.sum())
         return float(self.columns[0]) / total if total > 0 else 0.0
+
+
+@contextmanager
+def rope_precision(model: torch.nn.Module, variant: str) -> Iterator[None]:
+    """Within the block, every forward pass of `model` applies RoPE in `variant` (ProbeOptions checked
+    it): `cast` (transformers, vLLM and the paper's code: cos/sin cast to the activation dtype, q and
+    k rotated in it) or `fp32` (the paper's text: rotated in FP32, rounded once, afterwards). For
+    `fp32` the trainer's hooks (attention.hf.set_rope_precision), removed on exit, keep the rotary
+    module's cos/sin in FP32, so each layer's `q * cos + rotate_half(q) * sin` is promoted to FP32 on
+    the exact (upcast) q and k; the probe attention casts them back, the one rounding, and checks per
+    layer that they came in FP32. No model code is replaced."""
+    if variant != "fp32":
+        yield
+        return
+    if not rotary_modules(model):
+        raise UserError(f"{type(model).__name__} has no rotary-embedding module: the fp32 RoPE variant needs one")
+    handles = set_rope_precision(model, "fp32")
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @torch.inference_mode()

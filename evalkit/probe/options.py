@@ -111,7 +111,7 @@ class ProbeOptions:
 
     def plan(self, kind: str, window: int, window_words: str) -> ProbePlan:
         """What one probe kind (checked by run_probe) will run on a model with this window; `window_words`
-        says it in messages (windows.describe_window)."""
+        says it in messages (run.describe_window)."""
         if kind == "length" and self.seq_len is not None:
             raise UserError("--seq does not apply to `probe length`: give --lengths")
         if kind != "length" and self.lengths is not None:

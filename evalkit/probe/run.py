@@ -30,7 +30,6 @@ from evalkit.probe.measure import ShiftMeasurement, measure_shifts
 from evalkit.probe.options import ProbeOptions, ProbePlan, check_kind
 from evalkit.probe.report import TITLE, summarise, summary_markdown, write_plots
 from evalkit.probe.texts import TextSource, TokenWindows
-from evalkit.probe.windows import describe_window, model_window
 
 MEASUREMENT = {
     "attn_diff": "D(X, Δ1, Δ2) = Σ_(l,h) Σ_j n_j Σ_i |ATTN_ij(Δ1) − ATTN_ij(Δ2)|, n_j = 1/(T − j + 1) (Eq. 4)",
@@ -47,6 +46,27 @@ MEASUREMENT = {
     "window each layer attended with); the types add up to all",
 }
 OUTPUTS = {"json": "json", "markdown": "md", "png": "png", "svg": "svg"}  # probe-<kind>.<suffix> of each
+
+
+def model_window(config) -> int:
+    """The longest sequence the probe measures on this model: max_position_embeddings (each layer
+    within its own sliding window, if any)."""
+    window = getattr(config, "max_position_embeddings", None)
+    if not window:
+        raise UserError(f"the checkpoint's config ({config.model_type}) states no max_position_embeddings")
+    return int(window)
+
+
+def describe_window(config) -> str:
+    """The model's window in words, e.g. "32768-token window (15 of its 18 layers slide over 512 tokens)"."""
+    window = model_window(config)
+    windows = layer_windows(config)
+    sliding = [w for w in windows if w is not None and w < window]
+    if not sliding:
+        return f"{window}-token window"
+    reach = ", ".join(str(w) for w in sorted(set(sliding)))
+    which = "all its" if len(sliding) == len(windows) else f"{len(sliding)} of its"
+    return f"{window}-token window ({which} {len(windows)} layers slide over {reach} tokens)"
 
 
 def trained_regime(checkpoint: Path) -> dict | None:

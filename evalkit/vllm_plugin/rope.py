@@ -1,7 +1,7 @@
 """RoPE at serving time: FP32 rotation with one rounding, bf16 frequencies, a constant position
 shift, long windows.
 
-The precision variants are evalkit.probe.rope's (the BF16 probe, runnable in vLLM): `cast` is
+The precision variants are the BF16 probe's (probe.measure.rope_precision), runnable in vLLM: `cast` is
 vLLM's own rotary embedding, untouched (cos/sin cast to the model dtype, q and k rotated in it,
 as transformers does); `fp32` rotates q and k in FP32 with FP32 cos/sin, rounded once.
 `frequencies` "bf16" builds the cos/sin table from the inverse frequencies rounded to bf16, as a

@@ -5,7 +5,7 @@ import torch
 from transformers import MistralConfig, Qwen2Config
 
 from evalkit.probe import measure_shifts
-from evalkit.probe.windows import model_window
+from evalkit.probe.run import model_window
 from tests.helpers import probe_config, probe_model
 
 CONFIGS = {"qwen2": lambda: probe_config("qwen2"), "mistral": lambda: probe_config("mistral")}

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, 
 
 from evalkit.corpus import builtin_tokenizer
 from evalkit.probe import PROBE_ATTENTION, measure_shifts, run_probe
-from evalkit.probe.windows import model_window
+from evalkit.probe.run import model_window
 from tests.helpers import probe_model as build
 from tests.probe.test_reference import rope_by_hand
 
