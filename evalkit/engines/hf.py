@@ -59,7 +59,6 @@ from evalkit.attention.hf import (
     set_rope_precision,
 )
 from evalkit.corpus import tokenizer_fingerprint
-from evalkit.engines import parity
 from evalkit.engines import tokens as tok
 from evalkit.engines.base import (
     PackedEngine,
@@ -674,6 +673,24 @@ def _continuation_score(logits_KV: torch.Tensor, continuation: list[int]) -> tup
 OFF_REGIME_PROBE = 512  # positions the off-regime line's KL is measured over
 
 
+def probe_tokens(tokenizer, length: int) -> list[int]:
+    """`length` tokens of the built-in prose (evalkit.corpus), after the BOS where the tokenizer has
+    one: the same text for every engine and checkpoint of a tokenizer."""
+    from evalkit.corpus.prose import prose_text
+
+    bos = [] if tokenizer.bos_token_id is None else [int(tokenizer.bos_token_id)]
+    ids = tokenizer(prose_text()[: 16 * length], add_special_tokens=False)["input_ids"]
+    return (bos + list(ids))[:length]
+
+
+def divergence(reference: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position of two [T, V] log-probability tensors: KL(reference ‖ other) in nats, and
+    whether the two most likely tokens are the same."""
+    probabilities = reference.exp()
+    gap = torch.where(probabilities > 0, reference - other, torch.zeros_like(reference))
+    return (probabilities * gap).sum(-1).clamp_min(0), reference.argmax(-1) == other.argmax(-1)
+
+
 def off_regime_kl(
     path: Path, engine: PackedEngine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
 ) -> float:
@@ -681,11 +698,11 @@ def off_regime_kl(
     next-token distributions from a transformers twin's served as trained, on `device`, over the
     first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
     served = engine.served
-    tokens = parity.probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
+    tokens = probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
     twin = load_model(path, served_regime(path, "trained"), device, attention, trust_remote_code)
     reference = model_logprobs(twin, tokens, device)
     del twin
-    kl = float(parity.divergence(reference, engine.position_logprobs(tokens))[0].mean())
+    kl = float(divergence(reference, engine.position_logprobs(tokens))[0].mean())
     print(
         f"note: {path} is served stock ({served.describe()}), off the regime it trained in "
         f"({served.off_regime}): KL {kl:.2g} nats/token from it over {len(tokens)} tokens "

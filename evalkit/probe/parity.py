@@ -1,14 +1,21 @@
-"""`evalkit parity`: each engine's next-token distributions against the trainer's own forward on
-the same tokens, served as trained and stock (engines.parity measures; models.precision serves)."""
+"""`evalkit parity`: how close each engine's forward of a checkpoint, served as trained and stock
+(models.precision serves), is to the trainer's own on the same tokens: the KL divergence of its
+next-token distribution from the trainer's, and whether their top-1 tokens agree, per bucket of
+positions (RoPE's rounding grows with the position). An engine serving a checkpoint stock, off the
+regime it trained in, states its KL from a transformers twin in one line (engines.hf.off_regime_kl)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from evalkit.engines.parity import bucket_rows, divergence, probe_tokens
+import torch
+
+from evalkit.engines.hf import divergence, probe_tokens
 from evalkit.errors import UserError
 from evalkit.markdown import markdown_table
+
+FIRST_BUCKET = 64  # positions 0-63, then doubling: 64-127, 128-255, ...
 
 
 def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str, Any]]:
@@ -38,6 +45,25 @@ def measure(checkpoint: Path, engines: list[str], length: int) -> list[dict[str,
                 kl, top1 = divergence(reference, engine.position_logprobs(tokens))
                 served = {"engine": name, "serving": serving, "served": engine.served.describe()}
             rows += [{**served, **row} for row in bucket_rows(kl, top1)]
+    return rows
+
+
+def bucket_rows(kl: torch.Tensor, top1: torch.Tensor) -> list[dict[str, Any]]:
+    """Mean and largest KL and the top-1 agreement per bucket of positions (the position predicted
+    from: row t is the distribution after tokens 0..t)."""
+    rows, start, end = [], 0, FIRST_BUCKET
+    while start < len(kl):
+        end = min(end, len(kl))
+        part = kl[start:end]
+        rows.append(
+            {
+                "positions": f"{start}-{end - 1}",
+                "kl_mean": float(part.mean()),
+                "kl_max": float(part.max()),
+                "top1_agreement": float(top1[start:end].float().mean()),
+            }
+        )
+        start, end = end, 2 * end
     return rows
 
 

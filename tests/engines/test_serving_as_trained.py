@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from evalkit.engines import get_engine
-from evalkit.engines.parity import bucket_rows, divergence, probe_tokens
+from evalkit.engines.hf import divergence, probe_tokens
 from evalkit.errors import UserError
 from evalkit.models.precision import Serving, served_regime
-from evalkit.probe.parity import measure
+from evalkit.probe.parity import bucket_rows, measure
 from evalkit.train.loop import trainer_logprobs
 from tests.helpers import run_cli
 from tests.train.helpers import micro_config

@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from evalkit.engines import get_engine, parity
+from evalkit.engines import get_engine
+from evalkit.engines.hf import probe_tokens
 from evalkit.errors import UserError
 from evalkit.probe.parity import measure
 
@@ -98,7 +99,7 @@ def test_position_logprobs_are_the_hf_engines(checkpoint, hf_engine, tokenizer):
     are shifted by one, its last row is the sampled step's)."""
     engine = start_vllm_engine(checkpoint)
     try:
-        tokens = parity.probe_tokens(tokenizer, 300)
+        tokens = probe_tokens(tokenizer, 300)
         ours, reference = engine.position_logprobs(tokens), hf_engine.position_logprobs(tokens)
         info = engine.engine_info()
     finally:
