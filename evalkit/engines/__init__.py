@@ -14,7 +14,6 @@ from typing import Any
 
 from evalkit.engines.base import Engine, PackedEngine, PackedRequest
 from evalkit.errors import UserError
-from evalkit.models.precision import DTYPE_NAMES, check_dtype
 
 # name -> (module, class, the top-level package it needs beyond evalkit's own dependencies, how to install it)
 _ENGINES: dict[str, tuple[str, str, str | None, str]] = {
@@ -61,12 +60,10 @@ def engine_class(name: str) -> type[Engine]:
 
 
 __all__ = [
-    "DTYPE_NAMES",
     "ENGINE_NAMES",
     "Engine",
     "PackedEngine",
     "PackedRequest",
-    "check_dtype",
     "check_engine_settings",
     "engine_class",
     "get_engine",

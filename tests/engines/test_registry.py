@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from evalkit.corpus import tokenizer_fingerprint
-from evalkit.engines import DTYPE_NAMES, ENGINE_NAMES, check_dtype, get_engine
+from evalkit.engines import ENGINE_NAMES, get_engine
 from evalkit.errors import UserError
+from evalkit.models.precision import DTYPE_NAMES, check_dtype
 from tests.helpers import TINY_WINDOW as MAX_POSITIONS
 
 
