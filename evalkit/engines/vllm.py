@@ -358,13 +358,12 @@ class VLLMEngine(PackedEngine):
         self.batch_size = batch_size
         self.tensor_parallel_size = tensor_parallel_size
         self.data_parallel_size = data_parallel_size
-        self.rope = self.served.rotation
         self.position_shift = position_shift
         self.packed = packed
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust_remote_code)
         config = load_config(self.model_path, trust_remote_code=trust_remote_code)
         self.max_length = context_window(config, max_length)
-        self._rope_options = RopeOptions(self.rope, position_shift, self.served.frequencies)
+        self._rope_options = RopeOptions(self.served.rotation, position_shift, self.served.frequencies)
         self.architecture = _serving_architecture(config, self._rope_options, self.max_length)
         if packed:
             check_window_anchor(self.model_path, config, self.max_length)
@@ -509,7 +508,7 @@ class VLLMEngine(PackedEngine):
             "model_runner": "V2" if self._facts["use_v2_model_runner"] else "V1",
             "packed": self.packed,
             "packed_attention": f"evalkit anchor ({kernel})" if self.packed else None,
-            "rope": self.rope,
+            "rope": self.served.rotation,
             "position_shift": self.position_shift,
             "enforce_eager": self._facts["enforce_eager"],
             "max_num_batched_tokens": self._facts["max_num_batched_tokens"],

@@ -52,15 +52,6 @@ def rope_options_from_config(hf_config) -> RopeOptions:
     )
 
 
-def cos_sin_table(inv_freq: torch.Tensor, num_positions: int) -> torch.Tensor:
-    """The FP32 cos|sin table [positions, rotary_dim] from inverse frequencies: vLLM's
-    RotaryEmbedding._compute_cos_sin_cache, on given frequencies."""
-    angles = torch.einsum(
-        "i,j -> ij", torch.arange(num_positions, dtype=torch.float, device=inv_freq.device), inv_freq.float()
-    )
-    return torch.cat((angles.cos(), angles.sin()), dim=-1)
-
-
 class ServingRotaryEmbedding(nn.Module):
     """Stands in for a vLLM rotary embedding: same call, (positions, query, key) -> (query, key)."""
 
@@ -82,7 +73,10 @@ class ServingRotaryEmbedding(nn.Module):
         inv_freq = original._compute_inv_freq(original.base)
         if options.frequencies == "bf16":
             inv_freq = inv_freq.to(torch.bfloat16)
-        table = cos_sin_table(inv_freq, num_positions + options.position_shift)
+        # The FP32 cos|sin table [positions, rotary_dim]: vLLM's RotaryEmbedding._compute_cos_sin_cache.
+        positions = torch.arange(num_positions + options.position_shift, dtype=torch.float, device=inv_freq.device)
+        angles = torch.einsum("i,j -> ij", positions, inv_freq.float())
+        table = torch.cat((angles.cos(), angles.sin()), dim=-1)
         if self.variant == "cast":
             # vLLM's own kernels, on a table long enough for the shifted positions.
             original.cos_sin_cache = table.to(original.cos_sin_cache.dtype)
