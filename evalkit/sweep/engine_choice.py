@@ -63,12 +63,9 @@ class LazyEngine:
     def info(self) -> dict[str, Any] | None:
         return self._engine.engine_info() if self._engine is not None else None
 
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-
     def __enter__(self) -> LazyEngine:
         return self
 
     def __exit__(self, *_exc) -> None:
-        self.close()
+        if self._engine is not None:
+            self._engine.close()
