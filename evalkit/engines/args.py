@@ -1,9 +1,6 @@
-"""`--engine-arg KEY=VALUE`: any keyword setting of an engine's constructor, from the command line.
-
-Each assignment is checked against the chosen engine's own signature, its name and its type
-(bool, int, float, str, or none where the setting takes None), before anything is loaded, so
-a typo is one line rather than a TypeError from deep inside the engine. Values the engine
-itself validates further (a choice among names, a positive count) are its own to refuse.
+"""`--engine-arg KEY=VALUE` (docs/vllm.md): any keyword setting of an engine's constructor, checked
+against its signature (name and type) before anything is loaded; values the engine validates further
+(a choice among names, a positive count) are its own to refuse (check_settings).
 """
 
 from __future__ import annotations

@@ -20,9 +20,7 @@ its window ("at least one output token"), while a scoring request may feed exact
 tokens; the extra slot only ever holds the one sampled token, never a fed one, so positions
 stay below max_length.
 
-data_parallel_size > 1 runs that many vLLM replicas as Ray actors, as lm-eval does (vLLM's LLM
-refuses it in one process), each on its own tensor_parallel_size GPUs (one CPU on a CPU machine)
-and a contiguous slice of the requests sorted by token ids (prefix-cache neighbours together).
+data_parallel_size > 1 runs the replicas as Ray actors (docs/vllm.md): vLLM's LLM refuses it in one process.
 """
 
 from __future__ import annotations
@@ -286,10 +284,8 @@ def start_failure_cause(log_path: Path, err: BaseException) -> str:
 
 
 def _config_facts(vllm_config) -> dict[str, Any]:
-    """The parts of vLLM's resolved configuration the engine checks and records. The attention backend
-    is the class vLLM resolves, read from its own registry: on CPU the platform always takes the
-    CPU_ATTN slot's; on CUDA the class attention_backend names, or the platform's own choice (made
-    per layer in the workers) when none is."""
+    """The parts of vLLM's resolved configuration the engine checks and records; the attention backend
+    as vLLM's registry resolves it (on CUDA with none named, the platform chooses per layer in the workers)."""
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -655,9 +651,8 @@ def _platform_device() -> str:
 
 
 def _served(path: Path, serving: str, rope: str | None, dtype: str | None, device: str) -> Serving:
-    """The regime the engine serves in (models.precision.served_regime). `rope` is the rotation:
-    under serving=trained the one the checkpoint trained with, so another is refused (the record
-    would not say what was served); under stock the probe's variant, cast unless named."""
+    """The regime the engine serves in (models.precision.served_regime), `rope` the rotation as
+    docs/vllm.md says (under serving=trained another than the trained one is refused)."""
     served = served_regime(path, serving, dtype, device)
     if rope is None or rope == served.rotation:
         return served
@@ -690,11 +685,8 @@ def _serving_architecture(config, options: RopeOptions, max_length: int) -> str:
 
 
 def packed_support_problems(config, dtype: str, device: str, max_length: int) -> list[str]:
-    """What in this model or dtype evalkit's packed-request backend cannot serve (empty: all of it).
-
-    The backend implements plain softmax attention (vllm_plugin.anchor_backend refuses the rest
-    inside vLLM's worker, which would kill every request in flight); on CUDA it is vLLM's
-    FlashAttention backend, which serves bf16 and fp16 only."""
+    """What in this model or dtype evalkit's packed-request backend cannot serve (empty: all of it), said
+    before vLLM starts: vllm_plugin.anchor_backend's refusal inside the worker would kill every request."""
     from evalkit.attention.features import unsupported_attention_features, windows_shorter_than
 
     windows = windows_shorter_than(config, max_length)  # per layer, as the model applies them
@@ -707,10 +699,8 @@ def packed_support_problems(config, dtype: str, device: str, max_length: int) ->
 
 
 def check_window_anchor(model_path: Path, config, max_length: int) -> None:
-    """Before vLLM starts: packed requests on a checkpoint trained with model.window_anchor=sink (the
-    anchor visible beyond the sliding windows; meta.json) are refused where a window is shorter than
-    max_length, so the reading matters: vLLM's sliding-window attention is the window reading, and
-    evalkit's packed backend has no windows. The hf engine serves it."""
+    """Before vLLM starts: packed requests on a checkpoint trained with model.window_anchor=sink are
+    refused where a window is shorter than max_length: vLLM's sliding windows are the window reading."""
     from evalkit.attention.features import trained_window_anchor, windows_shorter_than
 
     windows = windows_shorter_than(config, max_length)

@@ -1,10 +1,7 @@
 """`evalkit general`: lm-eval tasks as one benchmark of the pipeline (evalkit.sweep.pipeline), a unit
-per requested task (a task, group or tag lm-eval knows; docs/general.md). A task on disk with the
-same settings is kept (the engine not even loaded); else lm-eval's `simple_evaluate` runs it through
-EngineLM and it is stored under <out>/<run>/step-<N>/general/: <task>.lm_eval.json (lm-eval's result,
-without samples), <task>.samples.jsonl (per-sample responses, metrics and hashes, no prompts) and
-<task>.json (evalkit's record: rows, settings key, provenance; written last). A task that cannot
-run is recorded as skipped with a one-line reason, and the other tasks still run.
+per requested task (a task, group or tag lm-eval knows; what it stores: docs/general.md). A task on
+disk with the same settings is kept (the engine not even loaded); else lm-eval's `simple_evaluate`
+runs it through EngineLM, and evalkit's record (<task>.json) is written last.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ starts). It registers, by import path so that nothing heavy is imported until us
   in the CPU_ATTN slot (which the CPU platform always uses), only in processes started for
   packed requests (EVALKIT_VLLM_PACKED=1, set by evalkit's engine).
 
-A packed request carries its document segments in SamplingParams.extra_args (packing.py); the
-TRACKER logits processor hands them to the backend (tracker.py) and must be passed to the engine
-(LLM(..., logits_processors=[TRACKER]), V1 model runner: VLLM_USE_V2_MODEL_RUNNER=0), as
-evalkit.engines.vllm does. kernels.py and cache_layout.py need no vLLM (tests/gpu/test_vllm_kernels.py).
+A packed request carries its segments in SamplingParams.extra_args (packing.py), which the TRACKER
+logits processor hands to the backend (tracker.py); what a caller must pass vLLM: docs/vllm.md's end.
+kernels.py and cache_layout.py need no vLLM (tests/gpu/test_vllm_kernels.py).
 """
 
 from __future__ import annotations

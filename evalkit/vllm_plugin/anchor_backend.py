@@ -12,8 +12,7 @@ stock result: they attend to everything.
     impl.forward()    -> the stock forward, then anchor attention for the planned rows
 
 Chunked prefill and preemption need nothing special: a document query's keys are positions
-0..L-1 of its own request, all in the cache, read into a workspace made with the impl
-(workspace.py) so that serving allocates nothing vLLM's memory profile did not count.
+0..L-1 of its own request, all in the cache, read into the workspace (workspace.py).
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ layout per batch row, which the backend's metadata builder reads when vLLM build
 attention metadata (after applying the batch update, before the forward pass).
 
 It implements the V1 model runner's interface (vllm.v1.sample.logits_processor), where a row is
-the request's index in the persistent batch and its row in the attention metadata (evalkit's
-engine sets VLLM_USE_V2_MODEL_RUNNER=0). Use `LLM(..., logits_processors=[evalkit.vllm_plugin.TRACKER])`.
+the request's index in the persistent batch and its row in the attention metadata.
 """
 
 from __future__ import annotations

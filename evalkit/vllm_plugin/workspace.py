@@ -1,11 +1,6 @@
-"""A preallocated buffer for the prefix keys and values that the anchor kernels read: no allocation at serving time.
-
-The document queries of a packed request attend to its positions 0..L-1, read back from the
-paged KV cache as contiguous [L, H, D] tensors. Fresh tensors would be allocated at run time,
-unseen by vLLM's memory profile (its profile run skips attention) from which it sizes the KV
-cache; this buffer is allocated when the attention impl is built, inside vLLM's model loading,
-so it counts with the weights, as vLLM's own backends keep their scratch memory.
-"""
+"""A preallocated buffer for the prefix keys and values [L, H, D] that the anchor kernels read back
+from the paged KV cache, made while vLLM builds the model so that its memory profile counts it
+(docs/vllm.md): serving allocates nothing."""
 
 from __future__ import annotations
 
