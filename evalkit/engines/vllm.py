@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from evalkit.engines.base import (
 from evalkit.engines.hf import off_regime_kl
 from evalkit.errors import UserError
 from evalkit.models.check import check_checkpoint, checkpoint_directory, load_config, load_tokenizer
-from evalkit.models.precision import ROPE_VARIANTS, SERVINGS, Serving, long_dtype_name, served_regime, torch_dtype
+from evalkit.models.precision import ROPE_VARIANTS, SERVINGS, long_dtype_name, served_regime, torch_dtype
 from evalkit.vllm_plugin.rope import RopeOptions
 
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -314,7 +314,7 @@ class VLLMEngine(PackedEngine):
 
     Settings (dtype, max_length: as the hf engine's): batch_size is max_num_seqs (sequences in flight);
     data_parallel_size replicas (module docstring); serving (models.precision.SERVINGS: trained, the
-    default, or stock), rope cast|fp32 (what each allows: _served) and position_shift
+    default, or stock), rope cast|fp32 (what each allows: docs/vllm.md) and position_shift
     (vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays the
     start); kv_cache_gib (CPU; default: batch_size full windows, at least 1 GiB); packed (True:
     evalkit's AnchorAttention backend, its request tracker and the V1 runner, which generate_packed
@@ -349,7 +349,7 @@ class VLLMEngine(PackedEngine):
         # Before vLLM starts, where a fault would crash its engine core (missing weights are its loader's to refuse).
         check_checkpoint(self.model_path, trust_remote_code=trust_remote_code)
         self.device = _platform_device()
-        self.served = _served(self.model_path, serving, rope, dtype, self.device)
+        self.served = served_regime(self.model_path, serving, dtype, self.device, rope)
         self.dtype = self.served.dtype
         self.batch_size = batch_size
         self.tensor_parallel_size = tensor_parallel_size
@@ -648,20 +648,6 @@ def _platform_device() -> str:
     if current_platform.is_cpu():
         return "cpu"
     raise UserError(f"evalkit's vLLM engine runs on CUDA or CPU; this vLLM targets {current_platform.device_type!r}")
-
-
-def _served(path: Path, serving: str, rope: str | None, dtype: str | None, device: str) -> Serving:
-    """The regime the engine serves in (models.precision.served_regime), `rope` the rotation as
-    docs/vllm.md says (under serving=trained another than the trained one is refused)."""
-    served = served_regime(path, serving, dtype, device)
-    if rope is None or rope == served.rotation:
-        return served
-    if serving == "trained":
-        raise UserError(
-            f"{path} is served as trained, rotating q and k as it trained ({served.rotation}), not rope={rope}; "
-            "drop rope, or serve it stock (serving=stock) to probe that variant"
-        )
-    return replace(served, rotation=rope)
 
 
 def _serving_architecture(config, options: RopeOptions, max_length: int) -> str:

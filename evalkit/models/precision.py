@@ -35,16 +35,13 @@ def check_dtype(name: str, allowed: Sequence[str] = DTYPE_NAMES) -> str:
 def engine_dtype(asked: str | None = None, device: str = "auto") -> str:
     """The dtype an engine computes in: the one asked for, else bf16 on CUDA and fp32 elsewhere.
     The engines resolve theirs here, and the benchmarks key a stored result by it before any
-    engine is built (sweep.engine_choice.EngineChoice.dtype): the recorded one is the used one."""
+    engine is built (sweep.engine_choice.EngineChoice.served): the recorded one is the used one."""
     if asked:
         return check_dtype(asked)
     return "bf16" if resolve_device(device).type == "cuda" else "fp32"
 
 
-# How an engine serves a checkpoint (docs/training.md, "Serving as trained"): "trained", in the
-# regime its meta.json records (the trainer's compute dtype, RoPE frequencies and rotation), or
-# "stock", as transformers and vLLM load it (frequencies computed in fp32, cos/sin cast to the
-# model's dtype). A checkpoint that records no bf16 regime is served alike either way.
+# How an engine serves a checkpoint: docs/training.md, "Serving as trained".
 SERVINGS = ("trained", "stock")
 
 
@@ -73,36 +70,49 @@ class Serving:
 
 
 def served_regime(
-    path: Path, serving: str = "trained", asked_dtype: str | None = None, device: str = "auto"
+    path: Path,
+    serving: str = "trained",
+    asked_dtype: str | None = None,
+    device: str = "auto",
+    rotation: str | None = None,
 ) -> Serving:
-    """How `serving` serves the checkpoint at `path`, from its meta.json's precision record
-    (evalkit.train.regime.record); a checkpoint without one is served stock either way. Under
-    "trained" a bf16 run computes in bf16 and an fp32 run in fp32, and a dtype that contradicts it
-    is refused: it would serve another regime."""
+    """How `serving` serves the checkpoint at `path` (docs/training.md), from its meta.json's precision
+    record (evalkit.train.regime.record). Under "trained" a dtype or a `rotation` (the vllm engine's
+    rope, docs/vllm.md) that contradicts it is refused; under "stock" the rotation is cast unless named."""
     from evalkit.models.refs import checkpoint_meta
 
     if serving not in SERVINGS:
         raise UserError(f"serving must be one of {', '.join(SERVINGS)}, got {serving!r}")
     precision = checkpoint_meta(Path(path)).get("precision") or {}
     recorded = str(precision.get("dtype"))
-    if recorded not in ("fp32", "bf16", "bf16_full"):
-        return Serving(serving, engine_dtype(asked_dtype, device))
-    trained = Serving(
-        "trained",
-        "fp32" if recorded == "fp32" else "bf16",
-        "bf16" if precision.get("buffers") == "bf16" else "fp32",
-        "fp32" if recorded != "fp32" and precision.get("rotation") == "fp32" else "cast",
-    )
     stock = Serving("stock", engine_dtype(asked_dtype, device))
-    unlike_stock = replace(stock, asked="trained") != trained
-    if serving == "trained":
-        if asked_dtype and check_dtype(asked_dtype) != trained.dtype:
+    if recorded not in ("fp32", "bf16", "bf16_full"):
+        served = replace(stock, asked=serving)
+    else:
+        trained = Serving(
+            "trained",
+            "fp32" if recorded == "fp32" else "bf16",
+            "bf16" if precision.get("buffers") == "bf16" else "fp32",
+            "fp32" if recorded != "fp32" and precision.get("rotation") == "fp32" else "cast",
+        )
+        unlike_stock = replace(stock, asked="trained") != trained
+        if serving == "trained" and asked_dtype and check_dtype(asked_dtype) != trained.dtype:
             raise UserError(
                 f"{path} trained in {recorded}: serving=trained computes in {trained.dtype}, not {asked_dtype}; "
                 "drop the dtype, or serve it stock (--engine-arg serving=stock)"
             )
-        return replace(trained, unlike_stock=unlike_stock)
-    return replace(stock, off_regime=f"{recorded}: {trained.describe()}" if unlike_stock else "")
+        if serving == "trained":
+            served = replace(trained, unlike_stock=unlike_stock)
+        else:
+            served = replace(stock, off_regime=f"{recorded}: {trained.describe()}" if unlike_stock else "")
+    if rotation is None or rotation == served.rotation:
+        return served
+    if serving == "trained":
+        raise UserError(
+            f"{path} is served as trained, rotating q and k as it trained ({served.rotation}), not rope={rotation}; "
+            "drop rope, or serve it stock (serving=stock) to probe that variant"
+        )
+    return replace(served, rotation=rotation)
 
 
 def long_dtype_name(name: str) -> str:
