@@ -1,10 +1,6 @@
-"""vLLM model classes for evalkit's checkpoints: vLLM's Llama, Qwen2 and Mistral plus serving options.
-
-Each class is vLLM's own model (weights, kernels, parallelism unchanged) whose rotary
-embeddings honour evalkit's RoPE options (rope.py) after construction. With the default
-options and a window within the checkpoint's, nothing is replaced: the model is stock vLLM.
-Registered by `evalkit.vllm_plugin.register` under the names in ARCHITECTURES; evalkit's
-engine selects one with hf_overrides={"architectures": [name]}.
+"""vLLM model classes for evalkit's checkpoints (ARCHITECTURES): vLLM's own Llama, Qwen2 and Mistral
+(weights, kernels, parallelism unchanged) whose rotary embeddings then honour evalkit's RoPE options
+(rope.install_rope_options); evalkit's engine selects one with hf_overrides={"architectures": [name]}.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
-from evalkit.vllm_plugin.rope import install_rope_options, rope_options_from_config
+from evalkit.vllm_plugin.rope import RopeOptions, install_rope_options
 
 
 class _ServingOptions:
@@ -27,7 +23,7 @@ class _ServingOptions:
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)  # type: ignore[call-arg]
         model_config = vllm_config.model_config
         install_rope_options(
-            cast(nn.Module, self), rope_options_from_config(model_config.hf_config), model_config.max_model_len
+            cast(nn.Module, self), RopeOptions.from_config(model_config.hf_config), model_config.max_model_len
         )
 
 

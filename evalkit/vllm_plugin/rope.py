@@ -10,21 +10,22 @@ bf16 trainer held them (models.precision.Serving), the angles and cos/sin comput
 `position_shift` adds a constant to every position id before the rotation (the probe's Δ; the
 anchor moves to the shift). Windows beyond the checkpoint's max_position_embeddings (allowed to
 test extrapolation, as in the hf engine) grow the cos/sin table beyond what vLLM builds.
-Options reach the model through the HF config (hf_overrides): `evalkit_rope`,
-`evalkit_position_shift`, `evalkit_rope_frequencies`.
+Options reach the model through the HF config (hf_overrides), under CONFIG_NAMES.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-CONFIG_ROPE = "evalkit_rope"
-CONFIG_POSITION_SHIFT = "evalkit_position_shift"
-CONFIG_FREQUENCIES = "evalkit_rope_frequencies"
+CONFIG_NAMES = {
+    "variant": "evalkit_rope",
+    "position_shift": "evalkit_position_shift",
+    "frequencies": "evalkit_rope_frequencies",
+}
 # Rotary classes whose tables are a plain function of the position: their tables can be
 # extended and shifted. (Dynamic NTK, YaRN and multi-factor linear scaling are not.)
 EXTENDABLE_ROTARY_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
@@ -37,19 +38,11 @@ class RopeOptions:
     frequencies: str = "fp32"  # fp32 | bf16: the served regime's (models.precision.served_regime)
 
     def hf_overrides(self) -> dict[str, object]:
-        return {
-            CONFIG_ROPE: self.variant,
-            CONFIG_POSITION_SHIFT: self.position_shift,
-            CONFIG_FREQUENCIES: self.frequencies,
-        }
+        return {CONFIG_NAMES[name]: value for name, value in asdict(self).items()}
 
-
-def rope_options_from_config(hf_config) -> RopeOptions:
-    return RopeOptions(
-        variant=getattr(hf_config, CONFIG_ROPE, "cast"),
-        position_shift=int(getattr(hf_config, CONFIG_POSITION_SHIFT, 0)),
-        frequencies=getattr(hf_config, CONFIG_FREQUENCIES, "fp32"),
-    )
+    @classmethod
+    def from_config(cls, hf_config) -> RopeOptions:
+        return cls(**{name: getattr(hf_config, key) for name, key in CONFIG_NAMES.items() if hasattr(hf_config, key)})
 
 
 class ServingRotaryEmbedding(nn.Module):
