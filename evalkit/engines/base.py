@@ -1,10 +1,7 @@
-"""The interface every inference engine offers, and the policy all of them share.
-
-What must never differ between engines is implemented once, here: how prompts become tokens
-(BOS where the tokenizer adds one), how a (context, continuation) pair is split, how long texts
-are cut into perplexity windows, and what a request that does not fit the window gets (an error
-naming the lengths, never a silent truncation). A subclass implements only the token-level
-work (`_generate_tokens`, `_score_tokens`, `token_logprobs`) and `engine_info`.
+"""The interface every inference engine offers, and the policy all of them share: what they feed
+(tokens.py), and a request that does not fit the window is an error naming the lengths, never a
+silent truncation. A subclass implements only the token-level work (`_generate_tokens`,
+`_score_tokens`, `token_logprobs`) and `engine_info`.
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@ padding included), V vocabulary.
 
 Plain prompts (and log-likelihood requests) are prefilled one of two ways (setting `prefill`):
 
-- "shared": prompts sorted as token sequences, so those with a common beginning are neighbours
-  (RULER's samples of a task share their haystack up to the first needle; the choices of a
-  question share its context); each row is prefilled alone, unpadded, from the K/V of the prefix
-  it shares with the row before. A row alone needs no attention mask (SDPA's fused causal
-  kernel), and a query's attention and MLP do not depend on which forward computed which earlier
-  keys, so the logits are those of the row alone (tested bit for bit in fp32).
+- "shared": prompts sorted as token sequences (docs/ruler.md), each row prefilled alone, unpadded,
+  from the K/V of the prefix it shares with the row before. A row alone needs no attention mask
+  (SDPA's fused causal kernel), and a query's attention and MLP do not depend on which forward
+  computed which earlier keys, so the logits are those of the row alone (tested bit for bit in fp32).
 - "padded": rows batched by length (longest first, so a batch too large for memory fails at
   once), LEFT-padded under an attention mask, one forward per batch.
 
@@ -25,12 +23,10 @@ tokens, so a padded row computes what it would alone; finished rows leave the ba
 The attention is transformers' SDPA, except that at decoding a grouped-query model reads each
 key-value head once instead of a copy per query head (attention.hf.register_grouped_sdpa).
 
-Packed requests (the anchor paradigm, base.PackedRequest) take two forwards before decoding: the
-anchor and documents under evalkit's document attention (each document sees itself and the
-anchor), filling the KV cache; then the question under plain causal attention over that cache,
-which is exactly "the question attends to everything". Rows are right-padded in the first
-forward (padding gets its own document id, which no real token attends to) and left-padded in
-the second, so the cache has holes that every later step's attention mask hides.
+Packed requests (base.PackedRequest) take two forwards before decoding: the anchor and documents
+under evalkit's document attention, filling the KV cache; then the question under plain causal
+attention over that cache. Rows are right-padded in the first forward (_prefill_documents) and
+left-padded in the second, so the cache has holes that every later step's attention mask hides.
 """
 
 from __future__ import annotations
@@ -201,12 +197,11 @@ def _computing(method):
 class HFEngine(PackedEngine):
     """A transformers causal LM loaded from a local checkpoint directory (safetensors weights).
 
-    Settings: dtype (default bf16 on CUDA, fp32 on CPU); batch_size (rows per forward); max_length
+    Settings: dtype (models.precision.engine_dtype); batch_size (rows per forward); max_length
     (default config.max_position_embeddings, may be set above it to test length extrapolation);
     attention (transformers' implementation for plain prompts); packed_attention (evalkit's, for
     packed prefills); prefill (module docstring); threads (torch CPU threads while this engine
-    computes, default torch's: one per core); serving (models.precision.SERVINGS: trained, the
-    default, or stock). `stats` counts the tokens and time of plain generation.
+    computes, default one per core); serving (trained, the default, or stock: docs/training.md).
     """
 
     name = "hf"
@@ -493,11 +488,8 @@ class HFEngine(PackedEngine):
         return _DecodeState(cache, attention_mask, position_ids[:, -1] + 1, logits)
 
     def _prefill_documents(self, layouts: list[tok.PackedLayout], cache) -> None:
-        """Anchor and documents into the cache under document attention, rows right-padded.
-
-        Padding sits after every real token and carries PAD_DOC_ID, a document of its own, so no
-        real token attends to it (and evalkit's attention, which refuses padding masks, needs no mask).
-        """
+        """Anchor and documents into the cache under document attention, rows right-padded: padding
+        carries PAD_DOC_ID, a document no real token attends to (evalkit's attention takes no mask)."""
         width = max(layout.num_document_tokens for layout in layouts)
         input_ids = torch.full((len(layouts), width), self._pad_id, dtype=torch.long)
         doc_ids = torch.full((len(layouts), width), PAD_DOC_ID, dtype=torch.long)
@@ -694,9 +686,8 @@ def divergence(reference: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tens
 def off_regime_kl(
     path: Path, engine: PackedEngine, device: torch.device, attention: str = "sdpa", trust_remote_code: bool = False
 ) -> float:
-    """An engine serving `path` stock off the trained regime (engine.served.off_regime): the mean KL of its
-    next-token distributions from a transformers twin's served as trained, on `device`, over the
-    first OFF_REGIME_PROBE positions of the built-in prose, said in one line."""
+    """An engine serving `path` stock off the trained regime (engine.served.off_regime): the mean KL of
+    its next-token distributions from a transformers twin's served as trained, said in one line."""
     served = engine.served
     tokens = probe_tokens(engine.tokenizer, min(engine.max_length, OFF_REGIME_PROBE))
     twin = load_model(path, served_regime(path, "trained"), device, attention, trust_remote_code)

@@ -6,8 +6,7 @@ far), Hq/Hkv query/key-value heads, D head dim, nQb/nKb a BlockMask's query/key 
 cache is [NB blocks, BS tokens, Hkv, D] (views are fine) and a request's block-table row lists
 the blocks of its positions 0, BS, 2*BS, ... in order, as vLLM's block tables do.
 
-The rule is evalkit.attention's (masks.py). Only document queries come here: the question and
-generated tokens attend to everything, which is plain causal attention.
+The rule is evalkit.attention's (masks.py); only document queries come here (anchor_backend).
 
 Implementations: flex (a BlockMask built at block level from document boundaries, no Q x L mask
 anywhere; compiled on CUDA, eager elsewhere), blocked (one SDPA call per document: the CPU path)

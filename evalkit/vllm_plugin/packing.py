@@ -1,16 +1,8 @@
-"""How a request tells the plugin it is packed: document segments in SamplingParams.extra_args.
-
-A packed request's prompt, laid out by evalkit.engines.tokens.packed_layout, is
-
-    [anchor] [document 1 ... EOS] [document 2 ... EOS] ... [question ...]     positions 0..n-1
-
-and its sampling parameters carry the segment lengths (no marker token in the prompt: the
-model sees exactly the tokens and positions training used):
+"""How a request tells the plugin it is packed: its prompt laid out by engines.tokens.packed_layout,
+its sampling parameters carry the segment lengths (no marker token in the prompt: the model sees
+exactly the tokens and positions training used); without the key a request is plain:
 
     SamplingParams(..., extra_args={"evalkit_packed": {"anchor_length": 1, "document_lengths": [12, 40, 7]}})
-
-In prefill a document token attends to its own document (causally) and the anchor; the
-question and generated tokens attend to everything before them. Without the key a request is plain.
 """
 
 from __future__ import annotations
