@@ -5,8 +5,7 @@ the reference shift Δ2, copies 1..K at shifts Δ1. In every layer this function
 probabilities as transformers' eager attention does (logits in the activation dtype, softmax in
 FP32, cast back), adds |P_k − P_0| and the first key's logit difference |A_k[:, 0] − A_0[:, 0]|
 into a `ShiftRecorder`, and returns the ordinary output, so the next layer sees what it would
-have seen. Query rows go in blocks: no layer's full S×S map is ever held. A layer with a sliding
-window is measured within it, as transformers masks it (visible_keys).
+have seen. Query rows go in blocks: no layer's full S×S map is ever held. Windows: docs/probe.md.
 
 Shapes: B copies, H query heads, Hkv key/value heads, G = H // Hkv query heads per key/value
 head, R query rows of a block, S keys (the sequence length), D head dim.
@@ -38,13 +37,9 @@ def unmasked_per_column(seq_len: int, window: int | None, device=None) -> torch.
 
 @dataclass
 class ShiftRecorder:
-    """Per-layer, per-column |ΔP| sums and first-column |Δlogit| sums of copies 1..K against copy 0.
-
-    `column_sums[layer][k, j]` is Σ over heads and query rows i of |P_k[i, j] − P_0[i, j]| (not yet
-    weighted by n_j); `first_logit_sums[layer][k]` is Σ over heads and the rows that see key 0 of
-    |A_k[i, 0] − A_0[i, 0]|, with A the scaled logits the softmax sees. `layer_windows` records the
-    window each layer attended with.
-    """
+    """Per-layer, per-column |ΔP| sums (not yet weighted by n_j) and first-column |Δlogit| sums (of
+    the rows that see key 0, A the scaled logits the softmax sees) of copies 1..K against copy 0, over
+    heads and query rows; the window each layer attended with."""
 
     seq_len: int
     n_shifted: int
@@ -88,17 +83,14 @@ class ShiftRecorder:
         return grouped
 
     def normalised_columns(self, layers: Iterable[int]) -> torch.Tensor:
-        """[K, S] float64: Σ over the layers of column j weighted by n_j = 1 / (the number of
-        unmasked entries of column j in that layer): 1 / (S − j) under causal attention, as in Eq. 4,
-        1 / min(W, S − j) under a window W."""
+        """[K, S] float64: Σ over the layers of column j weighted by n_j (run.MEASUREMENT: Eq. 4, windows)."""
         total = torch.zeros(self.n_shifted, self.seq_len, dtype=torch.float64, device=self.device)
         for layer in layers:
             total += self.column_sums[layer] / unmasked_per_column(self.seq_len, self.layer_windows[layer], self.device)
         return total
 
     def first_logit_means(self, layers: Iterable[int]) -> torch.Tensor:
-        """[K] float64: D_logit = Σ over the layers of (1/S) Σ_i Σ_h |ΔA_i1| (Eq. 5), the mean
-        over the rows that see the first key: all S under causal attention, min(W, S) under a window W."""
+        """[K] float64: D_logit summed over the layers (run.MEASUREMENT: Eq. 5, windows)."""
         total = torch.zeros(self.n_shifted, dtype=torch.float64, device=self.device)
         for layer in layers:
             window = self.layer_windows[layer]

@@ -115,13 +115,10 @@ def measure_shifts(
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
     progress: Callable[[str], None] | None = None,
 ) -> list[ShiftMeasurement]:
-    """D, its per-column breakdown and D_logit for every Δ1 against Δ2, averaged over the texts.
-
-    `model` is a transformers model loaded with attn_implementation="evalkit_probe" (see
-    `register_probe_attention`) in the dtype to measure; `texts_NT` holds N texts of T token ids.
-    Each forward pass carries one text at Δ2 and up to `shifts_per_batch` Δ1 copies. Every
-    measurement also holds its parts per layer type (`by_layer_type`), which add up to it.
-    """
+    """D, its per-column breakdown and D_logit for every Δ1 against Δ2, averaged over the N texts of
+    T token ids of `texts_NT`, by `model` in its dtype under the probe attention; each forward pass
+    carries one text at Δ2 and up to `shifts_per_batch` Δ1 copies. Every measurement also holds its
+    parts per layer type (`by_layer_type`), which add up to it."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation != PROBE_ATTENTION:
         raise ValueError(f"load the model with attn_implementation={PROBE_ATTENTION!r} (it uses {implementation!r})")
