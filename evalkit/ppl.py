@@ -70,9 +70,7 @@ class PplSettings:
 
 
 def load_documents(data: str) -> list[str]:
-    """--data: builtin (the bundled prose), a JSONL with a `text` field per line, a directory saved
-    by `datasets` (its `text` column; a DatasetDict's test split, or its only one), or a text file
-    (one document)."""
+    """--data's documents (docs/perplexity.md); of a DatasetDict, its test split or its only one."""
     if data == "builtin":
         return builtin_documents()
     path = Path(data)
@@ -85,8 +83,7 @@ def load_documents(data: str) -> list[str]:
 
 
 def builtin_documents() -> list[str]:
-    """The built-in prose (evalkit.corpus.prose: CPython's language reference topics, in name
-    order) joined at its paragraph breaks into documents of at least BUILTIN_DOC_CHARS characters."""
+    """The built-in prose (evalkit.corpus.prose) joined into documents (docs/perplexity.md)."""
     from evalkit.corpus.prose import prose_documents
 
     documents, current = [], ""

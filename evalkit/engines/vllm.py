@@ -316,9 +316,8 @@ class VLLMEngine(PackedEngine):
     data_parallel_size replicas (module docstring); serving (models.precision.SERVINGS: trained, the
     default, or stock), rope cast|fp32 (what each allows: docs/vllm.md) and position_shift
     (vllm_plugin.rope); enforce_eager (default: True on CPU, where compiling only delays the
-    start); kv_cache_gib (CPU; default: batch_size full windows, at least 1 GiB); packed (True:
-    evalkit's AnchorAttention backend, its request tracker and the V1 runner, which generate_packed
-    and logits_packed need; False: nothing of evalkit's in the attention path).
+    start); kv_cache_gib (CPU; default: batch_size full windows, at least 1 GiB); packed (docs/vllm.md:
+    evalkit's backend, for generate_packed and logits_packed).
     """
 
     name = "vllm"

@@ -1,8 +1,6 @@
 """Which lm-eval tasks exist (TaskCatalog: lm-eval's TaskManager over evalkit's tasks/ and the
-user's folders), how each is loaded, and with how many shots it is scored.
-
-Standard shots (STANDARD_FEWSHOT, docs/general.md; the paper does not state them): mmlu 5, as in
-the MMLU paper and the Open LLM Leaderboard (lm-eval's own default is 0), hellaswag 0.
+user's folders), how each is loaded, and with how many shots it is scored (STANDARD_FEWSHOT,
+docs/general.md; the paper states none: mmlu's 5 is the MMLU paper's and the Open LLM Leaderboard's).
 """
 
 from __future__ import annotations

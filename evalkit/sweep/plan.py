@@ -1,6 +1,5 @@
-"""Which of the pipeline's units this process evaluates: all of them, or one shard's, a 1/N of the
-(checkpoint, unit) pairs balanced by each unit's estimated tokens (a benchmark's `unit_cost`; RULER:
-length x samples), not by their count, and the same in every shard of one sweep (assign_shards).
+"""Which of the pipeline's units this process evaluates: all of them, or one shard's (docs/scaling-out.md),
+balanced by a benchmark's `unit_cost` and the same in every shard of one sweep (assign_shards).
 """
 
 from __future__ import annotations
