@@ -190,10 +190,6 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def _verdict(holds: bool) -> str:
-    return "**holds**" if holds else "**does not hold**"
-
-
 # The paper's observations: the summary's key, the claim, and what measures it when the rows do not.
 OBSERVATIONS = (
     ("precision_ratio", "BF16 breaks RoPE's relative positions (D in BF16 ≫ D in FP32)",
@@ -342,7 +338,8 @@ def summary_markdown(payload: dict) -> str:
             continue
         table_rows, evidence = build(summary[part])
         key_rows += table_rows
-        observations.append(f"- {claim}: {_verdict(summary[part]['holds'])}: {evidence}")
+        verdict = "**holds**" if summary[part]["holds"] else "**does not hold**"
+        observations.append(f"- {claim}: {verdict}: {evidence}")
     key_rows += _amplification_lines(summary["pretraining_amplification"])
     first_token = "BOS" if provenance["first_token_is_bos"] else "not a BOS (the tokenizer adds none)"
     out = [
