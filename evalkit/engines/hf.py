@@ -17,11 +17,8 @@ path (1.7x the time of the same rows alone, SmolLM2-135M at 4K), and on CUDA whe
 average 1,024 tokens or more (one such row already fills the GPU); else "padded". Models whose
 cache is not plain full attention (sliding windows, linear attention) always take "padded".
 
-Generation then decodes LEFT-padded: every row's last prompt token sits in the last column, each
-step appends a column, an attention mask hides the padding and position ids count only real
-tokens, so a padded row computes what it would alone; finished rows leave the batch and cache.
-The attention is transformers' SDPA, except that at decoding a grouped-query model reads each
-key-value head once instead of a copy per query head (attention.hf.register_grouped_sdpa).
+Generation then decodes LEFT-padded, position ids counting only real tokens, so a padded row
+computes what it would alone; finished rows leave the batch and cache (_greedy_decode).
 
 Packed requests (base.PackedRequest) take two forwards before decoding: the anchor and documents
 under evalkit's document attention, filling the KV cache; then the question under plain causal
