@@ -3,12 +3,6 @@ Nothing heavy is imported here: lm_eval and transformers load when a run starts.
 """
 
 from evalkit.general.runner import GeneralBenchmark, GeneralSettings
-from evalkit.general.tables import general_average_table, general_checkpoint_table, run_averages
+from evalkit.general.tables import general_checkpoint_table
 
-__all__ = [
-    "GeneralBenchmark",
-    "GeneralSettings",
-    "general_average_table",
-    "general_checkpoint_table",
-    "run_averages",
-]
+__all__ = ["GeneralBenchmark", "GeneralSettings", "general_checkpoint_table"]

@@ -8,10 +8,8 @@ UserError before a model loads); what each kind measures and writes is docs/prob
 
 from importlib import import_module
 
-from evalkit.probe.options import PAPER_DELTA1, PAPER_LENGTHS, PROBE_KINDS, ROPE_VARIANTS, ProbeOptions, ProbePlan
-
-# The rest needs torch (and transformers when run): loaded on first use, so importing the
-# options for a command line's --help stays fast.
+# They need torch (and transformers when run): loaded on first use, so importing the options
+# (probe.options) for a command line's --help stays fast.
 _LAZY = {
     "PROBE_ATTENTION": "attention",
     "register_probe_attention": "attention",
@@ -30,4 +28,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'evalkit.probe' has no attribute {name!r}")
 
 
-__all__ = ["PAPER_DELTA1", "PAPER_LENGTHS", "PROBE_KINDS", "ROPE_VARIANTS", "ProbeOptions", "ProbePlan", *_LAZY]
+__all__ = list(_LAZY)
