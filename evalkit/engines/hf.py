@@ -194,7 +194,7 @@ def _computing(method):
 class HFEngine(PackedEngine):
     """A transformers causal LM loaded from a local checkpoint directory (safetensors weights).
 
-    Settings: dtype (models.precision.engine_dtype); batch_size (rows per forward); max_length
+    Settings: dtype (models.precision.served_regime); batch_size (rows per forward); max_length
     (default config.max_position_embeddings, may be set above it to test length extrapolation);
     attention (transformers' implementation for plain prompts); packed_attention (evalkit's, for
     packed prefills); prefill (module docstring); threads (torch CPU threads while this engine
