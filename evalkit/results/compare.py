@@ -52,6 +52,7 @@ class Difference:
     # each training run's checkpoint-averaged value (one entry for a one-run series): the between-seed spread
     baseline_runs: list[float] = field(default_factory=list)
     other_runs: list[float] = field(default_factory=list)
+    mde: float | None = None  # several seeds on both sides, paired: minimum_detectable_effect
 
 
 @dataclass
@@ -259,6 +260,18 @@ def normal_p(difference: float, stderr: float) -> float:
     return math.erfc(abs(difference) / stderr / math.sqrt(2))
 
 
+def minimum_detectable_effect(per_seed: list[float]) -> float | None:
+    """The smallest true difference that a paired t-test over these seeds (two-sided 5%) detects with 80%
+    power, from the per-seed differences' SD: (t_{S−1,0.975} + t_{S−1,0.8}) · SD / √S. What a study of
+    this many seeds could have seen; None below 2 seeds."""
+    if len(per_seed) < 2:
+        return None
+    from scipy.stats import t
+
+    seeds = len(per_seed)
+    return float((t.ppf(0.975, seeds - 1) + t.ppf(0.8, seeds - 1)) * np.std(per_seed, ddof=1) / math.sqrt(seeds))
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment: the k-th smallest of m p-values times (m − k + 1), made monotone, capped at 1."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
@@ -300,6 +313,7 @@ def _difference(boot: Bootstrap, a: Side, b: Side, cells: list[Cell], task: str)
         pairing=_level_over([boot.pairing_level(c, *names) for c in cells]),
         pairing_detail=_pairing_over([boot.pairing_of(c, *names) for c in cells]),
         tasks=len(cells), baseline_runs=runs[a], other_runs=runs[b],
+        mde=minimum_detectable_effect([y - x for x, y in zip(runs[a], runs[b])]) if runs[a] and runs[b] else None,
     )  # fmt: skip
 
 

@@ -42,10 +42,14 @@ def _value(value: float, runs: list[float]) -> str:
     return f"{value:.2f} ± {statistics.stdev(runs):.2f} ({len(runs)} runs)"
 
 
+def _mde(d: Difference) -> str:
+    return f" (MDE {d.mde:.2f})" if d.mde is not None else ""
+
+
 def _marked(d: Difference) -> str:
-    """The difference, bold where it stays significant at 0.05 after Holm."""
+    """The difference, bold where it stays significant at 0.05 after Holm; its MDE where seeds pair."""
     text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
-    return f"**{text}**" if significant(d) else text
+    return (f"**{text}**" if significant(d) else text) + _mde(d)
 
 
 def summary_table(comparison: Comparison) -> str:
@@ -68,7 +72,7 @@ def differences_table(comparison: Comparison, interactions: bool = False) -> str
         metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
         rows.append([f"{d.other} − {d.baseline}", task, metric, cell_length_label(d.length),
                      _value(d.baseline_value, d.baseline_runs), _value(d.other_value, d.other_runs),
-                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]",
+                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]{_mde(d)}",
                      _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip
     names = ["(A − B) − (C − D)", "C − D", "A − B"] if interactions else ["B − A", "A", "B"]
     header = [names[0], "task", "metric", "length", *names[1:], names[0], "se", "95% interval", "p", "p (Holm)",
@@ -113,7 +117,9 @@ def markdown(comparison: Comparison, command: str) -> str:
             + "; ".join(f"{k}: {', '.join(v)}" for k, v in comparison.runs.items())
             + ") resamples its runs, then their checkpoints, then samples (series of the same seeds draw alike: "
             "paired by seed), so a difference is called only beyond the variation between seeds. Its A or B value "
-            "shows mean ± std over its runs of each run's checkpoint-averaged score."
+            "shows mean ± std over its runs of each run's checkpoint-averaged score; MDE, where both sides' "
+            "seeds pair: the smallest true difference a paired t-test over those seeds detects with 80% power at "
+            "two-sided 5%, from the per-seed differences' SD (what the design could have seen)."
         )
     if comparison.averages:
         parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]
