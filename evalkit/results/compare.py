@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -41,6 +42,7 @@ class Difference:
     other_value: float
     difference: float
     stderr: float
+    mde: float  # the minimum detectable effect: MDE_STANDARD_ERRORS standard errors
     low: float
     high: float
     p: float
@@ -52,7 +54,6 @@ class Difference:
     # each training run's checkpoint-averaged value (one entry for a one-run series): the between-seed spread
     baseline_runs: list[float] = field(default_factory=list)
     other_runs: list[float] = field(default_factory=list)
-    mde: float | None = None  # several seeds on both sides, paired: minimum_detectable_effect
 
 
 @dataclass
@@ -260,16 +261,9 @@ def normal_p(difference: float, stderr: float) -> float:
     return math.erfc(abs(difference) / stderr / math.sqrt(2))
 
 
-def minimum_detectable_effect(per_seed: list[float]) -> float | None:
-    """The smallest true difference that a paired t-test over these seeds (two-sided 5%) detects with 80%
-    power, from the per-seed differences' SD: (t_{S−1,0.975} + t_{S−1,0.8}) · SD / √S. What a study of
-    this many seeds could have seen; None below 2 seeds."""
-    if len(per_seed) < 2:
-        return None
-    from scipy.stats import t
-
-    seeds = len(per_seed)
-    return float((t.ppf(0.975, seeds - 1) + t.ppf(0.8, seeds - 1)) * np.std(per_seed, ddof=1) / math.sqrt(seeds))
+# The difference compare's test (normal on the bootstrap standard error, two-sided 5%) calls with
+# 80% power: z_0.975 + z_0.8 standard errors.
+MDE_STANDARD_ERRORS = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -309,11 +303,11 @@ def _difference(boot: Bootstrap, a: Side, b: Side, cells: list[Cell], task: str)
         baseline=label(a), other=label(b), benchmark=first.benchmark, task=task,
         metric=first.metric if len(cells) == 1 else "task average", length=first.length, filter=first.filter,
         baseline_value=point_a, other_value=point_b, difference=point_b - point_a,
-        stderr=stderr, low=low, high=high, p=normal_p(point_b - point_a, stderr), p_holm=float("nan"), samples=samples,
+        stderr=stderr, mde=MDE_STANDARD_ERRORS * stderr, low=low, high=high, p=normal_p(point_b - point_a, stderr),
+        p_holm=float("nan"), samples=samples,
         pairing=_level_over([boot.pairing_level(c, *names) for c in cells]),
         pairing_detail=_pairing_over([boot.pairing_of(c, *names) for c in cells]),
         tasks=len(cells), baseline_runs=runs[a], other_runs=runs[b],
-        mde=minimum_detectable_effect([y - x for x, y in zip(runs[a], runs[b])]) if runs[a] and runs[b] else None,
     )  # fmt: skip
 
 

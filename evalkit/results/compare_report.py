@@ -43,11 +43,11 @@ def _value(value: float, runs: list[float]) -> str:
 
 
 def _mde(d: Difference) -> str:
-    return f" (MDE {d.mde:.2f})" if d.mde is not None else ""
+    return f" (MDE {d.mde:.2f})"
 
 
 def _marked(d: Difference) -> str:
-    """The difference, bold where it stays significant at 0.05 after Holm; its MDE where seeds pair."""
+    """The difference, bold where it stays significant at 0.05 after Holm, and its MDE."""
     text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
     return (f"**{text}**" if significant(d) else text) + _mde(d)
 
@@ -108,7 +108,9 @@ def markdown(comparison: Comparison, command: str) -> str:
         f"{comparison.seed}; samples answered alike by both sides are resampled together (paired), and so are "
         'the checkpoints of series of the same checkpoints (column "paired by"). Intervals '
         "are 95% percentile intervals, unadjusted; p-values are Holm-adjusted across every task × length × pair "
-        "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm.",
+        "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm. MDE: the "
+        "minimum detectable effect, the true difference this test (before Holm) calls with 80% power, 2.80 "
+        "standard errors: what the design could have seen.",
         "",
     ]
     if comparison.runs:
@@ -117,9 +119,7 @@ def markdown(comparison: Comparison, command: str) -> str:
             + "; ".join(f"{k}: {', '.join(v)}" for k, v in comparison.runs.items())
             + ") resamples its runs, then their checkpoints, then samples (series of the same seeds draw alike: "
             "paired by seed), so a difference is called only beyond the variation between seeds. Its A or B value "
-            "shows mean ± std over its runs of each run's checkpoint-averaged score; MDE, where both sides' "
-            "seeds pair: the smallest true difference a paired t-test over those seeds detects with 80% power at "
-            "two-sided 5%, from the per-seed differences' SD (what the design could have seen)."
+            "shows mean ± std over its runs of each run's checkpoint-averaged score."
         )
     if comparison.averages:
         parts += ["## Task average per length (B − A, 95% interval)", "", summary_table(comparison), ""]
