@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,11 @@ TRAIN_BENCH_SETS = ("data.retrieval_fraction=0",)
 TRAIN_BENCH_SEQ = 4096
 TRAIN_BENCH_STEPS = 2
 
+STUDY = Path(__file__).resolve().parents[1] / "results" / "study"  # in a clone: #47's study, committed
+# Its arms: runs named <arm>-seed<k> under its ruler-<serving>/ (results/study/PREREGISTRATION.md).
+PARADIGM_ARMS = ("full-bf16", "intra_doc-bf16", "anchor-bf16")
+PRECISION_TWINS = (("full-bf16", "full-fp32"), ("anchor-bf16", "anchor-fp32"))
+
 
 @dataclass
 class QuickstartPlan:
@@ -66,6 +72,7 @@ class QuickstartPlan:
     bench_seq: int = TRAIN_BENCH_SEQ  # the window length of that timing
     runs_dir: Path = Path("runs/quickstart")
     out: Path = Path("results/quickstart")
+    study: Path = STUDY  # claim (c): the study's stored results
 
 
 def check_plan(plan: QuickstartPlan) -> None:
@@ -192,8 +199,7 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
     console.rule(f"[bold]{next(numbers)}. leaderboard and the claims")  # untimed: 'done in' ends it
     board = write_leaderboard(sources, plan.out / "leaderboard.md")
     claims += how_runs_trained(refs)
-    claims += _ruler_claim(plan.out / "ruler", lengths)
-    claims += compare_paradigms_against_full(plan.out / "ruler")
+    claims += study_claim(plan.study)
     claims += figure4_claim(plan.out, lengths)
     claims_file = plan.out / "claims.md"
     atomic_write_text(claims_file, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(claims))
@@ -334,49 +340,75 @@ def how_runs_trained(refs) -> list[str]:
     return markdown_section("How each run trained", markdown_table(header, rows))
 
 
-def _ruler_claim(ruler_dir: Path, lengths: list[int]) -> list[str]:
-    """RULER per paradigm and length, averaged over each run's checkpoints; runs that score 0
-    at every length are named, not shown as results."""
-    averages = length_averages(_stored_rows(ruler_dir, RULER_SUMMARY))
-    cells = {(a.run, a.length): a for a in averages}
-    scored = sorted({a.run for a in averages if a.mean > 0})
-    zero = sorted({a.run for a in averages} - set(scored))
-    header = ["run", *[f"{n}" for n in lengths]]
-    rows = [
-        [run, *[f"{cells[run, n].mean:.1f} ± {cells[run, n].std:.1f}" if (run, n) in cells else "" for n in lengths]]
-        for run in scored
-    ]
-    lines = [markdown_table(header, rows)] if rows else ["- No run scored above 0 at any length."]
-    if zero:
-        lines += ["", f"- Scored 0 at every length, so not a result: {', '.join(zero)}."]
-    return markdown_section("(c) RULER across lengths (task average, mean ± std over each run's checkpoints)", *lines)
-
-
-def compare_paradigms_against_full(ruler_dir: Path) -> list[str]:
-    """Each scored paradigm against full attention (`evalkit compare` on the stored per-sample logs);
-    runs scoring 0 at every length are left out, as in claim (c)."""
+def study_claim(study: Path) -> list[str]:
+    """Claim (c), recomputed from the study's stored per-sample results (served as trained): each
+    arm's mean ± between-seed SD per length, each paradigm against full and each paradigm's BF16 −
+    FP32 (`evalkit compare`, paired by seed), the interaction of H2, and what the design could see."""
     from evalkit.results.compare import compare
     from evalkit.results.compare_report import summary_table
     from evalkit.results.samples import load_series
 
-    title = "Paradigms against full attention (`evalkit compare`)"
-    series = {name: one for name, one in load_series([str(ruler_dir)]).items() if _scores_above_zero(one)}
-    full = [name for name, one in series.items() if one.paradigm == "full"]
-    others = [name for name, one in series.items() if one.paradigm != "full"]
-    if not full or not others:
-        return markdown_section(
-            title, "- Not compared: no full-attention run and another paradigm that both score above 0."
-        )
-    baseline = full[0]
-    result = compare({name: series[name] for name in [baseline, *others]}, [baseline, *others], baseline=baseline)
+    shown = study.relative_to(Path.cwd()) if study.is_relative_to(Path.cwd()) else study
+    title = f"(c) Paradigms and BF16 across training seeds: the study ({shown})"
+    ruler = study / "ruler-trained"
+    if not ruler.is_dir():
+        return markdown_section(title, f"- Not shown: {ruler} is absent (a clone of the repository holds it).")
+    rows = _stored_rows(ruler, RULER_SUMMARY)
+    what = (
+        f"RULER task average of {', '.join(sorted({r.task for r in rows}))} ({max(r.n or 0 for r in rows)} samples "
+        "each) over each run's last 2 checkpoints, served as trained; mean ± SD between seeds:"
+    )
+    arms = [*PARADIGM_ARMS, *(fp32 for _, fp32 in PRECISION_TWINS)]
+    series = load_series([f"{arm}={ruler}/{arm}-seed*" for arm in arms])
+    paradigms = compare({a: series[a] for a in PARADIGM_ARMS}, list(PARADIGM_ARMS), baseline=PARADIGM_ARMS[0])
+    twins = [compare({a: series[a] for a in (fp32, bf16)}, [fp32, bf16]) for bf16, fp32 in PRECISION_TWINS]
+    (full, full_fp32), (anchor, anchor_fp32) = PRECISION_TWINS
+    h2 = compare({a: series[a] for a in arms[:1] + arms[2:]}, [full, full_fp32, anchor, anchor_fp32],
+                 interactions=(f"{full}-{full_fp32}:{anchor}-{anchor_fp32}",))  # fmt: skip
+    interaction = [d for d in h2.interactions if d.task == "average"]
+    headline = [*paradigms.averages, *(d for t in twins for d in t.averages), *interaction]
     return markdown_section(
         title,
-        summary_table(result),
+        what,
         "",
-        f"- B − A in points with its 95% interval ({result.replicates} bootstrap replicates, seed {result.seed}, "
-        "over checkpoints and samples); bold only where Holm-adjusted p < 0.05. An interval that spans 0 says the "
-        "paradigms are not told apart at this sample count, not that they are equal.",
+        _arms_table(rows, arms),
+        "",
+        "B − A, paired by seed where both sides share seeds (95% interval over seeds, checkpoints and samples; "
+        "MDE: the true difference this test calls with 80% power, 2.80 standard errors):",
+        "",
+        summary_table(replace(paradigms, averages=headline)),
+        "",
+        *_told_apart(headline),
     )
+
+
+def _arms_table(rows: list, arms: list[str]) -> str:
+    """Each arm's RULER task average per length: mean ± SD over its seeds of each run's checkpoint mean."""
+    by_arm: dict[tuple[str, int], list[float]] = {}
+    for average in length_averages(rows):
+        by_arm.setdefault((average.run.rsplit("-seed", 1)[0], average.length), []).append(average.mean)
+    lengths = sorted({length for _, length in by_arm})
+    rows = [[arm, str(len(by_arm.get((arm, lengths[0]), []))),
+             *(f"{statistics.fmean(v):.1f} ± {statistics.stdev(v):.1f}" if len(v := by_arm.get((arm, n), [])) > 1
+               else "–" for n in lengths)] for arm in arms]  # fmt: skip
+    return markdown_table(["arm", "seeds", *map(length_label, lengths)], rows)
+
+
+def _told_apart(differences: list) -> list[str]:
+    """One line: what the study told apart (Holm-adjusted p < 0.05 within its comparison) and what not,
+    with the smallest effect it could have seen."""
+    from evalkit.results.compare import significant
+
+    def name(d) -> str:
+        return f"{d.other} − {d.baseline} at {length_label(d.length)} ({d.difference:+.1f}, MDE {d.mde:.1f})"
+
+    apart = [name(d) for d in differences if significant(d)]
+    not_apart = [name(d) for d in differences if not significant(d)]
+    return [
+        f"- Told apart: {'; '.join(apart) or 'nothing'}.",
+        f"- Not told apart: {'; '.join(not_apart) or 'nothing'}: an effect smaller than its MDE could be there "
+        "unseen; one larger would have been seen 4 times in 5.",
+    ]
 
 
 def figure4_claim(out: Path, lengths: list[int]) -> list[str]:
@@ -445,15 +477,6 @@ def swing_verdicts(ruler_dir: Path) -> list[str]:
 
 def _stored_rows(folder: Path, summary_name: str) -> list:
     return [row for _, summary in summary_files([folder], summary_name) for row in summary_rows(summary)]
-
-
-def _scores_above_zero(one) -> bool:
-    return any(
-        sample.score > 0
-        for cells in one.checkpoints.values()
-        for by_index in cells.values()
-        for sample in by_index.values()
-    )
 
 
 def _evaluate(benchmark, refs, folder: Path, console: Console, **options):

@@ -49,13 +49,9 @@ def test_quickstart_end_to_end_and_rerun(tmp_path):
     steps = json.loads((tmp_path / "results" / "train-step.json").read_text())["rows"]
     assert [(r["paradigm"], r["seq_len"]) for r in steps] == [("full", 256), ("anchor", 256)]
     assert f"full {steps[0]['step_seconds']:.2f}, anchor {steps[1]['step_seconds']:.2f}" in claims
-    assert "## (c) RULER across lengths" in claims and "## Paradigms against full attention" in claims
+    assert "## (c) Paradigms and BF16 across training seeds: the study" in claims
     assert "| tiny-cpu-anchor | 4 |" in claims.split("## (d) RULER and perplexity per checkpoint")[1]
     assert "| tiny-cpu-anchor | anchor | fp32 | bos |" in claims  # how each run trained
-    table = claims.split("## (c)")[1].split("\n## ")[0]
-    for paradigm in ("full", "intra_doc", "anchor"):  # a run is a row only if it scored; else it is named as 0
-        run = f"tiny-cpu-{paradigm}"
-        assert (f"| {run} |" in table) != (run in table.split("Scored 0 at every length, so not a result:")[-1])
 
     second, _ = quickstart(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -136,29 +132,50 @@ def test_the_probe_takes_the_real_model_when_installed_and_says_when_it_does_not
     assert quickstart.probe_checkpoint("tiny", console)[0] == quickstart.TINY_BASE
 
 
-def test_paradigms_are_compared_against_full_with_the_summaries_means():
-    """The claims' comparison on the stored tiny-paradigm logs (results/anchor-encoding/ruler): its
-    point differences equal those computed by hand from the per-checkpoint summaries' task scores."""
-    import json
+def test_the_study_claim_is_the_committed_study_recomputed(tmp_path):
+    """Claim (c) on results/study/ (its stored per-sample results, served as trained): each arm's
+    mean ± SD over seeds is the summaries' (read here on their own); each paired difference is the
+    mean of the per-seed differences and its MDE the t-table formula, both computed here by hand."""
+    import re
+    import statistics
     from pathlib import Path
 
-    from evalkit.quickstart import compare_paradigms_against_full
+    from evalkit.quickstart import study_claim
 
-    root = Path(__file__).resolve().parent.parent / "results" / "anchor-encoding" / "ruler"
+    study = Path(__file__).resolve().parent.parent / "results" / "study"
 
-    def average(run: str) -> float:  # standard encoding, 1K: mean over checkpoints of the task average
+    def run_average(run: Path, length: int) -> float:  # mean over checkpoints of the task average
         per_step = []
-        for summary in sorted((root / run).glob("step-*/ruler-summary.json")):
-            rows = [r for r in json.loads(summary.read_text())["rows"] if r.get("encoding", "standard") == "standard"]
-            per_step.append(sum(r["value"] for r in rows) / len(rows))
+        for summary in sorted(run.glob("step-*/ruler-summary.json")):
+            scores = [r["value"] for r in json.loads(summary.read_text())["rows"] if r["length"] == length]
+            per_step.append(sum(scores) / len(scores))
         return sum(per_step) / len(per_step)
 
-    lines = "\n".join(compare_paradigms_against_full(root)).splitlines()
-    table = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in lines if line.startswith("| tiny")}
-    full = average("tiny-long-full-shipped")
-    for paradigm in ("anchor", "intra_doc"):
-        shown = table[f"tiny-long-{paradigm}-shipped − tiny-long-full-shipped"].strip("*").split(" [")[0]
-        assert abs(float(shown) - (average(f"tiny-long-{paradigm}-shipped") - full)) < 0.011
+    arms = ("full-bf16", "intra_doc-bf16", "anchor-bf16", "full-fp32", "anchor-fp32")
+    seeds = {arm: sorted((study / "ruler-trained").glob(f"{arm}-seed*")) for arm in arms}
+    by_seed = {(arm, n): [run_average(run, n) for run in seeds[arm]] for arm in arms for n in (512, 1024)}
+    text = "\n".join(study_claim(study))
+    for arm in arms:
+        values = [by_seed[arm, n] for n in (512, 1024)]
+        cells = " | ".join(f"{statistics.fmean(v):.1f} ± {statistics.stdev(v):.1f}" for v in values)
+        assert f"| {arm} | {len(seeds[arm])} | {cells} |" in text
+
+    def check(label: str, per_seed: list[float], column: int) -> None:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+        shown = row.split("|")[column + 2]
+        difference, low, high, mde = map(float, re.findall(r"[-+]?\d+\.\d+", shown))
+        assert difference == pytest.approx(statistics.fmean(per_seed), abs=0.006)
+        assert low < difference < high and mde == pytest.approx(2.80 * (high - low) / 3.92, rel=0.2)
+
+    for column, n in enumerate((512, 1024)):
+        full = {arm: by_seed[arm, n] for arm in arms}
+        check("anchor-bf16 − full-bf16", [b - a for a, b in zip(full["full-bf16"], full["anchor-bf16"])], column)
+        check("full-bf16 − full-fp32", [b - a for a, b in zip(full["full-fp32"], full["full-bf16"])], column)
+        contrast = [(fb - ff) - (ab - af) for fb, ff, ab, af in
+                    zip(full["full-bf16"], full["full-fp32"], full["anchor-bf16"], full["anchor-fp32"])]  # fmt: skip
+        check("(full-bf16 − full-fp32) − (anchor-bf16 − anchor-fp32)", contrast, column)
+    assert "- Told apart: " in text and "- Not told apart: " in text
+    assert "is absent (a clone of the repository holds it)" in "\n".join(study_claim(tmp_path))
 
 
 def test_the_claims_say_how_each_shipped_run_trained():

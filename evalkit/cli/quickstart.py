@@ -10,7 +10,7 @@ from evalkit.attention.paradigms import parse_paradigms
 from evalkit.cli.app import app
 from evalkit.errors import UserError
 from evalkit.lengths import parse_lengths
-from evalkit.quickstart import QUICK_PARADIGMS, QUICK_RECIPE, QUICK_STEPS, TRAIN_BENCH_SEQ
+from evalkit.quickstart import QUICK_PARADIGMS, QUICK_RECIPE, QUICK_STEPS, STUDY, TRAIN_BENCH_SEQ
 
 
 @app.command("quickstart")
@@ -45,6 +45,9 @@ def quickstart_command(
         True, "--train-bench/--no-train-bench", help="Time a training step under full and anchor attention."
     ),
     bench_seq: int = typer.Option(TRAIN_BENCH_SEQ, "--bench-seq", help="Window length of that timing, in tokens."),
+    study: Path = typer.Option(
+        STUDY, "--study", help="The study whose stored results claim (c) reads (results/study/)."
+    ),
 ) -> None:
     """The paper's claims on a CPU: the BF16 probe, training-step cost, RULER per paradigm, RULER beside perplexity."""
     from evalkit.quickstart import QuickstartPlan, run_quickstart

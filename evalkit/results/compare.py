@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -41,6 +42,7 @@ class Difference:
     other_value: float
     difference: float
     stderr: float
+    mde: float  # the minimum detectable effect: MDE_STANDARD_ERRORS standard errors
     low: float
     high: float
     p: float
@@ -259,6 +261,11 @@ def normal_p(difference: float, stderr: float) -> float:
     return math.erfc(abs(difference) / stderr / math.sqrt(2))
 
 
+# The difference compare's test (normal on the bootstrap standard error, two-sided 5%) calls with
+# 80% power: z_0.975 + z_0.8 standard errors.
+MDE_STANDARD_ERRORS = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment: the k-th smallest of m p-values times (m − k + 1), made monotone, capped at 1."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
@@ -296,7 +303,8 @@ def _difference(boot: Bootstrap, a: Side, b: Side, cells: list[Cell], task: str)
         baseline=label(a), other=label(b), benchmark=first.benchmark, task=task,
         metric=first.metric if len(cells) == 1 else "task average", length=first.length, filter=first.filter,
         baseline_value=point_a, other_value=point_b, difference=point_b - point_a,
-        stderr=stderr, low=low, high=high, p=normal_p(point_b - point_a, stderr), p_holm=float("nan"), samples=samples,
+        stderr=stderr, mde=MDE_STANDARD_ERRORS * stderr, low=low, high=high, p=normal_p(point_b - point_a, stderr),
+        p_holm=float("nan"), samples=samples,
         pairing=_level_over([boot.pairing_level(c, *names) for c in cells]),
         pairing_detail=_pairing_over([boot.pairing_of(c, *names) for c in cells]),
         tasks=len(cells), baseline_runs=runs[a], other_runs=runs[b],

@@ -42,10 +42,14 @@ def _value(value: float, runs: list[float]) -> str:
     return f"{value:.2f} ± {statistics.stdev(runs):.2f} ({len(runs)} runs)"
 
 
+def _mde(d: Difference) -> str:
+    return f" (MDE {d.mde:.2f})"
+
+
 def _marked(d: Difference) -> str:
-    """The difference, bold where it stays significant at 0.05 after Holm."""
+    """The difference, bold where it stays significant at 0.05 after Holm, and its MDE."""
     text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
-    return f"**{text}**" if significant(d) else text
+    return (f"**{text}**" if significant(d) else text) + _mde(d)
 
 
 def summary_table(comparison: Comparison) -> str:
@@ -68,7 +72,7 @@ def differences_table(comparison: Comparison, interactions: bool = False) -> str
         metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
         rows.append([f"{d.other} − {d.baseline}", task, metric, cell_length_label(d.length),
                      _value(d.baseline_value, d.baseline_runs), _value(d.other_value, d.other_runs),
-                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]",
+                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]{_mde(d)}",
                      _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip
     names = ["(A − B) − (C − D)", "C − D", "A − B"] if interactions else ["B − A", "A", "B"]
     header = [names[0], "task", "metric", "length", *names[1:], names[0], "se", "95% interval", "p", "p (Holm)",
@@ -104,7 +108,9 @@ def markdown(comparison: Comparison, command: str) -> str:
         f"{comparison.seed}; samples answered alike by both sides are resampled together (paired), and so are "
         'the checkpoints of series of the same checkpoints (column "paired by"). Intervals '
         "are 95% percentile intervals, unadjusted; p-values are Holm-adjusted across every task × length × pair "
-        "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm.",
+        "cell (and, separately, across the per-length averages). Bold: significant at 0.05 after Holm. MDE: the "
+        "minimum detectable effect, the true difference this test (before Holm) calls with 80% power, 2.80 "
+        "standard errors: what the design could have seen.",
         "",
     ]
     if comparison.runs:

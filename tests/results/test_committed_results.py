@@ -20,7 +20,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 SUMMARIES = sorted(p for p in RESULTS.rglob("*-summary.json") if not p.is_relative_to(RESULTS / "quickstart"))
 
 
-BORN_AFTER_THE_MIGRATION = ("study-pilot",)  # results folders written by the current keys
+BORN_AFTER_THE_MIGRATION = ("study-pilot", "study")  # results folders written by the current keys
 
 
 def test_results_hold_the_summaries_the_migration_rewrote():
@@ -45,6 +45,11 @@ def test_every_ruler_answer_is_keyed_as_this_evalkit_keys_it(path):
     settings = RulerSettings(**provenance["settings"])  # complete: every field of today's settings
     engine = provenance["engine"]
     facts = {"dtype": engine["dtype"], "tokenizer_fingerprint": engine["tokenizer_fingerprint"]}
+    trained_in = provenance["checkpoint_meta"].get("precision", {}).get("dtype", "fp32")
+    if engine.get("serving") == "trained" and trained_in != "fp32":  # unlike a stock serving: keyed by the regime
+        facts["served"] = (
+            f"{engine['dtype']}, RoPE frequencies {engine['rope_frequencies']}, rotation {engine['rope_rotation']}"
+        )
     for row in summary["rows"]:
         label = encoding_label(row.get("encoding"), row.get("doc_tokens"))
         cell = dataclasses.replace(

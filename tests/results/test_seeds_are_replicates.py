@@ -215,6 +215,9 @@ def test_an_interaction_is_the_difference_of_two_paired_contrasts_replicate_by_r
     assert cell.pairing == "seeds+samples" and cell.p == pytest.approx(normal_p(cell.difference, cell.stderr))
     assert (average.task, average.difference, average.stderr) == ("average", cell.difference, cell.stderr)
     assert "## Interactions" in markdown(result, "cmd") and len(json_records(result, "cmd")["interactions"]) == 2
+    # The effect its test calls 4 times in 5: 2.80 standard errors (z_0.975 + z_0.8 from a printed table).
+    assert cell.mde == pytest.approx((1.960 + 0.8416) * cell.stderr, rel=1e-3)
+    assert f"(MDE {cell.mde:.2f})" in markdown(result, "cmd")
 
 
 @pytest.mark.parametrize(
