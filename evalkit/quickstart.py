@@ -388,25 +388,23 @@ def _arms_table(rows: list, arms: list[str]) -> str:
     for average in length_averages(rows):
         by_arm.setdefault((average.run.rsplit("-seed", 1)[0], average.length), []).append(average.mean)
     lengths = sorted({length for _, length in by_arm})
-    rows = [[arm, str(len(by_arm.get((arm, lengths[0]), []))),
-             *(f"{statistics.fmean(v):.1f} ± {statistics.stdev(v):.1f}" if len(v := by_arm.get((arm, n), [])) > 1
-               else "–" for n in lengths)] for arm in arms]  # fmt: skip
-    return markdown_table(["arm", "seeds", *map(length_label, lengths)], rows)
+    table = [[arm, str(len(by_arm.get((arm, lengths[0]), []))),
+              *(f"{statistics.fmean(v):.1f} ± {statistics.stdev(v):.1f}" if len(v := by_arm.get((arm, n), [])) > 1
+                else "–" for n in lengths)] for arm in arms]  # fmt: skip
+    return markdown_table(["arm", "seeds", *map(length_label, lengths)], table)
 
 
 def _told_apart(differences: list) -> list[str]:
-    """One line: what the study told apart (Holm-adjusted p < 0.05 within its comparison) and what not,
-    with the smallest effect it could have seen."""
+    """What the study told apart (Holm-adjusted p < 0.05 within its comparison) and what not, with MDEs."""
     from evalkit.results.compare import significant
 
-    def name(d) -> str:
-        return f"{d.other} − {d.baseline} at {length_label(d.length)} ({d.difference:+.1f}, MDE {d.mde:.1f})"
-
-    apart = [name(d) for d in differences if significant(d)]
-    not_apart = [name(d) for d in differences if not significant(d)]
+    said: dict[bool, list[str]] = {True: [], False: []}
+    for d in differences:
+        said[significant(d)].append(f"{d.other} − {d.baseline} at {length_label(d.length)} ({d.difference:+.1f}, "
+                                    f"MDE {d.mde:.1f})")  # fmt: skip
     return [
-        f"- Told apart: {'; '.join(apart) or 'nothing'}.",
-        f"- Not told apart: {'; '.join(not_apart) or 'nothing'}: an effect smaller than its MDE could be there "
+        f"- Told apart: {'; '.join(said[True]) or 'nothing'}.",
+        f"- Not told apart: {'; '.join(said[False]) or 'nothing'}: an effect smaller than its MDE could be there "
         "unseen; one larger would have been seen 4 times in 5.",
     ]
 

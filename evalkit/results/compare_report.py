@@ -42,14 +42,10 @@ def _value(value: float, runs: list[float]) -> str:
     return f"{value:.2f} ± {statistics.stdev(runs):.2f} ({len(runs)} runs)"
 
 
-def _mde(d: Difference) -> str:
-    return f" (MDE {d.mde:.2f})"
-
-
 def _marked(d: Difference) -> str:
     """The difference, bold where it stays significant at 0.05 after Holm, and its MDE."""
     text = f"{_signed(d.difference)} [{_signed(d.low)}, {_signed(d.high)}]"
-    return (f"**{text}**" if significant(d) else text) + _mde(d)
+    return (f"**{text}**" if significant(d) else text) + f" (MDE {d.mde:.2f})"
 
 
 def summary_table(comparison: Comparison) -> str:
@@ -72,8 +68,8 @@ def differences_table(comparison: Comparison, interactions: bool = False) -> str
         metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
         rows.append([f"{d.other} − {d.baseline}", task, metric, cell_length_label(d.length),
                      _value(d.baseline_value, d.baseline_runs), _value(d.other_value, d.other_runs),
-                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]{_mde(d)}",
-                     _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip
+                     _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]"
+                     f" (MDE {d.mde:.2f})", _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip
     names = ["(A − B) − (C − D)", "C − D", "A − B"] if interactions else ["B − A", "A", "B"]
     header = [names[0], "task", "metric", "length", *names[1:], names[0], "se", "95% interval", "p", "p (Holm)",
               "samples", "paired by", "pairing"]  # fmt: skip
