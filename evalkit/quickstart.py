@@ -199,7 +199,7 @@ def _run_stages(plan: QuickstartPlan, console: Console, lengths: list[int], star
     console.rule(f"[bold]{next(numbers)}. leaderboard and the claims")  # untimed: 'done in' ends it
     board = write_leaderboard(sources, plan.out / "leaderboard.md")
     claims += how_runs_trained(refs)
-    claims += study_claim(plan.study)
+    claims += study_claim(plan.study) + reanswered(plan.out / "ruler", plan.study / "ruler-trained")
     claims += figure4_claim(plan.out, lengths)
     claims_file = plan.out / "claims.md"
     atomic_write_text(claims_file, "# The paper's claims, measured by `evalkit quickstart`\n\n" + "\n".join(claims))
@@ -407,6 +407,25 @@ def _told_apart(differences: list) -> list[str]:
         f"- Not told apart: {'; '.join(said[False]) or 'nothing'}: an effect smaller than its MDE could be there "
         "unseen; one larger would have been seen 4 times in 5.",
     ]
+
+
+def reanswered(live: Path, stored: Path) -> list[str]:
+    """The study's stored answers this run gave again live (its shipped runs: the same run, step,
+    task, length and sample), and whether each prediction is the same."""
+    same: list[bool] = []
+    where: list[tuple[str, str, str]] = []  # run, task, length of each cell answered again
+    for log in sorted(live.glob("*/step-*/ruler/*/*.jsonl")):
+        if (twin := stored / log.relative_to(live)).is_file():
+            kept = {r["index"]: r["prediction"] for r in map(json.loads, reversed(twin.read_text().splitlines()))}
+            again = [r["prediction"] == kept[r["index"]] for r in map(json.loads, log.read_text().splitlines())
+                     if r["index"] in kept]  # fmt: skip
+            same, where = same + again, where + [(log.parts[-5], log.parts[-2], log.stem)] * bool(again)
+    if not same:
+        return ["- Answered live: none of the study's stored answers (no shipped run of it was evaluated).", ""]
+    runs, tasks, lengths = (", ".join(sorted(set(part))) for part in zip(*where))
+    return [f"- Answered live against the study's stored answers ({runs}; {tasks} at {lengths} tokens): {len(same)} "
+            f"samples, {sum(same)} identical predictions, {len(same) - sum(same)} different; the rest of (c) is read "
+            "from the stored answers.", ""]  # fmt: skip
 
 
 def figure4_claim(out: Path, lengths: list[int]) -> list[str]:

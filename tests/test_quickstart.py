@@ -237,3 +237,20 @@ def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, mon
     )
     quickstart._ppl(refs, [1024], plan, console)
     assert "\n".join(quickstart.figure4_claim(out, [1024])).splitlines() == lines
+
+
+def test_answers_given_live_are_checked_against_the_studys_stored_ones(tmp_path):
+    """A live log of 5 samples of a cell the study stored, one answered otherwise: 5 compared, 4 the same."""
+    from pathlib import Path
+
+    from evalkit.quickstart import reanswered
+
+    stored = Path(__file__).resolve().parent.parent / "results" / "study" / "ruler-trained"
+    log = Path("full-bf16-seed1/step-600/ruler/niah_multiquery/1024.jsonl")
+    records = [json.loads(line) for line in (stored / log).read_text().splitlines()[:5]]
+    records[2]["prediction"] += " and more"
+    (tmp_path / "ruler" / log).parent.mkdir(parents=True)
+    (tmp_path / "ruler" / log).write_text("".join(json.dumps(r) + "\n" for r in records))
+    line = reanswered(tmp_path / "ruler", stored)[0]
+    assert "(full-bf16-seed1; niah_multiquery at 1024 tokens): 5 samples, 4 identical predictions, 1 different" in line
+    assert "none of the study's stored answers" in reanswered(tmp_path / "elsewhere", stored)[0]
