@@ -64,7 +64,7 @@ class QuickstartPlan:
     sets: list[str] = field(default_factory=list)  # recipe overrides
     last: int = 2  # checkpoints per run evaluated and averaged
     samples: int = 5  # RULER samples per task and length
-    lengths: list[int] | None = None  # None: the training length and twice it
+    lengths: list[int] | None = None  # None: half the training length and the training length
     general: bool = False  # also the general-task fixtures
     general_limit: int | None = None  # None: every fixture question
     probe: str = "auto"  # PROBE_MODELS, or a checkpoint directory or hub name
@@ -161,7 +161,7 @@ def run_quickstart(plan: QuickstartPlan, console: Console | None = None) -> Path
     console = console or Console(stderr=True)
     started = time.perf_counter()
     seq_len = load_recipe(plan.recipe, {"max_steps": plan.max_steps}, plan.sets).seq_len
-    lengths = plan.lengths or [seq_len, 2 * seq_len]
+    lengths = plan.lengths or [seq_len // 2, seq_len]  # the study's: at twice it tiny runs score 0 (results/study/)
     # One quickstart per --out: a second would train the same runs and write the same results at once.
     # out/ruler and out/general are held by the evaluation pipeline while it writes them.
     with output_lock(plan.out):

@@ -31,7 +31,11 @@ def quickstart_command(
     ),
     sets: list[str] = typer.Option(None, "--set", help="Recipe overrides, e.g. --set seq_len=256."),
     samples: int = typer.Option(5, "--samples", help="RULER samples per task and length."),
-    lengths: str = typer.Option(None, "--lengths", help="RULER lengths (default: the training length and twice it)."),
+    lengths: str = typer.Option(
+        None,
+        "--lengths",
+        help="RULER and perplexity lengths (default: half the training length and the training length).",
+    ),
     last: int = typer.Option(2, "--last", help="Checkpoints per run evaluated and averaged."),
     general: bool = typer.Option(False, "--general", help="Also run the general-task fixtures."),
     general_limit: int = typer.Option(None, "--general-limit", help="Questions per fixture task (default: all)."),
