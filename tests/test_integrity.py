@@ -17,16 +17,10 @@ from evalkit.ruler import cache_path, dumps_jsonl, generate, load_or_generate, l
 from evalkit.store.result_format import SCHEMA_VERSION
 from evalkit.store.sample_log import SampleLog
 from tests.helpers import run_cli
+from tests.sweep.helpers import SHIPPED_ANCHOR
 
 TASK, LENGTH, N = "niah_single_1", 1024, 3
-SHIPPED = (
-    Path(__file__).resolve().parents[1]
-    / "evalkit"
-    / "checkpoints"
-    / "tiny-long"
-    / "tiny-long-anchor-shipped"
-    / "step-600"
-)
+SHIPPED = SHIPPED_ANCHOR / "step-600"
 
 
 @pytest.fixture
@@ -205,7 +199,7 @@ def test_ruler_refuses_an_edited_record_in_one_line(tmp_path, capsys):
     out = tmp_path / "results"
     args = ["ruler", "--ckpts", str(SHIPPED), "--lengths", "1k", "--tasks", TASK, "--samples", "2", "--out", str(out)]
     assert run_cli(args) == 0
-    log = out / "tiny-long-anchor-shipped" / "step-600" / "ruler" / TASK / "1024.jsonl"
+    log = out / SHIPPED_ANCHOR.name / "step-600" / "ruler" / TASK / "1024.jsonl"
     lines = log.read_text().splitlines()
     record = json.loads(lines[1])
     write_lines(log, [lines[0], json.dumps({**record, "prediction": record["references"][0], "score": 100.0})])

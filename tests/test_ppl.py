@@ -16,6 +16,7 @@ from evalkit.engines import hf
 from evalkit.engines.hf import HFEngine
 from evalkit.models.refs import resolve_checkpoints
 from evalkit.sweep.pipeline import run_benchmark
+from tests.sweep.helpers import SHIPPED_ANCHOR, SHIPPED_FULL
 
 TINY = Path(__file__).resolve().parents[1] / "evalkit" / "checkpoints" / "tiny-base"
 
@@ -57,8 +58,9 @@ def _data(tmp_path: Path, sizes: tuple[int, ...]) -> tuple[Path, list[str]]:
     return path, texts
 
 
-def _run(checkpoint: Path, data: Path, out: Path, lengths: list[int], shard=None, **more):
-    settings = ppl.PplSettings(lengths=lengths, data=str(data), docs=10, dtype="fp32", batch_size=2, **more)
+def _run(checkpoint: Path, data: Path, out: Path, lengths: list[int], shard=None, dtype: str | None = "fp32", **more):
+    """dtype=None for a run with a precision record: it is served as it trained."""
+    settings = ppl.PplSettings(lengths=lengths, data=str(data), docs=10, dtype=dtype, batch_size=2, **more)
     return run_benchmark(ppl.PplBenchmark(settings), resolve_checkpoints([str(checkpoint)]), out, shard=shard)
 
 
@@ -142,28 +144,28 @@ def test_compare_reads_perplexity_as_loss_lower_is_better(tmp_path):
     from evalkit.results.samples import load_series
 
     data, _ = _data(tmp_path, (1500, 1500, 1500))
-    runs = TINY.parent / "tiny-long"
+    full, anchor = SHIPPED_FULL.name, SHIPPED_ANCHOR.name
     rows = {}
-    for name in ("tiny-long-full-shipped", "tiny-long-anchor-shipped"):
-        run = _run(runs / name, data, tmp_path / "out", [128, 256])
-        rows[name] = {(r.step, r.length): r.value for r in run.result_rows()}
+    for run_path in (SHIPPED_FULL, SHIPPED_ANCHOR):
+        run = _run(run_path, data, tmp_path / "out", [128, 256], dtype=None)
+        rows[run_path.name] = {(r.step, r.length): r.value for r in run.result_rows()}
     series = load_series([str(tmp_path / "out")])
-    comparison = compare(series, ["tiny-long-full-shipped", "tiny-long-anchor-shipped"], replicates=200)
+    comparison = compare(series, [full, anchor], replicates=200)
     assert {(d.length, d.metric) for d in comparison.differences} == {(128, "loss"), (256, "loss")}
     for d in comparison.differences:
         by_run = {
             name: statistics.fmean(math.log(v) for (_, n), v in values.items() if n == d.length)
             for name, values in rows.items()
         }
-        assert d.baseline_value == pytest.approx(by_run["tiny-long-full-shipped"], rel=1e-9)
-        assert d.difference == pytest.approx(by_run["tiny-long-anchor-shipped"] - by_run["tiny-long-full-shipped"])
+        assert d.baseline_value == pytest.approx(by_run[full], rel=1e-9)
+        assert d.difference == pytest.approx(by_run[anchor] - by_run[full])
         assert d.pairing_detail.startswith("paired")
     assert "loss (lower is better)" in differences_table(comparison)
     board = build_markdown([tmp_path / "out"])[0]  # the leaderboard's own table, titled with the direction
     assert "## Perplexity (lower is better) (mean over checkpoints)\n" in board  # no stderr: ppl rows have none
     section = board.split("## Perplexity (lower is better)")[1].split("##")[0]
-    anchor_line = next(line for line in section.splitlines() if line.startswith("| tiny-long-anchor-shipped"))
-    mean_at_128 = statistics.fmean(v for (_, n), v in rows["tiny-long-anchor-shipped"].items() if n == 128)
+    anchor_line = next(line for line in section.splitlines() if line.startswith(f"| {anchor}"))
+    mean_at_128 = statistics.fmean(v for (_, n), v in rows[anchor].items() if n == 128)
     assert f"{mean_at_128:.4f}" in anchor_line
 
 
@@ -344,14 +346,14 @@ def test_both_encodings_into_one_out_are_one_summary_two_series_and_compare_pair
     from evalkit.results.samples import load_series
 
     data, _ = _data(tmp_path, (1500, 1500, 1500))
-    run = TINY.parent / "tiny-long" / "tiny-long-anchor-shipped"
+    run = SHIPPED_ANCHOR
     out = tmp_path / "out"
-    common = ["--lengths", "128,256", "--data", str(data), "--docs", "3", "--dtype", "fp32", "--out", str(out)]
+    common = ["--lengths", "128,256", "--data", str(data), "--docs", "3", "--out", str(out)]  # served as trained
     for encoding in ("standard", "anchor", "standard"):  # the third: all read back, nothing dropped
         cli = [sys.executable, "-m", "evalkit.cli", "ppl", str(run), "--encoding", encoding, "--doc-tokens", "50"]
         result = subprocess.run([*cli, *common, "--avg"], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr
-    anchor = "tiny-long-anchor-shipped [anchor, 50-token docs]"
+    anchor = f"{run.name} [anchor, 50-token docs]"
     for step in (550, 600):
         summary = json.loads((out / run.name / f"step-{step}" / "ppl-summary.json").read_text())
         cells = sorted((r["length"], r.get("encoding"), r.get("doc_tokens")) for r in summary["rows"])
@@ -362,7 +364,7 @@ def test_both_encodings_into_one_out_are_one_summary_two_series_and_compare_pair
     averages = json.loads((out / "ppl-avg.json").read_text())
     assert {r["run"] for r in averages["averages"]} == {run.name, anchor}
     section = build_markdown([out])[0].split("## Perplexity (lower is better)")[1].split("##")[0]
-    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| tiny")] == [
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith(f"| {run.name}")] == [
         f"| {run.name}",
         f"| {anchor}",
     ]
@@ -398,7 +400,7 @@ def test_compare_refuses_a_damaged_or_missing_perplexity_log_in_one_line(tmp_pat
     from evalkit.results.samples import load_series
 
     data, _ = _data(tmp_path, (1500, 1500))
-    _run(TINY.parent / "tiny-long" / "tiny-long-full-shipped", data, tmp_path / "out", [128])
+    _run(SHIPPED_FULL, data, tmp_path / "out", [128], dtype=None)
     log = sorted((tmp_path / "out").rglob("ppl/ppl/128.jsonl"))[0]
     if damage == "missing":
         log.unlink()

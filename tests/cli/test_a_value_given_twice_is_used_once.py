@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.helpers import copy_tiny_base, error_line, evalkit_here
-from tests.sweep.helpers import SHIPPED
+from tests.sweep.helpers import SHIPPED_FULL
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 
@@ -52,7 +52,7 @@ def test_paradigms_and_dtypes_given_twice_are_used_once(tmp_path, capsys):
 
 def test_a_symlinked_run_beside_its_target_is_evaluated_once(tmp_path, capsys):
     runs = tmp_path / "runs"
-    shutil.copytree(SHIPPED / "tiny-long-full-shipped" / "step-600", runs / "myrun" / "step-600")
+    shutil.copytree(SHIPPED_FULL / "step-600", runs / "myrun" / "step-600")
     (runs / "latest").symlink_to("myrun")
     out = tmp_path / "out"
     args = ["ruler", "--ckpts", f"{runs}/*/", "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import error_line, evalkit, evalkit_here, run_cli
-from tests.sweep.helpers import SHIPPED
+from tests.sweep.helpers import SHIPPED_FULL
 from tests.test_hub import MAIN, REPO, TINY_BASE, add_snapshot
 
 CKPT = str(TINY_BASE)
@@ -211,7 +211,7 @@ def test_counts_below_one_are_refused(checkpoint, args, fragment, tmp_path):
 
 
 def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(tmp_path, capsys):
-    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    ckpt = SHIPPED_FULL / "step-600"
     window = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
     args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "4k,1000000000", "--out", tmp_path]
     line = error_line(evalkit_here(capsys, *args))
@@ -224,7 +224,7 @@ def test_a_length_beyond_evalkits_limit_names_the_models_window_and_max_length(t
 
 def test_a_ray_address_without_a_port_is_one_line_saying_the_forms(tmp_path, capsys):
     out = tmp_path / "out"
-    ckpt = SHIPPED / "tiny-long-full-shipped" / "step-600"
+    ckpt = SHIPPED_FULL / "step-600"
     args = ["ruler", "--ckpts", ckpt, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
     line = error_line(evalkit_here(capsys, *args, "--executor", "ray", "--ray-address", "nosuchhost"))
     assert "--ray-address 'nosuchhost' is not a Ray address" in line

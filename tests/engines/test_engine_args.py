@@ -93,10 +93,10 @@ def test_a_bad_engine_arg_stops_the_command_in_one_line_before_any_work(checkpoi
 
 @pytest.mark.parametrize("value", ["sdpa=1", "no_such_kernel", "evalkit_sdpa"])
 def test_a_bad_attention_setting_is_one_line_before_any_checkpoint(tmp_path, capsys, value):
-    from tests.sweep.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED_FULL
 
     out = tmp_path / "out"
-    run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
+    run = SHIPPED_FULL  # two checkpoints: neither may be recorded as failed
     args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
     line = error_line(evalkit_here(capsys, *args, "--engine-arg", f"attention={value}"))
     assert f"got {value!r}" in line or f"attention={value!r}" in line
@@ -114,12 +114,12 @@ def test_transformers_attention_names_pass_the_check(value):
 def test_a_missing_engine_package_is_one_line_before_any_checkpoint(tmp_path, capsys):
     import importlib.util
 
-    from tests.sweep.helpers import SHIPPED
+    from tests.sweep.helpers import SHIPPED_FULL
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: the message is for environments without it")
     out = tmp_path / "out"
-    run = SHIPPED / "tiny-long-full-shipped"  # two checkpoints: neither may be recorded as failed
+    run = SHIPPED_FULL  # two checkpoints: neither may be recorded as failed
     args = ["ruler", "--ckpts", run, "--tasks", "niah_single_1", "--lengths", "1k", "--samples", "1", "--out", out]
     line = error_line(evalkit_here(capsys, *args, "--engine", "vllm"))
     assert line.startswith("error: the vllm engine needs vllm, which is not installed: pip install")

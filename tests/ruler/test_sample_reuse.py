@@ -1,12 +1,11 @@
 """Stored answers are reused whatever the sample count: growing a pilot computes only the new
 samples, shrinking computes nothing, and either equals a fresh run of that count. A setting
 that changes answers (seed, window) is answered anew; one that changes speed (batch size) is
-not. The committed results (migrated to the current keys: results/README.md) are reused as they are.
+not. (The committed results carry the current keys: tests/results/test_committed_results.py.)
 """
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,9 @@ from evalkit.models.refs import resolve_checkpoints
 from evalkit.ruler import generate, load_or_generate
 from evalkit.ruler.runner import RulerBenchmark, RulerSettings
 from evalkit.sweep.pipeline import run_benchmark
+from tests.sweep.helpers import SHIPPED_ANCHOR
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "evalkit" / "checkpoints" / "tiny-long" / "tiny-long-anchor-shipped" / "step-600"
-STORED = ROOT / "results" / "anchor-encoding" / "ruler" / "tiny-long-anchor-shipped" / "step-600"
+SHIPPED = SHIPPED_ANCHOR / "step-600"  # trained bf16_full: served so (bf16) unless told serving=stock
 TASK, LENGTH = "niah_single_1", 1024
 
 
@@ -40,13 +38,16 @@ def answered(monkeypatch):
 
 
 def evaluate(out: Path, samples: int, **changes) -> dict:
-    settings = RulerSettings(tasks=[TASK], lengths=[LENGTH], num_samples=samples, dtype="fp32", **changes)
+    """Served stock, in fp32: a grown run equals a fresh one record for record only where an answer does
+    not depend on its batch (in bf16, padding to another batch's length changes the rounding)."""
+    stock = {"dtype": "fp32", "engine_args": {"serving": "stock"}}
+    settings = RulerSettings(tasks=[TASK], lengths=[LENGTH], num_samples=samples, **{**stock, **changes})
     (summary,) = run_benchmark(RulerBenchmark(settings), resolve_checkpoints([str(SHIPPED)]), out).summaries
     return summary
 
 
 def log_records(out: Path) -> dict[int, dict]:
-    path = out / "tiny-long-anchor-shipped" / "step-600" / "ruler" / TASK / f"{LENGTH}.jsonl"
+    path = out / SHIPPED_ANCHOR.name / "step-600" / "ruler" / TASK / f"{LENGTH}.jsonl"
     return {record["index"]: record for record in map(json.loads, path.read_text().splitlines())}
 
 
@@ -119,32 +120,45 @@ def string_match_all(prediction: str, references: list[str]) -> float:
     return 100 * sum(r.lower() in text for r in references) / len(references)
 
 
-def test_the_committed_results_are_reused_not_recomputed(tmp_path, monkeypatch):
-    """The committed results/anchor-encoding run (30 samples per cell): the same cells at 10 and at
-    30 samples, standard and anchor encoded, come from its logs, read with no compatibility path."""
+def test_stored_answers_are_reused_not_recomputed(tmp_path, monkeypatch):
+    """A run's stored answers (4 samples per cell, standard and anchor encoded): the same cells at 2
+    and at 4 samples come from its logs, with no engine built; at 4, the very rows it stored."""
     out = tmp_path / "out"
-    shutil.copytree(STORED, out / "tiny-long-anchor-shipped" / "step-600")
-    stored = json.loads((STORED / "ruler-summary.json").read_text())
+    ref = resolve_checkpoints([str(SHIPPED)])
+
+    def settings(encoding: str, samples: int) -> RulerSettings:
+        return RulerSettings(
+            tasks=["niah_single_1", "niah_multikey_1"],
+            lengths=[512],
+            num_samples=samples,
+            encoding=encoding,
+            doc_tokens=128,
+        )
+
+    for encoding in ("standard", "anchor"):
+        run_benchmark(RulerBenchmark(settings(encoding, 4)), ref, out)
+    checkpoint = out / SHIPPED_ANCHOR.name / "step-600"
+    stored = json.loads((checkpoint / "ruler-summary.json").read_text())
+    assert len(stored["rows"]) == 4  # both encodings' cells, in one summary
 
     def no_engine(*_args, **_kwargs):
         raise AssertionError("an engine was built for answers already stored")
 
     monkeypatch.setattr(evalkit.engines, "get_engine", no_engine)
-    ref = resolve_checkpoints([str(SHIPPED)])
     for encoding in ("standard", "anchor"):
-        for samples in (10, 30, 10):
-            settings = RulerSettings(
-                tasks=["niah_single_1", "vt"], lengths=[1024], num_samples=samples, encoding=encoding, doc_tokens=128
-            )
-            (summary,) = run_benchmark(RulerBenchmark(settings), ref, out).summaries
-            for row in summary["rows"]:
-                name = f"{row['task']}/1024{'' if encoding == 'standard' else '.anchor-128'}.jsonl"
-                lines = (STORED / "ruler" / name).read_text().splitlines()
-                records = [json.loads(line) for line in lines][:samples]
-                by_hand = sum(string_match_all(r["prediction"], r["references"]) for r in records) / samples
-                assert row["n"] == samples and row["value"] == pytest.approx(by_hand, abs=0.005)
-                if samples == 30:  # the very row the summary holds
-                    assert row in stored["rows"]
+        for samples in (2, 4, 2):
+            (summary,) = run_benchmark(RulerBenchmark(settings(encoding, samples)), ref, out).summaries
+            for row in summary["rows"]:  # each row from its own encoding's log, the first n samples
+                name = f"{row['task']}/512{'.anchor-128' if row.get('encoding') == 'anchor' else ''}.jsonl"
+                lines = (checkpoint / "ruler" / name).read_text().splitlines()
+                records = [r for r in map(json.loads, lines) if r["index"] < row["n"]]  # the log keeps all 4
+                by_hand = sum(string_match_all(r["prediction"], r["references"]) for r in records) / row["n"]
+                assert len(records) == row["n"] and row["value"] == pytest.approx(by_hand, abs=0.005)
+            asked = [row for row in summary["rows"] if row.get("encoding", "standard") == encoding]
+            assert sorted(row["task"] for row in asked) == ["niah_multikey_1", "niah_single_1"]
+            assert all(row["n"] == samples for row in asked)
+            if samples == 4:  # the very rows the summary held
+                assert all(row in stored["rows"] for row in asked)
 
 
 def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_engines(tmp_path, answered, monkeypatch):
@@ -154,7 +168,6 @@ def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_eng
     import evalkit.ruler.cache as cache
     import evalkit.ruler.runner as runner
     from evalkit.corpus import tokenizer_fingerprint
-    from evalkit.models.precision import engine_dtype
 
     derived = {"data": 0, "answers": 0}
 
@@ -167,14 +180,16 @@ def test_a_units_keys_are_derived_once_per_unit_and_the_engine_facts_are_the_eng
     ref = resolve_checkpoints([str(SHIPPED)])
     (summary,) = run_benchmark(RulerBenchmark(settings), ref, tmp_path).summaries
     assert len(answered) == 4 and derived == {"data": 2, "answers": 2}  # two units
-    asked = dataclasses.replace(settings, dtype=engine_dtype())  # the default, asked for: the same answers
+    served = RulerBenchmark(settings).engine.served(SHIPPED).dtype
+    assert served == "bf16"  # the regime it trained in (bf16_full), not the engine's CPU default
+    asked = dataclasses.replace(settings, dtype=served)  # the default, asked for: the same answers
     run_benchmark(RulerBenchmark(asked), ref, tmp_path)
     assert len(answered) == 4 and derived == {"data": 4, "answers": 4}  # read back: once per unit again
 
     engine = summary["provenance"]["engine"]
     tokenizer = runner.load_tokenizer(SHIPPED)
     predicted = {
-        "dtype": RulerBenchmark(settings).engine.served(SHIPPED).dtype,
+        "dtype": served,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
     }
     assert predicted == {"dtype": engine["dtype"], "tokenizer_fingerprint": engine["tokenizer_fingerprint"]}

@@ -12,10 +12,12 @@ from evalkit.files import LOCK_NAME
 from tests.helpers import run_cli  # noqa: F401  (the scale tests take it from here)
 
 SHIPPED = Path(__file__).parents[2] / "evalkit" / "checkpoints" / "tiny-long"
+SHIPPED_FULL = SHIPPED / "full-bf16-seed1"  # two checkpoints each, trained bf16_full (served so by default)
+SHIPPED_ANCHOR = SHIPPED / "anchor-bf16-seed1"
 TASKS = ["niah_single_1", "niah_single_2", "qa_1"]  # qa_1 without --qa-dir: a user-error skip
 
 
-def tiny_refs(runs: tuple[str, ...] = ("tiny-long-full-shipped",)):
+def tiny_refs(runs: tuple[str, ...] = (SHIPPED_FULL.name,)):
     from evalkit.models.refs import resolve_checkpoints
 
     return resolve_checkpoints([str(SHIPPED / run) for run in runs])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from evalkit.ppl import builtin_documents
-from tests.sweep.helpers import SHIPPED, outputs_of, run_cli
+from tests.sweep.helpers import SHIPPED, SHIPPED_FULL, outputs_of, run_cli
 
 TINY_BASE = SHIPPED.parent / "tiny-base"
 
@@ -43,7 +43,7 @@ def test_ppl_shards_merge_to_the_unsharded_run_and_the_plot_is_drawn_after(tmp_p
     assert "eval_data" in capsys.readouterr().err and not (tmp_path / "mixed").exists()
 
     # Beside a ruler sweep's shards (one --out per benchmark and shard), each sweep merges as apart.
-    ruler = ["ruler", "--ckpts", str(SHIPPED / "tiny-long-full-shipped"), "--lengths", "1k", "--samples", "1"]
+    ruler = ["ruler", "--ckpts", str(SHIPPED_FULL), "--lengths", "1k", "--samples", "1"]
     ruler += ["--tasks", "niah_single_1,niah_single_2"]
     for i in (0, 1):
         assert run_cli([*ruler, "--shard", f"{i}/2", "--out", str(tmp_path / f"ruler{i}")]) == 0

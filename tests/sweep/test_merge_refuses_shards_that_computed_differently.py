@@ -96,13 +96,13 @@ def test_merge_refuses_shards_of_one_run_name_over_different_weights(tmp_path, c
     from evalkit.ruler.runner import RulerBenchmark
     from evalkit.sweep.pipeline import run_benchmark
     from evalkit.sweep.plan import Shard
-    from tests.sweep.helpers import SHIPPED, tiny_settings
+    from tests.sweep.helpers import SHIPPED_ANCHOR, SHIPPED_FULL, tiny_settings
 
     # Three directories holding a run "myrun" at step 600: a, a copy of a, and b (another run's weights).
     checkpoints = {
-        "a": SHIPPED / "tiny-long-full-shipped" / "step-600",
-        "a-copy": SHIPPED / "tiny-long-full-shipped" / "step-600",
-        "b": SHIPPED / "tiny-long-anchor-shipped" / "step-600",
+        "a": SHIPPED_FULL / "step-600",
+        "a-copy": SHIPPED_FULL / "step-600",
+        "b": SHIPPED_ANCHOR / "step-600",
     }
     for place, source in checkpoints.items():
         shutil.copytree(source, tmp_path / place / "myrun" / "step-600")

@@ -6,7 +6,7 @@ import json
 import shutil
 
 from tests.helpers import copy_tiny_base, error_line, evalkit_here, truncate_weights
-from tests.sweep.helpers import SHIPPED
+from tests.sweep.helpers import SHIPPED_FULL
 from tests.threads import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 
@@ -34,7 +34,7 @@ def test_a_sweep_records_a_broken_checkpoint_and_goes_on(tmp_path, capsys):
 
 
 def test_a_leaderboard_of_failed_checkpoints_only_names_the_failure_records(tmp_path, capsys):
-    run = shutil.copytree(SHIPPED / "tiny-long-full-shipped", tmp_path / "runs" / "broken")
+    run = shutil.copytree(SHIPPED_FULL, tmp_path / "runs" / "broken")
     for step in ("step-550", "step-600"):
         truncate_weights(run / step)
     out = tmp_path / "results"

@@ -17,7 +17,7 @@ import pytest
 
 from evalkit.errors import UserError
 from evalkit.files import LOCK_NAME, OTHER_HOST_QUIET_S, output_lock
-from tests.sweep.helpers import SHIPPED, outputs_of, tiny_refs, tiny_settings
+from tests.sweep.helpers import SHIPPED_FULL, outputs_of, tiny_refs, tiny_settings
 
 ROOT = Path(__file__).parents[2]
 NODE_B = {"host": "node-b", "pid": 4242, "started": "2026-12-01 10:00:00 UTC"}
@@ -98,7 +98,7 @@ main()
 
 def test_two_drivers_of_two_hosts_on_one_out_the_second_is_refused_and_runs_once_the_first_ended(tmp_path):
     out = tmp_path / "out"
-    run = str(SHIPPED / "tiny-long-full-shipped" / "step-600")
+    run = str(SHIPPED_FULL / "step-600")
     command = [sys.executable, "-c", _DRIVER_ON_HOST, "ruler", "--ckpts", run, "--lengths", "1k",
                "--tasks", "niah_single_1", "--samples", "8", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

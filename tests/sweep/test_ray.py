@@ -21,7 +21,7 @@ from evalkit.ruler.runner import RulerBenchmark
 from evalkit.sweep.pipeline import run_benchmark
 from tests.helpers import any_running, command_line, descendants
 from tests.sweep.helpers import (
-    SHIPPED,
+    SHIPPED_FULL,
     HoldSecondChunkOnce,
     forbid_writes_under_results,
     outputs_of,
@@ -83,7 +83,7 @@ def test_ray_run_equals_a_local_run_record_for_record(cluster, tmp_path):
 
     board = tmp_path / "board.md"
     assert run_cli(["leaderboard", str(tmp_path / "ray"), "--out", str(board)]) == 0
-    assert "tiny-long-full-shipped" in board.read_text()
+    assert SHIPPED_FULL.name in board.read_text()
 
 
 def test_general_under_ray_hands_its_files_to_the_driver_and_equals_a_local_run(cluster, tmp_path):
@@ -92,7 +92,7 @@ def test_general_under_ray_hands_its_files_to_the_driver_and_equals_a_local_run(
     from evalkit.general import GeneralBenchmark, GeneralSettings
     from evalkit.sweep.pipeline import run_benchmark
 
-    refs, tasks, engine = tiny_refs()[-1:], ["evalkit_fixture_hellaswag_style"], {"dtype": "fp32"}
+    refs, tasks, engine = tiny_refs()[-1:], ["evalkit_fixture_hellaswag_style"], {}  # served as trained (bf16)
     local = run_benchmark(GeneralBenchmark(GeneralSettings(tasks, engine_settings=engine)), refs, tmp_path / "local")
     remote = run_benchmark(
         GeneralBenchmark(GeneralSettings(tasks, engine_settings=engine)), refs, tmp_path / "ray", executor=executor()
@@ -245,10 +245,8 @@ def test_sigterm_to_the_driver_exits_143_and_stops_its_ray_instance(tmp_path):
     import subprocess
     import sys
 
-    from tests.sweep.helpers import SHIPPED
-
     out = tmp_path / "out"
-    run = str(SHIPPED / "tiny-long-full-shipped")
+    run = str(SHIPPED_FULL)
     command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", run, "--lengths", "1k",
                "--tasks", "niah_single_1", "--samples", "40", "--executor", "ray", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -278,7 +276,7 @@ def test_driver_killed_mid_sweep_then_rerun_equals_a_straight_run(tmp_path):
     import sys
 
     out = tmp_path / "out"
-    run = str(SHIPPED / "tiny-long-full-shipped")
+    run = str(SHIPPED_FULL)
     command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", run, "--lengths", "1k",
                "--tasks", "niah_single_1", "--samples", "40", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -326,7 +324,7 @@ def test_a_broken_checkpoint_under_ray_is_recorded_and_the_others_are_evaluated(
     from evalkit.models.refs import resolve_checkpoints
 
     sweep = tmp_path / "sweep"
-    shutil.copytree(SHIPPED / "tiny-long-full-shipped", sweep)
+    shutil.copytree(SHIPPED_FULL, sweep)
     bad = sweep / "step-550" / "model.safetensors"
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
     settings = tiny_settings(samples=2, tasks=["niah_single_1"])
@@ -352,7 +350,7 @@ def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", str(SHIPPED / "tiny-long-full-shipped"),
+    command = [sys.executable, "-m", "evalkit.cli", "ruler", "--ckpts", str(SHIPPED_FULL),
                "--lengths", "1k", "--tasks", "niah_single_1", "--samples", "2", "--executor", "ray",
                "--ray-address", f"127.0.0.1:{port}", "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)

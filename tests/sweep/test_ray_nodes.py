@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep.helpers import SHIPPED, outputs_of
+from tests.sweep.helpers import SHIPPED_FULL, outputs_of
 
 pytest.importorskip("ray")
 RAY = Path(sys.executable).with_name("ray")
@@ -69,7 +69,7 @@ def test_two_nodes_on_loopback_equal_a_local_run(tmp_path):
         nodes.append(_start_node([f"--address={address}"], env))
         time.sleep(8)
         assert [node.poll() for node in nodes] == [None, None], "a ray node did not start"
-        run = SHIPPED / "tiny-long-full-shipped"
+        run = SHIPPED_FULL
         common = ["ruler", "--ckpts", str(run), "--lengths", "1k", "--tasks", "niah_single_1,qa_1", "--samples", "3"]
         for name, extra in (("local", []), ("ray", ["--executor", "ray", "--ray-address", address])):
             done = subprocess.run(

@@ -36,36 +36,46 @@ def test_the_shipped_base_retrieves_and_copies_well_above_the_control():
 
 LONG = ROOT / "evalkit" / "checkpoints" / "tiny-long"
 PARADIGMS = ("full", "intra_doc", "anchor")
+RELEASED = {"dtype": "bf16_full", "rope_precision": "bf16", "grad_accum_dtype": "bf16"}  # results/study/train.sh
 
 
 def test_everything_shipped_fits_the_20_mb_budget():
     assert sum(f.stat().st_size for f in (ROOT / "evalkit" / "checkpoints").rglob("*") if f.is_file()) <= 20_000_000
 
 
-def test_the_shipped_tiny_long_runs_are_the_recipe_trained_to_the_end_under_each_paradigm():
+def test_the_shipped_tiny_long_runs_are_seed_1_of_the_study_trained_to_the_end_as_released():
     from evalkit.quickstart import shipped_runs
 
     runs = shipped_runs("tiny-long")
-    assert sorted(run.name for run in runs) == sorted(f"tiny-long-{p}-shipped" for p in PARADIGMS)
+    assert sorted(run.name for run in runs) == sorted(f"{p}-bf16-seed1" for p in PARADIGMS)
     readme = (LONG / "README.md").read_text()
     recipe = load_recipe("tiny-long")
     for paradigm in PARADIGMS:
-        run = LONG / f"tiny-long-{paradigm}-shipped"
+        run = LONG / f"{paradigm}-bf16-seed1"
         assert sorted(p.name for p in run.iterdir()) == ["step-550", "step-600"]
         for step in (550, 600):
             meta = json.loads((run / f"step-{step}" / "meta.json").read_text())
+            config = meta["config"]
             assert meta["step"] == step and meta["paradigm"] == paradigm
-            assert meta["config"]["name"] == "tiny-long" and meta["config"]["max_steps"] == recipe.max_steps
-            assert meta["config"]["data"]["retrieval_phrasing"] == recipe.data.retrieval_phrasing
+            assert config["name"] == "tiny-long" and config["max_steps"] == recipe.max_steps
+            assert config["data"]["retrieval_phrasing"] == recipe.data.retrieval_phrasing
+            assert {key: config[key] for key in RELEASED} == RELEASED and meta["precision"]["grad_accum"] == "bf16"
+            assert config["data"]["window_start"] == "bos" and config["seed"] == 1
+            assert config["model"]["rope_theta"] == 100000
             assert {str(t.dtype) for t in load_model_state(run / f"step-{step}").values()} == {"torch.bfloat16"}
-        assert f"evalkit train --config tiny-long --paradigm {paradigm}" in readme
+    command = (
+        "evalkit train --config tiny-long --paradigm $p --set seed=1 --set model.rope_theta=100000 \\\n"
+        "    --set dtype=bf16_full --set rope_precision=bf16 --set grad_accum_dtype=bf16 --set micro_batch=1 \\\n"
+        "    --out runs/$p-bf16-seed1"
+    )
+    assert "for p in full intra_doc anchor; do" in readme and command in readme
 
 
 def test_the_shipped_tiny_long_runs_retrieve_across_1k_tokens():
     """Held-out 1K documents (as in checkpoints/tiny-long/README.md, fewer): well above the control."""
     for paradigm in PARADIGMS:
         result = check_retrieval(
-            LONG / f"tiny-long-{paradigm}-shipped" / "step-600", max_tokens=1024, documents=12, kind="retrieval-broad"
+            LONG / f"{paradigm}-bf16-seed1" / "step-600", max_tokens=1024, documents=12, kind="retrieval-broad"
         )
         assert result["answer_tokens"] >= 30
         assert result["answer_accuracy"] > 0.7 and result["fact_accuracy"] < 0.3, (paradigm, result)
