@@ -179,7 +179,7 @@ def test_the_study_claim_is_the_committed_study_recomputed(tmp_path):
 
 
 def test_the_claims_say_how_each_shipped_run_trained():
-    """The shipped tiny study's runs: fp32, packed before window_start existed (so `document`)."""
+    """The shipped runs, seed 1 of the study's arms: trained in the released regime, windows from BOS."""
     from evalkit.models.refs import resolve_checkpoints
     from evalkit.quickstart import how_runs_trained, shipped_runs
 
@@ -188,14 +188,14 @@ def test_the_claims_say_how_each_shipped_run_trained():
     assert lines[0] == "## How each run trained"
     table = "\n".join(lines)
     for paradigm in ("full", "intra_doc", "anchor"):
-        assert f"| tiny-long-{paradigm}-shipped | {paradigm} | fp32 | document |" in table
+        assert f"| {paradigm}-bf16-seed1 | {paradigm} | bf16 full, RoPE bf16 | bos |" in table
 
 
 def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, monkeypatch):
-    """Figure 4 on the shipped tiny runs: the quickstart's perplexity stage (1K, its few documents)
-    beside their stored RULER logs (results/anchor-encoding/ruler, 1K, both encodings): the table
-    holds the summaries' values (read here on their own), each run's swing has its verdict with
-    the hand-computed difference, the plot exists, and a rerun scores nothing again."""
+    """Figure 4 on the shipped runs: the quickstart's perplexity stage (1K, its few documents) beside
+    their RULER logs stored by the study (results/study/ruler-trained, 512 and 1K): the table holds
+    the summaries' values (read here on their own), each run's swing has its verdict with the
+    hand-computed difference, the plot exists, and a rerun scores nothing again."""
     import shutil
     from pathlib import Path
 
@@ -205,7 +205,10 @@ def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, mon
     from evalkit.models.refs import resolve_checkpoints
 
     out = tmp_path / "out"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "results" / "anchor-encoding" / "ruler", out / "ruler")
+    runs = ("full-bf16-seed1", "intra_doc-bf16-seed1", "anchor-bf16-seed1")
+    stored = Path(__file__).resolve().parent.parent / "results" / "study" / "ruler-trained"
+    for run in runs:
+        shutil.copytree(stored / run, out / "ruler" / run)
     refs = resolve_checkpoints([str(run) for run in quickstart.shipped_runs("tiny-long")], last=2)
     plan = quickstart.QuickstartPlan(out=out)
     console = Console(file=open(tmp_path / "log.txt", "w"))
@@ -214,15 +217,15 @@ def test_figure4_sets_each_checkpoints_ruler_beside_its_perplexity(tmp_path, mon
     assert lines[2].startswith("| run | step | RULER 1K | ppl 1K |")
     table = {
         (cells[1].strip(), int(cells[2])): (float(cells[3]), float(cells[4]))
-        for cells in (line.split("|") for line in lines if line.startswith("| tiny"))
+        for cells in (line.split("|") for line in lines if line.split("|")[1:2] and line.split("|")[1].strip() in runs)
     }
     assert len(table) == 6
-    for run in ("tiny-long-full-shipped", "tiny-long-intra_doc-shipped", "tiny-long-anchor-shipped"):
+    for run in runs:
         averages = {}
         for step in (550, 600):
             folder = out / "ruler" / run / f"step-{step}"
             rows = json.loads((folder / "ruler-summary.json").read_text())["rows"]
-            scores = [r["value"] for r in rows if r.get("encoding", "standard") == "standard" and r["length"] == 1024]
+            scores = [r["value"] for r in rows if r["length"] == 1024]
             averages[step] = sum(scores) / len(scores)
             rows = json.loads((out / "ppl" / run / f"step-{step}" / "ppl-summary.json").read_text())["rows"]
             (ppl,) = [r["value"] for r in rows if r["metric"] == "perplexity" and r["length"] == 1024]
