@@ -422,7 +422,7 @@ def reanswered(live: Path, stored: Path) -> list[str]:
             same, where = same + again, where + [(log.parts[-5], log.parts[-2], log.stem)] * bool(again)
     if not same:
         return ["- Answered live: none of the study's stored answers (no shipped run of it was evaluated).", ""]
-    runs, tasks, lengths = (", ".join(sorted(set(part))) for part in zip(*where))
+    runs, tasks, lengths = (", ".join(sorted(set(part), key=lambda x: (len(x), x))) for part in zip(*where))
     return [f"- Answered live against the study's stored answers ({runs}; {tasks} at {lengths} tokens): {len(same)} "
             f"samples, {sum(same)} identical predictions, {len(same) - sum(same)} different; the rest of (c) is read "
             "from the stored answers.", ""]  # fmt: skip
