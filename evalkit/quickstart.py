@@ -351,9 +351,9 @@ def study_claim(study: Path) -> list[str]:
     shown = study.relative_to(Path.cwd()) if study.is_relative_to(Path.cwd()) else study
     title = f"(c) Paradigms and BF16 across training seeds: the study ({shown})"
     ruler = study / "ruler-trained"
-    if not ruler.is_dir():
-        return markdown_section(title, f"- Not shown: {ruler} is absent (a clone of the repository holds it).")
-    rows = _stored_rows(ruler, RULER_SUMMARY)
+    rows = _stored_rows(ruler, RULER_SUMMARY) if ruler.is_dir() else []
+    if not rows:
+        return markdown_section(title, f"- Not shown: {ruler} holds no study (a clone of the repository holds it).")
     what = (
         f"RULER task average of {', '.join(sorted({r.task for r in rows}))} ({max(r.n or 0 for r in rows)} samples "
         "each) over each run's last 2 checkpoints, served as trained; mean ± SD between seeds:"

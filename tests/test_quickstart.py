@@ -175,7 +175,9 @@ def test_the_study_claim_is_the_committed_study_recomputed(tmp_path):
                     zip(full["full-bf16"], full["full-fp32"], full["anchor-bf16"], full["anchor-fp32"])]  # fmt: skip
         check("(full-bf16 − full-fp32) − (anchor-bf16 − anchor-fp32)", contrast, column)
     assert "- Told apart: " in text and "- Not told apart: " in text
-    assert "is absent (a clone of the repository holds it)" in "\n".join(study_claim(tmp_path))
+    assert "holds no study (a clone of the repository holds it)" in "\n".join(study_claim(tmp_path))
+    (tmp_path / "ruler-trained").mkdir()  # there, but empty: the same line, not a traceback
+    assert "holds no study" in "\n".join(study_claim(tmp_path))
 
 
 def test_the_claims_say_how_each_shipped_run_trained():
