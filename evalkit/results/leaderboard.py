@@ -476,8 +476,12 @@ def failure_notes(dirs: list[Path]) -> str:
 
 
 def build_markdown(
-    dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None
+    dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None, depth: dict | None = None
 ) -> tuple[str, list[dict], list[dict]]:
+    """`depth`: depth.depth_runs(dirs), if read already."""
+    from evalkit.results.depth import TITLE as DEPTH_TITLE
+    from evalkit.results.depth import depth_runs, depth_sections
+
     unread: list[str] = []
     others = benchmark_summaries(dirs, unread)
     ruler = encoding_series(others.pop("ruler", []))
@@ -513,6 +517,9 @@ def build_markdown(
             )
         section("RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
                 per_task_table(rows))  # fmt: skip
+        depth = depth_runs(dirs) if depth is None else depth
+        if depth:
+            section(DEPTH_TITLE, *depth_sections(depth))
     for name, summaries in others.items():
         default = "General tasks" if name == "general" else name
         title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), default)  # the benchmark's own
@@ -557,7 +564,13 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
 
 
 TITLE = "# Leaderboard"  # the first line of the markdown, by which a rerun knows it as its own
-PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures, .png and .svg
+PLOT_STEMS = (
+    "ruler-vs-length",
+    "ruler-vs-step",
+    "general",
+    "niah-depth",
+    "niah-depth-difference",
+)  # write_leaderboard's figures, .png and .svg
 
 
 def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
@@ -581,8 +594,10 @@ def write_leaderboard(
 
     from evalkit.files import atomic_write_text
     from evalkit.results import plots
+    from evalkit.results.depth import depth_runs, differences
 
-    markdown, ruler, general = build_markdown(dirs, threshold, threshold_from)
+    depth = depth_runs(dirs)
+    markdown, ruler, general = build_markdown(dirs, threshold, threshold_from, depth)
     plots_dir = plots_dir or out.parent / "plots"
     written = []
     if ruler:
@@ -590,6 +605,11 @@ def write_leaderboard(
         cells = {key: (cell.mean, cell.std) for key, cell in ruler_cells(rows).items()}
         written += plots.ruler_vs_length(cells, plots_dir / "ruler-vs-length")
         written += plots.ruler_vs_step(checkpoint_means(rows), plots_dir / "ruler-vs-step")
+    if depth:
+        written += plots.depth_heatmaps({name: run.grid() for name, run in depth.items()}, plots_dir / "niah-depth")
+    gaps = differences(depth)
+    if gaps:
+        written += plots.depth_heatmaps(gaps, plots_dir / "niah-depth-difference", difference=True)
     if general:
         shown = [one for summary in general for one in shown_rows(summary)]
         written += plots.general_bars(benchmark_cells(shown, "\n"), plots_dir / "general")
