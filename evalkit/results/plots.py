@@ -88,7 +88,7 @@ def depth_heatmaps(grids: dict[str, dict[tuple[int, int], float]], stem: Path, d
 
     names = sorted(grids)
     columns = min(3, len(names))
-    figure = Figure(figsize=(4.4 * columns, 4.0 * -(-len(names) // columns)))
+    figure = Figure(figsize=(max(6.4, 4.4 * columns), 4.0 * -(-len(names) // columns)))
     panels = figure.subplots(-(-len(names) // columns), columns, squeeze=False).ravel()
     extreme = max([1.0, *(abs(v) for grid in grids.values() for v in grid.values())])
     for axes, name in zip(panels, names):
@@ -112,6 +112,7 @@ def depth_heatmaps(grids: dict[str, dict[tuple[int, int], float]], stem: Path, d
     figure.suptitle(
         "niah: paradigm differences in % of references found (percentage points)"
         if difference
-        else "niah: % of references found by needle depth (mean over checkpoints)"
+        else "niah: % of references found by needle depth (mean over checkpoints)",
+        fontsize=11,
     )
     return write_figure(figure, stem)
