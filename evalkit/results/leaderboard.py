@@ -13,7 +13,14 @@ from evalkit.errors import UserError
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
-from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
+from evalkit.store.averages import (
+    HELMET_RECALL,
+    RULER,
+    Category,
+    RunAverage,
+    length_averages,
+    per_checkpoint_length_means,
+)
 from evalkit.store.result_format import (
     EXPORT_FIELDS,
     NO_KEY_TOKENS,
@@ -82,9 +89,10 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
     return infos
 
 
-def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], RunAverage]:
+def ruler_cells(rows: list[ResultRow], category: Category = RULER) -> dict[tuple[str, int], RunAverage]:
     """--avg's (run, length) cells, without its demand that every checkpoint scored the same tasks."""
-    return {(average.run, average.length): average for average in length_averages(rows, same_tasks=False)}
+    averages = length_averages(rows, same_tasks=False, category=category)
+    return {(average.run, average.length): average for average in averages}
 
 
 def _best(values: dict[str, float]) -> set[str]:
@@ -122,9 +130,11 @@ def ahead_by_compare(means: dict[tuple[str, int], float], series: dict | None) -
     return bold
 
 
-def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int, set[str]]) -> str:
+def ruler_table(
+    rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int, set[str]], category: Category = RULER
+) -> str:
     """`best`: per length, the runs to bold (ahead_by_compare)."""
-    cells = ruler_cells(rows)
+    cells = ruler_cells(rows, category)
     lengths = sorted({length for _, length in cells})
     differs = _differing_settings(infos)
     table = []
@@ -311,7 +321,7 @@ def benchmark_cells(shown: list[Shown], separator: str = " ") -> ColumnValues:
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
     """run -> step -> the checkpoint's RULER average over lengths (of its per-length task averages)."""
     per_step: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows).items():
+    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows, RULER).items():
         per_step[run][step].append(mean)
     return {run: {step: statistics.fmean(means) for step, means in steps.items()} for run, steps in per_step.items()}
 
@@ -511,6 +521,10 @@ def build_markdown(
                 "then samples)",
                 seeds_table(rows, groups, logged[0], used),
             )
+        recall = {run for run, _ in ruler_cells(rows, HELMET_RECALL)}
+        if recall:
+            title = f"HELMET Recall (as RULER's, of {', '.join(HELMET_RECALL.tasks)}, where all four are scored)"
+            section(title, ruler_table(rows, {run: infos[run] for run in recall}, {}, HELMET_RECALL))
         section("RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
                 per_task_table(rows))  # fmt: skip
     for name, summaries in others.items():
