@@ -76,7 +76,7 @@ QA_TEMPLATE = (
 QA_PREFIX = " Answer:"
 QA_DOCUMENT = "Document {i}:\n{document}"
 
-# HELMET's user template, then its system template after "\n" (as its prompt_template joins them).
+# HELMET's user template; the answer prefix is its system template after the "\n" its prompt_template adds.
 JSON_KV_TEMPLATE = (
     "{context}\n\nExtract the value corresponding to the specified key in the JSON object below.\n\n"
     "{demos}Key: {question}"
