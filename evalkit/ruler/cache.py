@@ -7,9 +7,10 @@ sample i draws from its own seed, so one file holds the samples 0..N-1 asked for
 request for more generates only the missing ones and rewrites the file. The same key and count
 give byte-identical files. (What a stored answer must match is runner.answer_key.)
 
-A cache file is a header line, {"format": "evalkit-ruler-cache", "samples": N, "sha256": ...},
-then one sample per line. The checksum covers the samples' canonical JSON, so an entry edited
-by hand or damaged is never served: it is regenerated, with one warning on stderr.
+A cache file is a header line, {"format": CACHE_FORMAT, "samples": N, "sha256": ...}, then one
+sample per line. The checksum covers the samples' canonical JSON, so an entry edited by hand or
+damaged is never served: it is regenerated, with one warning on stderr. So is one of an older
+format (its samples lack a field, such as their needles' depths): the format is not in the key.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def cache_path(
     return root / fingerprint / spec.name / f"{length}-s{seed}-{digest}.jsonl"
 
 
-CACHE_FORMAT = "evalkit-ruler-cache"
+CACHE_FORMAT = "evalkit-ruler-cache-2"  # -2: samples carry their needles' depths
 
 
 class StaleEntry(Exception):
@@ -102,6 +103,8 @@ def read_entry(path: Path, num_samples: int | None = None) -> list[Sample]:
     except (ValueError, KeyError, TypeError):  # not UTF-8, no JSON header, not sample lines any more
         raise damaged from None
     if not isinstance(header, dict) or header.get("format") != CACHE_FORMAT:
+        if isinstance(header, dict) and str(header.get("format")).startswith("evalkit-ruler-cache"):
+            raise StaleEntry(f"RULER cache entry {path} is of an older format; regenerating it")
         raise damaged
     expected = header.get("samples") if num_samples is None else num_samples
     if len(samples) != expected or header.get("sha256") != samples_checksum(samples):

@@ -149,7 +149,8 @@ def _fit_sample(
     assert prompt.startswith(ctx.fmt.before) and prompt[end:] == ctx.fmt.between + plan.prefix
     if not plan.outputs or not all(plan.outputs):
         raise AssertionError(f"{ctx.spec.name}: sample {index} has no answers")  # never written out
-    return Sample(index, prompt[len(ctx.fmt.before) : end], plan.prefix, list(plan.outputs), tokens)
+    text = prompt[len(ctx.fmt.before) : end]
+    return Sample(index, text, plan.prefix, list(plan.outputs), tokens, plan.answer_depths(size))
 
 
 def _composed_counts_hold(ctx: Context, samples: list[Sample]) -> bool:

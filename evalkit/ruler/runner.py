@@ -160,6 +160,7 @@ def _evaluate_task(
                     "references": s.outputs,
                     "score": sample_score(spec, p, s.outputs),
                     "prompt_sha": _prompt_hash(prompt),
+                    **({"depths": s.depths} if s.depths is not None else {}),
                     **extra,
                 }
                 for s, p, prompt, extra in zip(chunk, predictions, prompts, extras)

@@ -13,6 +13,7 @@ class Sample:
     answer_prefix: str
     outputs: list[str]  # reference answers
     length: int  # tokens of the prompt as the engine feeds it (wrapping, prefix and BOS included)
+    depths: list[float] | None = None  # per output, its needle's depth in percent (KindPlan.answer_depths)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True)

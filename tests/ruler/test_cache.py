@@ -1,8 +1,11 @@
 """The disk cache: JSON round trip, reuse without generation, byte-identical files across processes."""
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
@@ -83,3 +86,18 @@ def test_the_tokenizer_fingerprint_is_remembered_per_tokenizer_and_renewed_when_
     tokenizer.add_tokens(["<|a-token-of-this-test|>"])
     grown = fingerprints.tokenizer_fingerprint(tokenizer)
     assert grown != first and grown == fingerprints.tokenizer_fingerprint(copy.deepcopy(tokenizer))
+
+
+def test_an_entry_of_the_format_before_depths_is_regenerated_not_served_without_them(tokenizer, tmp_path, capsys):
+    """Its data key is today's (the format is not in it): only the header's format tells it apart."""
+    samples = load_or_generate("niah_multivalue", tokenizer, 2048, 2, cache_dir=tmp_path)
+    path = cache_path("niah_multivalue", tokenizer, 2048, cache_dir=tmp_path)
+    text = "".join(json.dumps({k: v for k, v in asdict(s).items() if k != "depths"}, sort_keys=True) + "\n"
+                   for s in samples)  # fmt: skip
+    header = {"format": "evalkit-ruler-cache", "samples": 2, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    path.write_text(json.dumps(header) + "\n" + text)
+    capsys.readouterr()
+    served = load_or_generate("niah_multivalue", tokenizer, 2048, 2, cache_dir=tmp_path)
+    assert served == samples and all(len(s.depths) == 4 for s in served)
+    assert "older format" in capsys.readouterr().err
+    assert cache_module.read_entry(path, 2) == samples  # rewritten in today's format

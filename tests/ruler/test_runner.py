@@ -58,6 +58,9 @@ def test_end_to_end_outputs_and_average(tiny_run, tmp_path):
         records = [json.loads(line) for line in log.read_text().splitlines()]
         assert [r["index"] for r in records] == [0, 1, 2]
         assert all(r["length"] + 128 <= 512 and r["references"] for r in records)
+        assert all(len(r["depths"]) == len(r["references"]) for r in records)  # where each needle was
+        fwe = (log.parent.parent / "fwe" / "512.jsonl").read_text().splitlines()
+        assert not any("depths" in json.loads(line) for line in fwe)  # no needles, no depths
 
     # The --avg table against a computation from the summaries, done here by hand.
     table = (out / "ruler-avg.md").read_text()

@@ -102,6 +102,11 @@ class KindPlan(ABC, Generic[TaskT]):
     def check_fit(self, size: int, tokens: int) -> None:
         """A kind whose fitted size can still be no valid sample raises TaskSkipped here."""
 
+    def answer_depths(self, size: int) -> list[float] | None:
+        """For each of `outputs`, the depth (percent, 0-100) in the context of the needle carrying it
+        at `size`; None: the kind places no needles."""
+        return None
+
 
 class KindTask:
     """A kind's generator: what all samples of one task at one length share; plan(i) is sample i's."""

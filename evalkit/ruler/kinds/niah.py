@@ -166,18 +166,21 @@ class NiahPlan(KindPlan["NiahTask"]):
         rng = ctx.rng(index)
         keys: list[str] = []
         values: list[list[str]] = []
-        needles: list[str] = []
-        for _ in range(params["num_keys"]):
+        needles: list[tuple[str, tuple[int, int]]] = []  # each needle's text and (key, value) indices
+        for i in range(params["num_keys"]):
             key = random_value(params["key_type"], rng)
             while key in keys:
                 key = random_value(params["key_type"], rng)
             keys.append(key)
             values.append([random_value(params["value_type"], rng) for _ in range(params["num_values"])])
-            needles += [NIAH_NEEDLE.format(type_needle_v=params["value_type"], key=key, value=v) for v in values[-1]]
-        rng.shuffle(needles)
+            needles += [(NIAH_NEEDLE.format(type_needle_v=params["value_type"], key=key, value=v), (i, j))
+                        for j, v in enumerate(values[-1])]  # fmt: skip
+        rng.shuffle(needles)  # the same draws as shuffling the texts alone (niah.py): only the length counts
         asked = rng.sample(range(params["num_keys"]), params["num_queries"])
         query = join_queries([keys[i] for i in asked])
-        self.needles = needles
+        self.needles = [text for text, _ in needles]
+        order = [ij for _, ij in needles]  # each output's needle, by its place in self.needles:
+        self.carriers = [order.index((i, j)) for i in asked for j in range(params["num_values"])]
         self.outputs = [value for i in asked for value in values[i]]
         self.prefix = task.prefix_template.format(type_needle_v=task.type_shown, query=query)
         self.head = ctx.head(task.head)
@@ -201,9 +204,20 @@ class NiahPlan(KindPlan["NiahTask"]):
             count = len(starts)
             spots = sorted(int(count * (depth / 100)) for depth in self.depths)
             return [(int(starts[s]) if s < count else size, needle) for s, needle in zip(spots, self.needles)]
-        # One distinct line position per needle, drawn afresh for each size (niah.py's random.sample).
-        lines = random.Random(self.position_seed ^ size).sample(range(size), len(self.needles))
-        return list(zip(sorted(lines), self.needles))
+        return list(zip(self._lines(size), self.needles))
+
+    def _lines(self, size: int) -> list[int]:
+        """One distinct line position per needle, drawn afresh for each size (niah.py's random.sample)."""
+        return sorted(random.Random(self.position_seed ^ size).sample(range(size), len(self.needles)))
+
+    def answer_depths(self, size: int) -> list[float]:
+        """Each output's needle depth: the drawn percent that placed it (essay), else the share of
+        haystack lines before it; needles take depths (and lines) in sorted order, as _insertions."""
+        if self.task.kind == "essay":
+            placed = [float(depth) for depth in sorted(self.depths)]
+        else:
+            placed = [round(100 * line / size, 2) for line in self._lines(size)]
+        return [placed[k] for k in self.carriers]
 
     def items(self, size: int) -> list[Item]:
         context = stream_items(self.stream, size, self._insertions(size), strip_first=self.task.kind == "essay")
