@@ -43,7 +43,7 @@ class Cell:
         return key(self) < key(other)
 
     def label(self) -> str:
-        if self.length is not None:
+        if self.length is not None and self.benchmark != "general":  # RULER's or ppl's one metric
             return self.task
         return f"{self.task} {self.metric}" + (f" ({self.filter})" if self.filter not in (None, "none") else "")
 
