@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.general.rows import length_text  # a LongBench-E bucket in words, else _label
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
@@ -295,7 +296,7 @@ def _columns(shown: list[Shown], separator: str) -> list[str]:
     bases = [
         f"{row.task}{separator}{row.metric}"
         + (f" ({row.filter})" if row.filter not in (None, "none") else "")
-        + (f" @ {_label(row.length)}" if row.length is not None else "")
+        + (f" @ {length_text(row.task, row.length)}" if row.length is not None else "")
         for row, _ in shown
     ]
     measured: dict[str, set[str]] = defaultdict(set)
