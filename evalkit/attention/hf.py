@@ -41,8 +41,6 @@ def _attention_forward(impl: str):
     return forward
 
 
-# ---------------------------------------------------------------------- RoPE precision in training
-
 # How q and k are rotated under mixed precision (the paper's variable): docs/training.md's "Precision" table.
 ROPE_PRECISIONS = ("fp32", "bf16")
 
@@ -135,8 +133,6 @@ def register_attention(name: str, forward, mask=None) -> str:
     return name
 
 
-# ---------------------------------------------------------------------- plain SDPA, grouped at decode
-
 GROUPED_SDPA = "evalkit_grouped_sdpa"
 
 
@@ -167,8 +163,6 @@ def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
 
-
-# ---------------------------------------------------------------------- the sink reading, after the documents
 
 ANCHOR_SINK_SDPA = "evalkit_anchor_sink_sdpa"
 
