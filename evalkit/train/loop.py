@@ -367,7 +367,10 @@ def _train(
     model, optimizer, scheduler = build_training(config, tokenizer, ctx, initial_weights=point is None)
     step, tokens_seen = _restore(point, model, optimizer, scheduler, stream, ctx)
     _prepare_run_dir(run_dir, metrics, ctx)
-    _announce_attention(config, model, tokenizer, ctx)
+    if ctx.is_main:
+        print(f"attention: evalkit's {_attention_name(model)} implementation, {config.dtype}", file=sys.stderr)
+        if config.paradigm.has_anchor:  # anchor, anchor_tag, anchor_interleaved
+            print(anchor_note(tokenizer), file=sys.stderr)
     meta_base = _checkpoint_meta(config, model, tokenizer, source, ctx)
     run = _Run(config, ctx, run_dir, tokenizer, stream, model, optimizer, scheduler, meta_base)
     try:
@@ -436,13 +439,6 @@ def _attention_name(model: MaskedLMLoss) -> str:
     return HF_NAMES.get(implementation, implementation)
 
 
-def _announce_attention(config: TrainConfig, model: MaskedLMLoss, tokenizer, ctx: distributed.DistContext) -> None:
-    if ctx.is_main:
-        print(f"attention: evalkit's {_attention_name(model)} implementation, {config.dtype}", file=sys.stderr)
-        if config.paradigm.has_anchor:  # anchor, anchor_tag, anchor_interleaved
-            print(anchor_note(tokenizer), file=sys.stderr)
-
-
 def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source, ctx) -> dict:
     return {
         "paradigm": config.paradigm.value,
@@ -481,17 +477,13 @@ def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) ->
             tokens_seen += tokens_per_step
             tokens_per_s = tokens_per_step / step_s  # the model's speed, not packing's
             record = {"step": step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
-            _log_step(run, {**record, "step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen})
+            record |= {"step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen}
+            if ctx.is_main:  # one line of the metrics log (a step is logged before it is saved)
+                with naming(run.run_dir / METRICS), (run.run_dir / METRICS).open("a") as log:
+                    log.write(json.dumps(record) + "\n")
             bar.update(task, completed=step, loss=loss, tps=tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
                 _save(run, step, tokens_seen)
-
-
-def _log_step(run: _Run, record: dict) -> None:
-    """One line of the metrics log, appended by rank 0 (a step is logged before it is saved)."""
-    if run.ctx.is_main:
-        with naming(run.run_dir / METRICS), (run.run_dir / METRICS).open("a") as log:
-            log.write(json.dumps(record) + "\n")
 
 
 def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, autocast) -> tuple[float, float]:
