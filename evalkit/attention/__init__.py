@@ -10,7 +10,6 @@ from evalkit.attention.hf import HF_NAMES, register_hf_attention
 from evalkit.attention.kernels import (
     IMPLEMENTATIONS,
     available_implementations,
-    default_implementation,
     document_attention,
     varlen_layout,
 )
@@ -27,7 +26,6 @@ __all__ = [
     "PackedSequence",
     "Paradigm",
     "available_implementations",
-    "default_implementation",
     "document_attention",
     "document_mask",
     "pack",
