@@ -108,8 +108,8 @@ def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
                 setattr(module, name, buffer.to(torch.bfloat16))
 
 
-def _no_padding_mask(*, attention_mask=None, **_kwargs):
-    """transformers' mask hook: evalkit takes document ids, not dense masks, and has no padding."""
+def no_padding_mask(*, attention_mask=None, **_kwargs):
+    """transformers' mask hook of evalkit's attention and the probe's: document ids, not dense masks; no padding."""
     if attention_mask is not None and not bool(torch.all(attention_mask)):
         raise ValueError(
             "evalkit attention does not take padded batches; pack documents with doc_ids or use equal lengths"
@@ -119,7 +119,7 @@ def _no_padding_mask(*, attention_mask=None, **_kwargs):
 
 def register_hf_attention() -> list[str]:
     """Register evalkit's implementations with transformers; returns the names (idempotent)."""
-    return [register_attention(name, _attention_forward(impl), _no_padding_mask) for name, impl in HF_NAMES.items()]
+    return [register_attention(name, _attention_forward(impl), no_padding_mask) for name, impl in HF_NAMES.items()]
 
 
 def register_attention(name: str, forward, mask=None) -> str:
