@@ -199,7 +199,7 @@ def optimizer_step(
 ) -> float:
     """Optimizer step `step` on the global batch `windows`, the same for any number of processes and
     micro-batches (module docstring); returns its mean loss per target token. A non-finite loss or
-    gradient stops training before the weights change (_check_finite)."""
+    gradient stops training before the weights change."""
     mine = windows[ctx.rank :: ctx.world_size]
     num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
     loss_sum = torch.zeros((), device=ctx.device)
@@ -215,7 +215,10 @@ def optimizer_step(
             loss_sum += micro_loss.detach()
     grad_norm = _grad_norm(model, config.optim.grad_clip)
     loss = float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
-    _check_finite(step, loss, grad_norm)
+    # A NaN gradient can poison the weights while the loss is still finite; both values are global,
+    # so every rank stops together.
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise _diverged(step, f"loss {loss:.4g}, gradient norm {grad_norm:.4g}; not applied")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss
@@ -229,13 +232,6 @@ def _grad_norm(model, grad_clip: float | None) -> float:
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor, reduced here
-
-
-def _check_finite(step: int, loss: float, grad_norm: float) -> None:
-    """Stop before a non-finite loss or gradient reaches the weights (a NaN gradient can poison
-    them while the loss is still finite). Both values are global, so every rank stops together."""
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise _diverged(step, f"loss {loss:.4g}, gradient norm {grad_norm:.4g}; not applied")
 
 
 def _diverged(step: int, what: str) -> UserError:
