@@ -1,10 +1,6 @@
-"""Comma-separated lists as users write them (--lengths, --tasks, --paradigms, --dtypes, ...), and
-whole numbers read from the environment (environ_int).
-
-Every command reads its lists through `parse_list`, so they all behave alike: blanks are
-dropped and each value is kept once, in the order first given, compared after parsing (4k and
-4096 are one length). A list built by a shell loop that repeats a value must not score or store
-a cell twice (a summary holding one cell twice is refused by the leaderboard).
+"""Comma-separated lists as users write them (parse_list: every list option reads through it, blanks
+and repeats dropped: docs/reliability.md's "A value given twice is used once"), and whole numbers
+read from the environment (environ_int).
 """
 
 from __future__ import annotations

@@ -396,6 +396,29 @@ def read_text(path: Path, what: str = "") -> str:
         ) from None
 
 
+def jsonl_texts(path: Path, what: str) -> list[str]:
+    """The string `text` field of each non-blank line of the user's JSONL file `path` (given as `what`,
+    e.g. "--data"), or one line naming the first line that has none."""
+    texts = []
+    for number, line in enumerate(read_text(path, what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line).get("text")
+        except (json.JSONDecodeError, AttributeError, RecursionError):  # RecursionError: nested too deep
+            text = None
+        if not isinstance(text, str):
+            raise UserError(f"{what} {path} line {number}: not a JSON object with a string `text` field")
+        try:
+            text.encode()  # as a hash or a tokenizer will
+        except UnicodeEncodeError:
+            raise UserError(
+                f"{what} {path} line {number}: its `text` holds an unpaired surrogate (\\ud800-\\udfff)"
+            ) from None
+        texts.append(text)
+    return texts
+
+
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()  # by hand: hashlib.file_digest is Python 3.11+, evalkit supports 3.10
     with open(path, "rb") as handle:

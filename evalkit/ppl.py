@@ -16,7 +16,7 @@ from typing import Any
 
 from evalkit.errors import Skipped, UserError
 from evalkit.figures import new_figure, write_figure
-from evalkit.files import read_text
+from evalkit.files import jsonl_texts, read_text
 from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
 from evalkit.models.refs import CheckpointRef, weights_fingerprint
@@ -78,8 +78,7 @@ def load_documents(data: str) -> list[str]:
         raise UserError(f"--data {data}: no such file or directory (give a .jsonl, a .txt, a datasets dir or builtin)")
     if path.is_dir():
         return _dataset_documents(path)
-    text = read_text(path, "--data")
-    return _jsonl_documents(path, text) if path.suffix == ".jsonl" else [text]
+    return jsonl_texts(path, "--data") if path.suffix == ".jsonl" else [read_text(path, "--data")]
 
 
 def builtin_documents() -> list[str]:
@@ -92,27 +91,6 @@ def builtin_documents() -> list[str]:
         if len(current) >= BUILTIN_DOC_CHARS:
             documents.append(current)
             current = ""
-    return documents
-
-
-def _jsonl_documents(path: Path, content: str) -> list[str]:
-    documents = []
-    for number, line in enumerate(content.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            text = json.loads(line).get("text")
-        except (json.JSONDecodeError, AttributeError, RecursionError):  # RecursionError: nested too deep
-            text = None
-        if not isinstance(text, str):
-            raise UserError(f"--data {path} line {number}: not a JSON object with a string `text` field")
-        try:
-            text.encode()  # as its hash will be
-        except UnicodeEncodeError:
-            raise UserError(
-                f"--data {path} line {number}: its `text` holds an unpaired surrogate (\\ud800-\\udfff)"
-            ) from None
-        documents.append(text)
     return documents
 
 

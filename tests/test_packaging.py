@@ -27,7 +27,9 @@ assert Path(evalkit.__file__).resolve().is_relative_to(site), evalkit.__file__  
 assert resolve_recipe("tiny-cpu").is_relative_to(site)
 base = Path(load_recipe("tiny-long", {}, []).model.path)
 assert base.is_relative_to(site) and (base / "model.safetensors").is_file(), base
-assert sorted(p.name for p in (TASKS_DIR / "evalkit_fixtures").glob("*.jsonl")) == ["hellaswag_style.jsonl", "longbench_style.jsonl", "mmlu_style.jsonl"]
+assert sorted(p.name for p in (TASKS_DIR / "evalkit_fixtures").glob("*.jsonl")) == [
+    "babilong_style.jsonl", "hellaswag_style.jsonl", "longbench_e_style.jsonl", "longbench_style.jsonl", "mmlu_style.jsonl"
+]
 assert len(shipped_runs("tiny-long")) == 3
 print("ok")
 """  # noqa: E501 - a line of this script (a string constant) is 128 columns

@@ -1,16 +1,9 @@
-"""One specification of the paper's attention paradigms, several implementations that agree.
-
-    pack(docs, seq_len, paradigm, ...)    -> PackedSequence (input_ids, position_ids, doc_ids, loss_mask)
-    reference_mask(packed)                -> the definition: bool [S, S]
-    document_attention(q, k, v, doc_ids)  -> attention under that definition (dense/blocked/flex/flash)
-    register_hf_attention()               -> the same inside unmodified transformers models
-"""  # fmt: skip # the formatter would dedent this docstring, changing its text
+"""One specification of the paper's attention paradigms, several implementations that agree (docs/attention.md)."""
 
 from evalkit.attention.hf import HF_NAMES, register_hf_attention
 from evalkit.attention.kernels import (
     IMPLEMENTATIONS,
     available_implementations,
-    default_implementation,
     document_attention,
     varlen_layout,
 )
@@ -27,7 +20,6 @@ __all__ = [
     "PackedSequence",
     "Paradigm",
     "available_implementations",
-    "default_implementation",
     "document_attention",
     "document_mask",
     "pack",

@@ -41,8 +41,6 @@ def _attention_forward(impl: str):
     return forward
 
 
-# ---------------------------------------------------------------------- RoPE precision in training
-
 # How q and k are rotated under mixed precision (the paper's variable): docs/training.md's "Precision" table.
 ROPE_PRECISIONS = ("fp32", "bf16")
 
@@ -110,8 +108,8 @@ def cast_buffers(model: torch.nn.Module, rope_precision: str) -> None:
                 setattr(module, name, buffer.to(torch.bfloat16))
 
 
-def _no_padding_mask(*, attention_mask=None, **_kwargs):
-    """transformers' mask hook: evalkit takes document ids, not dense masks, and has no padding."""
+def no_padding_mask(*, attention_mask=None, **_kwargs):
+    """transformers' mask hook of evalkit's attention and the probe's: document ids, not dense masks; no padding."""
     if attention_mask is not None and not bool(torch.all(attention_mask)):
         raise ValueError(
             "evalkit attention does not take padded batches; pack documents with doc_ids or use equal lengths"
@@ -121,7 +119,7 @@ def _no_padding_mask(*, attention_mask=None, **_kwargs):
 
 def register_hf_attention() -> list[str]:
     """Register evalkit's implementations with transformers; returns the names (idempotent)."""
-    return [register_attention(name, _attention_forward(impl), _no_padding_mask) for name, impl in HF_NAMES.items()]
+    return [register_attention(name, _attention_forward(impl), no_padding_mask) for name, impl in HF_NAMES.items()]
 
 
 def register_attention(name: str, forward, mask=None) -> str:
@@ -134,8 +132,6 @@ def register_attention(name: str, forward, mask=None) -> str:
     AttentionMaskInterface.register(name, mask or sdpa_mask)
     return name
 
-
-# ---------------------------------------------------------------------- plain SDPA, grouped at decode
 
 GROUPED_SDPA = "evalkit_grouped_sdpa"
 
@@ -167,8 +163,6 @@ def _grouped_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
 
-
-# ---------------------------------------------------------------------- the sink reading, after the documents
 
 ANCHOR_SINK_SDPA = "evalkit_anchor_sink_sdpa"
 

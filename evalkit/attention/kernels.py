@@ -21,8 +21,6 @@ import torch.nn.functional as F
 from evalkit.attention.masks import check_window, document_mask
 from evalkit.attention.packing import ANCHOR_DOC_ID
 
-# ----------------------------------------------------------------------------- segments
-
 
 @dataclass
 class Segment:
@@ -78,9 +76,6 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: to
         raise ValueError(f"doc_ids covers {doc_ids.shape[-1]} tokens, the keys {k.shape[2]}")
 
 
-# ----------------------------------------------------------------------------- dense
-
-
 def _effective_window(window: int | None, kv_len: int) -> int | None:
     """None when the window cannot cut anything at this length (no query is W keys from key 0), so
     that every implementation takes its unwindowed path there."""
@@ -96,9 +91,6 @@ def dense_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="w
     if mask.dim() == 3:
         mask = mask.unsqueeze(1)  # [B, 1, Sq, Sk], broadcast over heads
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), scale=scale, enable_gqa=gqa)
-
-
-# ----------------------------------------------------------------------------- blocked
 
 
 def _is_run(index: torch.Tensor) -> bool:
@@ -198,9 +190,6 @@ def blocked_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor=
     return outputs[0].unsqueeze(0) if batch == 1 else torch.stack(outputs)
 
 
-# ----------------------------------------------------------------------------- flash (varlen)
-
-
 @dataclass
 class VarlenLayout:
     """flash_attn_varlen_func's inputs for a batch: which flat tokens form each sequence."""
@@ -281,9 +270,6 @@ def flash_attention(
     )
     out = out.index_select(0, torch.argsort(layout.q_index).to(device))  # argsort inverts the permutation
     return out.reshape(batch, sq, hq, dim).transpose(1, 2)
-
-
-# ----------------------------------------------------------------------------- flex
 
 
 _last_block_mask: dict[str, Any] = {}  # the BlockMask built last: its "key", "doc_ids" and "mask"
@@ -426,8 +412,6 @@ def flex_attention(q, k, v, doc_ids=None, *, scale=None, window=None, anchor="wi
     block_mask = _cached_block_mask(doc_ids, q.shape[0], q.shape[2], k.shape[2], q.device, window, anchor)
     return run_flex(q, k, v, block_mask, scale=scale, mask_kind="causal" if doc_ids is None else "documents")
 
-
-# ----------------------------------------------------------------------------- dispatch
 
 _FUNCTIONS: dict[str, Callable] = {
     "dense": dense_attention,

@@ -1,18 +1,8 @@
-"""The definition of who may attend to whom, as plain dense masks: everything else (the fast
-kernels, the vLLM backend) is tested against these. Query row i may attend key column j iff
-
-    j <= i  and  (doc[i] == doc[j]  or  doc[j] == ANCHOR_DOC_ID)        (document masks)
-    j <= i                                                              (doc_ids is None: causal)
-
-the queries being the last keys when there are fewer (decoding with a KV cache: bottom-right).
-A layer with a sliding window W (transformers' rule: a key is seen while i - j < W, distances
-in sequence positions) adds, in every paradigm:
-
-    and  (i - j < W  or  (anchor == "sink" and doc[j] == ANCHOR_DOC_ID))
-
-ANCHOR_MODES: "window" (the default) keeps the model's own mask, the anchor seen only within the
-window as any other key; "sink" keeps it visible to every query, as an attention sink
-(StreamingLLM's reading), which the model's own mask never had.
+"""The definition of who may attend to whom (docs/attention.md's rule), as plain dense masks:
+everything else (the fast kernels, the vLLM backend) is tested against these. With fewer queries
+than keys, the queries are the last keys (decoding with a KV cache: bottom-right). ANCHOR_MODES,
+under a sliding window: "window" (the default) keeps the model's own mask, the anchor seen only
+within the window; "sink" keeps it visible to every query (StreamingLLM's reading).
 """
 
 from __future__ import annotations
@@ -40,7 +30,7 @@ def document_mask(
     anchor: str = "window",
 ) -> torch.Tensor:
     """Bool mask [..., q_len, kv_len] for key doc ids `doc_ids` [..., kv_len] (None: plain causal),
-    with a sliding window of `window` tokens when given (see the module docstring)."""
+    with a sliding window of `window` tokens when given (docs/attention.md's rule)."""
     check_window(window, anchor)
     q_len = kv_len if q_len is None else q_len
     if q_len > kv_len:

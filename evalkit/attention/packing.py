@@ -8,9 +8,8 @@ returned as `leftover` for the next window. Layout per paradigm:
     anchor_tag:                                           BOS  [T1 d1 EOS][T2 d2 EOS]...
 
 A continued document (the leftover of a cut) keeps its domain tag, so every document piece in
-an anchor_tag window is tagged. Where it opens the next window, `window_start` decides its BOS
-(docs/training.md): "bos" (the default) gives it one, so every window of every paradigm starts
-with a BOS at position 0; "document" gives none, the packing of runs made before the setting.
+an anchor_tag window is tagged; where it opens the next window, `window_start` decides its BOS
+(docs/training.md's "Window start": "bos", the default, or "document").
 """
 
 from __future__ import annotations
@@ -170,10 +169,7 @@ def pack(
     domain_tags: one tag token id per document (anchor_tag). seed: the interleaving draw; a data
     loader passes a different seed per window. Padding (eos_id, PAD_DOC_ID, no loss) fills the
     end only when the documents run out. window_start: "bos" or "document" (module docstring).
-
-    Trained targets, one rule for every paradigm and window_start (docs/training.md): input_ids[i]
-    is one iff it and the token before it belong to one document piece (its content and EOS; the
-    anchor, BOS, tags and padding belong to none), so no piece's first content token is a target.
+    loss_mask: docs/training.md's one rule of trained targets, for every paradigm and window_start.
     """
     paradigm = Paradigm.parse(paradigm)
     if seq_len < 2:

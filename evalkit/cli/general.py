@@ -28,6 +28,12 @@ def general_command(
         "results (documents: for LongBench-style tasks whose lengths vary), or, asked for explicitly, loses "
         "the middle of its generation prompt, counted (middle: LongBench's own truncation).",
     ),
+    babilong_lengths: str = typer.Option(
+        None,
+        "--babilong-lengths",
+        help="BABILong's lengths, comma-separated (0k,1k,2k,4k,...,128k): its tasks run once per length (lm-eval's "
+        "max_seq_lengths), each stored and resumed apart, its rows at that length; other tasks once.",
+    ),
     engine: str = options.ENGINE,
     dtype: str = options.DTYPE,
     batch_size: int = options.batch_size_option("Requests"),
@@ -56,8 +62,9 @@ def general_command(
         **({"dtype": dtype} if dtype else {}),
     }
     settings = GeneralSettings(
-        parse_list(tasks), num_fewshot, limit, engine, engine_settings, include_path or [], too_long
-    )
+        parse_list(tasks), num_fewshot, limit, engine, engine_settings, include_path or [], too_long,
+        parse_list(babilong_lengths or ""),
+    )  # fmt: skip
     benchmark = GeneralBenchmark(settings)
     options.run_command(
         benchmark, general_checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources

@@ -1,8 +1,5 @@
-"""What every benchmark's command shares, declared once: its options (as lighteval's cli_args.py
-declares them), their checks before any work (--shard, --executor, --ray-address), and the one
-way from them to a run (run_command: progress display, run_benchmark, closing report). A
-benchmark's typer command (cli/<name>.py) builds its settings and Benchmark and hands it to
-run_command."""
+"""What every benchmark's command shares, declared once (docs/architecture.md): its options, their
+checks before any work (--shard, --executor, --ray-address), and run_command, the one way to a run."""
 
 from __future__ import annotations
 

@@ -20,7 +20,12 @@ def ruler_command(
     avg: bool = options.avg_option("mean ± std of the per-length task average"),
     last: int = options.LAST,
     lengths: str = options.LENGTHS,
-    tasks: str = typer.Option("all", "--tasks", help="all, or task names comma-separated."),
+    tasks: str = typer.Option(
+        "all",
+        "--tasks",
+        help="all (RULER's 13 tasks), task names or helmet_recall (HELMET's Recall: niah_multikey_2, "
+        "niah_multikey_3, niah_multivalue, json_kv), comma-separated.",
+    ),
     samples: int = typer.Option(500, "--samples", help="Samples per task and length."),
     seed: int = typer.Option(42, "--seed", help="Data seed (RULER's default 42)."),
     essays: str = typer.Option(

@@ -75,8 +75,6 @@ class Engine(ABC):
     max_length: int  # the window: prompt + generated tokens (or fed scoring tokens) must fit in it
     served: Serving  # the dtype and RoPE regime it serves the checkpoint in (models.precision.served_regime)
 
-    # ------------------------------------------------------------------ what engines implement
-
     @classmethod
     def check_settings(cls, settings: dict[str, Any]) -> None:  # noqa: B027  (a hook, empty by default)
         """Refuse (UserError) a setting's value no checkpoint could run with (None: not given), before
@@ -117,8 +115,6 @@ class Engine(ABC):
         """`with get_engine(...) as engine:` closes it however the block ends (a second vLLM engine
         would not fit beside the first on one GPU, and its processes would outlive a failed run)."""
         self.close()
-
-    # ------------------------------------------------------------------ shared behaviour
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The token ids the engine feeds for `prompt`: text gets the tokenizer's specials (BOS), ids are kept."""
@@ -166,8 +162,6 @@ class Engine(ABC):
         flat = [window for windows in windows_per_text for window in windows]
         scores = iter(self._score_tokens(flat))
         return [sum(next(scores)[0] for _ in windows) for windows in windows_per_text]
-
-    # ------------------------------------------------------------------ length checks
 
     def _checked_prompt(self, ids: list[int], max_new_tokens: int) -> list[int]:
         if not ids:

@@ -305,8 +305,6 @@ class HFEngine(PackedEngine):
     def position_logprobs(self, tokens: list[int]) -> torch.Tensor:
         return model_logprobs(self.model, tokens, self.device)
 
-    # ------------------------------------------------------------------ plain prompts
-
     @_computing
     def _generate_tokens(self, prompts: list[list[int]], max_new_tokens: int, stop: list[str]) -> list[str]:
         outputs: list[str] = [""] * len(prompts)
@@ -412,8 +410,6 @@ class HFEngine(PackedEngine):
         self.stats.prompt_tokens += sum(len(p) for p in prompts)
         self.stats.prefill_tokens += computed
 
-    # ------------------------------------------------------------------ packed requests
-
     @_computing
     def _generate_layouts(self, layouts: list[tok.PackedLayout], max_new_tokens: int, stop: list[str]) -> list[str]:
         outputs: list[str] = [""] * len(layouts)
@@ -508,8 +504,6 @@ class HFEngine(PackedEngine):
         finally:
             self.model.set_attn_implementation(previous)
 
-    # ------------------------------------------------------------------ shared machinery
-
     def _greedy_decode(self, state: _DecodeState, max_new_tokens: int, stop: list[str]) -> list[str]:
         """Greedy tokens until EOS, a stop string or max_new_tokens; texts cut at the earliest stop."""
         self._give_room(state.cache, max_new_tokens)
@@ -592,9 +586,6 @@ class HFEngine(PackedEngine):
         first (padding waste is small, OOM shows early); by token ids, shared prefixes together."""
         order, size = sorted(range(len(keys)), key=keys.__getitem__), 1 if one_by_one else self.batch_size
         return [order[start : start + size] for start in range(0, len(order), size)]
-
-
-# ---------------------------------------------------------------------- loading
 
 
 def _check_plain_attention(attention: str) -> None:

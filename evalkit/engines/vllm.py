@@ -62,9 +62,6 @@ PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "evalkit"
 
 
-# ---------------------------------------------------------------------- what comes back from vLLM
-
-
 @dataclass
 class _Answer:
     """What evalkit keeps of one vLLM RequestOutput (plain data: it crosses process boundaries)."""
@@ -89,9 +86,6 @@ def _answer(output) -> _Answer:
     whole = len(prompt_logprobs) > 1 and len(prompt_logprobs[1]) > 1
     distributions = [{t: e.logprob for t, e in scores.items()} for scores in prompt_logprobs[1:]] if whole else []
     return _Answer(list(completion.token_ids), prompt_scores, first_step, distributions)
-
-
-# ---------------------------------------------------------------------- replicas
 
 
 class _LocalReplica:
@@ -223,9 +217,6 @@ def _replica_resources(device: str, replicas: int, per_replica: int) -> dict[str
     return {"num_gpus": per_replica}
 
 
-# ---------------------------------------------------------------------- vLLM's own log
-
-
 def _new_log_path() -> Path:
     """Where this engine's vLLM processes write their output (EVALKIT_VLLM_LOG_DIR, or the temp directory)."""
     folder = Path(os.environ.get("EVALKIT_VLLM_LOG_DIR") or Path(tempfile.gettempdir()) / "evalkit-vllm-logs")
@@ -304,9 +295,6 @@ def _config_facts(vllm_config) -> dict[str, Any]:
         "max_num_batched_tokens": int(vllm_config.scheduler_config.max_num_batched_tokens),
         "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
     }
-
-
-# ---------------------------------------------------------------------- the engine
 
 
 class VLLMEngine(PackedEngine):
@@ -411,8 +399,6 @@ class VLLMEngine(PackedEngine):
         if position_shift is not None and position_shift < 0:
             raise UserError(f"position_shift must be non-negative, got {position_shift}")
 
-    # ------------------------------------------------------------------ start-up
-
     def _llm_options(
         self, config, kv_cache_gib: float | None, gpu_memory_utilization: float, **passed: Any
     ) -> dict[str, Any]:
@@ -516,8 +502,6 @@ class VLLMEngine(PackedEngine):
             "torch": torch.__version__,
         }
 
-    # ------------------------------------------------------------------ running requests
-
     def _run(self, prompts: list[dict], params: list) -> list[_Answer]:
         """Answers in request order, submitted sorted by token ids (each replica a contiguous slice):
         requests sharing a prefix are neighbours, so vLLM's prefix cache finds the one before's blocks."""
@@ -561,8 +545,6 @@ class VLLMEngine(PackedEngine):
         if token_ids and token_ids[-1] in self._eos_ids:  # the EOS that ended it is not text
             token_ids = token_ids[:-1]
         return tok.cut_at_stop(self.decode(token_ids), stop)
-
-    # ------------------------------------------------------------------ packed requests
 
     def _generate_layouts(self, layouts: list[tok.PackedLayout], max_new_tokens: int, stop: list[str]) -> list[str]:
         prompts, params = self._packed_inputs(layouts, functools.partial(self._greedy, max_new_tokens, stop))
@@ -610,9 +592,6 @@ class VLLMEngine(PackedEngine):
             prompts.append({"prompt_token_ids": layout.input_ids, "cache_salt": segments.cache_salt()})
             params.append(make_params(extra_args=segments.extra_args()))
         return prompts, params
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 def _continuation_score(answer: _Answer, context_length: int, continuation: list[int]) -> tuple[float, bool]:

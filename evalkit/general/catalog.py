@@ -5,6 +5,7 @@ docs/general.md; the paper states none: mmlu's 5 is the MMLU paper's and the Ope
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 import os
@@ -90,34 +91,49 @@ class TaskCatalog:
         """Where to load and run `name`: offline and quiet for evalkit's fixtures (tasks defined in
         evalkit's own tasks/ folder: local data, no download), as is for the rest."""
         entry = self.manager.task_index.get(name)
-        if entry is None or not _is_under(entry.yaml_path, TASKS_DIR):
-            yield
-            return
-        # lm-eval tells CLI users of custom_dataset tasks about --metadata; the fixtures take none.
-        with offline_hubs(), quiet_logger("lm_eval.api.task", ("Custom kwargs can be passed",)):
+        # lm-eval tells CLI users of custom_dataset tasks about its --metadata; evalkit passes BABILong's itself.
+        with ExitStack() as stack:
+            stack.enter_context(quiet_logger("lm_eval.api.task", ("Custom kwargs can be passed",)))
+            if entry is not None and _is_under(entry.yaml_path, TASKS_DIR):
+                stack.enter_context(offline_hubs())
             yield
 
-    def load(self, name: str) -> list[Any]:
-        """The top-level Task/Group objects of `name`, data loaded; DatasetUnavailable if it cannot be,
-        remembered: without network each try costs the hub client's retries (~25 s) to fail alike."""
-        if name in self.unavailable:
-            raise DatasetUnavailable(self.unavailable[name])
+    def load(self, name: str, max_seq_length: str | None = None) -> list[Any]:
+        """The top-level Task/Group objects of `name`, data loaded (at lm-eval's metadata max_seq_lengths
+        where given: BABILong's length); DatasetUnavailable if it cannot be, remembered: without network
+        each try costs the hub client's retries (~25 s) to fail alike."""
+        tried = name if max_seq_length is None else f"{name} at max_seq_lengths {max_seq_length}"
+        if tried in self.unavailable:
+            raise DatasetUnavailable(self.unavailable[tried])
         try:
-            loaded = self.manager.load([name])
+            loaded = self._manager(max_seq_length).load([name])
         except Exception as err:  # datasets, hub and file errors differ by version and backend: all are data errors
             if isinstance(err, KeyError) and not self.complete:
                 # A group in the include paths made of lm-eval's own tasks: those need the full index.
                 from lm_eval.tasks import TaskManager
 
                 self.manager, self.complete = TaskManager(include_path=self.include_paths or None), True
-                return self.load(name)
-            self.unavailable[name] = _unavailable_reason(name, err)
-            raise DatasetUnavailable(self.unavailable[name]) from err
+                return self.load(name, max_seq_length)
+            self.unavailable[tried] = _unavailable_reason(tried, err)
+            raise DatasetUnavailable(self.unavailable[tried]) from err
         if name in loaded.get("groups", {}):
             return [loaded["groups"][name]]
         if name in loaded["tasks"]:
             return [loaded["tasks"][name]]
         return list(loaded["tasks"].values())  # a tag: the tasks it names
+
+    def _manager(self, max_seq_length: str | None) -> Any:
+        """The manager, or a copy whose tasks get lm-eval's metadata max_seq_lengths (what `--metadata`
+        passes to a custom_dataset loader). The metadata lives in the manager's private factory: a
+        copy sharing the index, since a new TaskManager would parse lm-eval's YAMLs again (10-20 s)."""
+        if max_seq_length is None:
+            return self.manager
+        from lm_eval.tasks._factory import TaskFactory
+
+        manager = copy.copy(self.manager)
+        manager.metadata = {"max_seq_lengths": max_seq_length}
+        manager._factory = TaskFactory(meta=manager.metadata)
+        return manager
 
     def _standard_name(self, name: str) -> str | None:
         """'mmlu' for lm-eval's mmlu group and its parts, 'hellaswag' for hellaswag, else None."""

@@ -1,17 +1,28 @@
 """lm-eval's result JSON as evalkit's long-form rows (ResultRow), and its per-sample log in compact form.
 `requested` is the name the user asked for (mmlu), `task` the lm-eval task or group the number
 belongs to (mmlu_anatomy, ...): a group's row is lm-eval's own aggregate of its members, never recomputed here.
+A row's length (docs/general.md): the lm-eval call's max_seq_lengths in tokens (BABILong), or a
+LongBench-E bucket's lower bound in words (bucket_rows).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import re
+import statistics
+from dataclasses import replace
 from typing import Any
 
+from evalkit.lengths import length_label
 from evalkit.store.result_format import ResultRow
 
 STDERR_MARK = "_stderr"
+# LongBench-E (THUDM/LongBench eval.py, scorer_e): a task's score in three buckets of each document's
+# `length` field, a count of words, not tokens: 0-4k (< 4000), 4-8k (< 8000), 8k+. A bucket is stored
+# as its lower bound in words. Tasks so reported: lm-eval's longbench_<task>_e, evalkit's fixture.
+LONGBENCH_E_BUCKETS = {0: "0-4k words", 4000: "4-8k words", 8000: "8k+ words"}
+LONGBENCH_E = re.compile(r"\w*longbench\w*_e")
 
 
 def result_rows(results: dict[str, Any], requested: str, run: str, step: int) -> list[ResultRow]:
@@ -41,9 +52,11 @@ def result_rows(results: dict[str, Any], requested: str, run: str, step: int) ->
     return sorted(rows, key=lambda row: row.task != requested)
 
 
-def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def compact_samples(samples: dict[str, list[dict[str, Any]]], length: int | None = None) -> list[dict[str, Any]]:
     """lm-eval's logged samples without the prompts (mmlu's 5-shot prompts would be ~100 MB):
-    the document, its target, the model's responses, the per-sample metrics and lm-eval's hashes."""
+    the document, its target, the model's responses, the per-sample metrics and lm-eval's hashes;
+    its length where it has one (the call's `length`, else its LongBench-E bucket), so that
+    compare finds each length's samples."""
     kept = []
     for task, task_samples in samples.items():
         for sample in task_samples:
@@ -59,7 +72,50 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
                     **{key: sample.get(key) for key in ("doc", "doc_hash", "prompt_hash", "target_hash")},
                 }
             )
+            bucket = length if length is not None else _bucket(task, sample.get("doc"))
+            if bucket is not None:
+                kept[-1]["length"] = bucket
     return kept
+
+
+def _bucket(task: str, doc: Any) -> int | None:
+    """A LongBench-E document's bucket (the lower bound of its words), None for any other."""
+    words = doc.get("length") if LONGBENCH_E.fullmatch(task) and isinstance(doc, dict) else None
+    if not isinstance(words, int | float):
+        return None
+    return max(bucket for bucket in LONGBENCH_E_BUCKETS if bucket <= words)
+
+
+def length_text(task: str, length: int | None) -> str:
+    """A general row's length as tables show it: a LongBench-E bucket in words, else tokens (4K)."""
+    if length is None:
+        return "–"
+    return LONGBENCH_E_BUCKETS[length] if LONGBENCH_E.fullmatch(task) else length_label(length)
+
+
+def bucket_rows(rows: list[ResultRow], samples: list[dict[str, Any]]) -> list[ResultRow]:
+    """A LongBench-E task's rows per bucket: the mean over the bucket's documents of each metric
+    whose task row is the mean over all of them (lm-eval's; a corpus-level metric has no buckets),
+    its stderr as lm-eval's for a mean (sample std / sqrt n)."""
+    values: dict[tuple, dict[int, list[float]]] = {}
+    for sample in samples:
+        if "length" in sample and LONGBENCH_E.fullmatch(sample["task"]):
+            for metric, value in sample["metrics"].items():
+                key = (sample["task"], metric, sample["filter"])
+                values.setdefault(key, {}).setdefault(sample["length"], []).append(float(value))
+    bucketed = []
+    for row in rows:
+        by_bucket = values.get((row.task, row.metric, row.filter), {})
+        every = [value for found in by_bucket.values() for value in found]
+        if row.length is not None or row.value is None or not every:
+            continue
+        if not math.isclose(math.fsum(every) / len(every), row.value, rel_tol=1e-9, abs_tol=1e-12):
+            continue
+        for bucket, found in sorted(by_bucket.items()):
+            stderr = statistics.stdev(found) / math.sqrt(len(found)) if len(found) > 1 else None
+            mean = math.fsum(found) / len(found)
+            bucketed.append(replace(row, value=mean, stderr=stderr, n=len(found), length=bucket))
+    return bucketed
 
 
 def _sample_count(results: dict[str, Any], task: str) -> int | None:

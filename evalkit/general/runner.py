@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
@@ -49,6 +50,8 @@ class GeneralSettings:
     # Where lm-eval finds task files: paths of this checkout, not keyed (a task is keyed by its name).
     include_paths: list[str] = setting(default_factory=list, role=EXECUTION)
     too_long: str = "task"  # TOO_LONG_CHOICES
+    # BABILong's lengths (0k, 1k, ... 128k; lm-eval's metadata max_seq_lengths): its tasks once per length, a unit each
+    babilong_lengths: list[str] = setting(default_factory=list, role=SELECTION)
 
     def __post_init__(self) -> None:
         """Validated once, here, before anything is loaded; a bad value is one line naming its option."""
@@ -72,6 +75,24 @@ class GeneralSettings:
             )
         if limit is not None and limit >= 1:
             self.limit = int(limit)  # 10.0 from a CLI float is 10 documents
+        self.babilong_lengths = [text.strip().lower() for text in self.babilong_lengths]
+        if len({babilong_length(text) for text in self.babilong_lengths}) < len(self.babilong_lengths):
+            raise UserError(f"--babilong-lengths {','.join(self.babilong_lengths)} names a length twice")
+        if self.babilong_lengths and not any(map(is_babilong, self.tasks)):
+            raise UserError("--babilong-lengths applies to BABILong tasks (babilong_qa1, ...): none is in --tasks")
+
+
+def is_babilong(task: str) -> bool:
+    """lm-eval's BABILong tasks and groups (babilong_qa1, babilong_longctx) and evalkit's fixture of them."""
+    return "babilong" in task
+
+
+def babilong_length(text: str) -> int:
+    """A BABILong length (its dataset config) as the rows' length in tokens: '4k' -> 4096, '0k' -> 0."""
+    match = re.fullmatch(r"([0-9]{1,4})k", text)
+    if match is None:
+        raise UserError(f"--babilong-lengths: could not read {text!r}; give BABILong's lengths, such as 0k,1k,4k")
+    return int(match.group(1)) * 1024
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,7 @@ class TaskPlan:
     """One requested task with its effective shots and the key its stored result must match."""
 
     name: str
+    max_seq_length: str | None  # lm-eval's metadata max_seq_lengths for this unit, as given
     num_fewshot: int | None  # None: the task's own default (lm-eval then records what it used)
     fewshot_source: str  # given | evalkit standard for mmlu | lm-eval default
     key: str
@@ -99,7 +121,8 @@ class GeneralBenchmark(Benchmark):
         resolved = [str(path) for path in default_include_paths(settings.include_paths)]
         self.settings = replace(settings, include_paths=resolved)
         self.engine = EngineChoice(settings.engine, settings.engine_settings)
-        self._plans: dict[tuple[str, Path], TaskPlan] = {}
+        self._plans: dict[tuple[Unit, Path], TaskPlan] = {}
+        self._lengths = {babilong_length(text): text for text in self.settings.babilong_lengths}
         self._lms: dict[int, Any] = {}  # the EngineLM of the engine built last
 
     @cached_property
@@ -115,7 +138,10 @@ class GeneralBenchmark(Benchmark):
         self.catalog.check(self.settings.tasks)
 
     def units(self) -> list[Unit]:
-        return [Unit(name) for name in self.settings.tasks]
+        """A task; with --babilong-lengths a BABILong task at each length, the shorter lengths first."""
+        tasks = self.settings.tasks
+        once = [Unit(name) for name in tasks if not (self._lengths and is_babilong(name))]
+        return once + [Unit(name, length) for length in sorted(self._lengths) for name in tasks if is_babilong(name)]
 
     def unit_cost(self, unit: Unit) -> float:
         """Estimated work, for balancing shards and workers: the tasks a unit scores (a 57-task group
@@ -123,9 +149,10 @@ class GeneralBenchmark(Benchmark):
         return float(self.catalog.leaf_tasks(unit.task))
 
     def plan(self, unit: Unit, path: Path) -> TaskPlan:
-        if (unit.task, path) not in self._plans:
-            self._plans[unit.task, path] = _plan(self.catalog, unit.task, self.settings, path)
-        return self._plans[unit.task, path]
+        if (unit, path) not in self._plans:
+            seq = None if unit.length is None else self._lengths[unit.length]
+            self._plans[unit, path] = _plan(self.catalog, unit.task, self.settings, path, seq)
+        return self._plans[unit, path]
 
     def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
         record = _stored_record(store, self.plan(unit, store.ref.path))
@@ -182,7 +209,9 @@ class GeneralBenchmark(Benchmark):
         conditions = (
             f"Tasks {', '.join(settings.tasks)}; "
             f"shots {settings.num_fewshot if settings.num_fewshot is not None else 'standard'}"
-            f"{f', limit {settings.limit}' if settings.limit else ''}; engine {settings.engine} "
+            f"{f', limit {settings.limit}' if settings.limit else ''}"
+            f"{f', BABILong lengths {lengths}' if (lengths := ','.join(settings.babilong_lengths)) else ''}; "
+            f"engine {settings.engine} "
             f"{json.dumps(settings.engine_settings, sort_keys=True)}. "
             "Mean ± population std over the checkpoints listed."
         )
@@ -193,6 +222,7 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
     """A task record as the unit's result: its rows, and (the detail) what the checkpoint's summary
     says of the task: its shots, its record file (relative to the checkpoint's folder of results,
     as the summary names it), whether it was read back rather than computed."""
+    at = record.get("max_seq_lengths")  # a BABILong length
     entry = {
         **{key: record[key] for key in ("over_window", "truncated_middle") if record.get(key)},
         "num_fewshot": record["num_fewshot"],
@@ -202,20 +232,21 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
     }
     rows = [read_row("general", row) for row in record["rows"]]
     engine_info = record.get("provenance", {}).get("engine") if resumed else None  # no engine was built for it
-    return UnitResult(rows, (record["task"], entry), not resumed, engine_info)
+    return UnitResult(rows, (record["task"] + (f" @ {at}" if at else ""), entry), not resumed, engine_info)
 
 
-def _plan(catalog, name: str, settings: GeneralSettings, path: Path) -> TaskPlan:
+def _plan(catalog, name: str, settings: GeneralSettings, path: Path, seq: str | None = None) -> TaskPlan:
     shots, source = catalog.fewshot(name, settings.num_fewshot)
     served = EngineChoice(settings.engine, settings.engine_settings).served(path)
-    return TaskPlan(name, shots, source, task_key(settings, name, shots, served))
+    return TaskPlan(name, seq, shots, source, task_key(settings, name, shots, served, seq))
 
 
-def task_key(settings: GeneralSettings, task: str, shots: int | None, served: Serving) -> str:
+def task_key(settings: GeneralSettings, task: str, shots: int | None, served: Serving, seq: str | None = None) -> str:
     """What a stored task result must match to be reused: the settings' identity
     (evalkit.store.identity), the task with the shots in effect, and the dtype the engine computes in
     (an engine result fact, engines.base.RESULT_FACTS: its default where none is asked for, so
-    asking for the default is the same key as asking for none), with a serving unlike a stock one."""
+    asking for the default is the same key as asking for none), with a serving unlike a stock one,
+    and the max_seq_lengths metadata where given."""
     asked = {name: value for name, value in settings.engine_settings.items() if name != "dtype"}
     return identity_key(
         replace(settings, engine_settings=asked),
@@ -224,6 +255,7 @@ def task_key(settings: GeneralSettings, task: str, shots: int | None, served: Se
         num_fewshot=shots,
         dtype=served.dtype,
         **served.key_facts(),
+        **({"max_seq_lengths": seq} if seq is not None else {}),
     )
 
 
@@ -233,13 +265,16 @@ def _evaluate_task(
     """Run one requested task through lm-eval, write its three files (the record last), return the record."""
     import lm_eval
 
-    from evalkit.general.rows import compact_samples, result_rows
+    from evalkit.general.rows import bucket_rows, compact_samples, result_rows
 
     with catalog.loading(plan.name):
-        tasks = catalog.load(plan.name)  # before the engine: data that cannot be had costs no model load
+        # before the engine: data that cannot be had costs no model load
+        tasks = catalog.load(plan.name, plan.max_seq_length)
         lm = engine_lm()
         results, over_window = _run_lm_eval(lm, tasks, catalog, plan, settings)
-    samples = compact_samples(results.pop("samples", None) or {})
+    length = None if plan.max_seq_length is None else babilong_length(plan.max_seq_length)
+    samples = compact_samples(results.pop("samples", None) or {}, length)
+    rows = [replace(row, length=length) for row in result_rows(results, plan.name, store.ref.run, store.ref.step)]
     ref, samples_file, lm_eval_file = store.ref, store.file(".samples.jsonl"), store.file(".lm_eval.json")
     store.writer.text(samples_file, "".join(_json(s) for s in samples))
     store.writer.text(lm_eval_file, _json(results, indent=2))
@@ -249,12 +284,13 @@ def _evaluate_task(
         "step": ref.step,
         "checkpoint": str(ref.path),
         "task": plan.name,
+        **({"length": length, "max_seq_lengths": plan.max_seq_length} if length is not None else {}),
         "key": plan.key,
         "num_fewshot_asked": plan.num_fewshot,  # None: the task's own default
         "fewshot_source": plan.fewshot_source,
         "num_fewshot": results.get("n-shot", {}).get(plan.name),  # what lm-eval used (None for a tag: see rows)
         "limit": settings.limit,
-        "rows": [row_record(row) for row in result_rows(results, plan.name, ref.run, ref.step)],
+        "rows": [row_record(row) for row in [*rows, *bucket_rows(rows, samples)]],
         **({"over_window": over_window} if over_window else {}),  # --too-long documents: per task, what was left out
         **({"truncated_middle": cut} if (cut := _truncated(lm)) else {}),  # --too-long middle: per task, what was cut
         "files": {"lm_eval": lm_eval_file.name, "samples": samples_file.name},
@@ -286,9 +322,9 @@ def _run_lm_eval(
     while True:
         try:
             with quiet_logger("lm_eval.evaluator", REDUNDANT_LM_EVAL_WARNINGS):
-                results = simple_evaluate(
+                results = simple_evaluate(  # a rerun gets fresh task objects
                     model=lm,
-                    tasks=catalog.load(plan.name) if fitting else tasks,  # a rerun gets fresh task objects
+                    tasks=catalog.load(plan.name, plan.max_seq_length) if fitting else tasks,
                     task_manager=catalog.manager,
                     num_fewshot=plan.num_fewshot,
                     limit=settings.limit,

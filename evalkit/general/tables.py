@@ -7,15 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from evalkit.general.rows import length_text
 from evalkit.markdown import markdown_table
 from evalkit.store.averages import over_checkpoints
 from evalkit.store.result_format import ResultRow
 
-AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot")
+AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot", "length")
 
 
 def run_averages(rows: list[ResultRow]) -> list[dict[str, Any]]:
-    """Per run and (requested, task, metric, filter, shots): mean and population std over checkpoints,
+    """Per run and (requested, task, metric, filter, shots, length): mean and population std over checkpoints,
     with the steps covered: a checkpoint where a task was skipped is absent from it, not a zero."""
     values: dict[tuple, dict[int, float]] = {}
     for row in sorted(rows, key=lambda r: (r.run, r.step)):
@@ -44,37 +45,43 @@ def headline(rows: list, get: Callable[[Any, str], Any] = getattr) -> list:
 
 
 def general_checkpoint_table(rows: list[ResultRow]) -> str:
+    rows = headline(rows)
+    lengths = any(row.length is not None for row in rows)
     return markdown_table(
-        ["run", "step", "task", "metric", "value", "stderr", "n", "shots"],
+        ["run", "step", "task", *["length"] * lengths, "metric", "value", "stderr", "n", "shots"],
         [
             (
                 row.run,
                 row.step,
                 row.task,
+                *[length_text(row.task, row.length)] * lengths,
                 _metric_label(row.metric, row.filter),
                 _shown(row.value, "{:.4f}"),
                 _shown(row.stderr, "{:.4f}"),
                 _shown(row.n),
                 _shown(row.num_fewshot),
             )
-            for row in headline(rows)
+            for row in rows
         ],
     )
 
 
 def general_average_table(averages: list[dict[str, Any]]) -> str:
+    shown = headline(averages, dict.get)
+    lengths = any(avg["length"] is not None for avg in shown)
     return markdown_table(
-        ["run", "checkpoints", "task", "metric", "mean ± std", "shots"],
+        ["run", "checkpoints", "task", *["length"] * lengths, "metric", "mean ± std", "shots"],
         [
             (
                 avg["run"],
                 ", ".join(str(step) for step in avg["steps"]),
                 avg["task"],
+                *[length_text(avg["task"], avg["length"])] * lengths,
                 _metric_label(avg["metric"], avg["filter"]),
                 f"{avg['mean']:.4f} ± {avg['std']:.4f}",
                 _shown(avg["num_fewshot"]),
             )
-            for avg in headline(averages, dict.get)
+            for avg in shown
         ],
     )
 

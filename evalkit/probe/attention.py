@@ -197,15 +197,8 @@ def probe_attention_forward(
     return out_BHSD.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*, attention_mask=None, **_kwargs):
-    """transformers' mask hook: the probe builds its causal mask itself and never pads."""
-    if attention_mask is not None and not bool(torch.all(attention_mask)):
-        raise ValueError("the probe attention does not take padded batches")
-    return None
-
-
 def register_probe_attention() -> None:
     """Register the probe attention with transformers (idempotent)."""
-    from evalkit.attention.hf import register_attention
+    from evalkit.attention.hf import no_padding_mask, register_attention
 
-    register_attention(PROBE_ATTENTION, probe_attention_forward, _no_mask)
+    register_attention(PROBE_ATTENTION, probe_attention_forward, no_padding_mask)  # the probe never pads

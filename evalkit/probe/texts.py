@@ -9,7 +9,6 @@ before a text (Llama's BOS `<s>`, nothing for Qwen2), and the probe records whet
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,7 @@ from pathlib import Path
 import torch
 
 from evalkit.errors import UserError
-from evalkit.files import read_text
-
-TEXT_FIELD = "text"
+from evalkit.files import jsonl_texts, read_text
 
 
 @dataclass(frozen=True)
@@ -45,21 +42,6 @@ def special_prefix(tokenizer) -> list[int]:
     return []
 
 
-def _read_jsonl_texts(path: Path) -> list[str]:
-    texts = []
-    for number, line in enumerate(read_text(path, "--texts").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UserError(f"{path}:{number} is not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
-            raise UserError(f"{path}:{number} has no string field {TEXT_FIELD!r}")
-        texts.append(record[TEXT_FIELD])
-    return texts
-
-
 class TextSource:
     """Token windows of any length from one source; tokenises only as much as it is asked for."""
 
@@ -76,7 +58,7 @@ class TextSource:
             self._pieces = iter(prose_documents())
         elif self.path.suffix == ".jsonl":
             encode = dict(add_special_tokens=True, truncation=max_length is not None, max_length=max_length)
-            self._texts = [tokenizer(text, **encode)["input_ids"] for text in _read_jsonl_texts(self.path)]
+            self._texts = [tokenizer(text, **encode)["input_ids"] for text in jsonl_texts(self.path, "--texts")]
         else:
             paragraphs = read_text(self.path, "--texts").split("\n\n")
             self._pieces = (paragraph for paragraph in paragraphs if paragraph.strip())

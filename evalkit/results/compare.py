@@ -19,6 +19,7 @@ import numpy as np
 
 from evalkit.errors import UserError
 from evalkit.results.samples import Cell, Series, mean_score
+from evalkit.store.averages import RULER
 
 # Metrics where a smaller number is the better model (perplexity's loss); every other is higher-better.
 LOWER_IS_BETTER = frozenset({"loss"})
@@ -373,7 +374,7 @@ def _rows(boot: Bootstrap, a: Side, b: Side, pairing: Pairing) -> tuple[list[Dif
         if pairing == "require" and not found.pairing_detail.startswith("paired"):
             where = f"{found.other} vs {found.baseline}, {cell.label()}{_at(cell)}"
             raise UserError(f"{where}: cannot pair, {found.pairing_detail}")
-    ruler = {n: [c for c in shared if c.benchmark == "ruler" and c.length == n] for n in _lengths(shared)}
+    ruler = {n: [c for c in shared if _in_ruler_average(c) and c.length == n] for n in _lengths(shared)}
     return cells, [_difference(boot, a, b, at, "average") for at in ruler.values()]
 
 
@@ -414,12 +415,17 @@ def compare(
 
 
 def _lengths(cells: set[Cell] | list[Cell]) -> list[int]:
-    return sorted({c.length for c in cells if c.benchmark == "ruler" and c.length is not None})
+    return sorted({c.length for c in cells if _in_ruler_average(c) and c.length is not None})
+
+
+def _in_ruler_average(cell: Cell) -> bool:
+    """One of RULER's 13 tasks (json_kv, run by `evalkit ruler` for HELMET's Recall, is not)."""
+    return cell.benchmark == "ruler" and cell.task in RULER.tasks
 
 
 def series_length_averages(boot: Bootstrap, name: str) -> dict[int, tuple[float, np.ndarray]]:
     """Per length: the series' task average (point) and its replicates."""
-    cells = sorted(c for c in boot.series[name].cells() if c.benchmark == "ruler")  # one order: the same digits
+    cells = sorted(c for c in boot.series[name].cells() if _in_ruler_average(c))  # one order: the same digits
     at = {length: [c for c in cells if c.length == length] for length in _lengths(boot.series[name].cells())}
     points = {n: float(np.mean([boot.point[(name, c)] for c in cs])) for n, cs in at.items()}
     return {n: (points[n], np.mean([boot.values[(name, c)] for c in cs], axis=0)) for n, cs in at.items()}

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+from evalkit.general.rows import length_text  # a LongBench-E bucket in words, else cell_length_label
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
 from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, EffectiveLength, significant
@@ -66,7 +67,7 @@ def differences_table(comparison: Comparison, interactions: bool = False) -> str
         task = f"**average ({d.tasks} tasks)**" if d.task == "average" else d.task
         metric = d.metric + (f" ({d.filter})" if d.filter not in (None, "none") else "")
         metric += " (lower is better)" if d.metric in LOWER_IS_BETTER else ""
-        rows.append([f"{d.other} − {d.baseline}", task, metric, cell_length_label(d.length),
+        rows.append([f"{d.other} − {d.baseline}", task, metric, length_text(d.task, d.length),
                      _value(d.baseline_value, d.baseline_runs), _value(d.other_value, d.other_runs),
                      _signed(d.difference), f"{d.stderr:.2f}", f"[{_signed(d.low)}, {_signed(d.high)}]"
                      f" (MDE {d.mde:.2f})", _p(d.p), _p(d.p_holm), d.samples, d.pairing, d.pairing_detail])  # fmt: skip

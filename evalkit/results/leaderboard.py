@@ -10,10 +10,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
+from evalkit.general.rows import length_text  # a LongBench-E bucket in words, else _label
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
-from evalkit.store.averages import RunAverage, length_averages, per_checkpoint_length_means
+from evalkit.store.averages import (
+    HELMET_RECALL,
+    RULER,
+    Category,
+    RunAverage,
+    length_averages,
+    per_checkpoint_length_means,
+)
 from evalkit.store.result_format import (
     EXPORT_FIELDS,
     NO_KEY_TOKENS,
@@ -82,9 +90,10 @@ def run_infos(ruler: list[dict]) -> dict[str, RunInfo]:
     return infos
 
 
-def ruler_cells(rows: list[ResultRow]) -> dict[tuple[str, int], RunAverage]:
+def ruler_cells(rows: list[ResultRow], category: Category = RULER) -> dict[tuple[str, int], RunAverage]:
     """--avg's (run, length) cells, without its demand that every checkpoint scored the same tasks."""
-    return {(average.run, average.length): average for average in length_averages(rows, same_tasks=False)}
+    averages = length_averages(rows, same_tasks=False, category=category)
+    return {(average.run, average.length): average for average in averages}
 
 
 def _best(values: dict[str, float]) -> set[str]:
@@ -122,9 +131,11 @@ def ahead_by_compare(means: dict[tuple[str, int], float], series: dict | None) -
     return bold
 
 
-def ruler_table(rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int, set[str]]) -> str:
+def ruler_table(
+    rows: list[ResultRow], infos: dict[str, RunInfo], best: dict[int, set[str]], category: Category = RULER
+) -> str:
     """`best`: per length, the runs to bold (ahead_by_compare)."""
-    cells = ruler_cells(rows)
+    cells = ruler_cells(rows, category)
     lengths = sorted({length for _, length in cells})
     differs = _differing_settings(infos)
     table = []
@@ -285,7 +296,7 @@ def _columns(shown: list[Shown], separator: str) -> list[str]:
     bases = [
         f"{row.task}{separator}{row.metric}"
         + (f" ({row.filter})" if row.filter not in (None, "none") else "")
-        + (f" @ {_label(row.length)}" if row.length is not None else "")
+        + (f" @ {length_text(row.task, row.length)}" if row.length is not None else "")
         for row, _ in shown
     ]
     measured: dict[str, set[str]] = defaultdict(set)
@@ -308,10 +319,61 @@ def benchmark_cells(shown: list[Shown], separator: str = " ") -> ColumnValues:
     return cells
 
 
+# The long-context board: (benchmark, axis) -> (run -> length -> mean over checkpoints). The axis is
+# "tokens", or "words" for LongBench-E's buckets (LongBench counts words): never one column.
+Board = dict[tuple[str, str], dict[str, dict[int, float]]]
+
+
+def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
+    """Each long-context benchmark of the summaries per length, named with its metric: RULER's and HELMET Recall's
+    task averages (as their tables), LongBench-E's buckets and BABILong's lengths as the mean over
+    tasks of each task's mean over checkpoints (LongBench's `score`, BABILong's `acc`)."""
+    from evalkit.general.rows import LONGBENCH_E
+    from evalkit.general.runner import is_babilong
+
+    ruler_rows = [row for summary in ruler for row in summary["rows"]]  # encoding_series' summaries
+    general_rows = [row for summary in general for row, _ in shown_rows(summary)]
+    board: Board = {}
+    for category, label in ((RULER, "RULER (string_match, mean of tasks)"),
+                            (HELMET_RECALL, "HELMET Recall (recall and SubEM, mean of 4)")):  # fmt: skip
+        for (run, length), cell in ruler_cells(ruler_rows, category).items():
+            board.setdefault((label, "tokens"), {}).setdefault(run, {})[length] = cell.mean
+    picks = (
+        (lambda task: bool(LONGBENCH_E.fullmatch(task)), "score", ("LongBench-E (score, mean of tasks)", "words")),
+        (is_babilong, "acc", ("BABILong (acc, mean of tasks)", "tokens")),
+    )
+    for belongs, metric, key in picks:
+        by_task: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+        for row in general_rows:
+            if row.length is not None and row.value is not None and row.metric == metric and belongs(row.task):
+                by_task[(row.series(), row.length, row.task)].append(row.value)  # one per checkpoint
+        tasks: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for (run, length, _task), values in by_task.items():
+            tasks[(run, length)].append(statistics.fmean(values))
+        for (run, length), means in tasks.items():
+            board.setdefault(key, {}).setdefault(run, {})[length] = statistics.fmean(means)
+    return board
+
+
+def board_table(board: Board) -> str:
+    """One row per benchmark and run, one column per length (tokens, then LongBench-E's word buckets)."""
+    from evalkit.general.rows import LONGBENCH_E_BUCKETS
+
+    columns = sorted({(axis, n) for (_, axis), runs in board.items() for cells in runs.values() for n in cells},
+                     key=lambda column: (column[0] == "words", column[1]))  # fmt: skip
+    header = [LONGBENCH_E_BUCKETS[n] if axis == "words" else _label(n) for axis, n in columns]
+    table = [
+        [label, run, *(f"{runs[run][n]:.2f}" if a == axis and n in runs[run] else "" for a, n in columns)]
+        for (label, axis), runs in board.items()
+        for run in sorted(runs)
+    ]
+    return markdown_table(["benchmark (metric)", "run", *header], table)
+
+
 def checkpoint_means(rows: list[ResultRow]) -> dict[str, dict[int, float]]:
     """run -> step -> the checkpoint's RULER average over lengths (of its per-length task averages)."""
     per_step: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows).items():
+    for (run, step, _length), (mean, _tasks) in per_checkpoint_length_means(rows, RULER).items():
         per_step[run][step].append(mean)
     return {run: {step: statistics.fmean(means) for step, means in steps.items()} for run, steps in per_step.items()}
 
@@ -515,11 +577,19 @@ def build_markdown(
                 "then samples)",
                 seeds_table(rows, groups, logged[0], used),
             )
+        recall = {run for run, _ in ruler_cells(rows, HELMET_RECALL)}
+        if recall:
+            title = f"HELMET Recall (as RULER's, of {', '.join(HELMET_RECALL.tasks)}, where all four are scored)"
+            section(title, ruler_table(rows, {run: infos[run] for run in recall}, {}, HELMET_RECALL))
         section("RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
                 per_task_table(rows))  # fmt: skip
         depth = depth_runs(dirs) if depth is None else depth
         if depth:
             section(DEPTH_TITLE, *depth_sections(depth))
+    board = long_context_board(ruler, general)
+    if len(board) > 1:  # RULER alone has its own table
+        section("Long context by length (each benchmark in its own metric and units; mean over checkpoints)",
+                board_table(board))  # fmt: skip
     for name, summaries in others.items():
         default = "General tasks" if name == "general" else name
         title = next((s["title"] for s in summaries if isinstance(s.get("title"), str)), default)  # the benchmark's own
@@ -570,6 +640,7 @@ PLOT_STEMS = (
     "general",
     "niah-depth",
     "niah-depth-difference",
+    "long-context",
 )  # write_leaderboard's figures, .png and .svg
 
 
@@ -613,6 +684,9 @@ def write_leaderboard(
     if general:
         shown = [one for summary in general for one in shown_rows(summary)]
         written += plots.general_bars(benchmark_cells(shown, "\n"), plots_dir / "general")
+    board = long_context_board(ruler, general)
+    if len(board) > 1:
+        written += plots.long_context(board, plots_dir / "long-context")
     figures = [p for p in written if p.suffix == ".png"]
     if figures:
         markdown += "## Plots\n\n" + "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures) + "\n"

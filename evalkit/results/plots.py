@@ -116,3 +116,22 @@ def depth_heatmaps(grids: dict[str, dict[tuple[int, int], float]], stem: Path, d
         fontsize=11,
     )
     return write_figure(figure, stem)
+
+
+def long_context(board: dict[tuple[str, str], dict[str, dict[int, float]]], stem: Path) -> list[Path]:
+    """The long-context board (leaderboard.long_context_board): one panel per benchmark, its lengths
+    evenly spaced (BABILong's 0K and LongBench-E's word buckets have no place on a log axis)."""
+    from evalkit.general.rows import LONGBENCH_E_BUCKETS
+
+    figure, panels = new_figure(4.2 * len(board), columns=len(board))
+    for axes, ((label, axis), runs) in zip(panels, board.items()):  # the leaderboard draws two or more
+        lengths = sorted({n for cells in runs.values() for n in cells})
+        for run in sorted(runs):
+            shown = [n for n in lengths if n in runs[run]]
+            axes.plot([lengths.index(n) for n in shown], [runs[run][n] for n in shown], marker="o", label=run)
+        names = [LONGBENCH_E_BUCKETS[n] if axis == "words" else length_label(n) for n in lengths]
+        axes.set_xticks(range(len(lengths)), names)
+        axes.set(title=label, xlabel=f"context length ({axis})")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7)
+    return write_figure(figure, stem)

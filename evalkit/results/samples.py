@@ -1,7 +1,7 @@
 """Per-sample scores of stored evaluations, read back for `evalkit compare` (never re-running).
 
     <out>/<run>/step-<N>/ruler/<task>/<length>[.<encoding>].jsonl   RULER: index, references, prompt_sha, score
-    <out>/<run>/step-<N>/general/<task>.samples.jsonl              lm-eval: doc_id, doc/target/prompt hashes, metrics
+    <out>/<run>/step-<N>/general/<task>[/<length>].samples.jsonl   lm-eval: doc_id, doc/target/prompt hashes, metrics
     <out>/<run>/step-<N>/ppl/ppl/<length>.jsonl                    perplexity: doc, text_sha, tokens, nll
 
 Keyed by series (`ResultRow.series`) and cell. Each sample carries its identity and prompt hash,
@@ -26,9 +26,10 @@ from evalkit.store.sample_log import CHECKSUM, KEY, record_checksum
 PPL_SUMMARY = summary_name("ppl")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Cell:
-    """One number of a series: RULER's task at a length, or an lm-eval task's metric under a filter."""
+    """One number of a series: RULER's task at a length, or an lm-eval task's metric under a filter
+    (at a length: BABILong's, a LongBench-E bucket)."""
 
     benchmark: str
     task: str
@@ -36,8 +37,13 @@ class Cell:
     metric: str
     filter: str | None = None
 
+    def __lt__(self, other: Cell) -> bool:
+        """In field order, a task's cell without a length before those with one."""
+        key = lambda c: (c.benchmark, c.task, c.length is not None, c.length or 0, c.metric, c.filter or "")  # noqa: E731
+        return key(self) < key(other)
+
     def label(self) -> str:
-        if self.length is not None:
+        if self.length is not None and self.benchmark != "general":  # RULER's or ppl's one metric
             return self.task
         return f"{self.task} {self.metric}" + (f" ({self.filter})" if self.filter not in (None, "none") else "")
 
@@ -240,17 +246,19 @@ def _general_cells(summary: dict, directory: Path):
     """lm-eval tasks scored per document (acc, acc_norm, exact_match ...): the leaf tasks' rows
     whose value is the mean of the per-document values; other metrics (perplexity, a group's
     aggregate) have no per-sample form to compare and are left out."""
-    per_task: dict[tuple[str, str, str | None], dict[int, LoggedSample]] = {}
-    for log in sorted((directory / "general").glob("*.samples.jsonl")):
+    per_task: dict[tuple[str, str, str | None, int | None], dict[int, LoggedSample]] = {}
+    for log in sorted((directory / "general").rglob("*.samples.jsonl")):
         for record in _read_log(log):
             identity = json.dumps([record.get("doc_hash"), record.get("target_hash")])
             for metric, value in (record.get("metrics") or {}).items():
                 if isinstance(value, bool | int | float):
-                    key = (record["task"], metric, record.get("filter"))
                     sample = LoggedSample(float(value), identity, record.get("prompt_hash"))
-                    per_task.setdefault(key, {})[int(record["doc_id"])] = sample
+                    for length in {None, record.get("length")}:  # a LongBench-E bucket's samples are also its task's
+                        per_task.setdefault((record["task"], metric, record.get("filter"), length), {})[
+                            int(record["doc_id"])
+                        ] = sample
     for row in summary_rows(summary):
-        samples = per_task.get((row.task, row.metric, row.filter))
+        samples = per_task.get((row.task, row.metric, row.filter, row.length))
         if row.value is None or not samples:
             continue
         if not math.isclose(mean_score(samples), row.value, rel_tol=1e-9, abs_tol=1e-9):

@@ -1,4 +1,4 @@
-"""RULER's data layer: the 13 synthetic long-context tasks, sized per tokenizer, scored, cached.
+"""RULER's data layer: the 13 synthetic long-context tasks (and HELMET's json_kv), sized per tokenizer, scored, cached.
 
 from evalkit.ruler import TASKS, generate, score, load_or_generate
 samples = load_or_generate("niah_single_1", tokenizer, 4096, 500)

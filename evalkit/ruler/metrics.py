@@ -3,12 +3,17 @@
 A prediction is stripped and its control characters [\\x00-\\x1f] become newlines before matching;
 references match case-insensitively as substrings. string_match_all credits the share of
 references found, string_match_part credits 1 when any reference is found (QA).
+
+json_kv is scored as HELMET scores it (utils.py substring_exact_match_score, normalize_answer,
+parse_output; data.py load_json_kv's post_process): a reference found in the prediction after
+both are normalized, in the raw prediction or in the line after "corresponding value:".
 """
 
 from __future__ import annotations
 
 import re
 import statistics
+import string
 from collections.abc import Sequence
 
 from evalkit.ruler.spec import TaskSpec, as_spec
@@ -31,8 +36,31 @@ def match_part(prediction: str, references: Sequence[str]) -> float:
     return max(1.0 if ref.lower() in text else 0.0 for ref in references)
 
 
+def normalize_answer(text: str) -> str:
+    """Lower-cased, without punctuation nor the articles a/an/the, whitespace collapsed (HELMET, after SQuAD)."""
+    kept = "".join(char for char in text.lower() if char not in string.punctuation)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", kept).split())
+
+
+def parse_output(output: str, prefix: str) -> str:
+    """The rest of the line after `prefix` (case-insensitive), else the first line; stripped, and
+    a repeat of the prefix at its start dropped (chat models echo it)."""
+    found = re.search(f"{re.escape(prefix)}(.*)", output, re.IGNORECASE) or re.match("(.*)", output)
+    assert found is not None  # "(.*)" matches any text
+    return re.sub(f"^{re.escape(prefix)}", "", found[1].strip(), flags=re.IGNORECASE).strip()
+
+
+def substring_exact_match(prediction: str, references: Sequence[str]) -> float:
+    """1 when a normalized reference is in the normalized prediction, as is or parsed (parse_output)."""
+    texts = [normalize_answer(text) for text in (prediction, parse_output(prediction, "corresponding value:"))]
+    return max(1.0 if normalize_answer(ref) in text else 0.0 for ref in references for text in texts)
+
+
+_METRICS = {"all": match_all, "part": match_part, "subem": substring_exact_match}
+
+
 def _metric(spec: TaskSpec):
-    return match_part if spec.metric == "part" else match_all
+    return _METRICS[spec.metric]
 
 
 def sample_score(task: str | TaskSpec, prediction: str, references: Sequence[str]) -> float:

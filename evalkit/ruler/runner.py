@@ -24,7 +24,7 @@ from evalkit.ruler.encoding import DEFAULT_DOC_TOKENS, split_sample
 from evalkit.ruler.fitting import DEFAULT_SIZING, check_sizing
 from evalkit.ruler.metrics import sample_score, score, standard_error
 from evalkit.ruler.prompt import BASE, PromptFormat
-from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, TASKS, TaskSpec, task_spec
+from evalkit.ruler.spec import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, GROUPS, SPECS, TASKS, TaskSpec, task_spec
 from evalkit.store.identity import COUNT, EXECUTION, LOCATION, SELECTION, identity_key, setting
 from evalkit.store.provenance import stamp
 from evalkit.store.result_format import STANDARD, ResultRow, encoding_label, row_encoding, row_record
@@ -89,14 +89,14 @@ class RulerSettings:
 
 
 def parse_ruler_tasks(text: str) -> list[str]:
+    """--tasks: all (RULER's 13), task names and groups (GROUPS), each task once in the order given."""
     if text.strip().lower() == "all":
         return list(TASKS)
-    names = parse_list(text)
-    unknown = [name for name in names if name not in TASKS]
+    names = list(dict.fromkeys(task for name in parse_list(text) for task in GROUPS.get(name, (name,))))
+    unknown = [name for name in names if name not in SPECS]
     if unknown or not names:
-        raise UserError(
-            f"unknown RULER task {unknown[0] if unknown else text!r}; use all or any of: {', '.join(TASKS)}"
-        )
+        choices = ", ".join([*GROUPS, *SPECS])
+        raise UserError(f"unknown RULER task {unknown[0] if unknown else text!r}; use all or any of: {choices}")
     return names
 
 
@@ -276,10 +276,10 @@ class RulerBenchmark(Benchmark):
         return _with_earlier_cells(summary, earlier)
 
     def average(self, rows: list[ResultRow]) -> Averages:
-        from evalkit.store.averages import average_table, length_averages
+        from evalkit.store.averages import average_table, category_averages
 
         conditions = "Mean ± population std over each run's checkpoints of the per-length task average."
-        return Averages([asdict(average) for average in length_averages(rows)], average_table(rows), conditions)
+        return Averages([asdict(average) for average in category_averages(rows)], average_table(rows), conditions)
 
 
 def _cell_name(row: dict) -> str:

@@ -1,8 +1,10 @@
-"""The RULER benchmark definition: the 13 tasks, their prompt templates, budgets and metrics.
+"""The RULER benchmark definition: the 13 tasks, their prompt templates, budgets and metrics;
+and HELMET's JSON-KV, run by the same pipeline (not one of RULER's 13, nor in its average).
 
-Everything here is reproduced from NVIDIA/RULER (scripts/synthetic.yaml,
-scripts/data/synthetic/constants.py, scripts/eval/synthetic/constants.py). The template
-strings are benchmark definitions and must stay byte-exact.
+RULER's is reproduced from NVIDIA/RULER (scripts/synthetic.yaml,
+scripts/data/synthetic/constants.py, scripts/eval/synthetic/constants.py), JSON-KV's from
+princeton-nlp/HELMET (data.py load_json_kv, configs/recall_short.yaml). The template strings are
+benchmark definitions and must stay byte-exact.
 """
 
 from __future__ import annotations
@@ -74,6 +76,14 @@ QA_TEMPLATE = (
 QA_PREFIX = " Answer:"
 QA_DOCUMENT = "Document {i}:\n{document}"
 
+# HELMET's user template; the answer prefix is its system template after the "\n" its prompt_template adds.
+JSON_KV_TEMPLATE = (
+    "{context}\n\nExtract the value corresponding to the specified key in the JSON object below.\n\n"
+    "{demos}Key: {question}"
+)
+JSON_KV_PREFIX = "\nCorresponding value:"
+JSON_KV_DEMO = "Key: {key}\nCorresponding value:{value}"
+
 # generator kind -> (template, answer prefix, max new tokens)
 TEMPLATES: Mapping[str, tuple[str, str, int]] = MappingProxyType(
     {
@@ -82,6 +92,7 @@ TEMPLATES: Mapping[str, tuple[str, str, int]] = MappingProxyType(
         "common_words_extraction": (CWE_TEMPLATE, CWE_PREFIX, 120),
         "freq_words_extraction": (FWE_TEMPLATE, FWE_PREFIX, 50),
         "qa": (QA_TEMPLATE, QA_PREFIX, 32),
+        "json_kv": (JSON_KV_TEMPLATE, JSON_KV_PREFIX, 100),
     }
 )
 
@@ -93,8 +104,8 @@ DEFAULT_SEED = 42
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    kind: str  # the generator: niah, variable_tracking, common_words_extraction, freq_words_extraction, qa
-    metric: str  # "all" (string_match_all) or "part" (string_match_part)
+    kind: str  # the generator (kinds.KINDS)
+    metric: str  # "all", "part" or "subem" (METRIC_NAMES)
     params: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -111,8 +122,11 @@ class TaskSpec:
 
     @property
     def metric_name(self) -> str:
-        """The metric a result row names, as NVIDIA's scorer calls it: string_match_all or string_match_part."""
-        return f"string_match_{self.metric}"
+        """The metric a result row names, as NVIDIA's (or HELMET's) scorer calls it."""
+        return METRIC_NAMES[self.metric]
+
+
+METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part", "subem": "substring_exact_match"}
 
 
 def _niah(name: str, haystack: str, key: str, value: str, keys: int = 1, values: int = 1, queries: int = 1):
@@ -141,17 +155,23 @@ SPECS: Mapping[str, TaskSpec] = MappingProxyType(
             TaskSpec("fwe", "freq_words_extraction", "all", MappingProxyType({"alpha": 2.0, "coded_wordlen": 6})),
             TaskSpec("qa_1", "qa", "part", MappingProxyType({"dataset": "squad"})),
             TaskSpec("qa_2", "qa", "part", MappingProxyType({"dataset": "hotpotqa"})),
+            TaskSpec("json_kv", "json_kv", "subem", MappingProxyType({"shots": 2})),  # HELMET's configs/recall*.yaml
         )
     }
 )
-assert tuple(SPECS) == TASKS
+OTHER_TASKS = ("json_kv",)  # run like RULER's tasks, never in RULER's average (--tasks all is RULER's 13)
+assert tuple(SPECS) == TASKS + OTHER_TASKS
+# --tasks groups: HELMET's Recall category (configs/recall.yaml), averaged per length where all four are scored.
+GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"helmet_recall": ("niah_multikey_2", "niah_multikey_3", "niah_multivalue", "json_kv")}
+)
 
 
 def task_spec(task: str) -> TaskSpec:
     from evalkit.errors import UserError
 
     if task not in SPECS:
-        raise UserError(f"unknown RULER task {task!r}: choose from {', '.join(TASKS)}")
+        raise UserError(f"unknown RULER task {task!r}: choose from {', '.join(SPECS)}")
     return SPECS[task]
 
 

@@ -1,9 +1,5 @@
-"""`--executor ray` (docs/scaling-out.md): the pipeline's units computed on a Ray cluster's workers.
-
-The driver is the one writer under --out: workers hand their writes to a Ray actor (Inbox; Ray
-runs one caller's calls to an actor in order) that the driver empties into --out every second.
-A dead worker's group is retried from the per-sample logs, whatever else its attempt sends dropped,
-so no sample is written twice; a Skipped unit is a value, never retried or a failure.
+"""`--executor ray` (docs/scaling-out.md): the pipeline's units computed on a Ray cluster's workers,
+the driver the one writer under --out (workers hand their writes to an Inbox actor it empties).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A minimal long-context continued-pretraining loop producing checkpoints under every paradigm."""
 
-from evalkit.train.config import TrainConfig, load_recipe
+from evalkit.train.config import load_recipe
 
-__all__ = ["TrainConfig", "load_recipe", "train"]
+__all__ = ["load_recipe", "train"]
 
 
 def train(*args, **kwargs):

@@ -1,8 +1,6 @@
 """One code path for 1 process and for torchrun: FSDP2 (fully_shard) when WORLD_SIZE > 1 or in a
-process group the caller joined (NCCL on CUDA, gloo on CPU); checkpoints hold full state dicts on
-CPU, so any world size loads what any other wrote. Rank 0 alone reads and writes weights while the
-others wait in a gloo group with its own timeout (checkpoint.io_timeout_minutes): in the training
-group NCCL's 10-minute watchdog would kill the job at the first slow save (docs/training.md).
+process group the caller joined; rank 0 alone reads and writes weights, the others waiting in a
+gloo group of their own (docs/training.md's "Distributed").
 """
 
 from __future__ import annotations

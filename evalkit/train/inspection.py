@@ -110,13 +110,11 @@ def mask_image(window: PackedSequence, tokens: int, palette: list) -> torch.Tens
 def mask_png(config: TrainConfig, packed: list[PackedSequence], tokens: int) -> bytes:
     """One panel per window, as the paper's Figure 2 (matplotlib's Agg canvas, imported here)."""
     from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     # tab20 pairs a dark and a light shade of each hue: the dark ones first, so neighbours differ.
     palette = [colormaps["tab20"](i) for i in (*range(0, 20, 2), *range(1, 20, 2))]
     figure = Figure(figsize=(4.2 * len(packed), 4.6), layout="constrained")
-    FigureCanvasAgg(figure)  # the Agg backend, without touching pyplot's global state
     for k, window in enumerate(packed):
         axes = figure.add_subplot(1, len(packed), k + 1)
         image = mask_image(window, tokens, palette)

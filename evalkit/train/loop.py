@@ -199,7 +199,7 @@ def optimizer_step(
 ) -> float:
     """Optimizer step `step` on the global batch `windows`, the same for any number of processes and
     micro-batches (module docstring); returns its mean loss per target token. A non-finite loss or
-    gradient stops training before the weights change (_check_finite)."""
+    gradient stops training before the weights change."""
     mine = windows[ctx.rank :: ctx.world_size]
     num_targets = max(1, sum(int(w.loss_mask[1:].sum()) for w in windows))
     loss_sum = torch.zeros((), device=ctx.device)
@@ -215,7 +215,10 @@ def optimizer_step(
             loss_sum += micro_loss.detach()
     grad_norm = _grad_norm(model, config.optim.grad_clip)
     loss = float(distributed.all_reduce_sum(loss_sum, ctx)) / num_targets
-    _check_finite(step, loss, grad_norm)
+    # A NaN gradient can poison the weights while the loss is still finite; both values are global,
+    # so every rank stops together.
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise _diverged(step, f"loss {loss:.4g}, gradient norm {grad_norm:.4g}; not applied")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss
@@ -229,13 +232,6 @@ def _grad_norm(model, grad_clip: float | None) -> float:
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor, reduced here
-
-
-def _check_finite(step: int, loss: float, grad_norm: float) -> None:
-    """Stop before a non-finite loss or gradient reaches the weights (a NaN gradient can poison
-    them while the loss is still finite). Both values are global, so every rank stops together."""
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise _diverged(step, f"loss {loss:.4g}, gradient norm {grad_norm:.4g}; not applied")
 
 
 def _diverged(step: int, what: str) -> UserError:
@@ -367,7 +363,10 @@ def _train(
     model, optimizer, scheduler = build_training(config, tokenizer, ctx, initial_weights=point is None)
     step, tokens_seen = _restore(point, model, optimizer, scheduler, stream, ctx)
     _prepare_run_dir(run_dir, metrics, ctx)
-    _announce_attention(config, model, tokenizer, ctx)
+    if ctx.is_main:
+        print(f"attention: evalkit's {_attention_name(model)} implementation, {config.dtype}", file=sys.stderr)
+        if config.paradigm.has_anchor:  # anchor, anchor_tag, anchor_interleaved
+            print(anchor_note(tokenizer), file=sys.stderr)
     meta_base = _checkpoint_meta(config, model, tokenizer, source, ctx)
     run = _Run(config, ctx, run_dir, tokenizer, stream, model, optimizer, scheduler, meta_base)
     try:
@@ -436,13 +435,6 @@ def _attention_name(model: MaskedLMLoss) -> str:
     return HF_NAMES.get(implementation, implementation)
 
 
-def _announce_attention(config: TrainConfig, model: MaskedLMLoss, tokenizer, ctx: distributed.DistContext) -> None:
-    if ctx.is_main:
-        print(f"attention: evalkit's {_attention_name(model)} implementation, {config.dtype}", file=sys.stderr)
-        if config.paradigm.has_anchor:  # anchor, anchor_tag, anchor_interleaved
-            print(anchor_note(tokenizer), file=sys.stderr)
-
-
 def _checkpoint_meta(config: TrainConfig, model: MaskedLMLoss, tokenizer, source, ctx) -> dict:
     return {
         "paradigm": config.paradigm.value,
@@ -481,17 +473,13 @@ def _train_steps(run: _Run, step: int, tokens_seen: int, show_progress: bool) ->
             tokens_seen += tokens_per_step
             tokens_per_s = tokens_per_step / step_s  # the model's speed, not packing's
             record = {"step": step, "loss": loss, "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": tokens_per_s}
-            _log_step(run, {**record, "step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen})
+            record |= {"step_s": step_s, "data_s": data_s, "tokens_seen": tokens_seen}
+            if ctx.is_main:  # one line of the metrics log (a step is logged before it is saved)
+                with naming(run.run_dir / METRICS), (run.run_dir / METRICS).open("a") as log:
+                    log.write(json.dumps(record) + "\n")
             bar.update(task, completed=step, loss=loss, tps=tokens_per_s)
             if step in save_steps or step % config.checkpoint.every == 0:
                 _save(run, step, tokens_seen)
-
-
-def _log_step(run: _Run, record: dict) -> None:
-    """One line of the metrics log, appended by rank 0 (a step is logged before it is saved)."""
-    if run.ctx.is_main:
-        with naming(run.run_dir / METRICS), (run.run_dir / METRICS).open("a") as log:
-            log.write(json.dumps(record) + "\n")
 
 
 def _timed_step(model, optimizer, scheduler, windows, config: TrainConfig, ctx, autocast) -> tuple[float, float]:

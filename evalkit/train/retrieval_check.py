@@ -1,9 +1,6 @@
-"""Has a model learned in-context retrieval? Answer-token accuracy on held-out synthetic documents.
-
-RULER scores stay at 0 until a model retrieves well enough to reproduce a whole value, so they
-cannot guide the tuning of a small training recipe; this finer signal (docs/training.md) compares
-the answer digits with the control, the same value where it is first stated (unpredictable): a
-model that retrieves scores well above the control on answers, one that does not, the same.
+"""Has a model learned in-context retrieval? Answer-token accuracy on held-out synthetic documents,
+beside the same value's first statement (unpredictable) as the control: docs/training.md's finer
+signal than RULER, which stays at 0 until whole values come out right.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""evalkit's vLLM plugin: AnchorAttention packed requests and RoPE precision options, without forking vLLM.
+"""evalkit's vLLM plugin (docs/vllm.md): AnchorAttention packed requests and RoPE options, without forking vLLM.
 
-`register()` is the `vllm.general_plugins` entry point (vLLM calls it in every process it
-starts). It registers, by import path so that nothing heavy is imported until used:
-
-- model classes for evalkit's checkpoints (ARCHITECTURES: vLLM's Llama, Qwen2 and Mistral with
-  rope.py's options: FP32 rotation with one rounding, a constant position shift);
-- a backend adding packed multi-document requests (anchor_backend.py): vLLM's FlashAttention
-  backend as the CUSTOM backend on CUDA (attention_backend="CUSTOM"); on CPU, vLLM's CPU backend
-  in the CPU_ATTN slot (which the CPU platform always uses), only in processes started for
-  packed requests (EVALKIT_VLLM_PACKED=1, set by evalkit's engine).
-
-A packed request carries its segments in SamplingParams.extra_args (packing.py), which the TRACKER
-logits processor hands to the backend (tracker.py); what a caller must pass vLLM: docs/vllm.md's end.
-kernels.py and cache_layout.py need no vLLM (tests/gpu/test_vllm_kernels.py).
+`register()` is the `vllm.general_plugins` entry point (vLLM calls it in every process it starts). It
+registers, by import path so that nothing heavy is imported until used, evalkit's model classes
+(ARCHITECTURES, with rope.py's options) and the packed-request backend (anchor_backend.py): the CUSTOM
+backend on CUDA; on CPU the CPU_ATTN slot, only in processes started for packed requests
+(PACKED_ENVIRONMENT). A packed request's segments travel in SamplingParams.extra_args (packing.py),
+which the TRACKER logits processor hands to the backend (tracker.py).
 """
 
 from __future__ import annotations

@@ -28,9 +28,6 @@ IMPLEMENTATIONS = ("flex", "blocked", "dense")
 FLEX_BLOCK_SIZE = 128  # FlexAttention's default tile: the BlockMask granularity
 
 
-# ----------------------------------------------------------------------------- layouts
-
-
 def anchor_document_ids(anchor_length: int, document_lengths: Sequence[int]) -> torch.Tensor:
     """Document ids [anchor_length + sum(document_lengths)]: ANCHOR_DOC_ID for the anchor, 1.. per
     document (lengths as PackedSegments checks them)."""
@@ -43,9 +40,6 @@ def gather_paged(cache_NBHD: torch.Tensor, block_table_row: torch.Tensor, length
     positions = torch.arange(length, device=cache_NBHD.device)
     block_size = cache_NBHD.shape[1]
     return cache_NBHD[block_table_row.to(cache_NBHD.device)[positions // block_size].long(), positions % block_size]
-
-
-# ----------------------------------------------------------------------------- flex
 
 
 def _block_ranges(doc_ids_L: torch.Tensor, start: int, stop: int, block_size: int):
@@ -118,9 +112,6 @@ def anchor_block_mask(
         mask_mod=anchor_mask_mod(doc_ids_L, num_queries),
         seq_lengths=(num_queries, length),
     )
-
-
-# ----------------------------------------------------------------------------- compiled up front
 
 
 def shape_class(num_queries: int, length: int, block: int = FLEX_BLOCK_SIZE) -> tuple[bool, ...]:
@@ -240,9 +231,6 @@ def _as_vllm_serves():
         torch.set_default_dtype(previous)
         for mode in modes:
             _push_mode(mode)
-
-
-# ----------------------------------------------------------------------------- entry points
 
 
 def anchor_attention(

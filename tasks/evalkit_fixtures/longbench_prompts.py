@@ -43,6 +43,10 @@ def hotpotqa(doc: dict) -> str:
     return _prompt("hotpotqa", doc)
 
 
+def hotpotqa_e(doc: dict) -> str:
+    return _prompt("hotpotqa_e", doc)
+
+
 def gov_report(doc: dict) -> str:
     return _prompt("gov_report", doc)
 

@@ -87,7 +87,7 @@ def test_holm_by_hand():
 
 
 def test_holm_is_applied_across_the_cells():
-    cells = [Cell("ruler", f"t{k}", 1024, "m") for k in range(3)]
+    cells = [Cell("ruler", task, 1024, "m") for task in ("niah_single_1", "vt", "cwe")]
     a, b = Series("A"), Series("B")
     for one, shift in ((a, 0.0), (b, 1.0)):
         one.checkpoints[0] = {

@@ -63,6 +63,7 @@ KINDS = {
         TaskKind("common_words_extraction", "evalkit.ruler.kinds.cwe", "CommonWordsTask"),
         TaskKind("freq_words_extraction", "evalkit.ruler.kinds.fwe", "FrequentWordsTask"),
         TaskKind("qa", "evalkit.ruler.kinds.qa", "QaTask"),
+        TaskKind("json_kv", "evalkit.ruler.kinds.json_kv", "JsonKvTask"),
     )
 }
 
