@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.general.rows import length_text  # a LongBench-E bucket in words, else _label
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
@@ -30,6 +29,7 @@ from evalkit.store.result_format import (
     ResultRow,
     describe_checkpoint,
     export_record,
+    length_text,  # a LongBench-E bucket in words, else _label
     not_understood,
     series_name,
     summary_name,
@@ -328,8 +328,7 @@ def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
     """Each long-context benchmark of the summaries per length, named with its metric: RULER's and HELMET Recall's
     task averages (as their tables), LongBench-E's buckets and BABILong's lengths as the mean over
     tasks of each task's mean over checkpoints (LongBench's `score`, BABILong's `acc`)."""
-    from evalkit.general.rows import LONGBENCH_E
-    from evalkit.general.runner import is_babilong
+    from evalkit.store.result_format import LONGBENCH_E, is_babilong
 
     ruler_rows = [row for summary in ruler for row in summary["rows"]]  # encoding_series' summaries
     general_rows = [row for summary in general for row, _ in shown_rows(summary)]
@@ -357,7 +356,7 @@ def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
 
 def board_table(board: Board) -> str:
     """One row per benchmark and run, one column per length (tokens, then LongBench-E's word buckets)."""
-    from evalkit.general.rows import LONGBENCH_E_BUCKETS
+    from evalkit.store.result_format import LONGBENCH_E_BUCKETS
 
     columns = sorted({(axis, n) for (_, axis), runs in board.items() for cells in runs.values() for n in cells},
                      key=lambda column: (column[0] == "words", column[1]))  # fmt: skip

@@ -121,7 +121,7 @@ def depth_heatmaps(grids: dict[str, dict[tuple[int, int], float]], stem: Path, d
 def long_context(board: dict[tuple[str, str], dict[str, dict[int, float]]], stem: Path) -> list[Path]:
     """The long-context board (leaderboard.long_context_board): one panel per benchmark, its lengths
     evenly spaced (BABILong's 0K and LongBench-E's word buckets have no place on a log axis)."""
-    from evalkit.general.rows import LONGBENCH_E_BUCKETS
+    from evalkit.store.result_format import LONGBENCH_E_BUCKETS
 
     figure, panels = new_figure(4.2 * len(board), columns=len(board))
     for axes, ((label, axis), runs) in zip(panels, board.items()):  # the leaderboard draws two or more
