@@ -302,7 +302,9 @@ def _with_earlier_cells(summary: dict, earlier: dict | None) -> dict:
     )
     settings["lengths"] = sorted({*settings["lengths"], *(then["settings"].get("lengths") or [])})
     now["data_keys"] = {**then.get("data_keys", {}), **now["data_keys"]}
-    now["earlier_cells_stamp"] = {key: then.get(key) for key in stamp()}  # who scored the cells kept
+    # Who scored the cells kept: every earlier piece's stamp, oldest first (a summary built length
+    # by length, or task by task, keeps each piece's).
+    now["earlier_cells_stamps"] = [*then.get("earlier_cells_stamps", []), {key: then.get(key) for key in stamp()}]
     summary["rows"] = sorted([*kept_rows, *summary["rows"]], key=cell)
     summary["skipped"] = sorted([*kept_skips, *summary["skipped"]], key=cell)
     return summary

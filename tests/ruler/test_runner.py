@@ -189,6 +189,15 @@ def test_lengths_run_in_pieces_add_up_in_one_summary(tiny_run, tmp_path):
     assert [(r["task"], r["length"]) for r in pieces["rows"]] == [("niah_single_1", 512), ("niah_single_1", 1024)]
     assert pieces["provenance"]["settings"]["lengths"] == [512, 1024]
     assert pieces["provenance"]["data_keys"] == reference["provenance"]["data_keys"]
+    first_stamp = pieces["provenance"]["earlier_cells_stamps"][0]
+    assert first_stamp["command"].endswith(f"--lengths 512 --out {out}")
+    # A third piece (512 again: nothing to compute) keeps both earlier pieces' stamps, oldest first.
+    assert ruler(*common, "--lengths", "512", "--out", str(out)).returncode == 0
+    (again,) = summaries(out).values()
+    assert again["provenance"]["earlier_cells_stamps"] == [
+        first_stamp,
+        {k: pieces["provenance"][k] for k in first_stamp},
+    ]
 
     result = ruler(*common[:-1], "3", "--lengths", "1024", "--out", str(out))
     assert result.returncode == 0, result.stderr
