@@ -19,14 +19,13 @@ from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's HF model default, for tasks whose YAML sets no limit
 REQUESTS_PER_CALL = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
 
-RequestProgress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
-
 
 class EngineLM(LM):
     def __init__(self, engine: Engine, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
-        self.progress: RequestProgress = lambda _kind, _done, _total: None  # the runner sets it per task
+        # (request type, requests done, requests total); the runner sets it per task
+        self.progress: Callable[[str, int, int], None] = lambda _kind, _done, _total: None
         self.truncate_middle = truncate_middle
         # --too-long middle: per lm-eval task, the documents whose generation prompt was cut, and all seen.
         self.cut: dict[str, set[int]] = {}
