@@ -1,8 +1,6 @@
-"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine: its three
-request types answered by the engine that scores a checkpoint everywhere else in evalkit. Where
-lm-eval's own HF model would silently drop the start of a context over the window, every request
-of a call is checked before anything is computed (RequestsExceedWindow; `--too-long middle`:
-LongBench's truncation, docs/general.md). Import lazily: EngineLM derives from lm_eval's LM.
+"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine. Every request
+of a call is checked against the window before anything is computed (RequestsExceedWindow), where lm-eval's
+HF model would drop a context's start (--too-long: docs/general.md). Import lazily: it derives from lm_eval's LM.
 """
 
 from __future__ import annotations
