@@ -1,8 +1,7 @@
 """lm-eval's result JSON as evalkit's long-form rows (ResultRow), and its per-sample log in compact form.
 `requested` is the name the user asked for (mmlu), `task` the lm-eval task or group the number
 belongs to (mmlu_anatomy, ...): a group's row is lm-eval's own aggregate of its members, never recomputed here.
-A row's length (docs/general.md): the lm-eval call's max_seq_lengths in tokens (BABILong), or a
-LongBench-E bucket's lower bound in words (bucket_rows).
+A row's length: docs/general.md, "A length axis".
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from evalkit.lengths import length_label
 from evalkit.store.result_format import ResultRow
 
 STDERR_MARK = "_stderr"
-# LongBench-E (THUDM/LongBench eval.py, scorer_e): a task's score in three buckets of each document's
-# `length` field, a count of words, not tokens: 0-4k (< 4000), 4-8k (< 8000), 8k+. A bucket is stored
-# as its lower bound in words. Tasks so reported: lm-eval's longbench_<task>_e, evalkit's fixture.
+# LongBench-E's buckets of a document's `length` in words (THUDM/LongBench eval.py scorer_e; docs/general.md):
+# each stored as its lower bound, for lm-eval's longbench_<task>_e and evalkit's fixture.
 LONGBENCH_E_BUCKETS = {0: "0-4k words", 4000: "4-8k words", 8000: "8k+ words"}
 LONGBENCH_E = re.compile(r"\w*longbench\w*_e")
 
@@ -72,18 +70,13 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]], length: int | None
                     **{key: sample.get(key) for key in ("doc", "doc_hash", "prompt_hash", "target_hash")},
                 }
             )
-            bucket = length if length is not None else _bucket(task, sample.get("doc"))
-            if bucket is not None:
-                kept[-1]["length"] = bucket
+            doc = sample.get("doc")  # a LongBench-E document's bucket: the lower bound of its words
+            words = doc.get("length") if LONGBENCH_E.fullmatch(task) and isinstance(doc, dict) else None
+            if length is not None:
+                kept[-1]["length"] = length
+            elif isinstance(words, int | float):
+                kept[-1]["length"] = max(bucket for bucket in LONGBENCH_E_BUCKETS if bucket <= words)
     return kept
-
-
-def _bucket(task: str, doc: Any) -> int | None:
-    """A LongBench-E document's bucket (the lower bound of its words), None for any other."""
-    words = doc.get("length") if LONGBENCH_E.fullmatch(task) and isinstance(doc, dict) else None
-    if not isinstance(words, int | float):
-        return None
-    return max(bucket for bucket in LONGBENCH_E_BUCKETS if bucket <= words)
 
 
 def length_text(task: str, length: int | None) -> str:
