@@ -27,7 +27,6 @@ class Category:
 
 RULER = Category("RULER", TASKS)
 HELMET_RECALL = Category("HELMET Recall", GROUPS["helmet_recall"], complete=True)
-CATEGORIES = (RULER, HELMET_RECALL)
 
 
 def over_checkpoints(by_step: dict[int, float]) -> tuple[float, float]:
@@ -67,7 +66,7 @@ def per_checkpoint_length_means(
 
 def shown_categories(rows: list[ResultRow]) -> list[Category | None]:
     """The categories with an average in `rows`; none of them: [None] (tasks of no category, json_kv alone)."""
-    return [category for category in CATEGORIES if per_checkpoint_length_means(rows, category)] or [None]
+    return [category for category in (RULER, HELMET_RECALL) if per_checkpoint_length_means(rows, category)] or [None]
 
 
 def category_averages(rows: list[ResultRow]) -> list[RunAverage]:
