@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 import statistics
 from dataclasses import replace
 from typing import Any
 
-from evalkit.lengths import length_label
-from evalkit.store.result_format import ResultRow
+from evalkit.store.result_format import LONGBENCH_E, LONGBENCH_E_BUCKETS, ResultRow
 
 STDERR_MARK = "_stderr"
-# LongBench-E's buckets of a document's `length` in words (THUDM/LongBench eval.py scorer_e; docs/general.md):
-# each stored as its lower bound, for lm-eval's longbench_<task>_e and evalkit's fixture.
-LONGBENCH_E_BUCKETS = {0: "0-4k words", 4000: "4-8k words", 8000: "8k+ words"}
-LONGBENCH_E = re.compile(r"\w*longbench\w*_e")
 
 
 def result_rows(results: dict[str, Any], requested: str, run: str, step: int) -> list[ResultRow]:
@@ -77,13 +71,6 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]], length: int | None
             elif isinstance(words, int | float):
                 kept[-1]["length"] = max(bucket for bucket in LONGBENCH_E_BUCKETS if bucket <= words)
     return kept
-
-
-def length_text(task: str, length: int | None) -> str:
-    """A general row's length as tables show it: a LongBench-E bucket in words, else tokens (4K)."""
-    if length is None:
-        return "–"
-    return LONGBENCH_E_BUCKETS[length] if LONGBENCH_E.fullmatch(task) else length_label(length)
 
 
 def bucket_rows(rows: list[ResultRow], samples: list[dict[str, Any]]) -> list[ResultRow]:

@@ -21,7 +21,7 @@ from evalkit.general.errors import RequestsExceedWindow
 from evalkit.models.refs import CheckpointRef
 from evalkit.store.identity import EXECUTION, SELECTION, identity_key, setting
 from evalkit.store.provenance import stamp
-from evalkit.store.result_format import ResultRow, read_row, row_record
+from evalkit.store.result_format import ResultRow, is_babilong, read_row, row_record
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from evalkit.sweep.pipeline import Averages, Benchmark, Unit, UnitProgress, UnitResult
@@ -77,11 +77,6 @@ class GeneralSettings:
             raise UserError(f"--babilong-lengths {','.join(self.babilong_lengths)} names a length twice")
         if self.babilong_lengths and not any(map(is_babilong, self.tasks)):
             raise UserError("--babilong-lengths applies to BABILong tasks (babilong_qa1, ...): none is in --tasks")
-
-
-def is_babilong(task: str) -> bool:
-    """lm-eval's BABILong tasks and groups (babilong_qa1, babilong_longctx) and evalkit's fixture of them."""
-    return "babilong" in task
 
 
 def babilong_length(text: str) -> int:

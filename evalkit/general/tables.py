@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from evalkit.general.rows import length_text
 from evalkit.markdown import markdown_table
 from evalkit.store.averages import over_checkpoints
-from evalkit.store.result_format import ResultRow
+from evalkit.store.result_format import ResultRow, length_text
 
 AVERAGE_KEY = ("run", "requested", "task", "metric", "filter", "num_fewshot", "length")
 

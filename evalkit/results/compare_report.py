@@ -7,10 +7,10 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from evalkit.general.rows import length_text  # a LongBench-E bucket in words, else cell_length_label
 from evalkit.lengths import length_label as label_of_length
 from evalkit.markdown import markdown_table
 from evalkit.results.compare import LOWER_IS_BETTER, Comparison, Difference, EffectiveLength, significant
+from evalkit.store.result_format import length_text  # a LongBench-E bucket in words, else cell_length_label
 
 
 def cell_length_label(length: int | None) -> str:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evalkit.errors import UserError
-from evalkit.general.rows import length_text  # a LongBench-E bucket in words, else _label
 from evalkit.lengths import length_label as _label  # the one length label, tables and plots alike
 from evalkit.markdown import markdown_table
 from evalkit.results.summaries import FAILED_SUFFIX, GENERAL_SUMMARY, RULER_SUMMARY, not_read_note, summary_files
@@ -30,6 +29,7 @@ from evalkit.store.result_format import (
     ResultRow,
     describe_checkpoint,
     export_record,
+    length_text,  # a LongBench-E bucket in words, else _label
     not_understood,
     series_name,
     summary_name,
@@ -328,8 +328,7 @@ def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
     """Each long-context benchmark of the summaries per length, named with its metric: RULER's and HELMET Recall's
     task averages (as their tables), LongBench-E's buckets and BABILong's lengths as the mean over
     tasks of each task's mean over checkpoints (LongBench's `score`, BABILong's `acc`)."""
-    from evalkit.general.rows import LONGBENCH_E
-    from evalkit.general.runner import is_babilong
+    from evalkit.store.result_format import LONGBENCH_E, is_babilong
 
     ruler_rows = [row for summary in ruler for row in summary["rows"]]  # encoding_series' summaries
     general_rows = [row for summary in general for row, _ in shown_rows(summary)]
@@ -357,7 +356,7 @@ def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
 
 def board_table(board: Board) -> str:
     """One row per benchmark and run, one column per length (tokens, then LongBench-E's word buckets)."""
-    from evalkit.general.rows import LONGBENCH_E_BUCKETS
+    from evalkit.store.result_format import LONGBENCH_E_BUCKETS
 
     columns = sorted({(axis, n) for (_, axis), runs in board.items() for cells in runs.values() for n in cells},
                      key=lambda column: (column[0] == "words", column[1]))  # fmt: skip
@@ -538,8 +537,12 @@ def failure_notes(dirs: list[Path]) -> str:
 
 
 def build_markdown(
-    dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None
+    dirs: list[Path], threshold: float | None = None, threshold_from: str | None = None, depth: dict | None = None
 ) -> tuple[str, list[dict], list[dict]]:
+    """`depth`: depth.depth_runs(dirs), if read already."""
+    from evalkit.results.depth import TITLE as DEPTH_TITLE
+    from evalkit.results.depth import depth_runs, depth_sections
+
     unread: list[str] = []
     others = benchmark_summaries(dirs, unread)
     ruler = encoding_series(others.pop("ruler", []))
@@ -579,6 +582,9 @@ def build_markdown(
             section(title, ruler_table(rows, {run: infos[run] for run in recall}, {}, HELMET_RECALL))
         section("RULER per task (mean over checkpoints; one checkpoint: score ± standard error over its samples)",
                 per_task_table(rows))  # fmt: skip
+        depth = depth_runs(dirs) if depth is None else depth
+        if depth:
+            section(DEPTH_TITLE, *depth_sections(depth))
     board = long_context_board(ruler, general)
     if len(board) > 1:  # RULER alone has its own table
         section("Long context by length (each benchmark in its own metric and units; mean over checkpoints)",
@@ -627,7 +633,14 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
 
 
 TITLE = "# Leaderboard"  # the first line of the markdown, by which a rerun knows it as its own
-PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general")  # write_leaderboard's figures, .png and .svg
+PLOT_STEMS = (
+    "ruler-vs-length",
+    "ruler-vs-step",
+    "general",
+    "niah-depth",
+    "niah-depth-difference",
+    "long-context",
+)  # write_leaderboard's figures, .png and .svg
 
 
 def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:
@@ -651,8 +664,10 @@ def write_leaderboard(
 
     from evalkit.files import atomic_write_text
     from evalkit.results import plots
+    from evalkit.results.depth import depth_runs, differences
 
-    markdown, ruler, general = build_markdown(dirs, threshold, threshold_from)
+    depth = depth_runs(dirs)
+    markdown, ruler, general = build_markdown(dirs, threshold, threshold_from, depth)
     plots_dir = plots_dir or out.parent / "plots"
     written = []
     if ruler:
@@ -660,6 +675,11 @@ def write_leaderboard(
         cells = {key: (cell.mean, cell.std) for key, cell in ruler_cells(rows).items()}
         written += plots.ruler_vs_length(cells, plots_dir / "ruler-vs-length")
         written += plots.ruler_vs_step(checkpoint_means(rows), plots_dir / "ruler-vs-step")
+    if depth:
+        written += plots.depth_heatmaps({name: run.grid() for name, run in depth.items()}, plots_dir / "niah-depth")
+    gaps = differences(depth)
+    if gaps:
+        written += plots.depth_heatmaps(gaps, plots_dir / "niah-depth-difference", difference=True)
     if general:
         shown = [one for summary in general for one in shown_rows(summary)]
         written += plots.general_bars(benchmark_cells(shown, "\n"), plots_dir / "general")

@@ -78,10 +78,50 @@ def general_bars(values: dict[tuple[str, str], tuple[float, float | None]], stem
     return write_figure(figure, stem)
 
 
+def depth_heatmaps(grids: dict[str, dict[tuple[int, int], float]], stem: Path, difference: bool = False) -> list[Path]:
+    """One panel per run (or paradigm difference): needle depth down, length across, each cell's value
+    written in it (`grids`: name -> (depth bucket, length) -> percent, as the depth tables show them)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from evalkit.results.depth import BUCKETS, bucket_label
+
+    names = sorted(grids)
+    columns = min(3, len(names))
+    figure = Figure(figsize=(max(6.4, 4.4 * columns), 4.0 * -(-len(names) // columns)))
+    panels = figure.subplots(-(-len(names) // columns), columns, squeeze=False).ravel()
+    extreme = max([1.0, *(abs(v) for grid in grids.values() for v in grid.values())])
+    for axes, name in zip(panels, names):
+        lengths = sorted({n for _, n in grids[name]})
+        values = np.full((BUCKETS, len(lengths)), np.nan)
+        for (bucket, n), value in grids[name].items():
+            values[bucket, lengths.index(n)] = value
+        shown = dict(cmap="RdBu", vmin=-extreme, vmax=extreme) if difference else dict(cmap="RdYlGn", vmin=0, vmax=100)
+        axes.imshow(values, aspect="auto", **shown)
+        for (row, column), value in np.ndenumerate(values):
+            if not np.isnan(value):  # white on the darkest colours
+                dark = abs(value) > 0.6 * extreme if difference else not 15 < value < 85
+                text = f"{value:+.0f}" if difference else f"{value:.0f}"
+                axes.text(column, row, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+        axes.set_xticks(range(len(lengths)), [length_label(n) for n in lengths])
+        axes.set_yticks(range(BUCKETS), [bucket_label(b) for b in range(BUCKETS)], fontsize=7)
+        axes.set(xlabel="context length (tokens)", ylabel="needle depth")
+        axes.set_title(name if len(name) < 48 else name[:45] + "…", fontsize=8)
+    for axes in panels[len(names) :]:
+        axes.set_visible(False)
+    figure.suptitle(
+        "niah: paradigm differences in % of references found (percentage points)"
+        if difference
+        else "niah: % of references found by needle depth (mean over checkpoints)",
+        fontsize=11,
+    )
+    return write_figure(figure, stem)
+
+
 def long_context(board: dict[tuple[str, str], dict[str, dict[int, float]]], stem: Path) -> list[Path]:
     """The long-context board (leaderboard.long_context_board): one panel per benchmark, its lengths
     evenly spaced (BABILong's 0K and LongBench-E's word buckets have no place on a log axis)."""
-    from evalkit.general.rows import LONGBENCH_E_BUCKETS
+    from evalkit.store.result_format import LONGBENCH_E_BUCKETS
 
     figure, panels = new_figure(4.2 * len(board), columns=len(board))
     for axes, ((label, axis), runs) in zip(panels, board.items()):  # the leaderboard draws two or more

@@ -14,25 +14,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from evalkit.store.averages import HELMET_RECALL, RULER
+
 # Bump whenever generated data changes for the same inputs: it is part of the cache key.
 GENERATOR_VERSION = 1
 
-# In NVIDIA's order (scripts/synthetic.yaml).
-TASKS: tuple[str, ...] = (
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-    "qa_1",
-    "qa_2",
-)
+# In NVIDIA's order (scripts/synthetic.yaml); named in store/averages.py, which averages by them.
+TASKS: tuple[str, ...] = RULER.tasks
 
 NIAH_TEMPLATE = (
     "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
@@ -162,9 +150,7 @@ SPECS: Mapping[str, TaskSpec] = MappingProxyType(
 OTHER_TASKS = ("json_kv",)  # run like RULER's tasks, never in RULER's average (--tasks all is RULER's 13)
 assert tuple(SPECS) == TASKS + OTHER_TASKS
 # --tasks groups: HELMET's Recall category (configs/recall.yaml), averaged per length where all four are scored.
-GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"helmet_recall": ("niah_multikey_2", "niah_multikey_3", "niah_multivalue", "json_kv")}
-)
+GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({"helmet_recall": HELMET_RECALL.tasks})
 
 
 def task_spec(task: str) -> TaskSpec:

@@ -15,11 +15,13 @@ Stored rows, the number always as `value` (a summary of another schema_version i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evalkit.files import read_json_object
+from evalkit.lengths import length_label
 
 # The format of every file the pipeline writes (summaries, failure records, averages). Raised when
 # a reader of the old format would misread the new one; readers skip, with a note, any other one.
@@ -232,3 +234,22 @@ def window_start(meta: dict[str, Any]) -> str:
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+# LongBench-E (THUDM/LongBench eval.py, scorer_e): a task's score in three buckets of each document's
+# `length` field, a count of words, not tokens: 0-4k (< 4000), 4-8k (< 8000), 8k+. A bucket is stored
+# as its lower bound in words. Tasks so reported: lm-eval's longbench_<task>_e, evalkit's fixture.
+LONGBENCH_E_BUCKETS = {0: "0-4k words", 4000: "4-8k words", 8000: "8k+ words"}
+LONGBENCH_E = re.compile(r"\w*longbench\w*_e")
+
+
+def is_babilong(task: str) -> bool:
+    """lm-eval's BABILong tasks and groups (babilong_qa1, babilong_longctx) and evalkit's fixture of them."""
+    return "babilong" in task
+
+
+def length_text(task: str, length: int | None) -> str:
+    """A general row's length as tables show it: a LongBench-E bucket in words, else tokens (4K)."""
+    if length is None:
+        return "–"
+    return LONGBENCH_E_BUCKETS[length] if LONGBENCH_E.fullmatch(task) else length_label(length)
