@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 
-def _cell(value: object) -> str:
-    # A "|" inside a cell would split it in two; escaped, it shows as a pipe.
-    text = str(value).replace("|", "\\|")
-    # An empty cell is written `| |`, as the tables of evalkit always wrote their empty note column.
-    return f" {text} " if text else " "
-
-
 def markdown_row(cells: Sequence[object]) -> str:
     """One line, `| a | b |`, of a table printed a row at a time (as soon as it is measured)."""
-    return "|" + "|".join(_cell(cell) for cell in cells) + "|"
+    # A "|" inside a cell would split it in two: escaped, it shows as a pipe. An empty cell is
+    # written `| |`, as the tables of evalkit always wrote their empty note column.
+    texts = (str(cell).replace("|", "\\|") for cell in cells)
+    return "|" + "|".join(f" {text} " if text else " " for text in texts) + "|"
 
 
 def markdown_table(header: Sequence[object], rows: Iterable[Sequence[object]]) -> str:

@@ -69,8 +69,15 @@ def ruler_command(
 
     try:
         parsed_lengths = parse_lengths(lengths)
-    except LengthBeyondLimit as err:  # the model is known: say its window, not evalkit's limit
-        raise _beyond_window(err, [*(ckpts or []), *(paths or [])], max_length) from None
+    except LengthBeyondLimit as err:  # the model is known: say the first checkpoint's window, not evalkit's limit
+        from evalkit.models.refs import resolve_checkpoints
+        from evalkit.sweep.pipeline import beyond_window
+
+        try:
+            why = beyond_window(err.text, resolve_checkpoints([*(ckpts or []), *(paths or [])])[0], max_length)
+        except UserError:  # checkpoints that cannot be resolved: their error comes once the length is mended
+            why = err
+        raise why from None
     settings = settings_from(
         RulerSettings,
         ctx,
@@ -83,16 +90,3 @@ def ruler_command(
     options.run_command(
         benchmark, checkpoint_table, out, paths, ckpts, last, avg, shard, executor, ray_address, ray_resources
     )
-
-
-def _beyond_window(err: LengthBeyondLimit, paths: list[str], max_length: int | None) -> UserError:
-    """A length above evalkit's limit, said against the first checkpoint's window (the limit's own
-    message when the checkpoints cannot be resolved: their error comes once the length is mended)."""
-    from evalkit.models.refs import resolve_checkpoints
-    from evalkit.sweep.pipeline import beyond_window
-
-    try:
-        ref = resolve_checkpoints(paths)[0]
-        return beyond_window(err.text, ref, max_length)
-    except UserError:
-        return err

@@ -1,8 +1,6 @@
-"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine: its three
-request types answered by the engine that scores a checkpoint everywhere else in evalkit. Where
-lm-eval's own HF model would silently drop the start of a context over the window, every request
-of a call is checked before anything is computed (RequestsExceedWindow; `--too-long middle`:
-LongBench's truncation, docs/general.md). Import lazily: EngineLM derives from lm_eval's LM.
+"""lm-evaluation-harness's model interface (`lm_eval.api.model.LM`) over an evalkit engine. Every request
+of a call is checked against the window before anything is computed (RequestsExceedWindow), where lm-eval's
+HF model would drop a context's start (--too-long: docs/general.md). Import lazily: it derives from lm_eval's LM.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ from evalkit.general.errors import RequestsExceedWindow, TaskCannotRun
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's HF model default, for tasks whose YAML sets no limit
 REQUESTS_PER_CALL = 512  # requests per engine call: the unit of progress reports (the engine batches within it)
 
-RequestProgress = Callable[[str, int, int], None]  # (request type, requests done, requests total)
-
 
 class EngineLM(LM):
     def __init__(self, engine: Engine, truncate_middle: bool = False) -> None:
         super().__init__()
         self.engine = engine
-        self.progress: RequestProgress = lambda _kind, _done, _total: None  # the runner sets it per task
+        # (request type, requests done, requests total); the runner sets it per task
+        self.progress: Callable[[str, int, int], None] = lambda _kind, _done, _total: None
         self.truncate_middle = truncate_middle
         # --too-long middle: per lm-eval task, the documents whose generation prompt was cut, and all seen.
         self.cut: dict[str, set[int]] = {}

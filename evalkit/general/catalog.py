@@ -65,10 +65,17 @@ class TaskCatalog:
         """(shots to ask lm-eval for, where that number comes from); None keeps the task's default."""
         if given is not None:
             return given, "given"
-        standard = self._standard_name(name)
-        if standard is not None:
-            return STANDARD_FEWSHOT[standard], f"evalkit standard for {standard}"
-        return None, "lm-eval default"
+        import lm_eval.tasks
+
+        tasks_dir = Path(lm_eval.tasks.__file__).resolve().parent
+        path = getattr(self.manager.task_index.get(name), "yaml_path", None)  # None: not in the index
+        if name == "hellaswag" and _is_under(path, tasks_dir / "hellaswag"):
+            standard = "hellaswag"
+        elif _is_under(path, tasks_dir / "mmlu" / "default"):  # lm-eval's mmlu group and its parts
+            standard = "mmlu"
+        else:
+            return None, "lm-eval default"
+        return STANDARD_FEWSHOT[standard], f"evalkit standard for {standard}"
 
     def leaf_tasks(self, name: str, seen: frozenset[str] = frozenset()) -> int:
         """How many tasks `name` scores (a group's or tag's leaves; 1 for a task, an unknown name or a
@@ -134,23 +141,6 @@ class TaskCatalog:
         manager.metadata = {"max_seq_lengths": max_seq_length}
         manager._factory = TaskFactory(meta=manager.metadata)
         return manager
-
-    def _standard_name(self, name: str) -> str | None:
-        """'mmlu' for lm-eval's mmlu group and its parts, 'hellaswag' for hellaswag, else None."""
-        entry = self.manager.task_index.get(name)
-        if entry is None or entry.yaml_path is None:
-            return None
-        if name == "hellaswag" and _is_under(entry.yaml_path, _lm_eval_tasks_dir() / "hellaswag"):
-            return "hellaswag"
-        if _is_under(entry.yaml_path, _lm_eval_tasks_dir() / "mmlu" / "default"):
-            return "mmlu"
-        return None
-
-
-def _lm_eval_tasks_dir() -> Path:
-    import lm_eval.tasks
-
-    return Path(lm_eval.tasks.__file__).resolve().parent
 
 
 def _is_under(path: Path | None, folder: Path) -> bool:

@@ -1,8 +1,7 @@
 """lm-eval's result JSON as evalkit's long-form rows (ResultRow), and its per-sample log in compact form.
 `requested` is the name the user asked for (mmlu), `task` the lm-eval task or group the number
 belongs to (mmlu_anatomy, ...): a group's row is lm-eval's own aggregate of its members, never recomputed here.
-A row's length (docs/general.md): the lm-eval call's max_seq_lengths in tokens (BABILong), or a
-LongBench-E bucket's lower bound in words (bucket_rows).
+A row's length: docs/general.md, "A length axis".
 """
 
 from __future__ import annotations
@@ -65,18 +64,13 @@ def compact_samples(samples: dict[str, list[dict[str, Any]]], length: int | None
                     **{key: sample.get(key) for key in ("doc", "doc_hash", "prompt_hash", "target_hash")},
                 }
             )
-            bucket = length if length is not None else _bucket(task, sample.get("doc"))
-            if bucket is not None:
-                kept[-1]["length"] = bucket
+            doc = sample.get("doc")  # a LongBench-E document's bucket: the lower bound of its words
+            words = doc.get("length") if LONGBENCH_E.fullmatch(task) and isinstance(doc, dict) else None
+            if length is not None:
+                kept[-1]["length"] = length
+            elif isinstance(words, int | float):
+                kept[-1]["length"] = max(bucket for bucket in LONGBENCH_E_BUCKETS if bucket <= words)
     return kept
-
-
-def _bucket(task: str, doc: Any) -> int | None:
-    """A LongBench-E document's bucket (the lower bound of its words), None for any other."""
-    words = doc.get("length") if LONGBENCH_E.fullmatch(task) and isinstance(doc, dict) else None
-    if not isinstance(words, int | float):
-        return None
-    return max(bucket for bucket in LONGBENCH_E_BUCKETS if bucket <= words)
 
 
 def bucket_rows(rows: list[ResultRow], samples: list[dict[str, Any]]) -> list[ResultRow]:

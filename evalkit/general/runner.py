@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from evalkit.errors import UserError
 from evalkit.files import read_json_object, refuse_foreign
@@ -25,9 +25,6 @@ from evalkit.store.result_format import ResultRow, is_babilong, read_row, row_re
 from evalkit.store.units import UnitStore
 from evalkit.sweep.engine_choice import EngineChoice, LazyEngine
 from evalkit.sweep.pipeline import Averages, Benchmark, Unit, UnitProgress, UnitResult
-
-if TYPE_CHECKING:
-    from evalkit.models.precision import Serving
 
 # What a document longer than the window costs: its task, itself (left out, counted), or its
 # middle (LongBench's own truncation of generation prompts, counted).
@@ -150,8 +147,11 @@ class GeneralBenchmark(Benchmark):
         return self._plans[unit, path]
 
     def stored(self, unit: Unit, store: UnitStore) -> UnitResult | None:
-        record = _stored_record(store, self.plan(unit, store.ref.path))
-        return None if record is None else _result(record, store, resumed=True)
+        """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
+        key, path = self.plan(unit, store.ref.path).key, store.file(".json")
+        refuse_foreign([path])  # a stale record is replaced: never a file of the user's
+        record = read_json_object(path)
+        return _result(record, store, resumed=True) if record.get("key") == key else None
 
     def evaluate(
         self, engine: LazyEngine, unit: Unit, store: UnitStore, progress: UnitProgress
@@ -231,27 +231,24 @@ def _result(record: dict[str, Any], store: UnitStore, resumed: bool) -> UnitResu
 
 
 def _plan(catalog, name: str, settings: GeneralSettings, path: Path, seq: str | None = None) -> TaskPlan:
-    shots, source = catalog.fewshot(name, settings.num_fewshot)
-    served = EngineChoice(settings.engine, settings.engine_settings).served(path)
-    return TaskPlan(name, seq, shots, source, task_key(settings, name, shots, served, seq))
-
-
-def task_key(settings: GeneralSettings, task: str, shots: int | None, served: Serving, seq: str | None = None) -> str:
-    """What a stored task result must match to be reused: the settings' identity
+    """The plan's key, what a stored task result must match to be reused: the settings' identity
     (evalkit.store.identity), the task with the shots in effect, and the dtype the engine computes in
     (an engine result fact, engines.base.RESULT_FACTS: its default where none is asked for, so
     asking for the default is the same key as asking for none), with a serving unlike a stock one,
     and the max_seq_lengths metadata where given."""
-    asked = {name: value for name, value in settings.engine_settings.items() if name != "dtype"}
-    return identity_key(
+    shots, source = catalog.fewshot(name, settings.num_fewshot)
+    served = EngineChoice(settings.engine, settings.engine_settings).served(path)
+    asked = {key: value for key, value in settings.engine_settings.items() if key != "dtype"}
+    key = identity_key(
         replace(settings, engine_settings=asked),
         with_count=True,
-        task=task,
+        task=name,
         num_fewshot=shots,
         dtype=served.dtype,
         **served.key_facts(),
         **({"max_seq_lengths": seq} if seq is not None else {}),
     )
+    return TaskPlan(name, seq, shots, source, key)
 
 
 def _evaluate_task(
@@ -271,6 +268,10 @@ def _evaluate_task(
     samples = compact_samples(results.pop("samples", None) or {}, length)
     rows = [replace(row, length=length) for row in result_rows(results, plan.name, store.ref.run, store.ref.step)]
     ref, samples_file, lm_eval_file = store.ref, store.file(".samples.jsonl"), store.file(".lm_eval.json")
+    cut = {  # --too-long middle: per lm-eval task, how many documents had their generation prompt cut
+        task: {"documents_truncated": len(d), "documents": len(lm.seen.get(task, d)), "window": lm.engine.max_length}
+        for task, d in sorted(lm.cut.items())
+    }
     store.writer.text(samples_file, "".join(_json(s) for s in samples))
     store.writer.text(lm_eval_file, _json(results, indent=2))
     record = {
@@ -287,7 +288,7 @@ def _evaluate_task(
         "limit": settings.limit,
         "rows": [row_record(row) for row in [*rows, *bucket_rows(rows, samples)]],
         **({"over_window": over_window} if over_window else {}),  # --too-long documents: per task, what was left out
-        **({"truncated_middle": cut} if (cut := _truncated(lm)) else {}),  # --too-long middle: per task, what was cut
+        **({"truncated_middle": cut} if cut else {}),
         "files": {"lm_eval": lm_eval_file.name, "samples": samples_file.name},
         "provenance": {
             **stamp(),
@@ -339,23 +340,6 @@ def _run_lm_eval(
                     "documents": len(why.documents[task]),
                     "window": why.window,
                 }
-
-
-def _truncated(lm) -> dict[str, dict[str, int]]:
-    """--too-long middle: per lm-eval task, how many documents had their generation prompt cut."""
-    window = lm.engine.max_length
-    return {
-        task: {"documents_truncated": len(cut), "documents": len(lm.seen.get(task, cut)), "window": window}
-        for task, cut in sorted(lm.cut.items())
-    }
-
-
-def _stored_record(store: UnitStore, plan: TaskPlan) -> dict[str, Any] | None:
-    """The record of a finished (checkpoint, task) made with the same settings, else None (recompute)."""
-    path = store.file(".json")
-    refuse_foreign([path])  # a stale record is replaced below: never a file of the user's
-    record = read_json_object(path)
-    return record if record.get("key") == plan.key else None
 
 
 def _json(data: Any, indent: int | None = None) -> str:

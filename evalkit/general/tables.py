@@ -44,45 +44,28 @@ def headline(rows: list, get: Callable[[Any, str], Any] = getattr) -> list:
 
 
 def general_checkpoint_table(rows: list[ResultRow]) -> str:
-    rows = headline(rows)
-    lengths = any(row.length is not None for row in rows)
-    return markdown_table(
-        ["run", "step", "task", *["length"] * lengths, "metric", "value", "stderr", "n", "shots"],
-        [
-            (
-                row.run,
-                row.step,
-                row.task,
-                *[length_text(row.task, row.length)] * lengths,
-                _metric_label(row.metric, row.filter),
-                _shown(row.value, "{:.4f}"),
-                _shown(row.stderr, "{:.4f}"),
-                _shown(row.n),
-                _shown(row.num_fewshot),
-            )
-            for row in rows
-        ],
-    )
+    cells = lambda row: [row.step, _shown(row.value, "{:.4f}"), _shown(row.stderr, "{:.4f}"), _shown(row.n)]  # noqa: E731
+    return _table(headline(rows), getattr, ["step", "value", "stderr", "n"], cells)
 
 
 def general_average_table(averages: list[dict[str, Any]]) -> str:
-    shown = headline(averages, dict.get)
-    lengths = any(avg["length"] is not None for avg in shown)
-    return markdown_table(
-        ["run", "checkpoints", "task", *["length"] * lengths, "metric", "mean ± std", "shots"],
-        [
-            (
-                avg["run"],
-                ", ".join(str(step) for step in avg["steps"]),
-                avg["task"],
-                *[length_text(avg["task"], avg["length"])] * lengths,
-                _metric_label(avg["metric"], avg["filter"]),
-                f"{avg['mean']:.4f} ± {avg['std']:.4f}",
-                _shown(avg["num_fewshot"]),
-            )
-            for avg in shown
-        ],
-    )
+    cells = lambda avg: [", ".join(map(str, avg["steps"])), f"{avg['mean']:.4f} ± {avg['std']:.4f}"]  # noqa: E731
+    return _table(headline(averages, dict.get), dict.get, ["checkpoints", "mean ± std"], cells)
+
+
+def _table(items: list, get: Callable[[Any, str], Any], columns: list[str], cells: Callable[[Any], list]) -> str:
+    """run, columns[0], task, length (where any item has one), metric, the other columns, shots;
+    `cells(item)` gives the columns'."""
+    lengths = any(get(item, "length") is not None for item in items)
+    header = ["run", columns[0], "task", *["length"] * lengths, "metric", *columns[1:], "shots"]
+    table = []
+    for item in items:
+        first, *more = cells(item)
+        task, length, metric = get(item, "task"), get(item, "length"), get(item, "metric")
+        label = _metric_label(metric, get(item, "filter"))
+        table.append([get(item, "run"), first, task, *[length_text(task, length)] * lengths, label, *more])
+        table[-1].append(_shown(get(item, "num_fewshot")))
+    return markdown_table(header, table)
 
 
 def _metric_label(metric: str, filter_name: str | None) -> str:

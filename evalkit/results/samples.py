@@ -93,7 +93,13 @@ def load_series(arguments: list[str], notes: list[str] | None = None) -> dict[st
     found: dict[str, Series] = {}
     pooled: dict[int, int] = {}  # id(run) -> directories pooled into it so far
     for argument in arguments:
-        label, paths = _split_argument(argument)
+        named, sep, pattern = argument.partition("=")
+        label = named if sep and named and not Path(argument).exists() else None
+        pattern = pattern if label else argument
+        globbed = not Path(pattern).exists() and any(char in pattern for char in "*?[")
+        paths = sorted(Path(match) for match in glob.glob(pattern)) if globbed else [Path(pattern)]
+        if not paths:
+            raise UserError(f"{pattern}: no directory matches")
         for path in paths:
             here = read_directory(path, notes)
             if not here:
@@ -115,8 +121,15 @@ def _add_run(series: Series, run: Series, pooled: dict[int, int]) -> Series:
     """`run` pooled into the series' run of the same checkpoints, else added as another training run."""
     same = [mine for mine in series.members() if _run_key(mine) == _run_key(run)]
     if same:
-        place = pooled[id(same[0])] = pooled.get(id(same[0]), 0) + 1
-        _pool(same[0], run, place)
+        into, place = same[0], pooled.get(id(same[0]), 0) + 1
+        pooled[id(into)] = place
+        if set(into.steps()) != set(run.steps()):
+            raise UserError(
+                f"series {into.name}: the pooled directories hold other checkpoints ({into.steps()} vs {run.steps()})"
+            )
+        for step, cells in run.checkpoints.items():
+            for cell, samples in cells.items():
+                into.checkpoints[step].setdefault(cell, {}).update({(place, i): s for (_, i), s in samples.items()})
         return series
     first = series.members()[0]
     if (run.paradigm, run.standard_encoding) != (first.paradigm, first.standard_encoding):
@@ -151,28 +164,6 @@ def merge(into: Series, more: Series) -> Series:
         mine.update(cells)
     into.identities.update(more.identities)
     return into
-
-
-def _pool(into: Series, more: Series, place: int) -> None:
-    if set(into.steps()) != set(more.steps()):
-        raise UserError(
-            f"series {into.name}: the pooled directories hold other checkpoints ({into.steps()} vs {more.steps()})"
-        )
-    for step, cells in more.checkpoints.items():
-        for cell, samples in cells.items():
-            into.checkpoints[step].setdefault(cell, {}).update({(place, i): s for (_, i), s in samples.items()})
-
-
-def _split_argument(argument: str) -> tuple[str | None, list[Path]]:
-    named, sep, path = argument.partition("=")
-    label = named if sep and named and not Path(argument).exists() else None
-    path = path if label else argument
-    if Path(path).exists() or not any(char in path for char in "*?["):
-        return label, [Path(path)]
-    matches = sorted(Path(match) for match in glob.glob(path))
-    if not matches:
-        raise UserError(f"{path}: no directory matches")
-    return label, matches
 
 
 def read_directory(path: Path, notes: list[str] | None = None) -> dict[str, Series]:
@@ -238,7 +229,13 @@ def _ruler_cells(summary: dict, directory: Path):
         samples = {int(r["index"]): LoggedSample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
                    for r in records}  # fmt: skip
         assert row.value is not None  # RULER rows always carry a score
-        _check_mean(log, samples, row.value, row.n)
+        mean, n = mean_score(samples) if samples else float("nan"), row.n
+        # A RULER summary keeps its scores to 2 digits.
+        if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, 2) - row.value) > 0.011:
+            raise UserError(
+                f"{log} does not hold the samples its summary scored ({len(samples)} samples, mean {mean:.2f}; "
+                f"summary: {n} samples, {row.value}); rerun that evaluation to rewrite both"
+            )
         yield row.series(), Cell("ruler", row.task, length, row.metric), samples
 
 
@@ -310,13 +307,3 @@ def _read_log(path: Path, latest: bool = True) -> list[dict]:
     for record in records:
         first.setdefault(record.get("index", record.get("doc_id")), record)
     return list(first.values())
-
-
-def _check_mean(log: Path, samples: dict[int, LoggedSample], score: float, n) -> None:
-    mean = mean_score(samples) if samples else float("nan")
-    # A RULER summary keeps its scores to 2 digits.
-    if not samples or (n is not None and int(n) != len(samples)) or abs(round(mean, 2) - score) > 0.011:
-        raise UserError(
-            f"{log} does not hold the samples its summary scored ({len(samples)} samples, mean {mean:.2f}; "
-            f"summary: {n} samples, {score}); rerun that evaluation to rewrite both"
-        )

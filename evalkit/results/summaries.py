@@ -43,8 +43,14 @@ def summary_files(dirs: list[Path], name: str, notes: list[str] | None = None) -
             continue
         _check_summary(path, summary)
         key = (summary["run"], summary["step"])
-        if key in found:
-            raise UserError(_duplicate_message(key, found[key], (path, summary)))
+        if key in found:  # one line naming both files, and the evalkit versions when they differ
+            provenances = [s.get("provenance") or {} for s in (found[key][1], summary)]
+            versions = {f"{p.get('evalkit_version', '?')} ({p.get('git_hash', '?')})" for p in provenances}
+            differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
+            raise UserError(
+                f"{key[0]} step {key[1]} is in two summaries, {found[key][0]} and {path}{differ}; they are never "
+                "merged: pass only one of the directories, or move one file away"
+            )
         found[key] = (path, summary)
     return list(found.values())
 
@@ -80,15 +86,3 @@ def _row_cell(row: ResultRow, summary: dict) -> tuple | None:
     if row.benchmark == "ruler":
         return (row.task, row.length) + encoding
     return (row.requested, row.task, row.metric, row.filter, row.length) + encoding
-
-
-def _duplicate_message(key: tuple[str, int], first: tuple[Path, dict], second: tuple[Path, dict]) -> str:
-    """One line naming both files, and the evalkit versions when they differ."""
-    (path_a, a), (path_b, b) = first, second
-    provenances = [summary.get("provenance") or {} for summary in (a, b)]
-    versions = {f"{p.get('evalkit_version', '?')} ({p.get('git_hash', '?')})" for p in provenances}
-    differ = f" (written by evalkit {' and '.join(sorted(versions))})" if len(versions) > 1 else ""
-    return (
-        f"{key[0]} step {key[1]} is in two summaries, {path_a} and {path_b}{differ}; they are never merged: "
-        "pass only one of the directories, or move one file away"
-    )

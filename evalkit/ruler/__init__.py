@@ -7,20 +7,13 @@ score("niah_single_1", predictions, [s.outputs for s in samples])
 
 from evalkit.ruler.cache import cache_path, load_or_generate
 from evalkit.ruler.errors import TaskDataMissing, TaskDoesNotFit, TaskSkipped
-from evalkit.ruler.fitting import SIZINGS
 from evalkit.ruler.generation import generate
-from evalkit.ruler.metrics import match_all, match_part, postprocess, sample_score, score
-from evalkit.ruler.prompt import BASE, PromptFormat
+from evalkit.ruler.metrics import postprocess, sample_score, score
+from evalkit.ruler.prompt import PromptFormat
 from evalkit.ruler.sample import Sample, dumps_jsonl, loads_jsonl
-from evalkit.ruler.spec import DEFAULT_LENGTHS, DEFAULT_NUM_SAMPLES, DEFAULT_SEED, GENERATOR_VERSION, SPECS, TASKS
+from evalkit.ruler.spec import SPECS, TASKS
 
 __all__ = [
-    "BASE",
-    "DEFAULT_LENGTHS",
-    "DEFAULT_NUM_SAMPLES",
-    "DEFAULT_SEED",
-    "GENERATOR_VERSION",
-    "SIZINGS",
     "SPECS",
     "TASKS",
     "PromptFormat",
@@ -33,8 +26,6 @@ __all__ = [
     "generate",
     "load_or_generate",
     "loads_jsonl",
-    "match_all",
-    "match_part",
     "postprocess",
     "sample_score",
     "score",

@@ -35,8 +35,12 @@ class Split:
 
 def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> Split:
     """Skipped when the sample's text does not follow the task's template (written by something else)."""
-    kind = task_kind(spec)
-    head, context, tail = _template_parts(sample.input, spec, kind.prompt_templates(spec))
+    kind, text = task_kind(spec), sample.input
+    # (instruction, context, question), by the first of its task's templates the text follows
+    match = next(filter(None, (_template_regex(t).fullmatch(text) for t in kind.prompt_templates(spec))), None)
+    if match is None:
+        raise Skipped(f"{spec.name}: a sample's text does not follow the task's template, so its documents are unknown")
+    head, context, tail = text[: match.start("context")], match.group("context"), text[match.end("context") :]
     pieces = kind.context_documents(context)
     if pieces is None:
         pieces = _cut(context, tokenizer, doc_tokens)
@@ -45,15 +49,6 @@ def split_sample(sample: Sample, spec: TaskSpec, tokenizer, doc_tokens: int) -> 
     if split.text() != sample.input + sample.answer_prefix:  # lossless, or not used at all
         raise Skipped(f"{spec.name} sample {sample.index} could not be split into documents losslessly")
     return split
-
-
-def _template_parts(text: str, spec: TaskSpec, templates: list[str]) -> tuple[str, str, str]:
-    """(instruction, context, question) of a sample's text, by the first of its task's templates it follows."""
-    for template in templates:
-        match = _template_regex(template).fullmatch(text)
-        if match:
-            return text[: match.start("context")], match.group("context"), text[match.end("context") :]
-    raise Skipped(f"{spec.name}: a sample's text does not follow the task's template, so its documents are unknown")
 
 
 def _template_regex(template: str) -> re.Pattern:

@@ -6,10 +6,8 @@ sample is held to (composed piece counts, or a full tokenisation in exact mode).
 brackets the answer from a guess, bisects on the estimate, then steps down until the measured
 prompt fits: table look-ups per step, no whole-text tokenisation.
 
-Two sizings (SIZINGS, docs/ruler.md): `exact` fits every sample on its own; `nvidia` searches one
-size per task and length (`shared_size`) and steps each sample down from it (`step_down`). Only
-the size follows NVIDIA: its shared qa permutation and repeated layouts would make a score hinge
-on one random position.
+Two sizings (SIZINGS, docs/ruler.md --sizing): `exact` fits every sample on its own (`fit`);
+`nvidia` searches one size per task and length (`shared_size`), each sample stepped down from it (`step_down`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,7 @@ A prediction is stripped and its control characters [\\x00-\\x1f] become newline
 references match case-insensitively as substrings. string_match_all credits the share of
 references found, string_match_part credits 1 when any reference is found (QA).
 
-json_kv is scored as HELMET scores it (utils.py substring_exact_match_score, normalize_answer,
-parse_output; data.py load_json_kv's post_process): a reference found in the prediction after
-both are normalized, in the raw prediction or in the line after "corresponding value:".
+json_kv is scored as HELMET scores it (utils.py substring_exact_match_score; docs/ruler.md).
 """
 
 from __future__ import annotations
@@ -59,16 +57,12 @@ def substring_exact_match(prediction: str, references: Sequence[str]) -> float:
 _METRICS = {"all": match_all, "part": match_part, "subem": substring_exact_match}
 
 
-def _metric(spec: TaskSpec):
-    return _METRICS[spec.metric]
-
-
 def sample_score(task: str | TaskSpec, prediction: str, references: Sequence[str]) -> float:
     """One sample's score on 0..100 (unrounded), with the task's metric (`task`: its name or its TaskSpec)."""
     spec = as_spec(task)
     if not references:
         raise ValueError(f"{spec.name}: a sample has no reference answers")
-    return 100.0 * _metric(spec)(prediction, references)
+    return 100.0 * _METRICS[spec.metric](prediction, references)
 
 
 def score(task: str | TaskSpec, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
@@ -80,7 +74,7 @@ def score(task: str | TaskSpec, predictions: Sequence[str], references: Sequence
         raise ValueError(f"{spec.name}: no predictions to score")
     if not all(references):
         raise ValueError(f"{spec.name}: a sample has no reference answers")
-    metric = _metric(spec)
+    metric = _METRICS[spec.metric]
     # Same order of operations as NVIDIA (sum / n * 100, then round) so ties round alike.
     return round(sum(metric(p, r) for p, r in zip(predictions, references)) / len(predictions) * 100, 2)
 

@@ -33,7 +33,6 @@ RULER = Category("RULER", (  # NVIDIA's 13, in its order (scripts/synthetic.yaml
 HELMET_RECALL = Category(  # HELMET's configs/recall.yaml
     "HELMET Recall", ("niah_multikey_2", "niah_multikey_3", "niah_multivalue", "json_kv"), complete=True
 )
-CATEGORIES = (RULER, HELMET_RECALL)
 
 
 def over_checkpoints(by_step: dict[int, float]) -> tuple[float, float]:
@@ -73,7 +72,7 @@ def per_checkpoint_length_means(
 
 def shown_categories(rows: list[ResultRow]) -> list[Category | None]:
     """The categories with an average in `rows`; none of them: [None] (tasks of no category, json_kv alone)."""
-    return [category for category in CATEGORIES if per_checkpoint_length_means(rows, category)] or [None]
+    return [category for category in (RULER, HELMET_RECALL) if per_checkpoint_length_means(rows, category)] or [None]
 
 
 def category_averages(rows: list[ResultRow]) -> list[RunAverage]:

@@ -39,15 +39,6 @@ class WordTable:
         return WordTable(np.concatenate([self.words, other.words]), np.concatenate([self.tokens, other.tokens]))
 
 
-def _tables(counter: TokenCounter) -> dict:
-    if "cwe" not in counter.tables:
-        counter.tables["cwe"] = {
-            "words": WordTable.counted(counter, common_words_pool()),
-            "numbers": NumberedLabels(counter, SPACED_LEFT, " {}.", 2),  # " 2." ...: "1." opens the list
-        }
-    return counter.tables["cwe"]
-
-
 _LABELS: list[str] = []
 
 
@@ -168,4 +159,10 @@ class CommonWordsTask(KindTask):
             self.demo_shape, self.repeats = (40, 10, 3), (params["freq_cw"], params["freq_ucw"])
         head, self.tail = CWE_TEMPLATE.split("{context}")
         self.head = head[:-1]  # the list's first entry carries the newline
-        self.tables = _tables(ctx.counter)
+        counter = ctx.counter
+        if "cwe" not in counter.tables:  # counted once per tokenizer
+            counter.tables["cwe"] = {
+                "words": WordTable.counted(counter, common_words_pool()),
+                "numbers": NumberedLabels(counter, SPACED_LEFT, " {}.", 2),  # " 2." ...: "1." opens the list
+            }
+        self.tables = counter.tables["cwe"]

@@ -33,15 +33,6 @@ def zeta(alpha: float) -> float:
     return head + tail
 
 
-def smallest_valid_size(weights: np.ndarray) -> int:
-    """A number of words from which on the three answer ranks always strictly out-count the next rank."""
-    needed = 1
-    for rank in ANSWER_RANKS:
-        below = weights[rank] if rank < len(weights) else 0.0
-        needed = max(needed, math.ceil(1.0 / (weights[rank - 1] - below)))
-    return needed
-
-
 class FrequentWordsPlan(KindPlan["FrequentWordsTask"]):
     def __init__(self, task: FrequentWordsTask, index: int):
         super().__init__(task, index)
@@ -120,7 +111,9 @@ class FrequentWordsTask(KindTask):
         ranks = np.arange(1, self.vocab_size + 1, dtype=np.float64)
         self.weights = ranks**-alpha / zeta(alpha)
         self.head, self.tail = FWE_TEMPLATE.split(" {context}")  # every coded word carries its leading space
-        self.min_size = smallest_valid_size(self.weights)
+        # the fewest words from which on the answer ranks always strictly out-count the next rank (none past the last)
+        weights = np.append(self.weights, 0.0)
+        self.min_size = max(1, *(math.ceil(1.0 / (weights[rank - 1] - weights[rank])) for rank in ANSWER_RANKS))
 
     def coarse(self) -> Coarse:
         """NVIDIA's sizing (freq_words_extraction.py): words drawn, climbed from budget // word length

@@ -1,12 +1,6 @@
-"""HELMET's JSON-KV (data.py load_json_kv): a JSON object of random uuid4 keys and values; the model
-returns the value of one key, after `shots` answered keys that are not in the object.
-
-HELMET ships files of a fixed number of pairs per length (test_k{105,220,440,900}_dep6.jsonl,
-Llama-2-sized); evalkit draws the pairs per sample and adds them until the length is filled, so
-the size is the number of pairs. The object is written as lost-in-the-middle's KV retrieval writes
-it: `{"KEY": "VALUE",` then `\\n "KEY": "VALUE",` ... ending `}`, after "JSON data:\\n"; the
-question is the key in double quotes (so are the demonstrations' keys), the answer the bare value.
-The queried pair sits at a depth drawn once per sample, as a share of the object's records.
+"""HELMET's JSON-KV (data.py load_json_kv), generated per tokenizer and length (docs/ruler.md, HELMET's
+Recall): the size is the number of uuid4 pairs in the object; the queried pair sits at a depth drawn
+once per sample, as a share of the object's records.
 """
 
 from __future__ import annotations
