@@ -128,20 +128,16 @@ def load_or_generate(
 
     spec = as_spec(task)
     path = cache_path(spec, tokenizer, length, seed, cache_dir, key=key, **data)
-    stored = _stored_samples(path) if path.is_file() else []
+    try:
+        stored = read_entry(path) if path.is_file() else []
+    except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
+        if str(path) not in _warned:
+            _warned.add(str(path))
+            print(f"warning: {why}", file=sys.stderr, flush=True)
+        stored = []
     if len(stored) >= num_samples:
         return stored[:num_samples]
     samples = generate(spec, tokenizer, length, num_samples, seed, first=stored, **data)
     header = {"format": CACHE_FORMAT, "samples": len(samples), "sha256": samples_checksum(samples)}
     atomic_write_text(path, json.dumps(header, sort_keys=True) + "\n" + dumps_jsonl(samples))
     return samples
-
-
-def _stored_samples(path: Path) -> list[Sample]:
-    try:
-        return read_entry(path)
-    except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
-        if str(path) not in _warned:
-            _warned.add(str(path))
-            print(f"warning: {why}", file=sys.stderr, flush=True)
-        return []
