@@ -323,10 +323,8 @@ def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
         for row in general_rows:
             if row.length is not None and row.value is not None and row.metric == metric and belongs(row.task):
                 by_task[(row.series(), row.length, row.task)].append(row.value)  # one per checkpoint
-        tasks: dict[tuple[str, int], list[float]] = defaultdict(list)
-        for (run, length, _task), values in by_task.items():
-            tasks[(run, length)].append(statistics.fmean(values))
-        for (run, length), means in tasks.items():
+        for run, length in dict.fromkeys((run, length) for run, length, _ in by_task):
+            means = [statistics.fmean(values) for (r, n, _), values in by_task.items() if (r, n) == (run, length)]
             board.setdefault(key, {}).setdefault(run, {})[length] = statistics.fmean(means)
     return board
 
