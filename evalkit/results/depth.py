@@ -29,19 +29,14 @@ class DepthRun:
 
     def grid(self) -> dict[Cell, float]:
         """Percent found per cell: per checkpoint, then the mean over the checkpoints that have it (as --avg)."""
-        shares = defaultdict(list)
-        for cells in self.tallies.values():
-            for cell, (found, total) in cells.items():
-                shares[cell].append(100 * found / total)
-        return {cell: statistics.fmean(values) for cell, values in shares.items()}
+        tallies = self.tallies.values()
+        return {cell: statistics.fmean(100 * c[cell][0] / c[cell][1] for c in tallies if cell in c)
+                for cell in set().union(*tallies)}  # fmt: skip
 
     def references(self) -> dict[Cell, int]:
         """References per cell of one checkpoint (the most of any)."""
-        counts: dict[Cell, int] = defaultdict(int)
-        for cells in self.tallies.values():
-            for cell, (_, total) in cells.items():
-                counts[cell] = max(counts[cell], total)
-        return counts
+        tallies = self.tallies.values()
+        return {cell: max(c[cell][1] for c in tallies if cell in c) for cell in set().union(*tallies)}
 
 
 def depth_runs(dirs: list[Path]) -> dict[str, DepthRun]:
