@@ -1,9 +1,5 @@
 """Where the needle was: niah accuracy by needle depth × length, from the sample logs' `depths`
-(docs/leaderboards.md). Each reference of a niah record is one (depth, found?) pair, found as
-string_match_all finds it (case-insensitive substring; its clean-up of control characters changes
-nothing for niah's digits and UUIDs, and each record's count is checked against its stored score).
-A record without depths (written before evalkit recorded them) is left out.
-"""
+(docs/leaderboards.md)."""
 
 from __future__ import annotations
 
@@ -33,19 +29,14 @@ class DepthRun:
 
     def grid(self) -> dict[Cell, float]:
         """Percent found per cell: per checkpoint, then the mean over the checkpoints that have it (as --avg)."""
-        shares = defaultdict(list)
-        for cells in self.tallies.values():
-            for cell, (found, total) in cells.items():
-                shares[cell].append(100 * found / total)
-        return {cell: statistics.fmean(values) for cell, values in shares.items()}
+        tallies = self.tallies.values()
+        return {cell: statistics.fmean(100 * c[cell][0] / c[cell][1] for c in tallies if cell in c)
+                for cell in set().union(*tallies)}  # fmt: skip
 
     def references(self) -> dict[Cell, int]:
         """References per cell of one checkpoint (the most of any)."""
-        counts: dict[Cell, int] = defaultdict(int)
-        for cells in self.tallies.values():
-            for cell, (_, total) in cells.items():
-                counts[cell] = max(counts[cell], total)
-        return counts
+        tallies = self.tallies.values()
+        return {cell: max(c[cell][1] for c in tallies if cell in c) for cell in set().union(*tallies)}
 
 
 def depth_runs(dirs: list[Path]) -> dict[str, DepthRun]:
@@ -67,6 +58,8 @@ def depth_runs(dirs: list[Path]) -> dict[str, DepthRun]:
 
 
 def _tally(cells: dict[Cell, list[int]], record: dict, length: int, log: Path) -> None:
+    # found as string_match_all finds it: its clean-up of control characters changes nothing for
+    # niah's digits and UUIDs, and the count is checked against the stored score
     prediction = record["prediction"].lower()
     found = [reference.lower() in prediction for reference in record["references"]]
     if abs(100 * sum(found) / len(found) - record["score"]) > 1e-6:
@@ -87,19 +80,15 @@ def differences(runs: dict[str, DepthRun]) -> dict[str, dict[Cell, float]]:
     found = {}
     for (model, data, encoding), paradigms in sorted(grouped.items()):
         base = "full" if "full" in paradigms else min(paradigms)
-        means = {p: _mean_grid(grids) for p, grids in paradigms.items()}
+        # per cell, the mean over the grids having it
+        means = {p: {cell: statistics.fmean(g[cell] for g in grids if cell in g) for cell in set().union(*grids)}
+                 for p, grids in paradigms.items()}  # fmt: skip
         for paradigm in sorted(set(paradigms) - {base}):
             shared = means[paradigm].keys() & means[base].keys()
             counts = f"{len(paradigms[paradigm])} vs {len(paradigms[base])} runs"
             name = f"{paradigm} − {base} ({model}, {data}, {encoding}; {counts})"
             found[name] = {cell: means[paradigm][cell] - means[base][cell] for cell in shared}
     return found
-
-
-def _mean_grid(grids: list[dict[Cell, float]]) -> dict[Cell, float]:
-    """Per cell, the mean over the grids having it."""
-    cells = set().union(*grids)
-    return {cell: statistics.fmean(grid[cell] for grid in grids if cell in grid) for cell in cells}
 
 
 TITLE = (
@@ -122,16 +111,13 @@ def depth_table(grid: dict[Cell, float], counts: dict[Cell, int] | None = None) 
     """Depth buckets down, lengths across; `counts`: references per checkpoint, shown in brackets;
     without them the values are differences, shown signed."""
     lengths = sorted({length for _, length in grid})
-    rows = []
-    for bucket in range(BUCKETS):
-        cells = []
-        for length in lengths:
-            value = grid.get((bucket, length))
-            if value is None:
-                cells.append("–")
-            else:
-                cells.append(f"{value:+.1f}" if counts is None else f"{value:.1f} ({counts[(bucket, length)]})")
-        rows.append([bucket_label(bucket), *cells])
+
+    def shown(cell: Cell) -> str:
+        if cell not in grid:
+            return "–"
+        return f"{grid[cell]:+.1f}" if counts is None else f"{grid[cell]:.1f} ({counts[cell]})"
+
+    rows = [[bucket_label(bucket), *(shown((bucket, n)) for n in lengths)] for bucket in range(BUCKETS)]
     return markdown_table(["needle depth", *map(length_label, lengths)], rows)
 
 

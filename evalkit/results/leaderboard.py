@@ -242,39 +242,7 @@ def _task_cell(rows: list[ResultRow]) -> str:
     return f"{statistics.fmean(row.value for row in rows if row.value is not None):.2f}"
 
 
-def skipped_notes(infos: dict[str, RunInfo]) -> str:
-    skips = [(run, *skip) for run in sorted(infos) for skip in sorted(infos[run].skipped.items())]
-    return "\n".join(f"- {run}: {task} at {_label(length)} skipped: {reason}" for run, (task, length), reason in skips)
-
-
-def settings_notes(infos: dict[str, RunInfo]) -> str:
-    differs = _differing_settings(infos)
-    if not differs:
-        return ""
-    lines = ["† evaluated with different settings than the other runs (not directly comparable):"]
-    for run in sorted(differs):
-        s = infos[run].settings
-        lines.append(
-            f"- {run}: tasks {', '.join(s.get('tasks', []))}; {s.get('samples')} samples; seed {s.get('seed')}; "
-            f"sizing {s.get('sizing', 'exact')}; prompt format {s.get('prompt_format', 'base')}"
-        )
-    return "\n".join(lines)
-
-
 Shown = tuple[ResultRow, str]  # a row the board tables, with what it was measured on beyond its column ("": nothing)
-
-
-def eval_data_label(summary: dict) -> str:
-    """The evaluation data a summary records (ppl's `eval_data`: --data's name and a hash of the
-    documents read), "" for a benchmark that records none; a ppl summary written before it: --data's
-    name, its documents unrecorded."""
-    data = (summary.get("provenance") or {}).get("eval_data")
-    if isinstance(data, dict):
-        return f"{data.get('name', '?')} (sha256 {str(data.get('sha256', '?'))[:8]})"
-    given = ((summary.get("provenance") or {}).get("settings") or {}).get("data")
-    if summary.get("benchmark") == "ppl" and isinstance(given, str):
-        return f"{Path(given).name or given} (documents not recorded)"
-    return ""
 
 
 def shown_rows(summary: dict) -> list[Shown]:
@@ -283,8 +251,17 @@ def shown_rows(summary: dict) -> list[Shown]:
     rows = summary_rows(summary)
     if summary.get("benchmark") == "general":
         rows = [row for row in rows if (row.requested or row.task) == row.task]
-    data = eval_data_label(summary)
-    limit = ((summary.get("provenance") or {}).get("settings") or {}).get("limit")
+    # the evaluation data: ppl's `eval_data` (--data's name and a hash of the documents read); a ppl
+    # summary written before it: --data's name, its documents unrecorded; other benchmarks record none
+    provenance = summary.get("provenance") or {}
+    settings, data = provenance.get("settings") or {}, provenance.get("eval_data")
+    if isinstance(data, dict):
+        data = f"{data.get('name', '?')} (sha256 {str(data.get('sha256', '?'))[:8]})"
+    elif summary.get("benchmark") == "ppl" and isinstance(settings.get("data"), str):
+        data = f"{Path(settings['data']).name or settings['data']} (documents not recorded)"
+    else:
+        data = ""
+    limit = settings.get("limit")
     limited = f", limit {limit}" if limit is not None else ""
     return [(row, data or ("" if row.num_fewshot is None else f"{row.num_fewshot}-shot{limited}")) for row in rows]
 
@@ -346,10 +323,8 @@ def long_context_board(ruler: list[dict], general: list[dict]) -> Board:
         for row in general_rows:
             if row.length is not None and row.value is not None and row.metric == metric and belongs(row.task):
                 by_task[(row.series(), row.length, row.task)].append(row.value)  # one per checkpoint
-        tasks: dict[tuple[str, int], list[float]] = defaultdict(list)
-        for (run, length, _task), values in by_task.items():
-            tasks[(run, length)].append(statistics.fmean(values))
-        for (run, length), means in tasks.items():
+        for run, length in dict.fromkeys((run, length) for run, length, _ in by_task):
+            means = [statistics.fmean(values) for (r, n, _), values in by_task.items() if (r, n) == (run, length)]
             board.setdefault(key, {}).setdefault(run, {})[length] = statistics.fmean(means)
     return board
 
@@ -562,9 +537,20 @@ def build_markdown(
             "by `evalkit compare`'s test, Holm-adjusted p < 0.05 on the per-sample logs)",
             ruler_table(rows, infos, best),
         )
-        notes = settings_notes(infos)
-        parts += [notes, ""] if notes else []
-        parts += ["Skipped tasks (not scored, not averaged):", "", skipped_notes(infos) or "- none", ""]
+        differs = sorted(_differing_settings(infos))
+        if differs:
+            parts.append("† evaluated with different settings than the other runs (not directly comparable):")
+            for run in differs:
+                s = infos[run].settings
+                parts.append(
+                    # run_infos' key: every field present
+                    f"- {run}: tasks {', '.join(s['tasks'])}; {s['samples']} samples; seed {s['seed']}; "
+                    f"sizing {s['sizing']}; prompt format {s['prompt_format']}"
+                )
+            parts.append("")
+        skipped = [f"- {run}: {task} at {_label(n)} skipped: {why}"
+                   for run in sorted(infos) for (task, n), why in sorted(infos[run].skipped.items())]  # fmt: skip
+        parts += ["Skipped tasks (not scored, not averaged):", "", "\n".join(skipped) or "- none", ""]
         effective, used = effective_length_table(logged, rows, threshold, threshold_from)
         section(f"RULER effective length (the longest length whose task average is ≥ {used:.2f} there and at every "
                 "shorter length)", effective)  # fmt: skip
@@ -633,14 +619,8 @@ def write_export(dirs: list[Path], out: Path, form: str, unread: list[str] | Non
 
 
 TITLE = "# Leaderboard"  # the first line of the markdown, by which a rerun knows it as its own
-PLOT_STEMS = (
-    "ruler-vs-length",
-    "ruler-vs-step",
-    "general",
-    "niah-depth",
-    "niah-depth-difference",
-    "long-context",
-)  # write_leaderboard's figures, .png and .svg
+# write_leaderboard's figures, .png and .svg
+PLOT_STEMS = ("ruler-vs-length", "ruler-vs-step", "general", "niah-depth", "niah-depth-difference", "long-context")
 
 
 def check_leaderboard_outputs(out: Path, plots_dir: Path | None = None) -> None:

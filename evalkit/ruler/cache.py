@@ -1,16 +1,9 @@
-"""Generated samples on disk, reused across runs: zero generation work on a rerun.
-
-The file name carries a hash of everything that decides the data: generator version, tokenizer
-fingerprint, task and its templates, length, seed, prompt format, the content of the data files
-the task reads, the sizing and the kind's module constants (kinds/). Not the number of samples:
-sample i draws from its own seed, so one file holds the samples 0..N-1 asked for so far; a
-request for more generates only the missing ones and rewrites the file. The same key and count
-give byte-identical files. (What a stored answer must match is runner.answer_key.)
+"""Generated samples on disk, reused across runs: zero generation work on a rerun (docs/ruler.md:
+what is keyed, and why not the count). The key is data_key's fields; the same key and count give
+byte-identical files. (What a stored answer must match is runner.answer_key.)
 
 A cache file is a header line, {"format": CACHE_FORMAT, "samples": N, "sha256": ...}, then one
-sample per line. The checksum covers the samples' canonical JSON, so an entry edited by hand or
-damaged is never served: it is regenerated, with one warning on stderr. So is one of an older
-format (its samples lack a field, such as their needles' depths): the format is not in the key.
+sample per line; the checksum covers the samples' canonical JSON. The format is not in the key.
 """
 
 from __future__ import annotations
@@ -135,20 +128,16 @@ def load_or_generate(
 
     spec = as_spec(task)
     path = cache_path(spec, tokenizer, length, seed, cache_dir, key=key, **data)
-    stored = _stored_samples(path) if path.is_file() else []
+    try:
+        stored = read_entry(path) if path.is_file() else []
+    except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
+        if str(path) not in _warned:
+            _warned.add(str(path))
+            print(f"warning: {why}", file=sys.stderr, flush=True)
+        stored = []
     if len(stored) >= num_samples:
         return stored[:num_samples]
     samples = generate(spec, tokenizer, length, num_samples, seed, first=stored, **data)
     header = {"format": CACHE_FORMAT, "samples": len(samples), "sha256": samples_checksum(samples)}
     atomic_write_text(path, json.dumps(header, sort_keys=True) + "\n" + dumps_jsonl(samples))
     return samples
-
-
-def _stored_samples(path: Path) -> list[Sample]:
-    try:
-        return read_entry(path)
-    except StaleEntry as why:  # a cache: regenerate, never serve what was not generated
-        if str(path) not in _warned:
-            _warned.add(str(path))
-            print(f"warning: {why}", file=sys.stderr, flush=True)
-        return []
