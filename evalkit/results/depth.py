@@ -11,7 +11,7 @@ from pathlib import Path
 from evalkit.errors import UserError
 from evalkit.lengths import length_label
 from evalkit.markdown import markdown_table
-from evalkit.results.samples import _read_log
+from evalkit.results.samples import read_log
 from evalkit.results.summaries import RULER_SUMMARY, summary_files
 from evalkit.store.result_format import STANDARD, summary_rows
 
@@ -51,7 +51,7 @@ def depth_runs(dirs: list[Path]) -> dict[str, DepthRun]:
                 continue
             run = runs.setdefault(row.series(), DepthRun((row.model, row.data, label), row.paradigm))
             cells = run.tallies.setdefault(int(summary["step"]), {})
-            for record in _read_log(log):
+            for record in read_log(log):
                 if "depths" in record and (row.n is None or int(record["index"]) < row.n):
                     _tally(cells, record, length, log)
     return {name: run for name, run in runs.items() if any(run.tallies.values())}

@@ -225,7 +225,7 @@ def _ruler_cells(summary: dict, directory: Path):
         label, length = row.encoding_label(), row.length
         log = directory / "ruler" / row.task / (f"{length}.jsonl" if label == STANDARD else f"{length}.{label}.jsonl")
         # a log may hold more samples than the cell averages (its first n)
-        records = [r for r in _read_log(log) if row.n is None or int(r["index"]) < row.n]
+        records = [r for r in read_log(log) if row.n is None or int(r["index"]) < row.n]
         samples = {int(r["index"]): LoggedSample(float(r["score"]), json.dumps(r["references"]), r.get("prompt_sha"))
                    for r in records}  # fmt: skip
         assert row.value is not None  # RULER rows always carry a score
@@ -245,7 +245,7 @@ def _general_cells(summary: dict, directory: Path):
     aggregate) have no per-sample form to compare and are left out."""
     per_task: dict[tuple[str, str, str | None, int | None], dict[int, LoggedSample]] = {}
     for log in sorted((directory / "general").rglob("*.samples.jsonl")):
-        for record in _read_log(log):
+        for record in read_log(log):
             identity = json.dumps([record.get("doc_hash"), record.get("target_hash")])
             for metric, value in (record.get("metrics") or {}).items():
                 if isinstance(value, bool | int | float):
@@ -271,7 +271,7 @@ def _ppl_cells(summary: dict, directory: Path):
         if row.metric != "perplexity" or row.value is None or row.length is None:
             continue  # LongPPL's key tokens differ per document: not a mean over documents
         by_key: dict[str, dict[int, LoggedSample]] = {}
-        for record in _read_log(directory / "ppl" / "ppl" / f"{row.length}.jsonl", latest=False):
+        for record in read_log(directory / "ppl" / "ppl" / f"{row.length}.jsonl", latest=False):
             try:
                 sample = LoggedSample(record["nll"] / record["tokens"], record["text_sha"], None)
                 by_key.setdefault(record["key"], {})[int(record["doc"])] = sample
@@ -283,7 +283,7 @@ def _ppl_cells(summary: dict, directory: Path):
                 break
 
 
-def _read_log(path: Path, latest: bool = True) -> list[dict]:
+def read_log(path: Path, latest: bool = True) -> list[dict]:
     """A per-sample log's records (`latest`: each sample once, the first line standing as in the store,
     of its latest key only); a record that fails its checksum, or a missing log, is one line."""
     if not path.is_file():
